@@ -1,0 +1,22 @@
+//! Pure math for Strata: quantized block layouts, matrix-vector and small-batch
+//! matrix products, and the element-wise operators of a transformer layer.
+//!
+//! **Architecture invariant:** this crate knows no files and no models. It sees
+//! slices of numbers and shapes, nothing else.
+//!
+//! Every operator has a scalar reference implementation in [`scalar`]; faster
+//! paths (AVX2/FMA, AVX-512) are chosen at run time and are tested against the
+//! reference with proptest.
+
+mod error;
+pub mod matrix;
+pub mod ops;
+pub mod quant;
+pub mod scalar;
+pub mod simd;
+pub mod threads;
+
+pub use error::{Error, Result};
+pub use matrix::{MatData, Matrix};
+pub use quant::QuantFormat;
+pub use threads::Threads;
