@@ -1,1 +1,42 @@
-fn main() {}
+//! `cargo xtask`: the project's own tooling, in Rust.
+//!
+//! - `cargo xtask ci` — what CI runs: fmt --check, clippy -D warnings, the whole test suite.
+//! - `cargo xtask fixtures [--python PATH] [--stage1-only|--stage2-only]` — regenerate the oracle
+//!   fixtures in testdata/ with pinned torch and transformers.
+
+mod fixtures;
+#[cfg(test)]
+mod tidy;
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((task, rest)) = args.split_first() else {
+        println!("usage: cargo xtask <ci|fixtures> [args]");
+        return Ok(());
+    };
+    match task.as_str() {
+        "ci" => ci(),
+        "fixtures" => fixtures::run(rest),
+        other => bail!("unknown task {other:?} (expected ci or fixtures)"),
+    }
+}
+
+fn ci() -> Result<()> {
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(&["test", "--workspace"])?;
+    Ok(())
+}
+
+fn cargo(args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo).args(args).status().with_context(|| format!("running cargo {args:?}"))?;
+    if !status.success() {
+        bail!("cargo {} failed with {status}", args.join(" "));
+    }
+    Ok(())
+}

@@ -1,1 +1,33 @@
-//! strata-engine (skeleton).
+//! The engine: composes the container, the expert store, the kernels' thread
+//! pool and a model graph into something that turns token ids into tokens.
+//!
+//! ```no_run
+//! use strata_engine::{Engine, EngineOptions, GenerateOptions};
+//!
+//! # fn main() -> Result<(), strata_engine::Error> {
+//! let engine = Engine::open("path/to/container".as_ref(), &EngineOptions::default())?;
+//! let mut session = engine.session();
+//! let options = GenerateOptions { max_new_tokens: 16, ..GenerateOptions::default() };
+//! let report = session.generate(&[1, 2, 3], &options, |token| {
+//!     println!("{token}");
+//!     std::ops::ControlFlow::Continue(())
+//! })?;
+//! println!("{} tokens at {:.1} tok/s", report.tokens.len(), report.stats.decode_tokens_per_s());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! **Architecture invariant:** the engine holds no global state. Everything a
+//! run depends on (threads, cache size, sampling) is passed in explicitly.
+
+mod engine;
+mod error;
+mod sampler;
+mod session;
+
+pub use engine::{Engine, EngineOptions};
+pub use error::{Error, Result};
+pub use sampler::{Sampler, SamplingOptions};
+pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
+pub use strata_format::ModelSpec;
+pub use strata_tier::{ByteSize, StoreStats};

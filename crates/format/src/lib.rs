@@ -1,1 +1,41 @@
-//! strata-format (skeleton).
+//! strata-format: model specs, Hugging Face checkpoints and the Strata
+//! container.
+//!
+//! * [`spec`]: config.json (transformers 4.x and 5.x spellings) parsed into a
+//!   validated [`ModelSpec`] for olmoe, qwen3_moe and mixtral.
+//! * [`names`]: published tensor names and shapes per family.
+//! * [`checkpoint`]: memory-mapped safetensors checkpoints (single file or
+//!   sharded, f32/bf16/f16, per-expert or fused 3-D expert tensors).
+//! * [`container`]: the on-disk Strata container (docs/FORMAT.md): a
+//!   manifest, an mmapped `dense.bin`, and per-layer expert files of
+//!   fixed-size, 4 KiB-aligned records for O_DIRECT streaming.
+//! * [`convert()`] / [`export()`]: checkpoint -> container (streaming,
+//!   atomic) and container -> f32 checkpoint loadable by transformers.
+//! * [`npy`]: tiny .npy reader/writer for logits and token ids.
+//!
+//! **Architecture invariant:** this crate reads and writes files; it runs no
+//! model and does no I/O scheduling. Expert files are described here and
+//! streamed by another crate.
+
+// The container stores little-endian numbers and views them in place.
+#[cfg(not(target_endian = "little"))]
+compile_error!("strata-format supports little-endian targets only");
+
+pub mod checkpoint;
+pub mod container;
+mod convert;
+mod error;
+mod export;
+pub mod names;
+pub mod npy;
+mod preset;
+pub mod spec;
+
+pub use checkpoint::Checkpoint;
+pub use container::{ComponentLayout, Container, ExpertLayout, Manifest};
+pub use convert::{CHUNK_ELEMS, ConvertOptions, ConvertReport, convert};
+pub use error::{Error, Result};
+pub use export::export;
+pub use names::{ExpertProj, TensorDesc, TensorKind};
+pub use preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset};
+pub use spec::{Family, LayerKind, ModelSpec, MoeSpec, QkNorm, RopeScaling, RopeSpec};

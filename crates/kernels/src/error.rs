@@ -12,9 +12,7 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// A buffer has the wrong length for the matrix shape it claims.
-    #[error(
-        "{format} {what} for a [{rows}, {cols}] matrix: expected {expected} {unit}, got {actual}"
-    )]
+    #[error("{format} {what} for a [{rows}, {cols}] matrix: expected {expected} {unit}, got {actual}")]
     Length {
         /// Quant format name (`"f32"`, `"q4"`, ...).
         format: &'static str,
@@ -30,19 +28,10 @@ pub enum Error {
     /// A byte buffer cannot be reinterpreted in place because its start is
     /// not aligned for the element type.
     #[error("{format} {what}: byte buffer at {addr:#x} is not aligned to {align} bytes")]
-    Misaligned {
-        format: &'static str,
-        what: &'static str,
-        addr: usize,
-        align: usize,
-    },
+    Misaligned { format: &'static str, what: &'static str, addr: usize, align: usize },
     /// `rows * cols` (or its byte size) does not fit in `usize`.
     #[error("{format}: a [{rows}, {cols}] matrix is too large to address")]
-    ShapeOverflow {
-        format: &'static str,
-        rows: usize,
-        cols: usize,
-    },
+    ShapeOverflow { format: &'static str, rows: usize, cols: usize },
     /// Grouped formats need at least one column per group.
     #[error("{format}: group size must be at least 1 column, got {group}")]
     InvalidGroup { format: &'static str, group: usize },
@@ -54,11 +43,7 @@ pub enum Error {
     UnknownFormatName { name: String },
     /// A row range that does not lie inside the matrix.
     #[error("rows {start}..{start}+{count} out of range for a matrix with {rows} rows")]
-    RowRange {
-        start: usize,
-        count: usize,
-        rows: usize,
-    },
+    RowRange { start: usize, count: usize, rows: usize },
     /// A thread pool needs at least one thread.
     #[error("thread count must be at least 1, got 0")]
     ZeroThreads,

@@ -20,3 +20,6 @@ pub use error::{Error, Result};
 pub use matrix::{MatData, Matrix};
 pub use quant::QuantFormat;
 pub use threads::Threads;
+
+#[cfg(test)]
+mod tests;

@@ -46,10 +46,7 @@ impl QuantFormat {
 
     /// Inverse of [`QuantFormat::ordinal`].
     pub fn from_ordinal(ordinal: u8) -> Result<Self> {
-        Self::ALL
-            .get(usize::from(ordinal))
-            .copied()
-            .ok_or(Error::UnknownFormatOrdinal { ordinal })
+        Self::ALL.get(usize::from(ordinal)).copied().ok_or(Error::UnknownFormatOrdinal { ordinal })
     }
 
     /// Lower-case name, as accepted by [`FromStr`].
@@ -82,8 +79,7 @@ impl QuantFormat {
     /// (and overflow saturates) rather than panicking, for the same reason as
     /// [`QuantFormat::weight_bytes`].
     pub fn scale_count(self, rows: usize, cols: usize, group: usize) -> usize {
-        self.checked_scale_count(rows, cols, group)
-            .unwrap_or(usize::MAX)
+        self.checked_scale_count(rows, cols, group).unwrap_or(usize::MAX)
     }
 
     /// Storage elements (`f32`, `u16`, `i8` or `u8`) per row.
@@ -104,8 +100,7 @@ impl QuantFormat {
     }
 
     pub(crate) fn checked_weight_bytes(self, rows: usize, cols: usize) -> Option<usize> {
-        rows.checked_mul(self.row_elems(cols))?
-            .checked_mul(self.elem_bytes())
+        rows.checked_mul(self.row_elems(cols))?.checked_mul(self.elem_bytes())
     }
 
     pub(crate) fn checked_scale_count(self, rows: usize, cols: usize, group: usize) -> Option<usize> {
@@ -132,9 +127,7 @@ impl FromStr for QuantFormat {
         Self::ALL
             .into_iter()
             .find(|format| format.name() == name)
-            .ok_or_else(|| Error::UnknownFormatName {
-                name: name.to_owned(),
-            })
+            .ok_or_else(|| Error::UnknownFormatName { name: name.to_owned() })
     }
 }
 
@@ -154,13 +147,10 @@ pub fn quantize_q8(src: &[f32], rows: usize, cols: usize, group: usize) -> (Vec<
         for chunk in row.chunks(group) {
             let scale = group_scale(chunk, Q8_MAX);
             scales.push(scale);
-            // Rounding of in-range values can still reach ±127 exactly, so the
-            // clamp only guards against NaN-free float noise; it is cheap.
-            qs.extend(
-                chunk
-                    .iter()
-                    .map(|&x| quantize_value(x, scale, -Q8_MAX, Q8_MAX) as i8),
-            );
+            // The clamp is only a guard: `max|x| / scale` can land an ulp
+            // above 127 after rounding of the division, which still rounds
+            // to 127.
+            qs.extend(chunk.iter().map(|&x| quantize_value(x, scale, -Q8_MAX, Q8_MAX) as i8));
         }
     }
     (qs, scales)
@@ -233,7 +223,7 @@ pub(crate) const Q4_OFFSET: i32 = 8;
 #[inline]
 pub(crate) fn q4_at(row_qs: &[u8], col: usize) -> i32 {
     let byte = row_qs[col / 2];
-    let nibble = if col % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+    let nibble = if col.is_multiple_of(2) { byte & 0x0F } else { byte >> 4 };
     i32::from(nibble) - Q4_OFFSET
 }
 

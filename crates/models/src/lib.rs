@@ -1,1 +1,57 @@
-//! strata-models (skeleton).
+//! One forward graph per model family, on traits shared by all.
+//!
+//! A family adds a graph, never a cache: routed experts always come from the
+//! one generic [`strata_tier::ExpertStore`] through [`strata_sched`], and KV
+//! state from [`strata_kv`].
+//!
+//! **Architecture invariant:** a graph reads weights only through the
+//! container (`strata-format`) and the expert store; it never opens files.
+
+mod attention;
+mod error;
+mod gqa_moe;
+mod rope;
+mod router;
+mod weights;
+
+pub use error::{Error, Result};
+pub use gqa_moe::GqaMoe;
+
+use strata_format::{Container, ModelSpec};
+use strata_kernels::Threads;
+use strata_kv::KvCache;
+use strata_tier::ExpertStore;
+
+/// What a forward pass needs besides the model: the thread pool and the
+/// routed-expert store.
+pub struct Runtime<'a> {
+    pub threads: &'a Threads,
+    pub store: &'a ExpertStore,
+}
+
+/// Which positions' logits a forward pass returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Every position of the batch, `[n_tokens, vocab]`.
+    All,
+    /// Only the last position, `[vocab]`.
+    Last,
+}
+
+/// A causal language model: token ids in, next-token logits out.
+pub trait CausalLm: Send + Sync {
+    /// The model's validated spec.
+    fn spec(&self) -> &ModelSpec;
+
+    /// An empty KV cache for this model holding at most `capacity_tokens`.
+    fn new_cache(&self, capacity_tokens: usize) -> KvCache;
+
+    /// Runs `tokens` at positions `cache.len()..`, appends their keys and
+    /// values to `cache`, and returns the requested logits.
+    fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Vec<f32>>;
+}
+
+/// Builds the forward graph for the container's family.
+pub fn load(container: std::sync::Arc<Container>) -> Result<Box<dyn CausalLm>> {
+    Ok(Box::new(GqaMoe::load(container)?))
+}

@@ -1,0 +1,100 @@
+//! Command-line flags. These names are a contract other checks drive: keep
+//! them stable.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use strata_engine::ByteSize;
+
+#[derive(Debug, Parser)]
+#[command(name = "strata", version, about = "Run Mixture-of-Experts models larger than RAM")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Convert a Hugging Face checkpoint into a Strata container.
+    Convert {
+        hf_dir: PathBuf,
+        out_dir: PathBuf,
+        /// Weight format: f32, bf16, q8 or q4 (routed experts q4, dense q8).
+        #[arg(long, default_value = "q4")]
+        quant: String,
+        /// Replace OUT_DIR if it exists.
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// Describe a container: family, shapes, sizes, quantization, hashes.
+    Info {
+        model_dir: PathBuf,
+        /// Also verify every file's SHA-256.
+        #[arg(long)]
+        verify: bool,
+    },
+    /// Teacher-forced logits at every position, written as a float32 .npy.
+    Logits {
+        model_dir: PathBuf,
+        #[arg(long, value_parser = parse_tokens)]
+        tokens: TokenList,
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Generate tokens after a prompt of token ids.
+    Generate {
+        model_dir: PathBuf,
+        #[arg(long, value_parser = parse_tokens)]
+        tokens: TokenList,
+        #[arg(long, default_value_t = 32)]
+        max_new_tokens: usize,
+        /// 0 means greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// 0 means no limit.
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Keep generating past end-of-sequence tokens.
+        #[arg(long)]
+        ignore_eos: bool,
+        /// Print one JSON object `{"tokens": [...], "stats": {...}}` as the last line.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Write the container's weights, dequantized, as a Hugging Face checkpoint.
+    Export { model_dir: PathBuf, out_hf_dir: PathBuf },
+}
+
+/// Flags shared by every command that runs a model.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// RAM that may hold routed experts, e.g. 16KiB, 512MiB, 4GiB.
+    #[arg(long, default_value = "1GiB")]
+    pub expert_cache: ByteSize,
+    /// Kernel worker threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+/// Token ids given as `1,2,3`.
+#[derive(Debug, Clone)]
+pub struct TokenList(pub Vec<u32>);
+
+fn parse_tokens(text: &str) -> Result<TokenList, String> {
+    let ids = text
+        .split(',')
+        .map(|part| {
+            let part = part.trim();
+            part.parse::<u32>().map_err(|_| format!("{part:?} is not a token id (expected e.g. 1,2,3)"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(TokenList(ids))
+}

@@ -1,0 +1,103 @@
+//! One function per subcommand.
+
+use std::ops::ControlFlow;
+
+use anyhow::{Context, Result};
+use strata_engine::{ByteSize, Engine, EngineOptions, GenerateOptions, SamplingOptions};
+use strata_format::{ConvertOptions, QuantPreset};
+
+use crate::cli::{Cli, Command, RunArgs};
+
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Convert { hf_dir, out_dir, quant, overwrite } => {
+            let preset: QuantPreset = quant.parse()?;
+            let options = ConvertOptions { overwrite, progress: true, ..ConvertOptions::new(preset) };
+            let report = strata_format::convert(&hf_dir, &out_dir, &options)
+                .with_context(|| format!("converting {}", hf_dir.display()))?;
+            println!(
+                "wrote {} ({}): dense {}, {} MoE layers of {} per expert, {} in all, in {:.1} s",
+                report.out_dir.display(),
+                report.preset,
+                ByteSize(report.dense_bytes),
+                report.num_moe_layers,
+                ByteSize(report.expert_record_bytes),
+                ByteSize(report.total_bytes),
+                report.elapsed.as_secs_f64()
+            );
+            Ok(())
+        }
+        Command::Info { model_dir, verify } => info(&model_dir, verify),
+        Command::Logits { model_dir, tokens, out, run } => {
+            let engine = open(&model_dir, &run)?;
+            let logits = engine.logits(&tokens.0)?;
+            let vocab = engine.spec().vocab_size;
+            strata_format::npy::write_f32(&out, &[tokens.0.len(), vocab], &logits)
+                .with_context(|| format!("writing {}", out.display()))?;
+            Ok(())
+        }
+        Command::Generate { model_dir, tokens, max_new_tokens, temperature, top_k, top_p, seed, ignore_eos, json, run } => {
+            let engine = open(&model_dir, &run)?;
+            let sampling = SamplingOptions { temperature, top_k, top_p, seed };
+            let options = GenerateOptions { max_new_tokens, sampling, ignore_eos };
+            let mut session = engine.session();
+            let report = session.generate(&tokens.0, &options, |token| {
+                if !json {
+                    println!("{token}");
+                }
+                ControlFlow::Continue(())
+            })?;
+            if json {
+                let line = serde_json::json!({ "tokens": report.tokens, "stats": report.stats });
+                println!("{line}");
+            }
+            Ok(())
+        }
+        Command::Export { model_dir, out_hf_dir } => {
+            strata_format::export(&model_dir, &out_hf_dir)
+                .with_context(|| format!("exporting {}", model_dir.display()))?;
+            Ok(())
+        }
+    }
+}
+
+fn open(model_dir: &std::path::Path, run: &RunArgs) -> Result<Engine> {
+    let options = EngineOptions {
+        threads: run.threads,
+        expert_cache_bytes: run.expert_cache.bytes(),
+        ..EngineOptions::default()
+    };
+    Engine::open(model_dir, &options).with_context(|| format!("opening {}", model_dir.display()))
+}
+
+fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
+    let container = strata_format::Container::open(model_dir)?;
+    if verify {
+        container.verify()?;
+    }
+    let spec = container.spec();
+    let manifest = container.manifest();
+    let per_expert_bytes = manifest.expert_layers.first().map_or(0, |l| l.record_bytes);
+    let expert_bytes: u64 = manifest.expert_layers.iter().map(|l| l.record_bytes * l.num_experts as u64).sum();
+    let total_bytes: u64 = manifest.files.iter().map(|f| f.size_bytes).sum();
+    let dense_bytes: u64 = manifest.tensors.iter().map(|t| t.length_bytes + t.scale_length_bytes).sum();
+    println!("family        {}", spec.family);
+    println!("layers        {} ({} MoE)", spec.num_layers, manifest.expert_layers.len());
+    println!("hidden        {}", spec.hidden_size);
+    println!("heads         {} query, {} kv, head_dim {}", spec.num_heads, spec.num_kv_heads, spec.head_dim);
+    println!("experts       {} per MoE layer, top-{}, intermediate {}", spec.moe.num_experts, spec.moe.top_k, spec.moe.intermediate_size);
+    println!("vocab         {}", spec.vocab_size);
+    println!("quant         {} (q8 group {}, q4 group {})", manifest.quant.preset, manifest.quant.q8_group, manifest.quant.q4_group);
+    println!("bytes dense   {} ({})", dense_bytes, ByteSize(dense_bytes));
+    println!("bytes/expert  {} ({})", per_expert_bytes, ByteSize(per_expert_bytes));
+    println!("bytes experts {} ({})", expert_bytes, ByteSize(expert_bytes));
+    println!("bytes total   {} ({})", total_bytes, ByteSize(total_bytes));
+    println!("kv bytes/token {}", spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4);
+    for file in &manifest.files {
+        println!("sha256 {}  {}", file.sha256, file.path);
+    }
+    if verify {
+        println!("verified: every file matches its SHA-256");
+    }
+    Ok(())
+}

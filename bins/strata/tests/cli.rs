@@ -1,0 +1,124 @@
+//! The `strata` command line as a user drives it: the contract commands on a
+//! fixture, and bad input answered by one clear line and a non-zero exit.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn strata(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().expect("strata runs")
+}
+
+fn fixture(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(family)
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Fails unless the command failed with exactly one line on stderr that
+/// mentions `needle`, and did not panic.
+fn assert_clean_failure(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+}
+
+#[test]
+fn convert_info_generate_logits_export_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("olmoe-q4");
+    let out = strata(&["convert", path(&fixture("olmoe").join("hf")), path(&model), "--quant", "q4"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let info = strata(&["info", path(&model), "--verify"]);
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(info.status.success() && text.contains("olmoe"), "{text}");
+
+    let gen_out = strata(&["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "5", "--json"]);
+    assert!(gen_out.status.success(), "{}", String::from_utf8_lossy(&gen_out.stderr));
+    let stdout = String::from_utf8_lossy(&gen_out.stdout);
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let tokens = last["tokens"].as_array().unwrap();
+    assert!(!tokens.is_empty() && tokens.len() <= 5, "{last}");
+    assert!(last["stats"]["expert_misses"].as_u64().unwrap() > 0, "{last}");
+
+    let npy = dir.path().join("logits.npy");
+    let out = strata(&["logits", path(&model), "--tokens", "4,5,6", "--out", path(&npy), "--expert-cache", "16KiB"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (shape, logits) = strata_format::npy::read_f32(&npy).unwrap();
+    assert_eq!(shape[0], 3);
+    assert_eq!(logits.len(), shape[0] * shape[1]);
+
+    let hf = dir.path().join("exported");
+    let out = strata(&["export", path(&model), path(&hf)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(hf.join("config.json").exists() && hf.join("model.safetensors").exists());
+}
+
+#[test]
+fn sampled_generation_is_reproducible_with_a_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    assert!(strata(&["convert", path(&fixture("mixtral").join("hf")), path(&model), "--quant", "q8"]).status.success());
+    let run = || {
+        let out = strata(&[
+            "generate", path(&model), "--tokens", "7,8", "--max-new-tokens", "8", "--temperature", "0.8",
+            "--top-k", "40", "--top-p", "0.9", "--seed", "42", "--ignore-eos", "--json",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        v["tokens"].clone()
+    };
+    let first = run();
+    assert_eq!(first.as_array().unwrap().len(), 8);
+    assert_eq!(first, run());
+}
+
+#[test]
+fn missing_model_directory_is_one_clear_line() {
+    let out = strata(&["info", "/nonexistent/strata-model"]);
+    assert_clean_failure(&out, "/nonexistent/strata-model");
+}
+
+#[test]
+fn malformed_token_list_is_rejected() {
+    let out = strata(&["generate", "/tmp", "--tokens", "1,x,3"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("\"x\" is not a token id") && !stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn unknown_family_names_the_supported_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = dir.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    std::fs::write(hf.join("config.json"), r#"{"model_type": "llama", "hidden_size": 8}"#).unwrap();
+    let out = strata(&["convert", path(&hf), path(&dir.path().join("out")), "--quant", "f32"]);
+    assert_clean_failure(&out, "olmoe");
+    assert!(!dir.path().join("out").exists(), "no container left behind");
+}
+
+#[test]
+fn out_of_vocabulary_token_is_an_error_not_garbage() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    assert!(strata(&["convert", path(&fixture("qwen3_moe").join("hf")), path(&model), "--quant", "f32"]).status.success());
+    let out = strata(&["generate", path(&model), "--tokens", "1,999999", "--max-new-tokens", "2"]);
+    assert_clean_failure(&out, "999999");
+}
+
+#[test]
+fn truncated_expert_file_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    assert!(strata(&["convert", path(&fixture("mixtral").join("hf")), path(&model), "--quant", "f32"]).status.success());
+    let experts = std::fs::read_dir(model.join("experts")).unwrap().next().unwrap().unwrap().path();
+    std::fs::OpenOptions::new().write(true).open(&experts).unwrap().set_len(100).unwrap();
+    let out = strata(&["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "2", "--expert-cache", "0"]);
+    assert_clean_failure(&out, experts.file_name().unwrap().to_str().unwrap());
+}

@@ -1,0 +1,158 @@
+//! Oracle tests: Strata's logits against transformers' on the committed
+//! fixtures (`cargo xtask fixtures` regenerates them).
+//!
+//! For every family: the f32 container matches at every position within
+//! 1e-3 × std(reference); greedy decoding reproduces transformers' where its
+//! top-1 margin is clear; a bf16 checkpoint with a 4.x-style config matches
+//! within 2e-3 × std; q8 and q4 containers match transformers run on their
+//! own dequantized weights; and a tiny expert cache changes nothing.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use strata_engine::{Engine, EngineOptions, GenerateOptions};
+use strata_format::{ConvertOptions, QuantPreset, npy};
+
+const FAMILIES: [&str; 3] = ["olmoe", "qwen3_moe", "mixtral"];
+
+/// Greedy steps whose reference margin (top-1 minus top-2 logit) is below
+/// this fraction of the logits' std are too close to call in f32 and are
+/// not compared, nor is anything after them.
+const CLEAR_MARGIN_STD: f32 = 1e-2;
+
+fn fixture(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(family)
+}
+
+struct Reference {
+    prompt: Vec<u32>,
+    greedy: Vec<u32>,
+    margins: Vec<f32>,
+}
+
+fn reference(family: &str) -> Reference {
+    let text = std::fs::read_to_string(fixture(family).join("reference.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |key: &str| -> Vec<u32> {
+        json[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+    };
+    let margins = json["greedy_margins"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+    Reference { prompt: ids("prompt"), greedy: ids("greedy"), margins }
+}
+
+fn convert(family: &str, checkpoint: &str, preset: QuantPreset) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("model");
+    let options = ConvertOptions::new(preset);
+    strata_format::convert(&fixture(family).join(checkpoint), &out, &options).unwrap();
+    dir
+}
+
+fn engine(dir: &tempfile::TempDir, expert_cache_bytes: u64, threads: usize) -> Engine {
+    let options = EngineOptions { threads, expert_cache_bytes, ..EngineOptions::default() };
+    Engine::open(&dir.path().join("model"), &options).unwrap()
+}
+
+fn std_dev(xs: &[f32]) -> f32 {
+    let n = xs.len() as f64;
+    let mean = xs.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+    let var = xs.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / n;
+    var.sqrt() as f32
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn top1(logits: &[f32], vocab: usize) -> Vec<usize> {
+    logits
+        .chunks_exact(vocab)
+        .map(|row| row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0)
+        .collect()
+}
+
+fn reference_logits(family: &str, file: &str) -> (Vec<usize>, Vec<f32>) {
+    npy::read_f32(&fixture(family).join(file)).unwrap()
+}
+
+#[test]
+fn f32_logits_match_transformers_at_every_position() {
+    for family in FAMILIES {
+        let r = reference(family);
+        let (shape, want) = reference_logits(family, "logits_f32.npy");
+        let dir = convert(family, "hf", QuantPreset::F32);
+        let got = engine(&dir, 1 << 30, 2).logits(&r.prompt).unwrap();
+        let tolerance = 1e-3 * std_dev(&want);
+        let diff = max_abs_diff(&got, &want);
+        assert!(diff <= tolerance, "{family}: max |Δlogit| {diff} > {tolerance} (shape {shape:?})");
+    }
+}
+
+#[test]
+fn greedy_continuation_matches_transformers() {
+    for family in FAMILIES {
+        let r = reference(family);
+        let (_, want) = reference_logits(family, "logits_f32.npy");
+        let clear = CLEAR_MARGIN_STD * std_dev(&want);
+        let dir = convert(family, "hf", QuantPreset::F32);
+        let engine = engine(&dir, 1 << 30, 1);
+        let options = GenerateOptions { max_new_tokens: r.greedy.len(), ignore_eos: false, ..GenerateOptions::default() };
+        let report = engine.session().generate(&r.prompt, &options, |_| ControlFlow::Continue(())).unwrap();
+        let comparable = r.margins.iter().take_while(|&&m| m > clear).count();
+        assert!(comparable >= 1, "{family}: no step has a clear margin");
+        assert_eq!(report.tokens[..comparable], r.greedy[..comparable], "{family}: greedy continuation");
+    }
+}
+
+#[test]
+fn bf16_checkpoint_with_4x_config_matches_within_2e_3_std() {
+    for family in FAMILIES {
+        let r = reference(family);
+        let (_, want) = reference_logits(family, "logits_bf16.npy");
+        let dir = convert(family, "hf_bf16", QuantPreset::Bf16);
+        let got = engine(&dir, 1 << 30, 2).logits(&r.prompt).unwrap();
+        let tolerance = 2e-3 * std_dev(&want);
+        let diff = max_abs_diff(&got, &want);
+        assert!(diff <= tolerance, "{family}: bf16 max |Δlogit| {diff} > {tolerance}");
+    }
+}
+
+/// Tolerance for quantized containers against transformers on the same
+/// dequantized weights: the weights are identical, so only the order of f32
+/// sums differs, as for f32 (see docs/FORMAT.md).
+const QUANT_TOLERANCE_STD: f32 = 1e-3;
+
+#[test]
+fn quantized_containers_match_transformers_on_their_dequantized_weights() {
+    for family in FAMILIES {
+        let r = reference(family);
+        for (preset, file) in [(QuantPreset::Q8, "logits_q8.npy"), (QuantPreset::Q4, "logits_q4.npy")] {
+            let (shape, want) = reference_logits(family, file);
+            let dir = convert(family, "hf", preset);
+            let got = engine(&dir, 1 << 30, 2).logits(&r.prompt).unwrap();
+            let tolerance = QUANT_TOLERANCE_STD * std_dev(&want);
+            let diff = max_abs_diff(&got, &want);
+            assert!(diff <= tolerance, "{family} {preset:?}: max |Δlogit| {diff} > {tolerance}");
+            let vocab = shape[1];
+            let agree = top1(&got, vocab).iter().zip(top1(&want, vocab)).filter(|(a, b)| **a == *b).count();
+            let rate = agree as f32 / shape[0] as f32;
+            assert!(rate >= 0.9, "{family} {preset:?}: top-1 agreement {rate}");
+        }
+    }
+}
+
+#[test]
+fn logits_are_bit_identical_with_an_expert_cache_smaller_than_one_layer() {
+    for family in FAMILIES {
+        let r = reference(family);
+        for preset in [QuantPreset::F32, QuantPreset::Q4] {
+            let dir = convert(family, "hf", preset);
+            let roomy = engine(&dir, 1 << 30, 2).logits(&r.prompt).unwrap();
+            let tiny_engine = engine(&dir, 16 << 10, 1);
+            let tiny = tiny_engine.logits(&r.prompt).unwrap();
+            assert!(roomy.iter().zip(&tiny).all(|(a, b)| a.to_bits() == b.to_bits()), "{family} {preset:?}");
+            assert!(tiny_engine.store_stats().misses > 0, "{family}: the tiny cache must miss");
+        }
+    }
+}

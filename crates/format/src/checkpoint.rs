@@ -1,0 +1,345 @@
+//! Read-only access to a Hugging Face safetensors checkpoint directory: one
+//! `model.safetensors`, or shards listed by `model.safetensors.index.json`.
+//!
+//! Files are memory-mapped and only their headers are parsed on open; tensor
+//! data is decoded to f32 on request, one tensor (or one row block, or one
+//! expert slice of a fused tensor) at a time, so converting a checkpoint never
+//! needs more than one tensor's worth of f32 in memory.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, SafeTensors};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::names;
+use crate::spec::ModelSpec;
+
+/// Single-file checkpoint name.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// Sharded checkpoint index name.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// The architecture description.
+pub const CONFIG_FILE: &str = "config.json";
+
+/// Element types we decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceDtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl SourceDtype {
+    fn bytes(self) -> usize {
+        match self {
+            SourceDtype::F32 => 4,
+            SourceDtype::Bf16 | SourceDtype::F16 => 2,
+        }
+    }
+}
+
+/// One tensor's location inside a shard.
+#[derive(Debug, Clone)]
+struct TensorLoc {
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Byte range inside the shard's mmap (header already skipped).
+    start_bytes: usize,
+    end_bytes: usize,
+}
+
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+}
+
+/// An opened checkpoint directory.
+pub struct Checkpoint {
+    dir: PathBuf,
+    config_json: String,
+    shards: Vec<Shard>,
+    tensors: BTreeMap<String, TensorLoc>,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("dir", &self.dir)
+            .field("shards", &self.shards.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+impl Checkpoint {
+    /// Opens `dir`: reads config.json, maps every shard, parses headers.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Checkpoint> {
+        let dir = dir.as_ref().to_path_buf();
+        let config_path = dir.join(CONFIG_FILE);
+        let config_json = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
+
+        let index_path = dir.join(INDEX_FILE);
+        let single_path = dir.join(SINGLE_FILE);
+        // file name -> tensor names the index assigns to it (None: single file).
+        let files: Vec<(String, Option<Vec<String>>)> = if index_path.is_file() {
+            read_index(&index_path)?.into_iter().map(|(file, names)| (file, Some(names))).collect()
+        } else if single_path.is_file() {
+            vec![(SINGLE_FILE.to_owned(), None)]
+        } else {
+            return Err(Error::Checkpoint {
+                path: dir,
+                reason: format!("neither {SINGLE_FILE} nor {INDEX_FILE} found"),
+            });
+        };
+
+        let mut shards = Vec::with_capacity(files.len());
+        let mut tensors = BTreeMap::new();
+        for (file, expected) in files {
+            let path = dir.join(&file);
+            let handle = File::open(&path).map_err(|e| Error::io(&path, e))?;
+            // SAFETY: the mapping is read-only and private to this process;
+            // a checkpoint modified while we convert it is outside the
+            // contract (as for any reader of safetensors files).
+            let map = unsafe { Mmap::map(&handle) }.map_err(|e| Error::io(&path, e))?;
+            let (header_bytes, metadata) = SafeTensors::read_metadata(&map)
+                .map_err(|e| Error::Safetensors { path: path.clone(), reason: e.to_string() })?;
+            let data_start = 8 + header_bytes;
+            let shard = shards.len();
+            for (name, info) in metadata.tensors() {
+                let (start, end) = info.data_offsets;
+                let loc = TensorLoc {
+                    shard,
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    start_bytes: data_start + start,
+                    end_bytes: data_start + end,
+                };
+                if tensors.insert(name.clone(), loc).is_some() {
+                    return Err(Error::Checkpoint {
+                        path: path.clone(),
+                        reason: format!("tensor {name:?} is stored in more than one shard"),
+                    });
+                }
+            }
+            if let Some(expected) = expected {
+                for name in expected {
+                    match tensors.get(&name) {
+                        Some(loc) if loc.shard == shard => {}
+                        _ => {
+                            return Err(Error::Checkpoint {
+                                path: index_path.clone(),
+                                reason: format!("tensor {name:?} is listed for {file} but not stored there"),
+                            });
+                        }
+                    }
+                }
+            }
+            shards.push(Shard { path, map });
+        }
+        Ok(Checkpoint { dir, config_json, shards, tensors })
+    }
+
+    /// The directory this checkpoint was opened from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The verbatim text of config.json.
+    pub fn config_json(&self) -> &str {
+        &self.config_json
+    }
+
+    /// Every tensor name in the checkpoint, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// Whether the checkpoint stores `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The stored shape of `name`.
+    pub fn shape(&self, name: &str) -> Result<&[usize]> {
+        Ok(&self.loc(name)?.shape)
+    }
+
+    /// The first of `candidates` that the checkpoint stores.
+    pub fn resolve<'n>(&self, candidates: &'n [String]) -> Option<&'n str> {
+        candidates.iter().map(String::as_str).find(|name| self.has(name))
+    }
+
+    /// A whole tensor decoded to f32, with its shape.
+    pub fn tensor_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        let loc = self.loc(name)?;
+        let numel = numel(name, &loc.shape)?;
+        let data = self.elements_f32(name, 0, numel)?;
+        Ok((loc.shape.clone(), data))
+    }
+
+    /// Rows `[row_start, row_start + row_count)` of `name` viewed as a 2-D
+    /// matrix `[shape[0], product(shape[1..])]` (a 1-D tensor is one row),
+    /// decoded to f32. Lets large matrices be converted in bounded memory.
+    pub fn rows_f32(&self, name: &str, row_start: usize, row_count: usize) -> Result<Vec<f32>> {
+        let loc = self.loc(name)?;
+        let (rows, cols) = as_matrix(name, &loc.shape)?;
+        let end = row_start.checked_add(row_count);
+        if end.is_none_or(|end| end > rows) {
+            return Err(Error::Checkpoint {
+                path: self.shards[loc.shard].path.clone(),
+                reason: format!("tensor {name:?}: rows {row_start}+{row_count} out of range ({rows} rows)"),
+            });
+        }
+        self.elements_f32(name, row_start * cols, row_count * cols)
+    }
+
+    /// The gate, up and down matrices (f32, `[rows, cols]`) of one expert.
+    ///
+    /// Reads the published per-expert tensors when present, else the fused
+    /// 3-D tensors of a transformers 5.x save (`gate_up_proj [E, 2I, H]`,
+    /// gate in rows `0..I` and up in rows `I..2I` of each expert's slab, as
+    /// `Concatenate(dim=1)` in `conversion_mapping.py` builds it;
+    /// `down_proj [E, H, I]`). Only that expert's slice is decoded.
+    pub fn expert_f32(&self, spec: &ModelSpec, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
+        let names = names::expert_names(spec, layer, expert);
+        let shapes = names::expert_shapes(spec);
+        let (e, i, h) = (spec.moe.num_experts, spec.moe.intermediate_size, spec.hidden_size);
+        if expert >= e {
+            return Err(Error::ExpertOutOfRange { layer, expert, num_experts: e });
+        }
+
+        let (fused_gate_up, fused_down) = names::fused_expert_names(layer);
+        if !self.has(&names[0]) && self.has(&fused_gate_up) {
+            self.check_shape(&fused_gate_up, &[e, 2 * i, h])?;
+            self.check_shape(&fused_down, &[e, h, i])?;
+            let slab = 2 * i * h;
+            let gate = self.elements_f32(&fused_gate_up, expert * slab, i * h)?;
+            let up = self.elements_f32(&fused_gate_up, expert * slab + i * h, i * h)?;
+            let down = self.elements_f32(&fused_down, expert * h * i, h * i)?;
+            return Ok([gate, up, down]);
+        }
+
+        let mut out: [Vec<f32>; 3] = Default::default();
+        for ((slot, name), shape) in out.iter_mut().zip(&names).zip(shapes) {
+            let mut candidates = vec![name.clone()];
+            candidates.extend(names::aliases(spec, name));
+            let found = self.resolve(&candidates).ok_or_else(|| Error::MissingTensor {
+                name: name.clone(),
+                hint: format!(" (nor fused {fused_gate_up})"),
+            })?;
+            self.check_shape(found, &shape)?;
+            *slot = self.tensor_f32(found)?.1;
+        }
+        Ok(out)
+    }
+
+    /// Errors unless `name` exists with exactly `expected` shape.
+    pub fn check_shape(&self, name: &str, expected: &[usize]) -> Result<()> {
+        let loc = self.loc(name)?;
+        if loc.shape != expected {
+            return Err(Error::TensorShape {
+                name: name.to_owned(),
+                expected: expected.to_vec(),
+                found: loc.shape.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn loc(&self, name: &str) -> Result<&TensorLoc> {
+        self.tensors.get(name).ok_or_else(|| Error::MissingTensor {
+            name: name.to_owned(),
+            hint: format!(" in checkpoint {}", self.dir.display()),
+        })
+    }
+
+    /// Decodes elements `[first, first + count)` of the flattened tensor.
+    fn elements_f32(&self, name: &str, first: usize, count: usize) -> Result<Vec<f32>> {
+        let loc = self.loc(name)?;
+        let dtype = match loc.dtype {
+            Dtype::F32 => SourceDtype::F32,
+            Dtype::BF16 => SourceDtype::Bf16,
+            Dtype::F16 => SourceDtype::F16,
+            other => {
+                return Err(Error::UnsupportedDtype { name: name.to_owned(), dtype: format!("{other:?}") });
+            }
+        };
+        let width = dtype.bytes();
+        let shard = &self.shards[loc.shard];
+        // The header was validated by safetensors (offsets consistent with
+        // shape, dtype and file size), but recheck arithmetically so a bad
+        // request can never index out of the map.
+        let start = first.checked_mul(width).and_then(|b| b.checked_add(loc.start_bytes));
+        let end = count.checked_mul(width).and_then(|b| start.and_then(|s| s.checked_add(b)));
+        let bytes = match (start, end) {
+            (Some(s), Some(e)) if e <= loc.end_bytes && e <= shard.map.len() => &shard.map[s..e],
+            _ => {
+                return Err(Error::Checkpoint {
+                    path: shard.path.clone(),
+                    reason: format!("tensor {name:?}: elements {first}+{count} out of range"),
+                });
+            }
+        };
+        Ok(decode(dtype, bytes))
+    }
+}
+
+/// Decodes little-endian elements. Safetensors data is not necessarily
+/// aligned inside the file, so this goes through byte arrays, not casts.
+fn decode(dtype: SourceDtype, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        SourceDtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        SourceDtype::Bf16 => {
+            bytes.chunks_exact(2).map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)).collect()
+        }
+        SourceDtype::F16 => {
+            bytes.chunks_exact(2).map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()).collect()
+        }
+    }
+}
+
+fn numel(name: &str, shape: &[usize]) -> Result<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| Error::TensorShape {
+        name: name.to_owned(),
+        expected: vec![],
+        found: shape.to_vec(),
+    })
+}
+
+/// `[rows, cols]` of a tensor seen as a matrix over its first dimension.
+fn as_matrix(name: &str, shape: &[usize]) -> Result<(usize, usize)> {
+    match shape {
+        [] => Ok((1, 1)),
+        [n] => Ok((1, *n)),
+        [rows, rest @ ..] => Ok((*rows, numel(name, rest)?)),
+    }
+}
+
+/// Parses `model.safetensors.index.json` into file -> tensor names.
+fn read_index(path: &Path) -> Result<BTreeMap<String, Vec<String>>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let value: Value =
+        serde_json::from_str(&text).map_err(|source| Error::Json { what: path.display().to_string(), source })?;
+    let bad = |reason: String| Error::Checkpoint { path: path.to_path_buf(), reason };
+    let map =
+        value.get("weight_map").and_then(Value::as_object).ok_or_else(|| bad("missing object `weight_map`".into()))?;
+    let mut files: HashMap<String, Vec<String>> = HashMap::new();
+    for (tensor, file) in map {
+        let file = file.as_str().ok_or_else(|| bad(format!("weight_map[{tensor:?}] is not a string")))?;
+        // Shards must be plain files next to the index: never follow a path
+        // out of the checkpoint directory.
+        if file.is_empty() || file.contains(['/', '\\']) || file == "." || file == ".." {
+            return Err(bad(format!("weight_map[{tensor:?}]: shard name {file:?} is not a plain file name")));
+        }
+        files.entry(file.to_owned()).or_default().push(tensor.clone());
+    }
+    if files.is_empty() {
+        return Err(bad("`weight_map` is empty".into()));
+    }
+    Ok(files.into_iter().collect())
+}

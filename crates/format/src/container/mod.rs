@@ -1,0 +1,185 @@
+//! The Strata container (normative description: docs/FORMAT.md).
+//!
+//! [`Container::open`] reads and validates `manifest.json` against the model
+//! spec and the sizes of the files on disk, then memory-maps `dense.bin`.
+//! It never reads expert files (another crate streams them) and never hashes
+//! anything: hashing a 60 GB container on every start would dominate start-up
+//! time, so integrity checking is the explicit [`Container::verify`].
+
+mod layout;
+mod manifest;
+mod validate;
+mod verify;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use strata_kernels::{Matrix, QuantFormat};
+
+use crate::error::{Error, Result};
+use crate::preset::QuantPreset;
+use crate::spec::ModelSpec;
+
+pub use layout::{ComponentLayout, ExpertLayout, RECORD_ALIGN_BYTES, TENSOR_ALIGN_BYTES, align_up, matrix_bytes};
+pub use manifest::{
+    AUX_FILES, ComponentEntry, DENSE_FILE, EXPERTS_DIR, ExpertLayerEntry, FORMAT_VERSION, FileEntry, MAGIC,
+    MANIFEST_FILE, Manifest, QuantInfo, TensorEntry, expert_file_name,
+};
+pub(crate) use verify::hex as hex_digest;
+pub use verify::sha256_file;
+
+/// An opened, validated container.
+pub struct Container {
+    dir: PathBuf,
+    manifest: Manifest,
+    dense_map: Mmap,
+    /// Tensor name -> index into `manifest.tensors`.
+    dense_index: HashMap<String, usize>,
+    /// Indexed by layer; `None` for dense layers.
+    expert_layouts: Vec<Option<ExpertLayout>>,
+}
+
+impl std::fmt::Debug for Container {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Container")
+            .field("dir", &self.dir)
+            .field("family", &self.manifest.spec.family)
+            .field("preset", &self.manifest.quant.preset)
+            .finish()
+    }
+}
+
+impl Container {
+    /// Opens the container in `dir`, validating the manifest (magic, version,
+    /// spec, every tensor's format/shape/length/alignment, expert record
+    /// layouts, file sizes) without reading expert data.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Container> {
+        let dir = dir.as_ref().to_path_buf();
+        let manifest = validate::read_manifest(&dir)?;
+        let checked = validate::validate(&dir, &manifest)?;
+
+        let dense_path = dir.join(DENSE_FILE);
+        let file = File::open(&dense_path).map_err(|e| Error::io(&dense_path, e))?;
+        // SAFETY: read-only private mapping. Its size was just checked
+        // against the manifest; a file truncated by someone else while we run
+        // is outside the contract (it would fault, as for any mmap reader).
+        let dense_map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&dense_path, e))?;
+        if dense_map.len() as u64 != checked.dense_file_bytes {
+            return Err(Error::FileSize {
+                path: dense_path,
+                expected_bytes: checked.dense_file_bytes,
+                actual_bytes: dense_map.len() as u64,
+            });
+        }
+        Ok(Container {
+            dir,
+            manifest,
+            dense_map,
+            dense_index: checked.dense_index,
+            expert_layouts: checked.expert_layouts,
+        })
+    }
+
+    /// The container directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The model architecture.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.manifest.spec
+    }
+
+    /// The parsed manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The quantization preset the container was written with.
+    pub fn preset(&self) -> QuantPreset {
+        self.manifest.quant.preset
+    }
+
+    /// Whether a non-expert tensor `name` is stored.
+    pub fn has_dense(&self, name: &str) -> bool {
+        self.dense_index.contains_key(name)
+    }
+
+    /// The manifest entry of non-expert tensor `name`.
+    pub fn dense_entry(&self, name: &str) -> Result<&TensorEntry> {
+        self.dense_index.get(name).map(|&i| &self.manifest.tensors[i]).ok_or_else(|| Error::MissingTensor {
+            name: name.to_owned(),
+            hint: format!(" in container {}", self.dir.display()),
+        })
+    }
+
+    /// A non-expert tensor as a matrix over the mmap (1-D tensors are one
+    /// row). Zero-copy.
+    pub fn dense(&self, name: &str) -> Result<Matrix<'_>> {
+        let entry = self.dense_entry(name)?;
+        let (rows, cols) = validate::matrix_dims(&entry.shape).unwrap_or((0, 0));
+        // Ranges and format were validated on open.
+        let format =
+            QuantFormat::from_ordinal(entry.format).map_err(|e| Error::kernels(format!("tensor {name:?}"), e))?;
+        Matrix::from_bytes(
+            format,
+            rows,
+            cols,
+            entry.group,
+            self.bytes(entry.offset_bytes, entry.length_bytes),
+            self.bytes(entry.scale_offset_bytes, entry.scale_length_bytes),
+        )
+        .map_err(|e| Error::kernels(format!("tensor {name:?}"), e))
+    }
+
+    /// An f32 tensor (norms, biases, routers: never quantized by any preset)
+    /// as a slice of the mmap.
+    pub fn dense_vec(&self, name: &str) -> Result<&[f32]> {
+        let entry = self.dense_entry(name)?;
+        if entry.format != QuantFormat::F32.ordinal() {
+            let format = QuantFormat::from_ordinal(entry.format).map(QuantFormat::name).unwrap_or("an unknown format");
+            return Err(Error::WrongFormat { name: name.to_owned(), format, needed: "f32" });
+        }
+        let bytes = self.bytes(entry.offset_bytes, entry.length_bytes);
+        // Cannot fail: offsets are 64-byte aligned in a page-aligned map and
+        // lengths are multiples of 4 (validated on open).
+        bytemuck::try_cast_slice(bytes).map_err(|e| {
+            Error::manifest(self.dir.join(MANIFEST_FILE), format!("tensor {name:?}: cannot view as f32: {e}"))
+        })
+    }
+
+    /// Names of all non-expert tensors, in file order.
+    pub fn dense_names(&self) -> impl Iterator<Item = &str> {
+        self.manifest.tensors.iter().map(|t| t.name.as_str())
+    }
+
+    /// The expert layout of MoE layer `layer`.
+    pub fn expert_layout(&self, layer: usize) -> Result<&ExpertLayout> {
+        self.expert_layouts.get(layer).and_then(Option::as_ref).ok_or(Error::NotMoeLayer { layer })
+    }
+
+    /// Path of MoE layer `layer`'s expert file.
+    pub fn expert_file(&self, layer: usize) -> Result<PathBuf> {
+        Ok(self.expert_layout(layer)?.path.clone())
+    }
+
+    /// Path of an auxiliary file (`tokenizer.json`, ...) if the container
+    /// has it.
+    pub fn aux_file(&self, name: &str) -> Option<PathBuf> {
+        (AUX_FILES.contains(&name) && self.manifest.files.iter().any(|f| f.path == name)).then(|| self.dir.join(name))
+    }
+
+    /// Recomputes the SHA-256 of every file listed in the manifest and
+    /// compares it (and the size) with the recorded values. Reads every
+    /// byte of the container: run it explicitly, not on every start.
+    pub fn verify(&self) -> Result<()> {
+        verify::verify_files(&self.dir, &self.manifest.files)
+    }
+
+    fn bytes(&self, offset_bytes: u64, length_bytes: u64) -> &[u8] {
+        let start = offset_bytes as usize;
+        &self.dense_map[start..start + length_bytes as usize]
+    }
+}

@@ -1,0 +1,295 @@
+//! Validation of a manifest against its own spec and the files on disk.
+//!
+//! Everything a reader later relies on without checking (ranges inside the
+//! mmap, alignment for in-place casts, record sizes, formats) is checked here
+//! once, so the accessors can slice without further bounds logic and bad
+//! input surfaces as an error naming the file and tensor, never a panic.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+use strata_kernels::QuantFormat;
+
+use super::layout::{ComponentLayout, ExpertLayout, RECORD_ALIGN_BYTES, TENSOR_ALIGN_BYTES, matrix_bytes};
+use super::manifest::{DENSE_FILE, FORMAT_VERSION, MAGIC, MANIFEST_FILE, Manifest, expert_file_name};
+use crate::error::{Error, Result};
+use crate::names::{self, ExpertProj};
+
+/// What `Container::open` keeps from validation.
+pub(super) struct Checked {
+    pub dense_file_bytes: u64,
+    pub dense_index: HashMap<String, usize>,
+    pub expert_layouts: Vec<Option<ExpertLayout>>,
+}
+
+/// `[rows, cols]` of a stored tensor: 1-D tensors are a single row.
+pub(super) fn matrix_dims(shape: &[usize]) -> Option<(usize, usize)> {
+    match *shape {
+        [n] => Some((1, n)),
+        [rows, cols] => Some((rows, cols)),
+        _ => None,
+    }
+}
+
+/// Reads manifest.json, checking magic and version before the full parse so
+/// a container from a newer build gets a version error, not a field error.
+pub(super) fn read_manifest(dir: &Path) -> Result<Manifest> {
+    let path = dir.join(MANIFEST_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    #[derive(Deserialize)]
+    struct Head {
+        magic: Option<Value>,
+        format_version: Option<Value>,
+    }
+    let json_err = |source| Error::Json { what: path.display().to_string(), source };
+    let head: Head = serde_json::from_str(&text).map_err(json_err)?;
+    if head.magic.as_ref().and_then(Value::as_str) != Some(MAGIC) {
+        return Err(Error::manifest(&path, format!("not a Strata container (magic must be {MAGIC:?})")));
+    }
+    match head.format_version.as_ref().and_then(Value::as_u64) {
+        Some(v) if v == u64::from(FORMAT_VERSION) => {}
+        other => {
+            return Err(Error::manifest(
+                &path,
+                format!(
+                    "unsupported format_version {} (this build reads {FORMAT_VERSION})",
+                    other.map_or_else(|| "<missing>".to_owned(), |v| v.to_string())
+                ),
+            ));
+        }
+    }
+    serde_json::from_str(&text).map_err(json_err)
+}
+
+/// A relative `/`-separated path that stays inside the container.
+fn is_safe_relative(path: &str) -> bool {
+    !path.is_empty()
+        && !path.starts_with('/')
+        && !path.contains('\\')
+        && path.split('/').all(|part| !part.is_empty() && part != "." && part != "..")
+}
+
+fn format_of(ordinal: u8, what: &str, bad: &dyn Fn(String) -> Error) -> Result<QuantFormat> {
+    QuantFormat::from_ordinal(ordinal).map_err(|e| bad(format!("{what}: {e}")))
+}
+
+/// Checks the group and both lengths of one stored matrix.
+fn check_sizes(
+    what: &str,
+    format: QuantFormat,
+    rows: usize,
+    cols: usize,
+    group: usize,
+    length_bytes: u64,
+    scale_length_bytes: u64,
+    bad: &dyn Fn(String) -> Error,
+) -> Result<()> {
+    if format.is_grouped() && group == 0 {
+        return Err(bad(format!("{what}: {format} needs a group size > 0")));
+    }
+    if !format.is_grouped() && group != 0 {
+        return Err(bad(format!("{what}: {format} has no groups, but group = {group}")));
+    }
+    let (weights, scales) = matrix_bytes(format, rows, cols, group);
+    if length_bytes != weights {
+        return Err(bad(format!(
+            "{what}: {format} [{rows}, {cols}] needs {weights} weight bytes, manifest says {length_bytes}"
+        )));
+    }
+    if scale_length_bytes != scales {
+        return Err(bad(format!(
+            "{what}: {format} [{rows}, {cols}] group {group} needs {scales} scale bytes, manifest says {scale_length_bytes}"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a block is 64-byte aligned and ends inside `limit` bytes.
+fn check_range(what: &str, offset: u64, length: u64, limit: u64, bad: &dyn Fn(String) -> Error) -> Result<()> {
+    if !offset.is_multiple_of(TENSOR_ALIGN_BYTES) {
+        return Err(bad(format!("{what}: offset {offset} is not {TENSOR_ALIGN_BYTES}-byte aligned")));
+    }
+    match offset.checked_add(length) {
+        Some(end) if end <= limit => Ok(()),
+        _ => Err(bad(format!("{what}: bytes {offset}+{length} exceed the {limit} available"))),
+    }
+}
+
+/// Errors if any two non-empty `(start, end, what)` ranges intersect.
+fn check_disjoint(mut ranges: Vec<(u64, u64, String)>, bad: &dyn Fn(String) -> Error) -> Result<()> {
+    ranges.retain(|r| r.1 > r.0);
+    ranges.sort();
+    for pair in ranges.windows(2) {
+        if pair[1].0 < pair[0].1 {
+            return Err(bad(format!("{} overlaps {}", pair[0].2, pair[1].2)));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
+    let manifest_path = dir.join(MANIFEST_FILE);
+    let bad = |reason: String| Error::manifest(&manifest_path, reason);
+    let spec = &m.spec;
+    spec.validate().map_err(|e| bad(format!("spec: {e}")))?;
+    if m.quant.q8_group == 0 || m.quant.q4_group == 0 {
+        return Err(bad("quant: group sizes must be > 0".into()));
+    }
+
+    // Files: safe paths, no duplicates, sizes as recorded.
+    let mut file_bytes: HashMap<&str, u64> = HashMap::new();
+    for f in &m.files {
+        if !is_safe_relative(&f.path) {
+            return Err(bad(format!("file path {:?} is not a plain relative path", f.path)));
+        }
+        if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad(format!("file {:?}: sha256 must be 64 hex digits", f.path)));
+        }
+        if file_bytes.insert(&f.path, f.size_bytes).is_some() {
+            return Err(bad(format!("file {:?} listed twice", f.path)));
+        }
+        let path = dir.join(&f.path);
+        let actual = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
+        if actual != f.size_bytes {
+            return Err(Error::FileSize { path, expected_bytes: f.size_bytes, actual_bytes: actual });
+        }
+    }
+    let listed = |file: &str| -> Result<u64> {
+        file_bytes.get(file).copied().ok_or_else(|| bad(format!("data file {file:?} is not listed in `files`")))
+    };
+
+    // Dense tensors: exactly the set the spec implies, each well-formed.
+    let dense_file_bytes = listed(DENSE_FILE)?;
+    let expected: HashMap<String, names::TensorDesc> =
+        names::dense_tensors(spec).into_iter().map(|d| (d.name.clone(), d)).collect();
+    let mut dense_index = HashMap::with_capacity(m.tensors.len());
+    let mut ranges = Vec::with_capacity(2 * m.tensors.len());
+    for (i, t) in m.tensors.iter().enumerate() {
+        let what = format!("tensor {:?}", t.name);
+        let desc =
+            expected.get(&t.name).ok_or_else(|| bad(format!("{what} is not part of a {} model", spec.family)))?;
+        if dense_index.insert(t.name.clone(), i).is_some() {
+            return Err(bad(format!("{what} listed twice")));
+        }
+        if t.shape != desc.shape || t.kind != desc.kind {
+            return Err(bad(format!(
+                "{what}: manifest says {:?} {:?}, the spec implies {:?} {:?}",
+                t.kind, t.shape, desc.kind, desc.shape
+            )));
+        }
+        if t.file != DENSE_FILE {
+            return Err(bad(format!("{what}: must live in {DENSE_FILE}, not {:?}", t.file)));
+        }
+        let format = format_of(t.format, &what, &bad)?;
+        if !t.kind.is_matrix() && format != QuantFormat::F32 {
+            return Err(bad(format!("{what}: {:?} tensors must be f32, not {format}", t.kind)));
+        }
+        let (rows, cols) =
+            matrix_dims(&t.shape).ok_or_else(|| bad(format!("{what}: shape {:?} is not 1-D or 2-D", t.shape)))?;
+        check_sizes(&what, format, rows, cols, t.group, t.length_bytes, t.scale_length_bytes, &bad)?;
+        check_range(&what, t.offset_bytes, t.length_bytes, dense_file_bytes, &bad)?;
+        check_range(&format!("{what} scales"), t.scale_offset_bytes, t.scale_length_bytes, dense_file_bytes, &bad)?;
+        ranges.push((t.offset_bytes, t.offset_bytes + t.length_bytes, what.clone()));
+        ranges.push((t.scale_offset_bytes, t.scale_offset_bytes + t.scale_length_bytes, format!("{what} scales")));
+    }
+    if let Some(missing) = names::dense_tensors(spec).into_iter().find(|d| !dense_index.contains_key(&d.name)) {
+        return Err(bad(format!("tensor {:?} is missing", missing.name)));
+    }
+    check_disjoint(ranges, &bad)?;
+
+    // Expert layers: one per MoE layer, in order.
+    let moe_layers = spec.moe_layers();
+    if m.expert_layers.len() != moe_layers.len() {
+        return Err(bad(format!(
+            "{} expert layers listed, the spec has {} MoE layers",
+            m.expert_layers.len(),
+            moe_layers.len()
+        )));
+    }
+    let shapes = names::expert_shapes(spec);
+    let mut expert_layouts: Vec<Option<ExpertLayout>> = vec![None; spec.num_layers];
+    let mut seen_files = HashSet::new();
+    for (entry, &layer) in m.expert_layers.iter().zip(&moe_layers) {
+        let what = format!("expert layer {}", entry.layer);
+        if entry.layer != layer {
+            return Err(bad(format!("{what}: expected MoE layer {layer} at this position")));
+        }
+        if entry.file != expert_file_name(layer) || !seen_files.insert(&entry.file) {
+            return Err(bad(format!("{what}: file must be {:?}, not {:?}", expert_file_name(layer), entry.file)));
+        }
+        if entry.num_experts != spec.moe.num_experts {
+            return Err(bad(format!("{what}: {} experts, the spec says {}", entry.num_experts, spec.moe.num_experts)));
+        }
+        if entry.record_bytes == 0 || !entry.record_bytes.is_multiple_of(RECORD_ALIGN_BYTES) {
+            return Err(bad(format!(
+                "{what}: record_bytes {} is not a positive multiple of {RECORD_ALIGN_BYTES}",
+                entry.record_bytes
+            )));
+        }
+        let templates = names::expert_name_templates(spec, layer);
+        let mut components = Vec::with_capacity(3);
+        let mut ranges = Vec::with_capacity(6);
+        for (k, c) in entry.components.iter().enumerate() {
+            let proj = ExpertProj::ALL[k];
+            let cwhat = format!("{what} {} component", proj.name());
+            if c.proj != proj || c.name != templates[k] {
+                return Err(bad(format!(
+                    "{cwhat}: expected {:?} named {:?}, found {:?} named {:?}",
+                    proj, templates[k], c.proj, c.name
+                )));
+            }
+            if c.shape != shapes[k] {
+                return Err(bad(format!("{cwhat}: shape {:?}, the spec implies {:?}", c.shape, shapes[k])));
+            }
+            let format = format_of(c.format, &cwhat, &bad)?;
+            let [rows, cols] = c.shape;
+            check_sizes(&cwhat, format, rows, cols, c.group, c.length_bytes, c.scale_length_bytes, &bad)?;
+            check_range(&cwhat, c.offset_bytes, c.length_bytes, entry.record_bytes, &bad)?;
+            check_range(
+                &format!("{cwhat} scales"),
+                c.scale_offset_bytes,
+                c.scale_length_bytes,
+                entry.record_bytes,
+                &bad,
+            )?;
+            ranges.push((c.offset_bytes, c.offset_bytes + c.length_bytes, cwhat.clone()));
+            ranges.push((c.scale_offset_bytes, c.scale_offset_bytes + c.scale_length_bytes, format!("{cwhat} scales")));
+            components.push(ComponentLayout {
+                proj,
+                format,
+                rows,
+                cols,
+                group: c.group,
+                offset_bytes: c.offset_bytes,
+                length_bytes: c.length_bytes,
+                scale_offset_bytes: c.scale_offset_bytes,
+                scale_length_bytes: c.scale_length_bytes,
+            });
+        }
+        check_disjoint(ranges, &bad)?;
+        let expected_file_bytes = (entry.num_experts as u64)
+            .checked_mul(entry.record_bytes)
+            .ok_or_else(|| bad(format!("{what}: file size overflows")))?;
+        let actual = listed(&entry.file)?;
+        if actual != expected_file_bytes {
+            return Err(Error::FileSize {
+                path: dir.join(&entry.file),
+                expected_bytes: expected_file_bytes,
+                actual_bytes: actual,
+            });
+        }
+        let components: [ComponentLayout; 3] =
+            components.try_into().map_err(|_| bad(format!("{what}: needs exactly 3 components")))?;
+        expert_layouts[layer] = Some(ExpertLayout {
+            layer,
+            path: dir.join(&entry.file),
+            num_experts: entry.num_experts,
+            record_bytes: entry.record_bytes,
+            components,
+        });
+    }
+
+    Ok(Checked { dense_file_bytes, dense_index, expert_layouts })
+}

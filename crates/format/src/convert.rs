@@ -1,0 +1,490 @@
+//! Hugging Face checkpoint -> Strata container conversion.
+//!
+//! Streaming: dense tensors are converted in blocks of rows (at most
+//! [`CHUNK_ELEMS`] f32 at a time, plus the block's scales) and experts one at
+//! a time, so peak memory is one expert or one row block, never the model.
+//! The output is written into a sibling `OUT.tmp-<pid>` directory, fsynced,
+//! and renamed into place only when complete: an interrupted or failed
+//! conversion never leaves a directory named OUT that opens as a container.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+use strata_kernels::{QuantFormat, quant};
+
+use crate::checkpoint::Checkpoint;
+use crate::container::{
+    AUX_FILES, ComponentEntry, DENSE_FILE, EXPERTS_DIR, ExpertLayerEntry, ExpertLayout, FORMAT_VERSION, FileEntry,
+    MAGIC, MANIFEST_FILE, Manifest, QuantInfo, TENSOR_ALIGN_BYTES, TensorEntry, expert_file_name,
+};
+use crate::error::{Error, Result};
+use crate::names;
+use crate::preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset, group_for};
+use crate::spec::ModelSpec;
+
+/// Largest number of f32 elements decoded at once for a dense tensor
+/// (16 MiB), bounding conversion memory for huge embeddings.
+pub const CHUNK_ELEMS: usize = 4 << 20;
+
+/// How to convert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvertOptions {
+    pub preset: QuantPreset,
+    /// Group size of q4 experts (preset q4 only).
+    pub q4_group: usize,
+    /// Draw an indicatif progress bar on stderr.
+    pub progress: bool,
+    /// Replace a non-empty existing output directory.
+    pub overwrite: bool,
+}
+
+impl ConvertOptions {
+    /// `preset` with the default q4 group, no progress bar, no overwrite.
+    pub fn new(preset: QuantPreset) -> ConvertOptions {
+        ConvertOptions { preset, q4_group: Q4_DEFAULT_GROUP, progress: false, overwrite: false }
+    }
+}
+
+/// What a conversion produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConvertReport {
+    pub out_dir: PathBuf,
+    pub preset: QuantPreset,
+    /// Size of dense.bin.
+    pub dense_bytes: u64,
+    /// Size of one expert record (all MoE layers share it).
+    pub expert_record_bytes: u64,
+    /// Total size of all expert files.
+    pub expert_bytes: u64,
+    /// Every file of the container, manifest included.
+    pub total_bytes: u64,
+    pub num_dense_tensors: usize,
+    pub num_moe_layers: usize,
+    /// Checkpoint tensors the model does not use (e.g. a tied lm_head).
+    pub ignored_tensors: Vec<String>,
+    pub elapsed: Duration,
+}
+
+/// Converts the Hugging Face checkpoint in `hf_dir` into a container at
+/// `out_dir` (see docs/FORMAT.md).
+pub fn convert(hf_dir: impl AsRef<Path>, out_dir: impl AsRef<Path>, opts: &ConvertOptions) -> Result<ConvertReport> {
+    let started = Instant::now();
+    let hf_dir = hf_dir.as_ref();
+    if opts.q4_group == 0 {
+        return Err(Error::InvalidOption { option: "q4_group".into(), reason: "must be > 0".into() });
+    }
+    let ckpt = Checkpoint::open(hf_dir)?;
+    let spec = ModelSpec::from_config_json(ckpt.config_json())?;
+    let hf_config = RawValue::from_string(ckpt.config_json().trim().to_owned())
+        .map_err(|source| Error::Json { what: hf_dir.join("config.json").display().to_string(), source })?;
+
+    let staging = Staging::prepare(out_dir.as_ref(), opts.overwrite)?;
+    let tmp = staging.tmp.clone();
+
+    let dense_descs = names::dense_tensors(&spec);
+    let moe_layers = spec.moe_layers();
+    let bar = if opts.progress {
+        let bar = ProgressBar::new((dense_descs.len() + moe_layers.len() * spec.moe.num_experts) as u64);
+        if let Ok(style) = ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} ({eta})") {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut used: HashSet<String> = HashSet::new();
+    let mut files = Vec::new();
+
+    // dense.bin
+    bar.set_message("dense");
+    let mut dense = HashingFile::create(tmp.join(DENSE_FILE))?;
+    let mut tensors = Vec::with_capacity(dense_descs.len());
+    for desc in &dense_descs {
+        let mut candidates = vec![desc.name.clone()];
+        candidates.extend(names::aliases(&spec, &desc.name));
+        let source = ckpt
+            .resolve(&candidates)
+            .ok_or_else(|| Error::MissingTensor {
+                name: desc.name.clone(),
+                hint: format!(" in checkpoint {}", hf_dir.display()),
+            })?
+            .to_owned();
+        ckpt.check_shape(&source, &desc.shape)?;
+        let format = opts.preset.dense_format(desc.kind);
+        let group = group_for(format, opts.q4_group);
+        let (rows, cols) = match desc.shape[..] {
+            [n] => (1, n),
+            [r, c] => (r, c),
+            _ => unreachable_shape(&desc.name, &desc.shape)?,
+        };
+        let placed = write_matrix(&mut dense, &ckpt, &source, rows, cols, format, group)?;
+        tensors.push(TensorEntry {
+            name: desc.name.clone(),
+            kind: desc.kind,
+            format: format.ordinal(),
+            shape: desc.shape.clone(),
+            file: DENSE_FILE.to_owned(),
+            offset_bytes: placed.offset_bytes,
+            length_bytes: placed.length_bytes,
+            scale_offset_bytes: placed.scale_offset_bytes,
+            scale_length_bytes: placed.scale_length_bytes,
+            group,
+        });
+        used.insert(source);
+        bar.inc(1);
+    }
+    let dense_entry = dense.finish(DENSE_FILE)?;
+    let dense_bytes = dense_entry.size_bytes;
+    files.push(dense_entry);
+
+    // experts/layer_LLL.bin
+    let expert_format = opts.preset.expert_format();
+    let expert_group = group_for(expert_format, opts.q4_group);
+    let shapes = names::expert_shapes(&spec);
+    let mut expert_layers = Vec::with_capacity(moe_layers.len());
+    let mut expert_record_bytes = 0;
+    let mut expert_bytes = 0;
+    for &layer in &moe_layers {
+        bar.set_message(format!("layer {layer}"));
+        let file_name = expert_file_name(layer);
+        let layout = ExpertLayout::compute(
+            layer,
+            tmp.join(&file_name),
+            spec.moe.num_experts,
+            shapes,
+            expert_format,
+            expert_group,
+        )?;
+        let entry = write_expert_file(&ckpt, &spec, &layout, &file_name, &bar, &mut used)?;
+        expert_record_bytes = layout.record_bytes;
+        expert_bytes += entry.size_bytes;
+        files.push(entry);
+        let templates = names::expert_name_templates(&spec, layer);
+        let [g, u, d] = layout.components.clone();
+        let components = [(g, &templates[0]), (u, &templates[1]), (d, &templates[2])].map(|(c, name)| ComponentEntry {
+            proj: c.proj,
+            name: name.clone(),
+            format: c.format.ordinal(),
+            shape: [c.rows, c.cols],
+            offset_bytes: c.offset_bytes,
+            length_bytes: c.length_bytes,
+            scale_offset_bytes: c.scale_offset_bytes,
+            scale_length_bytes: c.scale_length_bytes,
+            group: c.group,
+        });
+        expert_layers.push(ExpertLayerEntry {
+            layer,
+            file: file_name,
+            num_experts: spec.moe.num_experts,
+            record_bytes: layout.record_bytes,
+            components,
+        });
+    }
+
+    // Tokenizer and generation files, verbatim.
+    for name in AUX_FILES {
+        let src = hf_dir.join(name);
+        if src.is_file() {
+            let bytes = std::fs::read(&src).map_err(|e| Error::io(&src, e))?;
+            let mut out = HashingFile::create(tmp.join(name))?;
+            out.write(&bytes)?;
+            files.push(out.finish(name)?);
+        }
+    }
+
+    let manifest = Manifest {
+        magic: MAGIC.to_owned(),
+        format_version: FORMAT_VERSION,
+        created_by: format!("strata-format {}", env!("CARGO_PKG_VERSION")),
+        quant: QuantInfo { preset: opts.preset, q8_group: Q8_GROUP, q4_group: opts.q4_group },
+        spec: spec.clone(),
+        hf_config,
+        tensors,
+        expert_layers,
+        files,
+    };
+    let manifest_bytes = serde_json::to_vec_pretty(&manifest)
+        .map_err(|source| Error::Json { what: MANIFEST_FILE.to_owned(), source })?;
+    let mut out = HashingFile::create(tmp.join(MANIFEST_FILE))?;
+    out.write(&manifest_bytes)?;
+    out.finish(MANIFEST_FILE)?;
+
+    let total_bytes = manifest.files.iter().map(|f| f.size_bytes).sum::<u64>() + manifest_bytes.len() as u64;
+    let out_dir = staging.publish()?;
+    bar.finish_and_clear();
+
+    let mut ignored_tensors: Vec<String> = ckpt.names().filter(|n| !used.contains(*n)).map(str::to_owned).collect();
+    ignored_tensors.sort();
+    Ok(ConvertReport {
+        out_dir,
+        preset: opts.preset,
+        dense_bytes,
+        expert_record_bytes,
+        expert_bytes,
+        total_bytes,
+        num_dense_tensors: manifest.tensors.len(),
+        num_moe_layers: moe_layers.len(),
+        ignored_tensors,
+        elapsed: started.elapsed(),
+    })
+}
+
+fn unreachable_shape(name: &str, shape: &[usize]) -> Result<(usize, usize)> {
+    Err(Error::TensorShape { name: name.to_owned(), expected: vec![], found: shape.to_vec() })
+}
+
+/// Writes every expert record of one layer, one expert in memory at a time.
+fn write_expert_file(
+    ckpt: &Checkpoint,
+    spec: &ModelSpec,
+    layout: &ExpertLayout,
+    rel_path: &str,
+    bar: &ProgressBar,
+    used: &mut HashSet<String>,
+) -> Result<FileEntry> {
+    let layer = layout.layer;
+    let mut out = HashingFile::create(layout.path.clone())?;
+    let mut record = vec![0u8; layout.record_bytes as usize];
+    for expert in 0..layout.num_experts {
+        let mats = ckpt.expert_f32(spec, layer, expert)?;
+        let names = names::expert_names(spec, layer, expert);
+        record.fill(0);
+        for ((comp, data), name) in layout.components.iter().zip(&mats).zip(&names) {
+            check_finite(name, data, 0)?;
+            let enc = encode(comp.format, comp.rows, comp.cols, comp.group, data);
+            let scales: &[u8] = bytemuck::cast_slice(&enc.scales);
+            if enc.weights.len() as u64 != comp.length_bytes || scales.len() as u64 != comp.scale_length_bytes {
+                return Err(Error::InvalidOption {
+                    option: "expert layout".into(),
+                    reason: format!("{name}: encoded size disagrees with the layout"),
+                });
+            }
+            let w = comp.offset_bytes as usize;
+            record[w..w + enc.weights.len()].copy_from_slice(&enc.weights);
+            let s = comp.scale_offset_bytes as usize;
+            record[s..s + scales.len()].copy_from_slice(scales);
+        }
+        out.write(&record)?;
+        bar.inc(1);
+    }
+    let entry = out.finish(rel_path)?;
+    // Record which source tensors were consumed (published or fused names).
+    let (fused_gate_up, fused_down) = names::fused_expert_names(layer);
+    if ckpt.has(&fused_gate_up) && !ckpt.has(&names::expert_names(spec, layer, 0)[0]) {
+        used.insert(fused_gate_up);
+        used.insert(fused_down);
+    } else {
+        for expert in 0..layout.num_experts {
+            for name in names::expert_names(spec, layer, expert) {
+                let mut candidates = vec![name.clone()];
+                candidates.extend(names::aliases(spec, &name));
+                if let Some(found) = ckpt.resolve(&candidates) {
+                    used.insert(found.to_owned());
+                }
+            }
+        }
+    }
+    Ok(entry)
+}
+
+/// Where one tensor landed in dense.bin.
+struct Placed {
+    offset_bytes: u64,
+    length_bytes: u64,
+    scale_offset_bytes: u64,
+    scale_length_bytes: u64,
+}
+
+/// Converts one dense tensor in row blocks: weights stream straight to the
+/// file, scales (1/8 of the f32 size at most) are collected and written after.
+fn write_matrix(
+    out: &mut HashingFile,
+    ckpt: &Checkpoint,
+    source: &str,
+    rows: usize,
+    cols: usize,
+    format: QuantFormat,
+    group: usize,
+) -> Result<Placed> {
+    out.pad_to(TENSOR_ALIGN_BYTES)?;
+    let offset_bytes = out.pos;
+    let mut scales: Vec<f32> = Vec::new();
+    let chunk_rows = (CHUNK_ELEMS / cols.max(1)).max(1);
+    let mut row = 0;
+    while row < rows {
+        let n = chunk_rows.min(rows - row);
+        let data = ckpt.rows_f32(source, row, n)?;
+        check_finite(source, &data, row * cols)?;
+        // Groups never span rows in q8/q4, so encoding row blocks and
+        // concatenating equals encoding the whole matrix.
+        let enc = encode(format, n, cols, group, &data);
+        out.write(&enc.weights)?;
+        scales.extend_from_slice(&enc.scales);
+        row += n;
+    }
+    let length_bytes = out.pos - offset_bytes;
+    out.pad_to(TENSOR_ALIGN_BYTES)?;
+    let scale_offset_bytes = out.pos;
+    out.write(bytemuck::cast_slice(&scales))?;
+    Ok(Placed { offset_bytes, length_bytes, scale_offset_bytes, scale_length_bytes: out.pos - scale_offset_bytes })
+}
+
+/// Encoded weights (little-endian bytes) and group scales.
+pub(crate) struct Encoded {
+    pub weights: Vec<u8>,
+    pub scales: Vec<f32>,
+}
+
+/// Encodes a row-major `[rows, cols]` f32 matrix in `format`.
+pub(crate) fn encode(format: QuantFormat, rows: usize, cols: usize, group: usize, data: &[f32]) -> Encoded {
+    match format {
+        QuantFormat::F32 => Encoded { weights: bytemuck::cast_slice(data).to_vec(), scales: Vec::new() },
+        QuantFormat::Bf16 => {
+            Encoded { weights: bytemuck::cast_slice(&quant::f32_to_bf16_bits(data)).to_vec(), scales: Vec::new() }
+        }
+        QuantFormat::Q8 => {
+            let (qs, scales) = quant::quantize_q8(data, rows, cols, group);
+            Encoded { weights: bytemuck::cast_slice(&qs).to_vec(), scales }
+        }
+        QuantFormat::Q4 => {
+            let (weights, scales) = quant::quantize_q4(data, rows, cols, group);
+            Encoded { weights, scales }
+        }
+    }
+}
+
+/// Rejects NaN/inf in source weights; `base` is the element index of
+/// `data[0]` in the whole tensor, for the message.
+fn check_finite(name: &str, data: &[f32], base: usize) -> Result<()> {
+    match data.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(Error::NonFinite { name: name.to_owned(), index: base + i, value: data[i] }),
+    }
+}
+
+/// A buffered file writer that hashes what it writes and tracks its size,
+/// so no file is read back to compute its SHA-256.
+struct HashingFile {
+    path: PathBuf,
+    out: BufWriter<File>,
+    hasher: Sha256,
+    pos: u64,
+}
+
+impl HashingFile {
+    fn create(path: PathBuf) -> Result<HashingFile> {
+        let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
+        Ok(HashingFile { out: BufWriter::with_capacity(1 << 20, file), path, hasher: Sha256::new(), pos: 0 })
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        self.out.write_all(bytes).map_err(|e| Error::io(&self.path, e))?;
+        self.hasher.update(bytes);
+        self.pos += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Writes zeros up to the next multiple of `align`.
+    fn pad_to(&mut self, align: u64) -> Result<()> {
+        let pad = (align - self.pos % align) % align;
+        self.write(&vec![0u8; pad as usize])
+    }
+
+    /// Flushes, fsyncs and returns the manifest entry under `rel_path`.
+    fn finish(self, rel_path: &str) -> Result<FileEntry> {
+        let HashingFile { path, out, hasher, pos } = self;
+        let file = out.into_inner().map_err(|e| Error::io(&path, e.into_error()))?;
+        file.sync_all().map_err(|e| Error::io(&path, e))?;
+        Ok(FileEntry {
+            path: rel_path.to_owned(),
+            size_bytes: pos,
+            sha256: crate::container::hex_digest(&hasher.finalize()),
+        })
+    }
+}
+
+/// The temporary sibling directory a conversion writes into, removed on
+/// drop unless published.
+struct Staging {
+    out: PathBuf,
+    parent: PathBuf,
+    name: String,
+    tmp: PathBuf,
+    armed: bool,
+}
+
+impl Staging {
+    fn prepare(out: &Path, overwrite: bool) -> Result<Staging> {
+        let name = out
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| Error::InvalidOption {
+                option: "out_dir".into(),
+                reason: format!("{} has no final UTF-8 path component", out.display()),
+            })?
+            .to_owned();
+        if let Ok(meta) = std::fs::symlink_metadata(out) {
+            let empty_dir = meta.is_dir() && std::fs::read_dir(out).map_err(|e| Error::io(out, e))?.next().is_none();
+            if !empty_dir && !overwrite {
+                return Err(Error::OutputExists { path: out.to_path_buf() });
+            }
+        }
+        let parent = match out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
+        let tmp = parent.join(format!("{name}.tmp-{}", std::process::id()));
+        if tmp.exists() {
+            // Left by an earlier crashed run that had our pid.
+            std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        }
+        let experts = tmp.join(EXPERTS_DIR);
+        std::fs::create_dir_all(&experts).map_err(|e| Error::io(&experts, e))?;
+        Ok(Staging { out: out.to_path_buf(), parent, name, tmp, armed: true })
+    }
+
+    /// fsyncs the staged tree and renames it to the output path.
+    fn publish(mut self) -> Result<PathBuf> {
+        sync_dir(&self.tmp.join(EXPERTS_DIR))?;
+        sync_dir(&self.tmp)?;
+        if let Ok(meta) = std::fs::symlink_metadata(&self.out) {
+            // Move the old output aside first: rename cannot replace a
+            // non-empty directory, and deleting first would open a window
+            // with no output at all.
+            let old = self.parent.join(format!("{}.old-{}", self.name, std::process::id()));
+            std::fs::rename(&self.out, &old).map_err(|e| Error::io(&self.out, e))?;
+            if let Err(e) = std::fs::rename(&self.tmp, &self.out) {
+                let _ = std::fs::rename(&old, &self.out);
+                return Err(Error::io(&self.out, e));
+            }
+            let removed = if meta.is_dir() { std::fs::remove_dir_all(&old) } else { std::fs::remove_file(&old) };
+            removed.map_err(|e| Error::io(&old, e))?;
+        } else {
+            std::fs::rename(&self.tmp, &self.out).map_err(|e| Error::io(&self.out, e))?;
+        }
+        self.armed = false;
+        sync_dir(&self.parent)?;
+        Ok(self.out.clone())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if self.armed {
+            // Best effort: the conversion already failed with a better error.
+            let _ = std::fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+/// fsyncs a directory so renames and new entries in it are durable.
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))
+}

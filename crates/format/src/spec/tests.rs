@@ -1,0 +1,448 @@
+//! Tests of config.json parsing: both spellings of each family (field sets
+//! taken from published Hub configs and from transformers 5.23's
+//! `to_json_string(use_diff=False)`), defaults, and error messages.
+
+use super::*;
+
+/// allenai/OLMoE-1B-7B-0924 (transformers 4.x era).
+const OLMOE_4X: &str = r#"{
+  "architectures": ["OlmoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "clip_qkv": null, "eos_token_id": 50279, "hidden_act": "silu", "hidden_size": 2048,
+  "initializer_range": 0.02, "intermediate_size": 1024, "max_position_embeddings": 4096,
+  "model_type": "olmoe", "norm_topk_prob": false, "num_attention_heads": 16, "num_experts": 64,
+  "num_experts_per_tok": 8, "num_hidden_layers": 16, "num_key_value_heads": 16,
+  "output_router_logits": false, "pad_token_id": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+  "rope_theta": 10000.0, "router_aux_loss_coef": 0.01, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.43.0.dev0", "use_cache": true,
+  "vocab_size": 50304
+}"#;
+
+/// OlmoeConfig as transformers 5.23 saves it.
+const OLMOE_5X: &str = r#"{
+  "architectures": ["OlmoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": null, "clip_qkv": 8.0, "dtype": "bfloat16", "eos_token_id": 50279,
+  "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 32,
+  "max_position_embeddings": 4096, "model_type": "olmoe", "norm_topk_prob": false,
+  "num_attention_heads": 4, "num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 2,
+  "num_key_value_heads": 2, "output_router_logits": false, "pad_token_id": 1,
+  "rms_norm_eps": 1e-05, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+  "router_aux_loss_coef": 0.01, "tie_word_embeddings": false, "transformers_version": "5.23.0",
+  "use_cache": true, "vocab_size": 128
+}"#;
+
+/// Qwen/Qwen3-30B-A3B (transformers 4.51).
+const QWEN_4X: &str = r#"{
+  "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+  "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+  "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": true,
+  "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+  "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936
+}"#;
+
+/// Qwen3MoeConfig as transformers 5.23 saves it: `num_local_experts`
+/// (attribute_map alias), `rope_parameters`, `dtype`.
+const QWEN_5X: &str = r#"{
+  "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": null, "decoder_sparse_step": 2, "dtype": "bfloat16", "eos_token_id": [1, 2],
+  "head_dim": 16, "hidden_act": "silu", "hidden_size": 32, "initializer_range": 0.02,
+  "intermediate_size": 96, "max_position_embeddings": 32768, "mlp_only_layers": [3],
+  "model_type": "qwen3_moe", "moe_intermediate_size": 24, "norm_topk_prob": true,
+  "num_attention_heads": 4, "num_experts_per_tok": 2, "num_hidden_layers": 4,
+  "num_key_value_heads": 2, "num_local_experts": 8, "output_router_logits": false,
+  "pad_token_id": null, "rms_norm_eps": 1e-06,
+  "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+  "router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": true,
+  "transformers_version": "5.23.0", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 64
+}"#;
+
+/// mistralai/Mixtral-8x7B-v0.1 (transformers 4.36).
+const MIXTRAL_4X: &str = r#"{
+  "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+  "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.36.0.dev0", "use_cache": true, "vocab_size": 32000
+}"#;
+
+/// MixtralConfig as transformers 5.23 saves it (`head_dim: null`).
+const MIXTRAL_5X: &str = r#"{
+  "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+  "dtype": "float32", "eos_token_id": 2, "head_dim": null, "hidden_act": "silu",
+  "hidden_size": 32, "initializer_range": 0.02, "intermediate_size": 48,
+  "max_position_embeddings": 131072, "model_type": "mixtral", "num_attention_heads": 4,
+  "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_key_value_heads": 2,
+  "num_local_experts": 4, "output_router_logits": false, "pad_token_id": null,
+  "rms_norm_eps": 1e-05, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "linear", "factor": 4.0},
+  "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0, "sliding_window": 4096,
+  "tie_word_embeddings": false, "transformers_version": "5.23.0", "use_cache": true,
+  "vocab_size": 64
+}"#;
+
+fn parse(text: &str) -> ModelSpec {
+    ModelSpec::from_config_json(text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Parses `base` with `edit` applied to its JSON object.
+fn parse_edited(base: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> Result<ModelSpec> {
+    let mut v: Value = serde_json::from_str(base).unwrap();
+    edit(v.as_object_mut().unwrap());
+    ModelSpec::from_config_value(&v)
+}
+
+#[test]
+fn olmoe_4x() {
+    let s = parse(OLMOE_4X);
+    assert_eq!(s.family, Family::Olmoe);
+    assert_eq!((s.vocab_size, s.hidden_size, s.num_layers), (50304, 2048, 16));
+    assert_eq!((s.num_heads, s.num_kv_heads, s.head_dim), (16, 16, 128));
+    assert_eq!(s.moe, MoeSpec { num_experts: 64, top_k: 8, intermediate_size: 1024, norm_topk_prob: false });
+    assert_eq!(s.qk_norm, QkNorm::Full);
+    assert_eq!(s.clip_qkv, None);
+    assert_eq!(s.rope, RopeSpec { theta: 10000.0, scaling: RopeScaling::None, rotary_dim: 128 });
+    assert_eq!(s.rms_norm_eps, 1e-5);
+    assert_eq!(s.layers, vec![LayerKind::Moe; 16]);
+    assert_eq!((s.bos_token_id, s.eos_token_ids.as_slice()), (None, &[50279][..]));
+    assert!(!s.tie_word_embeddings && !s.attention_bias);
+    assert_eq!(s.sliding_window, None);
+}
+
+#[test]
+fn olmoe_5x() {
+    let s = parse(OLMOE_5X);
+    assert_eq!((s.num_heads, s.num_kv_heads, s.head_dim), (4, 2, 16));
+    assert_eq!(s.clip_qkv, Some(8.0));
+    assert_eq!(s.moe.intermediate_size, 32);
+    assert_eq!(s.rope.theta, 10000.0);
+    assert_eq!(s.q_dim(), 64);
+    assert_eq!(s.kv_dim(), 32);
+}
+
+#[test]
+fn qwen3_moe_4x() {
+    let s = parse(QWEN_4X);
+    assert_eq!(s.family, Family::Qwen3Moe);
+    // head_dim is explicit and differs from hidden/heads = 64.
+    assert_eq!((s.num_heads, s.num_kv_heads, s.head_dim), (32, 4, 128));
+    assert_eq!(s.moe, MoeSpec { num_experts: 128, top_k: 8, intermediate_size: 768, norm_topk_prob: true });
+    assert_eq!(s.dense_intermediate_size, 6144);
+    assert_eq!(s.qk_norm, QkNorm::PerHead);
+    assert_eq!(s.rope.theta, 1e6);
+    assert_eq!(s.rms_norm_eps, 1e-6);
+    assert_eq!(s.max_position_embeddings, 40960);
+    assert_eq!(s.layers, vec![LayerKind::Moe; 48]);
+    assert_eq!((s.bos_token_id, s.eos_token_ids.as_slice()), (Some(151643), &[151645][..]));
+    assert_eq!(s.sliding_window, None);
+}
+
+#[test]
+fn qwen3_moe_5x_dense_layers_and_aliases() {
+    let s = parse(QWEN_5X);
+    assert_eq!(s.moe.num_experts, 8, "num_local_experts alias");
+    // step 2: layers 1 and 3 are sparse, but 3 is in mlp_only_layers.
+    assert_eq!(s.layers, vec![LayerKind::Dense, LayerKind::Moe, LayerKind::Dense, LayerKind::Dense]);
+    assert_eq!(s.moe_layers(), vec![1]);
+    assert!(s.is_moe(1) && !s.is_moe(0) && !s.is_moe(99));
+    assert_eq!(s.dense_intermediate_size, 96);
+    assert_eq!(s.moe.intermediate_size, 24);
+    assert_eq!(s.eos_token_ids, vec![1, 2]);
+    assert_eq!(s.bos_token_id, None);
+    assert!(s.tie_word_embeddings);
+    assert_eq!(s.rope.theta, 1e6);
+}
+
+#[test]
+fn qwen3_moe_sliding_window_needs_use_sliding_window() {
+    let off = parse_edited(QWEN_5X, |m| {
+        m.insert("sliding_window".into(), json!(128));
+    })
+    .unwrap();
+    assert_eq!(off.sliding_window, None);
+    let on = parse_edited(QWEN_5X, |m| {
+        m.insert("sliding_window".into(), json!(128));
+        m.insert("use_sliding_window".into(), json!(true));
+    })
+    .unwrap();
+    assert_eq!(on.sliding_window, Some(128));
+}
+
+#[test]
+fn mixtral_4x() {
+    let s = parse(MIXTRAL_4X);
+    assert_eq!(s.family, Family::Mixtral);
+    assert_eq!((s.num_heads, s.num_kv_heads, s.head_dim), (32, 8, 128));
+    assert_eq!(s.moe, MoeSpec { num_experts: 8, top_k: 2, intermediate_size: 14336, norm_topk_prob: true });
+    assert_eq!(s.qk_norm, QkNorm::None);
+    assert_eq!(s.rope.theta, 1e6);
+    assert_eq!(s.sliding_window, None);
+    assert_eq!((s.bos_token_id, s.eos_token_ids.as_slice()), (Some(1), &[2][..]));
+}
+
+#[test]
+fn mixtral_5x_linear_rope_and_null_head_dim() {
+    let s = parse(MIXTRAL_5X);
+    assert_eq!(s.head_dim, 8, "null head_dim falls back to hidden/heads");
+    assert_eq!(s.rope.scaling, RopeScaling::Linear { factor: 4.0 });
+    assert_eq!(s.rope.theta, 1e6);
+    assert_eq!(s.sliding_window, Some(4096));
+    assert_eq!(s.moe.num_experts, 4);
+}
+
+#[test]
+fn legacy_rope_scaling_spellings() {
+    // 4.x: {"type": "linear"} next to a top-level rope_theta.
+    let s = parse_edited(MIXTRAL_4X, |m| {
+        m.insert("rope_scaling".into(), json!({"type": "linear", "factor": 2.0}));
+    })
+    .unwrap();
+    assert_eq!(s.rope.scaling, RopeScaling::Linear { factor: 2.0 });
+    assert_eq!(s.rope.theta, 1e6);
+    // rope_type "default" and a missing theta: the family default.
+    let s = parse_edited(OLMOE_4X, |m| {
+        m.remove("rope_theta");
+        m.insert("rope_scaling".into(), json!({"rope_type": "default"}));
+    })
+    .unwrap();
+    assert_eq!((s.rope.theta, s.rope.scaling), (10000.0, RopeScaling::None));
+    let s = parse_edited(MIXTRAL_4X, |m| {
+        m.remove("rope_theta");
+    })
+    .unwrap();
+    assert_eq!(s.rope.theta, 1e6, "MixtralConfig.default_theta");
+}
+
+#[test]
+fn unsupported_rope_type_is_named() {
+    let err = parse_edited(QWEN_4X, |m| {
+        m.insert(
+            "rope_scaling".into(),
+            json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}),
+        );
+    })
+    .unwrap_err();
+    assert!(matches!(&err, Error::UnsupportedRope { rope_type } if rope_type == "yarn"), "{err}");
+    assert!(err.to_string().contains("unsupported rope_type \"yarn\""), "{err}");
+    let err = parse_edited(QWEN_4X, |m| {
+        m.insert("rope_scaling".into(), json!({"rope_type": "linear"}));
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("rope_scaling.factor"), "{err}");
+}
+
+#[test]
+fn unknown_model_type_lists_supported() {
+    let err = parse_edited(OLMOE_4X, |m| {
+        m.insert("model_type".into(), json!("llama"));
+    })
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("\"llama\"") && msg.contains("olmoe, qwen3_moe, mixtral"), "{msg}");
+    let err = parse_edited(OLMOE_4X, |m| {
+        m.remove("model_type");
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("model_type"), "{err}");
+}
+
+#[test]
+fn missing_fields_are_named() {
+    for (base, field) in [
+        (OLMOE_4X, "hidden_size"),
+        (OLMOE_4X, "num_experts"),
+        (QWEN_4X, "moe_intermediate_size"),
+        (QWEN_4X, "vocab_size"),
+        (MIXTRAL_4X, "num_local_experts"),
+        (MIXTRAL_4X, "num_experts_per_tok"),
+        (MIXTRAL_4X, "intermediate_size"),
+    ] {
+        let err = parse_edited(base, |m| {
+            m.remove(field);
+        })
+        .unwrap_err();
+        assert!(matches!(&err, Error::MissingField { field: f } if f == field), "{field}: {err}");
+        assert!(err.to_string().contains(field));
+    }
+}
+
+#[test]
+fn invalid_fields_are_named() {
+    type Edit = Box<dyn FnOnce(&mut Map<String, Value>)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            OLMOE_4X,
+            Box::new(|m| {
+                m.insert("hidden_size".into(), json!("big"));
+            }),
+            "hidden_size",
+        ),
+        (
+            OLMOE_4X,
+            Box::new(|m| {
+                m.insert("num_key_value_heads".into(), json!(5));
+            }),
+            "num_key_value_heads",
+        ),
+        (
+            OLMOE_4X,
+            Box::new(|m| {
+                m.insert("num_experts_per_tok".into(), json!(65));
+            }),
+            "num_experts_per_tok",
+        ),
+        (
+            OLMOE_4X,
+            Box::new(|m| {
+                m.insert("head_dim".into(), json!(64));
+            }),
+            "head_dim",
+        ),
+        (
+            OLMOE_4X,
+            Box::new(|m| {
+                m.insert("hidden_act".into(), json!("gelu"));
+            }),
+            "hidden_act",
+        ),
+        (
+            OLMOE_4X,
+            Box::new(|m| {
+                m.insert("num_hidden_layers".into(), json!(-1));
+            }),
+            "num_hidden_layers",
+        ),
+        (
+            QWEN_4X,
+            Box::new(|m| {
+                m.insert("decoder_sparse_step".into(), json!(0));
+            }),
+            "decoder_sparse_step",
+        ),
+        (
+            QWEN_4X,
+            Box::new(|m| {
+                m.insert("mlp_only_layers".into(), json!([48]));
+            }),
+            "mlp_only_layers",
+        ),
+        (
+            QWEN_4X,
+            Box::new(|m| {
+                m.insert("num_local_experts".into(), json!(64));
+            }),
+            "num_experts",
+        ),
+        (
+            QWEN_4X,
+            Box::new(|m| {
+                m.insert("eos_token_id".into(), json!([1, -2]));
+            }),
+            "eos_token_id",
+        ),
+        (
+            MIXTRAL_4X,
+            Box::new(|m| {
+                m.insert("rope_scaling".into(), json!(3));
+            }),
+            "rope_scaling",
+        ),
+        (
+            MIXTRAL_4X,
+            Box::new(|m| {
+                m.insert("rms_norm_eps".into(), json!(0.0));
+            }),
+            "rms_norm_eps",
+        ),
+    ];
+    for (base, edit, field) in cases {
+        let err = parse_edited(base, edit).unwrap_err();
+        assert!(matches!(&err, Error::InvalidField { field: f, .. } if f == field), "{field}: {err}");
+    }
+}
+
+#[test]
+fn malformed_json_is_an_error() {
+    for text in ["", "{", "[1, 2]", "null", "{\"model_type\": 3}"] {
+        assert!(ModelSpec::from_config_json(text).is_err(), "{text:?}");
+    }
+}
+
+#[test]
+fn kv_heads_defaults_follow_transformers() {
+    // null -> num_attention_heads (every __post_init__).
+    let s = parse_edited(MIXTRAL_4X, |m| {
+        m.insert("num_key_value_heads".into(), Value::Null);
+    })
+    .unwrap();
+    assert_eq!(s.num_kv_heads, 32);
+    // absent -> class default: None (= heads) for olmoe, 8 for mixtral.
+    let s = parse_edited(OLMOE_4X, |m| {
+        m.remove("num_key_value_heads");
+    })
+    .unwrap();
+    assert_eq!(s.num_kv_heads, 16);
+    let s = parse_edited(MIXTRAL_4X, |m| {
+        m.remove("num_key_value_heads");
+    })
+    .unwrap();
+    assert_eq!(s.num_kv_heads, 8);
+}
+
+#[test]
+fn defaults_for_optional_scalars() {
+    let s = parse_edited(QWEN_4X, |m| {
+        for k in [
+            "rms_norm_eps",
+            "max_position_embeddings",
+            "norm_topk_prob",
+            "tie_word_embeddings",
+            "attention_bias",
+            "bos_token_id",
+            "eos_token_id",
+            "decoder_sparse_step",
+            "mlp_only_layers",
+        ] {
+            m.remove(k);
+        }
+    })
+    .unwrap();
+    assert_eq!(s.rms_norm_eps, 1e-6);
+    assert_eq!(s.max_position_embeddings, 32768);
+    assert!(!s.moe.norm_topk_prob && !s.tie_word_embeddings && !s.attention_bias);
+    assert_eq!((s.bos_token_id, s.eos_token_ids.len()), (None, 0));
+    assert_eq!(s.layers, vec![LayerKind::Moe; 48]);
+}
+
+#[test]
+fn config_json_round_trips() {
+    for text in [OLMOE_4X, OLMOE_5X, QWEN_4X, QWEN_5X, MIXTRAL_4X, MIXTRAL_5X] {
+        let spec = parse(text);
+        let exported = spec.to_config_json();
+        assert_eq!(exported["dtype"], "float32");
+        assert!(exported.get("rope_parameters").is_some());
+        let back = ModelSpec::from_config_value(&exported).unwrap();
+        assert_eq!(back, spec);
+        // The manifest stores the spec through serde.
+        let json = serde_json::to_string(&spec).unwrap();
+        assert_eq!(serde_json::from_str::<ModelSpec>(&json).unwrap(), spec);
+    }
+    let exported = parse(OLMOE_4X).to_config_json();
+    assert_eq!(exported["rms_norm_eps"], json!(1e-5));
+}
+
+#[test]
+fn family_names() {
+    for f in Family::ALL {
+        assert_eq!(f.model_type().parse::<Family>().unwrap(), f);
+        assert_eq!(f.to_string(), f.model_type());
+        assert_eq!(serde_json::to_value(f).unwrap(), json!(f.model_type()));
+    }
+}

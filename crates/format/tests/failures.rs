@@ -1,0 +1,267 @@
+//! Bad inputs must surface as errors that name the file, tensor or field,
+//! and a failed conversion must leave no container behind.
+
+mod common;
+
+use std::path::Path;
+
+use common::{Layout, Store, TinyModel, olmoe_config, read_record};
+use safetensors::tensor::Dtype;
+use serde_json::Value;
+use strata_format::{Container, ConvertOptions, Error, QuantPreset, convert, export};
+
+fn converted(tmp: &Path, preset: QuantPreset) -> (TinyModel, std::path::PathBuf) {
+    let model = TinyModel::new(olmoe_config(), Store::F32, 11);
+    let hf = tmp.join("hf");
+    model.write(&hf, Store::F32, Layout::Single);
+    let out = tmp.join("c");
+    convert(&hf, &out, &ConvertOptions::new(preset)).unwrap();
+    (model, out)
+}
+
+/// Entries of `dir` other than `keep`.
+fn stray_entries(dir: &Path, keep: &[&str]) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !keep.contains(&n.as_str()))
+        .collect()
+}
+
+/// Rewrites model.safetensors with `name` replaced by `bytes` of `dtype`.
+fn replace_tensor(model: &TinyModel, hf: &Path, name: &str, dtype: Dtype, shape: Vec<usize>, bytes: Vec<u8>) {
+    let mut stored = Vec::new();
+    for (n, (s, v)) in &model.tensors {
+        if n == name {
+            stored.push((n.clone(), shape.clone(), dtype, bytes.clone()));
+        } else {
+            stored.push((n.clone(), s.clone(), Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()));
+        }
+    }
+    common::write_safetensors(&hf.join("model.safetensors"), &stored);
+}
+
+#[test]
+fn failing_tensor_mid_conversion_leaves_no_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = TinyModel::new(olmoe_config(), Store::F32, 12);
+    let hf = tmp.path().join("hf");
+    model.write(&hf, Store::F32, Layout::Single);
+    let out = tmp.path().join("out");
+
+    // An expert of the last layer in an unsupported dtype: dense.bin and
+    // layer 0 are already written when conversion fails.
+    let bad = "model.layers.1.mlp.experts.2.up_proj.weight";
+    let n: usize = model.tensors[bad].0.iter().product();
+    replace_tensor(&model, &hf, bad, Dtype::I32, model.tensors[bad].0.clone(), vec![0; 4 * n]);
+    let err = convert(&hf, &out, &ConvertOptions::new(QuantPreset::Q4)).unwrap_err();
+    assert!(matches!(&err, Error::UnsupportedDtype { name, .. } if name == bad), "{err}");
+    assert!(!out.exists());
+    assert!(stray_entries(tmp.path(), &["hf"]).is_empty(), "temporary directory removed");
+
+    // Wrong shape.
+    replace_tensor(&model, &hf, bad, Dtype::F32, vec![1, n], vec![0; 4 * n]);
+    let err = convert(&hf, &out, &ConvertOptions::new(QuantPreset::Q8)).unwrap_err();
+    assert!(matches!(&err, Error::TensorShape { name, .. } if name == bad), "{err}");
+    assert!(err.to_string().contains(bad));
+    assert!(stray_entries(tmp.path(), &["hf"]).is_empty());
+
+    // A NaN weight.
+    let mut values = model.tensors[bad].1.clone();
+    values[5] = f32::NAN;
+    replace_tensor(
+        &model,
+        &hf,
+        bad,
+        Dtype::F32,
+        model.tensors[bad].0.clone(),
+        values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    );
+    let err = convert(&hf, &out, &ConvertOptions::new(QuantPreset::Q8)).unwrap_err();
+    assert!(matches!(&err, Error::NonFinite { name, index: 5, .. } if name == bad), "{err}");
+    assert!(stray_entries(tmp.path(), &["hf"]).is_empty());
+
+    // A missing tensor.
+    let mut stored = Vec::new();
+    for (n, (s, v)) in &model.tensors {
+        if n != "model.norm.weight" {
+            stored.push((
+                n.clone(),
+                s.clone(),
+                Dtype::F32,
+                v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+            ));
+        }
+    }
+    common::write_safetensors(&hf.join("model.safetensors"), &stored);
+    let err = convert(&hf, &out, &ConvertOptions::new(QuantPreset::F32)).unwrap_err();
+    assert!(matches!(&err, Error::MissingTensor { name, .. } if name == "model.norm.weight"), "{err}");
+    assert!(stray_entries(tmp.path(), &["hf"]).is_empty());
+}
+
+#[test]
+fn bad_checkpoint_dirs_are_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let opts = ConvertOptions::new(QuantPreset::Q8);
+    // No config.json.
+    let err = convert(tmp.path(), &out, &opts).unwrap_err();
+    assert!(err.to_string().contains("config.json"), "{err}");
+    // No weights.
+    std::fs::write(tmp.path().join("config.json"), olmoe_config().to_string()).unwrap();
+    let err = convert(tmp.path(), &out, &opts).unwrap_err();
+    assert!(err.to_string().contains("model.safetensors"), "{err}");
+    // Truncated safetensors.
+    std::fs::write(tmp.path().join("model.safetensors"), [8, 0, 0, 0, 0, 0, 0, 0, b'{']).unwrap();
+    let err = convert(tmp.path(), &out, &opts).unwrap_err();
+    assert!(matches!(err, Error::Safetensors { .. }), "{err}");
+    // Index pointing outside the directory.
+    std::fs::write(tmp.path().join("model.safetensors.index.json"), r#"{"weight_map": {"a": "../x.safetensors"}}"#)
+        .unwrap();
+    let err = convert(tmp.path(), &out, &opts).unwrap_err();
+    assert!(err.to_string().contains("not a plain file name"), "{err}");
+    // Malformed config (next to valid weights).
+    std::fs::remove_file(tmp.path().join("model.safetensors.index.json")).unwrap();
+    common::write_safetensors(&tmp.path().join("model.safetensors"), &[("x".into(), vec![1], Dtype::F32, vec![0; 4])]);
+    std::fs::write(tmp.path().join("config.json"), "{\"model_type\": \"olmoe\",").unwrap();
+    let err = convert(tmp.path(), &out, &opts).unwrap_err();
+    assert!(matches!(err, Error::Json { .. }), "{err}");
+    assert!(!out.exists());
+    // Zero q4 group.
+    let err = convert(tmp.path(), &out, &ConvertOptions { q4_group: 0, ..opts }).unwrap_err();
+    assert!(err.to_string().contains("q4_group"), "{err}");
+}
+
+/// Edits manifest.json of a copy of `src` and returns the open() error.
+fn open_with_manifest_edit(src: &Path, dst: &Path, edit: impl FnOnce(&mut Value)) -> Error {
+    copy_dir(src, dst);
+    let path = dst.join("manifest.json");
+    let mut m: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut m);
+    std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+    Container::open(dst).unwrap_err()
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    let _ = std::fs::remove_dir_all(dst);
+    std::fs::create_dir_all(dst.join("experts")).unwrap();
+    for entry in walk(src) {
+        let rel = entry.strip_prefix(src).unwrap();
+        std::fs::copy(&entry, dst.join(rel)).unwrap();
+    }
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() { out.extend(walk(&p)) } else { out.push(p) }
+    }
+    out
+}
+
+#[test]
+fn corrupt_manifests_are_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, good) = converted(tmp.path(), QuantPreset::Q4);
+    Container::open(&good).unwrap();
+    let bad = tmp.path().join("bad");
+    let msg = |e: Error| e.to_string();
+
+    // Truncated JSON.
+    copy_dir(&good, &bad);
+    let text = std::fs::read(bad.join("manifest.json")).unwrap();
+    std::fs::write(bad.join("manifest.json"), &text[..text.len() / 2]).unwrap();
+    let err = Container::open(&bad).unwrap_err();
+    assert!(matches!(err, Error::Json { .. }) && msg(err).contains("manifest.json"));
+
+    type Edit = Box<dyn FnOnce(&mut Value)>;
+    let cases: Vec<(Edit, &str)> = vec![
+        (Box::new(|m| m["magic"] = "gguf".into()), "not a Strata container"),
+        (Box::new(|m| m["format_version"] = 99.into()), "unsupported format_version 99"),
+        (Box::new(|m| m["tensors"][0]["format"] = 9.into()), "unknown quant format ordinal 9"),
+        (Box::new(|m| m["tensors"][3]["length_bytes"] = 12.into()), "weight bytes"),
+        (Box::new(|m| m["tensors"][0]["offset_bytes"] = 8.into()), "not 64-byte aligned"),
+        (Box::new(|m| m["tensors"][0]["offset_bytes"] = (1u64 << 40).into()), "exceed"),
+        (Box::new(|m| m["tensors"][1]["format"] = 2.into()), "must be f32"),
+        (Box::new(|m| m["tensors"][2]["shape"] = serde_json::json!([64, 4])), "the spec implies"),
+        (
+            Box::new(|m| {
+                m["tensors"].as_array_mut().unwrap().pop();
+            }),
+            "\"lm_head.weight\" is missing",
+        ),
+        (Box::new(|m| m["tensors"][2]["offset_bytes"] = m["tensors"][3]["offset_bytes"].clone()), "overlaps"),
+        (Box::new(|m| m["expert_layers"][0]["record_bytes"] = 1000.into()), "record_bytes 1000"),
+        (Box::new(|m| m["expert_layers"][1]["components"][2]["offset_bytes"] = 0.into()), "overlaps"),
+        (Box::new(|m| m["expert_layers"][0]["file"] = "../../etc/passwd".into()), "file must be"),
+        (Box::new(|m| m["expert_layers"][0]["num_experts"] = 5.into()), "5 experts"),
+        (Box::new(|m| m["files"][0]["path"] = "/etc/passwd".into()), "not a plain relative path"),
+        (Box::new(|m| m["spec"]["num_kv_heads"] = 3.into()), "num_key_value_heads"),
+        (
+            Box::new(|m| {
+                m.as_object_mut().unwrap().remove("spec");
+            }),
+            "missing field `spec`",
+        ),
+    ];
+    for (edit, needle) in cases {
+        let text = msg(open_with_manifest_edit(&good, &bad, edit));
+        assert!(text.contains(needle), "expected {needle:?} in: {text}");
+    }
+}
+
+#[test]
+fn truncated_or_corrupted_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, good) = converted(tmp.path(), QuantPreset::Q8);
+    let bad = tmp.path().join("bad");
+
+    // Truncated expert file: caught on open from sizes alone.
+    copy_dir(&good, &bad);
+    let f = bad.join("experts/layer_001.bin");
+    let len = std::fs::metadata(&f).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(len - 4096).unwrap();
+    let err = Container::open(&bad).unwrap_err();
+    assert!(matches!(&err, Error::FileSize { path, .. } if path.ends_with("experts/layer_001.bin")), "{err}");
+
+    // Missing dense.bin.
+    copy_dir(&good, &bad);
+    std::fs::remove_file(bad.join("dense.bin")).unwrap();
+    let err = Container::open(&bad).unwrap_err();
+    assert!(err.to_string().contains("dense.bin"), "{err}");
+
+    // A flipped byte: open is fine (no hashing), verify names the file.
+    copy_dir(&good, &bad);
+    let f = bad.join("experts/layer_000.bin");
+    let mut bytes = std::fs::read(&f).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&f, bytes).unwrap();
+    let c = Container::open(&bad).unwrap();
+    let err = c.verify().unwrap_err();
+    assert!(matches!(&err, Error::Checksum { path, .. } if path.ends_with("experts/layer_000.bin")), "{err}");
+    // Export refuses a non-empty target.
+    let err = export(&good, tmp.path()).unwrap_err();
+    assert!(matches!(err, Error::OutputExists { .. }), "{err}");
+}
+
+#[test]
+fn accessor_misuse_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, good) = converted(tmp.path(), QuantPreset::Q4);
+    let c = Container::open(&good).unwrap();
+    assert!(matches!(c.expert_layout(7), Err(Error::NotMoeLayer { layer: 7 })));
+    let layout = c.expert_layout(0).unwrap();
+    assert!(matches!(layout.record_offset(4), Err(Error::ExpertOutOfRange { expert: 4, .. })));
+    assert_eq!(layout.record_offset(3).unwrap(), 3 * layout.record_bytes);
+    let buf = read_record(layout, 0);
+    let bytes: &[u8] = bytemuck::cast_slice(&buf);
+    assert!(matches!(layout.matrices(&bytes[..bytes.len() - 8]), Err(Error::RecordSize { .. })));
+    // A misaligned record is reported by the kernels crate, not a panic.
+    let mut shifted = vec![0u8; bytes.len() + 1];
+    shifted[1..].copy_from_slice(bytes);
+    assert!(layout.matrices(&shifted[1..]).is_err());
+    assert!(matches!(c.dense("nope"), Err(Error::MissingTensor { .. })));
+    assert!(matches!(c.dense_vec("model.embed_tokens.weight"), Err(Error::WrongFormat { .. })));
+    assert!(c.aux_file("manifest.json").is_none());
+}

@@ -1,0 +1,81 @@
+//! Element-wise and reduction operators of a transformer layer, dispatching
+//! to the best instruction set of this CPU.
+//!
+//! The definitions (and exact orders of operations) are in
+//! [`crate::scalar`]. Reductions (`dot`, the sum of squares in `rmsnorm`) use
+//! the vector kernels of [`crate::simd`]; the purely element-wise operators
+//! are written so the compiler vectorizes them and need no dispatch. Each call
+//! detects the instruction set anew; that is a few cached atomic loads, and
+//! spares callers from threading an [`Isa`] through attention code.
+
+use crate::scalar;
+use crate::simd::Isa;
+
+/// `out = weight * (x * rsqrt(mean(x^2) + eps))` in f32, the operation order
+/// of transformers' `LlamaRMSNorm`.
+///
+/// # Panics
+/// If `weight` or `out` is not as long as `x`.
+pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let inv_rms = scalar::inv_rms(Isa::detect().dot_f32(x, x), x.len(), eps);
+    scalar::apply_rmsnorm(x, weight, inv_rms, out);
+}
+
+/// [`rmsnorm`] writing back into `x`.
+///
+/// # Panics
+/// If `weight` is not as long as `x`.
+pub fn rmsnorm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
+    let inv_rms = scalar::inv_rms(Isa::detect().dot_f32(x, x), x.len(), eps);
+    scalar::apply_rmsnorm_inplace(x, weight, inv_rms);
+}
+
+/// Numerically stable softmax in place (see [`scalar::softmax_inplace`]).
+pub fn softmax_inplace(x: &mut [f32]) {
+    scalar::softmax_inplace(x);
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]`, `silu(g) = g / (1 + exp(-g))`.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    scalar::silu_mul(gate, up);
+}
+
+/// Rotary embedding, HF `rotate_half` convention (see [`scalar::rope_neox`]).
+///
+/// # Panics
+/// If `x.len() != 2 * cos.len()` or `sin.len() != cos.len()`.
+pub fn rope_neox(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    scalar::rope_neox(x, cos, sin);
+}
+
+/// Rotary embedding on interleaved pairs `(x[2i], x[2i+1])`.
+///
+/// # Panics
+/// As [`rope_neox`].
+pub fn rope_interleaved(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    scalar::rope_interleaved(x, cos, sin);
+}
+
+/// `sum a[i] * b[i]`.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    Isa::detect().dot_f32(a, b)
+}
+
+/// `y[i] += alpha * x[i]`.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    Isa::detect().axpy(alpha, x, y);
+}
+
+/// `x[i] *= alpha`.
+pub fn scale(alpha: f32, x: &mut [f32]) {
+    Isa::detect().scale(alpha, x);
+}

@@ -1,0 +1,290 @@
+//! Scalar reference implementations: the definition every faster path is
+//! tested against, and the path used on CPUs (or architectures) without one.
+//!
+//! # Summation order
+//!
+//! Dot products are not summed left to right: a strictly sequential `f32`
+//! sum cannot be vectorized by the compiler (float addition is not
+//! associative), which would make this fallback needlessly slow on
+//! non-x86 targets. Instead a *sequence* is summed in [`LANES`] interleaved
+//! partial sums: element `i` of the sequence is added (`acc += a * b`, a
+//! separate multiply and add, no FMA) to lane `i % LANES`, and the lanes are
+//! then combined pairwise: `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
+//!
+//! * f32 / bf16 rows: the sequence is the whole row (bf16 widened exactly).
+//! * q8 / q4 rows: the sequence is one group, with terms `q as f32 * x`.
+//!   Each group sum is multiplied by its scale and accumulated sequentially,
+//!   group 0 first: `total += group_sum * scale[g]`.
+//!
+//! The SIMD paths in [`crate::simd`] keep the per-group structure but may
+//! reorder the additions (and use FMA), so they agree with this reference to
+//! rounding error, not bit for bit.
+
+use crate::quant::{Q4_OFFSET, bf16_to_f32};
+
+/// Number of interleaved partial sums in the reference dot product.
+pub const LANES: usize = 8;
+
+/// Elements decoded to `f32` at a time before being summed; a multiple of
+/// [`LANES`] so that block boundaries do not change lane assignment.
+const DECODE_BLOCK: usize = 8 * LANES;
+
+/// `LANES` partial sums of a sequence, filled in order from lane 0.
+#[derive(Clone, Copy)]
+struct Lanes([f32; LANES]);
+
+impl Lanes {
+    fn new() -> Self {
+        Self([0.0; LANES])
+    }
+
+    /// Adds `a[i] * b[i]` to lane `i % LANES`. Calls continue the same
+    /// sequence only if every earlier call had a multiple of `LANES` terms.
+    #[inline(always)]
+    fn add_products(&mut self, a: &[f32], b: &[f32]) {
+        debug_assert_eq!(a.len(), b.len());
+        let mut a_chunks = a.chunks_exact(LANES);
+        let mut b_chunks = b.chunks_exact(LANES);
+        for (ca, cb) in (&mut a_chunks).zip(&mut b_chunks) {
+            for l in 0..LANES {
+                self.0[l] += ca[l] * cb[l];
+            }
+        }
+        for (l, (&va, &vb)) in a_chunks.remainder().iter().zip(b_chunks.remainder()).enumerate() {
+            self.0[l] += va * vb;
+        }
+    }
+
+    fn total(self) -> f32 {
+        let l = self.0;
+        ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+    }
+}
+
+/// Sums a sequence of `x.len()` products whose left factors are produced
+/// block by block by `decode(start, out)` (writing `out.len()` values for
+/// positions `start..start + out.len()`).
+#[inline(always)]
+fn decoded_dot(x: &[f32], mut decode: impl FnMut(usize, &mut [f32])) -> f32 {
+    let mut lanes = Lanes::new();
+    let mut buf = [0.0f32; DECODE_BLOCK];
+    for (block, x_block) in x.chunks(DECODE_BLOCK).enumerate() {
+        let w = &mut buf[..x_block.len()];
+        decode(block * DECODE_BLOCK, w);
+        lanes.add_products(w, x_block);
+    }
+    lanes.total()
+}
+
+/// `sum a[i] * b[i]` in the reference order.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot: operand lengths differ");
+    let mut lanes = Lanes::new();
+    lanes.add_products(a, b);
+    lanes.total()
+}
+
+/// Dot product of a bf16 row (`u16` bits) with an `f32` vector.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_bf16: operand lengths differ");
+    decoded_dot(x, |start, out| {
+        for (o, &bits) in out.iter_mut().zip(&w[start..]) {
+            *o = bf16_to_f32(bits);
+        }
+    })
+}
+
+/// Dot product of one q8 row (`x.len()` columns, `scales` for its groups)
+/// with `x`.
+///
+/// # Panics
+/// If `qs.len() != x.len()`, `group == 0` or
+/// `scales.len() != ceil(x.len() / group)`.
+pub fn dot_q8(qs: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
+    check_q8_row(qs, scales, group, x);
+    let mut total = 0.0f32;
+    for ((q_group, x_group), &scale) in qs.chunks(group).zip(x.chunks(group)).zip(scales) {
+        let group_sum = decoded_dot(x_group, |start, out| {
+            for (o, &q) in out.iter_mut().zip(&q_group[start..]) {
+                *o = f32::from(q);
+            }
+        });
+        total += group_sum * scale;
+    }
+    total
+}
+
+/// Dot product of one packed q4 row (`ceil(x.len() / 2)` bytes) with `x`.
+///
+/// # Panics
+/// If `qs.len() != ceil(x.len() / 2)`, `group == 0` or
+/// `scales.len() != ceil(x.len() / group)`.
+pub fn dot_q4(qs: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
+    check_q4_row(qs, scales, group, x);
+    let mut total = 0.0f32;
+    for (g, (x_group, &scale)) in x.chunks(group).zip(scales).enumerate() {
+        let group_col = g * group;
+        let group_sum = decoded_dot(x_group, |start, out| {
+            decode_q4(qs, group_col + start, out);
+        });
+        total += group_sum * scale;
+    }
+    total
+}
+
+/// Writes the q4 values of columns `col0..col0 + out.len()` of a packed row
+/// into `out` as `f32` (not yet scaled).
+pub(crate) fn decode_q4(row_qs: &[u8], col0: usize, out: &mut [f32]) {
+    let offset = Q4_OFFSET as f32;
+    if col0.is_multiple_of(2) {
+        // Byte-aligned start: one byte feeds two outputs.
+        for (pair, &byte) in out.chunks_mut(2).zip(&row_qs[col0 / 2..]) {
+            pair[0] = f32::from(byte & 0x0F) - offset;
+            if let Some(hi) = pair.get_mut(1) {
+                *hi = f32::from(byte >> 4) - offset;
+            }
+        }
+    } else {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = crate::quant::q4_at(row_qs, col0 + i) as f32;
+        }
+    }
+}
+
+/// Asserts the length invariants of one q8 row; the SIMD paths rely on them
+/// for memory safety.
+pub(crate) fn check_q8_row(qs: &[i8], scales: &[f32], group: usize, x: &[f32]) {
+    assert!(group > 0, "q8 group must be at least 1 column");
+    assert_eq!(qs.len(), x.len(), "q8 row: weight and x lengths differ");
+    assert_eq!(scales.len(), x.len().div_ceil(group), "q8 row: wrong scale count");
+}
+
+/// Asserts the length invariants of one packed q4 row; the SIMD paths rely
+/// on them for memory safety.
+pub(crate) fn check_q4_row(qs: &[u8], scales: &[f32], group: usize, x: &[f32]) {
+    assert!(group > 0, "q4 group must be at least 1 column");
+    assert_eq!(qs.len(), x.len().div_ceil(2), "q4 row: packed bytes do not match x length");
+    assert_eq!(scales.len(), x.len().div_ceil(group), "q4 row: wrong scale count");
+}
+
+/// `y[i] += alpha * x[i]` (separate multiply and add).
+///
+/// # Panics
+/// If the lengths differ.
+pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "axpy: operand lengths differ");
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi;
+    }
+}
+
+/// `x[i] *= alpha`.
+pub fn scale(alpha: f32, x: &mut [f32]) {
+    for v in x {
+        *v *= alpha;
+    }
+}
+
+/// RMSNorm in the order of transformers' `LlamaRMSNorm`:
+/// `weight * (x * rsqrt(mean(x^2) + eps))`, all in f32.
+///
+/// # Panics
+/// If `weight` or `out` is not as long as `x`.
+pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let inv_rms = inv_rms(dot_f32(x, x), x.len(), eps);
+    apply_rmsnorm(x, weight, inv_rms, out);
+}
+
+/// [`rmsnorm`] writing back into `x`.
+pub fn rmsnorm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
+    let inv_rms = inv_rms(dot_f32(x, x), x.len(), eps);
+    apply_rmsnorm_inplace(x, weight, inv_rms);
+}
+
+/// `1 / sqrt(sum_sq / n + eps)`; torch's CPU `rsqrt` is the same `1 / sqrt`.
+pub(crate) fn inv_rms(sum_sq: f32, n: usize, eps: f32) -> f32 {
+    let mean_sq = sum_sq / n as f32;
+    1.0 / (mean_sq + eps).sqrt()
+}
+
+pub(crate) fn apply_rmsnorm(x: &[f32], weight: &[f32], inv_rms: f32, out: &mut [f32]) {
+    assert_eq!(weight.len(), x.len(), "rmsnorm: weight length differs");
+    assert_eq!(out.len(), x.len(), "rmsnorm: output length differs");
+    for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(weight) {
+        *o = wi * (xi * inv_rms);
+    }
+}
+
+pub(crate) fn apply_rmsnorm_inplace(x: &mut [f32], weight: &[f32], inv_rms: f32) {
+    assert_eq!(weight.len(), x.len(), "rmsnorm: weight length differs");
+    for (xi, &wi) in x.iter_mut().zip(weight) {
+        *xi = wi * (*xi * inv_rms);
+    }
+}
+
+/// Numerically stable softmax: subtract the max, exponentiate, divide by the
+/// sum (accumulated left to right). Like torch, a row that is entirely
+/// `-inf` yields NaN.
+pub fn softmax_inplace(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]` with `silu(g) = g / (1 + exp(-g))`.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "silu_mul: operand lengths differ");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// Rotary embedding, HF `rotate_half` convention: element `i` pairs with
+/// `i + d/2`. `x` holds the `d` rotated dimensions; `cos`/`sin` hold `d/2`
+/// angles' values.
+///
+/// # Panics
+/// If `x.len() != 2 * cos.len()` or `sin.len() != cos.len()`.
+pub fn rope_neox(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    check_rope(x, cos, sin);
+    let (x1s, x2s) = x.split_at_mut(cos.len());
+    for (((x1, x2), &c), &s) in x1s.iter_mut().zip(x2s).zip(cos).zip(sin) {
+        let (a, b) = (*x1, *x2);
+        *x1 = a * c - b * s;
+        *x2 = b * c + a * s;
+    }
+}
+
+/// Rotary embedding, GPT-J / Meta convention: pairs `(x[2i], x[2i+1])` are
+/// rotated by angle `i`.
+///
+/// # Panics
+/// As [`rope_neox`].
+pub fn rope_interleaved(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    check_rope(x, cos, sin);
+    for ((pair, &c), &s) in x.chunks_exact_mut(2).zip(cos).zip(sin) {
+        let (a, b) = (pair[0], pair[1]);
+        pair[0] = a * c - b * s;
+        pair[1] = b * c + a * s;
+    }
+}
+
+fn check_rope(x: &[f32], cos: &[f32], sin: &[f32]) {
+    assert_eq!(sin.len(), cos.len(), "rope: cos and sin lengths differ");
+    assert_eq!(x.len(), 2 * cos.len(), "rope: x must hold two values per angle");
+}

@@ -1,0 +1,209 @@
+//! Run-time selection of the fastest instruction set, and the dispatching
+//! entry points of every vectorized kernel.
+//!
+//! [`Isa`] is detected once per call site (or once per [`crate::Threads`])
+//! and then passed by value: a tiny `Copy` token instead of global state, so
+//! tests can force the scalar path next to the vector ones in one process.
+//!
+//! The `#[target_feature]` bodies live in `avx512` and `avx2` (x86_64 only).
+//! Every dispatching method asserts the length invariants those bodies rely
+//! on before entering them, which is what makes the `unsafe` calls sound.
+//! On other architectures everything runs the [`crate::scalar`] reference.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+
+use crate::scalar;
+
+/// Instruction-set tiers, best last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IsaLevel {
+    /// Portable code from [`crate::scalar`].
+    Scalar,
+    /// x86_64 AVX2 + FMA (256-bit).
+    Avx2,
+    /// x86_64 AVX-512 F + BW + VL (512-bit with masked loads for tails).
+    Avx512,
+}
+
+impl IsaLevel {
+    /// All tiers, worst first.
+    pub const ALL: [IsaLevel; 3] = [Self::Scalar, Self::Avx2, Self::Avx512];
+
+    /// Whether this CPU can run the tier.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Self::Scalar => true,
+            Self::Avx2 => avx2_supported(),
+            Self::Avx512 => avx512_supported(),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_supported() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_supported() -> bool {
+    // The masked byte/word loads of the tails need BW and VL on top of F.
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx2_supported() -> bool {
+    false
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_supported() -> bool {
+    false
+}
+
+/// A proof that the CPU supports [`IsaLevel`] `level`, and the dispatcher of
+/// the kernels for it. It can only be built for supported tiers, so the
+/// methods are safe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Isa {
+    level: IsaLevel,
+}
+
+impl Default for Isa {
+    fn default() -> Self {
+        Self::detect()
+    }
+}
+
+impl Isa {
+    /// The best tier this CPU supports.
+    pub fn detect() -> Self {
+        let level = IsaLevel::ALL.into_iter().rev().find(|level| level.is_supported()).unwrap_or(IsaLevel::Scalar);
+        Self { level }
+    }
+
+    /// The portable reference path, always available.
+    pub fn scalar() -> Self {
+        Self { level: IsaLevel::Scalar }
+    }
+
+    /// `level` if this CPU supports it.
+    pub fn with_level(level: IsaLevel) -> Option<Self> {
+        level.is_supported().then_some(Self { level })
+    }
+
+    /// Every tier this CPU supports, worst first (for tests and benchmarks).
+    pub fn all_supported() -> Vec<Self> {
+        IsaLevel::ALL.into_iter().filter_map(Self::with_level).collect()
+    }
+
+    /// The selected tier.
+    pub fn level(self) -> IsaLevel {
+        self.level
+    }
+
+    /// `sum a[i] * b[i]`.
+    ///
+    /// # Panics
+    /// If the lengths differ.
+    pub fn dot_f32(self, a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot: operand lengths differ");
+        #[cfg(target_arch = "x86_64")]
+        match self.level {
+            // SAFETY: `Isa` is only built for supported tiers; lengths are
+            // asserted equal above.
+            IsaLevel::Avx512 => return unsafe { avx512::dot_f32(a, b) },
+            IsaLevel::Avx2 => return unsafe { avx2::dot_f32(a, b) },
+            IsaLevel::Scalar => {}
+        }
+        scalar::dot_f32(a, b)
+    }
+
+    /// Dot product of a bf16 row (raw `u16` bits) with `x`.
+    ///
+    /// # Panics
+    /// If the lengths differ.
+    pub fn dot_bf16(self, w: &[u16], x: &[f32]) -> f32 {
+        assert_eq!(w.len(), x.len(), "dot_bf16: operand lengths differ");
+        #[cfg(target_arch = "x86_64")]
+        match self.level {
+            // SAFETY: supported tier; lengths asserted equal above.
+            IsaLevel::Avx512 => return unsafe { avx512::dot_bf16(w, x) },
+            IsaLevel::Avx2 => return unsafe { avx2::dot_bf16(w, x) },
+            IsaLevel::Scalar => {}
+        }
+        scalar::dot_bf16(w, x)
+    }
+
+    /// Dot product of one q8 row (`x.len()` columns) with `x`.
+    ///
+    /// # Panics
+    /// If `qs.len() != x.len()`, `group == 0` or
+    /// `scales.len() != ceil(x.len() / group)`.
+    pub fn dot_q8(self, qs: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
+        scalar::check_q8_row(qs, scales, group, x);
+        #[cfg(target_arch = "x86_64")]
+        match self.level {
+            // SAFETY: supported tier; row invariants asserted above.
+            IsaLevel::Avx512 => return unsafe { avx512::dot_q8(qs, scales, group, x) },
+            IsaLevel::Avx2 => return unsafe { avx2::dot_q8(qs, scales, group, x) },
+            IsaLevel::Scalar => {}
+        }
+        scalar::dot_q8(qs, scales, group, x)
+    }
+
+    /// Dot product of one packed q4 row (`ceil(x.len() / 2)` bytes) with `x`.
+    ///
+    /// Odd group sizes put group starts mid-byte; those (unusual) layouts
+    /// take the scalar path.
+    ///
+    /// # Panics
+    /// If `qs.len() != ceil(x.len() / 2)`, `group == 0` or
+    /// `scales.len() != ceil(x.len() / group)`.
+    pub fn dot_q4(self, qs: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
+        scalar::check_q4_row(qs, scales, group, x);
+        #[cfg(target_arch = "x86_64")]
+        if group.is_multiple_of(2) {
+            match self.level {
+                // SAFETY: supported tier; row invariants asserted above and
+                // the group is even, as the vector bodies require.
+                IsaLevel::Avx512 => return unsafe { avx512::dot_q4(qs, scales, group, x) },
+                IsaLevel::Avx2 => return unsafe { avx2::dot_q4(qs, scales, group, x) },
+                IsaLevel::Scalar => {}
+            }
+        }
+        scalar::dot_q4(qs, scales, group, x)
+    }
+
+    /// `y[i] += alpha * x[i]` (fused multiply-add on the vector paths).
+    ///
+    /// # Panics
+    /// If the lengths differ.
+    pub fn axpy(self, alpha: f32, x: &[f32], y: &mut [f32]) {
+        assert_eq!(x.len(), y.len(), "axpy: operand lengths differ");
+        #[cfg(target_arch = "x86_64")]
+        match self.level {
+            // SAFETY: supported tier; lengths asserted equal above.
+            IsaLevel::Avx512 => return unsafe { avx512::axpy(alpha, x, y) },
+            IsaLevel::Avx2 => return unsafe { avx2::axpy(alpha, x, y) },
+            IsaLevel::Scalar => {}
+        }
+        scalar::axpy(alpha, x, y);
+    }
+
+    /// `x[i] *= alpha`.
+    pub fn scale(self, alpha: f32, x: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        match self.level {
+            // SAFETY: supported tier; a single slice has no length invariant.
+            IsaLevel::Avx512 => return unsafe { avx512::scale(alpha, x) },
+            IsaLevel::Avx2 => return unsafe { avx2::scale(alpha, x) },
+            IsaLevel::Scalar => {}
+        }
+        scalar::scale(alpha, x);
+    }
+}

@@ -1,0 +1,144 @@
+//! Transformer operators against direct f64 evaluations of their
+//! definitions, and the dispatching wrappers against the scalar reference.
+
+use proptest::prelude::*;
+
+use super::{CASES, assert_close, cols, magnitude, values};
+use crate::{ops, scalar};
+
+fn vector() -> impl Strategy<Value = Vec<f32>> {
+    cols().prop_flat_map(values)
+}
+
+/// An even-length vector with matching cos/sin tables of half its length.
+fn rope_case() -> impl Strategy<Value = (Vec<f32>, Vec<f32>)> {
+    (0usize..=64).prop_flat_map(|half| (values(2 * half), prop::collection::vec(-10.0f32..10.0, half)))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    #[test]
+    fn rmsnorm_matches_definition(x in (1usize..=300).prop_flat_map(values), eps in 1e-6f32..1e-3) {
+        let weight: Vec<f32> = (0..x.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let mean_sq = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64;
+        let inv_rms = 1.0 / (mean_sq + f64::from(eps)).sqrt();
+        let mut out = vec![0.0; x.len()];
+        ops::rmsnorm(&x, &weight, eps, &mut out);
+        let mut inplace = x.clone();
+        ops::rmsnorm_inplace(&mut inplace, &weight, eps);
+        let mut reference = vec![0.0; x.len()];
+        scalar::rmsnorm(&x, &weight, eps, &mut reference);
+        for i in 0..x.len() {
+            let want = f64::from(weight[i]) * f64::from(x[i]) * inv_rms;
+            let tol = 1e-5 * want.abs() + 1e-6;
+            prop_assert!((f64::from(out[i]) - want).abs() <= tol, "{} vs {}", out[i], want);
+            prop_assert!((f64::from(reference[i]) - want).abs() <= tol);
+        }
+        prop_assert_eq!(&inplace, &out);
+    }
+
+    #[test]
+    fn softmax_matches_definition(x in (1usize..=300).prop_flat_map(|n| prop::collection::vec(-30.0f32..30.0, n))) {
+        let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
+        let exps: Vec<f64> = x.iter().map(|&v| (f64::from(v) - max).exp()).collect();
+        let sum: f64 = exps.iter().sum();
+        let mut got = x.clone();
+        ops::softmax_inplace(&mut got);
+        for (g, e) in got.iter().zip(&exps) {
+            prop_assert!((f64::from(*g) - e / sum).abs() <= 1e-5 * (e / sum) + 1e-7);
+        }
+    }
+
+    #[test]
+    fn silu_mul_matches_definition(x in vector()) {
+        let up: Vec<f32> = x.iter().map(|v| 1.5 - v).collect();
+        let mut gate = x.clone();
+        ops::silu_mul(&mut gate, &up);
+        for i in 0..x.len() {
+            let g = f64::from(x[i]);
+            let want = g / (1.0 + (-g).exp()) * f64::from(up[i]);
+            prop_assert!((f64::from(gate[i]) - want).abs() <= 1e-6 * want.abs() + 1e-7);
+        }
+    }
+
+    /// The HF formula: `x * cat(cos, cos) + rotate_half(x) * cat(sin, sin)`
+    /// with `rotate_half(x) = cat(-x2, x1)`.
+    #[test]
+    fn rope_neox_is_rotate_half((x, angles) in rope_case()) {
+        let half = angles.len();
+        let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+        let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+        let mut got = x.clone();
+        ops::rope_neox(&mut got, &cos, &sin);
+        for i in 0..2 * half {
+            let rotated = if i < half { -x[i + half] } else { x[i - half] };
+            let want = x[i] * cos[i % half] + rotated * sin[i % half];
+            // Same two products and one add: bit-exact.
+            prop_assert_eq!(got[i].to_bits(), want.to_bits());
+        }
+    }
+
+    #[test]
+    fn rope_interleaved_rotates_pairs((x, angles) in rope_case()) {
+        let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+        let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+        let mut got = x.clone();
+        ops::rope_interleaved(&mut got, &cos, &sin);
+        for i in 0..angles.len() {
+            let (a, b) = (x[2 * i], x[2 * i + 1]);
+            prop_assert_eq!(got[2 * i], a * cos[i] - b * sin[i]);
+            prop_assert_eq!(got[2 * i + 1], b * cos[i] + a * sin[i]);
+        }
+    }
+
+    #[test]
+    fn dot_axpy_scale_match_reference((a, b) in cols().prop_flat_map(|n| (values(n), values(n)))) {
+        assert_close(ops::dot(&a, &b), scalar::dot_f32(&a, &b), magnitude(&a, &b), "dot");
+        let mut y = b.clone();
+        ops::axpy(-0.75, &a, &mut y);
+        for i in 0..a.len() {
+            let want = b[i] + -0.75 * a[i];
+            assert_close(y[i], want, (0.75 * a[i]).abs() + b[i].abs(), "axpy");
+        }
+        let mut s = a.clone();
+        ops::scale(3.0, &mut s);
+        prop_assert_eq!(s, a.iter().map(|v| v * 3.0).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn softmax_known_values() {
+    let mut x = [0.0f32, (2.0f32).ln(), f32::NEG_INFINITY];
+    ops::softmax_inplace(&mut x);
+    assert!((x[0] - 1.0 / 3.0).abs() < 1e-7);
+    assert!((x[1] - 2.0 / 3.0).abs() < 1e-7);
+    assert_eq!(x[2], 0.0);
+    ops::softmax_inplace(&mut []);
+}
+
+#[test]
+fn silu_known_values() {
+    let mut gate = [0.0f32, 1.0, -1.0];
+    ops::silu_mul(&mut gate, &[1.0, 2.0, 1.0]);
+    assert_eq!(gate[0], 0.0);
+    assert!((gate[1] - 2.0 * 0.731_058_6).abs() < 1e-6);
+    assert!((gate[2] + 0.268_941_43).abs() < 1e-6);
+}
+
+#[test]
+fn rope_known_values() {
+    // A quarter turn maps (1, 0) to (0, 1) in both conventions.
+    let mut neox = [1.0f32, 5.0, 0.0, 7.0];
+    ops::rope_neox(&mut neox, &[0.0, 1.0], &[1.0, 0.0]);
+    assert_eq!(neox, [0.0, 5.0, 1.0, 7.0]);
+    let mut interleaved = [1.0f32, 0.0, 5.0, 7.0];
+    ops::rope_interleaved(&mut interleaved, &[0.0, 1.0], &[1.0, 0.0]);
+    assert_eq!(interleaved, [0.0, 1.0, 5.0, 7.0]);
+}
+
+#[test]
+#[should_panic(expected = "two values per angle")]
+fn rope_asserts_lengths() {
+    ops::rope_neox(&mut [0.0; 4], &[1.0], &[0.0]);
+}

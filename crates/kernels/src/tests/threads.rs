@@ -1,0 +1,91 @@
+//! `Threads`: results independent of the thread count, bit for bit.
+
+use super::values;
+use crate::quant::{QuantFormat, f32_to_bf16_bits, quantize_q4, quantize_q8};
+use crate::{Error, MatData, Matrix, Threads};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::TestRunner;
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Deterministic pseudo-random values.
+fn sample(len: usize) -> Vec<f32> {
+    let mut runner = TestRunner::deterministic();
+    values(len).new_tree(&mut runner).unwrap().current()
+}
+
+/// Runs `check` on one big (parallel-path) matrix of every format. The
+/// shapes are odd and exceed the serial threshold.
+fn for_each_format(check: impl Fn(QuantFormat, &Matrix<'_>)) {
+    let (rows, cols, group) = (263, 301, 64);
+    let src = sample(rows * cols);
+    let bf16 = f32_to_bf16_bits(&src);
+    let (q8, s8) = quantize_q8(&src, rows, cols, group);
+    let (q4, s4) = quantize_q4(&src, rows, cols, group);
+    let datas = [
+        MatData::F32(&src),
+        MatData::Bf16(&bf16),
+        MatData::Q8 { qs: &q8, scales: &s8, group },
+        MatData::Q4 { qs: &q4, scales: &s4, group },
+    ];
+    for data in datas {
+        let m = Matrix::new(rows, cols, data).unwrap();
+        check(m.format(), &m);
+    }
+}
+
+#[test]
+fn matvec_is_bit_identical_for_any_thread_count() {
+    let pools: Vec<Threads> = [1, 2, 3, 5].map(|n| Threads::new(n).unwrap()).into();
+    for_each_format(|format, m| {
+        let x = sample(m.cols);
+        let mut serial = vec![0.0; m.rows];
+        m.matvec(&x, &mut serial);
+        for pool in &pools {
+            let mut y = vec![f32::NAN; m.rows];
+            pool.matvec(m, &x, &mut y);
+            assert_eq!(bits(&y), bits(&serial), "{format}, {} threads", pool.n_threads());
+        }
+    });
+}
+
+#[test]
+fn matmul_is_bit_identical_for_any_thread_count() {
+    let pools: Vec<Threads> = [1, 2, 4].map(|n| Threads::new(n).unwrap()).into();
+    for_each_format(|format, m| {
+        for n in [0, 1, 3] {
+            let xs = sample(n * m.cols);
+            let mut serial = vec![0.0; n * m.rows];
+            m.matmul(&xs, n, &mut serial);
+            for pool in &pools {
+                let mut ys = vec![f32::NAN; n * m.rows];
+                pool.matmul(m, &xs, n, &mut ys);
+                assert_eq!(bits(&ys), bits(&serial), "{format}, n {n}, {} threads", pool.n_threads());
+            }
+        }
+    });
+}
+
+#[test]
+fn small_products_run_serially_and_agree() {
+    let pool = Threads::new(3).unwrap();
+    let w = sample(12);
+    let m = Matrix::new(4, 3, MatData::F32(&w)).unwrap();
+    let x = [1.0, -2.0, 0.5];
+    let (mut a, mut b) = ([0.0; 4], [0.0; 4]);
+    pool.matvec(&m, &x, &mut a);
+    m.matvec(&x, &mut b);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn pool_has_the_requested_size() {
+    let pool = Threads::new(3).unwrap();
+    assert_eq!(pool.n_threads(), 3);
+    assert_eq!(pool.pool().current_num_threads(), 3);
+    assert_eq!(pool.isa(), crate::simd::Isa::detect());
+    assert_eq!(Threads::new(0).unwrap_err(), Error::ZeroThreads);
+}

@@ -1,0 +1,30 @@
+//! The error type of the model graphs.
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything that can go wrong while loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A tensor is missing from the container or has the wrong shape.
+    #[error(transparent)]
+    Format(#[from] strata_format::Error),
+    /// A tensor has a shape the graph cannot use.
+    #[error("tensor {name}: expected shape {expected:?}, found {found:?}")]
+    Shape { name: String, expected: Vec<usize>, found: Vec<usize> },
+    /// The family is recognised but this graph cannot run it.
+    #[error("model family {family} is not supported by this graph")]
+    UnsupportedFamily { family: String },
+    /// A token id outside the vocabulary.
+    #[error("token id {token} is outside the vocabulary (size {vocab_size})")]
+    TokenOutOfRange { token: u32, vocab_size: usize },
+    /// The KV cache is full.
+    #[error(transparent)]
+    Kv(#[from] strata_kv::Error),
+    /// Running the routed experts failed (I/O, corrupt record).
+    #[error(transparent)]
+    Sched(#[from] strata_sched::Error),
+    /// Configuration the graph cannot honour (e.g. an unsupported rope type).
+    #[error("{0}")]
+    Unsupported(String),
+}

@@ -1,0 +1,247 @@
+//! The forward graph of the grouped-query-attention MoE families: OLMoE,
+//! Qwen3-MoE and Mixtral.
+//!
+//! The three share the Llama skeleton (pre-norm, RoPE, SwiGLU experts behind a
+//! softmax router) and differ only in what their spec says: q/k norms over the
+//! whole projection (OLMoE) or per head (Qwen3-MoE), `clip_qkv`, attention
+//! biases, dense layers, sliding windows and top-k renormalisation. So one
+//! graph serves all three, driven by [`ModelSpec`].
+
+use std::sync::Arc;
+
+use strata_format::{Container, Family, ModelSpec, QkNorm};
+use strata_kernels::{Matrix, ops};
+use strata_kv::KvCache;
+use strata_sched::{MoeBatch, run_moe_layer, swiglu};
+
+use crate::attention::{AttnShape, attend};
+use crate::rope::Rope;
+use crate::router::softmax_top_k;
+use crate::weights::{LayerNames, MlpNames, matrix, vector};
+use crate::{CausalLm, Error, Logits, Result, Runtime};
+
+/// A loaded OLMoE, Qwen3-MoE or Mixtral model.
+pub struct GqaMoe {
+    container: Arc<Container>,
+    spec: ModelSpec,
+    rope: Rope,
+    layers: Vec<LayerNames>,
+    lm_head: String,
+}
+
+const EMBED: &str = "model.embed_tokens.weight";
+const FINAL_NORM: &str = "model.norm.weight";
+
+impl GqaMoe {
+    /// Checks every tensor the graph will read, so a forward pass never meets
+    /// a missing or misshapen one.
+    pub fn load(container: Arc<Container>) -> Result<Self> {
+        let spec = container.spec().clone();
+        if !matches!(spec.family, Family::Olmoe | Family::Qwen3Moe | Family::Mixtral) {
+            return Err(Error::UnsupportedFamily { family: spec.family.to_string() });
+        }
+        let rope = Rope::new(&spec.rope, spec.head_dim)?;
+        let layers = (0..spec.num_layers).map(|l| LayerNames::new(&spec, l)).collect();
+        let lm_head = if spec.tie_word_embeddings { EMBED } else { "lm_head.weight" }.to_owned();
+        let model = Self { container, spec, rope, layers, lm_head };
+        model.validate()?;
+        Ok(model)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let s = &self.spec;
+        let c = &*self.container;
+        let (h, q_dim, kv_dim) = (s.hidden_size, s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+        matrix(c, EMBED, s.vocab_size, h)?;
+        matrix(c, &self.lm_head, s.vocab_size, h)?;
+        vector(c, FINAL_NORM, h)?;
+        for (l, names) in self.layers.iter().enumerate() {
+            vector(c, &names.input_norm, h)?;
+            vector(c, &names.post_attn_norm, h)?;
+            matrix(c, &names.q, q_dim, h)?;
+            matrix(c, &names.k, kv_dim, h)?;
+            matrix(c, &names.v, kv_dim, h)?;
+            matrix(c, &names.o, h, q_dim)?;
+            for (bias, len) in [(&names.q_bias, q_dim), (&names.k_bias, kv_dim), (&names.v_bias, kv_dim), (&names.o_bias, h)] {
+                if let Some(name) = bias {
+                    vector(c, name, len)?;
+                }
+            }
+            let (q_norm_len, k_norm_len) = match s.qk_norm {
+                QkNorm::Full => (q_dim, kv_dim),
+                QkNorm::PerHead | QkNorm::None => (s.head_dim, s.head_dim),
+            };
+            if let (Some(qn), Some(kn)) = (&names.q_norm, &names.k_norm) {
+                vector(c, qn, q_norm_len)?;
+                vector(c, kn, k_norm_len)?;
+            }
+            match &names.mlp {
+                MlpNames::Dense([gate, up, down]) => {
+                    matrix(c, gate, s.dense_intermediate_size, h)?;
+                    matrix(c, up, s.dense_intermediate_size, h)?;
+                    matrix(c, down, h, s.dense_intermediate_size)?;
+                }
+                MlpNames::Moe { router } => {
+                    matrix(c, router, s.moe.num_experts, h)?;
+                    c.expert_layout(l)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn attention(&self, rt: &Runtime<'_>, layer: usize, xs: &[f32], start: usize, cache: &mut KvCache) -> Result<Vec<f32>> {
+        let s = &self.spec;
+        let c = &*self.container;
+        let names = &self.layers[layer];
+        let n = xs.len() / s.hidden_size;
+        let (q_dim, kv_dim) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+        let project = |name: &str, bias: &Option<String>, rows: usize| -> Result<Vec<f32>> {
+            let mut out = vec![0.0f32; n * rows];
+            rt.threads.matmul(&c.dense(name)?, xs, n, &mut out);
+            if let Some(bias) = bias {
+                add_bias(&mut out, c.dense_vec(bias)?);
+            }
+            Ok(out)
+        };
+        let mut q = project(&names.q, &names.q_bias, q_dim)?;
+        let mut k = project(&names.k, &names.k_bias, kv_dim)?;
+        let mut v = project(&names.v, &names.v_bias, kv_dim)?;
+        if let (Some(qn), Some(kn)) = (&names.q_norm, &names.k_norm) {
+            let width = if s.qk_norm == QkNorm::Full { None } else { Some(s.head_dim) };
+            rmsnorm_rows(&mut q, c.dense_vec(qn)?, s.rms_norm_eps, width.unwrap_or(q_dim));
+            rmsnorm_rows(&mut k, c.dense_vec(kn)?, s.rms_norm_eps, width.unwrap_or(kv_dim));
+        }
+        if let Some(clip) = s.clip_qkv {
+            for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
+                *x = x.clamp(-clip, clip);
+            }
+        }
+        for i in 0..n {
+            self.rope.apply_neox(&mut q[i * q_dim..(i + 1) * q_dim], s.head_dim, start + i);
+            self.rope.apply_neox(&mut k[i * kv_dim..(i + 1) * kv_dim], s.head_dim, start + i);
+        }
+        cache.write(layer, &k, &v);
+        let shape = AttnShape {
+            n_heads: s.num_heads,
+            n_kv_heads: s.num_kv_heads,
+            head_dim: s.head_dim,
+            window: s.sliding_window,
+        };
+        let mut attn = vec![0.0f32; n * q_dim];
+        attend(shape, &q, cache.keys(layer, start + n), cache.values(layer, start + n), start, &mut attn);
+        let mut out = vec![0.0f32; n * s.hidden_size];
+        rt.threads.matmul(&c.dense(&names.o)?, &attn, n, &mut out);
+        if let Some(bias) = &names.o_bias {
+            add_bias(&mut out, c.dense_vec(bias)?);
+        }
+        Ok(out)
+    }
+
+    fn mlp(&self, rt: &Runtime<'_>, layer: usize, xs: &[f32], out: &mut [f32]) -> Result<()> {
+        let s = &self.spec;
+        let c = &*self.container;
+        let n = xs.len() / s.hidden_size;
+        match &self.layers[layer].mlp {
+            MlpNames::Dense(names) => {
+                let [gate, up, down] = [&names[0], &names[1], &names[2]].map(|name| c.dense(name));
+                let mut ys = vec![0.0f32; n * s.hidden_size];
+                swiglu(rt.threads, &[gate?, up?, down?], xs, &mut ys);
+                out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
+            }
+            MlpNames::Moe { router } => {
+                let mut logits = vec![0.0f32; n * s.moe.num_experts];
+                rt.threads.matmul(&c.dense(router)?, xs, n, &mut logits);
+                let renormalize = s.moe.norm_topk_prob || s.family == Family::Mixtral;
+                let routes = softmax_top_k(&logits, s.moe.num_experts, s.moe.top_k, renormalize);
+                let batch = MoeBatch {
+                    layer,
+                    layout: c.expert_layout(layer)?,
+                    xs,
+                    hidden: s.hidden_size,
+                    routes: &routes,
+                    top_k: s.moe.top_k,
+                };
+                run_moe_layer(rt.store, rt.threads, &batch, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let h = self.spec.hidden_size;
+        let table: Matrix<'_> = self.container.dense(EMBED)?;
+        let mut x = vec![0.0f32; tokens.len() * h];
+        for (row, &token) in x.chunks_exact_mut(h).zip(tokens) {
+            if token as usize >= self.spec.vocab_size {
+                return Err(Error::TokenOutOfRange { token, vocab_size: self.spec.vocab_size });
+            }
+            table.row_to_f32(token as usize, row);
+        }
+        Ok(x)
+    }
+}
+
+impl CausalLm for GqaMoe {
+    fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    fn new_cache(&self, capacity_tokens: usize) -> KvCache {
+        let kv_dim = self.spec.num_kv_heads * self.spec.head_dim;
+        KvCache::new(self.spec.num_layers, kv_dim, kv_dim, capacity_tokens)
+    }
+
+    fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Vec<f32>> {
+        let s = &self.spec;
+        let c = &*self.container;
+        let h = s.hidden_size;
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        cache.reserve(n)?;
+        let start = cache.len();
+        let mut x = self.embed(tokens)?;
+        let mut normed = vec![0.0f32; n * h];
+        for layer in 0..s.num_layers {
+            let names = &self.layers[layer];
+            rmsnorm_into(&x, c.dense_vec(&names.input_norm)?, s.rms_norm_eps, &mut normed);
+            let attn = self.attention(rt, layer, &normed, start, cache)?;
+            x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
+            rmsnorm_into(&x, c.dense_vec(&names.post_attn_norm)?, s.rms_norm_eps, &mut normed);
+            self.mlp(rt, layer, &normed, &mut x)?;
+        }
+        cache.advance(n);
+        let rows = match logits {
+            Logits::All => &x[..],
+            Logits::Last => &x[(n - 1) * h..],
+        };
+        let m = rows.len() / h;
+        let mut final_normed = vec![0.0f32; m * h];
+        rmsnorm_into(rows, c.dense_vec(FINAL_NORM)?, s.rms_norm_eps, &mut final_normed);
+        let mut out = vec![0.0f32; m * s.vocab_size];
+        rt.threads.matmul(&c.dense(&self.lm_head)?, &final_normed, m, &mut out);
+        Ok(out)
+    }
+}
+
+fn add_bias(rows: &mut [f32], bias: &[f32]) {
+    for row in rows.chunks_exact_mut(bias.len()) {
+        row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+    }
+}
+
+fn rmsnorm_into(xs: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    for (x, o) in xs.chunks_exact(weight.len()).zip(out.chunks_exact_mut(weight.len())) {
+        ops::rmsnorm(x, weight, eps, o);
+    }
+}
+
+/// RMS-normalises every `width`-wide chunk of `rows` in place.
+fn rmsnorm_rows(rows: &mut [f32], weight: &[f32], eps: f32, width: usize) {
+    assert_eq!(weight.len(), width, "norm weight matches its span");
+    for chunk in rows.chunks_exact_mut(width) {
+        ops::rmsnorm_inplace(chunk, weight, eps);
+    }
+}

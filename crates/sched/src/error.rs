@@ -1,0 +1,20 @@
+//! The error type of the scheduler.
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything that can go wrong while running a layer's experts.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Fetching an expert record failed.
+    #[error(transparent)]
+    Tier(#[from] strata_tier::Error),
+    /// An expert record does not match its layout.
+    #[error("expert {expert} of layer {layer}: {source}")]
+    Record {
+        layer: usize,
+        expert: usize,
+        #[source]
+        source: strata_format::Error,
+    },
+}

@@ -1,0 +1,359 @@
+//! `cargo xtask fixtures`: regenerate the Hugging Face reference fixtures under `testdata/<family>/`.
+//!
+//! Stage 1 (Python only): for each family, a tiny random checkpoint of the real architecture written by
+//! transformers' `save_pretrained` (`hf/`), the same weights in bf16 with a 4.x-style config (`hf_bf16/`),
+//! teacher-forced logits (`logits_f32.npy`, `logits_bf16.npy`) and `reference.json` (prompt, greedy
+//! continuation, margins, routing, versions).
+//!
+//! Stage 2 (needs the `strata` CLI): for each quant, `strata convert testdata/<f>/hf <tmp>/<q> --quant <q>`,
+//! `strata export <tmp>/<q> <tmp>/<q>_hf`, then transformers float32 logits of the exported checkpoint on the
+//! stage-1 prompt -> `logits_<q>.npy` and `reference_<q>.json`.
+//!
+//! The Python side lives in `xtask/fixtures/` (`gen_fixtures.py`, `numpy_ref.py`, pinned `requirements.txt`).
+//! By default a venv is created in `target/fixtures-venv` with `python3 -m venv` and the pinned requirements
+//! are pip-installed from PyPI (reused while `requirements.txt` is unchanged); `--python PATH` uses an
+//! existing interpreter instead.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// Families with fixtures, in generation order.
+pub const FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral"];
+/// Quantisations exercised by stage 2.
+pub const QUANTS: &[&str] = &["q8", "q4"];
+/// Soft budget for the committed fixtures of [`FAMILIES`].
+const SIZE_BUDGET_BYTES: u64 = 6 * 1024 * 1024;
+
+const USAGE: &str = "\
+cargo xtask fixtures [OPTIONS]
+
+Regenerate the transformers reference fixtures in testdata/<family>/.
+
+Options:
+  --python PATH           use this Python (e.g. an existing venv's bin/python) instead of
+                          creating target/fixtures-venv and pip-installing xtask/fixtures/requirements.txt
+  --base-python PATH      interpreter used to create target/fixtures-venv (default: python3)
+  --stage1-only           only the HF checkpoints + reference logits (no strata needed)
+  --stage2-only           only the strata convert/export round trip (needs stage-1 fixtures)
+  --family NAME[,NAME]    restrict to these families (repeatable; default: olmoe,qwen3_moe,mixtral)
+  --quant Q[,Q]           stage 2 quantisations (repeatable; default: q8,q4)
+  --strata PATH           use this strata binary instead of `cargo build --release -p strata`
+  --out DIR               fixture root (default: testdata), e.g. to diff a regeneration
+  --keep-tmp              keep target/fixtures-tmp/ (stage-2 converted/exported checkpoints)
+  --allow-other-versions  let the Python script run with unpinned torch/transformers versions
+  -h, --help              this text
+";
+
+#[derive(Debug)]
+struct Opts {
+    python: Option<PathBuf>,
+    base_python: PathBuf,
+    stage1: bool,
+    stage2: bool,
+    families: Vec<String>,
+    quants: Vec<String>,
+    strata: Option<PathBuf>,
+    out: PathBuf,
+    keep_tmp: bool,
+    allow_other_versions: bool,
+}
+
+fn parse_args(args: &[String]) -> Result<Option<Opts>> {
+    let mut o = Opts {
+        python: None,
+        base_python: PathBuf::from("python3"),
+        stage1: true,
+        stage2: true,
+        families: Vec::new(),
+        quants: Vec::new(),
+        strata: None,
+        out: PathBuf::from("testdata"),
+        keep_tmp: false,
+        allow_other_versions: false,
+    };
+    let (mut only1, mut only2) = (false, false);
+    // Accept being handed the full argument list including the subcommand name.
+    let args = match args.first().map(String::as_str) {
+        Some("fixtures") => &args[1..],
+        _ => args,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        // Support both `--flag value` and `--flag=value`.
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        let mut value = |name: &str| -> Result<String> {
+            match &inline {
+                Some(v) => Ok(v.clone()),
+                None => it.next().cloned().with_context(|| format!("{name} needs a value")),
+            }
+        };
+        match flag {
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return Ok(None);
+            }
+            "--python" => o.python = Some(PathBuf::from(value(flag)?)),
+            "--base-python" => o.base_python = PathBuf::from(value(flag)?),
+            "--stage1-only" => only1 = true,
+            "--stage2-only" => only2 = true,
+            "--family" | "--families" => {
+                o.families.extend(value(flag)?.split(',').filter(|s| !s.is_empty()).map(str::to_string))
+            }
+            "--quant" | "--quants" => {
+                o.quants.extend(value(flag)?.split(',').filter(|s| !s.is_empty()).map(str::to_string))
+            }
+            "--strata" => o.strata = Some(PathBuf::from(value(flag)?)),
+            "--out" => o.out = PathBuf::from(value(flag)?),
+            "--keep-tmp" => o.keep_tmp = true,
+            "--allow-other-versions" => o.allow_other_versions = true,
+            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
+        }
+    }
+    if only1 && only2 {
+        bail!("--stage1-only and --stage2-only are mutually exclusive");
+    }
+    o.stage1 = !only2;
+    o.stage2 = !only1;
+    if o.families.is_empty() {
+        o.families = FAMILIES.iter().map(|s| s.to_string()).collect();
+    }
+    for f in &o.families {
+        if !FAMILIES.contains(&f.as_str()) {
+            bail!("unknown family {f:?}; known: {}", FAMILIES.join(", "));
+        }
+    }
+    if o.quants.is_empty() {
+        o.quants = QUANTS.iter().map(|s| s.to_string()).collect();
+    }
+    Ok(Some(o))
+}
+
+/// Entry point of `cargo xtask fixtures`. `args` are the arguments after `fixtures` (a leading
+/// `"fixtures"` is tolerated).
+pub fn run(args: &[String]) -> Result<()> {
+    let Some(opts) = parse_args(args)? else {
+        return Ok(());
+    };
+    let root = workspace_root()?;
+    let script_dir = root.join("xtask").join("fixtures");
+    let script = script_dir.join("gen_fixtures.py");
+    if !script.is_file() {
+        bail!("missing {}", script.display());
+    }
+    let out = if opts.out.is_absolute() { opts.out.clone() } else { root.join(&opts.out) };
+
+    let python = match &opts.python {
+        Some(p) => {
+            let p = if p.is_absolute() || p.components().count() == 1 {
+                p.clone()
+            } else {
+                std::env::current_dir()?.join(p)
+            };
+            println!("fixtures: using Python {}", p.display());
+            p
+        }
+        None => ensure_venv(&root, &script_dir.join("requirements.txt"), &opts.base_python)?,
+    };
+
+    let mut py_common: Vec<String> = vec!["--out".into(), path_str(&out)?];
+    if opts.allow_other_versions {
+        py_common.push("--allow-other-versions".into());
+    }
+
+    if opts.stage1 {
+        println!("fixtures: stage 1 ({})", opts.families.join(", "));
+        let mut cmd = python_cmd(&python, &script);
+        cmd.arg("stage1").args(&py_common);
+        for f in &opts.families {
+            cmd.args(["--family", f]);
+        }
+        run_cmd(&mut cmd, &root)?;
+    }
+
+    if opts.stage2 {
+        for f in &opts.families {
+            let reference = out.join(f).join("reference.json");
+            if !reference.is_file() {
+                bail!("{} is missing: run stage 1 first (`cargo xtask fixtures --stage1-only`)", reference.display());
+            }
+        }
+        let strata = match &opts.strata {
+            Some(p) => p.clone(),
+            None => build_strata(&root)?,
+        };
+        println!("fixtures: stage 2 with {} ({})", strata.display(), opts.quants.join(", "));
+        let tmp_root = root.join("target").join("fixtures-tmp");
+        for f in &opts.families {
+            let tmp = tmp_root.join(f);
+            if tmp.exists() {
+                fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
+            }
+            fs::create_dir_all(&tmp)?;
+            let hf = out.join(f).join("hf");
+            for q in &opts.quants {
+                let converted = tmp.join(q);
+                let exported = tmp.join(format!("{q}_hf"));
+                run_cmd(Command::new(&strata).arg("convert").arg(&hf).arg(&converted).args(["--quant", q]), &root)?;
+                run_cmd(Command::new(&strata).arg("export").arg(&converted).arg(&exported), &root)?;
+                let mut cmd = python_cmd(&python, &script);
+                cmd.arg("stage2").args(&py_common).args(["--family", f, "--quant", q]).arg("--ckpt").arg(&exported);
+                run_cmd(&mut cmd, &root)?;
+            }
+        }
+        if !opts.keep_tmp && tmp_root.exists() {
+            fs::remove_dir_all(&tmp_root).with_context(|| format!("removing {}", tmp_root.display()))?;
+        }
+    }
+
+    summarize(&out, &opts)
+}
+
+fn workspace_root() -> Result<PathBuf> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(Path::to_path_buf).context("xtask has no parent directory")
+}
+
+fn path_str(p: &Path) -> Result<String> {
+    p.to_str().map(str::to_string).with_context(|| format!("non-UTF-8 path {}", p.display()))
+}
+
+fn venv_python(venv: &Path) -> PathBuf {
+    if cfg!(windows) { venv.join("Scripts").join("python.exe") } else { venv.join("bin").join("python") }
+}
+
+/// Create (or reuse) `target/fixtures-venv` with exactly the pinned requirements.
+fn ensure_venv(root: &Path, requirements: &Path, base_python: &Path) -> Result<PathBuf> {
+    let venv = root.join("target").join("fixtures-venv");
+    let python = venv_python(&venv);
+    let stamp = venv.join(".strata-requirements");
+    let wanted = fs::read_to_string(requirements).with_context(|| format!("reading {}", requirements.display()))?;
+    if python.is_file() && fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
+        println!("fixtures: reusing {}", venv.display());
+        return Ok(python);
+    }
+    if venv.exists() {
+        println!("fixtures: {} is stale, recreating it", venv.display());
+        fs::remove_dir_all(&venv).with_context(|| format!("removing {}", venv.display()))?;
+    }
+    println!("fixtures: creating {} (pip-installs torch; takes a few minutes)", venv.display());
+    run_cmd(Command::new(base_python).args(["-m", "venv"]).arg(&venv), root)
+        .context("creating the fixtures venv (is python3 with the venv module installed?)")?;
+    run_cmd(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-r"])
+            .arg(requirements),
+        root,
+    )?;
+    fs::write(&stamp, wanted)?;
+    Ok(python)
+}
+
+fn python_cmd(python: &Path, script: &Path) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.arg(script)
+        // CPU only, single-threaded, offline: the references must not depend on the machine.
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .env("OMP_NUM_THREADS", "1")
+        .env("MKL_NUM_THREADS", "1")
+        .env("PYTHONHASHSEED", "0")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("TOKENIZERS_PARALLELISM", "false")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .env("HF_HUB_DISABLE_TELEMETRY", "1");
+    cmd
+}
+
+fn build_strata(root: &Path) -> Result<PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    run_cmd(Command::new(cargo).args(["build", "--release", "-p", "strata"]), root)?;
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let target = if target.is_absolute() { target } else { root.join(target) };
+    let bin = target.join("release").join(if cfg!(windows) { "strata.exe" } else { "strata" });
+    if !bin.is_file() {
+        bail!("built strata but {} does not exist", bin.display());
+    }
+    Ok(bin)
+}
+
+fn run_cmd(cmd: &mut Command, cwd: &Path) -> Result<()> {
+    cmd.current_dir(cwd);
+    let shown = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|s| {
+            let s = s.to_string_lossy();
+            let cwd = cwd.to_string_lossy();
+            s.strip_prefix(&format!("{cwd}/")).map(str::to_string).unwrap_or_else(|| s.to_string())
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    println!("+ {shown}");
+    let status = cmd.status().with_context(|| format!("failed to start {:?}", cmd.get_program()))?;
+    if !status.success() {
+        bail!("command failed ({status}): {shown}");
+    }
+    Ok(())
+}
+
+fn dir_size(p: &Path) -> u64 {
+    let Ok(rd) = fs::read_dir(p) else { return 0 };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+fn summarize(out: &Path, opts: &Opts) -> Result<()> {
+    let mut total = 0;
+    for f in FAMILIES {
+        let dir = out.join(f);
+        if !dir.is_dir() {
+            continue;
+        }
+        let size = dir_size(&dir);
+        total += size;
+        let mut line = format!("fixtures: {f:<10} {:>7.2} MB", size as f64 / 1e6);
+        if let Ok(text) = fs::read_to_string(dir.join("reference.json")) {
+            let r: serde_json::Value = serde_json::from_str(&text).context("parsing reference.json")?;
+            let min = |k: &str| {
+                r[k].as_array()
+                    .map(|a| a.iter().filter_map(serde_json::Value::as_f64).fold(f64::INFINITY, f64::min))
+                    .unwrap_or(f64::NAN)
+            };
+            line += &format!(
+                "  logits_std {:.3}  min greedy margin {:.3}  min top-1 margin {:.3}",
+                r["logits_std"].as_f64().unwrap_or(f64::NAN),
+                min("greedy_margins"),
+                min("top1_margins_f32"),
+            );
+        }
+        for q in &opts.quants {
+            if let Ok(text) = fs::read_to_string(dir.join(format!("reference_{q}.json"))) {
+                let r: serde_json::Value = serde_json::from_str(&text)?;
+                line += &format!(
+                    "  {q}: top-1 {}/{}",
+                    r["top1_agrees_with_f32"].as_u64().unwrap_or(0),
+                    r["prompt"].as_array().map_or(0, Vec::len)
+                );
+            }
+        }
+        println!("{line}");
+    }
+    println!("fixtures: total {:.2} MB in {}", total as f64 / 1e6, out.display());
+    if total > SIZE_BUDGET_BYTES {
+        eprintln!(
+            "warning: fixtures exceed the {} MiB budget; shrink vocab/hidden sizes in gen_fixtures.py",
+            SIZE_BUDGET_BYTES / (1024 * 1024)
+        );
+    }
+    Ok(())
+}
