@@ -21,11 +21,11 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 /// Families with fixtures, in generation order.
-pub const FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral"];
+pub const FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25"];
 /// Quantisations exercised by stage 2.
 pub const QUANTS: &[&str] = &["q8", "q4"];
 /// Soft budget for the committed fixtures of [`FAMILIES`].
-const SIZE_BUDGET_BYTES: u64 = 6 * 1024 * 1024;
+const SIZE_BUDGET_BYTES: u64 = 10 * 1024 * 1024;
 
 const USAGE: &str = "\
 cargo xtask fixtures [OPTIONS]
@@ -38,7 +38,7 @@ Options:
   --base-python PATH      interpreter used to create target/fixtures-venv (default: python3)
   --stage1-only           only the HF checkpoints + reference logits (no strata needed)
   --stage2-only           only the strata convert/export round trip (needs stage-1 fixtures)
-  --family NAME[,NAME]    restrict to these families (repeatable; default: olmoe,qwen3_moe,mixtral)
+  --family NAME[,NAME]    restrict to these families (repeatable; default: all six families)
   --quant Q[,Q]           stage 2 quantisations (repeatable; default: q8,q4)
   --strata PATH           use this strata binary instead of `cargo build --release -p strata`
   --out DIR               fixture root (default: testdata), e.g. to diff a regeneration
@@ -148,18 +148,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let out = if opts.out.is_absolute() { opts.out.clone() } else { root.join(&opts.out) };
 
-    let python = match &opts.python {
-        Some(p) => {
-            let p = if p.is_absolute() || p.components().count() == 1 {
-                p.clone()
-            } else {
-                std::env::current_dir()?.join(p)
-            };
-            println!("fixtures: using Python {}", p.display());
-            p
-        }
-        None => ensure_venv(&root, &script_dir.join("requirements.txt"), &opts.base_python)?,
-    };
+    let python = resolve_python(&root, opts.python.as_deref(), &opts.base_python)?;
 
     let mut py_common: Vec<String> = vec!["--out".into(), path_str(&out)?];
     if opts.allow_other_versions {
@@ -214,12 +203,29 @@ pub fn run(args: &[String]) -> Result<()> {
     summarize(&out, &opts)
 }
 
-fn workspace_root() -> Result<PathBuf> {
+/// The interpreter for the scripts in `xtask/fixtures/`: `explicit` (`--python`; a relative path is taken
+/// from the current directory) or else the pinned venv of [`ensure_venv`], created with `base_python`.
+pub(crate) fn resolve_python(root: &Path, explicit: Option<&Path>, base_python: &Path) -> Result<PathBuf> {
+    match explicit {
+        Some(p) => {
+            let p = if p.is_absolute() || p.components().count() == 1 {
+                p.to_path_buf()
+            } else {
+                std::env::current_dir()?.join(p)
+            };
+            println!("fixtures: using Python {}", p.display());
+            Ok(p)
+        }
+        None => ensure_venv(root, &root.join("xtask").join("fixtures").join("requirements.txt"), base_python),
+    }
+}
+
+pub(crate) fn workspace_root() -> Result<PathBuf> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().map(Path::to_path_buf).context("xtask has no parent directory")
 }
 
-fn path_str(p: &Path) -> Result<String> {
+pub(crate) fn path_str(p: &Path) -> Result<String> {
     p.to_str().map(str::to_string).with_context(|| format!("non-UTF-8 path {}", p.display()))
 }
 
@@ -228,7 +234,7 @@ fn venv_python(venv: &Path) -> PathBuf {
 }
 
 /// Create (or reuse) `target/fixtures-venv` with exactly the pinned requirements.
-fn ensure_venv(root: &Path, requirements: &Path, base_python: &Path) -> Result<PathBuf> {
+pub(crate) fn ensure_venv(root: &Path, requirements: &Path, base_python: &Path) -> Result<PathBuf> {
     let venv = root.join("target").join("fixtures-venv");
     let python = venv_python(&venv);
     let stamp = venv.join(".strata-requirements");
@@ -254,7 +260,7 @@ fn ensure_venv(root: &Path, requirements: &Path, base_python: &Path) -> Result<P
     Ok(python)
 }
 
-fn python_cmd(python: &Path, script: &Path) -> Command {
+pub(crate) fn python_cmd(python: &Path, script: &Path) -> Command {
     let mut cmd = Command::new(python);
     cmd.arg(script)
         // CPU only, single-threaded, offline: the references must not depend on the machine.
@@ -270,7 +276,7 @@ fn python_cmd(python: &Path, script: &Path) -> Command {
     cmd
 }
 
-fn build_strata(root: &Path) -> Result<PathBuf> {
+pub(crate) fn build_strata(root: &Path) -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     run_cmd(Command::new(cargo).args(["build", "--release", "-p", "strata"]), root)?;
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
@@ -282,7 +288,7 @@ fn build_strata(root: &Path) -> Result<PathBuf> {
     Ok(bin)
 }
 
-fn run_cmd(cmd: &mut Command, cwd: &Path) -> Result<()> {
+pub(crate) fn run_cmd(cmd: &mut Command, cwd: &Path) -> Result<()> {
     cmd.current_dir(cwd);
     let shown = std::iter::once(cmd.get_program())
         .chain(cmd.get_args())

@@ -5,8 +5,10 @@
 //!   fixtures in testdata/ with pinned torch and transformers.
 
 mod fixtures;
+mod sweep;
 #[cfg(test)]
 mod tidy;
+mod train_demo;
 
 use std::process::Command;
 
@@ -21,6 +23,8 @@ fn main() -> Result<()> {
     match task.as_str() {
         "ci" => ci(),
         "fixtures" => fixtures::run(rest),
+        "sweep" => sweep::run(rest),
+        "train-demo" => train_demo::run(rest),
         other => bail!("unknown task {other:?} (expected ci or fixtures)"),
     }
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use strata_engine::ByteSize;
+use strata_engine::{ByteSize, IoBackend, PolicyKind, RamBudget};
 
 #[derive(Debug, Parser)]
 #[command(name = "strata", version, about = "Run Mixture-of-Experts models larger than RAM")]
@@ -71,17 +71,66 @@ pub enum Command {
     },
     /// Write the container's weights, dequantized, as a Hugging Face checkpoint.
     Export { model_dir: PathBuf, out_hf_dir: PathBuf },
+    /// Write a container with random weights in a real model's shapes.
+    Synth {
+        /// The model whose shapes to copy (see `strata synth --help` for the list).
+        #[arg(long)]
+        like: String,
+        /// Keep only this many decoder layers.
+        #[arg(long)]
+        layers: Option<usize>,
+        #[arg(long, default_value = "q4")]
+        quant: String,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Replace OUT_DIR if it exists.
+        #[arg(long)]
+        overwrite: bool,
+        out_dir: PathBuf,
+    },
+    /// Routing traces recorded with `--trace`.
+    Trace {
+        #[command(subcommand)]
+        command: TraceCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TraceCommand {
+    /// The hit rates LRU, LFRU, pinned and Belady's optimal policy get on a trace.
+    Replay {
+        file: PathBuf,
+        /// The expert cache to simulate.
+        #[arg(long)]
+        expert_cache: ByteSize,
+    },
 }
 
 /// Flags shared by every command that runs a model.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// RAM that may hold routed experts, e.g. 16KiB, 512MiB, 4GiB.
-    #[arg(long, default_value = "1GiB")]
-    pub expert_cache: ByteSize,
+    /// The one memory budget for dense weights, expert cache, KV and I/O
+    /// buffers: a size (e.g. 6GiB) or `auto` (75% of MemAvailable).
+    #[arg(long, default_value = "auto")]
+    pub ram_budget: RamBudget,
+    /// A further cap on the RAM holding routed experts, e.g. 16KiB, 512MiB.
+    #[arg(long)]
+    pub expert_cache: Option<ByteSize>,
+    /// Expert cache replacement policy: lru, lfru or pinned.
+    #[arg(long, default_value = "lru")]
+    pub cache_policy: PolicyKind,
+    /// How experts are read: pread, direct (O_DIRECT), uring (io_uring) or mmap.
+    #[arg(long, default_value = "pread")]
+    pub io: IoBackend,
     /// Kernel worker threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Record every routing decision (layer, token, experts) to this file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Where learned expert usage is kept (default: usage.json in the model directory).
+    #[arg(long)]
+    pub usage_file: Option<PathBuf>,
 }
 
 /// Token ids given as `1,2,3`.

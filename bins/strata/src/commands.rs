@@ -4,9 +4,9 @@ use std::ops::ControlFlow;
 
 use anyhow::{Context, Result};
 use strata_engine::{ByteSize, Engine, EngineOptions, GenerateOptions, SamplingOptions};
-use strata_format::{ConvertOptions, QuantPreset};
+use strata_format::{ConvertOptions, QuantPreset, SynthOptions};
 
-use crate::cli::{Cli, Command, RunArgs};
+use crate::cli::{Cli, Command, RunArgs, TraceCommand};
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
@@ -53,6 +53,23 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Synth { like, layers, quant, seed, overwrite, out_dir } => {
+            let preset: QuantPreset = quant.parse()?;
+            let options = SynthOptions { layers, seed, overwrite, progress: true, ..SynthOptions::new(&like, preset) };
+            let report = strata_format::synth(&out_dir, &options)?;
+            println!(
+                "wrote {} (random weights shaped like {like}, {}): dense {}, {} MoE layers of {} per expert, {} in all, in {:.1} s",
+                report.out_dir.display(),
+                report.preset,
+                ByteSize(report.dense_bytes),
+                report.num_moe_layers,
+                ByteSize(report.expert_record_bytes),
+                ByteSize(report.total_bytes),
+                report.elapsed.as_secs_f64()
+            );
+            Ok(())
+        }
+        Command::Trace { command: TraceCommand::Replay { file, expert_cache } } => replay(&file, expert_cache),
         Command::Export { model_dir, out_hf_dir } => {
             strata_format::export(&model_dir, &out_hf_dir)
                 .with_context(|| format!("exporting {}", model_dir.display()))?;
@@ -64,10 +81,33 @@ pub fn run(cli: Cli) -> Result<()> {
 fn open(model_dir: &std::path::Path, run: &RunArgs) -> Result<Engine> {
     let options = EngineOptions {
         threads: run.threads,
-        expert_cache_bytes: run.expert_cache.bytes(),
+        ram_budget: run.ram_budget,
+        expert_cache_bytes: run.expert_cache.map(ByteSize::bytes),
+        cache_policy: run.cache_policy,
+        io: run.io,
+        trace_file: run.trace.clone(),
+        usage_file: run.usage_file.clone(),
         ..EngineOptions::default()
     };
-    Engine::open(model_dir, &options).with_context(|| format!("opening {}", model_dir.display()))
+    let engine = Engine::open(model_dir, &options).with_context(|| format!("opening {}", model_dir.display()))?;
+    for warning in engine.warnings() {
+        eprintln!("strata: warning: {warning}");
+    }
+    Ok(engine)
+}
+
+fn replay(file: &std::path::Path, expert_cache: ByteSize) -> Result<()> {
+    let (header, events) =
+        strata_tier::read_trace(file).with_context(|| format!("reading trace {}", file.display()))?;
+    let record_bytes = header.record_bytes.max(1);
+    let capacity_records = usize::try_from(expert_cache.bytes() / record_bytes).unwrap_or(usize::MAX);
+    let report = strata_tier::replay(&header, &events, capacity_records);
+    println!("trace {}: {} routing events, cache {} = {} records of {}", file.display(), events.len(), expert_cache, capacity_records, ByteSize(record_bytes));
+    println!("policy  hit rate  hits/accesses");
+    for (name, rate) in [("lru", report.lru), ("lfru", report.lfru), ("pinned", report.pinned), ("belady", report.belady)] {
+        println!("{name:<7} {:>7.2}%  {}/{}", rate.rate * 100.0, rate.hits, rate.accesses);
+    }
+    Ok(())
 }
 
 fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {

@@ -1,12 +1,16 @@
-//! Opening a model: container, expert store, threads and graph.
+//! Opening a model: container, memory budget, expert store, threads and graph.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
-use strata_format::{Container, ModelSpec};
+use strata_format::{Container, LayerKind, ModelSpec};
 use strata_kernels::Threads;
 use strata_models::{CausalLm, Logits, Runtime};
-use strata_tier::{ExpertSource, ExpertStore, StoreStats};
+use strata_sched::LayerStats;
+use strata_tier::{
+    BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, PolicyKind, RamBudget, StoreOptions, StoreStats,
+    TraceHeader, TraceWriter, Usage,
+};
 
 use crate::{Error, Result, Session};
 
@@ -15,21 +19,47 @@ use crate::{Error, Result, Session};
 pub struct EngineOptions {
     /// Worker threads for the kernels (0: one per available core).
     pub threads: usize,
-    /// Bytes of RAM that may hold routed experts.
-    pub expert_cache_bytes: u64,
+    /// The one memory budget for dense weights, expert cache, KV and I/O buffers.
+    pub ram_budget: RamBudget,
+    /// A further cap on the expert cache (`None`: whatever the budget leaves).
+    pub expert_cache_bytes: Option<u64>,
+    pub cache_policy: PolicyKind,
+    pub io: IoBackend,
+    /// I/O worker threads.
+    pub io_workers: usize,
+    /// Expert loads in flight at once.
+    pub max_in_flight: usize,
     /// The most tokens a session may hold (`None`: the model's
     /// `max_position_embeddings`, capped at [`CONTEXT_TOKENS_DEFAULT_MAX`]).
     pub context_tokens: Option<usize>,
+    /// Where learned expert usage is kept (`None`: `usage.json` in the model directory).
+    pub usage_file: Option<PathBuf>,
+    /// Record every routing decision to this file.
+    pub trace_file: Option<PathBuf>,
 }
 
 /// The default context is the model's, but no more than this, so that a
-/// model advertising a million positions does not promise a KV cache that
+/// model advertising a million positions does not reserve a KV arena that
 /// cannot exist.
-pub const CONTEXT_TOKENS_DEFAULT_MAX: usize = 32_768;
+pub const CONTEXT_TOKENS_DEFAULT_MAX: usize = 4096;
+
+/// The usage file's name inside a model directory.
+pub const USAGE_FILE_NAME: &str = "usage.json";
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        Self { threads: 0, expert_cache_bytes: 1 << 30, context_tokens: None }
+        Self {
+            threads: 0,
+            ram_budget: RamBudget::Auto,
+            expert_cache_bytes: None,
+            cache_policy: PolicyKind::Lru,
+            io: IoBackend::Pread,
+            io_workers: 2,
+            max_in_flight: 4,
+            context_tokens: None,
+            usage_file: None,
+            trace_file: None,
+        }
     }
 }
 
@@ -39,11 +69,17 @@ pub struct Engine {
     model: Box<dyn CausalLm>,
     threads: Threads,
     store: ExpertStore,
+    plan: BudgetPlan,
     context_tokens: usize,
+    content_hash: String,
+    usage_file: PathBuf,
+    pipeline: Mutex<LayerStats>,
+    trace: Option<Mutex<TraceWriter>>,
+    warnings: Vec<String>,
 }
 
 impl Engine {
-    /// Opens the container in `dir`.
+    /// Opens the container in `dir`, refusing if the budget cannot hold it.
     pub fn open(dir: &Path, options: &EngineOptions) -> Result<Self> {
         let container = Arc::new(Container::open(dir)?);
         let spec = container.spec();
@@ -58,13 +94,42 @@ impl Engine {
             Some(n) => n,
             None => spec.max_position_embeddings.clamp(1, CONTEXT_TOKENS_DEFAULT_MAX),
         };
-        let sources = (0..spec.num_layers)
-            .map(|layer| expert_source(&container, layer))
-            .collect::<Result<Vec<_>>>()?;
-        let capacity_bytes = usize::try_from(options.expert_cache_bytes).unwrap_or(usize::MAX);
-        let store = ExpertStore::open(sources, capacity_bytes)?;
+        let sources =
+            (0..spec.num_layers).map(|layer| expert_source(&container, layer)).collect::<Result<Vec<_>>>()?;
         let model = strata_models::load(Arc::clone(&container))?;
-        Ok(Self { container, model, threads: Threads::new(threads)?, store, context_tokens })
+        let kv_bytes_per_token = model.new_cache(1).bytes_per_token() as u64;
+        let plan = plan_budget(&container, &sources, options, kv_bytes_per_token * context_tokens as u64)?;
+        let capacity_bytes = options.expert_cache_bytes.map_or(plan.expert_cache_bytes, |cap| cap.min(plan.expert_cache_bytes));
+        let content_hash = container.content_hash().to_owned();
+        let usage_file = options.usage_file.clone().unwrap_or_else(|| dir.join(USAGE_FILE_NAME));
+        let (usage, warning) = Usage::load(&usage_file, &content_hash)?;
+        let store_options = StoreOptions {
+            capacity_bytes: usize::try_from(capacity_bytes).unwrap_or(usize::MAX),
+            policy: options.cache_policy,
+            io: options.io,
+            io_workers: options.io_workers,
+            max_in_flight: options.max_in_flight,
+            ..StoreOptions::default()
+        };
+        let store = ExpertStore::open(sources, store_options, usage)?;
+        let trace = options
+            .trace_file
+            .as_deref()
+            .map(|path| trace_writer(path, &container, &content_hash).map(Mutex::new))
+            .transpose()?;
+        Ok(Self {
+            container,
+            model,
+            threads: Threads::new(threads)?,
+            store,
+            plan,
+            context_tokens,
+            content_hash,
+            usage_file,
+            pipeline: Mutex::new(LayerStats::default()),
+            trace,
+            warnings: warning.into_iter().collect(),
+        })
     }
 
     /// The model's spec.
@@ -77,6 +142,22 @@ impl Engine {
         &self.container
     }
 
+    /// How the memory budget was shared out.
+    pub fn budget(&self) -> BudgetPlan {
+        self.plan
+    }
+
+    /// The expert cache's capacity in bytes.
+    pub fn expert_cache_bytes(&self) -> usize {
+        self.store.capacity_bytes()
+    }
+
+    /// Things the user should know that did not stop the engine (e.g. a
+    /// usage file from another model was ignored).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
     /// The most tokens a session may hold.
     pub fn context_tokens(&self) -> usize {
         self.context_tokens
@@ -85,6 +166,26 @@ impl Engine {
     /// Expert-store counters since the engine opened.
     pub fn store_stats(&self) -> StoreStats {
         self.store.stats()
+    }
+
+    /// Stall and compute time of the MoE pipeline since the engine opened.
+    pub fn pipeline_stats(&self) -> LayerStats {
+        *self.pipeline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drops the expert files from the page cache, so the next reads are cold.
+    pub fn evict_page_cache(&self) -> Result<()> {
+        Ok(self.store.evict_page_cache()?)
+    }
+
+    /// Writes what the store has learned to the usage file (atomically) and
+    /// flushes the routing trace.
+    pub fn persist_learning(&self) -> Result<()> {
+        self.store.usage().save(&self.usage_file, &self.content_hash)?;
+        if let Some(trace) = &self.trace {
+            trace.lock().unwrap_or_else(|p| p.into_inner()).flush()?;
+        }
+        Ok(())
     }
 
     /// A fresh conversation.
@@ -106,19 +207,44 @@ impl Engine {
     }
 
     pub(crate) fn runtime(&self) -> Runtime<'_> {
-        Runtime { threads: &self.threads, store: &self.store }
+        Runtime { threads: &self.threads, store: &self.store, stats: &self.pipeline, trace: self.trace.as_ref() }
     }
 }
 
 fn expert_source(container: &Container, layer: usize) -> Result<Option<ExpertSource>> {
-    if container.spec().layers[layer] != strata_format::LayerKind::Moe {
+    if container.spec().layers[layer] != LayerKind::Moe {
         return Ok(None);
     }
     let layout = container.expert_layout(layer)?;
-    Ok(Some(ExpertSource {
-        path: layout.path.clone(),
-        record_bytes: usize::try_from(layout.record_bytes)
-            .map_err(|_| Error::InvalidRequest(format!("layer {layer}: expert records too large for this machine")))?,
-        num_experts: layout.num_experts,
-    }))
+    let record_bytes = usize::try_from(layout.record_bytes)
+        .map_err(|_| Error::InvalidRequest(format!("layer {layer}: expert records too large for this machine")))?;
+    Ok(Some(ExpertSource { path: layout.path.clone(), record_bytes, num_experts: layout.num_experts }))
+}
+
+fn plan_budget(
+    container: &Container,
+    sources: &[Option<ExpertSource>],
+    options: &EngineOptions,
+    kv_bytes: u64,
+) -> Result<BudgetPlan> {
+    let record_bytes = sources.iter().flatten().map(|s| s.record_bytes as u64).max().unwrap_or(0);
+    let layer_experts_bytes =
+        sources.iter().flatten().map(|s| s.record_bytes as u64 * s.num_experts as u64).max().unwrap_or(0);
+    // Loads in flight, as many reusable spare buffers, and the one record
+    // being computed uncached.
+    let io_buffer_bytes = (2 * options.max_in_flight.max(1) as u64 + 1) * record_bytes;
+    let needs = BudgetNeeds {
+        dense_bytes: container.dense_file_bytes(),
+        kv_bytes,
+        io_buffer_bytes,
+        min_expert_bytes: layer_experts_bytes,
+    };
+    Ok(BudgetPlan::new(options.ram_budget.resolve()?, needs)?)
+}
+
+fn trace_writer(path: &Path, container: &Container, content_hash: &str) -> Result<TraceWriter> {
+    let spec = container.spec();
+    let record_bytes = container.manifest().expert_layers.first().map_or(0, |l| l.record_bytes);
+    let header = TraceHeader::new(content_hash, spec.num_layers, spec.moe.num_experts, record_bytes);
+    Ok(TraceWriter::create(path, header)?)
 }

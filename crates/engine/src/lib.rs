@@ -25,9 +25,9 @@ mod error;
 mod sampler;
 mod session;
 
-pub use engine::{Engine, EngineOptions};
+pub use engine::{CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, USAGE_FILE_NAME};
 pub use error::{Error, Result};
 pub use sampler::{Sampler, SamplingOptions};
 pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
 pub use strata_format::ModelSpec;
-pub use strata_tier::{ByteSize, StoreStats};
+pub use strata_tier::{ByteSize, IoBackend, PolicyKind, RamBudget, StoreStats};

@@ -6,6 +6,7 @@ use std::time::Instant;
 use serde::Serialize;
 use strata_kv::KvCache;
 use strata_models::Logits;
+use strata_sched::LayerStats;
 use strata_tier::StoreStats;
 
 use crate::{Engine, Error, Result, Sampler, SamplingOptions};
@@ -25,16 +26,40 @@ impl Default for GenerateOptions {
     }
 }
 
-/// Timings and expert-store counters of one run.
+/// Timings and expert-store counters of one run (names documented in
+/// docs/FORMAT.md, "generate --json").
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RunStats {
     pub prompt_tokens: usize,
     pub generated_tokens: usize,
     pub prefill_ms: f64,
     pub decode_ms: f64,
+    pub decode_tokens_per_s: f64,
+    pub prefill_tokens_per_s: f64,
+    pub expert_hits: u64,
+    pub expert_misses: u64,
+    pub expert_hit_rate: f64,
+    pub bytes_read: u64,
+    /// Time spent waiting for expert loads.
+    pub stall_ms: f64,
+    /// Time spent computing routed experts.
+    pub expert_compute_ms: f64,
+    pub expert_cache_bytes: u64,
+    /// Hit rate of each decoder layer (`null` for layers without experts or accesses).
+    pub layer_hit_rates: Vec<Option<f64>>,
+    /// One entry per forward pass: the prompt's prefill, then each decoded token.
+    pub per_token: Vec<StepStats>,
+}
+
+/// Counters of one forward pass.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StepStats {
+    pub tokens: usize,
+    pub ms: f64,
     pub expert_hits: u64,
     pub expert_misses: u64,
     pub bytes_read: u64,
+    pub stall_ms: f64,
 }
 
 impl RunStats {
@@ -48,11 +73,56 @@ impl RunStats {
         if self.prefill_ms > 0.0 { self.prompt_tokens as f64 / (self.prefill_ms / 1e3) } else { 0.0 }
     }
 
-    fn add_store_delta(&mut self, before: StoreStats, after: StoreStats) {
-        self.expert_hits += after.hits - before.hits;
-        self.expert_misses += after.misses - before.misses;
-        self.bytes_read += after.bytes_read - before.bytes_read;
+}
+
+/// Engine counters at one instant, to difference around a step or a run.
+struct Snapshot {
+    at: Instant,
+    store: StoreStats,
+    pipeline: LayerStats,
+}
+
+impl Snapshot {
+    fn take(engine: &Engine) -> Self {
+        Self { at: Instant::now(), store: engine.store_stats(), pipeline: engine.pipeline_stats() }
     }
+
+    fn step_since(&self, engine: &Engine, tokens: usize) -> StepStats {
+        let now = Snapshot::take(engine);
+        StepStats {
+            tokens,
+            ms: ms(now.at - self.at),
+            expert_hits: now.store.hits - self.store.hits,
+            expert_misses: now.store.misses - self.store.misses,
+            bytes_read: now.store.bytes_read - self.store.bytes_read,
+            stall_ms: (now.pipeline.stall_ns - self.pipeline.stall_ns) as f64 / 1e6,
+        }
+    }
+
+    fn fill_run(&self, engine: &Engine, stats: &mut RunStats) {
+        let now = Snapshot::take(engine);
+        stats.expert_hits = now.store.hits - self.store.hits;
+        stats.expert_misses = now.store.misses - self.store.misses;
+        let accesses = stats.expert_hits + stats.expert_misses;
+        stats.expert_hit_rate = if accesses > 0 { stats.expert_hits as f64 / accesses as f64 } else { 0.0 };
+        stats.bytes_read = now.store.bytes_read - self.store.bytes_read;
+        stats.stall_ms = (now.pipeline.stall_ns - self.pipeline.stall_ns) as f64 / 1e6;
+        stats.expert_compute_ms = (now.pipeline.compute_ns - self.pipeline.compute_ns) as f64 / 1e6;
+        stats.expert_cache_bytes = engine.expert_cache_bytes() as u64;
+        stats.layer_hit_rates = (0..now.store.layer_hits.len())
+            .map(|l| {
+                let hits = now.store.layer_hits[l] - self.store.layer_hits[l];
+                let misses = now.store.layer_misses[l] - self.store.layer_misses[l];
+                (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64)
+            })
+            .collect();
+        stats.decode_tokens_per_s = stats.decode_tokens_per_s();
+        stats.prefill_tokens_per_s = stats.prefill_tokens_per_s();
+    }
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 /// The outcome of [`Session::generate`].
@@ -116,8 +186,7 @@ impl<'e> Session<'e> {
         mut on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerateReport> {
         let mut report = GenerateReport::default();
-        let before = self.engine.store_stats();
-        let started = Instant::now();
+        let run_start = Snapshot::take(self.engine);
         let mut logits = match self.pending_logits.take() {
             Some(logits) if prompt.is_empty() => logits,
             _ if prompt.is_empty() && self.unfed.is_none() => {
@@ -125,8 +194,10 @@ impl<'e> Session<'e> {
             }
             _ => self.feed(prompt)?,
         };
+        let prefill = run_start.step_since(self.engine, prompt.len());
         report.stats.prompt_tokens = prompt.len();
-        report.stats.prefill_ms = started.elapsed().as_secs_f64() * 1e3;
+        report.stats.prefill_ms = prefill.ms;
+        report.stats.per_token.push(prefill);
         let decode_started = Instant::now();
         let mut sampler = Sampler::new(options.sampling);
         let eos = &self.engine.spec().eos_token_ids;
@@ -141,11 +212,14 @@ impl<'e> Session<'e> {
                 self.unfed = Some(token);
                 break;
             }
+            let step_start = Snapshot::take(self.engine);
             logits = self.feed(&[token])?;
+            report.stats.per_token.push(step_start.step_since(self.engine, 1));
         }
         report.stats.generated_tokens = report.tokens.len();
-        report.stats.decode_ms = decode_started.elapsed().as_secs_f64() * 1e3;
-        report.stats.add_store_delta(before, self.engine.store_stats());
+        report.stats.decode_ms = ms(decode_started.elapsed());
+        run_start.fill_run(self.engine, &mut report.stats);
+        self.engine.persist_learning()?;
         Ok(report)
     }
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use strata_engine::{Engine, EngineOptions, GenerateOptions};
 use strata_format::{ConvertOptions, QuantPreset, npy};
 
-const FAMILIES: [&str; 3] = ["olmoe", "qwen3_moe", "mixtral"];
+const FAMILIES: [&str; 6] = ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25"];
 
 /// Greedy steps whose reference margin (top-1 minus top-2 logit) is below
 /// this fraction of the logits' std are too close to call in f32 and are
@@ -49,7 +49,7 @@ fn convert(family: &str, checkpoint: &str, preset: QuantPreset) -> tempfile::Tem
 }
 
 fn engine(dir: &tempfile::TempDir, expert_cache_bytes: u64, threads: usize) -> Engine {
-    let options = EngineOptions { threads, expert_cache_bytes, ..EngineOptions::default() };
+    let options = EngineOptions { threads, expert_cache_bytes: Some(expert_cache_bytes), ..EngineOptions::default() };
     Engine::open(&dir.path().join("model"), &options).unwrap()
 }
 
@@ -85,6 +85,7 @@ fn f32_logits_match_transformers_at_every_position() {
         let got = engine(&dir, 1 << 30, 2).logits(&r.prompt).unwrap();
         let tolerance = 1e-3 * std_dev(&want);
         let diff = max_abs_diff(&got, &want);
+        eprintln!("{family}: f32 max |Δlogit| {diff:.3e} = {:.2e} std", diff / std_dev(&want));
         assert!(diff <= tolerance, "{family}: max |Δlogit| {diff} > {tolerance} (shape {shape:?})");
     }
 }
@@ -114,6 +115,7 @@ fn bf16_checkpoint_with_4x_config_matches_within_2e_3_std() {
         let got = engine(&dir, 1 << 30, 2).logits(&r.prompt).unwrap();
         let tolerance = 2e-3 * std_dev(&want);
         let diff = max_abs_diff(&got, &want);
+        eprintln!("{family}: bf16 max |Δlogit| {diff:.3e} = {:.2e} std", diff / std_dev(&want));
         assert!(diff <= tolerance, "{family}: bf16 max |Δlogit| {diff} > {tolerance}");
     }
 }

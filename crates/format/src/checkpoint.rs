@@ -6,7 +6,7 @@
 //! expert slice of a fused tensor) at a time, so converting a checkpoint never
 //! needs more than one tensor's worth of f32 in memory.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -15,6 +15,7 @@ use safetensors::tensor::{Dtype, SafeTensors};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::fp8::{self, ScaleGrid};
 use crate::names;
 use crate::spec::ModelSpec;
 
@@ -27,7 +28,7 @@ pub const CONFIG_FILE: &str = "config.json";
 
 /// Element types we decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SourceDtype {
+enum SourceDtype {
     F32,
     Bf16,
     F16,
@@ -64,6 +65,12 @@ pub struct Checkpoint {
     config_json: String,
     shards: Vec<Shard>,
     tensors: BTreeMap<String, TensorLoc>,
+    /// FP8 tensor -> the tensor holding its block scales.
+    fp8_scales: HashMap<String, String>,
+    /// Those scale tensors: read with their weight, never on their own.
+    scale_tensors: HashSet<String>,
+    /// `quantization_config.weight_block_size`, else 128 x 128.
+    fp8_block: [usize; 2],
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -106,6 +113,11 @@ impl Checkpoint {
             // a checkpoint modified while we convert it is outside the
             // contract (as for any reader of safetensors files).
             let map = unsafe { Mmap::map(&handle) }.map_err(|e| Error::io(&path, e))?;
+            // Conversion reads each shard front to back once: ask for
+            // aggressive readahead and early reclaim of pages behind us. A
+            // hint only, so failure is ignored.
+            #[cfg(unix)]
+            let _ = map.advise(memmap2::Advice::Sequential);
             let (header_bytes, metadata) = SafeTensors::read_metadata(&map)
                 .map_err(|e| Error::Safetensors { path: path.clone(), reason: e.to_string() })?;
             let data_start = 8 + header_bytes;
@@ -141,7 +153,22 @@ impl Checkpoint {
             }
             shards.push(Shard { path, map });
         }
-        Ok(Checkpoint { dir, config_json, shards, tensors })
+        // FP8 weights carry their block scales in a companion tensor.
+        let mut fp8_scales = HashMap::new();
+        for (name, loc) in &tensors {
+            if loc.dtype == Dtype::F8_E4M3
+                && let Some(scale) = fp8::scale_candidates(name).into_iter().find(|c| tensors.contains_key(c))
+            {
+                fp8_scales.insert(name.clone(), scale);
+            }
+        }
+        let scale_tensors = fp8_scales.values().cloned().collect();
+        // A config that does not parse fails later, with a better error.
+        let fp8_block = serde_json::from_str::<Value>(&config_json)
+            .ok()
+            .and_then(|config| fp8::block_size(&config))
+            .unwrap_or(fp8::DEFAULT_BLOCK);
+        Ok(Checkpoint { dir, config_json, shards, tensors, fp8_scales, scale_tensors, fp8_block })
     }
 
     /// The directory this checkpoint was opened from.
@@ -154,9 +181,10 @@ impl Checkpoint {
         &self.config_json
     }
 
-    /// Every tensor name in the checkpoint, sorted.
+    /// Every tensor name in the checkpoint, sorted, except the block scales
+    /// of FP8 tensors (they are read as part of their weight).
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.tensors.keys().map(String::as_str)
+        self.tensors.keys().filter(|name| !self.scale_tensors.contains(*name)).map(String::as_str)
     }
 
     /// Whether the checkpoint stores `name`.
@@ -265,6 +293,7 @@ impl Checkpoint {
             Dtype::F32 => SourceDtype::F32,
             Dtype::BF16 => SourceDtype::Bf16,
             Dtype::F16 => SourceDtype::F16,
+            Dtype::F8_E4M3 => return self.fp8_elements_f32(name, first, count),
             other => {
                 return Err(Error::UnsupportedDtype { name: name.to_owned(), dtype: format!("{other:?}") });
             }
@@ -286,6 +315,41 @@ impl Checkpoint {
             }
         };
         Ok(decode(dtype, bytes))
+    }
+
+    /// Elements of an FP8 e4m3 tensor, dequantized with its block scales.
+    fn fp8_elements_f32(&self, name: &str, first: usize, count: usize) -> Result<Vec<f32>> {
+        let loc = self.loc(name)?;
+        let shard = &self.shards[loc.shard];
+        let bad = |reason: String| Error::Checkpoint { path: shard.path.clone(), reason: format!("tensor {name:?}: {reason}") };
+        let scale_name = self.fp8_scales.get(name).ok_or_else(|| {
+            bad(format!("float8 weights without block scales (none of {:?})", fp8::scale_candidates(name)))
+        })?;
+        let scale_loc = self.loc(scale_name)?;
+        let grid = ScaleGrid::new(&loc.shape, &scale_loc.shape, self.fp8_block).map_err(bad)?;
+        let scales = self.scale_values(scale_name)?;
+        let bytes = first
+            .checked_add(count)
+            .and_then(|end| {
+                let (s, e) = (loc.start_bytes + first, loc.start_bytes + end);
+                (e <= loc.end_bytes && e <= shard.map.len()).then(|| &shard.map[s..e])
+            })
+            .ok_or_else(|| bad(format!("elements {first}+{count} out of range")))?;
+        Ok(fp8::dequantize(bytes, first, &grid, &scales))
+    }
+
+    /// Every value of a scale tensor (f32, bf16, f16 or UE8M0) as f32.
+    fn scale_values(&self, name: &str) -> Result<Vec<f32>> {
+        let loc = self.loc(name)?;
+        if loc.dtype == Dtype::F8_E8M0 {
+            let shard = &self.shards[loc.shard];
+            let bytes = shard.map.get(loc.start_bytes..loc.end_bytes).ok_or_else(|| Error::Checkpoint {
+                path: shard.path.clone(),
+                reason: format!("tensor {name:?}: data out of range"),
+            })?;
+            return Ok(bytes.iter().map(|&b| fp8::e8m0_to_f32(b)).collect());
+        }
+        Ok(self.tensor_f32(name)?.1)
     }
 }
 

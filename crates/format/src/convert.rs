@@ -74,174 +74,295 @@ pub struct ConvertReport {
 /// Converts the Hugging Face checkpoint in `hf_dir` into a container at
 /// `out_dir` (see docs/FORMAT.md).
 pub fn convert(hf_dir: impl AsRef<Path>, out_dir: impl AsRef<Path>, opts: &ConvertOptions) -> Result<ConvertReport> {
+    let ckpt = Checkpoint::open(hf_dir.as_ref())?;
+    write_container(&ckpt, out_dir.as_ref(), opts.preset, opts.q4_group, opts.progress, opts.overwrite)
+}
+
+/// Where a container's weights come from: a Hugging Face checkpoint, or a
+/// generator of synthetic weights.
+pub(crate) trait Source {
+    /// For error messages, e.g. "checkpoint /path".
+    fn describe(&self) -> String;
+    /// The config.json text describing the model.
+    fn config_json(&self) -> &str;
+    /// The first of `candidates` (a published name and its aliases) present.
+    fn resolve(&self, candidates: &[String]) -> Option<String>;
+    fn check_shape(&self, name: &str, expected: &[usize]) -> Result<()>;
+    /// Rows `row_start..row_start + row_count` of 2-D (or 1-D, as one row)
+    /// tensor `name` with `cols` columns, as f32.
+    fn rows_f32(&self, name: &str, row_start: usize, row_count: usize, cols: usize) -> Result<Vec<f32>>;
+    /// Gate, up and down of one routed expert, as f32.
+    fn expert_f32(&self, spec: &ModelSpec, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]>;
+    /// Every tensor name in the source, to report the ones left unused.
+    fn tensor_names(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The source tensors holding `layer`'s routed experts.
+    fn expert_sources(&self, _spec: &ModelSpec, _layer: usize) -> Vec<String> {
+        Vec::new()
+    }
+    /// A directory whose tokenizer and generation files are copied along.
+    fn aux_dir(&self) -> Option<&Path> {
+        None
+    }
+}
+
+impl Source for Checkpoint {
+    fn describe(&self) -> String {
+        format!("checkpoint {}", self.dir().display())
+    }
+
+    fn config_json(&self) -> &str {
+        Checkpoint::config_json(self)
+    }
+
+    fn resolve(&self, candidates: &[String]) -> Option<String> {
+        Checkpoint::resolve(self, candidates).map(str::to_owned)
+    }
+
+    fn check_shape(&self, name: &str, expected: &[usize]) -> Result<()> {
+        Checkpoint::check_shape(self, name, expected)
+    }
+
+    fn rows_f32(&self, name: &str, row_start: usize, row_count: usize, _cols: usize) -> Result<Vec<f32>> {
+        Checkpoint::rows_f32(self, name, row_start, row_count)
+    }
+
+    fn expert_f32(&self, spec: &ModelSpec, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
+        Checkpoint::expert_f32(self, spec, layer, expert)
+    }
+
+    fn tensor_names(&self) -> Vec<String> {
+        self.names().map(str::to_owned).collect()
+    }
+
+    fn expert_sources(&self, spec: &ModelSpec, layer: usize) -> Vec<String> {
+        // Published per-expert names, or the fused 3-D tensors of transformers 5.x.
+        let (fused_gate_up, fused_down) = names::fused_expert_names(layer);
+        if self.has(&fused_gate_up) && !self.has(&names::expert_names(spec, layer, 0)[0]) {
+            return vec![fused_gate_up, fused_down];
+        }
+        let mut found = Vec::new();
+        for expert in 0..spec.moe.num_experts {
+            for name in names::expert_names(spec, layer, expert) {
+                let mut candidates = vec![name.clone()];
+                candidates.extend(names::aliases(spec, &name));
+                found.extend(Checkpoint::resolve(self, &candidates).map(str::to_owned));
+            }
+        }
+        found
+    }
+
+    fn aux_dir(&self) -> Option<&Path> {
+        Some(self.dir())
+    }
+}
+
+/// Writes the container for `source` at `out_dir`, atomically.
+pub(crate) fn write_container(
+    source: &dyn Source,
+    out_dir: &Path,
+    preset: QuantPreset,
+    q4_group: usize,
+    progress: bool,
+    overwrite: bool,
+) -> Result<ConvertReport> {
     let started = Instant::now();
-    let hf_dir = hf_dir.as_ref();
-    if opts.q4_group == 0 {
+    if q4_group == 0 {
         return Err(Error::InvalidOption { option: "q4_group".into(), reason: "must be > 0".into() });
     }
-    let ckpt = Checkpoint::open(hf_dir)?;
-    let spec = ModelSpec::from_config_json(ckpt.config_json())?;
-    let hf_config = RawValue::from_string(ckpt.config_json().trim().to_owned())
-        .map_err(|source| Error::Json { what: hf_dir.join("config.json").display().to_string(), source })?;
+    let opts = ConvertOptions { preset, q4_group, progress, overwrite };
+    let spec = ModelSpec::from_config_json(source.config_json())?;
+    let hf_config = RawValue::from_string(source.config_json().trim().to_owned())
+        .map_err(|e| Error::Json { what: format!("config.json of {}", source.describe()), source: e })?;
 
-    let staging = Staging::prepare(out_dir.as_ref(), opts.overwrite)?;
-    let tmp = staging.tmp.clone();
-
-    let dense_descs = names::dense_tensors(&spec);
-    let moe_layers = spec.moe_layers();
-    let bar = if opts.progress {
-        let bar = ProgressBar::new((dense_descs.len() + moe_layers.len() * spec.moe.num_experts) as u64);
-        if let Ok(style) = ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} ({eta})") {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar
-    } else {
-        ProgressBar::hidden()
+    // Dropping `staging` on any early return removes the temporary tree.
+    let staging = Staging::prepare(out_dir, overwrite)?;
+    let work = Work {
+        source,
+        spec: &spec,
+        opts: &opts,
+        tmp: staging.tmp.clone(),
+        bar: progress_bar(
+            progress,
+            (names::dense_tensors(&spec).len() + spec.moe_layers().len() * spec.moe.num_experts) as u64,
+        ),
     };
     let mut used: HashSet<String> = HashSet::new();
-    let mut files = Vec::new();
 
-    // dense.bin
-    bar.set_message("dense");
-    let mut dense = HashingFile::create(tmp.join(DENSE_FILE))?;
-    let mut tensors = Vec::with_capacity(dense_descs.len());
-    for desc in &dense_descs {
-        let mut candidates = vec![desc.name.clone()];
-        candidates.extend(names::aliases(&spec, &desc.name));
-        let source = ckpt
-            .resolve(&candidates)
-            .ok_or_else(|| Error::MissingTensor {
-                name: desc.name.clone(),
-                hint: format!(" in checkpoint {}", hf_dir.display()),
-            })?
-            .to_owned();
-        ckpt.check_shape(&source, &desc.shape)?;
-        let format = opts.preset.dense_format(desc.kind);
-        let group = group_for(format, opts.q4_group);
-        let (rows, cols) = match desc.shape[..] {
-            [n] => (1, n),
-            [r, c] => (r, c),
-            _ => unreachable_shape(&desc.name, &desc.shape)?,
-        };
-        let placed = write_matrix(&mut dense, &ckpt, &source, rows, cols, format, group)?;
-        tensors.push(TensorEntry {
-            name: desc.name.clone(),
-            kind: desc.kind,
-            format: format.ordinal(),
-            shape: desc.shape.clone(),
-            file: DENSE_FILE.to_owned(),
-            offset_bytes: placed.offset_bytes,
-            length_bytes: placed.length_bytes,
-            scale_offset_bytes: placed.scale_offset_bytes,
-            scale_length_bytes: placed.scale_length_bytes,
-            group,
-        });
-        used.insert(source);
-        bar.inc(1);
-    }
-    let dense_entry = dense.finish(DENSE_FILE)?;
-    let dense_bytes = dense_entry.size_bytes;
-    files.push(dense_entry);
-
-    // experts/layer_LLL.bin
-    let expert_format = opts.preset.expert_format();
-    let expert_group = group_for(expert_format, opts.q4_group);
-    let shapes = names::expert_shapes(&spec);
-    let mut expert_layers = Vec::with_capacity(moe_layers.len());
-    let mut expert_record_bytes = 0;
-    let mut expert_bytes = 0;
-    for &layer in &moe_layers {
-        bar.set_message(format!("layer {layer}"));
-        let file_name = expert_file_name(layer);
-        let layout = ExpertLayout::compute(
-            layer,
-            tmp.join(&file_name),
-            spec.moe.num_experts,
-            shapes,
-            expert_format,
-            expert_group,
-        )?;
-        let entry = write_expert_file(&ckpt, &spec, &layout, &file_name, &bar, &mut used)?;
-        expert_record_bytes = layout.record_bytes;
-        expert_bytes += entry.size_bytes;
-        files.push(entry);
-        let templates = names::expert_name_templates(&spec, layer);
-        let [g, u, d] = layout.components.clone();
-        let components = [(g, &templates[0]), (u, &templates[1]), (d, &templates[2])].map(|(c, name)| ComponentEntry {
-            proj: c.proj,
-            name: name.clone(),
-            format: c.format.ordinal(),
-            shape: [c.rows, c.cols],
-            offset_bytes: c.offset_bytes,
-            length_bytes: c.length_bytes,
-            scale_offset_bytes: c.scale_offset_bytes,
-            scale_length_bytes: c.scale_length_bytes,
-            group: c.group,
-        });
-        expert_layers.push(ExpertLayerEntry {
-            layer,
-            file: file_name,
-            num_experts: spec.moe.num_experts,
-            record_bytes: layout.record_bytes,
-            components,
-        });
-    }
-
-    // Tokenizer and generation files, verbatim.
-    for name in AUX_FILES {
-        let src = hf_dir.join(name);
-        if src.is_file() {
-            let bytes = std::fs::read(&src).map_err(|e| Error::io(&src, e))?;
-            let mut out = HashingFile::create(tmp.join(name))?;
-            out.write(&bytes)?;
-            files.push(out.finish(name)?);
-        }
-    }
+    let (tensors, dense_file) = work.write_dense(&mut used)?;
+    let dense_bytes = dense_file.size_bytes;
+    let (expert_layers, expert_files) = work.write_experts(&mut used)?;
+    let expert_bytes = expert_files.iter().map(|f| f.size_bytes).sum();
+    let aux_files = match source.aux_dir() {
+        Some(dir) => work.copy_aux_files(dir)?,
+        None => Vec::new(),
+    };
 
     let manifest = Manifest {
         magic: MAGIC.to_owned(),
         format_version: FORMAT_VERSION,
         created_by: format!("strata-format {}", env!("CARGO_PKG_VERSION")),
-        quant: QuantInfo { preset: opts.preset, q8_group: Q8_GROUP, q4_group: opts.q4_group },
+        quant: QuantInfo { preset, q8_group: Q8_GROUP, q4_group },
         spec: spec.clone(),
         hf_config,
         tensors,
         expert_layers,
-        files,
+        files: std::iter::once(dense_file).chain(expert_files).chain(aux_files).collect(),
     };
+    // Written last: a directory without manifest.json is never a container.
     let manifest_bytes = serde_json::to_vec_pretty(&manifest)
         .map_err(|source| Error::Json { what: MANIFEST_FILE.to_owned(), source })?;
-    let mut out = HashingFile::create(tmp.join(MANIFEST_FILE))?;
+    let mut out = HashingFile::create(work.tmp.join(MANIFEST_FILE))?;
     out.write(&manifest_bytes)?;
     out.finish(MANIFEST_FILE)?;
 
     let total_bytes = manifest.files.iter().map(|f| f.size_bytes).sum::<u64>() + manifest_bytes.len() as u64;
     let out_dir = staging.publish()?;
-    bar.finish_and_clear();
+    work.bar.finish_and_clear();
 
-    let mut ignored_tensors: Vec<String> = ckpt.names().filter(|n| !used.contains(*n)).map(str::to_owned).collect();
-    ignored_tensors.sort();
+    let ignored_tensors: Vec<String> = source.tensor_names().into_iter().filter(|n| !used.contains(n)).collect();
     Ok(ConvertReport {
         out_dir,
-        preset: opts.preset,
+        preset,
         dense_bytes,
-        expert_record_bytes,
+        expert_record_bytes: manifest.expert_layers.first().map_or(0, |l| l.record_bytes),
         expert_bytes,
         total_bytes,
         num_dense_tensors: manifest.tensors.len(),
-        num_moe_layers: moe_layers.len(),
+        num_moe_layers: manifest.expert_layers.len(),
         ignored_tensors,
         elapsed: started.elapsed(),
     })
 }
 
-fn unreachable_shape(name: &str, shape: &[usize]) -> Result<(usize, usize)> {
-    Err(Error::TensorShape { name: name.to_owned(), expected: vec![], found: shape.to_vec() })
+fn progress_bar(enabled: bool, total: u64) -> ProgressBar {
+    if !enabled {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} ({eta})") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// What every conversion step needs.
+struct Work<'a> {
+    source: &'a dyn Source,
+    spec: &'a ModelSpec,
+    opts: &'a ConvertOptions,
+    /// The staging directory.
+    tmp: PathBuf,
+    bar: ProgressBar,
+}
+
+impl Work<'_> {
+    /// Writes dense.bin; returns its manifest entries and file entry.
+    fn write_dense(&self, used: &mut HashSet<String>) -> Result<(Vec<TensorEntry>, FileEntry)> {
+        self.bar.set_message("dense");
+        let descs = names::dense_tensors(self.spec);
+        let mut out = HashingFile::create(self.tmp.join(DENSE_FILE))?;
+        let mut tensors = Vec::with_capacity(descs.len());
+        for desc in descs {
+            let mut candidates = vec![desc.name.clone()];
+            candidates.extend(names::aliases(self.spec, &desc.name));
+            let source = self.source.resolve(&candidates).ok_or_else(|| Error::MissingTensor {
+                name: desc.name.clone(),
+                hint: format!(" in {}", self.source.describe()),
+            })?;
+            self.source.check_shape(&source, &desc.shape)?;
+            let format = self.opts.preset.dense_format(desc.kind);
+            let group = group_for(format, self.opts.q4_group);
+            let (rows, cols) = match desc.shape[..] {
+                [n] => (1, n),
+                [r, c] => (r, c),
+                _ => {
+                    return Err(Error::TensorShape { name: desc.name, expected: vec![], found: desc.shape });
+                }
+            };
+            let placed = write_matrix(&mut out, self.source, &source, rows, cols, format, group)?;
+            tensors.push(TensorEntry {
+                name: desc.name,
+                kind: desc.kind,
+                format: format.ordinal(),
+                shape: desc.shape,
+                file: DENSE_FILE.to_owned(),
+                offset_bytes: placed.offset_bytes,
+                length_bytes: placed.length_bytes,
+                scale_offset_bytes: placed.scale_offset_bytes,
+                scale_length_bytes: placed.scale_length_bytes,
+                group,
+            });
+            used.insert(source);
+            self.bar.inc(1);
+        }
+        Ok((tensors, out.finish(DENSE_FILE)?))
+    }
+
+    /// Writes one expert file per MoE layer.
+    fn write_experts(&self, used: &mut HashSet<String>) -> Result<(Vec<ExpertLayerEntry>, Vec<FileEntry>)> {
+        let spec = self.spec;
+        let format = self.opts.preset.expert_format();
+        let group = group_for(format, self.opts.q4_group);
+        let mut layers = Vec::new();
+        let mut files = Vec::new();
+        for layer in spec.moe_layers() {
+            self.bar.set_message(format!("layer {layer}"));
+            let file_name = expert_file_name(layer);
+            let layout = ExpertLayout::compute(
+                layer,
+                self.tmp.join(&file_name),
+                spec.moe.num_experts,
+                names::expert_shapes(spec),
+                format,
+                group,
+            )?;
+            files.push(write_expert_file(self.source, spec, &layout, &file_name, &self.bar, used)?);
+            let templates = names::expert_name_templates(spec, layer);
+            let [g, u, d] = layout.components.clone();
+            let components =
+                [(g, &templates[0]), (u, &templates[1]), (d, &templates[2])].map(|(c, name)| ComponentEntry {
+                    proj: c.proj,
+                    name: name.clone(),
+                    format: c.format.ordinal(),
+                    shape: [c.rows, c.cols],
+                    offset_bytes: c.offset_bytes,
+                    length_bytes: c.length_bytes,
+                    scale_offset_bytes: c.scale_offset_bytes,
+                    scale_length_bytes: c.scale_length_bytes,
+                    group: c.group,
+                });
+            layers.push(ExpertLayerEntry {
+                layer,
+                file: file_name,
+                num_experts: spec.moe.num_experts,
+                record_bytes: layout.record_bytes,
+                components,
+            });
+        }
+        Ok((layers, files))
+    }
+
+    /// Copies tokenizer and generation files verbatim (they are small).
+    fn copy_aux_files(&self, hf_dir: &Path) -> Result<Vec<FileEntry>> {
+        let mut files = Vec::new();
+        for name in AUX_FILES {
+            let src = hf_dir.join(name);
+            if src.is_file() {
+                let bytes = std::fs::read(&src).map_err(|e| Error::io(&src, e))?;
+                let mut out = HashingFile::create(self.tmp.join(name))?;
+                out.write(&bytes)?;
+                files.push(out.finish(name)?);
+            }
+        }
+        Ok(files)
+    }
 }
 
 /// Writes every expert record of one layer, one expert in memory at a time.
 fn write_expert_file(
-    ckpt: &Checkpoint,
+    source: &dyn Source,
     spec: &ModelSpec,
     layout: &ExpertLayout,
     rel_path: &str,
@@ -252,7 +373,7 @@ fn write_expert_file(
     let mut out = HashingFile::create(layout.path.clone())?;
     let mut record = vec![0u8; layout.record_bytes as usize];
     for expert in 0..layout.num_experts {
-        let mats = ckpt.expert_f32(spec, layer, expert)?;
+        let mats = source.expert_f32(spec, layer, expert)?;
         let names = names::expert_names(spec, layer, expert);
         record.fill(0);
         for ((comp, data), name) in layout.components.iter().zip(&mats).zip(&names) {
@@ -274,22 +395,7 @@ fn write_expert_file(
         bar.inc(1);
     }
     let entry = out.finish(rel_path)?;
-    // Record which source tensors were consumed (published or fused names).
-    let (fused_gate_up, fused_down) = names::fused_expert_names(layer);
-    if ckpt.has(&fused_gate_up) && !ckpt.has(&names::expert_names(spec, layer, 0)[0]) {
-        used.insert(fused_gate_up);
-        used.insert(fused_down);
-    } else {
-        for expert in 0..layout.num_experts {
-            for name in names::expert_names(spec, layer, expert) {
-                let mut candidates = vec![name.clone()];
-                candidates.extend(names::aliases(spec, &name));
-                if let Some(found) = ckpt.resolve(&candidates) {
-                    used.insert(found.to_owned());
-                }
-            }
-        }
-    }
+    used.extend(source.expert_sources(spec, layer));
     Ok(entry)
 }
 
@@ -305,7 +411,7 @@ struct Placed {
 /// file, scales (1/8 of the f32 size at most) are collected and written after.
 fn write_matrix(
     out: &mut HashingFile,
-    ckpt: &Checkpoint,
+    ckpt: &dyn Source,
     source: &str,
     rows: usize,
     cols: usize,
@@ -319,7 +425,7 @@ fn write_matrix(
     let mut row = 0;
     while row < rows {
         let n = chunk_rows.min(rows - row);
-        let data = ckpt.rows_f32(source, row, n)?;
+        let data = ckpt.rows_f32(source, row, n, cols)?;
         check_finite(source, &data, row * cols)?;
         // Groups never span rows in q8/q4, so encoding row blocks and
         // concatenating equals encoding the whole matrix.

@@ -41,7 +41,7 @@ pub enum Error {
     InvalidField { field: String, reason: String },
 
     /// A RoPE scaling scheme we do not implement (yet).
-    #[error("unsupported rope_type {rope_type:?} (supported: default, linear)")]
+    #[error("unsupported rope_type {rope_type:?} (supported: default, linear; yarn for the MLA families)")]
     UnsupportedRope { rope_type: String },
 
     /// The safetensors library rejected a file (bad header, truncated data).
@@ -61,7 +61,7 @@ pub enum Error {
     TensorShape { name: String, expected: Vec<usize>, found: Vec<usize> },
 
     /// A checkpoint tensor stored in a dtype we do not convert.
-    #[error("tensor {name:?}: unsupported dtype {dtype} (supported: F32, BF16, F16)")]
+    #[error("tensor {name:?}: unsupported dtype {dtype} (supported: F32, BF16, F16, F8_E4M3 with block scales)")]
     UnsupportedDtype { name: String, dtype: String },
 
     /// A NaN or infinity in a source weight: quantizing it would silently

@@ -26,10 +26,12 @@ pub mod container;
 mod convert;
 mod error;
 mod export;
+mod fp8;
 pub mod names;
 pub mod npy;
 mod preset;
 pub mod spec;
+mod synth;
 
 pub use checkpoint::Checkpoint;
 pub use container::{ComponentLayout, Container, ExpertLayout, Manifest};
@@ -38,4 +40,7 @@ pub use error::{Error, Result};
 pub use export::export;
 pub use names::{ExpertProj, TensorDesc, TensorKind};
 pub use preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset};
-pub use spec::{Family, LayerKind, ModelSpec, MoeSpec, QkNorm, RopeScaling, RopeSpec};
+pub use synth::{LIKE, SynthOptions, like_config, synth};
+pub use spec::{
+    DsaSpec, Family, IndexerKind, LayerKind, MlaSpec, ModelSpec, MoeSpec, QkNorm, RopeScaling, RopeSpec, RouterSpec, ScoringFunc,
+};

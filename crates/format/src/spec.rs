@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, Result};
+use fields::{Fields, as_u32};
 
 /// Model families this build knows, one per Hugging Face `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -32,14 +33,26 @@ pub enum Family {
     Qwen3Moe,
     #[serde(rename = "mixtral")]
     Mixtral,
+    /// DeepSeek-V3 (and V2-style configs without `q_lora_rank`): MLA
+    /// attention, sigmoid group-limited routing, shared experts.
+    #[serde(rename = "deepseek_v3")]
+    DeepseekV3,
+    /// GLM-5: the DeepSeek-V3 body plus the DSA lightning indexer.
+    #[serde(rename = "glm_moe_dsa")]
+    GlmMoeDsa,
+    /// Kimi K2.5: a DeepSeek-V3 text model nested in a vision-language
+    /// wrapper (`text_config`, tensors under `language_model.`).
+    #[serde(rename = "kimi_k25")]
+    KimiK25,
 }
 
 /// The supported `model_type` strings, for error messages.
-const SUPPORTED_MODEL_TYPES: &str = "olmoe, qwen3_moe, mixtral";
+const SUPPORTED_MODEL_TYPES: &str = "olmoe, qwen3_moe, mixtral, deepseek_v3, glm_moe_dsa, kimi_k25";
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 3] = [Family::Olmoe, Family::Qwen3Moe, Family::Mixtral];
+    pub const ALL: [Family; 6] =
+        [Family::Olmoe, Family::Qwen3Moe, Family::Mixtral, Family::DeepseekV3, Family::GlmMoeDsa, Family::KimiK25];
 
     /// The Hugging Face `model_type`.
     pub fn model_type(self) -> &'static str {
@@ -47,6 +60,9 @@ impl Family {
             Family::Olmoe => "olmoe",
             Family::Qwen3Moe => "qwen3_moe",
             Family::Mixtral => "mixtral",
+            Family::DeepseekV3 => "deepseek_v3",
+            Family::GlmMoeDsa => "glm_moe_dsa",
+            Family::KimiK25 => "kimi_k25",
         }
     }
 
@@ -56,13 +72,22 @@ impl Family {
             Family::Olmoe => "OlmoeForCausalLM",
             Family::Qwen3Moe => "Qwen3MoeForCausalLM",
             Family::Mixtral => "MixtralForCausalLM",
+            Family::DeepseekV3 => "DeepseekV3ForCausalLM",
+            Family::GlmMoeDsa => "GlmMoeDsaForCausalLM",
+            Family::KimiK25 => "Kimi_K25ForConditionalGeneration",
         }
+    }
+
+    /// Whether the family uses Multi-head Latent Attention (and the
+    /// DeepSeek-V3 MoE block) rather than grouped-query attention.
+    pub fn is_mla(self) -> bool {
+        matches!(self, Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25)
     }
 
     /// `RotaryEmbeddingConfigMixin.default_theta` as overridden per class.
     fn default_rope_theta(self) -> f64 {
         match self {
-            Family::Olmoe | Family::Qwen3Moe => 10_000.0,
+            Family::Olmoe | Family::Qwen3Moe | Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25 => 10_000.0,
             Family::Mixtral => 1_000_000.0,
         }
     }
@@ -82,6 +107,14 @@ impl FromStr for Family {
             Error::UnsupportedModelType { model_type: model_type.to_owned(), supported: SUPPORTED_MODEL_TYPES }
         })
     }
+}
+
+/// The grouped-query-attention families, whose config parsing is shared.
+#[derive(Clone, Copy)]
+enum Gqa {
+    Olmoe,
+    Qwen3Moe,
+    Mixtral,
 }
 
 /// Where RMSNorm is applied to queries and keys (before RoPE).
@@ -106,8 +139,10 @@ pub enum RopeScaling {
     None,
     /// Position interpolation: positions are divided by `factor`.
     Linear { factor: f64 },
-    /// YaRN. Not produced by the parser yet (arrives with DeepSeek); listed
-    /// so that downstream matches are already exhaustive over it.
+    /// YaRN (`_compute_yarn_parameters`), accepted for the MLA families.
+    /// Values are as transformers resolves them: `beta_fast`/`beta_slow`
+    /// already defaulted (32/1), `mscale`/`mscale_all_dim` 0 when not given
+    /// (transformers tests them for truthiness, so 0 and absent agree).
     Yarn {
         factor: f64,
         original_max_position_embeddings: usize,
@@ -115,7 +150,50 @@ pub enum RopeScaling {
         beta_slow: f64,
         mscale: f64,
         mscale_all_dim: f64,
+        /// Overrides the cos/sin scaling derived from `mscale`s.
+        #[serde(default)]
+        attention_factor: Option<f64>,
+        /// Round the correction range outward to whole dimensions.
+        #[serde(default = "yes")]
+        truncate: bool,
     },
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl RopeScaling {
+    /// The YaRN cos/sin multiplier (`attention_factor`), 1 for other types.
+    pub fn attention_factor(&self) -> f64 {
+        match *self {
+            RopeScaling::Yarn { factor, mscale, mscale_all_dim, attention_factor, .. } => {
+                attention_factor.unwrap_or(if mscale != 0.0 && mscale_all_dim != 0.0 {
+                    yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+                } else {
+                    yarn_mscale(factor, 1.0)
+                })
+            }
+            RopeScaling::None | RopeScaling::Linear { .. } => 1.0,
+        }
+    }
+
+    /// The multiplier of the MLA softmax scale (`yarn_apply_mscale`):
+    /// `mscale(factor, mscale_all_dim)^2` for YaRN with `mscale_all_dim`.
+    pub fn softmax_scale_factor(&self) -> f64 {
+        match *self {
+            RopeScaling::Yarn { factor, mscale_all_dim, .. } if mscale_all_dim != 0.0 => {
+                let m = yarn_mscale(factor, mscale_all_dim);
+                m * m
+            }
+            _ => 1.0,
+        }
+    }
+}
+
+/// `get_mscale(scale, mscale)` of transformers' YaRN code.
+fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 { 1.0 } else { 0.1 * mscale * scale.ln() + 1.0 }
 }
 
 /// Rotary position embedding parameters.
@@ -151,6 +229,46 @@ pub struct MoeSpec {
     pub norm_topk_prob: bool,
 }
 
+/// How a router turns its logits into expert scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoringFunc {
+    /// Softmax over all experts (olmoe, qwen3_moe, mixtral).
+    #[default]
+    Softmax,
+    /// An independent sigmoid per expert (DeepSeek-V3's `noaux_tc`).
+    Sigmoid,
+}
+
+/// Routing beyond plain softmax top-k. The default is the GQA families'
+/// router: softmax, one group, weights unscaled, no correction bias.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RouterSpec {
+    pub scoring: ScoringFunc,
+    /// Experts form `n_group` groups of consecutive experts; only experts of
+    /// the `topk_group` best groups (ranked by the sum of their two best
+    /// scores) may be chosen.
+    pub n_group: usize,
+    pub topk_group: usize,
+    /// Multiplies the final routing weights.
+    pub routed_scaling_factor: f64,
+    /// Each MoE layer has an `e_score_correction_bias` (f32, one per expert)
+    /// added to the scores for choosing experts, not for weighting them.
+    pub score_correction_bias: bool,
+}
+
+impl Default for RouterSpec {
+    fn default() -> Self {
+        Self {
+            scoring: ScoringFunc::Softmax,
+            n_group: 1,
+            topk_group: 1,
+            routed_scaling_factor: 1.0,
+            score_correction_bias: false,
+        }
+    }
+}
+
 /// A typed, validated model architecture.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelSpec {
@@ -174,6 +292,21 @@ pub struct ModelSpec {
     /// Attend only to the last `w` positions.
     pub sliding_window: Option<usize>,
     pub moe: MoeSpec,
+    /// Scoring, grouping and scaling of the routers (absent in manifests
+    /// written before the MLA families: the softmax default).
+    #[serde(default)]
+    pub router: RouterSpec,
+    /// Width of the shared experts every MoE layer applies besides the
+    /// routed ones (`moe_intermediate_size * n_shared_experts`), if any.
+    /// They are dense tensors, resident like attention.
+    #[serde(default)]
+    pub shared_intermediate_size: Option<usize>,
+    /// Multi-head Latent Attention dimensions (MLA families only).
+    #[serde(default)]
+    pub mla: Option<MlaSpec>,
+    /// The DSA lightning indexer (glm_moe_dsa only).
+    #[serde(default)]
+    pub dsa: Option<DsaSpec>,
     /// Width of the dense MLP used by [`LayerKind::Dense`] layers; the config's
     /// `intermediate_size` (equal to the expert width for olmoe/mixtral).
     pub dense_intermediate_size: usize,
@@ -199,6 +332,17 @@ impl ModelSpec {
 
         let model_type = cfg.req_str("model_type")?;
         let family: Family = model_type.parse()?;
+        // The MLA families share nothing with the GQA parsing below.
+        let gqa = match family {
+            Family::Olmoe => Gqa::Olmoe,
+            Family::Qwen3Moe => Gqa::Qwen3Moe,
+            Family::Mixtral => Gqa::Mixtral,
+            Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25 => {
+                let spec = mla::parse(map, family)?;
+                spec.validate()?;
+                return Ok(spec);
+            }
+        };
 
         if let Some(act) = cfg.str("hidden_act")?
             && act != "silu"
@@ -217,10 +361,10 @@ impl ModelSpec {
         // __post_init__ (and in 4.x); an absent key takes the class default,
         // which is None (olmoe) or a fixed number (qwen3_moe: 4, mixtral: 8).
         let num_kv_heads = match map.get("num_key_value_heads") {
-            None => match family {
-                Family::Olmoe => num_heads,
-                Family::Qwen3Moe => 4,
-                Family::Mixtral => 8,
+            None => match gqa {
+                Gqa::Olmoe => num_heads,
+                Gqa::Qwen3Moe => 4,
+                Gqa::Mixtral => 8,
             },
             Some(Value::Null) => num_heads,
             Some(_) => cfg.req_usize("num_key_value_heads")?,
@@ -241,17 +385,17 @@ impl ModelSpec {
             }
         };
 
-        let rms_norm_eps = cfg.f64("rms_norm_eps")?.unwrap_or(match family {
-            Family::Olmoe | Family::Mixtral => 1e-5,
-            Family::Qwen3Moe => 1e-6,
+        let rms_norm_eps = cfg.f64("rms_norm_eps")?.unwrap_or(match gqa {
+            Gqa::Olmoe | Gqa::Mixtral => 1e-5,
+            Gqa::Qwen3Moe => 1e-6,
         }) as f32;
-        let max_position_embeddings = cfg.usize("max_position_embeddings")?.unwrap_or(match family {
-            Family::Olmoe => 4096,
-            Family::Qwen3Moe => 32768,
-            Family::Mixtral => 4096 * 32,
+        let max_position_embeddings = cfg.usize("max_position_embeddings")?.unwrap_or(match gqa {
+            Gqa::Olmoe => 4096,
+            Gqa::Qwen3Moe => 32768,
+            Gqa::Mixtral => 4096 * 32,
         });
         let tie_word_embeddings = cfg.bool("tie_word_embeddings")?.unwrap_or(false);
-        let rope = parse_rope(&cfg, family, head_dim)?;
+        let rope = parse_rope(&cfg, family, head_dim, max_position_embeddings)?;
 
         // Expert count: each class aliases `num_experts` and
         // `num_local_experts` through its attribute_map, and 5.x writes the
@@ -260,8 +404,8 @@ impl ModelSpec {
         let top_k = cfg.req_usize("num_experts_per_tok")?;
         let intermediate_size = cfg.req_usize("intermediate_size")?;
 
-        let (attention_bias, qk_norm, clip_qkv, sliding_window, moe, layers) = match family {
-            Family::Olmoe => {
+        let (attention_bias, qk_norm, clip_qkv, sliding_window, moe, layers) = match gqa {
+            Gqa::Olmoe => {
                 let moe = MoeSpec {
                     num_experts,
                     top_k,
@@ -278,7 +422,7 @@ impl ModelSpec {
                     vec![LayerKind::Moe; num_layers],
                 )
             }
-            Family::Qwen3Moe => {
+            Gqa::Qwen3Moe => {
                 let moe = MoeSpec {
                     num_experts,
                     top_k,
@@ -318,28 +462,14 @@ impl ModelSpec {
                 };
                 (cfg.bool("attention_bias")?.unwrap_or(false), QkNorm::PerHead, None, window, moe, layers)
             }
-            Family::Mixtral => {
+            Gqa::Mixtral => {
                 // MixtralTopKRouter always renormalizes the top-k weights.
                 let moe = MoeSpec { num_experts, top_k, intermediate_size, norm_topk_prob: true };
                 (false, QkNorm::None, None, cfg.usize("sliding_window")?, moe, vec![LayerKind::Moe; num_layers])
             }
         };
 
-        let (default_bos, default_eos) = match family {
-            Family::Olmoe => (None, vec![50279]),
-            Family::Qwen3Moe => (None, vec![]),
-            Family::Mixtral => (Some(1), vec![2]),
-        };
-        let bos_token_id = match map.get("bos_token_id") {
-            None => default_bos,
-            Some(_) => cfg.u32("bos_token_id")?,
-        };
-        let eos_token_ids = match map.get("eos_token_id") {
-            None => default_eos,
-            Some(Value::Null) => vec![],
-            Some(Value::Array(items)) => items.iter().map(|v| as_u32(v, "eos_token_id")).collect::<Result<_>>()?,
-            Some(v) => vec![as_u32(v, "eos_token_id")?],
-        };
+        let (bos_token_id, eos_token_ids) = special_tokens(&cfg, family)?;
 
         let spec = ModelSpec {
             family,
@@ -358,6 +488,10 @@ impl ModelSpec {
             clip_qkv,
             sliding_window,
             moe,
+            router: RouterSpec::default(),
+            shared_intermediate_size: None,
+            mla: None,
+            dsa: None,
             dense_intermediate_size: intermediate_size,
             layers,
             bos_token_id,
@@ -479,11 +613,33 @@ impl ModelSpec {
                     return Err(Error::invalid("model_type", "mixtral has neither q/k norms nor attention biases"));
                 }
             }
+            Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25 => return mla::validate(self),
         }
-        if self.family != Family::Qwen3Moe && self.layers.contains(&LayerKind::Dense) {
+        if self.layers.contains(&LayerKind::Dense) && self.family != Family::Qwen3Moe {
             return Err(Error::invalid("mlp_only_layers", format!("{} has no dense layers", self.family)));
         }
+        // The GQA graphs implement exactly the softmax router and no MLA.
+        if self.router != RouterSpec::default()
+            || self.shared_intermediate_size.is_some()
+            || self.mla.is_some()
+            || self.dsa.is_some()
+        {
+            return Err(Error::invalid(
+                "model_type",
+                format!("{} has no MLA, DSA, shared experts or sigmoid routing", self.family),
+            ));
+        }
         Ok(())
+    }
+
+    /// f32 values one token adds to the KV cache in each layer: keys and
+    /// values for grouped-query attention; the latent and its rotary key for
+    /// MLA, plus the indexer key with DSA.
+    pub fn kv_floats_per_token_per_layer(&self) -> usize {
+        match &self.mla {
+            Some(mla) => mla.latent_dim() + self.dsa.as_ref().map_or(0, |d| d.index_head_dim),
+            None => 2 * self.kv_dim(),
+        }
     }
 
     /// Width of the concatenated query heads: `num_heads * head_dim`.
@@ -509,59 +665,11 @@ impl ModelSpec {
     /// A transformers-loadable config.json (5.x spelling, `dtype: float32`)
     /// that parses back to an equal spec.
     pub fn to_config_json(&self) -> Value {
-        let mut rope = Map::new();
-        match self.rope.scaling {
-            RopeScaling::None => {
-                rope.insert("rope_type".into(), json!("default"));
-            }
-            RopeScaling::Linear { factor } => {
-                rope.insert("rope_type".into(), json!("linear"));
-                rope.insert("factor".into(), json!(factor));
-            }
-            RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings,
-                beta_fast,
-                beta_slow,
-                mscale,
-                mscale_all_dim,
-            } => {
-                rope.insert("rope_type".into(), json!("yarn"));
-                rope.insert("factor".into(), json!(factor));
-                rope.insert("original_max_position_embeddings".into(), json!(original_max_position_embeddings));
-                rope.insert("beta_fast".into(), json!(beta_fast));
-                rope.insert("beta_slow".into(), json!(beta_slow));
-                rope.insert("mscale".into(), json!(mscale));
-                rope.insert("mscale_all_dim".into(), json!(mscale_all_dim));
-            }
+        if self.family.is_mla() {
+            return mla::to_config_json(self);
         }
-        rope.insert("rope_theta".into(), json!(self.rope.theta));
-        if self.rope.rotary_dim != self.head_dim {
-            rope.insert("partial_rotary_factor".into(), json!(self.rope.rotary_dim as f64 / self.head_dim as f64));
-        }
-
-        let eos = match self.eos_token_ids.as_slice() {
-            [] => Value::Null,
-            [one] => json!(one),
-            many => json!(many),
-        };
-        let mut c = Map::new();
-        c.insert("architectures".into(), json!([self.family.architecture()]));
-        c.insert("model_type".into(), json!(self.family.model_type()));
-        c.insert("dtype".into(), json!("float32"));
-        c.insert("vocab_size".into(), json!(self.vocab_size));
-        c.insert("hidden_size".into(), json!(self.hidden_size));
-        c.insert("num_hidden_layers".into(), json!(self.num_layers));
-        c.insert("num_attention_heads".into(), json!(self.num_heads));
-        c.insert("num_key_value_heads".into(), json!(self.num_kv_heads));
+        let mut c = self.common_config(self.head_dim);
         c.insert("head_dim".into(), json!(self.head_dim));
-        c.insert("hidden_act".into(), json!("silu"));
-        c.insert("max_position_embeddings".into(), json!(self.max_position_embeddings));
-        c.insert("rms_norm_eps".into(), json!(f32_to_json(self.rms_norm_eps)));
-        c.insert("rope_parameters".into(), Value::Object(rope));
-        c.insert("tie_word_embeddings".into(), json!(self.tie_word_embeddings));
-        c.insert("bos_token_id".into(), json!(self.bos_token_id));
-        c.insert("eos_token_id".into(), eos);
         c.insert("num_experts_per_tok".into(), json!(self.moe.top_k));
         match self.family {
             Family::Olmoe => {
@@ -590,8 +698,82 @@ impl ModelSpec {
                 c.insert("num_local_experts".into(), json!(self.moe.num_experts));
                 c.insert("sliding_window".into(), json!(self.sliding_window));
             }
+            // Written by mla::to_config_json above.
+            Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25 => {}
         }
         Value::Object(c)
+    }
+}
+
+impl ModelSpec {
+    /// The config.json keys every family writes the same way. `rotated_dim`
+    /// is the head width RoPE's `partial_rotary_factor` is relative to.
+    fn common_config(&self, rotated_dim: usize) -> Map<String, Value> {
+        let mut rope = Map::new();
+        match self.rope.scaling {
+            RopeScaling::None => {
+                rope.insert("rope_type".into(), json!("default"));
+            }
+            RopeScaling::Linear { factor } => {
+                rope.insert("rope_type".into(), json!("linear"));
+                rope.insert("factor".into(), json!(factor));
+            }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+                attention_factor,
+                truncate,
+            } => {
+                rope.insert("rope_type".into(), json!("yarn"));
+                rope.insert("factor".into(), json!(factor));
+                rope.insert("original_max_position_embeddings".into(), json!(original_max_position_embeddings));
+                rope.insert("beta_fast".into(), json!(beta_fast));
+                rope.insert("beta_slow".into(), json!(beta_slow));
+                // 0 stands for "not given" (see RopeScaling::Yarn).
+                for (key, value) in [("mscale", mscale), ("mscale_all_dim", mscale_all_dim)] {
+                    if value != 0.0 {
+                        rope.insert(key.into(), json!(value));
+                    }
+                }
+                if let Some(a) = attention_factor {
+                    rope.insert("attention_factor".into(), json!(a));
+                }
+                if !truncate {
+                    rope.insert("truncate".into(), json!(false));
+                }
+            }
+        }
+        rope.insert("rope_theta".into(), json!(self.rope.theta));
+        if self.rope.rotary_dim != rotated_dim {
+            rope.insert("partial_rotary_factor".into(), json!(self.rope.rotary_dim as f64 / rotated_dim as f64));
+        }
+
+        let eos = match self.eos_token_ids.as_slice() {
+            [] => Value::Null,
+            [one] => json!(one),
+            many => json!(many),
+        };
+        let mut c = Map::new();
+        c.insert("architectures".into(), json!([self.family.architecture()]));
+        c.insert("model_type".into(), json!(self.family.model_type()));
+        c.insert("dtype".into(), json!("float32"));
+        c.insert("vocab_size".into(), json!(self.vocab_size));
+        c.insert("hidden_size".into(), json!(self.hidden_size));
+        c.insert("num_hidden_layers".into(), json!(self.num_layers));
+        c.insert("num_attention_heads".into(), json!(self.num_heads));
+        c.insert("num_key_value_heads".into(), json!(self.num_kv_heads));
+        c.insert("hidden_act".into(), json!("silu"));
+        c.insert("max_position_embeddings".into(), json!(self.max_position_embeddings));
+        c.insert("rms_norm_eps".into(), json!(f32_to_json(self.rms_norm_eps)));
+        c.insert("rope_parameters".into(), Value::Object(rope));
+        c.insert("tie_word_embeddings".into(), json!(self.tie_word_embeddings));
+        c.insert("bos_token_id".into(), json!(self.bos_token_id));
+        c.insert("eos_token_id".into(), eos);
+        c
     }
 }
 
@@ -601,12 +783,35 @@ fn f32_to_json(x: f32) -> f64 {
     x.to_string().parse::<f64>().unwrap_or(f64::from(x))
 }
 
+/// `bos_token_id` and every `eos_token_id` (an int or a list), with the
+/// class defaults when absent; `null` means none.
+fn special_tokens(cfg: &Fields<'_>, family: Family) -> Result<(Option<u32>, Vec<u32>)> {
+    let (default_bos, default_eos) = match family {
+        Family::Olmoe => (None, vec![50279]),
+        Family::Qwen3Moe => (None, vec![]),
+        Family::Mixtral => (Some(1), vec![2]),
+        Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25 => (Some(0), vec![1]),
+    };
+    let bos_token_id = match cfg.map.get("bos_token_id") {
+        None => default_bos,
+        Some(_) => cfg.u32("bos_token_id")?,
+    };
+    let eos_token_ids = match cfg.map.get("eos_token_id") {
+        None => default_eos,
+        Some(Value::Null) => vec![],
+        Some(Value::Array(items)) => items.iter().map(|v| as_u32(v, "eos_token_id")).collect::<Result<_>>()?,
+        Some(v) => vec![as_u32(v, "eos_token_id")?],
+    };
+    Ok((bos_token_id, eos_token_ids))
+}
+
 /// Reads `num_experts` / `num_local_experts`, preferring the family's own
 /// name and rejecting a config where both are given and disagree.
 fn expert_count(cfg: &Fields<'_>, family: Family) -> Result<usize> {
     let (own, alias) = match family {
         Family::Olmoe | Family::Qwen3Moe => ("num_experts", "num_local_experts"),
         Family::Mixtral => ("num_local_experts", "num_experts"),
+        Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25 => ("n_routed_experts", "num_local_experts"),
     };
     match (cfg.usize(own)?, cfg.usize(alias)?) {
         (Some(a), Some(b)) if a != b => Err(Error::invalid(own, format!("{own} = {a} contradicts {alias} = {b}"))),
@@ -619,7 +824,10 @@ fn expert_count(cfg: &Fields<'_>, family: Family) -> Result<usize> {
 /// transformers 5.x: a non-null legacy `rope_scaling` wins over
 /// `rope_parameters`; `rope_theta` inside the dict wins over the top-level
 /// one, which wins over the class default.
-fn parse_rope(cfg: &Fields<'_>, family: Family, head_dim: usize) -> Result<RopeSpec> {
+///
+/// YaRN is accepted for the MLA families only: the GQA graphs have not been
+/// checked against transformers with it.
+fn parse_rope(cfg: &Fields<'_>, family: Family, head_dim: usize, max_position_embeddings: usize) -> Result<RopeSpec> {
     let (params, prefix) = match (cfg.object("rope_scaling")?, cfg.object("rope_parameters")?) {
         (Some(p), _) => (Some(p), "rope_scaling."),
         (None, Some(p)) => (Some(p), "rope_parameters."),
@@ -638,6 +846,7 @@ fn parse_rope(cfg: &Fields<'_>, family: Family, head_dim: usize) -> Result<RopeS
     let scaling = match rope_type {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear { factor: p.req_f64("factor")? },
+        "yarn" if family.is_mla() => parse_yarn(cfg, &p, max_position_embeddings)?,
         other => {
             return Err(Error::UnsupportedRope { rope_type: other.to_owned() });
         }
@@ -659,94 +868,39 @@ fn parse_rope(cfg: &Fields<'_>, family: Family, head_dim: usize) -> Result<RopeS
     Ok(RopeSpec { theta, scaling, rotary_dim })
 }
 
-fn as_u32(v: &Value, field: &str) -> Result<u32> {
-    v.as_u64()
-        .and_then(|n| u32::try_from(n).ok())
-        .ok_or_else(|| Error::invalid(field, format!("expected a token id, got {v}")))
+/// YaRN parameters resolved as `standardize_rope_params` and
+/// `_compute_yarn_parameters` resolve them.
+fn parse_yarn(cfg: &Fields<'_>, p: &Fields<'_>, max_position_embeddings: usize) -> Result<RopeScaling> {
+    // standardize_rope_params: the top-level attribute wins, else the
+    // value in the dict, else max_position_embeddings.
+    let original_max_position_embeddings = match cfg.usize("original_max_position_embeddings")? {
+        Some(n) => n,
+        None => p.usize("original_max_position_embeddings")?.unwrap_or(max_position_embeddings),
+    };
+    if original_max_position_embeddings == 0 {
+        return Err(Error::invalid("original_max_position_embeddings", "must be > 0"));
+    }
+    let factor = match p.f64("factor")? {
+        Some(f) => f,
+        None => max_position_embeddings as f64 / original_max_position_embeddings as f64,
+    };
+    // `get("beta_fast") or 32`: 0 and null both take the default.
+    let or_default = |v: Option<f64>, default: f64| v.filter(|&x| x != 0.0).unwrap_or(default);
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings,
+        beta_fast: or_default(p.f64("beta_fast")?, 32.0),
+        beta_slow: or_default(p.f64("beta_slow")?, 1.0),
+        mscale: p.f64("mscale")?.unwrap_or(0.0),
+        mscale_all_dim: p.f64("mscale_all_dim")?.unwrap_or(0.0),
+        attention_factor: p.f64("attention_factor")?,
+        truncate: p.bool("truncate")?.unwrap_or(true),
+    })
 }
 
-/// Typed access to one JSON object, naming `prefix + key` in errors. Absent
-/// and `null` are both "not given", as in transformers.
-struct Fields<'a> {
-    map: &'a Map<String, Value>,
-    prefix: &'static str,
-}
-
-impl<'a> Fields<'a> {
-    fn name(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
-    }
-
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.map.get(key).filter(|v| !v.is_null())
-    }
-
-    fn wrong(&self, key: &str, expected: &str, v: &Value) -> Error {
-        Error::invalid(self.name(key), format!("expected {expected}, got {v}"))
-    }
-
-    fn missing(&self, key: &str) -> Error {
-        Error::MissingField { field: self.name(key) }
-    }
-
-    fn usize(&self, key: &str) -> Result<Option<usize>> {
-        self.get(key)
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| self.wrong(key, "a non-negative integer", v))
-            })
-            .transpose()
-    }
-
-    fn req_usize(&self, key: &str) -> Result<usize> {
-        self.usize(key)?.ok_or_else(|| self.missing(key))
-    }
-
-    fn u32(&self, key: &str) -> Result<Option<u32>> {
-        self.get(key).map(|v| as_u32(v, &self.name(key))).transpose()
-    }
-
-    fn f64(&self, key: &str) -> Result<Option<f64>> {
-        self.get(key).map(|v| v.as_f64().ok_or_else(|| self.wrong(key, "a number", v))).transpose()
-    }
-
-    fn req_f64(&self, key: &str) -> Result<f64> {
-        self.f64(key)?.ok_or_else(|| self.missing(key))
-    }
-
-    fn bool(&self, key: &str) -> Result<Option<bool>> {
-        self.get(key).map(|v| v.as_bool().ok_or_else(|| self.wrong(key, "true or false", v))).transpose()
-    }
-
-    fn str(&self, key: &str) -> Result<Option<&'a str>> {
-        self.get(key).map(|v| v.as_str().ok_or_else(|| self.wrong(key, "a string", v))).transpose()
-    }
-
-    fn req_str(&self, key: &str) -> Result<&'a str> {
-        self.str(key)?.ok_or_else(|| self.missing(key))
-    }
-
-    fn object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>> {
-        self.get(key).map(|v| v.as_object().ok_or_else(|| self.wrong(key, "an object", v))).transpose()
-    }
-
-    fn usize_list(&self, key: &str) -> Result<Option<Vec<usize>>> {
-        self.get(key)
-            .map(|v| {
-                let items = v.as_array().ok_or_else(|| self.wrong(key, "a list of integers", v))?;
-                items
-                    .iter()
-                    .map(|item| {
-                        item.as_u64()
-                            .and_then(|n| usize::try_from(n).ok())
-                            .ok_or_else(|| self.wrong(key, "a list of integers", v))
-                    })
-                    .collect()
-            })
-            .transpose()
-    }
-}
-
+mod fields;
+mod mla;
 #[cfg(test)]
 mod tests;
+
+pub use mla::{DsaSpec, IndexerKind, MlaSpec};

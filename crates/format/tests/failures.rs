@@ -265,3 +265,59 @@ fn accessor_misuse_is_an_error() {
     assert!(matches!(c.dense_vec("model.embed_tokens.weight"), Err(Error::WrongFormat { .. })));
     assert!(c.aux_file("manifest.json").is_none());
 }
+
+#[test]
+fn handles_are_shareable_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Container>();
+    send_sync::<strata_format::Checkpoint>();
+    send_sync::<strata_format::ExpertLayout>();
+    send_sync::<Error>();
+}
+
+#[test]
+fn random_manifest_corruption_never_panics() {
+    use proptest::prelude::*;
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, good) = converted(tmp.path(), QuantPreset::Q4);
+    let path = good.join("manifest.json");
+    let original = std::fs::read(&path).unwrap();
+    let len = original.len();
+    // Digit edits keep the JSON valid and exercise validation (offsets,
+    // lengths, shapes, ordinals); byte edits and truncation exercise parsing.
+    let digits: Vec<usize> = original.iter().enumerate().filter(|(_, b)| b.is_ascii_digit()).map(|(i, _)| i).collect();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 400, ..ProptestConfig::default() });
+    let strategy = (0..digits.len(), 0u8..10, 0..len, any::<u8>(), proptest::option::weighted(0.1, 0..len));
+    let opened_ok = std::cell::Cell::new(0);
+    runner
+        .run(&strategy, |(d, digit, pos, byte, cut)| {
+            let mut bytes = original.clone();
+            bytes[digits[d]] = b'0' + digit;
+            if cut.is_some() {
+                bytes[pos] = byte;
+            }
+            if let Some(cut) = cut {
+                bytes.truncate(cut);
+            }
+            std::fs::write(&path, &bytes).unwrap();
+            // Ok (a harmless edit, e.g. in created_by or a norm's value
+            // range) or an error; never a panic.
+            if let Ok(c) = Container::open(&good) {
+                opened_ok.set(opened_ok.get() + 1);
+                for name in c.dense_names() {
+                    let _ = c.dense(name).map(|m| m.to_f32());
+                }
+                for layer in 0..c.spec().num_layers {
+                    if let Ok(layout) = c.expert_layout(layer) {
+                        let buf = read_record(layout, 0);
+                        let _ = layout.matrices(bytemuck::cast_slice(&buf)).map(|m| m.map(|m| m.to_f32()));
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    eprintln!("{} of 400 corrupted manifests still opened", opened_ok.get());
+    std::fs::write(&path, original).unwrap();
+    Container::open(&good).unwrap();
+}

@@ -24,6 +24,9 @@ pub enum Error {
     /// Running the routed experts failed (I/O, corrupt record).
     #[error(transparent)]
     Sched(#[from] strata_sched::Error),
+    /// Recording the routing trace failed.
+    #[error(transparent)]
+    Tier(#[from] strata_tier::Error),
     /// Configuration the graph cannot honour (e.g. an unsupported rope type).
     #[error("{0}")]
     Unsupported(String),

@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use strata_format::{Container, Family, ModelSpec, QkNorm};
 use strata_kernels::{Matrix, ops};
-use strata_kv::KvCache;
-use strata_sched::{MoeBatch, run_moe_layer, swiglu};
+use strata_kv::{KEYS, KvCache, VALUES};
+use strata_sched::{LayerStats, MoeBatch, Route, run_moe_layer, swiglu};
+use strata_tier::TraceWriter;
 
 use crate::attention::{AttnShape, attend};
 use crate::rope::Rope;
@@ -121,7 +122,8 @@ impl GqaMoe {
             self.rope.apply_neox(&mut q[i * q_dim..(i + 1) * q_dim], s.head_dim, start + i);
             self.rope.apply_neox(&mut k[i * kv_dim..(i + 1) * kv_dim], s.head_dim, start + i);
         }
-        cache.write(layer, &k, &v);
+        cache.write(layer, KEYS, &k);
+        cache.write(layer, VALUES, &v);
         let shape = AttnShape {
             n_heads: s.num_heads,
             n_kv_heads: s.num_kv_heads,
@@ -129,7 +131,7 @@ impl GqaMoe {
             window: s.sliding_window,
         };
         let mut attn = vec![0.0f32; n * q_dim];
-        attend(shape, &q, cache.keys(layer, start + n), cache.values(layer, start + n), start, &mut attn);
+        attend(shape, &q, cache.rows(layer, KEYS, start + n), cache.rows(layer, VALUES, start + n), start, &mut attn);
         let mut out = vec![0.0f32; n * s.hidden_size];
         rt.threads.matmul(&c.dense(&names.o)?, &attn, n, &mut out);
         if let Some(bias) = &names.o_bias {
@@ -138,7 +140,7 @@ impl GqaMoe {
         Ok(out)
     }
 
-    fn mlp(&self, rt: &Runtime<'_>, layer: usize, xs: &[f32], out: &mut [f32]) -> Result<()> {
+    fn mlp(&self, rt: &Runtime<'_>, layer: usize, start: usize, xs: &[f32], out: &mut [f32]) -> Result<()> {
         let s = &self.spec;
         let c = &*self.container;
         let n = xs.len() / s.hidden_size;
@@ -154,6 +156,9 @@ impl GqaMoe {
                 rt.threads.matmul(&c.dense(router)?, xs, n, &mut logits);
                 let renormalize = s.moe.norm_topk_prob || s.family == Family::Mixtral;
                 let routes = softmax_top_k(&logits, s.moe.num_experts, s.moe.top_k, renormalize);
+                if let Some(trace) = rt.trace {
+                    record_routes(&mut trace.lock().unwrap_or_else(|p| p.into_inner()), layer, start, &routes, s.moe.top_k)?;
+                }
                 let batch = MoeBatch {
                     layer,
                     layout: c.expert_layout(layer)?,
@@ -162,7 +167,10 @@ impl GqaMoe {
                     routes: &routes,
                     top_k: s.moe.top_k,
                 };
-                run_moe_layer(rt.store, rt.threads, &batch, out)?;
+                let mut layer_stats = LayerStats::default();
+                let result = run_moe_layer(rt.store, rt.threads, &batch, out, &mut layer_stats);
+                rt.stats.lock().unwrap_or_else(|p| p.into_inner()).add(layer_stats);
+                result?;
             }
         }
         Ok(())
@@ -188,8 +196,7 @@ impl CausalLm for GqaMoe {
     }
 
     fn new_cache(&self, capacity_tokens: usize) -> KvCache {
-        let kv_dim = self.spec.num_kv_heads * self.spec.head_dim;
-        KvCache::new(self.spec.num_layers, kv_dim, kv_dim, capacity_tokens)
+        KvCache::gqa(self.spec.num_layers, self.spec.kv_dim(), capacity_tokens)
     }
 
     fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Vec<f32>> {
@@ -210,7 +217,7 @@ impl CausalLm for GqaMoe {
             let attn = self.attention(rt, layer, &normed, start, cache)?;
             x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
             rmsnorm_into(&x, c.dense_vec(&names.post_attn_norm)?, s.rms_norm_eps, &mut normed);
-            self.mlp(rt, layer, &normed, &mut x)?;
+            self.mlp(rt, layer, start, &normed, &mut x)?;
         }
         cache.advance(n);
         let rows = match logits {
@@ -224,6 +231,14 @@ impl CausalLm for GqaMoe {
         rt.threads.matmul(&c.dense(&self.lm_head)?, &final_normed, m, &mut out);
         Ok(out)
     }
+}
+
+fn record_routes(trace: &mut TraceWriter, layer: usize, start: usize, routes: &[Route], top_k: usize) -> Result<()> {
+    for (i, token_routes) in routes.chunks_exact(top_k).enumerate() {
+        let experts: Vec<usize> = token_routes.iter().map(|r| r.expert).collect();
+        trace.write(layer, (start + i) as u64, &experts)?;
+    }
+    Ok(())
 }
 
 fn add_bias(rows: &mut [f32], bias: &[f32]) {

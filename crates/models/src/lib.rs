@@ -8,25 +8,37 @@
 //! container (`strata-format`) and the expert store; it never opens files.
 
 mod attention;
+mod common;
+mod dsa;
 mod error;
 mod gqa_moe;
+mod mla;
+mod mla_moe;
 mod rope;
 mod router;
 mod weights;
 
 pub use error::{Error, Result};
 pub use gqa_moe::GqaMoe;
+pub use mla_moe::MlaMoe;
+
+use std::sync::Mutex;
 
 use strata_format::{Container, ModelSpec};
 use strata_kernels::Threads;
 use strata_kv::KvCache;
-use strata_tier::ExpertStore;
+use strata_sched::LayerStats;
+use strata_tier::{ExpertStore, TraceWriter};
 
-/// What a forward pass needs besides the model: the thread pool and the
-/// routed-expert store.
+/// What a forward pass needs besides the model: the thread pool, the
+/// routed-expert store, and where to account time and record routing.
 pub struct Runtime<'a> {
     pub threads: &'a Threads,
     pub store: &'a ExpertStore,
+    /// Stall and compute time of the MoE pipeline, accumulated.
+    pub stats: &'a Mutex<LayerStats>,
+    /// Where to record every routing decision, if anywhere.
+    pub trace: Option<&'a Mutex<TraceWriter>>,
 }
 
 /// Which positions' logits a forward pass returns.
@@ -53,5 +65,8 @@ pub trait CausalLm: Send + Sync {
 
 /// Builds the forward graph for the container's family.
 pub fn load(container: std::sync::Arc<Container>) -> Result<Box<dyn CausalLm>> {
+    if container.spec().family.is_mla() {
+        return Ok(Box::new(MlaMoe::load(container)?));
+    }
     Ok(Box::new(GqaMoe::load(container)?))
 }

@@ -1,4 +1,5 @@
-//! Rotary position embeddings: the frequency table and its application.
+//! Rotary position embeddings: the frequency table (plain, linear, YaRN) and
+//! its application in either pairing convention.
 
 use strata_format::{RopeScaling, RopeSpec};
 use strata_kernels::ops;
@@ -21,19 +22,24 @@ impl Rope {
             return Err(Error::Unsupported(format!("rotary dimension {rotary_dim} must be even and non-zero")));
         }
         let base = spec.theta as f32;
-        let mut inv_freq: Vec<f32> = (0..rotary_dim / 2)
-            .map(|i| 1.0 / base.powf((2 * i) as f32 / rotary_dim as f32))
-            .collect();
-        match &spec.scaling {
-            RopeScaling::None => {}
+        // base ** (arange(0, dim, 2).float() / dim), in f32.
+        let pos_freqs: Vec<f32> = (0..rotary_dim / 2).map(|i| base.powf((2 * i) as f32 / rotary_dim as f32)).collect();
+        let inv_freq = match spec.scaling {
+            RopeScaling::None => pos_freqs.iter().map(|p| 1.0 / p).collect(),
             RopeScaling::Linear { factor } => {
-                let factor = *factor as f32;
-                inv_freq.iter_mut().for_each(|f| *f /= factor);
+                let factor = factor as f32;
+                pos_freqs.iter().map(|p| 1.0 / p / factor).collect()
             }
-            #[allow(unreachable_patterns)]
-            other => return Err(Error::Unsupported(format!("rope scaling {other:?} is not supported yet"))),
-        }
-        Ok(Self { inv_freq, attention_scaling: 1.0 })
+            RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, truncate, .. } => {
+                yarn_inv_freq(&pos_freqs, spec.theta, factor, original_max_position_embeddings, beta_fast, beta_slow, truncate)
+            }
+        };
+        Ok(Self { inv_freq, attention_scaling: spec.scaling.attention_factor() as f32 })
+    }
+
+    /// Angles per position: `rotary_dim / 2`.
+    pub fn half(&self) -> usize {
+        self.inv_freq.len()
     }
 
     /// Fills `cos` and `sin` (each `rotary_dim / 2`) for `position`.
@@ -55,5 +61,117 @@ impl Rope {
         for head in row.chunks_exact_mut(head_dim) {
             ops::rope_neox(&mut head[..2 * half], &cos, &sin);
         }
+    }
+}
+
+/// cos and sin of consecutive positions, computed once per forward pass and
+/// shared by every layer.
+#[derive(Debug, Clone)]
+pub struct Angles {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Angles {
+    /// The angles of positions `start..start + n`.
+    pub fn new(rope: &Rope, start: usize, n: usize) -> Self {
+        let half = rope.half();
+        let (mut cos, mut sin) = (vec![0.0f32; n * half], vec![0.0f32; n * half]);
+        for (i, (c, s)) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)).enumerate() {
+            rope.angles(start + i, c, s);
+        }
+        Self { half, cos, sin }
+    }
+
+    /// cos and sin of the `i`-th position.
+    pub fn at(&self, i: usize) -> (&[f32], &[f32]) {
+        let range = i * self.half..(i + 1) * self.half;
+        (&self.cos[range.clone()], &self.sin[range])
+    }
+
+    /// Rotated width: twice the number of angles.
+    pub fn dim(&self) -> usize {
+        2 * self.half
+    }
+}
+
+/// Rotates `x` (exactly `2 * cos.len()` values) by precomputed angles:
+/// pairs `(x[2i], x[2i+1])` when `interleaved` (DeepSeek's layout), else
+/// `(x[i], x[i + d/2])`.
+pub fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], interleaved: bool) {
+    if interleaved { ops::rope_interleaved(x, cos, sin) } else { ops::rope_neox(x, cos, sin) }
+}
+
+/// `_compute_yarn_parameters`: frequencies below the correction range keep
+/// their value (extrapolation), those above are divided by `factor`
+/// (interpolation), with a linear ramp between. Scalars in f64 as Python
+/// computes them, tensors in f32.
+fn yarn_inv_freq(
+    pos_freqs: &[f32],
+    base: f64,
+    factor: f64,
+    original_max_position_embeddings: usize,
+    beta_fast: f64,
+    beta_slow: f64,
+    truncate: bool,
+) -> Vec<f32> {
+    let dim = (2 * pos_freqs.len()) as f64;
+    let correction_dim = |rotations: f64| {
+        dim * (original_max_position_embeddings as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * base.ln())
+    };
+    let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+    if truncate {
+        low = low.floor();
+        high = high.ceil();
+    }
+    let low = low.max(0.0);
+    let mut high = high.min(dim - 1.0);
+    if low == high {
+        high += 0.001; // transformers: "Prevent singularity"
+    }
+    let factor32 = factor as f32;
+    let span = (high - low) as f32;
+    pos_freqs
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            let ramp = ((i as f32 - low as f32) / span).clamp(0.0, 1.0);
+            let extrapolation_factor = 1.0 - ramp;
+            let interpolation = 1.0 / (factor32 * p);
+            let extrapolation = 1.0 / p;
+            interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yarn_keeps_fast_frequencies_and_scales_slow_ones() {
+        let spec = RopeSpec {
+            theta: 10000.0,
+            scaling: RopeScaling::Yarn {
+                factor: 4.0,
+                original_max_position_embeddings: 64,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                mscale: 1.0,
+                mscale_all_dim: 0.707,
+                attention_factor: None,
+                truncate: true,
+            },
+            rotary_dim: 16,
+        };
+        let rope = Rope::new(&spec, 16).unwrap();
+        let plain = Rope::new(&RopeSpec { scaling: RopeScaling::None, ..spec }, 16).unwrap();
+        // Correction range [0, ceil(16 ln(64/2pi) / (2 ln 1e4))] = [0, 3].
+        assert_eq!(rope.inv_freq[0], plain.inv_freq[0]);
+        assert_eq!(rope.inv_freq[7], 1.0 / (4.0 * 10000f32.powf(14.0 / 16.0)));
+        let a = ((0.1 * 4f64.ln() + 1.0) / (0.1 * 0.707 * 4f64.ln() + 1.0)) as f32;
+        assert_eq!(rope.attention_scaling, a);
     }
 }

@@ -14,9 +14,11 @@
 mod error;
 mod ffn;
 mod moe;
+mod stats;
 mod union;
 
 pub use error::{Error, Result};
 pub use ffn::swiglu;
 pub use moe::{MoeBatch, run_moe_layer};
+pub use stats::LayerStats;
 pub use union::{Route, union};

@@ -1,10 +1,12 @@
-//! Running one MoE layer's routed experts over a batch of tokens.
+//! One MoE layer over a batch of tokens: union → place → overlap → learn.
+
+use std::time::Instant;
 
 use strata_format::ExpertLayout;
 use strata_kernels::Threads;
-use strata_tier::{ExpertKey, ExpertStore};
+use strata_tier::{AlignedBuf, ExpertKey, ExpertStore};
 
-use crate::{Error, Result, Route, swiglu, union};
+use crate::{Error, LayerStats, Result, Route, swiglu, union};
 
 /// The inputs of one MoE layer for a batch of tokens.
 pub struct MoeBatch<'a> {
@@ -23,39 +25,84 @@ pub struct MoeBatch<'a> {
 }
 
 /// Adds the weighted routed-expert outputs of every token to `out`
-/// (`[n_tokens, hidden]`).
+/// (`[n_tokens, hidden]`), and accounts the time spent in `stats`.
+///
+/// Missing experts are requested first; resident ones are computed while
+/// those loads are in flight; each loaded expert is computed as it arrives.
+/// Every expert's output lands in its own slot, and slots are summed in a
+/// fixed order at the end, so the result does not depend on residency.
 pub fn run_moe_layer(
     store: &ExpertStore,
     threads: &Threads,
     batch: &MoeBatch<'_>,
     out: &mut [f32],
+    stats: &mut LayerStats,
 ) -> Result<()> {
     let hidden = batch.hidden;
     let n_tokens = batch.xs.len() / hidden;
     assert_eq!(batch.routes.len(), n_tokens * batch.top_k, "routes are [n_tokens][top_k]");
     assert_eq!(out.len(), n_tokens * hidden, "output is [n_tokens, hidden]");
 
-    // Per-slot expert outputs, combined at the end in a fixed order.
-    let mut slot_out = vec![0.0f32; batch.routes.len() * hidden];
-    for (expert, members) in union(batch.routes, batch.top_k) {
-        let key = ExpertKey { layer: batch.layer, expert };
-        let record = store.get(key)?;
-        let matrices = batch
-            .layout
-            .matrices(record.as_slice())
-            .map_err(|source| Error::Record { layer: batch.layer, expert, source })?;
-        let m = members.len();
-        let mut xs_sub = Vec::with_capacity(m * hidden);
-        for &(token, _) in &members {
-            xs_sub.extend_from_slice(&batch.xs[token * hidden..(token + 1) * hidden]);
-        }
-        let mut ys = vec![0.0f32; m * hidden];
-        swiglu(threads, &matrices, &xs_sub, &mut ys);
-        for (row, &(_, slot)) in members.iter().enumerate() {
-            slot_out[slot * hidden..(slot + 1) * hidden].copy_from_slice(&ys[row * hidden..(row + 1) * hidden]);
+    let groups = union(batch.routes, batch.top_k);
+    let key = |expert| ExpertKey { layer: batch.layer, expert };
+    // place: look every distinct expert up once, leasing the resident ones.
+    let mut resident = Vec::new();
+    let mut missing = Vec::new();
+    for &expert in groups.keys() {
+        match store.lookup(key(expert))? {
+            Some(buf) => resident.push((expert, buf)),
+            None => missing.push(key(expert)),
         }
     }
+    // overlap: the loads run while the resident experts are computed.
+    let mut loads = store.fetch(missing)?;
+    let mut slot_out = vec![0.0f32; batch.routes.len() * hidden];
+    for (expert, buf) in resident {
+        let started = Instant::now();
+        apply_expert(threads, batch, expert, &buf, &groups[&expert], &mut slot_out)?;
+        stats.compute_ns += started.elapsed().as_nanos() as u64;
+    }
+    loop {
+        let waiting = Instant::now();
+        let Some((loaded, buf)) = loads.next() else { break };
+        stats.stall_ns += waiting.elapsed().as_nanos() as u64;
+        let buf = buf?;
+        let started = Instant::now();
+        apply_expert(threads, batch, loaded.expert, &buf, &groups[&loaded.expert], &mut slot_out)?;
+        stats.compute_ns += started.elapsed().as_nanos() as u64;
+    }
+    drop(loads);
+    // learn: what this batch used.
+    store.learn(groups.keys().map(|&e| key(e)));
     combine(batch, &slot_out, out);
+    Ok(())
+}
+
+/// Runs one expert over the tokens routed to it, writing each token's output
+/// into its route's slot.
+fn apply_expert(
+    threads: &Threads,
+    batch: &MoeBatch<'_>,
+    expert: usize,
+    record: &AlignedBuf,
+    members: &[(usize, usize)],
+    slot_out: &mut [f32],
+) -> Result<()> {
+    let hidden = batch.hidden;
+    let matrices = batch
+        .layout
+        .matrices(record.as_slice())
+        .map_err(|source| Error::Record { layer: batch.layer, expert, source })?;
+    let m = members.len();
+    let mut xs_sub = Vec::with_capacity(m * hidden);
+    for &(token, _) in members {
+        xs_sub.extend_from_slice(&batch.xs[token * hidden..(token + 1) * hidden]);
+    }
+    let mut ys = vec![0.0f32; m * hidden];
+    swiglu(threads, &matrices, &xs_sub, &mut ys);
+    for (row, &(_, slot)) in members.iter().enumerate() {
+        slot_out[slot * hidden..(slot + 1) * hidden].copy_from_slice(&ys[row * hidden..(row + 1) * hidden]);
+    }
     Ok(())
 }
 
@@ -66,9 +113,8 @@ fn combine(batch: &MoeBatch<'_>, slot_out: &[f32], out: &mut [f32]) {
     let top_k = batch.top_k;
     let mut order: Vec<usize> = Vec::with_capacity(top_k);
     for (token, out_row) in out.chunks_exact_mut(hidden).enumerate() {
-        let slots = token * top_k..(token + 1) * top_k;
         order.clear();
-        order.extend(slots);
+        order.extend(token * top_k..(token + 1) * top_k);
         order.sort_by_key(|&slot| batch.routes[slot].expert);
         for &slot in &order {
             let weight = batch.routes[slot].weight;

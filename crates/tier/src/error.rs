@@ -43,4 +43,98 @@ pub enum Error {
     /// A layer or expert index outside the model.
     #[error("no expert {expert} in layer {layer}")]
     NoSuchExpert { layer: usize, expert: usize },
+    // Disk I/O backends (`io`).
+    /// `--io` named no known backend.
+    #[error("unknown I/O backend {text:?}: expected one of pread, direct, uring, mmap")]
+    UnknownIoBackend { text: String },
+    /// The expert file path names a directory, device or pipe, not a file.
+    #[error("expert file {} is not a regular file", path.display())]
+    NotAFile { path: PathBuf },
+    /// O_DIRECT needs every read's offset and length to be a multiple of the
+    /// alignment unit, and one read covers one record.
+    #[error(
+        "--io {backend} reads with O_DIRECT, which needs records that are a multiple of {align_bytes} bytes; {} has {record_bytes}-byte records",
+        path.display()
+    )]
+    UnalignedRecords { path: PathBuf, backend: &'static str, record_bytes: usize, align_bytes: usize },
+    /// The filesystem refused O_DIRECT (EINVAL at open).
+    #[error(
+        "--io {backend} needs O_DIRECT, which the filesystem holding {} does not support ({source}); use --io pread or --io mmap",
+        path.display()
+    )]
+    DirectUnsupported {
+        path: PathBuf,
+        backend: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// io_uring could not be set up (kernel without it, `kernel.io_uring_disabled`, seccomp).
+    #[error(
+        "--io uring: cannot set up an io_uring for {} ({source}); io_uring may be disabled (sysctl kernel.io_uring_disabled) or blocked by seccomp; use --io direct or --io pread",
+        path.display()
+    )]
+    UringSetup {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The buffer handed to a read is not exactly one record long.
+    #[error(
+        "buffer for expert {expert} of layer {layer} from {} holds {got_bytes} bytes, the record {wanted_bytes}",
+        path.display()
+    )]
+    BufferSize { path: PathBuf, layer: usize, expert: usize, wanted_bytes: usize, got_bytes: usize },
+    /// Dropping a file's pages from the page cache failed.
+    #[error("cannot drop {} from the page cache: {source}", path.display())]
+    EvictPageCache {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An I/O pool was asked for zero workers or zero loads in flight.
+    #[error("invalid I/O pool: {workers} workers, at most {max_in_flight} loads in flight (both must be at least 1)")]
+    IoPoolSize { workers: usize, max_in_flight: usize },
+    /// The operating system refused to start an I/O worker thread.
+    #[error("cannot start an I/O worker thread: {source}")]
+    SpawnWorker {
+        #[source]
+        source: std::io::Error,
+    },
+    /// The memory budget cannot hold even the minimum.
+    #[error(
+        "--ram-budget {have} is too small: this model needs at least {needed} (dense weights {dense}, KV {kv}, I/O buffers {io}, one layer's experts {experts})"
+    )]
+    BudgetTooSmall {
+        needed: crate::ByteSize,
+        have: crate::ByteSize,
+        dense: crate::ByteSize,
+        kv: crate::ByteSize,
+        io: crate::ByteSize,
+        experts: crate::ByteSize,
+    },
+    /// `/proc/meminfo` could not be read for `--ram-budget auto`.
+    #[error("--ram-budget auto: {reason}")]
+    MemInfo { reason: String },
+    /// `--cache-policy` named no known policy.
+    #[error("unknown cache policy {name:?} (expected one of: {expected})")]
+    UnknownPolicy { name: String, expected: String },
+    /// Saving the learned-usage file failed (loading never fails: a bad
+    /// usage file is ignored with a warning).
+    #[error("cannot write usage file {}: {source}", path.display())]
+    UsageWrite {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Creating, writing or reading a routing trace failed.
+    #[error("cannot {action} trace file {}: {source}", path.display())]
+    TraceIo {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line of a routing trace is malformed; `line` counts from 1.
+    #[error("{}:{line}: {reason}", path.display())]
+    TraceLine { path: PathBuf, line: usize, reason: String },
 }

@@ -11,11 +11,23 @@
 //! a partly filled buffer.
 
 mod aligned;
+mod budget;
 mod error;
+pub mod io;
+pub mod policy;
+mod replay;
 mod size;
 mod store;
+mod trace;
+mod usage;
 
 pub use aligned::AlignedBuf;
+pub use budget::{AUTO_SHARE_PERCENT, BudgetNeeds, BudgetPlan, RamBudget, SLACK_BYTES, mem_available_bytes};
 pub use error::{Error, Result};
+pub use io::{IoBackend, IoPool, RecordFile};
+pub use policy::{Policy, PolicyKind, new_policy};
+pub use replay::{HitRate, ReplayReport, replay, simulate};
 pub use size::ByteSize;
-pub use store::{ExpertKey, ExpertSource, ExpertStore, StoreStats};
+pub use store::{ExpertKey, ExpertSource, ExpertStore, Loads, StoreOptions, StoreStats};
+pub use trace::{TRACE_FORMAT, TRACE_VERSION, TraceEvent, TraceHeader, TraceWriter, read_trace};
+pub use usage::{USAGE_FORMAT, USAGE_VERSION, Usage};

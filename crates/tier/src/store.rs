@@ -1,12 +1,19 @@
-//! The expert store: a byte-bounded cache of expert records in RAM, filled from
-//! the container's expert files on demand.
+//! The expert store: a byte-bounded cache of expert records in RAM, filled
+//! from the container's expert files through a bounded pool of I/O workers.
+//!
+//! A record in use is *leased*: the caller holds an `Arc` to its buffer, and
+//! a leased record is never chosen for eviction. Records that cannot be
+//! cached (the cache is full of leased records, or smaller than one record)
+//! are still served, from a buffer that is freed once the caller drops it, so
+//! a tiny cache changes speed, never results.
 
-use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::io::{IoBackend, IoPool, RecordFile};
+use crate::policy::{Policy, PolicyKind, new_policy};
+use crate::usage::Usage;
 use crate::{AlignedBuf, Error, Result};
 
 /// One routed expert: `(layer, expert)`.
@@ -25,61 +32,110 @@ pub struct ExpertSource {
     pub num_experts: usize,
 }
 
+/// How the store caches and reads.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Bytes of records the cache may hold.
+    pub capacity_bytes: usize,
+    pub policy: PolicyKind,
+    pub io: IoBackend,
+    /// I/O worker threads.
+    pub io_workers: usize,
+    /// Loads queued or running at once; each holds one record buffer.
+    pub max_in_flight: usize,
+    /// Share of the cache (in records) the `pinned` policy may pin.
+    pub pinned_percent: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            capacity_bytes: 1 << 30,
+            policy: PolicyKind::Lru,
+            io: IoBackend::Pread,
+            io_workers: 2,
+            max_in_flight: 4,
+            pinned_percent: 50,
+        }
+    }
+}
+
 /// Counters of what the store did, for `--json` stats and tests.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreStats {
     pub hits: u64,
     pub misses: u64,
     pub bytes_read: u64,
     pub evictions: u64,
+    /// Hits per decoder layer.
+    pub layer_hits: Vec<u64>,
+    /// Misses per decoder layer.
+    pub layer_misses: Vec<u64>,
 }
 
-struct Layer {
-    source: ExpertSource,
-    file: File,
-}
-
-/// Least-recently-used bookkeeping: `tick` orders uses; the smallest is oldest.
-#[derive(Default)]
 struct Cache {
-    entries: HashMap<ExpertKey, (Arc<AlignedBuf>, u64)>,
-    by_tick: BTreeMap<u64, ExpertKey>,
-    next_tick: u64,
+    entries: HashMap<ExpertKey, Arc<AlignedBuf>>,
+    policy: Box<dyn Policy>,
     held_bytes: usize,
+    /// Buffers of evicted records, reused for loads: first-touching fresh
+    /// memory is several times slower than reading into warm pages.
+    free: Vec<AlignedBuf>,
     stats: StoreStats,
 }
 
-/// Routed experts, read from disk on demand and kept in RAM within
-/// `capacity_bytes`.
-///
-/// A record larger than the whole capacity is still served (read into a
-/// buffer the caller drops after use) but never cached, so a tiny
-/// `--expert-cache` changes speed, never results.
+/// Routed experts, read from disk on demand and kept in RAM within a byte
+/// capacity, under a replacement policy.
 pub struct ExpertStore {
-    layers: Vec<Option<Layer>>,
-    capacity_bytes: usize,
+    files: Vec<Option<Arc<RecordFile>>>,
+    options: StoreOptions,
     cache: Mutex<Cache>,
+    pool: IoPool,
+    /// Held by the one batch of loads in progress: completions are matched
+    /// to keys by tag, so two batches must not share the pool at once.
+    loading: Mutex<()>,
+    usage: Mutex<Usage>,
 }
 
 impl ExpertStore {
     /// Opens every layer's expert file. `sources[l]` is `None` for a layer
-    /// without routed experts.
-    pub fn open(sources: Vec<Option<ExpertSource>>, capacity_bytes: usize) -> Result<Self> {
-        let layers = sources
+    /// without routed experts. `usage` is what earlier runs learned.
+    pub fn open(sources: Vec<Option<ExpertSource>>, options: StoreOptions, usage: Usage) -> Result<Self> {
+        let files = sources
             .into_iter()
-            .map(|source| source.map(open_layer).transpose())
+            .enumerate()
+            .map(|(layer, source)| {
+                source
+                    .map(|s| RecordFile::open(options.io, &s.path, layer, s.record_bytes, s.num_experts).map(Arc::new))
+                    .transpose()
+            })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { layers, capacity_bytes, cache: Mutex::new(Cache::default()) })
+        let record_bytes_max = files.iter().flatten().map(|f| f.record_bytes()).max().unwrap_or(0);
+        let capacity_records = options.capacity_bytes.checked_div(record_bytes_max).unwrap_or(0);
+        let pinned_max = capacity_records * options.pinned_percent / 100;
+        let n_layers = files.len();
+        let cache = Cache {
+            entries: HashMap::new(),
+            policy: new_policy(options.policy, &usage, pinned_max),
+            held_bytes: 0,
+            free: Vec::new(),
+            stats: StoreStats {
+                layer_hits: vec![0; n_layers],
+                layer_misses: vec![0; n_layers],
+                ..StoreStats::default()
+            },
+        };
+        let pool = IoPool::new(options.io_workers.max(1), options.max_in_flight.max(1))?;
+        Ok(Self { files, options, cache: Mutex::new(cache), pool, loading: Mutex::new(()), usage: Mutex::new(usage) })
     }
 
     /// The byte bound on cached records.
     pub fn capacity_bytes(&self) -> usize {
-        self.capacity_bytes
+        self.options.capacity_bytes
     }
 
     /// Counters since the store was opened.
     pub fn stats(&self) -> StoreStats {
-        self.lock().stats
+        self.lock().stats.clone()
     }
 
     /// Bytes of records currently cached.
@@ -87,174 +143,281 @@ impl ExpertStore {
         self.lock().held_bytes
     }
 
+    /// What the store has learned so far (earlier runs included).
+    pub fn usage(&self) -> Usage {
+        self.usage.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Counts one use of each key (the **learn** step).
+    pub fn learn(&self, keys: impl IntoIterator<Item = ExpertKey>) {
+        let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        for key in keys {
+            usage.record(key);
+        }
+    }
+
+    /// Drops every expert file's pages from the page cache (cold runs).
+    pub fn evict_page_cache(&self) -> Result<()> {
+        self.files.iter().flatten().try_for_each(|f| f.evict_page_cache())
+    }
+
     fn lock(&self) -> MutexGuard<'_, Cache> {
-        // A panic while holding the lock leaves only counters half-updated;
-        // the cached buffers themselves are immutable, so keep going.
+        // Cached buffers are immutable, so a panic elsewhere cannot leave
+        // them inconsistent; keep serving.
         self.cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The complete record of `key`, from the cache or from disk.
-    pub fn get(&self, key: ExpertKey) -> Result<Arc<AlignedBuf>> {
-        let layer = self.layer(key)?;
-        if let Some(buf) = self.lookup(key) {
-            return Ok(buf);
-        }
-        let buf = Arc::new(read_record(layer, key)?);
-        self.insert(key, &buf);
-        Ok(buf)
-    }
-
-    fn layer(&self, key: ExpertKey) -> Result<&Layer> {
+    fn file(&self, key: ExpertKey) -> Result<&Arc<RecordFile>> {
         let no_such = || Error::NoSuchExpert { layer: key.layer, expert: key.expert };
-        let layer = self.layers.get(key.layer).and_then(Option::as_ref).ok_or_else(no_such)?;
-        if key.expert >= layer.source.num_experts {
+        let file = self.files.get(key.layer).and_then(Option::as_ref).ok_or_else(no_such)?;
+        if key.expert >= file.num_experts() {
             return Err(no_such());
         }
-        Ok(layer)
+        Ok(file)
     }
 
-    fn lookup(&self, key: ExpertKey) -> Option<Arc<AlignedBuf>> {
+    /// The record of `key` if it is resident (a hit, and a lease on it);
+    /// `None` counts a miss.
+    pub fn lookup(&self, key: ExpertKey) -> Result<Option<Arc<AlignedBuf>>> {
+        self.file(key)?;
         let mut guard = self.lock();
         let cache = &mut *guard;
-        let tick = cache.next_tick;
-        match cache.entries.get_mut(&key) {
-            Some((buf, last_tick)) => {
-                cache.by_tick.remove(last_tick);
-                *last_tick = tick;
-                cache.by_tick.insert(tick, key);
-                cache.next_tick += 1;
+        match cache.entries.get(&key) {
+            Some(buf) => {
+                let buf = Arc::clone(buf);
+                cache.policy.on_hit(key);
                 cache.stats.hits += 1;
-                Some(Arc::clone(buf))
+                cache.stats.layer_hits[key.layer] += 1;
+                Ok(Some(buf))
             }
             None => {
                 cache.stats.misses += 1;
-                None
+                cache.stats.layer_misses[key.layer] += 1;
+                Ok(None)
             }
         }
     }
 
-    fn insert(&self, key: ExpertKey, buf: &Arc<AlignedBuf>) {
+    /// Starts loading `keys` (all missing) and yields each as it arrives,
+    /// in completion order.
+    pub fn fetch(&self, keys: Vec<ExpertKey>) -> Result<Loads<'_>> {
+        for &key in &keys {
+            self.file(key)?;
+        }
+        let guard = self.loading.lock().unwrap_or_else(|p| p.into_inner());
+        let mut loads = Loads { store: self, _guard: guard, keys, next_submit: 0, in_flight: 0 };
+        loads.fill();
+        Ok(loads)
+    }
+
+    /// The record of `key`, from the cache or from disk.
+    pub fn get(&self, key: ExpertKey) -> Result<Arc<AlignedBuf>> {
+        if let Some(buf) = self.lookup(key)? {
+            return Ok(buf);
+        }
+        let mut loads = self.fetch(vec![key])?;
+        let (_, buf) = loads.next().expect("one load submitted");
+        buf
+    }
+
+    fn take_buffer(&self, record_bytes: usize) -> AlignedBuf {
+        let mut cache = self.lock();
+        match cache.free.iter().position(|b| b.len() == record_bytes) {
+            Some(i) => cache.free.swap_remove(i),
+            None => AlignedBuf::zeroed(record_bytes),
+        }
+    }
+
+    /// Caches a freshly read record if room can be made without evicting a
+    /// leased one, and returns the lease.
+    fn admit(&self, key: ExpertKey, buf: AlignedBuf) -> Arc<AlignedBuf> {
         let mut guard = self.lock();
         let cache = &mut *guard;
-        cache.stats.bytes_read += buf.len() as u64;
-        if buf.len() > self.capacity_bytes || cache.entries.contains_key(&key) {
-            return;
+        let len = buf.len();
+        cache.stats.bytes_read += len as u64;
+        let buf = Arc::new(buf);
+        if len > self.options.capacity_bytes || cache.entries.contains_key(&key) {
+            return buf;
         }
-        while cache.held_bytes + buf.len() > self.capacity_bytes {
-            let (_, oldest) = cache.by_tick.pop_first().expect("held bytes imply an entry");
-            let (evicted, _) = cache.entries.remove(&oldest).expect("tick index matches entries");
+        while cache.held_bytes + len > self.options.capacity_bytes {
+            let entries = &cache.entries;
+            let leased = |k: ExpertKey| entries.get(&k).is_some_and(|b| Arc::strong_count(b) > 1);
+            let Some(victim) = cache.policy.victim(&leased) else {
+                // Everything resident is in use: serve this one uncached.
+                return buf;
+            };
+            cache.policy.on_remove(victim);
+            let evicted = cache.entries.remove(&victim).expect("the policy names resident keys");
             cache.held_bytes -= evicted.len();
             cache.stats.evictions += 1;
+            if let Ok(spare) = Arc::try_unwrap(evicted)
+                && cache.free.len() < self.options.max_in_flight
+            {
+                cache.free.push(spare);
+            }
         }
-        let tick = cache.next_tick;
-        cache.next_tick += 1;
-        cache.by_tick.insert(tick, key);
-        cache.entries.insert(key, (Arc::clone(buf), tick));
-        cache.held_bytes += buf.len();
-        debug_assert!(cache.held_bytes <= self.capacity_bytes);
+        cache.entries.insert(key, Arc::clone(&buf));
+        cache.policy.on_insert(key);
+        cache.held_bytes += len;
+        assert!(cache.held_bytes <= self.options.capacity_bytes, "cache within capacity");
+        buf
     }
 }
 
-fn open_layer(source: ExpertSource) -> Result<Layer> {
-    let file = File::open(&source.path)
-        .map_err(|source_err| Error::Open { path: source.path.clone(), source: source_err })?;
-    Ok(Layer { source, file })
+/// Loads in progress for one batch of missing experts. Dropping it waits for
+/// the loads already submitted, so no stale completion reaches a later batch.
+pub struct Loads<'s> {
+    store: &'s ExpertStore,
+    _guard: MutexGuard<'s, ()>,
+    keys: Vec<ExpertKey>,
+    next_submit: usize,
+    in_flight: usize,
 }
 
-/// Reads one whole record with positioned reads, retrying short reads until
-/// the record is complete; the end of the file before that is an error.
-fn read_record(layer: &Layer, key: ExpertKey) -> Result<AlignedBuf> {
-    let record_bytes = layer.source.record_bytes;
-    let offset_bytes = (key.expert as u64) * record_bytes as u64;
-    let mut buf = AlignedBuf::zeroed(record_bytes);
-    let mut done_bytes = 0;
-    while done_bytes < record_bytes {
-        let at = offset_bytes + done_bytes as u64;
-        match layer.file.read_at(&mut buf.as_mut_slice()[done_bytes..], at) {
-            Ok(0) => {
-                return Err(Error::ShortRead {
-                    path: layer.source.path.clone(),
-                    layer: key.layer,
-                    expert: key.expert,
-                    offset_bytes,
-                    wanted_bytes: record_bytes,
-                    got_bytes: done_bytes,
-                });
-            }
-            Ok(n) => done_bytes += n,
-            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(source) => {
-                return Err(Error::Read {
-                    path: layer.source.path.clone(),
-                    layer: key.layer,
-                    expert: key.expert,
-                    source,
-                });
-            }
+impl Loads<'_> {
+    fn fill(&mut self) {
+        while self.in_flight < self.store.options.max_in_flight.max(1) && self.next_submit < self.keys.len() {
+            let key = self.keys[self.next_submit];
+            let file = Arc::clone(self.store.file(key).expect("keys checked in fetch"));
+            let buf = self.store.take_buffer(file.record_bytes());
+            self.store.pool.submit(file, key.expert, buf, self.next_submit as u64);
+            self.next_submit += 1;
+            self.in_flight += 1;
         }
     }
-    Ok(buf)
+}
+
+impl Iterator for Loads<'_> {
+    type Item = (ExpertKey, Result<Arc<AlignedBuf>>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.in_flight == 0 {
+            return None;
+        }
+        let (tag, result) = self.store.pool.recv();
+        self.in_flight -= 1;
+        let key = self.keys[tag as usize];
+        let result = result.map(|buf| self.store.admit(key, buf));
+        self.fill();
+        Some((key, result))
+    }
+}
+
+impl Drop for Loads<'_> {
+    fn drop(&mut self) {
+        while self.in_flight > 0 {
+            let _ = self.store.pool.recv();
+            self.in_flight -= 1;
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn store_with(records: usize, record_bytes: usize, capacity_bytes: usize) -> (tempfile::TempDir, ExpertStore) {
+    const RECORD: usize = 4096;
+
+    fn store_with(records: usize, capacity_bytes: usize, policy: PolicyKind) -> (tempfile::TempDir, ExpertStore) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("layer_000.bin");
-        let bytes: Vec<u8> = (0..records * record_bytes).map(|i| (i / record_bytes) as u8).collect();
+        let bytes: Vec<u8> = (0..records * RECORD).map(|i| (i / RECORD) as u8).collect();
         std::fs::write(&path, bytes).unwrap();
-        let source = ExpertSource { path, record_bytes, num_experts: records };
-        let store = ExpertStore::open(vec![Some(source)], capacity_bytes).unwrap();
+        let source = ExpertSource { path, record_bytes: RECORD, num_experts: records };
+        let options = StoreOptions { capacity_bytes, policy, ..StoreOptions::default() };
+        let store = ExpertStore::open(vec![Some(source)], options, Usage::default()).unwrap();
         (dir, store)
+    }
+
+    fn key(expert: usize) -> ExpertKey {
+        ExpertKey { layer: 0, expert }
     }
 
     #[test]
     fn serves_whole_records_and_evicts_least_recent() {
-        let (_dir, store) = store_with(4, 4096, 2 * 4096);
+        let (_dir, store) = store_with(4, 2 * RECORD, PolicyKind::Lru);
         for expert in [0, 1, 0, 2, 0, 1] {
-            let buf = store.get(ExpertKey { layer: 0, expert }).unwrap();
+            let buf = store.get(key(expert)).unwrap();
             assert!(buf.as_slice().iter().all(|&b| b == expert as u8));
         }
         let stats = store.stats();
         // 0 miss, 1 miss, 0 hit, 2 miss (evicts 1), 0 hit, 1 miss (evicts 2).
         assert_eq!((stats.hits, stats.misses, stats.evictions), (2, 4, 2));
-        assert_eq!(stats.bytes_read, 4 * 4096);
+        assert_eq!(stats.bytes_read, 4 * RECORD as u64);
+        assert_eq!(stats.layer_misses, vec![4]);
         assert!(store.held_bytes() <= store.capacity_bytes());
     }
 
     #[test]
+    fn leased_records_are_never_evicted() {
+        let (_dir, store) = store_with(4, 2 * RECORD, PolicyKind::Lru);
+        let lease0 = store.get(key(0)).unwrap();
+        let lease1 = store.get(key(1)).unwrap();
+        // Both resident records are leased: a third is served uncached.
+        let third = store.get(key(2)).unwrap();
+        assert_eq!(third.as_slice()[0], 2);
+        assert!(store.lookup(key(0)).unwrap().is_some() && store.lookup(key(1)).unwrap().is_some());
+        assert!(store.lookup(key(2)).unwrap().is_none());
+        drop((lease0, lease1));
+    }
+
+    #[test]
     fn capacity_below_one_record_still_serves_without_caching() {
-        let (_dir, store) = store_with(2, 4096, 100);
+        let (_dir, store) = store_with(2, 100, PolicyKind::Lfru);
         for _ in 0..3 {
-            let buf = store.get(ExpertKey { layer: 0, expert: 1 }).unwrap();
-            assert_eq!(buf.as_slice()[4095], 1);
+            let buf = store.get(key(1)).unwrap();
+            assert_eq!(buf.as_slice()[RECORD - 1], 1);
         }
         assert_eq!(store.held_bytes(), 0);
         assert_eq!(store.stats().misses, 3);
     }
 
     #[test]
+    fn a_batch_of_loads_arrives_complete_and_in_the_cache() {
+        let (_dir, store) = store_with(8, 8 * RECORD, PolicyKind::Pinned);
+        let keys: Vec<ExpertKey> = (0..8).map(key).collect();
+        let mut seen: Vec<usize> = store
+            .fetch(keys)
+            .unwrap()
+            .map(|(k, buf)| {
+                assert!(buf.unwrap().as_slice().iter().all(|&b| b == k.expert as u8));
+                k.expert
+            })
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..8).collect::<Vec<_>>());
+        assert_eq!(store.held_bytes(), 8 * RECORD);
+    }
+
+    #[test]
     fn truncated_file_is_a_short_read_naming_the_expert() {
-        let (dir, store) = store_with(2, 4096, 1 << 20);
+        let (dir, store) = store_with(2, 1 << 20, PolicyKind::Lru);
         let path = dir.path().join("layer_000.bin");
-        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096 + 10).unwrap();
-        let err = store.get(ExpertKey { layer: 0, expert: 1 }).unwrap_err().to_string();
-        assert!(err.contains("expert 1 of layer 0") && err.contains("truncated"), "{err}");
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(RECORD as u64 + 10).unwrap();
+        let err = store.get(key(1)).unwrap_err().to_string();
+        assert!(err.contains("expert 1") && err.contains("layer 0"), "{err}");
+        // The failed load left nothing behind.
+        assert!(store.lookup(key(1)).unwrap().is_none());
     }
 
     #[test]
     fn missing_file_fails_at_open() {
-        let source = ExpertSource { path: "/nonexistent/layer.bin".into(), record_bytes: 4096, num_experts: 1 };
-        let err = ExpertStore::open(vec![Some(source)], 0).err().unwrap().to_string();
-        assert!(err.contains("/nonexistent/layer.bin"), "{err}");
+        let source = ExpertSource { path: "/nonexistent/layer.bin".into(), record_bytes: RECORD, num_experts: 1 };
+        let err = ExpertStore::open(vec![Some(source)], StoreOptions::default(), Usage::default());
+        assert!(err.err().unwrap().to_string().contains("/nonexistent/layer.bin"));
     }
 
     #[test]
     fn out_of_range_expert_is_an_error() {
-        let (_dir, store) = store_with(2, 4096, 0);
-        assert!(store.get(ExpertKey { layer: 0, expert: 2 }).is_err());
+        let (_dir, store) = store_with(2, 0, PolicyKind::Lru);
+        assert!(store.get(key(2)).is_err());
         assert!(store.get(ExpertKey { layer: 1, expert: 0 }).is_err());
+    }
+
+    #[test]
+    fn learning_counts_uses() {
+        let (_dir, store) = store_with(2, 0, PolicyKind::Lru);
+        store.learn([key(1), key(1), key(0)]);
+        assert_eq!(store.usage().count(key(1)), 2);
     }
 }

@@ -39,6 +39,8 @@ pub struct Container {
     dense_index: HashMap<String, usize>,
     /// Indexed by layer; `None` for dense layers.
     expert_layouts: Vec<Option<ExpertLayout>>,
+    /// SHA-256 of manifest.json, which holds every data file's SHA-256.
+    content_hash: String,
 }
 
 impl std::fmt::Debug for Container {
@@ -73,13 +75,27 @@ impl Container {
                 actual_bytes: dense_map.len() as u64,
             });
         }
+        let (content_hash, _) = sha256_file(&dir.join(MANIFEST_FILE))?;
         Ok(Container {
+            content_hash,
             dir,
             manifest,
             dense_map,
             dense_index: checked.dense_index,
             expert_layouts: checked.expert_layouts,
         })
+    }
+
+    /// A hash that changes whenever any byte of the model does: the SHA-256
+    /// of manifest.json, which records every data file's SHA-256. Files
+    /// derived from a model (usage, traces, KV sessions) are bound to it.
+    pub fn content_hash(&self) -> &str {
+        &self.content_hash
+    }
+
+    /// Size of dense.bin, all of which stays resident while the model runs.
+    pub fn dense_file_bytes(&self) -> u64 {
+        self.dense_map.len() as u64
     }
 
     /// The container directory.

@@ -1,0 +1,98 @@
+//! Typed, field-named access to a config.json object.
+//!
+//! Absent and `null` are both "not given", as in transformers; a present
+//! value of the wrong type is an error naming the field (with its prefix,
+//! e.g. `rope_parameters.factor`).
+
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+pub(super) fn as_u32(v: &Value, field: &str) -> Result<u32> {
+    v.as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| Error::invalid(field, format!("expected a token id, got {v}")))
+}
+
+/// Typed access to one JSON object, naming `prefix + key` in errors. Absent
+/// and `null` are both "not given", as in transformers.
+pub(super) struct Fields<'a> {
+    pub(super) map: &'a Map<String, Value>,
+    pub(super) prefix: &'static str,
+}
+
+impl<'a> Fields<'a> {
+    fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn wrong(&self, key: &str, expected: &str, v: &Value) -> Error {
+        Error::invalid(self.name(key), format!("expected {expected}, got {v}"))
+    }
+
+    fn missing(&self, key: &str) -> Error {
+        Error::MissingField { field: self.name(key) }
+    }
+
+    pub(super) fn usize(&self, key: &str) -> Result<Option<usize>> {
+        self.get(key)
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| self.wrong(key, "a non-negative integer", v))
+            })
+            .transpose()
+    }
+
+    pub(super) fn req_usize(&self, key: &str) -> Result<usize> {
+        self.usize(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    pub(super) fn u32(&self, key: &str) -> Result<Option<u32>> {
+        self.get(key).map(|v| as_u32(v, &self.name(key))).transpose()
+    }
+
+    pub(super) fn f64(&self, key: &str) -> Result<Option<f64>> {
+        self.get(key).map(|v| v.as_f64().ok_or_else(|| self.wrong(key, "a number", v))).transpose()
+    }
+
+    pub(super) fn req_f64(&self, key: &str) -> Result<f64> {
+        self.f64(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    pub(super) fn bool(&self, key: &str) -> Result<Option<bool>> {
+        self.get(key).map(|v| v.as_bool().ok_or_else(|| self.wrong(key, "true or false", v))).transpose()
+    }
+
+    pub(super) fn str(&self, key: &str) -> Result<Option<&'a str>> {
+        self.get(key).map(|v| v.as_str().ok_or_else(|| self.wrong(key, "a string", v))).transpose()
+    }
+
+    pub(super) fn req_str(&self, key: &str) -> Result<&'a str> {
+        self.str(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    pub(super) fn object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>> {
+        self.get(key).map(|v| v.as_object().ok_or_else(|| self.wrong(key, "an object", v))).transpose()
+    }
+
+    pub(super) fn usize_list(&self, key: &str) -> Result<Option<Vec<usize>>> {
+        self.get(key)
+            .map(|v| {
+                let items = v.as_array().ok_or_else(|| self.wrong(key, "a list of integers", v))?;
+                items
+                    .iter()
+                    .map(|item| {
+                        item.as_u64()
+                            .and_then(|n| usize::try_from(n).ok())
+                            .ok_or_else(|| self.wrong(key, "a list of integers", v))
+                    })
+                    .collect()
+            })
+            .transpose()
+    }
+}

@@ -1,0 +1,172 @@
+//! Synthetic containers: random weights in a real model's shapes, so that I/O
+//! can be measured on multi-GB models without downloading one.
+//!
+//! The shapes come from the public config.json of each model (embedded
+//! below, trimmed to the fields Strata reads). Weights are uniform random
+//! with the spread of a trained model's (std 0.02), norms are ones, so
+//! activations stay finite through any number of layers. A synthetic
+//! container is an ordinary container: every command runs on it.
+
+use std::path::Path;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::convert::{ConvertReport, Source, write_container};
+use crate::names;
+use crate::preset::{Q4_DEFAULT_GROUP, QuantPreset};
+use crate::spec::ModelSpec;
+use crate::{Error, Result};
+
+/// Models whose shapes `synth --like` can copy, with their config.json as
+/// published on the Hugging Face hub (allenai/OLMoE-1B-7B-0924,
+/// Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1).
+pub const LIKE: [(&str, &str); 3] = [
+    (
+        "olmoe-1b-7b",
+        r#"{"model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 1024,
+            "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+            "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": false, "clip_qkv": null,
+            "tie_word_embeddings": false, "bos_token_id": null, "eos_token_id": 50279, "torch_dtype": "bfloat16"}"#,
+    ),
+    (
+        "qwen3-30b-a3b",
+        r#"{"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+            "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06,
+            "rope_theta": 1000000.0, "rope_scaling": null, "num_experts": 128, "num_experts_per_tok": 8,
+            "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": false,
+            "tie_word_embeddings": false, "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16"}"#,
+    ),
+    (
+        "mixtral-8x7b",
+        r#"{"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+            "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": null,
+            "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"}"#,
+    ),
+];
+
+/// Standard deviation of the synthetic weights.
+const WEIGHT_STD: f32 = 0.02;
+
+/// How to synthesize.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SynthOptions {
+    /// A name from [`LIKE`].
+    pub like: String,
+    /// Keep only the first this-many decoder layers.
+    pub layers: Option<usize>,
+    pub preset: QuantPreset,
+    pub q4_group: usize,
+    pub seed: u64,
+    pub progress: bool,
+    pub overwrite: bool,
+}
+
+impl SynthOptions {
+    pub fn new(like: &str, preset: QuantPreset) -> Self {
+        Self {
+            like: like.to_owned(),
+            layers: None,
+            preset,
+            q4_group: Q4_DEFAULT_GROUP,
+            seed: 0,
+            progress: false,
+            overwrite: false,
+        }
+    }
+}
+
+/// The config.json text of `like` with `layers` decoder layers.
+pub fn like_config(like: &str, layers: Option<usize>) -> Result<String> {
+    let (_, text) = LIKE.iter().find(|(name, _)| *name == like).ok_or_else(|| Error::InvalidOption {
+        option: "like".into(),
+        reason: format!(
+            "unknown model {like:?}; known: {}",
+            LIKE.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+        ),
+    })?;
+    let mut config: serde_json::Value =
+        serde_json::from_str(text).map_err(|source| Error::Json { what: format!("synth config {like}"), source })?;
+    if let Some(n) = layers {
+        if n == 0 {
+            return Err(Error::InvalidOption { option: "layers".into(), reason: "must be at least 1".into() });
+        }
+        config["num_hidden_layers"] = n.into();
+    }
+    Ok(config.to_string())
+}
+
+/// Writes a synthetic container to `out_dir`.
+pub fn synth(out_dir: impl AsRef<Path>, options: &SynthOptions) -> Result<ConvertReport> {
+    let config_json = like_config(&options.like, options.layers)?;
+    // Parsed here too so a bad --layers fails before anything is written.
+    ModelSpec::from_config_json(&config_json)?;
+    let source = RandomSource { config_json, seed: options.seed };
+    write_container(&source, out_dir.as_ref(), options.preset, options.q4_group, options.progress, options.overwrite)
+}
+
+/// Weights drawn from a seeded generator, each tensor (and each row block)
+/// from its own stream, so any part can be produced independently.
+struct RandomSource {
+    config_json: String,
+    seed: u64,
+}
+
+impl RandomSource {
+    fn fill(&self, stream: u64, out: &mut [f32]) {
+        // Uniform on [-a, a] has std a/sqrt(3).
+        let a = WEIGHT_STD * 3f32.sqrt();
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        for x in out {
+            *x = rng.random_range(-a..a);
+        }
+    }
+}
+
+fn name_stream(name: &str) -> u64 {
+    // FNV-1a: a stable per-name stream id (std's hasher is randomised per process).
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl Source for RandomSource {
+    fn describe(&self) -> String {
+        "synthetic weights".to_owned()
+    }
+
+    fn config_json(&self) -> &str {
+        &self.config_json
+    }
+
+    fn resolve(&self, candidates: &[String]) -> Option<String> {
+        candidates.first().cloned()
+    }
+
+    fn check_shape(&self, _name: &str, _expected: &[usize]) -> Result<()> {
+        Ok(())
+    }
+
+    fn rows_f32(&self, name: &str, row_start: usize, row_count: usize, cols: usize) -> Result<Vec<f32>> {
+        let mut out = vec![0.0f32; row_count * cols];
+        if name.ends_with("norm.weight") {
+            out.fill(1.0);
+        } else {
+            self.fill(name_stream(name) ^ (row_start as u64) << 32, &mut out);
+        }
+        Ok(out)
+    }
+
+    fn expert_f32(&self, spec: &ModelSpec, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
+        let shapes = names::expert_shapes(spec);
+        let names = names::expert_names(spec, layer, expert);
+        Ok([0, 1, 2].map(|i| {
+            let [rows, cols] = shapes[i];
+            let mut out = vec![0.0f32; rows * cols];
+            self.fill(name_stream(&names[i]), &mut out);
+            out
+        }))
+    }
+}

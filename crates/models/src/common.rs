@@ -1,0 +1,114 @@
+//! Pieces every graph shares: token embedding, RMSNorm over rows, the final
+//! norm and lm_head, and running a layer's routed experts through the one
+//! expert pipeline (with routing trace and time accounting).
+
+use strata_format::{Container, ExpertLayout, ModelSpec};
+use strata_kernels::{Matrix, ops};
+use strata_sched::{LayerStats, MoeBatch, Route, run_moe_layer};
+use strata_tier::TraceWriter;
+
+use crate::{Error, Logits, Result, Runtime};
+
+/// Rows of the embedding `table` for `tokens`, `[n, hidden]`.
+pub fn embed(container: &Container, spec: &ModelSpec, table: &str, tokens: &[u32]) -> Result<Vec<f32>> {
+    let h = spec.hidden_size;
+    let table: Matrix<'_> = container.dense(table)?;
+    let mut x = vec![0.0f32; tokens.len() * h];
+    for (row, &token) in x.chunks_exact_mut(h).zip(tokens) {
+        if token as usize >= spec.vocab_size {
+            return Err(Error::TokenOutOfRange { token, vocab_size: spec.vocab_size });
+        }
+        table.row_to_f32(token as usize, row);
+    }
+    Ok(x)
+}
+
+/// RMS-normalises each `weight.len()`-wide row of `xs` into `out`.
+pub fn rmsnorm_into(xs: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    for (x, o) in xs.chunks_exact(weight.len()).zip(out.chunks_exact_mut(weight.len())) {
+        ops::rmsnorm(x, weight, eps, o);
+    }
+}
+
+/// RMS-normalises every `width`-wide chunk of `rows` in place.
+pub fn rmsnorm_rows(rows: &mut [f32], weight: &[f32], eps: f32, width: usize) {
+    assert_eq!(weight.len(), width, "norm weight matches its span");
+    for chunk in rows.chunks_exact_mut(width) {
+        ops::rmsnorm_inplace(chunk, weight, eps);
+    }
+}
+
+/// Adds `bias` to every row of `rows`.
+pub fn add_bias(rows: &mut [f32], bias: &[f32]) {
+    for row in rows.chunks_exact_mut(bias.len()) {
+        row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+    }
+}
+
+/// `y = W x` for every row of `xs` (`[n, cols]`), plus an optional bias.
+pub fn project(rt: &Runtime<'_>, c: &Container, weight: &str, bias: Option<&str>, xs: &[f32]) -> Result<Vec<f32>> {
+    let m = c.dense(weight)?;
+    let n = xs.len() / m.cols;
+    let mut out = vec![0.0f32; n * m.rows];
+    rt.threads.matmul(&m, xs, n, &mut out);
+    if let Some(bias) = bias {
+        add_bias(&mut out, c.dense_vec(bias)?);
+    }
+    Ok(out)
+}
+
+/// The final RMSNorm and lm_head over the positions `which` asks for.
+pub fn output_logits(
+    rt: &Runtime<'_>,
+    c: &Container,
+    spec: &ModelSpec,
+    x: &[f32],
+    which: Logits,
+    final_norm: &str,
+    lm_head: &str,
+) -> Result<Vec<f32>> {
+    let h = spec.hidden_size;
+    let n = x.len() / h;
+    let rows = match which {
+        Logits::All => x,
+        Logits::Last => &x[(n - 1) * h..],
+    };
+    let m = rows.len() / h;
+    let mut normed = vec![0.0f32; m * h];
+    rmsnorm_into(rows, c.dense_vec(final_norm)?, spec.rms_norm_eps, &mut normed);
+    let mut out = vec![0.0f32; m * spec.vocab_size];
+    rt.threads.matmul(&c.dense(lm_head)?, &normed, m, &mut out);
+    Ok(out)
+}
+
+/// Adds the routed experts' weighted outputs for `xs` (`[n, hidden]`,
+/// tokens at positions `start..`) to `out`, recording the routes in the
+/// trace and the time in the run statistics.
+pub fn run_routed_experts(
+    rt: &Runtime<'_>,
+    layout: &ExpertLayout,
+    layer: usize,
+    start: usize,
+    xs: &[f32],
+    hidden: usize,
+    routes: &[Route],
+    top_k: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    if let Some(trace) = rt.trace {
+        record_routes(&mut trace.lock().unwrap_or_else(|p| p.into_inner()), layer, start, routes, top_k)?;
+    }
+    let batch = MoeBatch { layer, layout, xs, hidden, routes, top_k };
+    let mut layer_stats = LayerStats::default();
+    let result = run_moe_layer(rt.store, rt.threads, &batch, out, &mut layer_stats);
+    rt.stats.lock().unwrap_or_else(|p| p.into_inner()).add(layer_stats);
+    Ok(result?)
+}
+
+fn record_routes(trace: &mut TraceWriter, layer: usize, start: usize, routes: &[Route], top_k: usize) -> Result<()> {
+    for (i, token_routes) in routes.chunks_exact(top_k).enumerate() {
+        let experts: Vec<usize> = token_routes.iter().map(|r| r.expert).collect();
+        trace.write(layer, (start + i) as u64, &experts)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,154 @@
+//! The one memory budget: resident dense weights, the expert cache, the KV
+//! arena and the I/O buffers are all carved out of it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{ByteSize, Error, Result};
+
+/// Share of `MemAvailable` that `--ram-budget auto` takes. The rest is left
+/// to the page cache (which serves expert reads with `--io pread`), the
+/// desktop, and the documented slack of the process itself.
+pub const AUTO_SHARE_PERCENT: u64 = 75;
+
+/// Bytes the process may use beyond its budget: the binary and its libraries,
+/// thread stacks, the allocator's overhead and per-layer activations. A
+/// test checks resident memory against `budget + SLACK_BYTES`.
+pub const SLACK_BYTES: u64 = 96 << 20;
+
+/// `--ram-budget`: a size, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RamBudget {
+    /// [`AUTO_SHARE_PERCENT`] of `MemAvailable`, read at start.
+    Auto,
+    Bytes(u64),
+}
+
+impl FromStr for RamBudget {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        if text.trim().eq_ignore_ascii_case("auto") {
+            return Ok(RamBudget::Auto);
+        }
+        Ok(RamBudget::Bytes(text.parse::<ByteSize>()?.bytes()))
+    }
+}
+
+impl fmt::Display for RamBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RamBudget::Auto => f.write_str("auto"),
+            RamBudget::Bytes(b) => write!(f, "{}", ByteSize(*b)),
+        }
+    }
+}
+
+impl RamBudget {
+    /// The budget in bytes (reads `/proc/meminfo` for `auto`).
+    pub fn resolve(self) -> Result<u64> {
+        match self {
+            RamBudget::Bytes(bytes) => Ok(bytes),
+            RamBudget::Auto => Ok(mem_available_bytes()? / 100 * AUTO_SHARE_PERCENT),
+        }
+    }
+}
+
+/// `MemAvailable` from `/proc/meminfo`.
+pub fn mem_available_bytes() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo")
+        .map_err(|source| Error::MemInfo { reason: format!("cannot read /proc/meminfo: {source}") })?;
+    parse_mem_available(&text)
+}
+
+fn parse_mem_available(meminfo: &str) -> Result<u64> {
+    let line = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .ok_or_else(|| Error::MemInfo { reason: "no MemAvailable line in /proc/meminfo".into() })?;
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Error::MemInfo { reason: format!("unreadable line {line:?}") })?;
+    Ok(kib * 1024)
+}
+
+/// What a model needs from the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetNeeds {
+    /// Dense weights, resident for the whole run.
+    pub dense_bytes: u64,
+    /// The KV arena for the whole context.
+    pub kv_bytes: u64,
+    /// Buffers of loads in flight.
+    pub io_buffer_bytes: u64,
+    /// The least expert cache that can run: one layer's routed experts.
+    pub min_expert_bytes: u64,
+}
+
+/// How the budget is shared out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetPlan {
+    pub total_bytes: u64,
+    pub dense_bytes: u64,
+    pub kv_bytes: u64,
+    pub io_buffer_bytes: u64,
+    /// Everything left: the expert cache.
+    pub expert_cache_bytes: u64,
+}
+
+impl BudgetPlan {
+    /// Shares `total_bytes` out, or refuses with what is needed and what there is.
+    pub fn new(total_bytes: u64, needs: BudgetNeeds) -> Result<Self> {
+        let fixed_bytes = needs.dense_bytes + needs.kv_bytes + needs.io_buffer_bytes;
+        let needed_bytes = fixed_bytes + needs.min_expert_bytes;
+        if needed_bytes > total_bytes {
+            return Err(Error::BudgetTooSmall {
+                needed: ByteSize(needed_bytes),
+                have: ByteSize(total_bytes),
+                dense: ByteSize(needs.dense_bytes),
+                kv: ByteSize(needs.kv_bytes),
+                io: ByteSize(needs.io_buffer_bytes),
+                experts: ByteSize(needs.min_expert_bytes),
+            });
+        }
+        Ok(Self {
+            total_bytes,
+            dense_bytes: needs.dense_bytes,
+            kv_bytes: needs.kv_bytes,
+            io_buffer_bytes: needs.io_buffer_bytes,
+            expert_cache_bytes: total_bytes - fixed_bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NEEDS: BudgetNeeds =
+        BudgetNeeds { dense_bytes: 100, kv_bytes: 20, io_buffer_bytes: 30, min_expert_bytes: 50 };
+
+    #[test]
+    fn the_expert_cache_gets_what_is_left() {
+        let plan = BudgetPlan::new(1000, NEEDS).unwrap();
+        assert_eq!(plan.expert_cache_bytes, 850);
+    }
+
+    #[test]
+    fn too_small_a_budget_says_what_it_needs_and_has() {
+        let err = BudgetPlan::new(199, NEEDS).unwrap_err().to_string();
+        assert!(err.contains("200 B") && err.contains("199 B"), "{err}");
+        assert!(BudgetPlan::new(200, NEEDS).is_ok());
+    }
+
+    #[test]
+    fn parses_auto_and_sizes() {
+        assert_eq!("auto".parse::<RamBudget>().unwrap(), RamBudget::Auto);
+        assert_eq!("2GiB".parse::<RamBudget>().unwrap(), RamBudget::Bytes(2 << 30));
+        assert!("lots".parse::<RamBudget>().is_err());
+        assert_eq!(parse_mem_available("MemTotal: 5 kB\nMemAvailable:   1024 kB\n").unwrap(), 1 << 20);
+        assert!(RamBudget::Auto.resolve().unwrap() > 0);
+    }
+}

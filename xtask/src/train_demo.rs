@@ -1,0 +1,222 @@
+//! `cargo xtask train-demo`: train the embedded demo model (`models/demo/`) from scratch on the CPU.
+//!
+//! The Python side is `xtask/train_demo/train.py`: a byte-level BPE tokenizer (Hugging Face tokenizers) and
+//! a small OLMoE (transformers) trained on the English fortune files of Debian's `fortunes` package (BSD
+//! licence), written as a standard Hugging Face checkpoint. It runs in the same pinned venv as
+//! `cargo xtask fixtures` (`target/fixtures-venv`, from `xtask/fixtures/requirements.txt`) unless
+//! `--python PATH` names an interpreter. The text comes from `/usr/share/games/fortunes`; when it is
+//! missing on Debian, `apt-get install fortunes` installs it, elsewhere the task stops and says so.
+//!
+//! The run is deterministic for a given seed and thread count, checkpoints to `target/train-demo/` every
+//! 100 steps and resumes from there when rerun; `--fresh` starts over.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::fixtures::ensure_venv;
+
+/// Where Debian's `fortunes` and `fortunes-min` packages put the fortune files.
+const FORTUNES_DIR: &str = "/usr/share/games/fortunes";
+/// Files that only the full `fortunes` package ships (`fortunes-min` has just `fortunes`).
+const FORTUNES_PROBES: &[&str] = &["fortunes", "computers", "people", "wisdom"];
+
+const USAGE: &str = "\
+cargo xtask train-demo [OPTIONS] [-- TRAIN_PY_ARGS...]
+
+Train the demo MoE (tokenizer + OLMoE) from scratch and write models/demo/.
+
+Options:
+  --python PATH          use this Python (e.g. an existing venv's bin/python) instead of creating
+                         target/fixtures-venv and pip-installing xtask/fixtures/requirements.txt
+  --base-python PATH     interpreter used to create target/fixtures-venv (default: python3)
+  --out DIR              checkpoint directory (default: models/demo)
+  --work DIR             checkpoints, tokenizer and log while training (default: target/train-demo)
+  --threads N            torch threads (default: 1; the result depends on it)
+  --seed N               seed of the split, the chat mix, the initialisation and the batches (default: 1234)
+  --steps N              optimizer steps (default: 2400, about 45-60 minutes on one core)
+  --fresh                ignore an interrupted run in --work and start over
+  --export-only          rewrite --out from the best checkpoint in --work
+  --allow-other-versions let train.py run with unpinned torch/transformers/tokenizers
+  -h, --help             this text
+
+Arguments after `--` go to xtask/train_demo/train.py unchanged (see its --help).
+";
+
+#[derive(Debug, PartialEq)]
+struct Opts {
+    python: Option<PathBuf>,
+    base_python: PathBuf,
+    threads: u32,
+    /// Arguments handed to train.py.
+    forward: Vec<String>,
+}
+
+fn parse_args(args: &[String]) -> Result<Option<Opts>> {
+    let mut o = Opts { python: None, base_python: PathBuf::from("python3"), threads: 1, forward: Vec::new() };
+    let args = match args.first().map(String::as_str) {
+        Some("train-demo") => &args[1..],
+        _ => args,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        let mut value = |name: &str| -> Result<String> {
+            match &inline {
+                Some(v) => Ok(v.clone()),
+                None => it.next().cloned().with_context(|| format!("{name} needs a value")),
+            }
+        };
+        match flag {
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return Ok(None);
+            }
+            "--python" => o.python = Some(PathBuf::from(value(flag)?)),
+            "--base-python" => o.base_python = PathBuf::from(value(flag)?),
+            "--threads" => {
+                let v = value(flag)?;
+                o.threads = v.parse().ok().filter(|&n| n > 0).with_context(|| format!("--threads {v:?}"))?;
+                o.forward.extend(["--threads".into(), v]);
+            }
+            "--out" | "--work" | "--seed" | "--steps" => {
+                let v = value(flag)?;
+                o.forward.extend([flag.to_string(), v]);
+            }
+            "--fresh" | "--export-only" | "--allow-other-versions" if inline.is_none() => {
+                o.forward.push(flag.to_string())
+            }
+            "--" => o.forward.extend(it.by_ref().cloned()),
+            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
+        }
+    }
+    Ok(Some(o))
+}
+
+/// Entry point of `cargo xtask train-demo`. `args` are the arguments after `train-demo`.
+pub fn run(args: &[String]) -> Result<()> {
+    let Some(opts) = parse_args(args)? else {
+        return Ok(());
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("xtask has no parent directory")?.to_path_buf();
+    let script = root.join("xtask").join("train_demo").join("train.py");
+    if !script.is_file() {
+        bail!("missing {}", script.display());
+    }
+    ensure_fortunes(Path::new(FORTUNES_DIR))?;
+    let python = match &opts.python {
+        Some(p) if p.is_absolute() || p.components().count() == 1 => p.clone(),
+        Some(p) => std::env::current_dir()?.join(p),
+        None => ensure_venv(&root, &root.join("xtask").join("fixtures").join("requirements.txt"), &opts.base_python)?,
+    };
+    println!("train-demo: using Python {}", python.display());
+    let threads = opts.threads.to_string();
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script)
+        .arg("--fortunes")
+        .arg(FORTUNES_DIR)
+        .args(&opts.forward)
+        .current_dir(&root)
+        // CPU only and offline; the thread count is part of what makes the run reproducible.
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .env("OMP_NUM_THREADS", &threads)
+        .env("MKL_NUM_THREADS", &threads)
+        .env("PYTHONHASHSEED", "0")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("TOKENIZERS_PARALLELISM", "false")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .env("HF_HUB_DISABLE_TELEMETRY", "1");
+    println!("+ {} {}", python.display(), shown_args(&cmd));
+    let status = cmd.status().with_context(|| format!("failed to start {}", python.display()))?;
+    if !status.success() {
+        bail!("train.py failed ({status}); rerun the same command to resume from the last checkpoint");
+    }
+    Ok(())
+}
+
+fn shown_args(cmd: &Command) -> String {
+    cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
+}
+
+fn have_fortunes(dir: &Path) -> bool {
+    FORTUNES_PROBES.iter().all(|f| dir.join(f).is_file())
+}
+
+/// Make sure Debian's `fortunes` package is installed; install it with apt-get on Debian.
+fn ensure_fortunes(dir: &Path) -> Result<()> {
+    if have_fortunes(dir) {
+        return Ok(());
+    }
+    let hint = "the demo model is trained on the English fortune files of Debian's `fortunes` package \
+                (BSD licence), expected in /usr/share/games/fortunes";
+    if !Path::new("/etc/debian_version").exists() {
+        bail!("{hint}; this is not Debian: install that package's files there by hand");
+    }
+    println!("train-demo: installing Debian's `fortunes` package");
+    let apt = |args: &[&str]| -> Result<bool> {
+        println!("+ apt-get {}", args.join(" "));
+        let status = Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .with_context(|| format!("{hint}; could not run apt-get"))?;
+        Ok(status.success())
+    };
+    if !apt(&["install", "-y", "--no-install-recommends", "fortunes"])? {
+        // A fresh machine may have no package lists yet.
+        if !(apt(&["update"])? && apt(&["install", "-y", "--no-install-recommends", "fortunes"])?) {
+            bail!("{hint}; `apt-get install fortunes` failed (run it as root)");
+        }
+    }
+    if !have_fortunes(dir) {
+        bail!("{hint}; `apt-get install fortunes` succeeded but the files are not there");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn defaults_forward_nothing() {
+        let o = parse_args(&[]).unwrap().unwrap();
+        assert_eq!(o, Opts { python: None, base_python: "python3".into(), threads: 1, forward: vec![] });
+    }
+
+    #[test]
+    fn options_are_forwarded_to_train_py() {
+        let args = strings(&[
+            "train-demo",
+            "--python=/v/bin/python",
+            "--threads",
+            "2",
+            "--steps=10",
+            "--fresh",
+            "--",
+            "--lr",
+            "1e-3",
+        ]);
+        let o = parse_args(&args).unwrap().unwrap();
+        assert_eq!(o.python, Some(PathBuf::from("/v/bin/python")));
+        assert_eq!(o.threads, 2);
+        assert_eq!(o.forward, strings(&["--threads", "2", "--steps", "10", "--fresh", "--lr", "1e-3"]));
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        assert!(parse_args(&strings(&["--threads", "0"])).is_err());
+        assert!(parse_args(&strings(&["--steps"])).is_err());
+        assert!(parse_args(&strings(&["--bogus"])).is_err());
+        assert!(parse_args(&strings(&["--help"])).unwrap().is_none());
+    }
+}
