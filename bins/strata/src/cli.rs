@@ -125,6 +125,10 @@ pub struct RunArgs {
     /// Kernel worker threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// The most tokens a session may hold; its KV arena comes out of the
+    /// budget (default: the model's context, at most 4096).
+    #[arg(long)]
+    pub context: Option<usize>,
     /// Record every routing decision (layer, token, experts) to this file.
     #[arg(long)]
     pub trace: Option<PathBuf>,

@@ -86,6 +86,7 @@ fn open(model_dir: &std::path::Path, run: &RunArgs) -> Result<Engine> {
         cache_policy: run.cache_policy,
         io: run.io,
         trace_file: run.trace.clone(),
+        context_tokens: run.context,
         usage_file: run.usage_file.clone(),
         ..EngineOptions::default()
     };
@@ -132,7 +133,14 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     println!("bytes/expert  {} ({})", per_expert_bytes, ByteSize(per_expert_bytes));
     println!("bytes experts {} ({})", expert_bytes, ByteSize(expert_bytes));
     println!("bytes total   {} ({})", total_bytes, ByteSize(total_bytes));
-    println!("kv bytes/token {}", spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4);
+    let kv_floats = spec.kv_floats_per_token_per_layer();
+    let kv_parts = match (&spec.mla, &spec.dsa) {
+        (Some(mla), Some(dsa)) => format!("{} latent + {} index-key", mla.latent_dim(), dsa.index_head_dim),
+        (Some(mla), None) => format!("{} latent", mla.latent_dim()),
+        (None, _) => format!("{kv_floats} key+value"),
+    };
+    let (layers, kv_bytes) = (spec.num_layers, spec.num_layers * kv_floats * 4);
+    println!("kv bytes/token {kv_bytes} ({kv_parts} f32 per layer x {layers} layers)");
     for file in &manifest.files {
         println!("sha256 {}  {}", file.sha256, file.path);
     }

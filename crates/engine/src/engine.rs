@@ -228,8 +228,10 @@ fn plan_budget(
     kv_bytes: u64,
 ) -> Result<BudgetPlan> {
     let record_bytes = sources.iter().flatten().map(|s| s.record_bytes as u64).max().unwrap_or(0);
-    let layer_experts_bytes =
-        sources.iter().flatten().map(|s| s.record_bytes as u64 * s.num_experts as u64).max().unwrap_or(0);
+    // The least cache that runs: the experts one token routes to in one
+    // layer. A batch's larger union streams through the I/O buffers one
+    // expert at a time, so it never needs a whole layer resident.
+    let routed_experts_bytes = record_bytes * container.spec().moe.top_k as u64;
     // Loads in flight, as many reusable spare buffers, and the one record
     // being computed uncached.
     let io_buffer_bytes = (2 * options.max_in_flight.max(1) as u64 + 1) * record_bytes;
@@ -237,7 +239,7 @@ fn plan_budget(
         dense_bytes: container.dense_file_bytes(),
         kv_bytes,
         io_buffer_bytes,
-        min_expert_bytes: layer_experts_bytes,
+        min_expert_bytes: routed_experts_bytes,
     };
     Ok(BudgetPlan::new(options.ram_budget.resolve()?, needs)?)
 }

@@ -21,8 +21,10 @@ impl Default for SamplingOptions {
     }
 }
 
-/// A token chooser with its own random stream, so the same seed gives the
-/// same tokens.
+/// A token chooser whose randomness is a function of the seed and the
+/// token's position only: the same seed gives the same tokens, and a
+/// conversation stopped and resumed (even in another process) samples
+/// exactly as one that never stopped.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     options: SamplingOptions,
@@ -35,8 +37,8 @@ impl Sampler {
         Self { options, rng: ChaCha8Rng::seed_from_u64(options.seed), candidates: Vec::new() }
     }
 
-    /// The next token for `logits` (`[vocab]`).
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+    /// The token at sequence position `position` for `logits` (`[vocab]`).
+    pub fn sample(&mut self, logits: &[f32], position: usize) -> u32 {
         assert!(!logits.is_empty(), "logits over an empty vocabulary");
         if self.options.temperature <= 0.0 {
             return argmax(logits);
@@ -68,6 +70,8 @@ impl Sampler {
             self.candidates.truncate(keep);
             sum = self.candidates.iter().map(|c| f64::from(c.1)).sum();
         }
+        self.rng.set_stream(position as u64);
+        self.rng.set_word_pos(0);
         let mut target = self.rng.random::<f64>() * sum;
         for &(token, weight) in &self.candidates {
             target -= f64::from(weight);
@@ -97,24 +101,25 @@ mod tests {
     #[test]
     fn greedy_takes_the_argmax() {
         let mut s = Sampler::new(SamplingOptions::default());
-        assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0], 0), 1);
     }
 
     #[test]
     fn same_seed_same_tokens_and_top_k_one_is_greedy() {
         let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
         let opts = SamplingOptions { temperature: 0.9, top_k: 20, top_p: 0.9, seed: 7 };
-        let a: Vec<u32> = { let mut s = Sampler::new(opts); (0..32).map(|_| s.sample(&logits)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(opts); (0..32).map(|_| s.sample(&logits)).collect() };
+        let a: Vec<u32> = { let mut s = Sampler::new(opts); (0..32).map(|p| s.sample(&logits, p)).collect() };
+        let b: Vec<u32> = { let mut s = Sampler::new(opts); (0..32).rev().map(|p| s.sample(&logits, p)).collect::<Vec<_>>().into_iter().rev().collect() };
+        assert!(a.iter().any(|&t| t != a[0]), "positions draw differently");
         assert_eq!(a, b);
         let mut one = Sampler::new(SamplingOptions { top_k: 1, ..opts });
-        assert_eq!(one.sample(&logits), argmax(&logits));
+        assert_eq!(one.sample(&logits, 3), argmax(&logits));
     }
 
     #[test]
     fn top_p_keeps_only_the_head_of_the_distribution() {
         let logits = [10.0, 9.0, -10.0, -10.0];
         let mut s = Sampler::new(SamplingOptions { temperature: 1.0, top_k: 0, top_p: 0.5, seed: 1 });
-        assert!((0..100).all(|_| s.sample(&logits) == 0));
+        assert!((0..100).all(|p| s.sample(&logits, p) == 0));
     }
 }

@@ -47,6 +47,10 @@ pub struct RunStats {
     pub expert_cache_bytes: u64,
     /// Hit rate of each decoder layer (`null` for layers without experts or accesses).
     pub layer_hit_rates: Vec<Option<f64>>,
+    /// The memory budget in force, and the process's peak resident memory
+    /// (`VmHWM`) at the end of the run.
+    pub ram_budget_bytes: u64,
+    pub peak_rss_bytes: Option<u64>,
     /// One entry per forward pass: the prompt's prefill, then each decoded token.
     pub per_token: Vec<StepStats>,
 }
@@ -116,6 +120,8 @@ impl Snapshot {
                 (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64)
             })
             .collect();
+        stats.ram_budget_bytes = engine.budget().total_bytes;
+        stats.peak_rss_bytes = strata_tier::peak_rss_bytes();
         stats.decode_tokens_per_s = stats.decode_tokens_per_s();
         stats.prefill_tokens_per_s = stats.prefill_tokens_per_s();
     }
@@ -202,7 +208,7 @@ impl<'e> Session<'e> {
         let mut sampler = Sampler::new(options.sampling);
         let eos = &self.engine.spec().eos_token_ids;
         while report.tokens.len() < options.max_new_tokens {
-            let token = sampler.sample(&logits);
+            let token = sampler.sample(&logits, self.tokens.len());
             report.tokens.push(token);
             let stop = on_token(token).is_break() || (!options.ignore_eos && eos.contains(&token));
             if stop || report.tokens.len() == options.max_new_tokens {

@@ -5,7 +5,8 @@
 //! 1e-3 × std(reference); greedy decoding reproduces transformers' where its
 //! top-1 margin is clear; a bf16 checkpoint with a 4.x-style config matches
 //! within 2e-3 × std; q8 and q4 containers match transformers run on their
-//! own dequantized weights; and a tiny expert cache changes nothing.
+//! own dequantized weights; and a tiny expert cache changes nothing. Feeding
+//! the prompt token by token (the decode path) matches at every position.
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -33,9 +34,8 @@ struct Reference {
 fn reference(family: &str) -> Reference {
     let text = std::fs::read_to_string(fixture(family).join("reference.json")).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |key: &str| -> Vec<u32> {
-        json[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
-    };
+    let ids =
+        |key: &str| -> Vec<u32> { json[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
     let margins = json["greedy_margins"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
     Reference { prompt: ids("prompt"), greedy: ids("greedy"), margins }
 }
@@ -44,7 +44,7 @@ fn convert(family: &str, checkpoint: &str, preset: QuantPreset) -> tempfile::Tem
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("model");
     let options = ConvertOptions::new(preset);
-    strata_format::convert(&fixture(family).join(checkpoint), &out, &options).unwrap();
+    strata_format::convert(fixture(family).join(checkpoint), &out, &options).unwrap();
     dir
 }
 
@@ -66,14 +66,11 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn top1(logits: &[f32], vocab: usize) -> Vec<usize> {
-    logits
-        .chunks_exact(vocab)
-        .map(|row| row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0)
-        .collect()
+    logits.chunks_exact(vocab).map(|row| row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0).collect()
 }
 
 fn reference_logits(family: &str, file: &str) -> (Vec<usize>, Vec<f32>) {
-    npy::read_f32(&fixture(family).join(file)).unwrap()
+    npy::read_f32(fixture(family).join(file)).unwrap()
 }
 
 #[test]
@@ -90,6 +87,29 @@ fn f32_logits_match_transformers_at_every_position() {
     }
 }
 
+/// Feeding the prompt one token at a time runs the decode path (for MLA the
+/// absorbed form over the cached latents) at every position.
+#[test]
+fn one_token_at_a_time_matches_transformers_at_every_position() {
+    for family in FAMILIES {
+        let r = reference(family);
+        let (shape, want) = reference_logits(family, "logits_f32.npy");
+        let vocab = shape[1];
+        let dir = convert(family, "hf", QuantPreset::F32);
+        let engine = engine(&dir, 1 << 30, 2);
+        let mut session = engine.session();
+        let mut got = Vec::with_capacity(want.len());
+        for &token in &r.prompt {
+            got.extend(session.feed(&[token]).unwrap());
+        }
+        assert_eq!(got.len(), r.prompt.len() * vocab);
+        let tolerance = 1e-3 * std_dev(&want);
+        let diff = max_abs_diff(&got, &want);
+        eprintln!("{family}: decode max |Δlogit| {diff:.3e} = {:.2e} std", diff / std_dev(&want));
+        assert!(diff <= tolerance, "{family}: token-by-token max |Δlogit| {diff} > {tolerance}");
+    }
+}
+
 #[test]
 fn greedy_continuation_matches_transformers() {
     for family in FAMILIES {
@@ -98,7 +118,8 @@ fn greedy_continuation_matches_transformers() {
         let clear = CLEAR_MARGIN_STD * std_dev(&want);
         let dir = convert(family, "hf", QuantPreset::F32);
         let engine = engine(&dir, 1 << 30, 1);
-        let options = GenerateOptions { max_new_tokens: r.greedy.len(), ignore_eos: false, ..GenerateOptions::default() };
+        let options =
+            GenerateOptions { max_new_tokens: r.greedy.len(), ignore_eos: false, ..GenerateOptions::default() };
         let report = engine.session().generate(&r.prompt, &options, |_| ControlFlow::Continue(())).unwrap();
         let comparable = r.margins.iter().take_while(|&&m| m > clear).count();
         assert!(comparable >= 1, "{family}: no step has a clear margin");
@@ -135,6 +156,7 @@ fn quantized_containers_match_transformers_on_their_dequantized_weights() {
             let got = engine(&dir, 1 << 30, 2).logits(&r.prompt).unwrap();
             let tolerance = QUANT_TOLERANCE_STD * std_dev(&want);
             let diff = max_abs_diff(&got, &want);
+            eprintln!("{family} {preset:?}: max |Δlogit| {diff:.3e} = {:.2e} std", diff / std_dev(&want));
             assert!(diff <= tolerance, "{family} {preset:?}: max |Δlogit| {diff} > {tolerance}");
             let vocab = shape[1];
             let agree = top1(&got, vocab).iter().zip(top1(&want, vocab)).filter(|(a, b)| **a == *b).count();

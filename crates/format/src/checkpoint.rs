@@ -321,7 +321,10 @@ impl Checkpoint {
     fn fp8_elements_f32(&self, name: &str, first: usize, count: usize) -> Result<Vec<f32>> {
         let loc = self.loc(name)?;
         let shard = &self.shards[loc.shard];
-        let bad = |reason: String| Error::Checkpoint { path: shard.path.clone(), reason: format!("tensor {name:?}: {reason}") };
+        let bad = |reason: String| Error::Checkpoint {
+            path: shard.path.clone(),
+            reason: format!("tensor {name:?}: {reason}"),
+        };
         let scale_name = self.fp8_scales.get(name).ok_or_else(|| {
             bad(format!("float8 weights without block scales (none of {:?})", fp8::scale_candidates(name)))
         })?;

@@ -74,6 +74,11 @@ pub struct ConvertReport {
 /// Converts the Hugging Face checkpoint in `hf_dir` into a container at
 /// `out_dir` (see docs/FORMAT.md).
 pub fn convert(hf_dir: impl AsRef<Path>, out_dir: impl AsRef<Path>, opts: &ConvertOptions) -> Result<ConvertReport> {
+    // A model this build cannot run is reported before any weights are
+    // looked for: that error names what is supported.
+    let config_path = hf_dir.as_ref().join(crate::checkpoint::CONFIG_FILE);
+    let config = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
+    ModelSpec::from_config_json(&config)?;
     let ckpt = Checkpoint::open(hf_dir.as_ref())?;
     write_container(&ckpt, out_dir.as_ref(), opts.preset, opts.q4_group, opts.progress, opts.overwrite)
 }

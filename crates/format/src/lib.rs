@@ -40,7 +40,8 @@ pub use error::{Error, Result};
 pub use export::export;
 pub use names::{ExpertProj, TensorDesc, TensorKind};
 pub use preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset};
-pub use synth::{LIKE, SynthOptions, like_config, synth};
 pub use spec::{
-    DsaSpec, Family, IndexerKind, LayerKind, MlaSpec, ModelSpec, MoeSpec, QkNorm, RopeScaling, RopeSpec, RouterSpec, ScoringFunc,
+    DsaSpec, Family, IndexerKind, LayerKind, MlaSpec, ModelSpec, MoeSpec, QkNorm, RopeScaling, RopeSpec, RouterSpec,
+    ScoringFunc,
 };
+pub use synth::{LIKE, SynthOptions, like_config, synth};

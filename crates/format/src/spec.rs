@@ -550,8 +550,9 @@ impl ModelSpec {
         }
         if self.rope.rotary_dim == 0 || !self.rope.rotary_dim.is_multiple_of(2) || self.rope.rotary_dim > self.head_dim
         {
+            // MLA rotates qk_rope_head_dim values; GQA a fraction of head_dim.
             return Err(Error::invalid(
-                "partial_rotary_factor",
+                if self.mla.is_some() { "qk_rope_head_dim" } else { "partial_rotary_factor" },
                 format!(
                     "rotary dimension {} must be even, > 0 and <= head_dim {}",
                     self.rope.rotary_dim, self.head_dim
@@ -900,6 +901,8 @@ fn parse_yarn(cfg: &Fields<'_>, p: &Fields<'_>, max_position_embeddings: usize) 
 
 mod fields;
 mod mla;
+#[cfg(test)]
+mod mla_tests;
 #[cfg(test)]
 mod tests;
 

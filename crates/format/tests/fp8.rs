@@ -12,9 +12,7 @@ use std::path::{Path, PathBuf};
 use common::write_safetensors;
 use safetensors::tensor::Dtype;
 use serde_json::{Value, json};
-use strata_format::{
-    Checkpoint, Container, ConvertOptions, ModelSpec, QuantPreset, TensorKind, convert, names,
-};
+use strata_format::{Checkpoint, Container, ConvertOptions, ModelSpec, QuantPreset, TensorKind, convert, names};
 
 fn fixture(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(family)

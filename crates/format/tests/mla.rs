@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use strata_format::{
-    Container, ConvertOptions, Family, IndexerKind, LayerKind, ModelSpec, QuantPreset, RopeScaling, ScoringFunc, convert,
-    export,
+    Container, ConvertOptions, Family, IndexerKind, LayerKind, ModelSpec, QuantPreset, RopeScaling, ScoringFunc,
+    convert, export,
 };
 
 fn fixture(family: &str) -> PathBuf {
@@ -83,7 +83,8 @@ fn convert_export_convert_is_the_identity() {
     let tmp = tempfile::tempdir().unwrap();
     for family in ["deepseek_v3", "glm_moe_dsa", "kimi_k25"] {
         let dir = tmp.path().join(family);
-        let first = convert(fixture(family).join("hf"), dir.join("c1"), &ConvertOptions::new(QuantPreset::F32)).unwrap();
+        let first =
+            convert(fixture(family).join("hf"), dir.join("c1"), &ConvertOptions::new(QuantPreset::F32)).unwrap();
         // Only Kimi's vision tower and projector are left out.
         for name in &first.ignored_tensors {
             assert!(family == "kimi_k25" && !name.starts_with("language_model."), "{family}: ignored {name}");

@@ -61,6 +61,14 @@ pub fn mem_available_bytes() -> Result<u64> {
     parse_mem_available(&text)
 }
 
+/// The process's peak resident memory so far (`VmHWM`), if the kernel says.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 fn parse_mem_available(meminfo: &str) -> Result<u64> {
     let line = meminfo
         .lines()
@@ -83,7 +91,8 @@ pub struct BudgetNeeds {
     pub kv_bytes: u64,
     /// Buffers of loads in flight.
     pub io_buffer_bytes: u64,
-    /// The least expert cache that can run: one layer's routed experts.
+    /// The least expert cache that can run: the experts one token routes
+    /// to in one layer.
     pub min_expert_bytes: u64,
 }
 

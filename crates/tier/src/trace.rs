@@ -1,7 +1,7 @@
 //! Routing traces: which experts each token used in each layer, recorded by
 //! `--trace FILE` and replayed by `strata trace replay`.
 //!
-//! A trace is JSON lines (docs/FORMAT.md): a header line
+//! A trace is JSON lines: a header line
 //!
 //! ```json
 //! {"format":"strata-trace","version":1,"container_hash":"…","num_layers":16,"num_experts":64,"record_bytes":4096}
@@ -85,7 +85,8 @@ pub struct TraceWriter {
 
 impl TraceWriter {
     /// Creates (or truncates) `path` and writes the header line.
-    pub fn create(path: &Path, header: TraceHeader) -> Result<Self> {
+    pub fn create(path: impl AsRef<Path>, header: TraceHeader) -> Result<Self> {
+        let path = path.as_ref();
         let file = File::create(path).map_err(|source| trace_io(path, "create", source))?;
         let mut writer = Self { path: path.to_path_buf(), out: BufWriter::new(file), header, line: String::new() };
         let mut header_line = serde_json::to_string(&writer.header).expect("header serialises: numbers and strings");
@@ -141,7 +142,8 @@ fn trace_io(path: &Path, action: &'static str, source: std::io::Error) -> Error 
 
 /// Reads a whole trace, checking the header and every event against it.
 /// Errors name the file and the 1-based line. Blank lines are skipped.
-pub fn read_trace(path: &Path) -> Result<(TraceHeader, Vec<TraceEvent>)> {
+pub fn read_trace(path: impl AsRef<Path>) -> Result<(TraceHeader, Vec<TraceEvent>)> {
+    let path = path.as_ref();
     let file = File::open(path).map_err(|source| trace_io(path, "open", source))?;
     let bad = |line: usize, reason: String| Error::TraceLine { path: path.to_path_buf(), line, reason };
     let mut header: Option<TraceHeader> = None;
@@ -274,7 +276,7 @@ mod tests {
 
     #[test]
     fn missing_file_names_the_path() {
-        let err = read_trace(Path::new("/nonexistent/trace.jsonl")).unwrap_err().to_string();
+        let err = read_trace("/nonexistent/trace.jsonl").unwrap_err().to_string();
         assert!(err.contains("/nonexistent/trace.jsonl"), "{err}");
     }
 }

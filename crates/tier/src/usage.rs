@@ -1,7 +1,7 @@
 //! Learned expert usage: how often each routed expert was used, kept across
 //! runs in a usage file bound to one container.
 //!
-//! The file is JSON (docs/FORMAT.md):
+//! The file is JSON:
 //!
 //! ```json
 //! {"format":"strata-usage","version":1,"container_hash":"…","counts":[[layer,expert,count],…]}
@@ -129,7 +129,8 @@ impl Usage {
     /// warning naming the file (and both hashes, for another container).
     /// The `Result` is kept so that a future version may report errors that
     /// must stop a run.
-    pub fn load(path: &Path, container_hash: &str) -> Result<(Usage, Option<String>)> {
+    pub fn load(path: impl AsRef<Path>, container_hash: &str) -> Result<(Usage, Option<String>)> {
+        let path = path.as_ref();
         let ignored = |why: String| Ok((Usage::new(), Some(format!("ignoring usage file {}: {why}", path.display()))));
         let text = match std::fs::read_to_string(path) {
             Ok(text) => text,
@@ -180,7 +181,7 @@ impl Usage {
     /// atomically: a temporary file in the same directory is written,
     /// fsynced and renamed over `path`, then the directory is fsynced so
     /// the rename itself is durable.
-    pub fn save(&self, path: &Path, container_hash: &str) -> Result<()> {
+    pub fn save(&self, path: impl AsRef<Path>, container_hash: &str) -> Result<()> {
         let mut counts: Vec<(usize, usize, u64)> =
             self.counts.iter().map(|(key, &count)| (key.layer, key.expert, count)).collect();
         counts.sort_unstable();
@@ -192,7 +193,7 @@ impl Usage {
         };
         let mut json = serde_json::to_vec(&file).expect("usage serialises: plain numbers and strings");
         json.push(b'\n');
-        write_atomically(path, &json)
+        write_atomically(path.as_ref(), &json)
     }
 }
 
@@ -297,7 +298,7 @@ mod tests {
     #[test]
     fn missing_file_is_empty_without_warning() {
         let dir = tempfile::tempdir().unwrap();
-        let (usage, warning) = Usage::load(&dir.path().join("none.json"), "h").unwrap();
+        let (usage, warning) = Usage::load(dir.path().join("none.json"), "h").unwrap();
         assert!(usage.is_empty() && warning.is_none());
     }
 

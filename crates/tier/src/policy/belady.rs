@@ -87,10 +87,10 @@ impl Belady {
         // Two keys next used in the same event are not interchangeable: the
         // one kept until then is leased through that event, the other stays
         // a free choice, so keeping the one whose *following* use is sooner
-        // is better. Rank accesses by (event, rank of the key's next access),
-        // which orders them by their whole future, event by event: within
-        // each event, later events first, sort its accesses by the rank of
-        // their next use.
+        // is better. So accesses are ranked by event, and within an event by
+        // the rank of the key's next access, which orders keys by their
+        // whole future, event by event. Ranking runs from the last event to
+        // the first, so each next access is ranked before it is needed.
         let mut rank = vec![NEVER; accesses.len()];
         let rank_of = |rank: &[usize], position: usize| if position == NEVER { NEVER } else { rank[position] };
         for window in event_starts.windows(2).rev() {

@@ -157,8 +157,8 @@ impl RecencyLists {
         // Keep the tick counter monotone so later pushes stay "more recent".
         self.next_tick = next_tick;
         for (list, mut keys) in by_new_list.into_iter().enumerate() {
-            // Each source list is already sorted; when at most one list fed
-            // this one the sort finds a sorted run and is linear.
+            // Each source list is already sorted by tick, so this stable sort
+            // sees at most a few sorted runs and merges them in linear time.
             keys.sort_by_key(|&(tick, _)| tick);
             for (tick, key) in keys {
                 self.push_front(list, key);

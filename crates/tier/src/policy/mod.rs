@@ -25,8 +25,6 @@ pub use belady::Belady;
 pub use lfru::Lfru;
 pub use lru::Lru;
 pub use pinned::Pinned;
-#[cfg(test)]
-pub(crate) use lru::RecencyLists as lru_lists_for_scratch;
 
 use crate::{Error, ExpertKey, Result, Usage};
 

@@ -1,0 +1,204 @@
+//! Config parsing of the MLA families: defaults, both spellings, and errors
+//! that name the field.
+
+use serde_json::{Map, Value, json};
+
+use super::*;
+
+/// deepseek-ai/DeepSeek-V3 config.json as published (4.x spelling), sizes
+/// as released.
+fn deepseek_v3() -> Value {
+    serde_json::from_str(
+        r#"{
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "torch_dtype": "bfloat16",
+        "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
+        "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc",
+        "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8, "moe_layer_freq": 1, "first_k_dense_replace": 3,
+        "norm_topk_prob": true, "scoring_func": "sigmoid", "hidden_act": "silu", "max_position_embeddings": 163840,
+        "rms_norm_eps": 1e-06, "rope_theta": 10000, "num_nextn_predict_layers": 1,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096, "type": "yarn"},
+        "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": false, "attention_bias": false,
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                "weight_block_size": [128, 128]}
+    }"#,
+    )
+    .unwrap()
+}
+
+fn edited(base: Value, edit: impl FnOnce(&mut Map<String, Value>)) -> Result<ModelSpec> {
+    let mut v = base;
+    edit(v.as_object_mut().unwrap());
+    ModelSpec::from_config_value(&v)
+}
+
+fn error(base: Value, edit: impl FnOnce(&mut Map<String, Value>)) -> String {
+    edited(base, edit).unwrap_err().to_string()
+}
+
+#[test]
+fn deepseek_v3_as_published() {
+    let s = ModelSpec::from_config_value(&deepseek_v3()).unwrap();
+    let mla = s.mla.unwrap();
+    assert_eq!((mla.q_lora_rank, mla.kv_lora_rank, mla.qk_head_dim(), mla.v_head_dim), (Some(1536), 512, 192, 128));
+    assert!(mla.rope_interleave, "DeepseekV3Config.rope_interleave defaults to true");
+    assert_eq!((s.head_dim, s.num_kv_heads, s.rope.rotary_dim), (192, 128, 64));
+    assert_eq!(
+        s.rope.scaling,
+        RopeScaling::Yarn {
+            factor: 40.0,
+            original_max_position_embeddings: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale: 1.0,
+            mscale_all_dim: 1.0,
+            attention_factor: None,
+            truncate: true,
+        }
+    );
+    assert_eq!(s.rope.scaling.attention_factor(), 1.0);
+    let m = 0.1 * 40f64.ln() + 1.0;
+    assert_eq!(s.rope.scaling.softmax_scale_factor(), m * m);
+    assert_eq!(s.router.scoring, ScoringFunc::Sigmoid);
+    assert_eq!((s.router.n_group, s.router.topk_group, s.router.routed_scaling_factor), (8, 4, 2.5));
+    assert!(s.router.score_correction_bias && s.moe.norm_topk_prob);
+    assert_eq!((s.moe.num_experts, s.moe.intermediate_size, s.shared_intermediate_size), (256, 2048, Some(2048)));
+    assert_eq!(s.layers.iter().filter(|&&k| k == LayerKind::Dense).count(), 3);
+    assert!(s.dsa.is_none());
+    assert_eq!(s.kv_floats_per_token_per_layer(), 576);
+    let back = ModelSpec::from_config_value(&s.to_config_json()).unwrap();
+    assert_eq!(back, s);
+}
+
+#[test]
+fn deepseek_defaults_and_spellings() {
+    // No q_lora_rank (DeepSeek-V2-Lite style), default n_group/topk_group.
+    let s = edited(deepseek_v3(), |m| {
+        m.insert("q_lora_rank".into(), Value::Null);
+        for k in ["n_group", "topk_group", "routed_scaling_factor", "rope_scaling", "first_k_dense_replace"] {
+            m.remove(k);
+        }
+    })
+    .unwrap();
+    assert_eq!(s.mla.unwrap().q_lora_rank, None);
+    assert_eq!((s.router.n_group, s.router.topk_group, s.router.routed_scaling_factor), (8, 4, 2.5));
+    assert_eq!(s.rope.scaling, RopeScaling::None);
+    assert_eq!(s.layers[..4], [LayerKind::Dense, LayerKind::Dense, LayerKind::Dense, LayerKind::Moe]);
+    // YaRN without a factor takes max / original positions; beta 0 means default.
+    let s = edited(deepseek_v3(), |m| {
+        m.insert(
+            "rope_parameters".into(),
+            json!({"rope_type": "yarn", "rope_theta": 5e4, "original_max_position_embeddings": 4096, "beta_fast": 0}),
+        );
+        m.remove("rope_scaling");
+    })
+    .unwrap();
+    let RopeScaling::Yarn { factor, beta_fast, mscale, .. } = s.rope.scaling else { panic!("{:?}", s.rope) };
+    assert_eq!((factor, beta_fast, mscale, s.rope.theta), (40.0, 32.0, 0.0, 5e4));
+    assert_eq!(s.rope.scaling.attention_factor(), 0.1 * 40f64.ln() + 1.0);
+    assert_eq!(s.rope.scaling.softmax_scale_factor(), 1.0);
+    assert_eq!(ModelSpec::from_config_value(&s.to_config_json()).unwrap(), s);
+}
+
+#[test]
+fn mla_errors_name_the_field() {
+    for (edit, field) in [
+        (Box::new(|m: &mut Map<String, Value>| drop(m.remove("q_lora_rank"))) as Box<dyn Fn(&mut _)>, "q_lora_rank"),
+        (Box::new(|m: &mut Map<String, Value>| drop(m.remove("kv_lora_rank"))), "kv_lora_rank"),
+        (
+            Box::new(|m: &mut Map<String, Value>| drop(m.insert("num_key_value_heads".into(), json!(8)))),
+            "num_key_value_heads",
+        ),
+        (
+            Box::new(|m: &mut Map<String, Value>| drop(m.insert("scoring_func".into(), json!("softmax")))),
+            "scoring_func",
+        ),
+        (Box::new(|m: &mut Map<String, Value>| drop(m.insert("n_group".into(), json!(7)))), "n_group"),
+        (Box::new(|m: &mut Map<String, Value>| drop(m.insert("n_group".into(), json!(256)))), "n_group"),
+        (Box::new(|m: &mut Map<String, Value>| drop(m.insert("topk_group".into(), json!(9)))), "topk_group"),
+        (
+            Box::new(|m: &mut Map<String, Value>| drop(m.insert("num_experts_per_tok".into(), json!(200)))),
+            "num_experts_per_tok",
+        ),
+        (
+            Box::new(|m: &mut Map<String, Value>| drop(m.insert("qk_rope_head_dim".into(), json!(7)))),
+            "qk_rope_head_dim",
+        ),
+        (
+            Box::new(|m: &mut Map<String, Value>| drop(m.insert("partial_rotary_factor".into(), json!(0.5)))),
+            "qk_rope_head_dim",
+        ),
+    ] {
+        let err = error(deepseek_v3(), edit);
+        assert!(err.contains(field), "{field}: {err}");
+    }
+}
+
+fn glm() -> Value {
+    json!({
+        "model_type": "glm_moe_dsa", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "moe_intermediate_size": 16, "num_hidden_layers": 4, "num_attention_heads": 2, "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "kv_lora_rank": 16, "q_lora_rank": 12, "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8, "v_head_dim": 8, "index_head_dim": 16, "index_n_heads": 2
+    })
+}
+
+#[test]
+fn glm_indexer_schedules() {
+    let s = ModelSpec::from_config_value(&glm()).unwrap();
+    let dsa = s.dsa.clone().unwrap();
+    assert_eq!(dsa.index_topk, 2048);
+    assert_eq!(dsa.indexer_types, vec![IndexerKind::Full; 4]);
+    assert_eq!(s.layers, vec![LayerKind::Dense, LayerKind::Dense, LayerKind::Dense, LayerKind::Moe]);
+    assert_eq!((s.router.n_group, s.rms_norm_eps, s.max_position_embeddings), (1, 1e-5, 202_752));
+    assert_eq!(s.kv_floats_per_token_per_layer(), 16 + 8 + 16);
+    let full_shared = |pattern: &str| -> Vec<IndexerKind> {
+        pattern.chars().map(|c| if c == 'F' { IndexerKind::Full } else { IndexerKind::Shared }).collect()
+    };
+    let s = edited(glm(), |m| drop(m.insert("index_topk_pattern".into(), json!("FSSF")))).unwrap();
+    assert_eq!(s.dsa.unwrap().indexer_types, full_shared("FSSF"));
+    // GLM-5.2 IndexShare: full iff max(l - offset + 1, 0) % freq == 0.
+    let s = edited(glm(), |m| {
+        m.insert("index_topk_freq".into(), json!(2));
+        m.insert("index_skip_topk_offset".into(), json!(2));
+    })
+    .unwrap();
+    assert_eq!(s.dsa.clone().unwrap().indexer_types, full_shared("FFSF"));
+    assert_eq!(ModelSpec::from_config_value(&s.to_config_json()).unwrap(), s);
+    let err = error(glm(), |m| drop(m.insert("indexer_types".into(), json!(["shared", "full", "full", "full"]))));
+    assert!(err.contains("indexer_types"), "{err}");
+    let err = error(glm(), |m| drop(m.insert("q_lora_rank".into(), Value::Null)));
+    assert!(err.contains("q_lora_rank"), "{err}");
+    let err = error(glm(), |m| drop(m.insert("index_head_dim".into(), json!(4))));
+    assert!(err.contains("index_head_dim"), "{err}");
+}
+
+#[test]
+fn kimi_reads_its_nested_text_config() {
+    let mut text = deepseek_v3();
+    text["model_type"] = json!("kimi_k2");
+    let kimi = json!({"model_type": "kimi_k25", "text_config": text, "eos_token_id": 7,
+                      "vision_config": {"hidden_size": 1152}});
+    let s = ModelSpec::from_config_value(&kimi).unwrap();
+    assert_eq!(s.family, Family::KimiK25);
+    assert_eq!(s.mla, ModelSpec::from_config_value(&deepseek_v3()).unwrap().mla);
+    // Kimi_K25Config ties by default; the top level wins for special ids.
+    assert!(s.tie_word_embeddings);
+    assert_eq!((s.bos_token_id, s.eos_token_ids.clone()), (Some(0), vec![7]));
+    assert_eq!(ModelSpec::from_config_value(&s.to_config_json()).unwrap(), s);
+    let err = error(kimi.clone(), |m| drop(m.remove("text_config")));
+    assert!(err.contains("text_config"), "{err}");
+    let err =
+        error(kimi, |m| drop(m["text_config"].as_object_mut().unwrap().insert("model_type".into(), json!("llama"))));
+    assert!(err.contains("text_config.model_type"), "{err}");
+}
+
+#[test]
+fn gqa_families_reject_mla_only_features() {
+    let mut spec = ModelSpec::from_config_value(&glm()).unwrap();
+    spec.family = Family::Qwen3Moe;
+    spec.qk_norm = QkNorm::PerHead;
+    assert!(spec.validate().unwrap_err().to_string().contains("qwen3_moe has no MLA"));
+}
