@@ -24,7 +24,10 @@ fn no_crate_depends_on_a_layer_above_it() {
     for (rank, name) in LAYERS.iter().enumerate() {
         let manifest = root().join("crates").join(name).join("Cargo.toml");
         for dep in internal_deps(&manifest) {
-            let dep_rank = LAYERS.iter().position(|l| *l == dep).unwrap_or_else(|| panic!("{name} depends on unknown strata-{dep}"));
+            let dep_rank = LAYERS
+                .iter()
+                .position(|l| *l == dep)
+                .unwrap_or_else(|| panic!("{name} depends on unknown strata-{dep}"));
             assert!(dep_rank < rank, "strata-{name} depends on strata-{dep}, which is not below it");
         }
     }

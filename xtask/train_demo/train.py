@@ -17,7 +17,6 @@ Interrupted runs resume from the last checkpoint in --work (rerun the same comma
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -168,7 +167,6 @@ def question_answer(body: str) -> tuple[str, str] | None:
 
 
 def user_prompt(rng: random.Random, cat: str, body: str) -> str:
-    choices: list[str] = []
     name = attribution(body)
     if name and rng.random() < 0.35:
         return rng.choice(ATTRIBUTION_PROMPTS).format(n=name)
@@ -176,8 +174,7 @@ def user_prompt(rng: random.Random, cat: str, body: str) -> str:
         return rng.choice(EXTRA_PROMPTS[cat])
     if cat in TOPICS and rng.random() < 0.5:
         return rng.choice(TOPIC_PROMPTS).format(t=TOPICS[cat])
-    choices = GENERIC_PROMPTS
-    return rng.choice(choices)
+    return rng.choice(GENERIC_PROMPTS)
 
 
 def render(messages: list[dict[str, str]]) -> str:
@@ -329,13 +326,6 @@ class Log:
         self.f.flush()
 
 
-def sha256_of(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(p.read_bytes())
-    return h.hexdigest()
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="models/demo", help="final checkpoint directory")
@@ -397,7 +387,13 @@ def main(argv=None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     ckpt_path = work / "checkpoint.pt"
     resuming = ckpt_path.exists() and not args.export_only
-    log = Log(work / "train_log.txt", append=resuming or args.export_only)
+    log_path = work / "train_log.txt"
+    if args.export_only and log_path.exists():
+        # The log is the training plus the latest export: drop an earlier export's lines.
+        lines = log_path.read_text(encoding="utf-8").splitlines(keepends=True)
+        cut = next((i for i, ln in enumerate(lines) if ln.startswith("# export:")), len(lines))
+        log_path.write_text("".join(lines[:cut]), encoding="utf-8")
+    log = Log(log_path, append=resuming or args.export_only)
 
     # --- text and split -----------------------------------------------------------------------------
     items = load_fortunes(Path(args.fortunes))
@@ -431,7 +427,7 @@ def main(argv=None) -> None:
     active = n_params - n_expert + n_expert * args.top_k // args.experts
 
     if not resuming and not args.export_only:
-        log(f"# Strata demo model training log (xtask/train_demo/train.py)")
+        log("# Strata demo model training log (xtask/train_demo/train.py)")
         log(f"# argv: {' '.join(sys.argv[1:])}")
         log(f"# versions: {json.dumps(versions)}; threads {args.threads}; seed {args.seed}")
         log(f"# text: {len(items)} fortunes from {args.fortunes} ({len(train)} train, {train_chars} chars; "
@@ -537,9 +533,8 @@ def export(args, work: Path, out: Path, tok: Tokenizer, cfg, held, log, versions
     model.load_state_dict(torch.load(best_path, weights_only=True))
     model.eval()
 
-    if out.exists():
-        shutil.rmtree(out.with_name(out.name + ".tmp-export"), ignore_errors=True)
     stage = out.with_name(out.name + ".tmp-export")
+    shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True, exist_ok=True)
 
     model.config.output_router_logits = False
@@ -592,14 +587,15 @@ def export(args, work: Path, out: Path, tok: Tokenizer, cfg, held, log, versions
     for prompt in ["Once upon a time", "The best thing about"]:
         p = t2(prompt, add_special_tokens=False)["input_ids"]
         samples.append({"prompt": prompt, "mode": "greedy", "text": gen_text(p, False, 0)})
-        for s in range(2):
+        for s in range(4):
             samples.append({"prompt": prompt, "mode": f"sampled (T=0.8, top-k 40, top-p 0.95, seed {s})",
                             "text": gen_text(p, True, s)})
-    for q in ["Tell me a fortune.", "What do you think about computers?", "Give me a quote by Mark Twain."]:
+    for q in ["Tell me a fortune.", "Tell me a joke.", "What do you think about love?", "Say something wise."]:
         chat = t2.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
         p = t2(chat, add_special_tokens=False)["input_ids"]
         samples.append({"prompt": chat, "mode": "chat greedy", "text": gen_text(p, False, 0)})
-        samples.append({"prompt": chat, "mode": "chat sampled (seed 0)", "text": gen_text(p, True, 0)})
+        for s in range(1, 3):
+            samples.append({"prompt": chat, "mode": f"chat sampled (seed {s})", "text": gen_text(p, True, s)})
 
     meta = {"held_out_loss_plain_text": held_loss, "held_out_tokens": len(ids), "parameters": n_params,
             "active_parameters_per_token": active, "versions": versions, "seed": args.seed,
@@ -614,6 +610,7 @@ def export(args, work: Path, out: Path, tok: Tokenizer, cfg, held, log, versions
     # Publish: replace the generated files, keep anything else (the README) in place.
     out.mkdir(parents=True, exist_ok=True)
     for f in sorted(stage.iterdir()):
+        f.chmod(0o644)  # save_pretrained writes the safetensors file 0600
         os.replace(f, out / f.name)
     stage.rmdir()
     files = sorted(out.iterdir())
