@@ -74,12 +74,18 @@ pub struct ConvertReport {
 /// Converts the Hugging Face checkpoint in `hf_dir` into a container at
 /// `out_dir` (see docs/FORMAT.md).
 pub fn convert(hf_dir: impl AsRef<Path>, out_dir: impl AsRef<Path>, opts: &ConvertOptions) -> Result<ConvertReport> {
-    // A model this build cannot run is reported before any weights are
-    // looked for: that error names what is supported.
-    let config_path = hf_dir.as_ref().join(crate::checkpoint::CONFIG_FILE);
-    let config = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
-    ModelSpec::from_config_json(&config)?;
-    let ckpt = Checkpoint::open(hf_dir.as_ref())?;
+    let ckpt = match Checkpoint::open(hf_dir.as_ref()) {
+        Ok(ckpt) => ckpt,
+        Err(err) => {
+            // A model this build cannot run says so (naming what is
+            // supported) rather than that its weights are missing.
+            let config = hf_dir.as_ref().join(crate::checkpoint::CONFIG_FILE);
+            if let Ok(text) = std::fs::read_to_string(config) {
+                ModelSpec::from_config_json(&text)?;
+            }
+            return Err(err);
+        }
+    };
     write_container(&ckpt, out_dir.as_ref(), opts.preset, opts.q4_group, opts.progress, opts.overwrite)
 }
 

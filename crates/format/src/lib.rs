@@ -2,10 +2,12 @@
 //! container.
 //!
 //! * [`spec`]: config.json (transformers 4.x and 5.x spellings) parsed into a
-//!   validated [`ModelSpec`] for olmoe, qwen3_moe and mixtral.
+//!   validated [`ModelSpec`] for olmoe, qwen3_moe, mixtral (GQA) and deepseek_v3,
+//!   glm_moe_dsa, kimi_k25 (MLA).
 //! * [`names`]: published tensor names and shapes per family.
 //! * [`checkpoint`]: memory-mapped safetensors checkpoints (single file or
-//!   sharded, f32/bf16/f16, per-expert or fused 3-D expert tensors).
+//!   sharded, f32/bf16/f16 or block-scaled FP8, per-expert or fused 3-D
+//!   expert tensors).
 //! * [`container`]: the on-disk Strata container (docs/FORMAT.md): a
 //!   manifest, an mmapped `dense.bin`, and per-layer expert files of
 //!   fixed-size, 4 KiB-aligned records for O_DIRECT streaming.

@@ -9,7 +9,8 @@
 //!   `rope_parameters: {rope_type, rope_theta, ...}`.
 //!
 //! Defaults mirror the transformers 5.23 config classes (`OlmoeConfig`,
-//! `Qwen3MoeConfig`, `MixtralConfig`) for scalar hyper-parameters. Fields that
+//! `Qwen3MoeConfig`, `MixtralConfig`; the MLA families' in `spec/mla.rs`) for
+//! scalar hyper-parameters. Fields that
 //! fix tensor shapes (`hidden_size`, `vocab_size`, expert counts, ...) are
 //! required instead: the class defaults there describe one arbitrary model
 //! size, and silently assuming them would only move the error to a confusing

@@ -26,7 +26,7 @@ pub fn attend(shape: AttnShape, q: &[f32], keys: &[f32], values: &[f32], start: 
     assert_eq!(keys.len(), (start + n) * kv_dim, "keys cover every position");
     assert_eq!(values.len(), keys.len(), "values cover every position");
     assert_eq!(out.len(), q.len(), "output matches queries");
-    assert!(shape.n_heads % shape.n_kv_heads == 0, "query heads group evenly");
+    assert!(shape.n_heads.is_multiple_of(shape.n_kv_heads), "query heads group evenly");
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = (hd as f32).powf(-0.5);
     let mut scores = Vec::with_capacity(start + n);

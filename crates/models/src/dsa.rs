@@ -95,37 +95,40 @@ impl Indexer {
         let head_weight = (heads as f32).powf(-0.5);
         weights.iter_mut().for_each(|w| *w *= head_weight);
         let n = q.len() / (heads * d);
-        let total = keys.len() / d;
         let scale = (d as f32).powf(-0.5);
-        // scores[t * n + i]: key t for query i, computed key by key so the
-        // work splits over threads without changing any value.
-        let mut scores = vec![f32::NEG_INFINITY; total * n];
-        rt.threads.pool().install(|| {
-            scores.par_chunks_mut(n).enumerate().for_each(|(t, row)| {
-                let key = &keys[t * d..][..d];
-                for (i, s) in row.iter_mut().enumerate() {
-                    if t > start + i {
-                        continue;
-                    }
-                    let q_i = &q[i * heads * d..][..heads * d];
-                    let w_i = &weights[i * heads..][..heads];
-                    *s = q_i.chunks_exact(d).zip(w_i).map(|(q_h, &w)| w * (ops::dot(q_h, key) * scale).max(0.0)).sum();
-                }
-            });
-        });
-        Ok((0..n)
-            .map(|i| {
-                let visible = start + i + 1;
-                let mut order: Vec<usize> = (0..visible).collect();
-                if visible > self.topk {
-                    let by_score = |&a: &usize, &b: &usize| scores[b * n + i].total_cmp(&scores[a * n + i]).then(a.cmp(&b));
-                    order.select_nth_unstable_by(self.topk - 1, by_score);
-                    order.truncate(self.topk);
-                    order.sort_unstable();
-                }
-                order
-            })
-            .collect())
+        let score = |i: usize, t: usize| -> f32 {
+            let key = &keys[t * d..][..d];
+            let q_i = &q[i * heads * d..][..heads * d];
+            let w_i = &weights[i * heads..][..heads];
+            q_i.chunks_exact(d).zip(w_i).map(|(q_h, &w)| w * (ops::dot(q_h, key) * scale).max(0.0)).sum()
+        };
+        let choose = |scores: &[f32]| -> Vec<usize> {
+            let mut order: Vec<usize> = (0..scores.len()).collect();
+            if scores.len() > self.topk {
+                let by_score = |&a: &usize, &b: &usize| scores[b].total_cmp(&scores[a]).then(a.cmp(&b));
+                order.select_nth_unstable_by(self.topk - 1, by_score);
+                order.truncate(self.topk);
+                order.sort_unstable();
+            }
+            order
+        };
+        // Each score is computed by the same code whichever thread runs it,
+        // so the choice does not depend on the thread count. One query (a
+        // decode step) splits its keys over threads; a batch splits queries.
+        Ok(rt.threads.pool().install(|| {
+            if n == 1 {
+                let scores: Vec<f32> = (0..=start).into_par_iter().map(|t| score(0, t)).collect();
+                vec![choose(&scores)]
+            } else {
+                (0..n)
+                    .into_par_iter()
+                    .map(|i| {
+                        let scores: Vec<f32> = (0..=start + i).map(|t| score(i, t)).collect();
+                        choose(&scores)
+                    })
+                    .collect()
+            }
+        }))
     }
 }
 

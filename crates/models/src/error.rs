@@ -21,13 +21,26 @@ pub enum Error {
     /// The KV cache is full.
     #[error(transparent)]
     Kv(#[from] strata_kv::Error),
-    /// Running the routed experts failed (I/O, corrupt record).
+    /// Running the routed experts failed (I/O, corrupt record). Boxed: the
+    /// I/O errors are large and every forward-pass `Result` carries them.
     #[error(transparent)]
-    Sched(#[from] strata_sched::Error),
+    Sched(Box<strata_sched::Error>),
     /// Recording the routing trace failed.
     #[error(transparent)]
-    Tier(#[from] strata_tier::Error),
+    Tier(Box<strata_tier::Error>),
     /// Configuration the graph cannot honour (e.g. an unsupported rope type).
     #[error("{0}")]
     Unsupported(String),
+}
+
+impl From<strata_sched::Error> for Error {
+    fn from(e: strata_sched::Error) -> Self {
+        Error::Sched(Box::new(e))
+    }
+}
+
+impl From<strata_tier::Error> for Error {
+    fn from(e: strata_tier::Error) -> Self {
+        Error::Tier(Box::new(e))
+    }
 }

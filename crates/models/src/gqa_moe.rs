@@ -10,12 +10,11 @@
 use std::sync::Arc;
 
 use strata_format::{Container, Family, ModelSpec, QkNorm};
-use strata_kernels::{Matrix, ops};
 use strata_kv::{KEYS, KvCache, VALUES};
-use strata_sched::{LayerStats, MoeBatch, Route, run_moe_layer, swiglu};
-use strata_tier::TraceWriter;
+use strata_sched::swiglu;
 
 use crate::attention::{AttnShape, attend};
+use crate::common::{add_bias, embed, output_logits, rmsnorm_into, rmsnorm_rows, run_routed_experts};
 use crate::rope::Rope;
 use crate::router::softmax_top_k;
 use crate::weights::{LayerNames, MlpNames, matrix, vector};
@@ -156,37 +155,11 @@ impl GqaMoe {
                 rt.threads.matmul(&c.dense(router)?, xs, n, &mut logits);
                 let renormalize = s.moe.norm_topk_prob || s.family == Family::Mixtral;
                 let routes = softmax_top_k(&logits, s.moe.num_experts, s.moe.top_k, renormalize);
-                if let Some(trace) = rt.trace {
-                    record_routes(&mut trace.lock().unwrap_or_else(|p| p.into_inner()), layer, start, &routes, s.moe.top_k)?;
-                }
-                let batch = MoeBatch {
-                    layer,
-                    layout: c.expert_layout(layer)?,
-                    xs,
-                    hidden: s.hidden_size,
-                    routes: &routes,
-                    top_k: s.moe.top_k,
-                };
-                let mut layer_stats = LayerStats::default();
-                let result = run_moe_layer(rt.store, rt.threads, &batch, out, &mut layer_stats);
-                rt.stats.lock().unwrap_or_else(|p| p.into_inner()).add(layer_stats);
-                result?;
+                let layout = c.expert_layout(layer)?;
+                run_routed_experts(rt, layout, layer, start, xs, s.hidden_size, &routes, s.moe.top_k, out)?;
             }
         }
         Ok(())
-    }
-
-    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let h = self.spec.hidden_size;
-        let table: Matrix<'_> = self.container.dense(EMBED)?;
-        let mut x = vec![0.0f32; tokens.len() * h];
-        for (row, &token) in x.chunks_exact_mut(h).zip(tokens) {
-            if token as usize >= self.spec.vocab_size {
-                return Err(Error::TokenOutOfRange { token, vocab_size: self.spec.vocab_size });
-            }
-            table.row_to_f32(token as usize, row);
-        }
-        Ok(x)
     }
 }
 
@@ -209,7 +182,7 @@ impl CausalLm for GqaMoe {
         }
         cache.reserve(n)?;
         let start = cache.len();
-        let mut x = self.embed(tokens)?;
+        let mut x = embed(c, s, EMBED, tokens)?;
         let mut normed = vec![0.0f32; n * h];
         for layer in 0..s.num_layers {
             let names = &self.layers[layer];
@@ -220,43 +193,6 @@ impl CausalLm for GqaMoe {
             self.mlp(rt, layer, start, &normed, &mut x)?;
         }
         cache.advance(n);
-        let rows = match logits {
-            Logits::All => &x[..],
-            Logits::Last => &x[(n - 1) * h..],
-        };
-        let m = rows.len() / h;
-        let mut final_normed = vec![0.0f32; m * h];
-        rmsnorm_into(rows, c.dense_vec(FINAL_NORM)?, s.rms_norm_eps, &mut final_normed);
-        let mut out = vec![0.0f32; m * s.vocab_size];
-        rt.threads.matmul(&c.dense(&self.lm_head)?, &final_normed, m, &mut out);
-        Ok(out)
-    }
-}
-
-fn record_routes(trace: &mut TraceWriter, layer: usize, start: usize, routes: &[Route], top_k: usize) -> Result<()> {
-    for (i, token_routes) in routes.chunks_exact(top_k).enumerate() {
-        let experts: Vec<usize> = token_routes.iter().map(|r| r.expert).collect();
-        trace.write(layer, (start + i) as u64, &experts)?;
-    }
-    Ok(())
-}
-
-fn add_bias(rows: &mut [f32], bias: &[f32]) {
-    for row in rows.chunks_exact_mut(bias.len()) {
-        row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
-    }
-}
-
-fn rmsnorm_into(xs: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    for (x, o) in xs.chunks_exact(weight.len()).zip(out.chunks_exact_mut(weight.len())) {
-        ops::rmsnorm(x, weight, eps, o);
-    }
-}
-
-/// RMS-normalises every `width`-wide chunk of `rows` in place.
-fn rmsnorm_rows(rows: &mut [f32], weight: &[f32], eps: f32, width: usize) {
-    assert_eq!(weight.len(), width, "norm weight matches its span");
-    for chunk in rows.chunks_exact_mut(width) {
-        ops::rmsnorm_inplace(chunk, weight, eps);
+        output_logits(rt, c, s, &x, logits, FINAL_NORM, &self.lm_head)
     }
 }

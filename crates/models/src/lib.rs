@@ -61,6 +61,21 @@ pub trait CausalLm: Send + Sync {
     /// Runs `tokens` at positions `cache.len()..`, appends their keys and
     /// values to `cache`, and returns the requested logits.
     fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Vec<f32>>;
+
+    /// Runs several sequences' new tokens in one pass and returns each
+    /// sequence's last-position logits. A graph that batches shares every
+    /// weight read, and each MoE layer's expert union, across sequences;
+    /// each sequence's logits are bit-identical to running it alone.
+    fn forward_batch(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<Vec<f32>>> {
+        seqs.iter_mut().map(|seq| self.forward(rt, seq.tokens, seq.cache, Logits::Last)).collect()
+    }
+}
+
+/// One sequence's part of a batched forward pass.
+pub struct SeqBatch<'a> {
+    /// New tokens, at positions `cache.len()..`.
+    pub tokens: &'a [u32],
+    pub cache: &'a mut KvCache,
 }
 
 /// Builds the forward graph for the container's family.

@@ -31,6 +31,10 @@ use crate::{Result, Runtime};
 /// MLA family, so they use the RMSNorm class default, not `rms_norm_eps`.
 pub const LATENT_NORM_EPS: f32 = 1e-6;
 
+/// Largest expansion (keys × heads × (nope + v) f32, 256 MiB) the prefill
+/// may build instead of attending over the latents.
+const MAX_EXPANDED_FLOATS: usize = 64 << 20;
+
 /// How the query is produced.
 #[derive(Debug, Clone)]
 enum Query {
@@ -178,11 +182,13 @@ impl Mla {
         let ctx = Ctx { mla: self, q, latents, start, selection, n };
         // Multiply-adds per head: expanding costs one up-projection per key
         // plus plain attention; absorbing costs two projections per query
-        // plus attention over the wider latent.
+        // plus attention over the wider latent. Expanding also holds every
+        // key's heads at once, so it is only chosen while that stays small.
         let (r, dn, dv, dq) = (d.kv_lora_rank, d.qk_nope_head_dim, d.v_head_dim, d.qk_head_dim());
         let expanded_cost = keys * (dn + dv) * r + n * keys * (dq + dv);
         let absorbed_cost = n * (dn + dv) * r + n * keys * (2 * r + d.qk_rope_head_dim);
-        let per_head: Vec<Vec<f32>> = if absorbed_cost <= expanded_cost {
+        let expanded_floats = keys * kv_b.rows;
+        let per_head: Vec<Vec<f32>> = if absorbed_cost <= expanded_cost || expanded_floats > MAX_EXPANDED_FLOATS {
             rt.threads.pool().install(|| (0..self.heads).into_par_iter().map(|h| ctx.absorbed_head(&kv_b, h)).collect())
         } else {
             let mut latent = vec![0.0f32; keys * r];
@@ -208,6 +214,25 @@ impl Mla {
     }
 }
 
+/// The positions one query attends to.
+#[derive(Clone, Copy)]
+enum Visible<'a> {
+    /// Every position up to and including this one.
+    UpTo(usize),
+    /// Exactly these (DSA's choice).
+    Only(&'a [usize]),
+}
+
+impl Visible<'_> {
+    fn positions(self) -> impl Iterator<Item = usize> + Clone {
+        let (up_to, only) = match self {
+            Visible::UpTo(last) => (0..last + 1, &[][..]),
+            Visible::Only(positions) => (0..0, positions),
+        };
+        up_to.chain(only.iter().copied())
+    }
+}
+
 /// What one head's attention reads.
 struct Ctx<'a> {
     mla: &'a Mla,
@@ -220,10 +245,10 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     /// Positions query `i` attends to.
-    fn visible(&self, i: usize) -> Vec<usize> {
+    fn visible(&self, i: usize) -> Visible<'_> {
         match self.selection {
-            Some(selected) => selected[i].clone(),
-            None => (0..=self.start + i).collect(),
+            Some(selected) => Visible::Only(&selected[i]),
+            None => Visible::UpTo(self.start + i),
         }
     }
 
@@ -262,15 +287,15 @@ impl Ctx<'_> {
             for (&qj, row) in q_nope.iter().zip(w_uk.chunks_exact(r)) {
                 ops::axpy(qj, row, &mut q_lat);
             }
-            let visible = self.visible(i);
+            let visible = self.visible(i).positions();
             scores.clear();
-            scores.extend(visible.iter().map(|&t| {
+            scores.extend(visible.clone().map(|t| {
                 let (c_t, k_pe) = self.latent(t);
                 (ops::dot(&q_lat, c_t) + ops::dot(q_pe, k_pe)) * self.mla.scale
             }));
             ops::softmax_inplace(&mut scores);
             o_lat.fill(0.0);
-            for (&t, &p) in visible.iter().zip(&scores) {
+            for (t, &p) in visible.zip(&scores) {
                 ops::axpy(p, self.latent(t).0, &mut o_lat);
             }
             w_uv.matvec(&o_lat, o);
@@ -288,14 +313,14 @@ impl Ctx<'_> {
         let mut scores = Vec::new();
         for (i, o) in out.chunks_exact_mut(dv).enumerate() {
             let (q_nope, q_pe) = self.query(i, h);
-            let visible = self.visible(i);
+            let visible = self.visible(i).positions();
             scores.clear();
-            scores.extend(visible.iter().map(|&t| {
+            scores.extend(visible.clone().map(|t| {
                 let k_nope = &kv[t * stride + h * (dn + dv)..][..dn];
                 (ops::dot(q_nope, k_nope) + ops::dot(q_pe, self.latent(t).1)) * self.mla.scale
             }));
             ops::softmax_inplace(&mut scores);
-            for (&t, &p) in visible.iter().zip(&scores) {
+            for (t, &p) in visible.zip(&scores) {
                 ops::axpy(p, &kv[t * stride + h * (dn + dv) + dn..][..dv], o);
             }
         }

@@ -18,7 +18,7 @@ pub struct Rope {
 impl Rope {
     /// The table for `rotary_dim`-wide heads.
     pub fn new(spec: &RopeSpec, rotary_dim: usize) -> Result<Self> {
-        if rotary_dim == 0 || rotary_dim % 2 != 0 {
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) {
             return Err(Error::Unsupported(format!("rotary dimension {rotary_dim} must be even and non-zero")));
         }
         let base = spec.theta as f32;
@@ -31,7 +31,15 @@ impl Rope {
                 pos_freqs.iter().map(|p| 1.0 / p / factor).collect()
             }
             RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, truncate, .. } => {
-                yarn_inv_freq(&pos_freqs, spec.theta, factor, original_max_position_embeddings, beta_fast, beta_slow, truncate)
+                yarn_inv_freq(
+                    &pos_freqs,
+                    spec.theta,
+                    factor,
+                    original_max_position_embeddings,
+                    beta_fast,
+                    beta_slow,
+                    truncate,
+                )
             }
         };
         Ok(Self { inv_freq, attention_scaling: spec.scaling.attention_factor() as f32 })

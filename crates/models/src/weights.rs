@@ -45,9 +45,9 @@ impl LayerNames {
         };
         let mlp = match spec.layers[layer] {
             LayerKind::Moe => MlpNames::Moe { router: format!("{p}.{moe_prefix}.gate.weight") },
-            LayerKind::Dense => MlpNames::Dense(
-                ["gate_proj", "up_proj", "down_proj"].map(|t| format!("{p}.mlp.{t}.weight")),
-            ),
+            LayerKind::Dense => {
+                MlpNames::Dense(["gate_proj", "up_proj", "down_proj"].map(|t| format!("{p}.mlp.{t}.weight")))
+            }
         };
         Self {
             input_norm: format!("{p}.input_layernorm.weight"),
