@@ -1,29 +1,100 @@
-//! `chat`: interactive chat with a model.
+//! `chat`: talk to a model in the terminal.
 //!
-//! Text chat needs a tokenizer and a chat template, which arrive with the
-//! demo-model and chat issues. Until then this binary says so and points to
-//! the `strata` commands that already run a model on token ids.
+//! With no arguments it chats with the embedded demo model. `--model DIR`
+//! takes a Strata container or a Hugging Face checkpoint (converted once
+//! into a cache). Piped input (`echo question | chat`) prints one answer and
+//! exits. A thin binary: flags, the line editor and printing are here; the
+//! conversation itself is `strata_engine::Chat`.
 
+mod repl;
+
+use std::io::{IsTerminal, Read, Write};
+use std::ops::ControlFlow;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::{Context, Result};
 use clap::Parser;
+use strata_engine::args::EngineArgs;
+use strata_engine::{Chat, Engine, ReplyOptions, SamplingOptions, default_cache_dir, resolve_model};
 
 #[derive(Debug, Parser)]
 #[command(name = "chat", version, about = "Chat with a Mixture-of-Experts model")]
-struct Cli {
-    /// A Strata container directory.
+pub struct Cli {
+    /// A Strata container or a Hugging Face checkpoint directory (default: the demo model).
     #[arg(long)]
-    model: Option<std::path::PathBuf>,
+    model: Option<PathBuf>,
+    /// Where converted checkpoints are cached (default: ~/.cache/strata/models).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// A system message opening the conversation.
+    #[arg(long)]
+    system: Option<String>,
+    /// Most tokens per answer.
+    #[arg(long, default_value_t = 200)]
+    max_new_tokens: usize,
+    /// 0 means greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Where `/save` and `/load` keep conversations (default: a `sessions` folder next to the cache).
+    #[arg(long)]
+    kv_dir: Option<PathBuf>,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let which = cli.model.map_or_else(|| "no model is configured".to_owned(), |m| format!("model {}", m.display()));
-    println!(
-        "chat: {which}, and text chat is not available yet (no embedded default model or tokenizer).\n\
-         Convert a Hugging Face checkpoint and run it on token ids instead:\n\
-         \n  cargo run --release --bin strata -- convert path/to/hf-checkpoint my-model --quant q4\n  \
-         cargo run --release --bin strata -- generate my-model --tokens 1,2,3 --max-new-tokens 32"
-    );
-    ExitCode::SUCCESS
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("chat: error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let cache_dir = cli.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let interactive = std::io::stdin().is_terminal();
+    let resolved = resolve_model(cli.model.as_deref(), &cache_dir, interactive)?;
+    let engine = Engine::open(&resolved.container_dir, &cli.engine.options())
+        .with_context(|| format!("opening {}", resolved.container_dir.display()))?;
+    for warning in engine.warnings() {
+        eprintln!("chat: warning: {warning}");
+    }
+    let options = ReplyOptions {
+        max_new_tokens: cli.max_new_tokens,
+        sampling: SamplingOptions { temperature: cli.temperature, top_k: cli.top_k, top_p: cli.top_p, seed: cli.seed },
+        stop: Vec::new(),
+    };
+    let mut chat = Chat::new(&engine, cli.system.as_deref())?;
+    if !interactive {
+        return answer_piped(&mut chat, &options);
+    }
+    let kv_dir = cli.kv_dir.clone().unwrap_or_else(|| cache_dir.join("..").join("sessions"));
+    repl::run(&engine, &mut chat, &options, &kv_dir)
+}
+
+/// `echo question | chat`: one answer, streamed to stdout, then exit.
+fn answer_piped(chat: &mut Chat<'_>, options: &ReplyOptions) -> Result<()> {
+    let mut question = String::new();
+    std::io::stdin().read_to_string(&mut question).context("reading standard input")?;
+    let question = question.trim();
+    if question.is_empty() {
+        anyhow::bail!("no question on standard input");
+    }
+    let mut stdout = std::io::stdout();
+    chat.say(question, options, |text| {
+        let _ = stdout.write_all(text.as_bytes());
+        let _ = stdout.flush();
+        ControlFlow::Continue(())
+    })?;
+    println!();
+    Ok(())
 }

@@ -14,6 +14,29 @@ pub enum Error {
     Tier(#[from] strata_tier::Error),
     #[error(transparent)]
     Model(#[from] strata_models::Error),
+    /// A KV session file that cannot be opened, read or used.
+    #[error(transparent)]
+    Kv(#[from] strata_kv::Error),
+    /// A file or directory the engine needed could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `tokenizer.json` that cannot be parsed, or text/ids it fails to
+    /// encode or decode.
+    #[error("tokenizer {}: {reason}", path.display())]
+    Tokenizer { path: std::path::PathBuf, reason: String },
+    /// A chat template (in `tokenizer_config.json` or `chat_template.jinja`)
+    /// that cannot be read, compiled or rendered, including the template's
+    /// own `raise_exception(...)`.
+    #[error("chat template {}: {reason}", path.display())]
+    Template { path: std::path::PathBuf, reason: String },
+    /// `generation_config.json` (or another JSON file of the model) that is
+    /// not what it should be.
+    #[error("{}: {reason}", path.display())]
+    ModelFile { path: std::path::PathBuf, reason: String },
     /// An option outside what the engine accepts.
     #[error("invalid option {option}: {reason}")]
     InvalidOption { option: &'static str, reason: String },

@@ -20,14 +20,25 @@
 //! **Architecture invariant:** the engine holds no global state. Everything a
 //! run depends on (threads, cache size, sampling) is passed in explicitly.
 
+#[cfg(feature = "clap")]
+pub mod args;
+mod chat;
 mod engine;
 mod error;
+mod persist;
+mod resolve;
 mod sampler;
 mod session;
+pub mod text;
 
+pub use chat::{Chat, FinishReason, Reply, ReplyOptions, TextModel};
 pub use engine::{CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, USAGE_FILE_NAME};
 pub use error::{Error, Result};
+pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport, session_path, validate_session_name};
+pub use resolve::{AUTO_CONVERT_PRESET, DEMO_MODEL_DIR, ResolvedModel, default_cache_dir, resolve_model};
 pub use sampler::{Sampler, SamplingOptions};
 pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
 pub use strata_format::ModelSpec;
+pub use strata_kv::CutTail;
 pub use strata_tier::{ByteSize, IoBackend, PolicyKind, RamBudget, StoreStats};
+pub use text::{ChatTemplate, Detokenizer, Message, StopOutput, StopStrings, Tokenizer, eos_ids_from_dir};

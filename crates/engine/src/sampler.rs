@@ -108,8 +108,14 @@ mod tests {
     fn same_seed_same_tokens_and_top_k_one_is_greedy() {
         let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
         let opts = SamplingOptions { temperature: 0.9, top_k: 20, top_p: 0.9, seed: 7 };
-        let a: Vec<u32> = { let mut s = Sampler::new(opts); (0..32).map(|p| s.sample(&logits, p)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(opts); (0..32).rev().map(|p| s.sample(&logits, p)).collect::<Vec<_>>().into_iter().rev().collect() };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(opts);
+            (0..32).map(|p| s.sample(&logits, p)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(opts);
+            (0..32).rev().map(|p| s.sample(&logits, p)).collect::<Vec<_>>().into_iter().rev().collect()
+        };
         assert!(a.iter().any(|&t| t != a[0]), "positions draw differently");
         assert_eq!(a, b);
         let mut one = Sampler::new(SamplingOptions { top_k: 1, ..opts });

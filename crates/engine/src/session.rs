@@ -1,14 +1,16 @@
 //! A conversation: its KV cache, the tokens so far, and generation.
 
 use std::ops::ControlFlow;
+use std::path::Path;
 use std::time::Instant;
 
 use serde::Serialize;
-use strata_kv::KvCache;
-use strata_models::Logits;
+use strata_kv::{KvCache, Persist, SessionFile};
+use strata_models::{Logits, SeqBatch};
 use strata_sched::LayerStats;
 use strata_tier::StoreStats;
 
+use crate::persist::session_path;
 use crate::{Engine, Error, Result, Sampler, SamplingOptions};
 
 /// What to generate.
@@ -18,11 +20,14 @@ pub struct GenerateOptions {
     pub sampling: SamplingOptions,
     /// Keep going past end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Ids that end generation besides the model's `eos_token_ids` (e.g. an
+    /// end-of-turn token listed only in generation_config.json).
+    pub extra_eos_token_ids: Vec<u32>,
 }
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        Self { max_new_tokens: 128, sampling: SamplingOptions::default(), ignore_eos: false }
+        Self { max_new_tokens: 128, sampling: SamplingOptions::default(), ignore_eos: false, extra_eos_token_ids: Vec::new() }
     }
 }
 
@@ -149,11 +154,78 @@ pub struct Session<'e> {
     /// The last generated token: part of the sequence, not yet run through
     /// the model (running it is only needed if the sequence continues).
     unfed: Option<u32>,
+    /// The session file every change is saved to (see `crate::persist`).
+    persist: Option<Persist>,
+    /// Warnings not yet taken, e.g. that saving stopped on a full disk.
+    warnings: Vec<String>,
 }
 
 impl<'e> Session<'e> {
     pub(crate) fn new(engine: &'e Engine, cache: KvCache) -> Self {
-        Self { engine, cache, tokens: Vec::new(), pending_logits: None, unfed: None }
+        Self { engine, cache, tokens: Vec::new(), pending_logits: None, unfed: None, persist: None, warnings: Vec::new() }
+    }
+
+    /// A session read back from its file by [`Engine::open_session`].
+    pub(crate) fn restored(
+        engine: &'e Engine,
+        cache: KvCache,
+        tokens: Vec<u32>,
+        unfed: Option<u32>,
+        persist: Persist,
+    ) -> Self {
+        Self { tokens, unfed, persist: Some(persist), ..Self::new(engine, cache) }
+    }
+
+    /// Warnings since the last call, e.g. that the session file stopped
+    /// being written (a full disk); the session itself went on.
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    /// Whether every change is still being saved to a session file.
+    pub fn is_persisted(&self) -> bool {
+        self.persist.as_ref().is_some_and(Persist::is_active)
+    }
+
+    /// Saves what the sequence gained to the session file, if any. A failure
+    /// there stops the saving, with a warning, never the session.
+    fn persist_new(&mut self) {
+        if let Some(warning) = self.persist.as_mut().and_then(|p| p.sync(&self.tokens, &self.cache)) {
+            self.warnings.push(warning);
+        }
+    }
+
+    /// Cuts the session file to the sequence's first `len_tokens` tokens.
+    fn persist_truncate(&mut self, len_tokens: usize) {
+        if let Some(warning) = self.persist.as_mut().and_then(|p| p.truncate(len_tokens)) {
+            self.warnings.push(warning);
+        }
+    }
+
+    /// Saves the whole sequence as session `name` under `kv_dir` (replacing
+    /// a session of that name), and keeps saving every change to it, so a
+    /// later [`Engine::open_session`] continues it with no re-prefill.
+    /// Returns the tokens saved.
+    pub fn save_as(&mut self, kv_dir: &Path, name: &str) -> Result<usize> {
+        let path = session_path(kv_dir, name)?;
+        std::fs::create_dir_all(kv_dir).map_err(|source| Error::Io { path: kv_dir.to_owned(), source })?;
+        let header = self.engine.session_header(&self.cache)?;
+        // Replacing: a saved conversation of the same name is overwritten,
+        // as a file save would be.
+        if path.exists() {
+            std::fs::remove_file(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+        }
+        let mut persist = Persist::new(SessionFile::create(&path, &header)?);
+        if let Some(warning) = persist.sync(&self.tokens, &self.cache) {
+            return Err(Error::InvalidRequest(warning));
+        }
+        self.persist = Some(persist);
+        Ok(self.tokens.len())
+    }
+
+    /// The most tokens this session can hold.
+    pub fn context_tokens(&self) -> usize {
+        self.cache.capacity_tokens()
     }
 
     /// Every token of the sequence so far.
@@ -167,6 +239,26 @@ impl<'e> Session<'e> {
         self.tokens.clear();
         self.pending_logits = None;
         self.unfed = None;
+        self.persist_truncate(0);
+    }
+
+    /// Keeps only the first `len_tokens` tokens of the sequence, so a new
+    /// prompt that shares a prefix with the old one is fed from where they
+    /// differ instead of from scratch.
+    pub fn truncate(&mut self, len_tokens: usize) {
+        if len_tokens >= self.tokens.len() {
+            return;
+        }
+        self.tokens.truncate(len_tokens);
+        self.cache.truncate(len_tokens);
+        self.unfed = None;
+        self.pending_logits = None;
+        self.persist_truncate(len_tokens);
+    }
+
+    /// The length of the common prefix of the sequence and `tokens`.
+    pub fn common_prefix_len(&self, tokens: &[u32]) -> usize {
+        self.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count()
     }
 
     /// Appends `tokens` and returns the logits after the last one.
@@ -179,7 +271,51 @@ impl<'e> Session<'e> {
         self.unfed = None;
         self.tokens.extend_from_slice(tokens);
         self.pending_logits = Some(logits.clone());
+        self.persist_new();
         Ok(logits)
+    }
+
+    /// Feeds several sessions of the same engine in one forward pass (the
+    /// step of continuous batching): session `i` appends `tokens[i]` (after
+    /// its unfed token, if any) and gets its logits after the last one.
+    /// Every weight, and each MoE layer's expert union, is read once for all
+    /// of them; each session's logits are bit-identical to feeding it alone.
+    pub fn feed_batch(sessions: &mut [&mut Session<'e>], tokens: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        assert_eq!(sessions.len(), tokens.len(), "one token list per session");
+        let Some(first) = sessions.first() else { return Ok(Vec::new()) };
+        let engine = first.engine;
+        assert!(sessions.iter().all(|s| std::ptr::eq(s.engine, engine)), "sessions of one engine");
+        let batches: Vec<Vec<u32>> =
+            sessions.iter().zip(tokens).map(|(s, t)| s.unfed.iter().chain(*t).copied().collect()).collect();
+        if batches.iter().any(Vec::is_empty) {
+            return Err(Error::InvalidRequest("no tokens to feed".into()));
+        }
+        let mut seqs: Vec<SeqBatch<'_>> = sessions
+            .iter_mut()
+            .zip(&batches)
+            .map(|(s, b)| SeqBatch { tokens: b, cache: &mut s.cache })
+            .collect();
+        let logits = engine.model().forward_batch(&engine.runtime(), &mut seqs)?;
+        for ((session, new), logits) in sessions.iter_mut().zip(tokens).zip(&logits) {
+            session.unfed = None;
+            session.tokens.extend_from_slice(new);
+            session.pending_logits = Some(logits.clone());
+            session.persist_new();
+        }
+        Ok(logits)
+    }
+
+    /// Samples the token after the sequence from `logits`, and makes it part
+    /// of the sequence (not yet run: the next feed runs it). This is the
+    /// other half of a continuous-batching step.
+    pub fn push_sampled(&mut self, sampler: &mut Sampler, logits: &[f32]) -> u32 {
+        let token = sampler.sample(logits, self.tokens.len());
+        assert!(self.unfed.is_none(), "the previous token was fed");
+        self.tokens.push(token);
+        self.unfed = Some(token);
+        self.pending_logits = None;
+        self.persist_new();
+        token
     }
 
     /// Feeds `prompt` (may be empty if the session already holds tokens),
@@ -210,12 +346,17 @@ impl<'e> Session<'e> {
         while report.tokens.len() < options.max_new_tokens {
             let token = sampler.sample(&logits, self.tokens.len());
             report.tokens.push(token);
-            let stop = on_token(token).is_break() || (!options.ignore_eos && eos.contains(&token));
+            let is_eos = eos.contains(&token) || options.extra_eos_token_ids.contains(&token);
+            let stop = on_token(token).is_break() || (!options.ignore_eos && is_eos);
             if stop || report.tokens.len() == options.max_new_tokens {
                 // The last token is part of the sequence but not yet run, so
                 // a later call can continue from it.
                 self.tokens.push(token);
                 self.unfed = Some(token);
+                // The logits of the last feed are not those after this
+                // token: a later call must run it, not sample from them.
+                self.pending_logits = None;
+                self.persist_new();
                 break;
             }
             let step_start = Snapshot::take(self.engine);

@@ -53,7 +53,8 @@ fn templates_render_as_transformers() {
             let template = ChatTemplate::from_dir(&testdata().join(dir)).unwrap().expect("a chat template");
             (dir.to_owned(), template)
         };
-        let what = format!("{label} / {} / add_generation_prompt={}", case["conversation"], case["add_generation_prompt"]);
+        let what =
+            format!("{label} / {} / add_generation_prompt={}", case["conversation"], case["add_generation_prompt"]);
         let variables = case["variables"].as_object().unwrap();
         let got = template.render_with(&messages(case), case["add_generation_prompt"].as_bool().unwrap(), variables);
         match (case.get("output").and_then(Value::as_str), case.get("error").and_then(Value::as_str)) {
@@ -220,9 +221,44 @@ fn detokenizer_holds_a_split_character_until_complete() {
 /// in and out of the vocabulary, ZWJ sequences, spaces at word starts.
 fn text_strategy() -> impl Strategy<Value = String> {
     let pieces = prop::sample::select(vec![
-        "the", " quick", " fox", "Hello", " world", "!", " ", "  ", "\n", "\t", "é", "Café", " naïve", "ß", "—", "東京",
-        "は", "日本", "首都", "。", "你好", "한국어", "😀", "🤖", "🎉", "👍🏽", "❤️", "🇯🇵", "👨‍👩‍👧‍👦", "🦀", "𝔘", "ψ", "∑",
-        "<|end|>", "<s>", "a", "1", "42",
+        "the",
+        " quick",
+        " fox",
+        "Hello",
+        " world",
+        "!",
+        " ",
+        "  ",
+        "\n",
+        "\t",
+        "é",
+        "Café",
+        " naïve",
+        "ß",
+        "—",
+        "東京",
+        "は",
+        "日本",
+        "首都",
+        "。",
+        "你好",
+        "한국어",
+        "😀",
+        "🤖",
+        "🎉",
+        "👍🏽",
+        "❤️",
+        "🇯🇵",
+        "👨‍👩‍👧‍👦",
+        "🦀",
+        "𝔘",
+        "ψ",
+        "∑",
+        "<|end|>",
+        "<s>",
+        "a",
+        "1",
+        "42",
     ]);
     prop::collection::vec(pieces, 0..24).prop_map(|parts| parts.concat())
 }

@@ -81,14 +81,14 @@ pub fn output_logits(
     Ok(out)
 }
 
-/// Adds the routed experts' weighted outputs for `xs` (`[n, hidden]`,
-/// tokens at positions `start..`) to `out`, recording the routes in the
-/// trace and the time in the run statistics.
+/// Adds the routed experts' weighted outputs for `xs` (`[n, hidden]`, row
+/// `i` at sequence position `positions[i]`) to `out`, recording the routes
+/// in the trace and the time in the run statistics.
 pub fn run_routed_experts(
     rt: &Runtime<'_>,
     layout: &ExpertLayout,
     layer: usize,
-    start: usize,
+    positions: &[usize],
     xs: &[f32],
     hidden: usize,
     routes: &[Route],
@@ -96,7 +96,7 @@ pub fn run_routed_experts(
     out: &mut [f32],
 ) -> Result<()> {
     if let Some(trace) = rt.trace {
-        record_routes(&mut trace.lock().unwrap_or_else(|p| p.into_inner()), layer, start, routes, top_k)?;
+        record_routes(&mut trace.lock().unwrap_or_else(|p| p.into_inner()), layer, positions, routes, top_k)?;
     }
     let batch = MoeBatch { layer, layout, xs, hidden, routes, top_k };
     let mut layer_stats = LayerStats::default();
@@ -105,10 +105,10 @@ pub fn run_routed_experts(
     Ok(result?)
 }
 
-fn record_routes(trace: &mut TraceWriter, layer: usize, start: usize, routes: &[Route], top_k: usize) -> Result<()> {
-    for (i, token_routes) in routes.chunks_exact(top_k).enumerate() {
+fn record_routes(trace: &mut TraceWriter, layer: usize, positions: &[usize], routes: &[Route], top_k: usize) -> Result<()> {
+    for (&position, token_routes) in positions.iter().zip(routes.chunks_exact(top_k)) {
         let experts: Vec<usize> = token_routes.iter().map(|r| r.expert).collect();
-        trace.write(layer, (start + i) as u64, &experts)?;
+        trace.write(layer, position as u64, &experts)?;
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ use crate::common::{add_bias, embed, output_logits, rmsnorm_into, rmsnorm_rows, 
 use crate::rope::Rope;
 use crate::router::softmax_top_k;
 use crate::weights::{LayerNames, MlpNames, matrix, vector};
-use crate::{CausalLm, Error, Logits, Result, Runtime};
+use crate::{CausalLm, Error, Logits, Result, Runtime, SeqBatch};
 
 /// A loaded OLMoE, Qwen3-MoE or Mixtral model.
 pub struct GqaMoe {
@@ -90,7 +90,11 @@ impl GqaMoe {
         Ok(())
     }
 
-    fn attention(&self, rt: &Runtime<'_>, layer: usize, xs: &[f32], start: usize, cache: &mut KvCache) -> Result<Vec<f32>> {
+    /// Attention of every row of `xs`, where `seqs` says which rows belong
+    /// to which sequence (and so which cache they read and extend). The
+    /// projections run once over all rows; only the attention itself is per
+    /// sequence.
+    fn attention(&self, rt: &Runtime<'_>, layer: usize, xs: &[f32], seqs: &mut [SeqBatch<'_>]) -> Result<Vec<f32>> {
         let s = &self.spec;
         let c = &*self.container;
         let names = &self.layers[layer];
@@ -117,12 +121,6 @@ impl GqaMoe {
                 *x = x.clamp(-clip, clip);
             }
         }
-        for i in 0..n {
-            self.rope.apply_neox(&mut q[i * q_dim..(i + 1) * q_dim], s.head_dim, start + i);
-            self.rope.apply_neox(&mut k[i * kv_dim..(i + 1) * kv_dim], s.head_dim, start + i);
-        }
-        cache.write(layer, KEYS, &k);
-        cache.write(layer, VALUES, &v);
         let shape = AttnShape {
             n_heads: s.num_heads,
             n_kv_heads: s.num_kv_heads,
@@ -130,7 +128,22 @@ impl GqaMoe {
             window: s.sliding_window,
         };
         let mut attn = vec![0.0f32; n * q_dim];
-        attend(shape, &q, cache.rows(layer, KEYS, start + n), cache.rows(layer, VALUES, start + n), start, &mut attn);
+        let mut row = 0;
+        for seq in seqs.iter_mut() {
+            let (start, m) = (seq.cache.len(), seq.tokens.len());
+            let q = &mut q[row * q_dim..(row + m) * q_dim];
+            let k = &mut k[row * kv_dim..(row + m) * kv_dim];
+            for i in 0..m {
+                self.rope.apply_neox(&mut q[i * q_dim..(i + 1) * q_dim], s.head_dim, start + i);
+                self.rope.apply_neox(&mut k[i * kv_dim..(i + 1) * kv_dim], s.head_dim, start + i);
+            }
+            seq.cache.write(layer, KEYS, k);
+            seq.cache.write(layer, VALUES, &v[row * kv_dim..(row + m) * kv_dim]);
+            let keys = seq.cache.rows(layer, KEYS, start + m);
+            let values = seq.cache.rows(layer, VALUES, start + m);
+            attend(shape, q, keys, values, start, &mut attn[row * q_dim..(row + m) * q_dim]);
+            row += m;
+        }
         let mut out = vec![0.0f32; n * s.hidden_size];
         rt.threads.matmul(&c.dense(&names.o)?, &attn, n, &mut out);
         if let Some(bias) = &names.o_bias {
@@ -139,7 +152,36 @@ impl GqaMoe {
         Ok(out)
     }
 
-    fn mlp(&self, rt: &Runtime<'_>, layer: usize, start: usize, xs: &[f32], out: &mut [f32]) -> Result<()> {
+    /// The final hidden states (before the last norm) of every row of every
+    /// sequence, extending each sequence's cache.
+    fn hidden_states(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<f32>> {
+        let s = &self.spec;
+        let c = &*self.container;
+        let h = s.hidden_size;
+        for seq in seqs.iter() {
+            seq.cache.reserve(seq.tokens.len())?;
+        }
+        let tokens: Vec<u32> = seqs.iter().flat_map(|seq| seq.tokens.iter().copied()).collect();
+        let positions: Vec<usize> =
+            seqs.iter().flat_map(|seq| seq.cache.len()..seq.cache.len() + seq.tokens.len()).collect();
+        let n = tokens.len();
+        let mut x = embed(c, s, EMBED, &tokens)?;
+        let mut normed = vec![0.0f32; n * h];
+        for layer in 0..s.num_layers {
+            let names = &self.layers[layer];
+            rmsnorm_into(&x, c.dense_vec(&names.input_norm)?, s.rms_norm_eps, &mut normed);
+            let attn = self.attention(rt, layer, &normed, seqs)?;
+            x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
+            rmsnorm_into(&x, c.dense_vec(&names.post_attn_norm)?, s.rms_norm_eps, &mut normed);
+            self.mlp(rt, layer, &positions, &normed, &mut x)?;
+        }
+        for seq in seqs.iter_mut() {
+            seq.cache.advance(seq.tokens.len());
+        }
+        Ok(x)
+    }
+
+    fn mlp(&self, rt: &Runtime<'_>, layer: usize, positions: &[usize], xs: &[f32], out: &mut [f32]) -> Result<()> {
         let s = &self.spec;
         let c = &*self.container;
         let n = xs.len() / s.hidden_size;
@@ -156,7 +198,7 @@ impl GqaMoe {
                 let renormalize = s.moe.norm_topk_prob || s.family == Family::Mixtral;
                 let routes = softmax_top_k(&logits, s.moe.num_experts, s.moe.top_k, renormalize);
                 let layout = c.expert_layout(layer)?;
-                run_routed_experts(rt, layout, layer, start, xs, s.hidden_size, &routes, s.moe.top_k, out)?;
+                run_routed_experts(rt, layout, layer, positions, xs, s.hidden_size, &routes, s.moe.top_k, out)?;
             }
         }
         Ok(())
@@ -173,26 +215,28 @@ impl CausalLm for GqaMoe {
     }
 
     fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Vec<f32>> {
-        let s = &self.spec;
-        let c = &*self.container;
-        let h = s.hidden_size;
-        let n = tokens.len();
-        if n == 0 {
+        if tokens.is_empty() {
             return Ok(Vec::new());
         }
-        cache.reserve(n)?;
-        let start = cache.len();
-        let mut x = embed(c, s, EMBED, tokens)?;
-        let mut normed = vec![0.0f32; n * h];
-        for layer in 0..s.num_layers {
-            let names = &self.layers[layer];
-            rmsnorm_into(&x, c.dense_vec(&names.input_norm)?, s.rms_norm_eps, &mut normed);
-            let attn = self.attention(rt, layer, &normed, start, cache)?;
-            x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
-            rmsnorm_into(&x, c.dense_vec(&names.post_attn_norm)?, s.rms_norm_eps, &mut normed);
-            self.mlp(rt, layer, start, &normed, &mut x)?;
+        let x = self.hidden_states(rt, &mut [SeqBatch { tokens, cache }])?;
+        let s = &self.spec;
+        output_logits(rt, &self.container, s, &x, logits, FINAL_NORM, &self.lm_head)
+    }
+
+    fn forward_batch(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<Vec<f32>>> {
+        if seqs.iter().any(|seq| seq.tokens.is_empty()) {
+            return Err(Error::Unsupported("a sequence of a batch has no tokens".into()));
         }
-        cache.advance(n);
-        output_logits(rt, c, s, &x, logits, FINAL_NORM, &self.lm_head)
+        let x = self.hidden_states(rt, seqs)?;
+        let h = self.spec.hidden_size;
+        // Each sequence's last row; the lm head runs once over all of them.
+        let mut last_rows = Vec::with_capacity(seqs.len() * h);
+        let mut end = 0;
+        for seq in seqs.iter() {
+            end += seq.tokens.len();
+            last_rows.extend_from_slice(&x[(end - 1) * h..end * h]);
+        }
+        let logits = output_logits(rt, &self.container, &self.spec, &last_rows, Logits::All, FINAL_NORM, &self.lm_head)?;
+        Ok(logits.chunks_exact(self.spec.vocab_size).map(<[f32]>::to_vec).collect())
     }
 }

@@ -184,7 +184,8 @@ impl MlaMoe {
                 };
                 let routes = grouped_sigmoid_top_k(&logits, s.moe.num_experts, &routing);
                 let layout = c.expert_layout(l)?;
-                run_routed_experts(rt, layout, l, start, xs, s.hidden_size, &routes, s.moe.top_k, &mut ys)?;
+                let positions: Vec<usize> = (start..start + n).collect();
+                run_routed_experts(rt, layout, l, &positions, xs, s.hidden_size, &routes, s.moe.top_k, &mut ys)?;
                 // transformers adds the shared experts to the routed sum
                 // before the residual; keep that order.
                 if let Some([g, u, d]) = shared {

@@ -1,0 +1,136 @@
+//! Finding the model to run: the embedded demo model when none is named, a
+//! container as is, or a Hugging Face checkpoint converted once into a cache
+//! keyed by its content.
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use strata_format::{ConvertOptions, QuantPreset};
+
+use crate::{Error, Result};
+
+/// The demo model shipped in the repository (a Hugging Face checkpoint; see
+/// models/demo/README.md). Commands use it when no model is given.
+pub const DEMO_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/demo");
+
+/// The preset a checkpoint is converted with when the user did not convert it
+/// first: near-lossless, half the size of f32.
+pub const AUTO_CONVERT_PRESET: QuantPreset = QuantPreset::Q8;
+
+/// Where a model comes from, after [`resolve_model`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedModel {
+    /// The container to open.
+    pub container_dir: PathBuf,
+    /// Whether this call converted a checkpoint into the cache.
+    pub converted: bool,
+}
+
+/// The container for `model` (`None`: the demo model). A directory with a
+/// `manifest.json` is a container; one with a `config.json` is a Hugging
+/// Face checkpoint, converted on first use into `cache_dir/<content hash>`
+/// and reused after.
+pub fn resolve_model(model: Option<&Path>, cache_dir: &Path, progress: bool) -> Result<ResolvedModel> {
+    let dir = match model {
+        Some(dir) => dir.to_path_buf(),
+        None => {
+            let demo = PathBuf::from(DEMO_MODEL_DIR);
+            if !demo.join("config.json").is_file() {
+                return Err(Error::InvalidRequest(format!(
+                    "no model given and the demo model is not at {}; pass a model directory",
+                    demo.display()
+                )));
+            }
+            demo
+        }
+    };
+    if dir.join(strata_format::container::MANIFEST_FILE).is_file() {
+        return Ok(ResolvedModel { container_dir: dir, converted: false });
+    }
+    if !dir.join("config.json").is_file() {
+        return Err(Error::InvalidRequest(format!(
+            "{} is neither a Strata container (no manifest.json) nor a Hugging Face checkpoint (no config.json)",
+            dir.display()
+        )));
+    }
+    let container_dir = cache_dir.join(checkpoint_hash(&dir)?);
+    if container_dir.join(strata_format::container::MANIFEST_FILE).is_file() {
+        return Ok(ResolvedModel { container_dir, converted: false });
+    }
+    fs::create_dir_all(cache_dir).map_err(|source| Error::Io { path: cache_dir.to_path_buf(), source })?;
+    let options = ConvertOptions { progress, overwrite: true, ..ConvertOptions::new(AUTO_CONVERT_PRESET) };
+    strata_format::convert(&dir, &container_dir, &options)?;
+    Ok(ResolvedModel { container_dir, converted: true })
+}
+
+/// SHA-256 (first 16 hex digits) over the names and bytes of a checkpoint's
+/// files, so an edited checkpoint gets a fresh conversion and an unchanged
+/// one is never converted twice.
+fn checkpoint_hash(dir: &Path) -> Result<String> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { path, source }
+    };
+    let mut names: Vec<PathBuf> = fs::read_dir(dir)
+        .map_err(io(dir))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    names.sort();
+    let mut hasher = Sha256::new();
+    hasher.update(format!("strata-format {}", env!("CARGO_PKG_VERSION")));
+    let mut buf = vec![0u8; 1 << 20];
+    for path in names {
+        hasher.update(path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
+        let mut file = fs::File::open(&path).map_err(io(&path))?;
+        loop {
+            let n = file.read(&mut buf).map_err(io(&path))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+    }
+    let digest = hasher.finalize();
+    Ok(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
+}
+
+/// The default cache of converted checkpoints: `$XDG_CACHE_HOME/strata` or
+/// `~/.cache/strata`, the places every Linux tool keeps such caches.
+pub fn default_cache_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("strata").join("models")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/mixtral/hf")
+    }
+
+    #[test]
+    fn a_checkpoint_is_converted_once_and_reused() {
+        let cache = tempfile::tempdir().unwrap();
+        let first = resolve_model(Some(&fixture()), cache.path(), false).unwrap();
+        assert!(first.converted);
+        let second = resolve_model(Some(&fixture()), cache.path(), false).unwrap();
+        assert_eq!(second, ResolvedModel { container_dir: first.container_dir.clone(), converted: false });
+        // A container is used as it is.
+        let direct = resolve_model(Some(&first.container_dir), cache.path(), false).unwrap();
+        assert_eq!(direct.container_dir, first.container_dir);
+    }
+
+    #[test]
+    fn a_directory_that_is_neither_is_a_clear_error() {
+        let empty = tempfile::tempdir().unwrap();
+        let err = resolve_model(Some(empty.path()), empty.path(), false).unwrap_err().to_string();
+        assert!(err.contains("neither a Strata container"), "{err}");
+    }
+}
