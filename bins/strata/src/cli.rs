@@ -3,12 +3,16 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
-use strata_engine::{ByteSize, IoBackend, PolicyKind, RamBudget};
+use clap::{Parser, Subcommand};
+use strata_engine::ByteSize;
 
 #[derive(Debug, Parser)]
 #[command(name = "strata", version, about = "Run Mixture-of-Experts models larger than RAM")]
 pub struct Cli {
+    /// Where Hugging Face checkpoints given as models are converted to and
+    /// cached (default: ~/.cache/strata/models).
+    #[arg(long, global = true)]
+    pub cache_dir: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -22,20 +26,25 @@ pub enum Command {
         /// Weight format: f32, bf16, q8 or q4 (routed experts q4, dense q8).
         #[arg(long, default_value = "q4")]
         quant: String,
+        /// Columns per scale of q4 tensors.
+        #[arg(long, default_value_t = strata_format::Q4_DEFAULT_GROUP)]
+        q4_group: usize,
         /// Replace OUT_DIR if it exists.
         #[arg(long)]
         overwrite: bool,
     },
     /// Describe a container: family, shapes, sizes, quantization, hashes.
     Info {
-        model_dir: PathBuf,
+        /// A container or Hugging Face checkpoint (default: the demo model).
+        model_dir: Option<PathBuf>,
         /// Also verify every file's SHA-256.
         #[arg(long)]
         verify: bool,
     },
     /// Teacher-forced logits at every position, written as a float32 .npy.
     Logits {
-        model_dir: PathBuf,
+        /// A container or Hugging Face checkpoint (default: the demo model).
+        model_dir: Option<PathBuf>,
         #[arg(long, value_parser = parse_tokens)]
         tokens: TokenList,
         #[arg(long)]
@@ -45,9 +54,16 @@ pub enum Command {
     },
     /// Generate tokens after a prompt of token ids.
     Generate {
-        model_dir: PathBuf,
-        #[arg(long, value_parser = parse_tokens)]
-        tokens: TokenList,
+        /// A container or Hugging Face checkpoint (default: the demo model).
+        model_dir: Option<PathBuf>,
+        /// The prompt as token ids. Optional when continuing an existing
+        /// `--session`, to which the tokens (if given) are appended.
+        #[arg(long, value_parser = parse_tokens, conflicts_with = "prompt")]
+        tokens: Option<TokenList>,
+        /// The prompt as text, tokenized with the model's tokenizer; the
+        /// answer is printed as text.
+        #[arg(long)]
+        prompt: Option<String>,
         #[arg(long, default_value_t = 32)]
         max_new_tokens: usize,
         /// 0 means greedy.
@@ -64,6 +80,26 @@ pub enum Command {
         #[arg(long)]
         ignore_eos: bool,
         /// Print one JSON object `{"tokens": [...], "stats": {...}}` as the last line.
+        #[arg(long)]
+        json: bool,
+        /// Where named sessions are kept (with `--session`).
+        #[arg(long)]
+        kv_dir: Option<PathBuf>,
+        /// Save the sequence as this session under `--kv-dir`, or continue it
+        /// from its end if it exists (letters, digits, '.', '_', '-').
+        #[arg(long)]
+        session: Option<String>,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Perplexity of a text file under the model (teacher-forced, in windows
+    /// of the model's context).
+    Perplexity {
+        /// A container or Hugging Face checkpoint (default: the demo model).
+        model_dir: Option<PathBuf>,
+        #[arg(long)]
+        text: PathBuf,
+        /// Print one JSON object as the last line.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -107,35 +143,7 @@ pub enum TraceCommand {
 }
 
 /// Flags shared by every command that runs a model.
-#[derive(Debug, Args)]
-pub struct RunArgs {
-    /// The one memory budget for dense weights, expert cache, KV and I/O
-    /// buffers: a size (e.g. 6GiB) or `auto` (75% of MemAvailable).
-    #[arg(long, default_value = "auto")]
-    pub ram_budget: RamBudget,
-    /// A further cap on the RAM holding routed experts, e.g. 16KiB, 512MiB.
-    #[arg(long)]
-    pub expert_cache: Option<ByteSize>,
-    /// Expert cache replacement policy: lru, lfru or pinned.
-    #[arg(long, default_value = "lru")]
-    pub cache_policy: PolicyKind,
-    /// How experts are read: pread, direct (O_DIRECT), uring (io_uring) or mmap.
-    #[arg(long, default_value = "pread")]
-    pub io: IoBackend,
-    /// Kernel worker threads (0: one per core).
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
-    /// The most tokens a session may hold; its KV arena comes out of the
-    /// budget (default: the model's context, at most 4096).
-    #[arg(long)]
-    pub context: Option<usize>,
-    /// Record every routing decision (layer, token, experts) to this file.
-    #[arg(long)]
-    pub trace: Option<PathBuf>,
-    /// Where learned expert usage is kept (default: usage.json in the model directory).
-    #[arg(long)]
-    pub usage_file: Option<PathBuf>,
-}
+pub use strata_engine::args::EngineArgs as RunArgs;
 
 /// Token ids given as `1,2,3`.
 #[derive(Debug, Clone)]

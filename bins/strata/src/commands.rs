@@ -1,18 +1,26 @@
 //! One function per subcommand.
 
+use std::io::{IsTerminal, Write};
 use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use strata_engine::{ByteSize, Engine, EngineOptions, GenerateOptions, SamplingOptions};
+use strata_engine::{
+    ByteSize, Engine, GenerateOptions, SamplingOptions, TextModel, default_cache_dir, resolve_model,
+};
 use strata_format::{ConvertOptions, QuantPreset, SynthOptions};
 
 use crate::cli::{Cli, Command, RunArgs, TraceCommand};
 
 pub fn run(cli: Cli) -> Result<()> {
+    let cache_dir = cli.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let model = |dir: Option<PathBuf>| -> Result<PathBuf> {
+        Ok(resolve_model(dir.as_deref(), &cache_dir, std::io::stderr().is_terminal())?.container_dir)
+    };
     match cli.command {
-        Command::Convert { hf_dir, out_dir, quant, overwrite } => {
+        Command::Convert { hf_dir, out_dir, quant, q4_group, overwrite } => {
             let preset: QuantPreset = quant.parse()?;
-            let options = ConvertOptions { overwrite, progress: true, ..ConvertOptions::new(preset) };
+            let options = ConvertOptions { overwrite, q4_group, progress: true, ..ConvertOptions::new(preset) };
             let report = strata_format::convert(&hf_dir, &out_dir, &options)
                 .with_context(|| format!("converting {}", hf_dir.display()))?;
             println!(
@@ -27,28 +35,106 @@ pub fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Info { model_dir, verify } => info(&model_dir, verify),
+        Command::Info { model_dir, verify } => info(&model(model_dir)?, verify),
+        Command::Perplexity { model_dir, text, json, run } => perplexity(&model(model_dir)?, &text, json, &run),
         Command::Logits { model_dir, tokens, out, run } => {
-            let engine = open(&model_dir, &run)?;
+            let engine = open(&model(model_dir)?, &run)?;
             let logits = engine.logits(&tokens.0)?;
             let vocab = engine.spec().vocab_size;
             strata_format::npy::write_f32(&out, &[tokens.0.len(), vocab], &logits)
                 .with_context(|| format!("writing {}", out.display()))?;
             Ok(())
         }
-        Command::Generate { model_dir, tokens, max_new_tokens, temperature, top_k, top_p, seed, ignore_eos, json, run } => {
+        Command::Generate {
+            model_dir,
+            tokens,
+            prompt: prompt_text,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            ignore_eos,
+            json,
+            kv_dir,
+            session,
+            run,
+        } => {
+            let named = match (kv_dir, session) {
+                (Some(kv_dir), Some(name)) => Some((kv_dir, name)),
+                (None, None) => None,
+                _ => anyhow::bail!("--kv-dir and --session go together: give both or neither"),
+            };
+            // Checked before the model is opened, and before a new session
+            // file would be created for nothing.
+            let exists = match &named {
+                Some((kv_dir, name)) => strata_engine::session_path(kv_dir, name)?.exists(),
+                None => false,
+            };
+            if tokens.is_none() && prompt_text.is_none() && !exists {
+                anyhow::bail!("no tokens and no session to continue (give --tokens or --prompt)");
+            }
+            let model_dir = model(model_dir)?;
             let engine = open(&model_dir, &run)?;
+            let text = prompt_text.as_ref().map(|_| TextModel::load(&engine)).transpose()?;
+            let prompt = match (&text, &prompt_text) {
+                (Some(text), Some(prompt)) => text.tokenizer.encode(prompt, true)?,
+                _ => tokens.map(|t| t.0).unwrap_or_default(),
+            };
+            let (mut session, opened) = match &named {
+                Some((kv_dir, name)) => {
+                    let (session, opened) =
+                        engine.open_session(kv_dir, name).with_context(|| format!("opening session {name}"))?;
+                    if let Some(cut) = &opened.cut {
+                        eprintln!("strata: warning: session {name} ({}): torn tail {cut}", opened.path.display());
+                    }
+                    (session, Some(opened))
+                }
+                None => (engine.session(), None),
+            };
+            if prompt.is_empty() && session.tokens().is_empty() {
+                anyhow::bail!("no tokens and no session to continue (the session is empty: give --tokens or --prompt)");
+            }
             let sampling = SamplingOptions { temperature, top_k, top_p, seed };
-            let options = GenerateOptions { max_new_tokens, sampling, ignore_eos };
-            let mut session = engine.session();
-            let report = session.generate(&tokens.0, &options, |token| {
-                if !json {
-                    println!("{token}");
+            let options = GenerateOptions { max_new_tokens, sampling, ignore_eos, ..GenerateOptions::default() };
+            let mut detok = text.as_ref().map(|t| t.tokenizer.detokenizer(true));
+            let mut stdout = std::io::stdout();
+            if let (Some(prompt), false) = (&prompt_text, json) {
+                print!("{prompt}");
+            }
+            let result = session.generate(&prompt, &options, |token| {
+                match (&mut detok, json) {
+                    (Some(detok), false) => {
+                        if let Ok(piece) = detok.push(token) {
+                            let _ = stdout.write_all(piece.as_bytes());
+                            let _ = stdout.flush();
+                        }
+                    }
+                    (None, false) => println!("{token}"),
+                    (_, true) => {}
                 }
                 ControlFlow::Continue(())
-            })?;
+            });
+            if let (Some(detok), false) = (&mut detok, json) {
+                println!("{}", detok.finish().unwrap_or_default());
+            }
+            for warning in session.take_warnings() {
+                eprintln!("strata: warning: {warning}");
+            }
+            let report = result?;
             if json {
-                let line = serde_json::json!({ "tokens": report.tokens, "stats": report.stats });
+                let mut stats = serde_json::to_value(&report.stats)?;
+                if let Some(opened) = &opened {
+                    // Documented in docs/FORMAT.md, "strata generate --json".
+                    stats["session_reopened_tokens"] = opened.reopened_tokens.into();
+                    stats["session_cut_bytes"] = opened.cut_bytes().into();
+                    stats["session_tokens"] = session.tokens().len().into();
+                    stats["session_saved"] = session.is_persisted().into();
+                }
+                let mut line = serde_json::json!({ "tokens": report.tokens, "stats": stats });
+                if let Some(text) = &text {
+                    line["text"] = text.tokenizer.decode(&report.tokens, true)?.into();
+                }
                 println!("{line}");
             }
             Ok(())
@@ -78,18 +164,49 @@ pub fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// Perplexity of `text_file`: teacher-forced in windows of the model's
+/// context, each window predicting its own tokens after the first.
+fn perplexity(model_dir: &Path, text_file: &Path, json: bool, run: &RunArgs) -> Result<()> {
+    let engine = open(model_dir, run)?;
+    let text_model = TextModel::load(&engine)?;
+    let text = std::fs::read_to_string(text_file).with_context(|| format!("reading {}", text_file.display()))?;
+    let ids = text_model.tokenizer.encode(&text, false)?;
+    if ids.len() < 2 {
+        anyhow::bail!("{}: fewer than two tokens of text", text_file.display());
+    }
+    let window = engine.context_tokens().max(2);
+    let vocab = engine.spec().vocab_size;
+    let started = std::time::Instant::now();
+    let (mut nll, mut predicted) = (0.0f64, 0usize);
+    for chunk in ids.chunks(window).filter(|c| c.len() >= 2) {
+        let logits = engine.logits(chunk)?;
+        for (row, &next) in logits.chunks_exact(vocab).zip(&chunk[1..]) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let log_sum = row.iter().map(|&l| f64::from(l - max).exp()).sum::<f64>().ln() + f64::from(max);
+            nll += log_sum - f64::from(row[next as usize]);
+            predicted += 1;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let ppl = (nll / predicted as f64).exp();
+    let tokens_per_s = ids.len() as f64 / seconds;
+    if json {
+        let line = serde_json::json!({
+            "perplexity": ppl, "mean_nll": nll / predicted as f64, "tokens": ids.len(),
+            "predicted_tokens": predicted, "window_tokens": window, "tokens_per_s": tokens_per_s,
+        });
+        println!("{line}");
+    } else {
+        println!(
+            "perplexity {ppl:.3} over {predicted} predicted tokens ({} tokens, windows of {window}), {tokens_per_s:.0} tokens/s",
+            ids.len()
+        );
+    }
+    Ok(())
+}
+
 fn open(model_dir: &std::path::Path, run: &RunArgs) -> Result<Engine> {
-    let options = EngineOptions {
-        threads: run.threads,
-        ram_budget: run.ram_budget,
-        expert_cache_bytes: run.expert_cache.map(ByteSize::bytes),
-        cache_policy: run.cache_policy,
-        io: run.io,
-        trace_file: run.trace.clone(),
-        context_tokens: run.context,
-        usage_file: run.usage_file.clone(),
-        ..EngineOptions::default()
-    };
+    let options = run.options();
     let engine = Engine::open(model_dir, &options).with_context(|| format!("opening {}", model_dir.display()))?;
     for warning in engine.warnings() {
         eprintln!("strata: warning: {warning}");

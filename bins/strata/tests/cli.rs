@@ -65,8 +65,22 @@ fn sampled_generation_is_reproducible_with_a_seed() {
     assert!(strata(&["convert", path(&fixture("mixtral").join("hf")), path(&model), "--quant", "q8"]).status.success());
     let run = || {
         let out = strata(&[
-            "generate", path(&model), "--tokens", "7,8", "--max-new-tokens", "8", "--temperature", "0.8",
-            "--top-k", "40", "--top-p", "0.9", "--seed", "42", "--ignore-eos", "--json",
+            "generate",
+            path(&model),
+            "--tokens",
+            "7,8",
+            "--max-new-tokens",
+            "8",
+            "--temperature",
+            "0.8",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "42",
+            "--ignore-eos",
+            "--json",
         ]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
@@ -107,7 +121,9 @@ fn unknown_family_names_the_supported_ones() {
 fn out_of_vocabulary_token_is_an_error_not_garbage() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m");
-    assert!(strata(&["convert", path(&fixture("qwen3_moe").join("hf")), path(&model), "--quant", "f32"]).status.success());
+    assert!(
+        strata(&["convert", path(&fixture("qwen3_moe").join("hf")), path(&model), "--quant", "f32"]).status.success()
+    );
     let out = strata(&["generate", path(&model), "--tokens", "1,999999", "--max-new-tokens", "2"]);
     assert_clean_failure(&out, "999999");
 }
@@ -116,7 +132,9 @@ fn out_of_vocabulary_token_is_an_error_not_garbage() {
 fn truncated_expert_file_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m");
-    assert!(strata(&["convert", path(&fixture("mixtral").join("hf")), path(&model), "--quant", "f32"]).status.success());
+    assert!(
+        strata(&["convert", path(&fixture("mixtral").join("hf")), path(&model), "--quant", "f32"]).status.success()
+    );
     let experts = std::fs::read_dir(model.join("experts")).unwrap().next().unwrap().unwrap().path();
     std::fs::OpenOptions::new().write(true).open(&experts).unwrap().set_len(100).unwrap();
     let out = strata(&["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "2", "--expert-cache", "0"]);

@@ -162,7 +162,15 @@ pub struct Session<'e> {
 
 impl<'e> Session<'e> {
     pub(crate) fn new(engine: &'e Engine, cache: KvCache) -> Self {
-        Self { engine, cache, tokens: Vec::new(), pending_logits: None, unfed: None, persist: None, warnings: Vec::new() }
+        Self {
+            engine,
+            cache,
+            tokens: Vec::new(),
+            pending_logits: None,
+            unfed: None,
+            persist: None,
+            warnings: Vec::new(),
+        }
     }
 
     /// A session read back from its file by [`Engine::open_session`].

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use proptest::prelude::*;
 use serde_json::Value;
@@ -27,8 +28,28 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// The tokenizers with fixtures: two tiny ones of testdata/tokenizer/ and
+/// the demo model's (its expectations in testdata/tokenizer/demo/).
+const TOKENIZERS: [&str; 3] = ["bpe", "spm", "demo"];
+
+fn tokenizer_dir(name: &str) -> PathBuf {
+    match name {
+        "demo" => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo"),
+        _ => testdata().join("tokenizer").join(name),
+    }
+}
+
+/// Loaded once per test binary: the property tests use them in every case.
 fn tokenizer(name: &str) -> Tokenizer {
-    Tokenizer::from_dir(&testdata().join("tokenizer").join(name)).unwrap().expect("tokenizer.json")
+    static LOADED: OnceLock<Vec<Tokenizer>> = OnceLock::new();
+    let loaded = LOADED.get_or_init(|| {
+        TOKENIZERS.iter().map(|n| Tokenizer::from_dir(&tokenizer_dir(n)).unwrap().expect("tokenizer.json")).collect()
+    });
+    loaded[TOKENIZERS.iter().position(|n| *n == name).expect("a tokenizer with fixtures")].clone()
+}
+
+fn tokenizer_expected(name: &str) -> Value {
+    read_json(&testdata().join("tokenizer").join(name).join("expected.json"))
 }
 
 fn messages(case: &Value) -> Vec<Message> {
@@ -78,6 +99,7 @@ fn templates_render_as_transformers() {
         "tokenizer/bpe",
         "tokenizer/spm",
         "tokenizer/jinja",
+        "../models/demo",
     ] {
         assert!(checked.contains_key(must), "no cases for {must}: {checked:?}");
     }
@@ -121,9 +143,9 @@ fn rendered_prompt_encodes_its_special_tokens_as_single_ids() {
 
 #[test]
 fn tokenizers_encode_and_decode_as_python() {
-    for name in ["bpe", "spm"] {
+    for name in TOKENIZERS {
         let tok = tokenizer(name);
-        let expected = read_json(&testdata().join("tokenizer").join(name).join("expected.json"));
+        let expected = tokenizer_expected(name);
         assert_eq!(tok.vocab_size() as u64, expected["vocab_size"].as_u64().unwrap(), "{name}");
         for case in expected["cases"].as_array().unwrap() {
             let text = case["text"].as_str().unwrap();
@@ -148,6 +170,10 @@ fn eos_ids_join_config_and_generation_config() {
     // spm: generation_config.json has a single int.
     let eos = tokenizer("spm").token_to_id("</s>").unwrap();
     assert_eq!(eos_ids_from_dir(&testdata().join("tokenizer/spm"), &[]).unwrap(), vec![eos]);
+    // The demo model: end of turn, then end of text.
+    let demo = tokenizer("demo");
+    let want = vec![demo.token_to_id("<|end|>").unwrap(), demo.token_to_id("<|endoftext|>").unwrap()];
+    assert_eq!(eos_ids_from_dir(&tokenizer_dir("demo"), &[]).unwrap(), want);
 }
 
 // ------------------------------------------------------------------------------------ detokenization
@@ -187,9 +213,9 @@ fn one_by_one(tok: &Tokenizer, ids: &[u32], skip_special: bool) -> String {
 
 #[test]
 fn detokenizer_pieces_add_up_to_the_fixture_decodings() {
-    for name in ["bpe", "spm"] {
+    for name in TOKENIZERS {
         let tok = tokenizer(name);
-        let expected = read_json(&testdata().join("tokenizer").join(name).join("expected.json"));
+        let expected = tokenizer_expected(name);
         for case in expected["cases"].as_array().unwrap() {
             let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
             assert_eq!(one_by_one(&tok, &ids, false), case["decoded"].as_str().unwrap(), "{name} {ids:?}");
@@ -200,9 +226,9 @@ fn detokenizer_pieces_add_up_to_the_fixture_decodings() {
 
 #[test]
 fn detokenizer_holds_a_split_character_until_complete() {
-    for name in ["bpe", "spm"] {
+    for name in TOKENIZERS {
         let tok = tokenizer(name);
-        // The crab is in neither vocabulary: four byte pieces.
+        // The crab is in no vocabulary: it comes in byte pieces.
         let ids = tok.encode("a🦀b", false).unwrap();
         let mut detok = tok.detokenizer(false);
         let pieces: Vec<String> = ids.iter().map(|&id| detok.push(id).unwrap()).collect();
@@ -273,7 +299,7 @@ proptest! {
         add_special in any::<bool>(),
         skip_special in any::<bool>(),
     ) {
-        for name in ["bpe", "spm"] {
+        for name in TOKENIZERS {
             let tok = tokenizer(name);
             let ids = tok.encode(&text, add_special).unwrap();
             let full = tok.decode(&ids, skip_special).unwrap();

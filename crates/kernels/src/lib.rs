@@ -8,7 +8,9 @@
 //! paths (AVX2/FMA, AVX-512) are chosen at run time and are tested against the
 //! reference with proptest.
 
+mod act;
 mod error;
+mod int;
 pub mod matrix;
 pub mod ops;
 pub mod quant;

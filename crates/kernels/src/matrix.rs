@@ -4,16 +4,31 @@
 //! `Matrix` only borrows: the bytes usually live in a memory map owned by a
 //! higher layer, and this crate knows no files.
 //!
-//! Every output element of [`Matrix::matvec`] / [`Matrix::matmul`] is one call
-//! of a row-dot kernel on (row, input vector), whatever the batch size or
-//! thread split, so `matmul` equals `n` `matvec`s bit for bit and
-//! [`crate::Threads`] results do not depend on the thread count.
+//! Every output element of [`Matrix::matvec`] / [`Matrix::matmul`] is computed
+//! by the same sequence of operations on (row, input vector), whatever the
+//! batch size, tile or thread split, so `matmul` equals `n` `matvec`s bit for
+//! bit and [`crate::Threads`] results do not depend on the thread count.
+//!
+//! q8 and q4 matrices take the integer path of [`crate::int`] on x86_64
+//! (inputs quantized to int16 once per product, see [`crate::act`]) when
+//! their group size allows it; f32, bf16, other group sizes and the scalar
+//! tier use the f32 row-dot kernels of [`crate::simd`].
 
 use std::ops::Range;
 
+use crate::act::{Layout, QuantizedActs};
 use crate::error::{Error, Result};
+use crate::int::{self, IntWeights};
 use crate::quant::{QuantFormat, bf16_to_f32};
 use crate::simd::Isa;
+
+/// The inputs of a product, prepared once and shared by every row chunk.
+pub(crate) enum Prepared<'x> {
+    /// Row-dot kernels read the f32 inputs directly.
+    F32(&'x [f32]),
+    /// The integer path reads int16 inputs.
+    Int(QuantizedActs),
+}
 
 /// The storage of a [`Matrix`], one variant per [`QuantFormat`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -209,7 +224,59 @@ impl<'a> Matrix<'a> {
     pub fn matvec_with(&self, isa: Isa, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec: x length differs from cols");
         assert_eq!(y.len(), self.rows, "matvec: y length differs from rows");
-        self.matmul_rows(isa, x, 1, 0..self.rows, y, self.rows);
+        let prepared = self.prepare(isa, x, 1);
+        self.products(isa, &prepared, 1, 0..self.rows, y, self.rows);
+    }
+
+    /// Whether products with this matrix on `isa` take the integer path
+    /// (int16 inputs, see [`crate::int`]) rather than f32 row dots.
+    pub fn uses_int_path(&self, isa: Isa) -> bool {
+        self.int_weights(isa).is_some()
+    }
+
+    /// The integer-path view of a q8/q4 matrix, when `isa` and the group
+    /// size allow it.
+    pub(crate) fn int_weights(&self, isa: Isa) -> Option<IntWeights<'a>> {
+        if !int::isa_has_int(isa) {
+            return None;
+        }
+        match self.data {
+            MatData::Q8 { qs, scales, group } if Layout::Q8.supports_group(group) => {
+                Some(IntWeights::new(Layout::Q8, self.rows, self.cols, group, bytemuck::cast_slice(qs), scales))
+            }
+            MatData::Q4 { qs, scales, group } if Layout::Q4.supports_group(group) => {
+                Some(IntWeights::new(Layout::Q4, self.rows, self.cols, group, qs, scales))
+            }
+            _ => None,
+        }
+    }
+
+    /// Prepares `n` inputs (`[n, cols]`) for [`Matrix::products`].
+    pub(crate) fn prepare<'x>(&self, isa: Isa, xs: &'x [f32], n: usize) -> Prepared<'x> {
+        match self.int_weights(isa) {
+            Some(w) => Prepared::Int(QuantizedActs::new(w.layout, xs, n, self.cols)),
+            None => Prepared::F32(xs),
+        }
+    }
+
+    /// Output rows `rows` for all `n` prepared inputs:
+    /// `out[t * out_stride + (r - rows.start)] = W[r] . xs[t]`.
+    pub(crate) fn products(
+        &self,
+        isa: Isa,
+        prepared: &Prepared<'_>,
+        n: usize,
+        rows: Range<usize>,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        match prepared {
+            Prepared::F32(xs) => self.matmul_rows(isa, xs, n, rows, out, out_stride),
+            Prepared::Int(acts) => {
+                let w = self.int_weights(isa).expect("prepared for the integer path on another tier");
+                int::products(isa, &w, acts, rows, out, out_stride);
+            }
+        }
     }
 
     /// `ys[t] = W xs[t]` for `n` row-major input vectors: `xs` is `[n, cols]`,
@@ -224,7 +291,8 @@ impl<'a> Matrix<'a> {
     /// [`Matrix::matmul`] on a chosen instruction set.
     pub fn matmul_with(&self, isa: Isa, xs: &[f32], n: usize, ys: &mut [f32]) {
         self.check_matmul(xs, n, ys);
-        self.matmul_rows(isa, xs, n, 0..self.rows, ys, self.rows);
+        let prepared = self.prepare(isa, xs, n);
+        self.products(isa, &prepared, n, 0..self.rows, ys, self.rows);
     }
 
     pub(crate) fn check_matmul(&self, xs: &[f32], n: usize, ys: &[f32]) {
@@ -232,20 +300,11 @@ impl<'a> Matrix<'a> {
         assert_eq!(Some(ys.len()), n.checked_mul(self.rows), "matmul: ys must be [n, rows]");
     }
 
-    /// Computes output rows `rows` for all `n` inputs:
-    /// `out[t * out_stride + (r - rows.start)] = W[r] . xs[t]`.
+    /// The f32 row-dot path of [`Matrix::products`].
     ///
     /// The loop runs over weight rows outside and inputs inside, so a row is
     /// read from memory once and reused from cache for every input.
-    pub(crate) fn matmul_rows(
-        &self,
-        isa: Isa,
-        xs: &[f32],
-        n: usize,
-        rows: Range<usize>,
-        out: &mut [f32],
-        out_stride: usize,
-    ) {
+    fn matmul_rows(&self, isa: Isa, xs: &[f32], n: usize, rows: Range<usize>, out: &mut [f32], out_stride: usize) {
         let cols = self.cols;
         let row0 = rows.start;
         // One `match` per call, then a tight loop per format.

@@ -9,12 +9,17 @@
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::matrix::Matrix;
+use std::ops::Range;
+
+use crate::matrix::{Matrix, Prepared};
 use crate::simd::Isa;
 
 /// Below this many multiply-adds a product runs on the calling thread:
 /// waking the pool would cost more than the arithmetic.
 const SERIAL_MAX_MACS: usize = 64 * 1024;
+
+/// Rows of one integer-kernel tile; chunks are multiples of it.
+const TILE_ROWS: usize = 4;
 
 /// Chunks per thread; more than one lets rayon balance uneven progress
 /// (e.g. a thread descheduled by the OS).
@@ -68,18 +73,8 @@ impl Threads {
     pub fn matvec(&self, m: &Matrix<'_>, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), m.cols, "matvec: x length differs from cols");
         assert_eq!(y.len(), m.rows, "matvec: y length differs from rows");
-        let Some(chunk_rows) = self.chunk_rows(m, 1) else {
-            m.matvec_with(self.isa, x, y);
-            return;
-        };
-        let isa = self.isa;
-        self.pool.install(|| {
-            y.par_chunks_mut(chunk_rows).enumerate().for_each(|(chunk, y_chunk)| {
-                let row0 = chunk * chunk_rows;
-                let rows = row0..row0 + y_chunk.len();
-                m.matmul_rows(isa, x, 1, rows, y_chunk, 0);
-            });
-        });
+        let prepared = m.prepare(self.isa, x, 1);
+        self.products(m, &prepared, 1, y);
     }
 
     /// `ys[t] = W xs[t]` for `n` inputs (`xs` `[n, cols]`, `ys` `[n, rows]`),
@@ -89,15 +84,99 @@ impl Threads {
     /// If `xs.len() != n * m.cols` or `ys.len() != n * m.rows`.
     pub fn matmul(&self, m: &Matrix<'_>, xs: &[f32], n: usize, ys: &mut [f32]) {
         m.check_matmul(xs, n, ys);
-        if n == 1 {
-            return self.matvec(m, xs, ys);
+        let prepared = m.prepare(self.isa, xs, n);
+        self.products(m, &prepared, n, ys);
+    }
+
+    /// The SwiGLU feed-forward block of one expert (or a dense MLP),
+    /// `ys[t] = down(silu(gate(xs[t])) * up(xs[t]))`, fused: the inputs are
+    /// prepared once for gate and up; each task computes the same rows of
+    /// gate and up together (so the expert's record is streamed once, both
+    /// matrices in step) and applies SwiGLU to them at once; then the
+    /// intermediate is prepared once for down.
+    ///
+    /// Bit-identical to `matmul(gate)`, `matmul(up)`, [`crate::ops::silu_mul`],
+    /// `matmul(down)` in sequence, for any thread count.
+    ///
+    /// # Panics
+    /// If `gate` and `up` are not both `[inter, hidden]`, `down` is not
+    /// `[hidden, inter]`, or `xs`/`ys` are not `[n, hidden]`.
+    pub fn expert_ffn(
+        &self,
+        gate: &Matrix<'_>,
+        up: &Matrix<'_>,
+        down: &Matrix<'_>,
+        xs: &[f32],
+        n: usize,
+        ys: &mut [f32],
+    ) {
+        let (inter, hidden) = (gate.rows, gate.cols);
+        assert!(up.rows == inter && up.cols == hidden, "expert_ffn: up must be shaped like gate");
+        assert!(down.rows == hidden && down.cols == inter, "expert_ffn: down must be [hidden, inter]");
+        assert_eq!(Some(xs.len()), n.checked_mul(hidden), "expert_ffn: xs must be [n, hidden]");
+        assert_eq!(Some(ys.len()), n.checked_mul(hidden), "expert_ffn: ys must be [n, hidden]");
+        let isa = self.isa;
+        let x_gate = gate.prepare(isa, xs, n);
+        // gate and up of one record share a format, so usually one
+        // quantization of the inputs serves both.
+        let same_inputs = match (gate.int_weights(isa), up.int_weights(isa)) {
+            (Some(g), Some(u)) => g.layout == u.layout,
+            (None, None) => true,
+            _ => false,
+        };
+        let x_up_own = (!same_inputs).then(|| up.prepare(isa, xs, n));
+        let x_up = x_up_own.as_ref().unwrap_or(&x_gate);
+
+        // gate and up, rows chunk by chunk, with SwiGLU applied per chunk.
+        let mut h = vec![0.0f32; n * inter];
+        let gate_up_rows = |rows: Range<usize>, out: &mut [f32], out_stride: usize, u: &mut [f32]| {
+            gate.products(isa, &x_gate, n, rows.clone(), out, out_stride);
+            up.products(isa, x_up, n, rows, u, out_stride);
+            crate::ops::silu_mul(out, u);
+        };
+        match self.chunk_rows_for(inter, 2 * hidden, n) {
+            None => {
+                let mut u = vec![0.0f32; n * inter];
+                gate_up_rows(0..inter, &mut h, inter, &mut u);
+            }
+            Some(chunk_rows) => {
+                let blocks: Vec<Vec<f32>> = self.pool.install(|| {
+                    (0..inter.div_ceil(chunk_rows))
+                        .into_par_iter()
+                        .map(|chunk| {
+                            let row0 = chunk * chunk_rows;
+                            let len = chunk_rows.min(inter - row0);
+                            let mut g = vec![0.0f32; n * len];
+                            let mut u = vec![0.0f32; n * len];
+                            gate_up_rows(row0..row0 + len, &mut g, len, &mut u);
+                            g
+                        })
+                        .collect()
+                });
+                scatter(&blocks, chunk_rows, n, inter, &mut h);
+            }
         }
-        let Some(chunk_rows) = self.chunk_rows(m, n) else {
-            m.matmul_with(self.isa, xs, n, ys);
+        let h_prepared = down.prepare(isa, &h, n);
+        self.products(down, &h_prepared, n, ys);
+    }
+
+    /// Rows of `m` for all `n` prepared inputs, split across the pool.
+    fn products(&self, m: &Matrix<'_>, prepared: &Prepared<'_>, n: usize, ys: &mut [f32]) {
+        let rows = m.rows;
+        let Some(chunk_rows) = self.chunk_rows_for(rows, m.cols, n) else {
+            m.products(self.isa, prepared, n, 0..rows, ys, rows);
             return;
         };
         let isa = self.isa;
-        let rows = m.rows;
+        if n == 1 {
+            self.pool.install(|| {
+                ys.par_chunks_mut(chunk_rows).enumerate().for_each(|(chunk, y_chunk)| {
+                    let row0 = chunk * chunk_rows;
+                    m.products(isa, prepared, 1, row0..row0 + y_chunk.len(), y_chunk, 0);
+                });
+            });
+            return;
+        }
         // A chunk's outputs are strided across `ys` (one run per input), so
         // each task fills a private [n, chunk] block that is copied out
         // afterwards; the copy is tiny next to the products.
@@ -106,32 +185,42 @@ impl Threads {
                 .into_par_iter()
                 .map(|chunk| {
                     let row0 = chunk * chunk_rows;
-                    let chunk_len = chunk_rows.min(rows - row0);
-                    let mut block = vec![0.0f32; n * chunk_len];
-                    m.matmul_rows(isa, xs, n, row0..row0 + chunk_len, &mut block, chunk_len);
+                    let len = chunk_rows.min(rows - row0);
+                    let mut block = vec![0.0f32; n * len];
+                    m.products(isa, prepared, n, row0..row0 + len, &mut block, len);
                     block
                 })
                 .collect()
         });
-        for (chunk, block) in blocks.iter().enumerate() {
-            let row0 = chunk * chunk_rows;
-            let chunk_len = block.len() / n;
-            for (t, block_row) in block.chunks_exact(chunk_len).enumerate() {
-                ys[t * rows + row0..t * rows + row0 + chunk_len].copy_from_slice(block_row);
-            }
-        }
+        scatter(&blocks, chunk_rows, n, rows, ys);
     }
 
-    /// Rows per parallel task, or `None` when the product should run
-    /// serially (one thread, or too little work to share).
-    fn chunk_rows(&self, m: &Matrix<'_>, n: usize) -> Option<usize> {
-        let macs_per_row = m.cols.saturating_mul(n).max(1);
-        let total_macs = m.rows.saturating_mul(macs_per_row);
-        if self.n_threads == 1 || total_macs < SERIAL_MAX_MACS || m.rows < 2 {
+    /// Rows per parallel task for a product of `rows` rows of `cols`
+    /// columns with `n` inputs, or `None` when it should run serially (one
+    /// thread, or too little work to share). Chunks are whole tiles of the
+    /// integer kernels (4 rows), so no tile is split between tasks.
+    fn chunk_rows_for(&self, rows: usize, cols: usize, n: usize) -> Option<usize> {
+        let macs_per_row = cols.saturating_mul(n).max(1);
+        let total_macs = rows.saturating_mul(macs_per_row);
+        if self.n_threads == 1 || total_macs < SERIAL_MAX_MACS || rows < 2 {
             return None;
         }
-        let balanced = m.rows.div_ceil(self.n_threads * CHUNKS_PER_THREAD);
+        let balanced = rows.div_ceil(self.n_threads * CHUNKS_PER_THREAD);
         let worthwhile = MIN_CHUNK_MACS.div_ceil(macs_per_row);
-        Some(balanced.max(worthwhile).max(1))
+        Some(balanced.max(worthwhile).max(1).next_multiple_of(TILE_ROWS))
+    }
+}
+
+/// Copies per-chunk `[n, chunk]` blocks into a `[n, rows]` output.
+fn scatter(blocks: &[Vec<f32>], chunk_rows: usize, n: usize, rows: usize, ys: &mut [f32]) {
+    for (chunk, block) in blocks.iter().enumerate() {
+        let row0 = chunk * chunk_rows;
+        let len = block.len() / n.max(1);
+        if len == 0 {
+            continue;
+        }
+        for (t, block_row) in block.chunks_exact(len).enumerate() {
+            ys[t * rows + row0..t * rows + row0 + len].copy_from_slice(block_row);
+        }
     }
 }

@@ -156,6 +156,17 @@ mod tests {
     }
 
     #[test]
+    fn mla_caches_hold_the_latent_and_optional_index_keys() {
+        let latent_only = KvCache::mla(3, 576, None, 8);
+        assert_eq!(latent_only.row_dims(), &[576]);
+        assert_eq!(latent_only.bytes_per_token(), 3 * 576 * 4);
+        let dsa = KvCache::mla(3, 576, Some(128), 8);
+        assert_eq!(dsa.row_dims()[LATENT], 576);
+        assert_eq!(dsa.row_dims()[INDEX_KEYS], 128);
+        assert_eq!(dsa.bytes_per_token(), 3 * (576 + 128) * 4);
+    }
+
+    #[test]
     fn overflowing_the_context_is_an_error() {
         let kv = KvCache::gqa(1, 1, 3);
         let err = kv.reserve(4).unwrap_err().to_string();

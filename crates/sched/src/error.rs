@@ -14,7 +14,8 @@ pub enum Error {
     Record {
         layer: usize,
         expert: usize,
+        // Boxed: the format error is large and this is the rare path.
         #[source]
-        source: strata_format::Error,
+        source: Box<strata_format::Error>,
     },
 }

@@ -89,10 +89,11 @@ fn apply_expert(
     slot_out: &mut [f32],
 ) -> Result<()> {
     let hidden = batch.hidden;
-    let matrices = batch
-        .layout
-        .matrices(record.as_slice())
-        .map_err(|source| Error::Record { layer: batch.layer, expert, source })?;
+    let matrices = batch.layout.matrices(record.as_slice()).map_err(|source| Error::Record {
+        layer: batch.layer,
+        expert,
+        source: Box::new(source),
+    })?;
     let m = members.len();
     let mut xs_sub = Vec::with_capacity(m * hidden);
     for &(token, _) in members {

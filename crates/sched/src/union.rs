@@ -18,7 +18,7 @@ pub struct Route {
 /// index into `routes`, so every distinct expert is read at most once per
 /// layer per batch.
 pub fn union(routes: &[Route], top_k: usize) -> BTreeMap<usize, Vec<(usize, usize)>> {
-    assert!(top_k > 0 && routes.len() % top_k == 0, "routes are [n_tokens][top_k]");
+    assert!(top_k > 0 && routes.len().is_multiple_of(top_k), "routes are [n_tokens][top_k]");
     let mut by_expert: BTreeMap<usize, Vec<(usize, usize)>> = BTreeMap::new();
     for (slot, route) in routes.iter().enumerate() {
         by_expert.entry(route.expert).or_default().push((slot / top_k, slot));

@@ -26,9 +26,7 @@ impl AlignedBuf {
         let layout = Self::layout(len_bytes);
         // SAFETY: the layout has a non-zero size (see `layout`).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
-        };
+        let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
         Self { ptr, len_bytes }
     }
 

@@ -32,14 +32,7 @@ pub enum Error {
         "expert {expert} of layer {layer} is truncated in {}: wanted {wanted_bytes} bytes at offset {offset_bytes}, the file ended after {got_bytes}",
         path.display()
     )]
-    ShortRead {
-        path: PathBuf,
-        layer: usize,
-        expert: usize,
-        offset_bytes: u64,
-        wanted_bytes: usize,
-        got_bytes: usize,
-    },
+    ShortRead { path: PathBuf, layer: usize, expert: usize, offset_bytes: u64, wanted_bytes: usize, got_bytes: usize },
     /// A layer or expert index outside the model.
     #[error("no expert {expert} in layer {layer}")]
     NoSuchExpert { layer: usize, expert: usize },

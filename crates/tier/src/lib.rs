@@ -22,7 +22,9 @@ mod trace;
 mod usage;
 
 pub use aligned::AlignedBuf;
-pub use budget::{AUTO_SHARE_PERCENT, BudgetNeeds, BudgetPlan, RamBudget, SLACK_BYTES, mem_available_bytes, peak_rss_bytes};
+pub use budget::{
+    AUTO_SHARE_PERCENT, BudgetNeeds, BudgetPlan, RamBudget, SLACK_BYTES, mem_available_bytes, peak_rss_bytes,
+};
 pub use error::{Error, Result};
 pub use io::{IoBackend, IoPool, RecordFile};
 pub use policy::{Policy, PolicyKind, new_policy};

@@ -488,34 +488,6 @@ mod tests {
         assert!(lfru_rate.rate > lru_rate.rate - 0.03, "lfru {lfru_rate:?} lru {lru_rate:?}");
     }
 
-    /// Prints the hit rates of every policy on a grid of synthetic traces.
-    /// `cargo test -p strata-tier --release -- --ignored --nocapture policy_comparison`
-    #[test]
-    #[ignore = "a benchmark table, not a check"]
-    fn policy_comparison_on_synthetic_moe_traces() {
-        let shapes = [("olmoe", 16, 64, 8), ("qwen3-moe", 24, 128, 8), ("mixtral", 32, 8, 2)];
-        let mixes = [(0.5, 0.2, 0), (0.8, 0.3, 500), (1.0, 0.4, 250), (0.3, 0.5, 0), (1.2, 0.1, 1000)];
-        println!("shape      zipf repeat drift  cache |    lru   lfru pinned belady");
-        for (name, layers, experts, top_k) in shapes {
-            for (zipf, repeat, drift_tokens) in mixes {
-                let shape = Synthetic { layers, experts, top_k, tokens: 2000, zipf, repeat, drift_tokens };
-                let events = shape.trace(0x9E37_79B9_7F4A_7C15);
-                for share in [0.1, 0.25, 0.5] {
-                    let capacity = ((layers * experts) as f64 * share) as usize;
-                    let r = replay(&header(layers, experts), &events, capacity);
-                    println!(
-                        "{name:<10} {zipf:>4} {repeat:>6} {drift_tokens:>5} {:>5.0}% | {:>6.3} {:>6.3} {:>6.3} {:>6.3}",
-                        share * 100.0,
-                        r.lru.rate,
-                        r.lfru.rate,
-                        r.pinned.rate,
-                        r.belady.rate
-                    );
-                }
-            }
-        }
-    }
-
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 

@@ -26,9 +26,7 @@ impl FromStr for ByteSize {
     fn from_str(text: &str) -> Result<Self> {
         let invalid = |reason| Error::InvalidSize { text: text.to_owned(), reason };
         let trimmed = text.trim();
-        let split = trimmed
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(trimmed.len());
+        let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(trimmed.len());
         let (number, suffix) = trimmed.split_at(split);
         if number.is_empty() {
             return Err(invalid("expected a number such as 512MiB"));
@@ -46,10 +44,7 @@ impl FromStr for ByteSize {
             _ => return Err(invalid("unknown unit (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")),
         };
         if let Ok(whole) = number.parse::<u64>() {
-            return whole
-                .checked_mul(multiplier)
-                .map(ByteSize)
-                .ok_or_else(|| invalid("too large"));
+            return whole.checked_mul(multiplier).map(ByteSize).ok_or_else(|| invalid("too large"));
         }
         let value: f64 = number.parse().map_err(|_| invalid("not a number"))?;
         let bytes = value * multiplier as f64;
@@ -69,11 +64,7 @@ impl fmt::Display for ByteSize {
             value /= 1024.0;
             unit += 1;
         }
-        if unit == 0 {
-            write!(f, "{} B", self.0)
-        } else {
-            write!(f, "{value:.2} {}", UNITS[unit])
-        }
+        if unit == 0 { write!(f, "{} B", self.0) } else { write!(f, "{value:.2} {}", UNITS[unit]) }
     }
 }
 

@@ -95,11 +95,11 @@ impl ChatTemplate {
             serde_json::Value::Null => serde_json::Map::new(),
             _ => return Err(bad_config("expected a JSON object".to_owned())),
         };
-        let mut special_tokens = special_tokens(&config);
+        let mut special_tokens = config_special_tokens(&config);
         // Legacy: transformers merges special_tokens_map.json in for keys the
         // config leaves unset.
         if let Some(serde_json::Value::Object(map)) = read_json(&dir.join(SPECIAL_TOKENS_MAP_FILE))? {
-            for (key, token) in self::special_tokens(&map) {
+            for (key, token) in config_special_tokens(&map) {
                 special_tokens.entry(key).or_insert(token);
             }
         }
@@ -229,13 +229,11 @@ fn default_of_named(named: &[serde_json::Value]) -> std::result::Result<String, 
 /// and the entries of an `extra_special_tokens` object. A token is a string
 /// or an AddedToken object (`{"__type": "AddedToken", "content": ...}`);
 /// `add_bos_token: true` and `pad_token: null` are not tokens.
-fn special_tokens(config: &serde_json::Map<String, serde_json::Value>) -> BTreeMap<String, String> {
+fn config_special_tokens(config: &serde_json::Map<String, serde_json::Value>) -> BTreeMap<String, String> {
     let mut tokens = BTreeMap::new();
     for (key, value) in config {
-        if key.ends_with("_token") {
-            if let Some(token) = token_content(value) {
-                tokens.insert(key.clone(), token.to_owned());
-            }
+        if let Some(token) = token_content(value).filter(|_| key.ends_with("_token")) {
+            tokens.insert(key.clone(), token.to_owned());
         }
     }
     if let Some(serde_json::Value::Object(extra)) = config.get("extra_special_tokens") {
@@ -813,7 +811,7 @@ mod tests {
                 "extra_special_tokens": {"audio_token": "<audio>"}, "chat_template": "x"}"#,
         )
         .unwrap();
-        let tokens = special_tokens(&config);
+        let tokens = config_special_tokens(&config);
         let expected: BTreeMap<String, String> =
             [("audio_token", "<audio>"), ("bos_token", "<s>"), ("eos_token", "</s>"), ("image_token", "<img>")]
                 .into_iter()

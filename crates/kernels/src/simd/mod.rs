@@ -26,11 +26,14 @@ pub enum IsaLevel {
     Avx2,
     /// x86_64 AVX-512 F + BW + VL (512-bit with masked loads for tails).
     Avx512,
+    /// AVX-512 plus VNNI: the integer products of q8/q4 weights accumulate
+    /// with `vpdpwssd` instead of `vpmaddwd` + `vpaddd` (same results).
+    Avx512Vnni,
 }
 
 impl IsaLevel {
     /// All tiers, worst first.
-    pub const ALL: [IsaLevel; 3] = [Self::Scalar, Self::Avx2, Self::Avx512];
+    pub const ALL: [IsaLevel; 4] = [Self::Scalar, Self::Avx2, Self::Avx512, Self::Avx512Vnni];
 
     /// Whether this CPU can run the tier.
     pub fn is_supported(self) -> bool {
@@ -38,6 +41,7 @@ impl IsaLevel {
             Self::Scalar => true,
             Self::Avx2 => avx2_supported(),
             Self::Avx512 => avx512_supported(),
+            Self::Avx512Vnni => avx512_supported() && vnni_supported(),
         }
     }
 }
@@ -53,6 +57,16 @@ fn avx512_supported() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512vl")
+}
+
+#[cfg(target_arch = "x86_64")]
+fn vnni_supported() -> bool {
+    std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn vnni_supported() -> bool {
+    false
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -116,7 +130,7 @@ impl Isa {
         match self.level {
             // SAFETY: `Isa` is only built for supported tiers; lengths are
             // asserted equal above.
-            IsaLevel::Avx512 => return unsafe { avx512::dot_f32(a, b) },
+            IsaLevel::Avx512 | IsaLevel::Avx512Vnni => return unsafe { avx512::dot_f32(a, b) },
             IsaLevel::Avx2 => return unsafe { avx2::dot_f32(a, b) },
             IsaLevel::Scalar => {}
         }
@@ -132,7 +146,7 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         match self.level {
             // SAFETY: supported tier; lengths asserted equal above.
-            IsaLevel::Avx512 => return unsafe { avx512::dot_bf16(w, x) },
+            IsaLevel::Avx512 | IsaLevel::Avx512Vnni => return unsafe { avx512::dot_bf16(w, x) },
             IsaLevel::Avx2 => return unsafe { avx2::dot_bf16(w, x) },
             IsaLevel::Scalar => {}
         }
@@ -149,7 +163,7 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         match self.level {
             // SAFETY: supported tier; row invariants asserted above.
-            IsaLevel::Avx512 => return unsafe { avx512::dot_q8(qs, scales, group, x) },
+            IsaLevel::Avx512 | IsaLevel::Avx512Vnni => return unsafe { avx512::dot_q8(qs, scales, group, x) },
             IsaLevel::Avx2 => return unsafe { avx2::dot_q8(qs, scales, group, x) },
             IsaLevel::Scalar => {}
         }
@@ -171,7 +185,7 @@ impl Isa {
             match self.level {
                 // SAFETY: supported tier; row invariants asserted above and
                 // the group is even, as the vector bodies require.
-                IsaLevel::Avx512 => return unsafe { avx512::dot_q4(qs, scales, group, x) },
+                IsaLevel::Avx512 | IsaLevel::Avx512Vnni => return unsafe { avx512::dot_q4(qs, scales, group, x) },
                 IsaLevel::Avx2 => return unsafe { avx2::dot_q4(qs, scales, group, x) },
                 IsaLevel::Scalar => {}
             }
@@ -188,7 +202,7 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         match self.level {
             // SAFETY: supported tier; lengths asserted equal above.
-            IsaLevel::Avx512 => return unsafe { avx512::axpy(alpha, x, y) },
+            IsaLevel::Avx512 | IsaLevel::Avx512Vnni => return unsafe { avx512::axpy(alpha, x, y) },
             IsaLevel::Avx2 => return unsafe { avx2::axpy(alpha, x, y) },
             IsaLevel::Scalar => {}
         }
@@ -200,7 +214,7 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         match self.level {
             // SAFETY: supported tier; a single slice has no length invariant.
-            IsaLevel::Avx512 => return unsafe { avx512::scale(alpha, x) },
+            IsaLevel::Avx512 | IsaLevel::Avx512Vnni => return unsafe { avx512::scale(alpha, x) },
             IsaLevel::Avx2 => return unsafe { avx2::scale(alpha, x) },
             IsaLevel::Scalar => {}
         }

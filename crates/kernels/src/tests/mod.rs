@@ -4,6 +4,7 @@
 //! Proptest case counts are kept modest so the suite runs in seconds on a
 //! two-core machine.
 
+mod int;
 mod matrix;
 mod ops;
 mod quant;

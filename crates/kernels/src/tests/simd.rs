@@ -165,7 +165,9 @@ mod x86 {
 
     #[test]
     fn detection_picks_the_best_tier() {
-        let expected = if has_avx512() {
+        let expected = if has_avx512() && is_x86_feature_detected!("avx512vnni") {
+            IsaLevel::Avx512Vnni
+        } else if has_avx512() {
             IsaLevel::Avx512
         } else if has_avx2() {
             IsaLevel::Avx2

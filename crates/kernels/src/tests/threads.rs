@@ -56,7 +56,7 @@ fn matvec_is_bit_identical_for_any_thread_count() {
 fn matmul_is_bit_identical_for_any_thread_count() {
     let pools: Vec<Threads> = [1, 2, 4].map(|n| Threads::new(n).unwrap()).into();
     for_each_format(|format, m| {
-        for n in [0, 1, 3] {
+        for n in [0, 1, 3, 5, 9] {
             let xs = sample(n * m.cols);
             let mut serial = vec![0.0; n * m.rows];
             m.matmul(&xs, n, &mut serial);
@@ -88,4 +88,70 @@ fn pool_has_the_requested_size() {
     assert_eq!(pool.pool().current_num_threads(), 3);
     assert_eq!(pool.isa(), crate::simd::Isa::detect());
     assert_eq!(Threads::new(0).unwrap_err(), Error::ZeroThreads);
+}
+
+/// One source matrix in every format: f32, bf16, q8 and q4 (codes, scales).
+type Storage = (Vec<f32>, Vec<u16>, (Vec<i8>, Vec<f32>), (Vec<u8>, Vec<f32>));
+
+/// The fused expert FFN equals gate, up, SwiGLU and down run one after the
+/// other, bit for bit, for every thread count and batch size, in every
+/// format (q8/q4 on the integer path, f32/bf16 on row dots).
+#[test]
+fn expert_ffn_equals_unfused_swiglu_for_any_thread_count() {
+    let (hidden, inter, group) = (192, 136, 32);
+    let pools: Vec<Threads> = [1, 2, 3].map(|n| Threads::new(n).unwrap()).into();
+    let srcs =
+        [sample(inter * hidden), sample(inter * hidden + 7)[7..].to_vec(), sample(hidden * inter + 3)[3..].to_vec()];
+    let shapes = [(inter, hidden), (inter, hidden), (hidden, inter)];
+    for format in QuantFormat::ALL {
+        let owned: Vec<Storage> = srcs
+            .iter()
+            .zip(shapes)
+            .map(|(src, (rows, cols))| {
+                (
+                    src.clone(),
+                    f32_to_bf16_bits(src),
+                    quantize_q8(src, rows, cols, group),
+                    quantize_q4(src, rows, cols, group),
+                )
+            })
+            .collect();
+        let m: Vec<Matrix<'_>> = owned
+            .iter()
+            .zip(shapes)
+            .map(|((f, b, q8, q4), (rows, cols))| {
+                let data = match format {
+                    QuantFormat::F32 => MatData::F32(f),
+                    QuantFormat::Bf16 => MatData::Bf16(b),
+                    QuantFormat::Q8 => MatData::Q8 { qs: &q8.0, scales: &q8.1, group },
+                    QuantFormat::Q4 => MatData::Q4 { qs: &q4.0, scales: &q4.1, group },
+                };
+                Matrix::new(rows, cols, data).unwrap()
+            })
+            .collect();
+        for n in [1, 2, 5] {
+            let xs = sample(n * hidden);
+            let serial = Threads::new(1).unwrap();
+            let mut g = vec![0.0; n * inter];
+            let mut u = vec![0.0; n * inter];
+            serial.matmul(&m[0], &xs, n, &mut g);
+            serial.matmul(&m[1], &xs, n, &mut u);
+            crate::ops::silu_mul(&mut g, &u);
+            let mut want = vec![0.0; n * hidden];
+            serial.matmul(&m[2], &g, n, &mut want);
+            for pool in &pools {
+                let mut got = vec![f32::NAN; n * hidden];
+                pool.expert_ffn(&m[0], &m[1], &m[2], &xs, n, &mut got);
+                assert_eq!(bits(&got), bits(&want), "{format}, n {n}, {} threads", pool.n_threads());
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "down must be")]
+fn expert_ffn_checks_shapes() {
+    let w = sample(12);
+    let gate = Matrix::new(3, 4, MatData::F32(&w)).unwrap();
+    Threads::new(1).unwrap().expert_ffn(&gate, &gate, &gate, &[0.0; 4], 1, &mut [0.0; 4]);
 }

@@ -1,0 +1,293 @@
+//! Activations quantized to int16, the input side of the integer products of
+//! q8 and q4 weights ([`crate::int`]).
+//!
+//! # Why int16, not int8
+//!
+//! llama.cpp pairs Q4_0/Q8_0 weights with activations quantized to int8 in
+//! blocks of 32 (`Q8_0` activations). That error is about
+//! `max|x| / 127 / sqrt(12)` per element, ~0.5% of the block's spread: far
+//! outside the oracle tolerance of `1e-3 × std(logits)` that Strata's q8/q4
+//! containers are held to against transformers on their own dequantized
+//! weights. int16 keeps the integer datapath (`vpmaddwd` / `vpdpwssd`, with
+//! exact int32 sums) at 256× less error, which is far below f32 rounding of
+//! the rest of the forward pass.
+//!
+//! # Quantization
+//!
+//! The columns of every product lane (4 for q8, 8 for q4, see Layout) get
+//! their own scale `s = max|x| / 32767`; `q = round_ties_even(x * (32767 / max|x|))`. An
+//! all-zero block has scale 0; a block holding a NaN or an infinity gets a
+//! NaN scale, so the products that read it are NaN, as the f32 path's would
+//! be.
+//!
+//! # Layout
+//!
+//! The integer kernels multiply 16-bit weight words with 16-bit activation
+//! words in pairs (`vpmaddwd`: `a0*b0 + a1*b1` per 32-bit lane). Unpacking
+//! packed weights into words *in column order* needs cross-lane shuffles,
+//! the port-5 bottleneck of these kernels; unpacking them *by shifts* within
+//! each 16-bit word is cheap but yields the columns of each word in planes.
+//! So the activations are stored in that plane order instead, once per
+//! vector:
+//!
+//! * q8 ([`Layout::Q8`]): blocks of 64 columns; a weight word holds columns
+//!   `2j, 2j+1`; plane `p` (0..2) holds `x[2j + p]` for `j` in 0..32.
+//! * q4 ([`Layout::Q4`]): blocks of 128 columns; a weight word holds columns
+//!   `4j..4j+4`; plane `p` (0..4) holds `x[4j + p]` for `j` in 0..32.
+//!
+//! Either way a 512-bit product lane `k` (0..16) sums exactly the columns
+//! `k * lane_cols .. (k + 1) * lane_cols` of its block, so every lane lies
+//! inside one activation block and one weight group, and its scales are
+//! those of [`QuantizedActs::lane_scales`]. Columns past the end are zero.
+
+/// Largest int16 magnitude used; -32768 is left out so that no `vpmaddwd`
+/// pair can overflow.
+pub(crate) const ACT_MAX: f32 = 32767.0;
+
+/// Product lanes per block (the 16 `i32` lanes of a 512-bit vector).
+pub(crate) const LANES: usize = 16;
+
+/// How the activations are ordered for one weight format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// 64-column blocks in 2 planes, for q8 weights.
+    Q8,
+    /// 128-column blocks in 4 planes, for q4 weights.
+    Q4,
+}
+
+impl Layout {
+    /// Columns per block.
+    pub(crate) const fn block_cols(self) -> usize {
+        match self {
+            Self::Q8 => 64,
+            Self::Q4 => 128,
+        }
+    }
+
+    /// Planes per block: columns per 16-bit weight word.
+    pub(crate) const fn planes(self) -> usize {
+        match self {
+            Self::Q8 => 2,
+            Self::Q4 => 4,
+        }
+    }
+
+    /// Consecutive columns summed in one product lane.
+    pub(crate) const fn lane_cols(self) -> usize {
+        self.block_cols() / LANES
+    }
+
+    /// Whether weights with `group` columns per scale can use the integer
+    /// path: each lane must lie in one group, and groups must be powers of
+    /// two so that the lanes' group pattern repeats from block to block (one
+    /// permutation expands the scales) and a block's first group is a shift
+    /// away. Every preset (q8 group 32, q4 group 64) qualifies.
+    pub(crate) const fn supports_group(self, group: usize) -> bool {
+        group.is_power_of_two() && group >= self.lane_cols()
+    }
+
+    /// Where natural column `j` (0..block_cols) of a block is stored within it.
+    pub(crate) const fn position(self, j: usize) -> usize {
+        let planes = self.planes();
+        (j % planes) * (self.block_cols() / planes) + j / planes
+    }
+}
+
+/// `n` activation vectors of `cols` columns, quantized to int16 in the plane
+/// order of `layout` (see the module docs).
+#[derive(Debug, Clone)]
+pub(crate) struct QuantizedActs {
+    layout: Layout,
+    cols: usize,
+    blocks: usize,
+    n: usize,
+    /// `n * blocks * block_cols` values.
+    q: Vec<i16>,
+    /// `n * blocks * LANES` scales: the scale of each product lane.
+    lane_scales: Vec<f32>,
+    /// q4 only (else empty): `n * blocks * LANES` values `-8 * Σ q` over
+    /// each lane's columns. The q4 kernels multiply the stored unsigned
+    /// nibbles `q + 8` and add this to get `Σ q_w * q_x` exactly.
+    lane_corr: Vec<i32>,
+}
+
+/// One vector of a [`QuantizedActs`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ActRow<'a> {
+    /// `blocks * block_cols` values in plane order.
+    pub(crate) q: &'a [i16],
+    /// `blocks * LANES` lane scales.
+    pub(crate) lane_scales: &'a [f32],
+    /// `blocks * LANES` q4 offset corrections (empty for q8).
+    pub(crate) lane_corr: &'a [i32],
+}
+
+impl QuantizedActs {
+    /// Quantizes the `n` rows of `xs` (`[n, cols]`).
+    ///
+    /// # Panics
+    /// If `xs.len() != n * cols`.
+    pub(crate) fn new(layout: Layout, xs: &[f32], n: usize, cols: usize) -> Self {
+        assert_eq!(Some(xs.len()), n.checked_mul(cols), "activations must be [n, cols]");
+        let block = layout.block_cols();
+        let blocks = cols.div_ceil(block);
+        let mut acts = QuantizedActs {
+            layout,
+            cols,
+            blocks,
+            n,
+            q: vec![0; n * blocks * block],
+            lane_scales: vec![0.0; n * blocks * LANES],
+            lane_corr: Vec::new(),
+        };
+        if layout == Layout::Q4 {
+            acts.lane_corr = vec![0; n * blocks * LANES];
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present.
+            unsafe { acts.fill_avx2(xs) };
+            return acts;
+        }
+        acts.fill(xs);
+        acts
+    }
+
+    /// [`QuantizedActs::fill`] compiled for AVX2, which vectorizes its loops
+    /// far better than the SSE2 baseline; the operations (and so the
+    /// results) are the same.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn fill_avx2(&mut self, xs: &[f32]) {
+        self.fill(xs);
+    }
+
+    /// Quantizes `xs` into the (zeroed, correctly sized) buffers.
+    #[inline(always)]
+    fn fill(&mut self, xs: &[f32]) {
+        let (layout, cols, blocks, n) = (self.layout, self.cols, self.blocks, self.n);
+        let block = layout.block_cols();
+        let acts = self;
+        for t in 0..n {
+            let x = &xs[t * cols..(t + 1) * cols];
+            for b in 0..blocks {
+                let at = t * blocks + b;
+                let start = (b * block).min(cols);
+                let x_block = &x[start..(start + block).min(cols)];
+                let q_block = &mut acts.q[at * block..][..block];
+                let scales = &mut acts.lane_scales[at * LANES..][..LANES];
+                let corr = acts.lane_corr.get_mut(at * LANES..(at + 1) * LANES);
+                match layout {
+                    Layout::Q8 => quantize_block::<64, 2>(x_block, q_block, scales, corr),
+                    Layout::Q4 => quantize_block::<128, 4>(x_block, q_block, scales, corr),
+                }
+            }
+        }
+    }
+
+    /// The layout these activations were quantized for.
+    pub(crate) fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Columns per vector.
+    pub(crate) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Number of vectors.
+    pub(crate) fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Vector `t`.
+    pub(crate) fn row(&self, t: usize) -> ActRow<'_> {
+        let block = self.layout.block_cols();
+        ActRow {
+            q: &self.q[t * self.blocks * block..(t + 1) * self.blocks * block],
+            lane_scales: &self.lane_scales[t * self.blocks * LANES..(t + 1) * self.blocks * LANES],
+            lane_corr: if self.lane_corr.is_empty() {
+                &[]
+            } else {
+                &self.lane_corr[t * self.blocks * LANES..(t + 1) * self.blocks * LANES]
+            },
+        }
+    }
+}
+
+/// Quantizes one block of `BLOCK` columns (fewer at the end of a vector;
+/// the rest are zero) into `q` in plane order, with its lane scales and, for
+/// q4, its lane corrections. Fixed-size loops without branches, so that the
+/// compiler vectorizes them: this runs once per input of every product.
+#[inline(always)]
+fn quantize_block<const BLOCK: usize, const PLANES: usize>(
+    x: &[f32],
+    q: &mut [i16],
+    lane_scales: &mut [f32],
+    corr: Option<&mut [i32]>,
+) {
+    let mut padded = [0.0f32; BLOCK];
+    padded[..x.len()].copy_from_slice(x);
+    let mut natural = [0i16; BLOCK];
+    let lane_cols = BLOCK / LANES;
+    // Every product lane gets its own scale: the finest grain the kernels
+    // allow, and it keeps an outlier from coarsening its neighbours' steps.
+    for (lane, (xs, qs)) in padded.chunks_exact(lane_cols).zip(natural.chunks_exact_mut(lane_cols)).enumerate() {
+        lane_scales[lane] = match BLOCK / LANES {
+            4 => quantize_lane::<4>(xs.try_into().expect("4 columns"), qs.try_into().expect("4 columns")),
+            8 => quantize_lane::<8>(xs.try_into().expect("8 columns"), qs.try_into().expect("8 columns")),
+            other => unreachable!("lanes of {other} columns"),
+        };
+    }
+    let plane_len = BLOCK / PLANES;
+    for p in 0..PLANES {
+        for j in 0..plane_len {
+            q[p * plane_len + j] = natural[j * PLANES + p];
+        }
+    }
+    if let Some(corr) = corr {
+        for (c, lane) in corr.iter_mut().zip(natural.chunks_exact(lane_cols)) {
+            *c = -crate::quant::Q4_OFFSET * lane.iter().map(|&v| i32::from(v)).sum::<i32>();
+        }
+    }
+}
+
+/// Quantizes the `N` values of one lane (see the module docs) and returns
+/// their scale.
+#[inline(always)]
+fn quantize_lane<const N: usize>(x: &[f32; N], q: &mut [i16; N]) -> f32 {
+    // max |x| as the largest magnitude bit pattern: integer max is
+    // associative, so this vectorizes, and patterns at or above infinity's
+    // are exactly the non-finite values.
+    let amax_bits = x.iter().fold(0u32, |m, &v| m.max(v.to_bits() & 0x7FFF_FFFF));
+    if amax_bits >= f32::INFINITY.to_bits() {
+        *q = [0; N];
+        return f32::NAN;
+    }
+    let amax = f32::from_bits(amax_bits);
+    if amax == 0.0 {
+        *q = [0; N];
+        return 0.0;
+    }
+    let inv = ACT_MAX / amax;
+    for (o, &v) in q.iter_mut().zip(x) {
+        // SAFETY: |v| <= amax, so |v * inv| <= 32767 plus rounding: finite and
+        // far inside i32; the rounded value is already integral.
+        *o = unsafe { round_ties_even_small(v * inv).to_int_unchecked::<i32>() } as i16;
+    }
+    amax / ACT_MAX
+}
+
+/// `v.round_ties_even()` for `|v| <= 2^22`, without a libm call (x86_64's
+/// baseline has no SSE4.1 `roundss`): adding and subtracting `1.5 * 2^23`
+/// drops the fraction in the current rounding mode, IEEE's round half to
+/// even. Here `|v| <= 32767` plus rounding, so the cast never clips.
+#[inline(always)]
+fn round_ties_even_small(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (v + MAGIC) - MAGIC
+}
