@@ -1,6 +1,5 @@
 use std::io;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use super::*;
 
@@ -441,52 +440,4 @@ fn hashes_round_trip_through_hex() {
     assert_eq!(parse_hash(&hex(&hash).to_uppercase()), Some(hash));
     assert_eq!(parse_hash("abc"), None);
     assert_eq!(parse_hash(&format!("+f{}", "0".repeat(62))), None);
-}
-
-/// Append cost per token with an fsync each, for a cache shaped like
-/// Qwen3-30B-A3B's (48 layers, keys and values of 4 × 128): run with
-/// `cargo test -p strata-kv --release -- --ignored --nocapture append_cost`.
-/// `STRATA_KV_BENCH_DIR` picks the file system (default: the temp dir).
-#[test]
-#[ignore = "a measurement, not a check"]
-fn append_cost_per_token() {
-    let dir = match std::env::var_os("STRATA_KV_BENCH_DIR") {
-        Some(d) => tempfile::tempdir_in(d).unwrap(),
-        None => tempfile::tempdir().unwrap(),
-    };
-    for (label, n_layers, row_dims) in [
-        ("qwen3-30b-a3b", 48, vec![512, 512]),
-        ("deepseek-v3 (MLA)", 61, vec![576]),
-        ("olmoe fixture", 2, vec![128, 128]),
-    ] {
-        let tokens_n = 200;
-        let mut cache = KvCache::new(n_layers, row_dims.clone(), tokens_n);
-        cache.reserve(tokens_n).unwrap();
-        for layer in 0..n_layers {
-            for (stream, &dim) in row_dims.iter().enumerate() {
-                cache.write(layer, stream, &vec![0.5; dim * tokens_n]);
-            }
-        }
-        cache.advance(tokens_n);
-        let h = SessionHeader::for_cache([1; HASH_BYTES], None, &cache, "bench");
-        let path = dir.path().join(format!("{n_layers}.kvs"));
-        let mut file = SessionFile::create(&path, &h).unwrap();
-        let (mut append_s, mut fsync_s) = (0.0, 0.0);
-        for token in 0..tokens_n as u32 {
-            let started = Instant::now();
-            file.append(token, true, &cache).unwrap();
-            let written = Instant::now();
-            file.commit().unwrap();
-            append_s += (written - started).as_secs_f64();
-            fsync_s += written.elapsed().as_secs_f64();
-        }
-        let us = |s: f64| s * 1e6 / tokens_n as f64;
-        let record_kib = h.floats_per_token() as f64 * 4.0 / 1024.0;
-        eprintln!(
-            "{label}: {record_kib:.0} KiB per token: {:.0} µs per token = {:.0} µs encode + checksum + write, {:.0} µs fsync",
-            us(append_s + fsync_s),
-            us(append_s),
-            us(fsync_s)
-        );
-    }
 }
