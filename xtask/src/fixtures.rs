@@ -22,6 +22,10 @@ use anyhow::{Context, Result, bail};
 
 /// Families with fixtures, in generation order.
 pub const FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25"];
+/// Reference scripts run with the full set in stage 1: the demo model's
+/// logits (testdata/demo) and transformers' tokenizer and chat-template
+/// renderings (testdata/templates, testdata/tokenizer).
+const EXTRA_SCRIPTS: [&str; 2] = ["demo_ref.py", "templates.py"];
 /// Quantisations exercised by stage 2.
 pub const QUANTS: &[&str] = &["q8", "q4"];
 /// Soft budget for the committed fixtures of [`FAMILIES`].
@@ -163,6 +167,13 @@ pub fn run(args: &[String]) -> Result<()> {
             cmd.args(["--family", f]);
         }
         run_cmd(&mut cmd, &root)?;
+        // The demo model's references and the tokenizer/chat-template
+        // fixtures belong to no family: regenerated with the full set.
+        if opts.families.len() == FAMILIES.len() {
+            for extra in EXTRA_SCRIPTS {
+                run_cmd(&mut python_cmd(&python, &root.join("xtask/fixtures").join(extra)), &root)?;
+            }
+        }
     }
 
     if opts.stage2 {
