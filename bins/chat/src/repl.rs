@@ -99,11 +99,7 @@ fn command_line<'e>(command: &str, engine: &'e Engine, chat: &mut Chat<'e>, kv_d
 fn print_stats(s: &RunStats) {
     println!(
         "prefill {} tokens in {:.0} ms ({:.1} tok/s); decode {} tokens at {:.1} tok/s",
-        s.prompt_tokens,
-        s.prefill_ms,
-        s.prefill_tokens_per_s,
-        s.generated_tokens,
-        s.decode_tokens_per_s
+        s.prompt_tokens, s.prefill_ms, s.prefill_tokens_per_s, s.generated_tokens, s.decode_tokens_per_s
     );
     println!(
         "experts: {} hits, {} misses (hit rate {:.1}%), {:.1} MiB read, {:.0} ms stalled on I/O",

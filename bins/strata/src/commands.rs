@@ -5,9 +5,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use strata_engine::{
-    ByteSize, Engine, GenerateOptions, SamplingOptions, TextModel, default_cache_dir, resolve_model,
-};
+use strata_engine::{ByteSize, Engine, GenerateOptions, SamplingOptions, TextModel, default_cache_dir, resolve_model};
 use strata_format::{ConvertOptions, QuantPreset, SynthOptions};
 
 use crate::cli::{Cli, Command, RunArgs, TraceCommand};
@@ -220,9 +218,18 @@ fn replay(file: &std::path::Path, expert_cache: ByteSize) -> Result<()> {
     let record_bytes = header.record_bytes.max(1);
     let capacity_records = usize::try_from(expert_cache.bytes() / record_bytes).unwrap_or(usize::MAX);
     let report = strata_tier::replay(&header, &events, capacity_records);
-    println!("trace {}: {} routing events, cache {} = {} records of {}", file.display(), events.len(), expert_cache, capacity_records, ByteSize(record_bytes));
+    println!(
+        "trace {}: {} routing events, cache {} = {} records of {}",
+        file.display(),
+        events.len(),
+        expert_cache,
+        capacity_records,
+        ByteSize(record_bytes)
+    );
     println!("policy  hit rate  hits/accesses");
-    for (name, rate) in [("lru", report.lru), ("lfru", report.lfru), ("pinned", report.pinned), ("belady", report.belady)] {
+    for (name, rate) in
+        [("lru", report.lru), ("lfru", report.lfru), ("pinned", report.pinned), ("belady", report.belady)]
+    {
         println!("{name:<7} {:>7.2}%  {}/{}", rate.rate * 100.0, rate.hits, rate.accesses);
     }
     Ok(())
@@ -243,9 +250,15 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     println!("layers        {} ({} MoE)", spec.num_layers, manifest.expert_layers.len());
     println!("hidden        {}", spec.hidden_size);
     println!("heads         {} query, {} kv, head_dim {}", spec.num_heads, spec.num_kv_heads, spec.head_dim);
-    println!("experts       {} per MoE layer, top-{}, intermediate {}", spec.moe.num_experts, spec.moe.top_k, spec.moe.intermediate_size);
+    println!(
+        "experts       {} per MoE layer, top-{}, intermediate {}",
+        spec.moe.num_experts, spec.moe.top_k, spec.moe.intermediate_size
+    );
     println!("vocab         {}", spec.vocab_size);
-    println!("quant         {} (q8 group {}, q4 group {})", manifest.quant.preset, manifest.quant.q8_group, manifest.quant.q4_group);
+    println!(
+        "quant         {} (q8 group {}, q4 group {})",
+        manifest.quant.preset, manifest.quant.q8_group, manifest.quant.q4_group
+    );
     println!("bytes dense   {} ({})", dense_bytes, ByteSize(dense_bytes));
     println!("bytes/expert  {} ({})", per_expert_bytes, ByteSize(per_expert_bytes));
     println!("bytes experts {} ({})", expert_bytes, ByteSize(expert_bytes));

@@ -6,8 +6,8 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use crate::text::{ChatTemplate, Message, StopStrings, Tokenizer, eos_ids_from_dir};
 use crate::persist::session_path;
+use crate::text::{ChatTemplate, Message, StopStrings, Tokenizer, eos_ids_from_dir};
 use crate::{Engine, Error, GenerateOptions, Result, RunStats, SamplingOptions, Session};
 
 /// Where a saved conversation's messages live, beside its session file.
@@ -42,8 +42,7 @@ impl TextModel {
         match &self.template {
             Some(template) => template.render(messages, true),
             None => {
-                let mut text: String =
-                    messages.iter().map(|m| format!("{}: {}\n", m.role, m.content)).collect();
+                let mut text: String = messages.iter().map(|m| format!("{}: {}\n", m.role, m.content)).collect();
                 text.push_str("assistant:");
                 Ok(text)
             }

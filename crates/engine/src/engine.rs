@@ -94,12 +94,12 @@ impl Engine {
             Some(n) => n,
             None => spec.max_position_embeddings.clamp(1, CONTEXT_TOKENS_DEFAULT_MAX),
         };
-        let sources =
-            (0..spec.num_layers).map(|layer| expert_source(&container, layer)).collect::<Result<Vec<_>>>()?;
+        let sources = (0..spec.num_layers).map(|layer| expert_source(&container, layer)).collect::<Result<Vec<_>>>()?;
         let model = strata_models::load(Arc::clone(&container))?;
         let kv_bytes_per_token = model.new_cache(1).bytes_per_token() as u64;
         let plan = plan_budget(&container, &sources, options, kv_bytes_per_token * context_tokens as u64)?;
-        let capacity_bytes = options.expert_cache_bytes.map_or(plan.expert_cache_bytes, |cap| cap.min(plan.expert_cache_bytes));
+        let capacity_bytes =
+            options.expert_cache_bytes.map_or(plan.expert_cache_bytes, |cap| cap.min(plan.expert_cache_bytes));
         let content_hash = container.content_hash().to_owned();
         let usage_file = options.usage_file.clone().unwrap_or_else(|| dir.join(USAGE_FILE_NAME));
         let (usage, warning) = Usage::load(&usage_file, &content_hash)?;

@@ -27,7 +27,12 @@ pub struct GenerateOptions {
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        Self { max_new_tokens: 128, sampling: SamplingOptions::default(), ignore_eos: false, extra_eos_token_ids: Vec::new() }
+        Self {
+            max_new_tokens: 128,
+            sampling: SamplingOptions::default(),
+            ignore_eos: false,
+            extra_eos_token_ids: Vec::new(),
+        }
     }
 }
 
@@ -81,7 +86,6 @@ impl RunStats {
     pub fn prefill_tokens_per_s(&self) -> f64 {
         if self.prefill_ms > 0.0 { self.prompt_tokens as f64 / (self.prefill_ms / 1e3) } else { 0.0 }
     }
-
 }
 
 /// Engine counters at one instant, to difference around a step or a run.
@@ -298,11 +302,8 @@ impl<'e> Session<'e> {
         if batches.iter().any(Vec::is_empty) {
             return Err(Error::InvalidRequest("no tokens to feed".into()));
         }
-        let mut seqs: Vec<SeqBatch<'_>> = sessions
-            .iter_mut()
-            .zip(&batches)
-            .map(|(s, b)| SeqBatch { tokens: b, cache: &mut s.cache })
-            .collect();
+        let mut seqs: Vec<SeqBatch<'_>> =
+            sessions.iter_mut().zip(&batches).map(|(s, b)| SeqBatch { tokens: b, cache: &mut s.cache }).collect();
         let logits = engine.model().forward_batch(&engine.runtime(), &mut seqs)?;
         for ((session, new), logits) in sessions.iter_mut().zip(tokens).zip(&logits) {
             session.unfed = None;

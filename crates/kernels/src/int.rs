@@ -95,6 +95,18 @@ impl<'a> IntWeights<'a> {
         &self.scales[r * groups..(r + 1) * groups]
     }
 
+    /// Where the rows of the tile after `rows` rows from `row0` start (a row
+    /// of this tile where there is no next one): the kernels prefetch them
+    /// while computing this tile. Hardware prefetchers stop at 4 KiB pages,
+    /// and a tile of a few rows of a few KiB each crosses pages too often
+    /// for them to keep DRAM busy.
+    pub(crate) fn next_tile_rows<const R: usize>(&self, row0: usize) -> [*const u8; R] {
+        std::array::from_fn(|i| {
+            let next = row0 + R + i;
+            self.row_qs(if next < self.rows { next } else { row0 + i }).as_ptr()
+        })
+    }
+
     /// The weight scale of each lane of block `b` of row `r`; 0 for lanes
     /// past the end of the row.
     pub(crate) fn lane_scales(&self, r: usize, b: usize) -> [f32; LANES] {

@@ -105,7 +105,13 @@ pub fn run_routed_experts(
     Ok(result?)
 }
 
-fn record_routes(trace: &mut TraceWriter, layer: usize, positions: &[usize], routes: &[Route], top_k: usize) -> Result<()> {
+fn record_routes(
+    trace: &mut TraceWriter,
+    layer: usize,
+    positions: &[usize],
+    routes: &[Route],
+    top_k: usize,
+) -> Result<()> {
     for (&position, token_routes) in positions.iter().zip(routes.chunks_exact(top_k)) {
         let experts: Vec<usize> = token_routes.iter().map(|r| r.expert).collect();
         trace.write(layer, position as u64, &experts)?;

@@ -62,7 +62,9 @@ impl GqaMoe {
             matrix(c, &names.k, kv_dim, h)?;
             matrix(c, &names.v, kv_dim, h)?;
             matrix(c, &names.o, h, q_dim)?;
-            for (bias, len) in [(&names.q_bias, q_dim), (&names.k_bias, kv_dim), (&names.v_bias, kv_dim), (&names.o_bias, h)] {
+            for (bias, len) in
+                [(&names.q_bias, q_dim), (&names.k_bias, kv_dim), (&names.v_bias, kv_dim), (&names.o_bias, h)]
+            {
                 if let Some(name) = bias {
                     vector(c, name, len)?;
                 }
@@ -236,7 +238,8 @@ impl CausalLm for GqaMoe {
             end += seq.tokens.len();
             last_rows.extend_from_slice(&x[(end - 1) * h..end * h]);
         }
-        let logits = output_logits(rt, &self.container, &self.spec, &last_rows, Logits::All, FINAL_NORM, &self.lm_head)?;
+        let logits =
+            output_logits(rt, &self.container, &self.spec, &last_rows, Logits::All, FINAL_NORM, &self.lm_head)?;
         Ok(logits.chunks_exact(self.spec.vocab_size).map(<[f32]>::to_vec).collect())
     }
 }

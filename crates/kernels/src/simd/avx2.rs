@@ -465,9 +465,12 @@ unsafe fn int_tile_body<const Q4: bool, const R: usize, const T: usize>(
         let full = w.full_blocks();
         let qs: [*const u8; R] = std::array::from_fn(|i| w.row_qs(row0 + i).as_ptr());
         let scales: [*const f32; R] = std::array::from_fn(|i| w.row_scales(row0 + i).as_ptr());
+        let next = w.next_tile_rows::<R>(row0);
         let mut facc = [[[_mm256_setzero_ps(); 2]; T]; R];
         for b in 0..full {
             for i in 0..R {
+                // As on AVX-512: fetch the next tile's rows while this one runs.
+                _mm_prefetch::<_MM_HINT_T0>(next[i].wrapping_add(b * BLOCK_BYTES).cast());
                 for h in 0..2 {
                     let wv = _mm256_loadu_si256(qs[i].add(b * BLOCK_BYTES + 32 * h).cast());
                     half_step::<Q4, T>(wv, lane_scales.half(scales[i], b, h), acts, b, h, &mut facc[i]);

@@ -509,9 +509,13 @@ unsafe fn int_tile_body<D: PairDot, const Q4: bool, const R: usize, const T: usi
         let full = w.full_blocks();
         let qs: [*const u8; R] = std::array::from_fn(|i| w.row_qs(row0 + i).as_ptr());
         let scales: [*const f32; R] = std::array::from_fn(|i| w.row_scales(row0 + i).as_ptr());
+        let next = w.next_tile_rows::<R>(row0);
         let mut facc = [[_mm512_setzero_ps(); T]; R];
         for b in 0..full {
             for i in 0..R {
+                // One block is one cache line; prefetching never faults, and
+                // `wrapping_add` keeps the address arithmetic defined.
+                _mm_prefetch::<_MM_HINT_T0>(next[i].wrapping_add(b * BLOCK_BYTES).cast());
                 let wv = _mm512_loadu_si512(qs[i].add(b * BLOCK_BYTES).cast());
                 block_step::<D, Q4, T>(wv, lane_scales.block(scales[i], b), acts, b, &mut facc[i]);
             }
