@@ -131,6 +131,9 @@ impl<'e> Chat<'e> {
         let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
         let pairs: Vec<[String; 2]> = serde_json::from_str(&text)
             .map_err(|e| Error::InvalidRequest(format!("{}: not a saved conversation: {e}", path.display())))?;
+        // Let go of the current session (and of its file's lock: it may be
+        // the very session being loaded) before opening the saved one.
+        self.session = engine.session();
         let (session, report) = engine.open_session(kv_dir, name)?;
         self.session = session;
         self.messages = pairs.into_iter().map(|[role, content]| Message::new(role, content)).collect();
