@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use clap::error::ErrorKind;
+use clap::{ArgAction, Parser};
 
 /// Families with fixtures, in generation order.
 pub const FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25"];
@@ -31,25 +33,52 @@ pub const QUANTS: &[&str] = &["q8", "q4"];
 /// Soft budget for the committed fixtures of [`FAMILIES`].
 const SIZE_BUDGET_BYTES: u64 = 10 * 1024 * 1024;
 
-const USAGE: &str = "\
-cargo xtask fixtures [OPTIONS]
-
-Regenerate the transformers reference fixtures in testdata/<family>/.
-
-Options:
-  --python PATH           use this Python (e.g. an existing venv's bin/python) instead of
-                          creating target/fixtures-venv and pip-installing xtask/fixtures/requirements.txt
-  --base-python PATH      interpreter used to create target/fixtures-venv (default: python3)
-  --stage1-only           only the HF checkpoints + reference logits (no strata needed)
-  --stage2-only           only the strata convert/export round trip (needs stage-1 fixtures)
-  --family NAME[,NAME]    restrict to these families (repeatable; default: all six families)
-  --quant Q[,Q]           stage 2 quantisations (repeatable; default: q8,q4)
-  --strata PATH           use this strata binary instead of `cargo build --release -p strata`
-  --out DIR               fixture root (default: testdata), e.g. to diff a regeneration
-  --keep-tmp              keep target/fixtures-tmp/ (stage-2 converted/exported checkpoints)
-  --allow-other-versions  let the Python script run with unpinned torch/transformers versions
-  -h, --help              this text
-";
+/// The options of `cargo xtask fixtures`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "fixtures",
+    bin_name = "cargo xtask fixtures",
+    about = "Regenerate the transformers reference fixtures in testdata/<family>/.",
+    long_about = None,
+    args_override_self = true,
+    disable_help_flag = true
+)]
+struct Cli {
+    /// use this Python (e.g. an existing venv's bin/python) instead of creating target/fixtures-venv and
+    /// pip-installing xtask/fixtures/requirements.txt
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
+    /// interpreter used to create target/fixtures-venv (default: python3)
+    #[arg(long, value_name = "PATH", default_value = "python3", hide_default_value = true)]
+    base_python: PathBuf,
+    /// only the HF checkpoints + reference logits (no strata needed)
+    #[arg(long = "stage1-only", conflicts_with = "stage2_only")]
+    stage1_only: bool,
+    /// only the strata convert/export round trip (needs stage-1 fixtures)
+    #[arg(long = "stage2-only")]
+    stage2_only: bool,
+    /// restrict to these families (repeatable; default: all six families)
+    #[arg(long = "family", alias = "families", value_name = "NAME[,NAME]", value_delimiter = ',')]
+    families: Vec<String>,
+    /// stage 2 quantisations (repeatable; default: q8,q4)
+    #[arg(long = "quant", alias = "quants", value_name = "Q[,Q]", value_delimiter = ',')]
+    quants: Vec<String>,
+    /// use this strata binary instead of `cargo build --release -p strata`
+    #[arg(long, value_name = "PATH")]
+    strata: Option<PathBuf>,
+    /// fixture root (default: testdata), e.g. to diff a regeneration
+    #[arg(long, value_name = "DIR", default_value = "testdata", hide_default_value = true)]
+    out: PathBuf,
+    /// keep target/fixtures-tmp/ (stage-2 converted/exported checkpoints)
+    #[arg(long)]
+    keep_tmp: bool,
+    /// let the Python script run with unpinned torch/transformers versions
+    #[arg(long)]
+    allow_other_versions: bool,
+    /// this text
+    #[arg(short, long, action = ArgAction::Help)]
+    help: Option<bool>,
+}
 
 #[derive(Debug)]
 struct Opts {
@@ -65,77 +94,61 @@ struct Opts {
     allow_other_versions: bool,
 }
 
-fn parse_args(args: &[String]) -> Result<Option<Opts>> {
-    let mut o = Opts {
-        python: None,
-        base_python: PathBuf::from("python3"),
-        stage1: true,
-        stage2: true,
-        families: Vec::new(),
-        quants: Vec::new(),
-        strata: None,
-        out: PathBuf::from("testdata"),
-        keep_tmp: false,
-        allow_other_versions: false,
-    };
-    let (mut only1, mut only2) = (false, false);
-    // Accept being handed the full argument list including the subcommand name.
-    let args = match args.first().map(String::as_str) {
-        Some("fixtures") => &args[1..],
+/// Parses the arguments of `cargo xtask <name>` into `T`; `args` may start with `name` itself. `Ok(None)`
+/// after printing the help for `-h`/`--help`.
+pub(crate) fn parse_cli<T: Parser>(name: &str, args: &[String]) -> Result<Option<T>> {
+    let args = match args.split_first() {
+        Some((first, rest)) if first == name => rest,
         _ => args,
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        // Support both `--flag value` and `--flag=value`.
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (a.as_str(), None),
-        };
-        let mut value = |name: &str| -> Result<String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it.next().cloned().with_context(|| format!("{name} needs a value")),
-            }
-        };
-        match flag {
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                return Ok(None);
-            }
-            "--python" => o.python = Some(PathBuf::from(value(flag)?)),
-            "--base-python" => o.base_python = PathBuf::from(value(flag)?),
-            "--stage1-only" => only1 = true,
-            "--stage2-only" => only2 = true,
-            "--family" | "--families" => {
-                o.families.extend(value(flag)?.split(',').filter(|s| !s.is_empty()).map(str::to_string))
-            }
-            "--quant" | "--quants" => {
-                o.quants.extend(value(flag)?.split(',').filter(|s| !s.is_empty()).map(str::to_string))
-            }
-            "--strata" => o.strata = Some(PathBuf::from(value(flag)?)),
-            "--out" => o.out = PathBuf::from(value(flag)?),
-            "--keep-tmp" => o.keep_tmp = true,
-            "--allow-other-versions" => o.allow_other_versions = true,
-            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
+    match T::try_parse_from(std::iter::once(format!("xtask {name}")).chain(args.iter().cloned())) {
+        Ok(cli) => Ok(Some(cli)),
+        Err(e) if e.kind() == ErrorKind::DisplayHelp => {
+            print!("{}", e.render());
+            Ok(None)
+        }
+        // clap's rendering ("error: ...", usage, "try '--help'") without its prefix: main adds "Error: ".
+        Err(e) => {
+            let msg = e.render().to_string();
+            bail!("{}", msg.trim_end().strip_prefix("error: ").unwrap_or(msg.trim_end()))
         }
     }
-    if only1 && only2 {
-        bail!("--stage1-only and --stage2-only are mutually exclusive");
+}
+
+/// The items of comma lists (`--family a,,b`) without the empty ones.
+pub(crate) fn non_empty(items: Vec<String>) -> Vec<String> {
+    items.into_iter().filter(|s| !s.is_empty()).collect()
+}
+
+fn parse_args(args: &[String]) -> Result<Option<Opts>> {
+    let Some(cli) = parse_cli::<Cli>("fixtures", args)? else {
+        return Ok(None);
+    };
+    let mut families = non_empty(cli.families);
+    if families.is_empty() {
+        families = FAMILIES.iter().map(|s| s.to_string()).collect();
     }
-    o.stage1 = !only2;
-    o.stage2 = !only1;
-    if o.families.is_empty() {
-        o.families = FAMILIES.iter().map(|s| s.to_string()).collect();
-    }
-    for f in &o.families {
+    for f in &families {
         if !FAMILIES.contains(&f.as_str()) {
             bail!("unknown family {f:?}; known: {}", FAMILIES.join(", "));
         }
     }
-    if o.quants.is_empty() {
-        o.quants = QUANTS.iter().map(|s| s.to_string()).collect();
+    let mut quants = non_empty(cli.quants);
+    if quants.is_empty() {
+        quants = QUANTS.iter().map(|s| s.to_string()).collect();
     }
-    Ok(Some(o))
+    Ok(Some(Opts {
+        python: cli.python,
+        base_python: cli.base_python,
+        stage1: !cli.stage2_only,
+        stage2: !cli.stage1_only,
+        families,
+        quants,
+        strata: cli.strata,
+        out: cli.out,
+        keep_tmp: cli.keep_tmp,
+        allow_other_versions: cli.allow_other_versions,
+    }))
 }
 
 /// Entry point of `cargo xtask fixtures`. `args` are the arguments after `fixtures` (a leading
@@ -373,4 +386,59 @@ fn summarize(out: &Path, opts: &Opts) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(a: &[&str]) -> Result<Option<Opts>> {
+        parse_args(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn defaults() {
+        let o = parse(&["fixtures"]).unwrap().unwrap();
+        assert_eq!(o.python, None);
+        assert_eq!(o.base_python, PathBuf::from("python3"));
+        assert!(o.stage1 && o.stage2 && !o.keep_tmp && !o.allow_other_versions);
+        assert_eq!(o.families, FAMILIES);
+        assert_eq!(o.quants, QUANTS);
+        assert_eq!(o.out, PathBuf::from("testdata"));
+        assert_eq!(o.strata, None);
+    }
+
+    #[test]
+    fn lists_values_and_flags() {
+        let o = parse(&[
+            "--family",
+            "olmoe,mixtral",
+            "--families=kimi_k25",
+            "--quant=q4,",
+            "--python",
+            "py",
+            "--out=/tmp/x",
+            "--out",
+            "/tmp/y",
+            "--stage2-only",
+            "--keep-tmp",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(o.families, ["olmoe", "mixtral", "kimi_k25"]);
+        assert_eq!(o.quants, ["q4"]);
+        assert_eq!(o.python, Some(PathBuf::from("py")));
+        assert_eq!(o.out, PathBuf::from("/tmp/y"));
+        assert!(!o.stage1 && o.stage2 && o.keep_tmp);
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        assert!(parse(&["--stage1-only", "--stage2-only"]).is_err());
+        assert!(parse(&["--family", "llama"]).is_err());
+        assert!(parse(&["--out"]).is_err());
+        assert!(parse(&["--bogus"]).is_err());
+        assert!(parse(&["stray"]).is_err());
+        assert!(parse(&["-h"]).unwrap().is_none());
+    }
 }

@@ -18,94 +18,70 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use clap::{ArgAction, Parser};
 
-use crate::fixtures::{build_strata, path_str, python_cmd, resolve_python, run_cmd, workspace_root};
+use crate::fixtures::{
+    build_strata, non_empty, parse_cli, path_str, python_cmd, resolve_python, run_cmd, workspace_root,
+};
 
-const USAGE: &str = "\
-cargo xtask sweep [OPTIONS]
-
-Convert random transformers checkpoints (all three families, odd shapes, both config spellings, f32 and bf16)
-with strata and compare the logits with transformers'. Work directory: target/sweep-tmp/.
-
-Options:
-  --python PATH           use this Python instead of the pinned target/fixtures-venv (see `cargo xtask fixtures`)
-  --base-python PATH      interpreter used to create target/fixtures-venv (default: python3)
-  --strata PATH           use this strata binary instead of `cargo build --release -p strata`
-  --case NAME[,NAME]      only these cases (repeatable; `sweep.py cases` lists them)
-  --random N              this many randomly drawn cases on top of the curated ones (default: 12)
-  --seed S                seed of the random cases, weights and prompts (default: 0)
-  --reuse                 skip generation and reuse target/sweep-tmp's checkpoints (after a previous run)
-  --keep-tmp              keep target/sweep-tmp/ even when every check passes
-  --allow-other-versions  let the Python script run with unpinned torch/transformers versions
-  -h, --help              this text
-";
-
-#[derive(Debug)]
+/// The options of `cargo xtask sweep`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "sweep",
+    bin_name = "cargo xtask sweep",
+    about = "Convert random transformers checkpoints (all three families, odd shapes, both config spellings, f32 \
+             and bf16) with strata and compare the logits with transformers'. Work directory: target/sweep-tmp/.",
+    long_about = None,
+    args_override_self = true,
+    disable_help_flag = true
+)]
 struct Opts {
+    /// use this Python instead of the pinned target/fixtures-venv (see `cargo xtask fixtures`)
+    #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
+    /// interpreter used to create target/fixtures-venv (default: python3)
+    #[arg(long, value_name = "PATH", default_value = "python3", hide_default_value = true)]
     base_python: PathBuf,
+    /// use this strata binary instead of `cargo build --release -p strata`
+    #[arg(long, value_name = "PATH")]
     strata: Option<PathBuf>,
+    /// only these cases (repeatable; `sweep.py cases` lists them)
+    #[arg(long = "case", alias = "cases", value_name = "NAME[,NAME]", value_delimiter = ',')]
     cases: Vec<String>,
+    /// this many randomly drawn cases on top of the curated ones (default: 12)
+    #[arg(long, value_name = "N", value_parser = number)]
     random: Option<String>,
+    /// seed of the random cases, weights and prompts (default: 0)
+    #[arg(long, value_name = "S", value_parser = number)]
     seed: Option<String>,
+    /// skip generation and reuse target/sweep-tmp's checkpoints (after a previous run)
+    #[arg(long)]
     reuse: bool,
+    /// keep target/sweep-tmp/ even when every check passes
+    #[arg(long)]
     keep_tmp: bool,
+    /// let the Python script run with unpinned torch/transformers versions
+    #[arg(long)]
     allow_other_versions: bool,
+    /// this text
+    #[arg(short, long, action = ArgAction::Help)]
+    help: Option<bool>,
 }
 
 fn parse_args(args: &[String]) -> Result<Option<Opts>> {
-    let mut o = Opts {
-        python: None,
-        base_python: PathBuf::from("python3"),
-        strata: None,
-        cases: Vec::new(),
-        random: None,
-        seed: None,
-        reuse: false,
-        keep_tmp: false,
-        allow_other_versions: false,
+    let Some(mut o) = parse_cli::<Opts>("sweep", args)? else {
+        return Ok(None);
     };
-    let args = match args.first().map(String::as_str) {
-        Some("sweep") => &args[1..],
-        _ => args,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (a.as_str(), None),
-        };
-        let mut value = |name: &str| -> Result<String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it.next().cloned().with_context(|| format!("{name} needs a value")),
-            }
-        };
-        match flag {
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                return Ok(None);
-            }
-            "--python" => o.python = Some(PathBuf::from(value(flag)?)),
-            "--base-python" => o.base_python = PathBuf::from(value(flag)?),
-            "--strata" => o.strata = Some(PathBuf::from(value(flag)?)),
-            "--case" | "--cases" => {
-                o.cases.extend(value(flag)?.split(',').filter(|s| !s.is_empty()).map(str::to_string))
-            }
-            "--random" => o.random = Some(number(flag, value(flag)?)?),
-            "--seed" => o.seed = Some(number(flag, value(flag)?)?),
-            "--reuse" => o.reuse = true,
-            "--keep-tmp" => o.keep_tmp = true,
-            "--allow-other-versions" => o.allow_other_versions = true,
-            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
-        }
-    }
+    o.cases = non_empty(o.cases);
     Ok(Some(o))
 }
 
-fn number(flag: &str, v: String) -> Result<String> {
-    v.parse::<u64>().with_context(|| format!("{flag} needs a non-negative integer, got {v:?}"))?;
-    Ok(v)
+/// A non-negative integer, kept as written: sweep.py gets it unchanged.
+fn number(v: &str) -> Result<String, String> {
+    match v.parse::<u64>() {
+        Ok(_) => Ok(v.to_string()),
+        Err(_) => Err("needs a non-negative integer".to_string()),
+    }
 }
 
 /// One entry of `cases.json` as far as the strata side needs it.
@@ -253,5 +229,40 @@ pub fn run(args: &[String]) -> Result<()> {
             println!("sweep: kept {} for inspection (rerun the comparison with --reuse)", tmp.display());
             Err(e.context("some sweep checks failed (table above)"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(a: &[&str]) -> Result<Option<Opts>> {
+        parse_args(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn defaults() {
+        let o = parse(&[]).unwrap().unwrap();
+        assert_eq!((o.python, o.strata, o.random, o.seed), (None, None, None, None));
+        assert_eq!(o.base_python, PathBuf::from("python3"));
+        assert!(o.cases.is_empty() && !o.reuse && !o.keep_tmp && !o.allow_other_versions);
+    }
+
+    #[test]
+    fn lists_values_and_flags() {
+        let o =
+            parse(&["sweep", "--case", "a,b", "--cases=c", "--random=3", "--seed", "007", "--reuse"]).unwrap().unwrap();
+        assert_eq!(o.cases, ["a", "b", "c"]);
+        assert_eq!(o.random.as_deref(), Some("3"));
+        assert_eq!(o.seed.as_deref(), Some("007"));
+        assert!(o.reuse && !o.keep_tmp);
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        assert!(parse(&["--random", "-1"]).is_err());
+        assert!(parse(&["--seed=x"]).is_err());
+        assert!(parse(&["--bogus"]).is_err());
+        assert!(parse(&["--help"]).unwrap().is_none());
     }
 }

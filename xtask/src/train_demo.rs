@@ -14,35 +14,72 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use clap::{ArgAction, Parser};
 
-use crate::fixtures::ensure_venv;
+use crate::fixtures::{ensure_venv, parse_cli};
 
 /// Where Debian's `fortunes` and `fortunes-min` packages put the fortune files.
 const FORTUNES_DIR: &str = "/usr/share/games/fortunes";
 /// Files that only the full `fortunes` package ships (`fortunes-min` has just `fortunes`).
 const FORTUNES_PROBES: &[&str] = &["fortunes", "computers", "people", "wisdom"];
 
-const USAGE: &str = "\
-cargo xtask train-demo [OPTIONS] [-- TRAIN_PY_ARGS...]
+/// The options of `cargo xtask train-demo`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "train-demo",
+    bin_name = "cargo xtask train-demo",
+    about = "Train the demo MoE (tokenizer + OLMoE) from scratch and write models/demo/.",
+    long_about = None,
+    args_override_self = true,
+    disable_help_flag = true
+)]
+struct Cli {
+    /// use this Python (e.g. an existing venv's bin/python) instead of creating target/fixtures-venv and
+    /// pip-installing xtask/fixtures/requirements.txt
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
+    /// interpreter used to create target/fixtures-venv (default: python3)
+    #[arg(long, value_name = "PATH", default_value = "python3", hide_default_value = true)]
+    base_python: PathBuf,
+    /// checkpoint directory (default: models/demo)
+    #[arg(long, value_name = "DIR")]
+    out: Option<String>,
+    /// checkpoints, tokenizer and log while training (default: target/train-demo)
+    #[arg(long, value_name = "DIR")]
+    work: Option<String>,
+    /// torch threads (default: 1; the result depends on it)
+    #[arg(long, value_name = "N", value_parser = positive)]
+    threads: Option<String>,
+    /// seed of the split, the chat mix, the initialisation and the batches (default: 1234)
+    #[arg(long, value_name = "N")]
+    seed: Option<String>,
+    /// optimizer steps (default: 2400, about 45-60 minutes on one core)
+    #[arg(long, value_name = "N")]
+    steps: Option<String>,
+    /// ignore an interrupted run in --work and start over
+    #[arg(long)]
+    fresh: bool,
+    /// rewrite --out from the best checkpoint in --work
+    #[arg(long)]
+    export_only: bool,
+    /// let train.py run with unpinned torch/transformers/tokenizers
+    #[arg(long)]
+    allow_other_versions: bool,
+    /// this text
+    #[arg(short, long, action = ArgAction::Help)]
+    help: Option<bool>,
+    /// Arguments after `--` go to xtask/train_demo/train.py unchanged (see its --help)
+    #[arg(last = true, value_name = "TRAIN_PY_ARGS")]
+    train_py_args: Vec<String>,
+}
 
-Train the demo MoE (tokenizer + OLMoE) from scratch and write models/demo/.
-
-Options:
-  --python PATH          use this Python (e.g. an existing venv's bin/python) instead of creating
-                         target/fixtures-venv and pip-installing xtask/fixtures/requirements.txt
-  --base-python PATH     interpreter used to create target/fixtures-venv (default: python3)
-  --out DIR              checkpoint directory (default: models/demo)
-  --work DIR             checkpoints, tokenizer and log while training (default: target/train-demo)
-  --threads N            torch threads (default: 1; the result depends on it)
-  --seed N               seed of the split, the chat mix, the initialisation and the batches (default: 1234)
-  --steps N              optimizer steps (default: 2400, about 45-60 minutes on one core)
-  --fresh                ignore an interrupted run in --work and start over
-  --export-only          rewrite --out from the best checkpoint in --work
-  --allow-other-versions let train.py run with unpinned torch/transformers/tokenizers
-  -h, --help             this text
-
-Arguments after `--` go to xtask/train_demo/train.py unchanged (see its --help).
-";
+/// A thread count: a positive integer, kept as written for train.py.
+fn positive(v: &str) -> Result<String, String> {
+    match v.parse::<u32>() {
+        Ok(n) if n > 0 => Ok(v.to_string()),
+        _ => Err("needs a positive integer".to_string()),
+    }
+}
 
 #[derive(Debug, PartialEq)]
 struct Opts {
@@ -54,47 +91,36 @@ struct Opts {
 }
 
 fn parse_args(args: &[String]) -> Result<Option<Opts>> {
-    let mut o = Opts { python: None, base_python: PathBuf::from("python3"), threads: 1, forward: Vec::new() };
-    let args = match args.first().map(String::as_str) {
-        Some("train-demo") => &args[1..],
-        _ => args,
+    let Some(cli) = parse_cli::<Cli>("train-demo", args)? else {
+        return Ok(None);
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (a.as_str(), None),
-        };
-        let mut value = |name: &str| -> Result<String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it.next().cloned().with_context(|| format!("{name} needs a value")),
-            }
-        };
-        match flag {
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                return Ok(None);
-            }
-            "--python" => o.python = Some(PathBuf::from(value(flag)?)),
-            "--base-python" => o.base_python = PathBuf::from(value(flag)?),
-            "--threads" => {
-                let v = value(flag)?;
-                o.threads = v.parse().ok().filter(|&n| n > 0).with_context(|| format!("--threads {v:?}"))?;
-                o.forward.extend(["--threads".into(), v]);
-            }
-            "--out" | "--work" | "--seed" | "--steps" => {
-                let v = value(flag)?;
-                o.forward.extend([flag.to_string(), v]);
-            }
-            "--fresh" | "--export-only" | "--allow-other-versions" if inline.is_none() => {
-                o.forward.push(flag.to_string())
-            }
-            "--" => o.forward.extend(it.by_ref().cloned()),
-            other => bail!("unknown argument {other:?}\n\n{USAGE}"),
+    let mut forward = Vec::new();
+    for (flag, value) in [
+        ("--out", cli.out),
+        ("--work", cli.work),
+        ("--threads", cli.threads.clone()),
+        ("--seed", cli.seed),
+        ("--steps", cli.steps),
+    ] {
+        if let Some(v) = value {
+            forward.extend([flag.to_string(), v]);
         }
     }
-    Ok(Some(o))
+    for (flag, set) in [
+        ("--fresh", cli.fresh),
+        ("--export-only", cli.export_only),
+        ("--allow-other-versions", cli.allow_other_versions),
+    ] {
+        if set {
+            forward.push(flag.to_string());
+        }
+    }
+    forward.extend(cli.train_py_args);
+    let threads = match &cli.threads {
+        Some(v) => v.parse().with_context(|| format!("--threads {v:?}"))?,
+        None => 1,
+    };
+    Ok(Some(Opts { python: cli.python, base_python: cli.base_python, threads, forward }))
 }
 
 /// Entry point of `cargo xtask train-demo`. `args` are the arguments after `train-demo`.
