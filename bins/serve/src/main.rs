@@ -1,8 +1,162 @@
-//! `serve`: the HTTP server (OpenAI- and Anthropic-compatible), still to come.
+//! `serve`: an HTTP server for one model. OpenAI's chat and text
+//! completions, Anthropic's Messages, a chat page, Prometheus metrics, with
+//! concurrent requests decoded together by continuous batching.
+//!
+//! A thin binary: flags in, the engine does the work, errors become HTTP
+//! answers. The engine and every session live on one scheduler thread
+//! (`scheduler`); the async side only parses, tokenizes, queues and streams.
 
+mod anthropic;
+mod cli;
+mod error;
+mod generate;
+mod metrics;
+mod openai;
+mod page;
+mod scheduler;
+mod server;
+mod state;
+
+use std::io::Write as _;
+use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Parser;
+use strata_engine::{
+    ChatTemplate, Engine, EngineOptions, Tokenizer, default_cache_dir, eos_ids_from_dir, resolve_model,
+};
+
+use crate::cli::Cli;
+use crate::generate::Defaults;
+use crate::metrics::Metrics;
+use crate::state::{App, ModelInfo};
 
 fn main() -> ExitCode {
-    eprintln!("serve: the HTTP server is not implemented yet; use `strata generate` for now");
-    ExitCode::from(2)
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("serve: error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let cache_dir = cli.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let resolved = resolve_model(cli.model.as_deref(), &cache_dir, true).context("finding the model")?;
+    if resolved.converted {
+        eprintln!("serve: converted the checkpoint into {}", resolved.container_dir.display());
+    }
+    let model_name = cli.model_name.clone().unwrap_or_else(|| default_name(cli.model.as_deref()));
+    let text_dir = cli.tokenizer.clone().unwrap_or_else(|| resolved.container_dir.clone());
+    let tokenizer = Tokenizer::from_dir(&text_dir)?.with_context(|| {
+        format!("{} has no tokenizer.json; pass --tokenizer DIR to take one from elsewhere", text_dir.display())
+    })?;
+    let template = ChatTemplate::from_dir(&text_dir)?;
+    if template.is_none() {
+        eprintln!("serve: warning: {} has no chat template; only /v1/completions will work", text_dir.display());
+    }
+    let defaults = Defaults::from_dir(&text_dir);
+
+    let options = EngineOptions {
+        threads: cli.threads,
+        ram_budget: cli.ram_budget,
+        expert_cache_bytes: cli.expert_cache.map(|s| s.bytes()),
+        cache_policy: cli.cache_policy,
+        io: cli.io,
+        context_tokens: cli.context,
+        ..EngineOptions::default()
+    };
+    let metrics = Arc::new(Metrics::default());
+    let (handle, jobs) = scheduler::queue(cli.queue as usize);
+    let (opened_tx, opened_rx) = std::sync::mpsc::sync_channel(1);
+    let container_dir = resolved.container_dir.clone();
+    let limits = scheduler::Limits { max_batch: cli.max_batch as usize };
+    let scheduler_thread = scheduler::spawn(
+        move || {
+            let engine = Engine::open(&container_dir, &options)
+                .with_context(|| format!("opening {}", container_dir.display()))?;
+            let eos = eos_ids_from_dir(&container_dir, &engine.spec().eos_token_ids)?;
+            Ok((engine, eos))
+        },
+        limits,
+        jobs,
+        Arc::clone(&metrics),
+        move |opened| {
+            let _ = opened_tx.send(opened.map(|e| (ModelInfo::of(e), e.warnings().to_vec())));
+        },
+    )?;
+    let (info, warnings) = opened_rx.recv().context("the scheduler thread died while opening the model")??;
+    for warning in warnings {
+        eprintln!("serve: warning: {warning}");
+    }
+
+    let mut allowed_hosts: Vec<String> = cli.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
+    // A name given to --host is one the server answers to.
+    allowed_hosts.push(cli.host.to_ascii_lowercase());
+    let context_tokens = info.context_tokens;
+    let app = Arc::new(App {
+        model_name: model_name.clone(),
+        created: openai::unix_now(),
+        tokenizer,
+        template,
+        defaults,
+        vocab_size: info.vocab_size,
+        context_tokens,
+        max_tokens_limit: cli.max_tokens.unwrap_or(context_tokens).clamp(1, context_tokens),
+        max_batch: limits.max_batch,
+        info,
+        scheduler: handle,
+        metrics,
+        api_key: cli.api_key.clone(),
+        allowed_hosts,
+    });
+    let max_body = usize::try_from(cli.max_body.bytes()).unwrap_or(usize::MAX);
+    let router = server::router(Arc::clone(&app), max_body, &cli.cors_origins)?;
+    drop(app);
+
+    // The HTTP side only parses, queues and streams; two workers are plenty
+    // and leave the cores to the kernels.
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((cli.host.as_str(), cli.port))
+            .await
+            .with_context(|| format!("listening on {}:{}", cli.host, cli.port))?;
+        let address = listener.local_addr()?;
+        // Tests and scripts read this line for the port.
+        println!("serve: listening on http://{address} (model {model_name})");
+        std::io::stdout().flush()?;
+        axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
+        anyhow::Ok(())
+    })?;
+    // The router (and with it every queue handle) is gone: the scheduler
+    // finishes what it holds, saves what it learned and returns.
+    scheduler_thread.join().map_err(|_| anyhow::anyhow!("the scheduler thread panicked"))?;
+    Ok(())
+}
+
+/// The model's name for clients: its directory's name.
+fn default_name(model: Option<&Path>) -> String {
+    let Some(dir) = model else { return "demo".to_owned() };
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    dir.file_name().map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+    eprintln!("serve: shutting down");
 }

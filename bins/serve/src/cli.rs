@@ -1,0 +1,85 @@
+//! Command-line flags. The names shared with `strata` (`--ram-budget`,
+//! `--expert-cache`, `--io`, `--cache-policy`, `--threads`, `--context`) and
+//! `--model`, `--host`, `--port`, `--api-key` are a contract: keep them.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use strata_engine::{ByteSize, IoBackend, PolicyKind, RamBudget};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "serve",
+    version,
+    about = "Serve a Mixture-of-Experts model over HTTP: OpenAI and Anthropic APIs, and a chat page"
+)]
+pub struct Cli {
+    /// A Strata container or a Hugging Face checkpoint (converted once into
+    /// the cache). Default: the demo model in models/demo.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The name clients use for the model (default: the model directory's name).
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Take tokenizer.json and the chat template from this directory instead
+    /// of the model's (e.g. for a synthetic container, which has none).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Where Hugging Face checkpoints are converted to (default: ~/.cache/strata/models).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+
+    /// Address to listen on. Loopback by default: the server is for this
+    /// machine unless asked otherwise.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on the API.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// A further Host header name to accept (repeatable). Requests naming any
+    /// other host are refused, against DNS rebinding; `localhost` and IP
+    /// addresses are always accepted.
+    #[arg(long = "allowed-host")]
+    pub allowed_hosts: Vec<String>,
+    /// Allow browser pages from this origin (repeatable; `*` for any) to call
+    /// the API. Off by default.
+    #[arg(long = "cors-origin")]
+    pub cors_origins: Vec<String>,
+
+    /// Sequences decoded together in one forward pass.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_batch: u32,
+    /// Requests waiting for a place in the batch; beyond it, 429 Too Many Requests.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub queue: u32,
+    /// The largest request body accepted, e.g. 1MiB.
+    #[arg(long, default_value = "1MiB")]
+    pub max_body: ByteSize,
+    /// The most tokens one request may generate (default: the context).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+
+    /// The one memory budget for dense weights, expert cache, KV and I/O
+    /// buffers: a size (e.g. 6GiB) or `auto` (75% of MemAvailable).
+    #[arg(long, default_value = "auto")]
+    pub ram_budget: RamBudget,
+    /// A further cap on the RAM holding routed experts, e.g. 16KiB, 512MiB.
+    #[arg(long)]
+    pub expert_cache: Option<ByteSize>,
+    /// Expert cache replacement policy: lru, lfru or pinned.
+    #[arg(long, default_value = "lru")]
+    pub cache_policy: PolicyKind,
+    /// How experts are read: pread, direct (O_DIRECT), uring (io_uring) or mmap.
+    #[arg(long, default_value = "pread")]
+    pub io: IoBackend,
+    /// Kernel worker threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// The most tokens a sequence may hold, prompt and reply (default: the
+    /// model's context, at most 4096).
+    #[arg(long)]
+    pub context: Option<usize>,
+}

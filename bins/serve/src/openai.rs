@@ -1,0 +1,434 @@
+//! OpenAI's API: `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `GET /v1/models`, `GET /v1/models/{id}`. Request fields outside what is
+//! honoured are accepted and ignored, as other OpenAI-compatible servers do,
+//! except those whose meaning would silently change the answer (`n > 1`,
+//! `echo`, `logprobs`), which are refused.
+
+use std::convert::Infallible;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use strata_engine::Message;
+
+use crate::error::ApiError;
+use crate::generate::{EndReason, GenRequest, Piece};
+use crate::metrics::Endpoint;
+use crate::state::{App, SharedApp};
+
+/// A JSON body, or the 4xx saying what is wrong with it (never axum's
+/// plain-text rejection: clients parse the error body).
+pub fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|rejection| {
+        let status = rejection.status();
+        let message = if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            "the request body is larger than this server accepts (see --max-body)".to_owned()
+        } else {
+            rejection.body_text()
+        };
+        ApiError::new(status, message)
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| match e.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+            ApiError::invalid(format!("the body is not valid JSON: {e}"))
+        }
+        _ => ApiError::invalid(format!("invalid request: {e}")),
+    })
+}
+
+/// Runs the CPU-bound preparation of a request (chat template,
+/// tokenization of up to --max-body of text) off the async workers.
+pub async fn prepare<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| ApiError::internal(format!("preparing the request: {e}")))?
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A fresh response id in each API's spelling: `chatcmpl-…`, `cmpl-…`, `msg_…`.
+pub fn new_id(prefix: &str) -> String {
+    use std::hash::BuildHasher;
+    let n = std::hash::RandomState::new().hash_one(SystemTime::now());
+    let separator = if prefix == "msg" { '_' } else { '-' };
+    format!("{prefix}{separator}{n:016x}")
+}
+
+/// `"stop"` as a string or a list of strings.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+fn stops(stop: Option<Stop>) -> Vec<String> {
+    match stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// Message content: a string, or a list of parts of which only text is understood.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Content>,
+}
+
+/// Fields honoured by both OpenAI endpoints.
+#[derive(Debug, Deserialize)]
+struct Common {
+    model: String,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    temperature: Option<f32>,
+    #[serde(default)]
+    top_p: Option<f32>,
+    /// Not OpenAI's, but vLLM's and llama.cpp's.
+    #[serde(default)]
+    top_k: Option<u64>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    stop: Option<Stop>,
+    #[serde(default)]
+    seed: Option<i64>,
+    #[serde(default)]
+    n: Option<u64>,
+    /// vLLM's: generate past end-of-sequence (benchmarks).
+    #[serde(default)]
+    ignore_eos: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    messages: Vec<ChatMessage>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+/// `prompt`: a string, token ids, or a list of one of either.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionRequest {
+    prompt: Prompt,
+    #[serde(default)]
+    echo: Option<bool>,
+    #[serde(default)]
+    logprobs: Option<Value>,
+    #[serde(default)]
+    best_of: Option<u64>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+impl Common {
+    fn check(&self, app: &App) -> Result<(), ApiError> {
+        app.check_model(&self.model)?;
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
+        }
+        Ok(())
+    }
+
+    fn request(self, prompt: Vec<u32>, max_tokens: Option<u64>) -> GenRequest {
+        GenRequest {
+            prompt,
+            max_tokens: max_tokens.or(self.max_tokens),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            // OpenAI's seed is any 64-bit integer; its bits are ours.
+            seed: self.seed.map(|s| s as u64),
+            stop: stops(self.stop),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            // As OpenAI: asking for more than fits is an error.
+            cap_max_tokens: false,
+        }
+    }
+}
+
+fn finish_reason(reason: EndReason) -> &'static str {
+    match reason {
+        EndReason::Length => "length",
+        EndReason::Eos | EndReason::Stop(_) => "stop",
+    }
+}
+
+fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    })
+}
+
+fn messages(list: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
+    if list.is_empty() {
+        return Err(ApiError::invalid_param("messages", "messages must not be empty"));
+    }
+    list.into_iter()
+        .map(|m| {
+            let content = match m.content {
+                None => String::new(),
+                Some(Content::Text(text)) => text,
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for part in parts {
+                        match (part.kind.as_str(), part.text) {
+                            ("text", Some(t)) => text.push_str(&t),
+                            (kind, _) => {
+                                return Err(ApiError::invalid_param(
+                                    "messages",
+                                    format!("content parts of type `{kind}` are not supported (text only)"),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            // OpenAI's newer name for the system role.
+            let role = if m.role == "developer" { "system".to_owned() } else { m.role };
+            Ok(Message::new(role, content))
+        })
+        .collect()
+}
+
+pub async fn chat_completions(State(app): State<SharedApp>, body: Result<Bytes, BytesRejection>) -> Response {
+    match chat(app, body).await {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn chat(app: SharedApp, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let request: ChatRequest = parse(body)?;
+    request.common.check(&app)?;
+    let conversation = messages(request.messages)?;
+    let prompt = {
+        let app = app.clone();
+        prepare(move || app.chat_prompt(&conversation, None)).await?
+    };
+    let stream = request.common.stream.unwrap_or(false);
+    let include_usage = request.common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+    let generation = app.generate(request.common.request(prompt, request.max_completion_tokens), Endpoint::Chat)?;
+    let id = new_id("chatcmpl");
+    let created = unix_now();
+    let model = app.model_name.clone();
+    let prompt_tokens = generation.prompt_tokens;
+    if !stream {
+        let (text, reason, completion_tokens) = generation.collect().await?;
+        return Ok(Json(json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": fingerprint(),
+            "choices": [{
+                "index": 0,
+                "message": { "role": "assistant", "content": text, "refusal": null },
+                "logprobs": null,
+                "finish_reason": finish_reason(reason),
+            }],
+            "usage": usage(prompt_tokens, completion_tokens),
+        }))
+        .into_response());
+    }
+    let chunk = move |delta: Value, finish: Option<&str>| {
+        json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": fingerprint(),
+            "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }],
+        })
+    };
+    let first = data(&chunk(json!({ "role": "assistant", "content": "" }), None));
+    let events = generation.into_stream().flat_map(move |piece| {
+        let events = match piece {
+            Ok(Piece::Text(text)) => vec![data(&chunk(json!({ "content": text }), None))],
+            Ok(Piece::End { reason, completion_tokens }) => {
+                let mut last = vec![data(&chunk(json!({}), Some(finish_reason(reason))))];
+                if include_usage {
+                    let mut tail = chunk(json!({}), None);
+                    tail["choices"] = json!([]);
+                    tail["usage"] = usage(prompt_tokens, completion_tokens);
+                    last.push(data(&tail));
+                }
+                last.push(Ok(Event::default().data("[DONE]")));
+                last
+            }
+            Err(e) => vec![data(&e.body())],
+        };
+        futures_util::stream::iter(events)
+    });
+    Ok(sse(futures_util::stream::once(async { first }).chain(events)))
+}
+
+pub async fn completions(State(app): State<SharedApp>, body: Result<Bytes, BytesRejection>) -> Response {
+    match completion(app, body).await {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completion(app: SharedApp, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let request: CompletionRequest = parse(body)?;
+    request.common.check(&app)?;
+    if request.echo == Some(true) {
+        return Err(ApiError::invalid_param("echo", "echo is not supported"));
+    }
+    if request.logprobs.as_ref().is_some_and(|l| !l.is_null()) {
+        return Err(ApiError::invalid_param("logprobs", "logprobs are not supported"));
+    }
+    if request.best_of.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid_param("best_of", "only best_of = 1 is supported"));
+    }
+    let one = |n: usize| {
+        if n == 1 { Ok(()) } else { Err(ApiError::invalid_param("prompt", "only one prompt per request is supported")) }
+    };
+    let prompt = match request.prompt {
+        Prompt::Ids(ids) => ids,
+        Prompt::IdLists(mut lists) => {
+            one(lists.len())?;
+            lists.remove(0)
+        }
+        Prompt::Text(text) => {
+            let app = app.clone();
+            prepare(move || app.text_prompt(&text)).await?
+        }
+        Prompt::Texts(mut texts) => {
+            one(texts.len())?;
+            let text = texts.remove(0);
+            let app = app.clone();
+            prepare(move || app.text_prompt(&text)).await?
+        }
+    };
+    let stream = request.common.stream.unwrap_or(false);
+    let include_usage = request.common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+    let generation = app.generate(request.common.request(prompt, None), Endpoint::Completions)?;
+    let id = new_id("cmpl");
+    let created = unix_now();
+    let model = app.model_name.clone();
+    let prompt_tokens = generation.prompt_tokens;
+    if !stream {
+        let (text, reason, completion_tokens) = generation.collect().await?;
+        return Ok(Json(json!({
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": fingerprint(),
+            "choices": [{ "index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason(reason) }],
+            "usage": usage(prompt_tokens, completion_tokens),
+        }))
+        .into_response());
+    }
+    let chunk = move |text: &str, finish: Option<&str>| {
+        json!({
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": fingerprint(),
+            "choices": [{ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }],
+        })
+    };
+    let events = generation.into_stream().flat_map(move |piece| {
+        let events = match piece {
+            Ok(Piece::Text(text)) => vec![data(&chunk(&text, None))],
+            Ok(Piece::End { reason, completion_tokens }) => {
+                let mut last = vec![data(&chunk("", Some(finish_reason(reason))))];
+                if include_usage {
+                    let mut tail = chunk("", None);
+                    tail["choices"] = json!([]);
+                    tail["usage"] = usage(prompt_tokens, completion_tokens);
+                    last.push(data(&tail));
+                }
+                last.push(Ok(Event::default().data("[DONE]")));
+                last
+            }
+            Err(e) => vec![data(&e.body())],
+        };
+        futures_util::stream::iter(events)
+    });
+    Ok(sse(events))
+}
+
+/// One SSE `data:` event holding `value`.
+pub fn data(value: &Value) -> Result<Event, Infallible> {
+    Ok(Event::default().data(value.to_string()))
+}
+
+/// An SSE response; keep-alive comments stop proxies timing out a long prefill.
+pub fn sse(events: impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static) -> Response {
+    Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+}
+
+fn fingerprint() -> String {
+    format!("strata-{}", env!("CARGO_PKG_VERSION"))
+}
+
+fn model_object(app: &App) -> Value {
+    json!({ "id": app.model_name, "object": "model", "created": app.created, "owned_by": "strata" })
+}
+
+pub async fn list_models(State(app): State<SharedApp>) -> Response {
+    Json(json!({ "object": "list", "data": [model_object(&app)] })).into_response()
+}
+
+pub async fn get_model(State(app): State<SharedApp>, Path(id): Path<String>) -> Response {
+    match app.check_model(&id) {
+        Ok(()) => Json(model_object(&app)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,0 +1,272 @@
+//! Continuous batching. One thread owns the engine and every session (a
+//! session borrows its engine, so they live and die together here); HTTP
+//! handlers hand it jobs over a bounded queue and receive tokens over a
+//! channel per job.
+//!
+//! Each step is one forward pass over every active sequence
+//! ([`Session::feed_batch`]): new sequences bring their whole prompt, the
+//! others the token sampled last step. So each dense weight is read once per
+//! step for all of them, and each MoE layer's expert union once. Sequences
+//! join between steps as soon as there is room and leave as soon as they
+//! end, are cancelled, or their client goes away.
+//!
+//! A sequence's tokens do not depend on what it is batched with:
+//! `feed_batch` gives each session the logits it would get alone, and the
+//! sampler draws from (seed, position) only.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use strata_engine::{Engine, Sampler, SamplingOptions, Session};
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+
+/// One generation request, tokenized and checked.
+#[derive(Debug)]
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingOptions,
+    pub ignore_eos: bool,
+    /// Where tokens go. Its capacity holds every event the job can produce,
+    /// so the scheduler never waits on a slow client; when the receiver is
+    /// dropped (client gone, stop string), the job is cancelled.
+    pub events: mpsc::Sender<Event>,
+}
+
+impl Job {
+    /// The events channel for a job of at most `max_tokens` tokens: one slot
+    /// per token, and one for the end.
+    pub fn channel(max_tokens: usize) -> (mpsc::Sender<Event>, mpsc::Receiver<Event>) {
+        mpsc::channel(max_tokens + 1)
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The model produced an end-of-sequence token.
+    Eos,
+    /// `max_tokens` were generated.
+    Length,
+}
+
+/// What the scheduler tells a job.
+#[derive(Debug)]
+pub enum Event {
+    /// The next generated token (end-of-sequence tokens are not sent).
+    Token(u32),
+    /// The end; `completion_tokens` counts every token generated, an
+    /// end-of-sequence token included.
+    Done { finish: Finish, completion_tokens: usize },
+    /// The engine failed on this job's batch.
+    Failed(String),
+}
+
+/// How the scheduler batches.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Sequences decoded together.
+    pub max_batch: usize,
+}
+
+/// The HTTP side's end of the scheduler.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    jobs: mpsc::Sender<Job>,
+}
+
+/// Why a job was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejected {
+    QueueFull,
+    ShutDown,
+}
+
+impl Handle {
+    /// Queues `job` without waiting: a full queue is the caller's 429.
+    pub fn submit(&self, job: Job) -> Result<(), Rejected> {
+        self.jobs.try_send(job).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => Rejected::QueueFull,
+            mpsc::error::TrySendError::Closed(_) => Rejected::ShutDown,
+        })
+    }
+
+    /// Jobs waiting for a place in the batch.
+    pub fn queue_depth(&self) -> u64 {
+        (self.jobs.max_capacity() - self.jobs.capacity()) as u64
+    }
+
+    pub fn queue_capacity(&self) -> u64 {
+        self.jobs.max_capacity() as u64
+    }
+
+    /// Whether the scheduler thread is still taking jobs.
+    pub fn is_running(&self) -> bool {
+        !self.jobs.is_closed()
+    }
+}
+
+/// A bounded queue of `capacity` jobs.
+pub fn queue(capacity: usize) -> (Handle, mpsc::Receiver<Job>) {
+    let (jobs, rx) = mpsc::channel(capacity);
+    (Handle { jobs }, rx)
+}
+
+/// One sequence in the batch.
+struct Seq<'e> {
+    session: Session<'e>,
+    sampler: Sampler,
+    /// Tokens to feed at the next step: the prompt at first, then nothing
+    /// (the session holds the sampled token, unfed, itself).
+    to_feed: Vec<u32>,
+    generated: usize,
+    max_tokens: usize,
+    ignore_eos: bool,
+    events: mpsc::Sender<Event>,
+}
+
+/// Runs until every [`Handle`] is dropped and the last job has ended.
+pub fn run(engine: &Engine, eos: &[u32], limits: Limits, mut jobs: mpsc::Receiver<Job>, metrics: &Metrics) {
+    let mut active: Vec<Seq<'_>> = Vec::with_capacity(limits.max_batch);
+    let mut open = true;
+    let mut persist_failed = false;
+    loop {
+        if active.is_empty() {
+            // Idle: a good moment to save what the expert store learned.
+            // (Once is enough to tell, e.g., of a read-only model directory.)
+            if let Err(e) = engine.persist_learning()
+                && !std::mem::replace(&mut persist_failed, true)
+            {
+                eprintln!("serve: warning: saving expert usage: {e}");
+            }
+            if !open {
+                return;
+            }
+            match jobs.blocking_recv() {
+                Some(job) => admit(engine, job, &mut active, metrics),
+                None => return,
+            }
+        }
+        while open && active.len() < limits.max_batch {
+            match jobs.try_recv() {
+                Ok(job) => admit(engine, job, &mut active, metrics),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => open = false,
+            }
+        }
+        // Clients that went away since the last step: free their KV now
+        // rather than compute a token nobody reads.
+        let before = active.len();
+        active.retain(|s| !s.events.is_closed());
+        metrics.cancelled.fetch_add((before - active.len()) as u64, Relaxed);
+        metrics.active_sequences.store(active.len() as u64, Relaxed);
+        if active.is_empty() {
+            continue;
+        }
+        step(engine, eos, &mut active, metrics);
+        metrics.active_sequences.store(active.len() as u64, Relaxed);
+    }
+}
+
+fn admit<'e>(engine: &'e Engine, job: Job, active: &mut Vec<Seq<'e>>, metrics: &Metrics) {
+    if job.events.is_closed() {
+        // Gave up while queued.
+        metrics.cancelled.fetch_add(1, Relaxed);
+        return;
+    }
+    metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Relaxed);
+    active.push(Seq {
+        session: engine.session(),
+        sampler: Sampler::new(job.sampling),
+        to_feed: job.prompt,
+        generated: 0,
+        max_tokens: job.max_tokens,
+        ignore_eos: job.ignore_eos,
+        events: job.events,
+    });
+}
+
+/// One forward pass over every active sequence, then one token each.
+fn step(engine: &Engine, eos: &[u32], active: &mut Vec<Seq<'_>>, metrics: &Metrics) {
+    let started = Instant::now();
+    let inputs: Vec<Vec<u32>> = active.iter_mut().map(|s| std::mem::take(&mut s.to_feed)).collect();
+    let fed = {
+        let mut sessions: Vec<&mut Session<'_>> = active.iter_mut().map(|s| &mut s.session).collect();
+        let tokens: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+        // A panic in the engine fails this batch, not the server.
+        std::panic::catch_unwind(AssertUnwindSafe(|| Session::feed_batch(&mut sessions, &tokens)))
+    };
+    let logits = match fed {
+        Ok(Ok(logits)) => logits,
+        Ok(Err(e)) => return fail_all(active, &e.to_string()),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("panic");
+            return fail_all(active, &format!("internal error in the engine: {what}"));
+        }
+    };
+    let sequences = active.len();
+    let mut index = 0;
+    active.retain_mut(|seq| {
+        let token = seq.session.push_sampled(&mut seq.sampler, &logits[index]);
+        index += 1;
+        seq.generated += 1;
+        let event = if !seq.ignore_eos && eos.contains(&token) {
+            Some(Finish::Eos)
+        } else if seq.events.try_send(Event::Token(token)).is_err() {
+            // Receiver gone (the channel holds every event a job can send,
+            // so it is never full).
+            metrics.cancelled.fetch_add(1, Relaxed);
+            return false;
+        } else if seq.generated >= seq.max_tokens {
+            Some(Finish::Length)
+        } else {
+            None
+        };
+        match event {
+            Some(finish) => {
+                let _ = seq.events.try_send(Event::Done { finish, completion_tokens: seq.generated });
+                false
+            }
+            None => true,
+        }
+    });
+    metrics.step(sequences, sequences as u64, started.elapsed());
+    let store = engine.store_stats();
+    metrics.expert_hits.store(store.hits, Relaxed);
+    metrics.expert_misses.store(store.misses, Relaxed);
+    metrics.expert_bytes_read.store(store.bytes_read, Relaxed);
+    metrics.expert_evictions.store(store.evictions, Relaxed);
+    metrics.expert_stall_ns.store(engine.pipeline_stats().stall_ns, Relaxed);
+}
+
+fn fail_all(active: &mut Vec<Seq<'_>>, message: &str) {
+    eprintln!("serve: error: a batch of {} failed: {message}", active.len());
+    for seq in active.drain(..) {
+        let _ = seq.events.try_send(Event::Failed(message.to_owned()));
+    }
+}
+
+/// Starts the scheduler thread on an engine opened there.
+pub fn spawn(
+    open: impl FnOnce() -> anyhow::Result<(Engine, Vec<u32>)> + Send + 'static,
+    limits: Limits,
+    jobs: mpsc::Receiver<Job>,
+    metrics: Arc<Metrics>,
+    opened: impl FnOnce(anyhow::Result<&Engine>) + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("scheduler".into()).spawn(move || match open() {
+        Ok((engine, eos)) => {
+            opened(Ok(&engine));
+            run(&engine, &eos, limits, jobs, &metrics);
+        }
+        Err(e) => opened(Err(e)),
+    })
+}
