@@ -3,7 +3,12 @@
 //! - `cargo xtask ci` — what CI runs: fmt --check, clippy -D warnings, the whole test suite.
 //! - `cargo xtask fixtures [--python PATH] [--stage1-only|--stage2-only]` — regenerate the oracle
 //!   fixtures in testdata/ with pinned torch and transformers.
+//! - `cargo xtask bench [--only SUITES] [--reps N] ...` — speed against the physical limits
+//!   (docs/BENCHMARKS.md).
 
+mod bench;
+mod bench_peer;
+mod bench_report;
 mod fixtures;
 mod sweep;
 #[cfg(test)]
@@ -22,6 +27,7 @@ fn main() -> Result<()> {
     };
     match task.as_str() {
         "ci" => ci(),
+        "bench" => bench::run(rest),
         "fixtures" => fixtures::run(rest),
         "sweep" => sweep::run(rest),
         "train-demo" => train_demo::run(rest),

@@ -470,7 +470,7 @@ unsafe fn int_tile_body<const Q4: bool, const R: usize, const T: usize>(
         for b in 0..full {
             for i in 0..R {
                 // As on AVX-512: fetch the next tile's rows while this one runs.
-                _mm_prefetch::<_MM_HINT_T0>(next[i].wrapping_add(b * BLOCK_BYTES).cast());
+                _mm_prefetch::<_MM_HINT_T1>(next[i].wrapping_add(b * BLOCK_BYTES).cast());
                 for h in 0..2 {
                     let wv = _mm256_loadu_si256(qs[i].add(b * BLOCK_BYTES + 32 * h).cast());
                     half_step::<Q4, T>(wv, lane_scales.half(scales[i], b, h), acts, b, h, &mut facc[i]);

@@ -1,0 +1,130 @@
+//! `strata-probe`: the measurements of `cargo xtask bench` that need
+//! optimized code, one JSON object per run on stdout.
+//!
+//! ```text
+//! strata-probe limits  --threads N --bytes B --reps R --fma-seconds S
+//! strata-probe matvec  --format q4|q8 --bytes B --cols C --threads N --reps R
+//! strata-probe prefill --format q4|q8 --rows R --cols C --tokens T --threads N --reps R
+//! strata-probe disk    --file PATH:RECORD_BYTES:NUM_EXPERTS ... --readers N --max-bytes B
+//! strata-probe evict   --file PATH ...
+//! ```
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use strata_benches::{
+    RandomMatrix, RecordSource, direct_read_gbs, evict_page_cache, fill_random, fma_peak_gflops, matmul_gflops,
+    matvec_vs_read, median, read_bandwidth_gbs, uses_int_path,
+};
+use strata_kernels::QuantFormat;
+
+struct Args {
+    values: HashMap<String, Vec<String>>,
+}
+
+impl Args {
+    fn parse(rest: &[String]) -> Result<Self> {
+        let mut values: HashMap<String, Vec<String>> = HashMap::new();
+        let mut it = rest.iter();
+        while let Some(flag) = it.next() {
+            let key = flag.strip_prefix("--").with_context(|| format!("expected a --flag, got {flag:?}"))?;
+            let value = it.next().with_context(|| format!("--{key} needs a value"))?;
+            values.entry(key.to_owned()).or_default().push(value.clone());
+        }
+        Ok(Args { values })
+    }
+
+    fn get<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T> {
+        match self.values.get(key).and_then(|v| v.last()) {
+            None => Ok(default),
+            Some(text) => text.parse().map_err(|_| anyhow::anyhow!("--{key}: cannot parse {text:?}")),
+        }
+    }
+
+    fn format(&self) -> Result<QuantFormat> {
+        let text: String = self.get("format", "q4".to_owned())?;
+        text.parse().map_err(|e| anyhow::anyhow!("--format: {e}"))
+    }
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((what, rest)) = args.split_first() else {
+        bail!("usage: strata-probe <limits|matvec|prefill|disk> [--flag value ...]");
+    };
+    let a = Args::parse(rest)?;
+    let out = match what.as_str() {
+        "limits" => {
+            let threads = a.get("threads", 1usize)?;
+            let bytes = a.get("bytes", 1usize << 30)?;
+            let mut buf = vec![0u8; bytes];
+            fill_random(&mut buf, 7);
+            let read = read_bandwidth_gbs(&buf, threads, a.get("reps", 3usize)?);
+            let fma = fma_peak_gflops(threads, a.get("fma-seconds", 0.5f64)?);
+            json!({ "threads": threads, "bytes": bytes, "read_gbs": read, "fma_gflops": fma })
+        }
+        "matvec" => {
+            let format = a.format()?;
+            let threads = a.get("threads", 1usize)?;
+            let m = RandomMatrix::of_size(format, a.get("bytes", 1usize << 30)?, a.get("cols", 4096usize)?, 11);
+            let run = matvec_vs_read(&m, threads, a.get("reps", 3usize)?)?;
+            json!({
+                "format": format.name(), "threads": threads, "rows": m.rows, "cols": m.cols,
+                "bytes": m.bytes().len(), "int_path": uses_int_path(&m),
+                "matvec_gbs": run.matvec_gbs, "read_gbs": run.read_gbs,
+                "matvec_gbs_median": median(&run.matvec_gbs), "read_gbs_median": median(&run.read_gbs),
+            })
+        }
+        "prefill" => {
+            let format = a.format()?;
+            let threads = a.get("threads", 1usize)?;
+            let m = RandomMatrix::new(format, a.get("rows", 4096usize)?, a.get("cols", 2048usize)?, 13);
+            let tokens = a.get("tokens", 64usize)?;
+            let reps = a.get("reps", 3usize)?;
+            // Peak and product alternate, so both see the same machine load.
+            let (mut gflops, mut peaks) = (Vec::new(), Vec::new());
+            for _ in 0..reps.max(1) {
+                gflops.extend(matmul_gflops(&m, tokens, threads, 1)?);
+                peaks.push(fma_peak_gflops(threads, a.get("fma-seconds", 0.3f64)?));
+            }
+            json!({
+                "format": format.name(), "threads": threads, "rows": m.rows, "cols": m.cols, "tokens": tokens,
+                "int_path": uses_int_path(&m), "gflops": gflops, "fma_peak_gflops": peaks,
+                "gflops_median": median(&gflops), "fma_peak_gflops_median": median(&peaks),
+            })
+        }
+        "disk" => {
+            let files = a
+                .values
+                .get("file")
+                .context("disk needs --file PATH:RECORD_BYTES:NUM_EXPERTS")?
+                .iter()
+                .map(|spec| {
+                    let mut parts = spec.rsplitn(3, ':');
+                    let num_experts = parts.next().and_then(|p| p.parse().ok());
+                    let record_bytes = parts.next().and_then(|p| p.parse().ok());
+                    match (parts.next(), record_bytes, num_experts) {
+                        (Some(path), Some(record_bytes), Some(num_experts)) => {
+                            Ok(RecordSource { path: path.into(), record_bytes, num_experts })
+                        }
+                        _ => bail!("--file {spec:?}: expected PATH:RECORD_BYTES:NUM_EXPERTS"),
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let readers = a.get("readers", 1usize)?;
+            let gbs = direct_read_gbs(&files, readers, a.get("max-bytes", 2u64 << 30)?)?;
+            json!({ "readers": readers, "direct_gbs": gbs })
+        }
+        "evict" => {
+            let files = a.values.get("file").context("evict needs --file PATH")?;
+            for file in files {
+                evict_page_cache(std::path::Path::new(file))?;
+            }
+            json!({ "evicted": files.len() })
+        }
+        other => bail!("unknown probe {other:?} (limits, matvec, prefill, disk, evict)"),
+    };
+    println!("{out}");
+    Ok(())
+}

@@ -1,0 +1,723 @@
+//! `cargo xtask bench`: every speed next to the physical limit that bounds
+//! it, both measured in the same run on this machine (docs/BENCHMARKS.md).
+//!
+//! ```text
+//! cargo xtask bench [--only SUITES] [--skip SUITES] [--reps N] [--tokens N]
+//!                   [--stream-layers N] [--resident-layers N] [--out DIR]
+//!                   [--peer llama.cpp]
+//! ```
+//!
+//! Suites, in order: `limits`, `kernels`, `prefill`, `resident`,
+//! `streaming`, `demo`. Measurements that need optimized code run in the
+//! release-built `strata-probe` (package `strata-benches`) and `strata`
+//! binaries; this file only orchestrates them, since xtask itself is built
+//! without optimization. Results go to `OUT/report.json`, `OUT/report.md`
+//! and `OUT/*.svg` (default `OUT` = `target/bench`), and the table is printed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::bench_report::{Report, Row};
+
+/// Every suite, in the order they run.
+const SUITES: [&str; 6] = ["limits", "kernels", "prefill", "resident", "streaming", "demo"];
+
+/// I/O backends compared on the streaming model.
+const STREAM_IO: [&str; 3] = ["pread", "direct", "uring"];
+
+/// A prompt of token ids valid in every synthetic vocabulary.
+const PROMPT: &str = "1,2,3,4,5,6,7,8";
+
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    suites: Vec<String>,
+    pub(crate) reps: usize,
+    tokens: usize,
+    stream_layers: usize,
+    resident_layers: usize,
+    pub(crate) out: PathBuf,
+    peer: Option<String>,
+}
+
+impl Options {
+    fn parse(rest: &[String]) -> Result<Self> {
+        let mut o = Options {
+            suites: SUITES.iter().map(|s| s.to_string()).collect(),
+            reps: 3,
+            tokens: 24,
+            stream_layers: 12,
+            resident_layers: 4,
+            out: workspace_root().join("target").join("bench"),
+            peer: None,
+        };
+        let mut it = rest.iter();
+        let list = |v: &str| -> Result<Vec<String>> {
+            let names: Vec<String> = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
+            for name in &names {
+                if !SUITES.contains(&name.as_str()) {
+                    bail!("unknown suite {name:?} (known: {})", SUITES.join(", "));
+                }
+            }
+            Ok(names)
+        };
+        while let Some(flag) = it.next() {
+            let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+            match flag.as_str() {
+                "--only" => o.suites = list(value()?)?,
+                "--skip" => {
+                    let skip = list(value()?)?;
+                    o.suites.retain(|s| !skip.contains(s));
+                }
+                "--reps" => o.reps = value()?.parse().context("--reps")?,
+                "--tokens" => o.tokens = value()?.parse().context("--tokens")?,
+                "--stream-layers" => o.stream_layers = value()?.parse().context("--stream-layers")?,
+                "--resident-layers" => o.resident_layers = value()?.parse().context("--resident-layers")?,
+                "--out" => o.out = PathBuf::from(value()?),
+                "--peer" => o.peer = Some(value()?.clone()),
+                "-h" | "--help" => {
+                    println!("{}", USAGE);
+                    std::process::exit(0);
+                }
+                other => bail!("unknown flag {other:?}\n{USAGE}"),
+            }
+        }
+        if o.reps == 0 || o.tokens < 2 {
+            bail!("--reps must be at least 1 and --tokens at least 2");
+        }
+        Ok(o)
+    }
+
+    fn wants(&self, suite: &str) -> bool {
+        self.suites.iter().any(|s| s == suite)
+    }
+}
+
+const USAGE: &str = "usage: cargo xtask bench [--only SUITES] [--skip SUITES] [--reps N] [--tokens N]
+                         [--stream-layers N] [--resident-layers N] [--out DIR] [--peer llama.cpp]
+suites: limits, kernels, prefill, resident, streaming, demo (comma-separated)";
+
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// The release binaries the benchmarks run.
+struct Bins {
+    strata: PathBuf,
+    probe: PathBuf,
+}
+
+fn build() -> Result<Bins> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    eprintln!("building strata and strata-probe (release)...");
+    let status = Command::new(&cargo)
+        .args(["build", "--release", "--quiet", "-p", "strata", "-p", "strata-benches", "--bins"])
+        .current_dir(workspace_root())
+        .status()
+        .context("running cargo build")?;
+    if !status.success() {
+        bail!("cargo build --release failed with {status}");
+    }
+    let release = target_dir().join("release");
+    Ok(Bins { strata: release.join("strata"), probe: release.join("strata-probe") })
+}
+
+/// Runs `bin args` and parses the last line of its stdout as JSON.
+fn run_json(bin: &Path, args: &[String]) -> Result<Value> {
+    let output = Command::new(bin).args(args).output().with_context(|| format!("running {}", bin.display()))?;
+    if !output.status.success() {
+        bail!(
+            "{} {} failed with {}: {}",
+            bin.display(),
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().rev().find(|l| !l.trim().is_empty()).context("no output")?;
+    serde_json::from_str(last).with_context(|| format!("parsing the output of {}: {last}", bin.display()))
+}
+
+fn args(parts: &[&str]) -> Vec<String> {
+    parts.iter().map(|s| s.to_string()).collect()
+}
+
+fn num(v: &Value, key: &str) -> Result<f64> {
+    v.get(key).and_then(Value::as_f64).with_context(|| format!("missing number {key:?} in {v}"))
+}
+
+pub(crate) fn median(values: &[f64]) -> f64 {
+    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+/// The `p`-th percentile (nearest rank) of `values`.
+pub(crate) fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut sorted: Vec<f64> = values.to_vec();
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The limits every other row is read against.
+#[derive(Debug, Default, Clone, Copy)]
+struct Limits {
+    dram_gbs: [f64; 2],
+    fma_gflops: [f64; 2],
+}
+
+pub fn run(rest: &[String]) -> Result<()> {
+    let opts = Options::parse(rest)?;
+    if let Some(peer) = &opts.peer {
+        return crate::bench_peer::run(peer, &opts);
+    }
+    let started = Instant::now();
+    let bins = build()?;
+    std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
+    let mut report = Report::new(machine_info());
+    let mut limits = Limits::default();
+    let need_limits = opts.suites.iter().any(|s| s != "prefill" && s != "kernels");
+    if opts.wants("limits") || need_limits {
+        limits = suite_limits(&bins, &opts, &mut report)?;
+    }
+    if opts.wants("kernels") {
+        suite_kernels(&bins, &opts, &mut report)?;
+    }
+    if opts.wants("prefill") {
+        suite_prefill(&bins, &opts, &mut report)?;
+    }
+    if opts.wants("resident") {
+        suite_resident(&bins, &opts, &limits, &mut report)?;
+    }
+    if opts.wants("streaming") {
+        suite_streaming(&bins, &opts, &mut report)?;
+    }
+    if opts.wants("demo") {
+        suite_demo(&bins, &opts, &limits, &mut report)?;
+    }
+    report.elapsed_s = started.elapsed().as_secs_f64();
+    report.write(&opts.out)?;
+    println!("{}", report.table());
+    println!("wrote {}", opts.out.join("report.md").display());
+    Ok(())
+}
+
+/// CPU, cores, memory and load, recorded with every report: the machine is
+/// shared, and a busy one explains low ratios.
+fn machine_info() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu =
+        cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|l| l.trim_start_matches([' ', '\t', ':']));
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mem_total = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().to_owned()));
+    let date = Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    json!({
+        "date": date,
+        "cpu": cpu.unwrap_or("unknown"),
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "mem_total": mem_total,
+        "loadavg_at_start": load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    })
+}
+
+fn suite_limits(bins: &Bins, opts: &Options, report: &mut Report) -> Result<Limits> {
+    let mut limits = Limits::default();
+    for threads in [1usize, 2] {
+        eprintln!("limits: DRAM read and FMA peak, {threads} thread(s)");
+        let reps = opts.reps.to_string();
+        let t = threads.to_string();
+        let v = run_json(&bins.probe, &args(&["limits", "--threads", &t, "--reps", &reps, "--fma-seconds", "0.5"]))?;
+        limits.dram_gbs[threads - 1] = num(&v, "read_gbs")?;
+        limits.fma_gflops[threads - 1] = num(&v, "fma_gflops")?;
+        report.limits.push(json!({ "what": format!("DRAM read, {threads} thread(s), 1 GiB"), "value": limits.dram_gbs[threads - 1], "unit": "GB/s" }));
+        report.limits.push(json!({ "what": format!("f32 FMA peak, {threads} thread(s)"), "value": limits.fma_gflops[threads - 1], "unit": "GFLOP/s" }));
+    }
+    Ok(limits)
+}
+
+fn suite_kernels(bins: &Bins, opts: &Options, report: &mut Report) -> Result<()> {
+    for format in ["q4", "q8"] {
+        for threads in [1usize, 2] {
+            eprintln!("kernels: {format} matvec over 1 GiB, {threads} thread(s)");
+            let (t, reps) = (threads.to_string(), opts.reps.to_string());
+            let v = run_json(
+                &bins.probe,
+                &args(&["matvec", "--format", format, "--threads", &t, "--reps", &reps, "--bytes", "1073741824"]),
+            )?;
+            let measured = num(&v, "matvec_gbs_median")?;
+            let limit = num(&v, "read_gbs_median")?;
+            report.rows.push(Row {
+                suite: "kernels".into(),
+                name: format!("{format} matvec, 1 GiB, {threads} thread(s)"),
+                measured,
+                unit: "GB/s".into(),
+                limit_name: format!("plain read of the same bytes, {threads} thread(s)"),
+                limit,
+                limit_unit: "GB/s".into(),
+                bound: limit,
+                ratio: measured / limit,
+                goal: Some(0.8),
+                note: format!("int path: {}", v["int_path"]),
+            });
+            report.raw.push(json!({ "suite": "kernels", "probe": v }));
+        }
+    }
+    Ok(())
+}
+
+fn suite_prefill(bins: &Bins, opts: &Options, report: &mut Report) -> Result<()> {
+    for format in ["q8", "q4"] {
+        for threads in [1usize, 2] {
+            eprintln!("prefill: {format} matmul [4096 x 2048] x 64 tokens, {threads} thread(s)");
+            let (t, reps) = (threads.to_string(), opts.reps.to_string());
+            let v = run_json(
+                &bins.probe,
+                &args(&["prefill", "--format", format, "--threads", &t, "--reps", &reps, "--tokens", "64"]),
+            )?;
+            let measured = num(&v, "gflops_median")?;
+            let limit = num(&v, "fma_peak_gflops_median")?;
+            report.rows.push(Row {
+                suite: "prefill".into(),
+                name: format!("{format} matmul 4096x2048 x 64 tokens, {threads} thread(s)"),
+                measured,
+                unit: "GFLOP/s".into(),
+                limit_name: format!("f32 FMA peak, {threads} thread(s)"),
+                limit,
+                limit_unit: "GFLOP/s".into(),
+                bound: limit,
+                ratio: measured / limit,
+                goal: Some(0.5),
+                note: "2 flops per multiply-add".into(),
+            });
+            report.raw.push(json!({ "suite": "prefill", "probe": v }));
+        }
+    }
+    Ok(())
+}
+
+/// A synthetic container under `OUT/models`, made once and reused.
+fn synth(bins: &Bins, opts: &Options, like: &str, layers: usize) -> Result<PathBuf> {
+    let dir = opts.out.join("models").join(format!("{like}-l{layers}-q4"));
+    if dir.join("manifest.json").exists() {
+        return Ok(dir);
+    }
+    eprintln!("synth: {like}, {layers} layers, q4 -> {} (once; reused by later runs)", dir.display());
+    let layers = layers.to_string();
+    let status = Command::new(&bins.strata)
+        .args(["synth", "--like", like, "--layers", &layers, "--quant", "q4", "--overwrite"])
+        .arg(&dir)
+        .status()
+        .context("running strata synth")?;
+    if !status.success() {
+        bail!("strata synth failed with {status}");
+    }
+    Ok(dir)
+}
+
+/// What one token touches and computes, from a container's manifest.
+#[derive(Debug, Clone, Copy)]
+struct Footprint {
+    /// Bytes of weights (and scales) a decoded token reads when everything
+    /// is resident: every dense tensor but the embedding table (one row of
+    /// it), and `top_k` expert records' matrices per MoE layer.
+    bytes_per_token: f64,
+    /// Multiply-adds per token in the weight matrices (active parameters).
+    macs_per_token: f64,
+    /// Bytes of all files of the model.
+    total_bytes: f64,
+}
+
+fn footprint(model: &Path) -> Result<Footprint> {
+    let text = std::fs::read_to_string(model.join("manifest.json")).context("reading manifest.json")?;
+    let m: Value = serde_json::from_str(&text).context("parsing manifest.json")?;
+    let top_k = m["spec"]["moe"]["top_k"].as_f64().context("spec.moe.top_k")?;
+    let tied = m["spec"]["tie_word_embeddings"].as_bool().unwrap_or(false);
+    let (mut bytes, mut macs) = (0.0, 0.0);
+    for t in m["tensors"].as_array().context("tensors")? {
+        let len = t["length_bytes"].as_f64().unwrap_or(0.0) + t["scale_length_bytes"].as_f64().unwrap_or(0.0);
+        let shape: Vec<f64> = t["shape"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect();
+        let elems: f64 = shape.iter().product();
+        if t["kind"] == "embedding" {
+            let rows = shape.first().copied().unwrap_or(1.0).max(1.0);
+            if tied {
+                // The tied table is also the lm_head: read whole.
+                bytes += len;
+                macs += elems;
+            } else {
+                bytes += len / rows;
+            }
+        } else {
+            bytes += len;
+            if shape.len() == 2 && shape[0] > 1.0 {
+                macs += elems;
+            }
+        }
+    }
+    for layer in m["expert_layers"].as_array().context("expert_layers")? {
+        for c in layer["components"].as_array().context("components")? {
+            let len = c["length_bytes"].as_f64().unwrap_or(0.0) + c["scale_length_bytes"].as_f64().unwrap_or(0.0);
+            let elems: f64 = c["shape"].as_array().into_iter().flatten().filter_map(Value::as_f64).product();
+            bytes += top_k * len;
+            macs += top_k * elems;
+        }
+    }
+    let total_bytes = m["files"].as_array().into_iter().flatten().filter_map(|f| f["size_bytes"].as_f64()).sum();
+    Ok(Footprint { bytes_per_token: bytes, macs_per_token: macs, total_bytes })
+}
+
+/// Every data file of a container (for page-cache eviction).
+fn model_files(model: &Path) -> Result<Vec<PathBuf>> {
+    let m: Value = serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json"))?)?;
+    Ok(m["files"].as_array().into_iter().flatten().filter_map(|f| f["path"].as_str()).map(|p| model.join(p)).collect())
+}
+
+fn evict(bins: &Bins, files: &[PathBuf]) -> Result<()> {
+    let mut a = vec!["evict".to_string()];
+    for f in files {
+        a.push("--file".into());
+        a.push(f.display().to_string());
+    }
+    run_json(&bins.probe, &a).map(|_| ())
+}
+
+/// Bytes all waited-for children have read from block devices so far
+/// (`ru_inblock` counts 512-byte units): reads the page cache served are not
+/// in it, O_DIRECT reads and page-cache misses are.
+fn children_device_read_bytes() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct we pass; no other effect.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
+        usage
+    };
+    usage.ru_inblock as f64 * 512.0
+}
+
+/// One `strata generate --json` run: its stats, wall time and the bytes it
+/// read from the device.
+fn generate(bins: &Bins, model: &Path, extra: &[&str], max_new: usize) -> Result<(Value, f64, f64)> {
+    let mut a = vec![
+        "generate".to_string(),
+        model.display().to_string(),
+        "--tokens".into(),
+        PROMPT.into(),
+        "--max-new-tokens".into(),
+        max_new.to_string(),
+        "--ignore-eos".into(),
+        "--json".into(),
+    ];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    let (started, device_before) = (Instant::now(), children_device_read_bytes());
+    let v = run_json(&bins.strata, &a)?;
+    let device_bytes = children_device_read_bytes() - device_before;
+    Ok((v["stats"].clone(), started.elapsed().as_secs_f64(), device_bytes))
+}
+
+/// Per-token entries of the decode steps (the first entry is the prefill).
+fn decode_steps(stats: &Value) -> Vec<&Value> {
+    stats["per_token"].as_array().map(|a| a.iter().skip(1).collect()).unwrap_or_default()
+}
+
+fn suite_resident(bins: &Bins, opts: &Options, limits: &Limits, report: &mut Report) -> Result<()> {
+    let model = synth(bins, opts, "olmoe-1b-7b", opts.resident_layers)?;
+    let fp = footprint(&model)?;
+    let mut rates = Vec::new();
+    let mut raw = Vec::new();
+    for rep in 0..opts.reps {
+        eprintln!("resident: decode {} tokens, run {}/{}", opts.tokens * 2, rep + 1, opts.reps);
+        // A budget far above the model: after the first tokens every expert
+        // is cached. Only decode steps that missed nothing count.
+        let (stats, _, _) = generate(bins, &model, &["--ram-budget", "16GiB", "--io", "pread"], opts.tokens * 2)?;
+        let ms: Vec<f64> = decode_steps(&stats)
+            .into_iter()
+            .filter(|s| s["expert_misses"].as_u64() == Some(0))
+            .filter_map(|s| s["ms"].as_f64())
+            .collect();
+        if !ms.is_empty() {
+            rates.push(1000.0 / median(&ms));
+        }
+        raw.push(json!({ "resident_steps": ms.len(), "stats": stats }));
+    }
+    if rates.is_empty() {
+        bail!("resident: no decode step ran with every expert cached; raise --tokens");
+    }
+    let measured = median(&rates);
+    let dram = limits.dram_gbs[1];
+    let bound = dram * 1e9 / fp.bytes_per_token;
+    report.rows.push(Row {
+        suite: "resident".into(),
+        name: format!("resident decode, olmoe-1b-7b shapes, {} layers, q4", opts.resident_layers),
+        measured,
+        unit: "tok/s".into(),
+        limit_name: format!("DRAM read 2 threads / {:.1} MB touched per token", fp.bytes_per_token / 1e6),
+        limit: dram,
+        limit_unit: "GB/s".into(),
+        bound,
+        ratio: measured / bound,
+        goal: Some(0.7),
+        note: "median of fully cached decode steps".into(),
+    });
+    report.raw.push(json!({ "suite": "resident", "model": model, "bytes_per_token": fp.bytes_per_token, "runs": raw }));
+    Ok(())
+}
+
+fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<()> {
+    let model = synth(bins, opts, "qwen3-30b-a3b", opts.stream_layers)?;
+    let fp = footprint(&model)?;
+    let files = model_files(&model)?;
+    // The budget: a quarter of the model, but at least what the engine needs
+    // (dense part + KV + I/O buffers + one layer's routed experts).
+    let budget_bytes = (fp.total_bytes / 4.0).max(1.2 * (1u64 << 30) as f64);
+    let budget = format!("{}MiB", (budget_bytes / (1u64 << 20) as f64).round());
+    let m: Value = serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json"))?)?;
+    let mut disk_args = vec!["disk".to_string(), "--max-bytes".into(), (2u64 << 30).to_string()];
+    for layer in m["expert_layers"].as_array().context("expert_layers")? {
+        disk_args.push("--file".into());
+        disk_args.push(format!(
+            "{}:{}:{}",
+            model.join(layer["file"].as_str().context("file")?).display(),
+            layer["record_bytes"],
+            layer["num_experts"]
+        ));
+    }
+    // The disk limit: the best that 1, 2 or 4 O_DIRECT readers of whole
+    // records of these very files got, before and after the runs (a limit
+    // is what the device can do at best).
+    let mut disk = Vec::new();
+    let measure_disk = |disk: &mut Vec<f64>| -> Result<()> {
+        for readers in ["1", "2", "4"] {
+            let mut a = disk_args.clone();
+            a.extend(["--readers".to_string(), readers.to_string()]);
+            disk.push(num(&run_json(&bins.probe, &a)?, "direct_gbs")?);
+        }
+        Ok(())
+    };
+    eprintln!("streaming: O_DIRECT bandwidth of the expert files");
+    measure_disk(&mut disk)?;
+
+    #[derive(Default)]
+    struct PerIo {
+        rates: Vec<f64>,
+        /// Expert bytes the engine read per decode step (cache misses).
+        logical_per_token: Vec<f64>,
+        /// Bytes the device delivered per decode step.
+        device_per_token: Vec<f64>,
+        ttft_cold_ms: Vec<f64>,
+        ttft_cold_device: Vec<f64>,
+        ttft_warm_ms: Vec<f64>,
+        ttft_warm_device: Vec<f64>,
+        step_ms: Vec<f64>,
+        curve: Vec<f64>,
+    }
+    let mut per_io: Vec<PerIo> = STREAM_IO.iter().map(|_| PerIo::default()).collect();
+    let mut raw = Vec::new();
+    for rep in 0..opts.reps {
+        for (k, io) in STREAM_IO.iter().enumerate() {
+            eprintln!("streaming: --io {io}, run {}/{}", rep + 1, opts.reps);
+            let extra = ["--ram-budget", budget.as_str(), "--io", io];
+            // Cold first token: what loading and the prompt cost from an empty page cache.
+            evict(bins, &files)?;
+            let (first, _, first_device) = generate(bins, &model, &extra, 1)?;
+            // Warm first token: a new process right after.
+            let (warm, _, warm_device) = generate(bins, &model, &extra, 1)?;
+            // Cold decode: the same prompt, so the device bytes beyond the
+            // cold first token's are the decode steps'.
+            evict(bins, &files)?;
+            let (stats, wall_s, device) = generate(bins, &model, &extra, opts.tokens)?;
+            let steps = decode_steps(&stats);
+            let n_steps = steps.len().max(1) as f64;
+            let logical: f64 = steps.iter().filter_map(|s| s["bytes_read"].as_f64()).sum();
+            let ms: Vec<f64> = steps.iter().filter_map(|s| s["ms"].as_f64()).collect();
+            let p = &mut per_io[k];
+            p.rates.push(num(&stats, "decode_tokens_per_s")?);
+            p.logical_per_token.push(logical / n_steps);
+            p.device_per_token.push(((device - first_device) / n_steps).max(0.0));
+            p.ttft_cold_ms.push(num(&first, "prefill_ms")?);
+            p.ttft_cold_device.push(first_device);
+            p.ttft_warm_ms.push(num(&warm, "prefill_ms")?);
+            p.ttft_warm_device.push(warm_device);
+            p.step_ms.extend(&ms);
+            if rep == 0 {
+                p.curve = ms.clone();
+            }
+            raw.push(json!({
+                "io": io, "rep": rep, "wall_s": wall_s, "device_read_bytes": device,
+                "first_token_device_read_bytes": first_device, "warm_device_read_bytes": warm_device,
+                "stats": stats, "first_token_stats": first, "warm_stats": warm,
+            }));
+        }
+    }
+    eprintln!("streaming: O_DIRECT bandwidth again");
+    measure_disk(&mut disk)?;
+    let disk_gbs = disk.iter().copied().fold(0.0, f64::max);
+    let per_second = |bytes: f64| bytes / (disk_gbs * 1e9);
+    for (k, io) in STREAM_IO.iter().enumerate() {
+        let p = &per_io[k];
+        let device = median(&p.device_per_token);
+        let logical = median(&p.logical_per_token);
+        let measured = median(&p.rates);
+        let bound = 1.0 / per_second(device);
+        report.rows.push(Row {
+            suite: "streaming".into(),
+            name: format!(
+                "streaming decode --io {io}, qwen3-30b-a3b shapes, {} layers, budget {budget}",
+                opts.stream_layers
+            ),
+            measured,
+            unit: "tok/s".into(),
+            limit_name: format!(
+                "O_DIRECT read of the expert files / {:.0} MB read from the device per token ({:.0} MB of records)",
+                device / 1e6,
+                logical / 1e6
+            ),
+            limit: disk_gbs,
+            limit_unit: "GB/s".into(),
+            bound,
+            ratio: measured / bound,
+            goal: Some(0.7),
+            note: format!("model {:.1} GB, {:.1}x the budget", fp.total_bytes / 1e9, fp.total_bytes / budget_bytes),
+        });
+        // Time rows: the bound is a least time, so ratio = bound / measured.
+        let step_bound_ms = per_second(device) * 1e3;
+        for (what, ms, bound_ms, note) in [
+            (
+                "time to first token, cold",
+                median(&p.ttft_cold_ms),
+                per_second(median(&p.ttft_cold_device)) * 1e3,
+                "page cache emptied; 8-token prompt; bound: that run's device bytes",
+            ),
+            (
+                "time to first token, warm",
+                median(&p.ttft_warm_ms),
+                per_second(median(&p.ttft_warm_device)) * 1e3,
+                "new process right after; bound: that run's device bytes (0 when the page cache served all)",
+            ),
+            ("decode latency p50", percentile(&p.step_ms, 50.0), step_bound_ms, ""),
+            ("decode latency p95", percentile(&p.step_ms, 95.0), step_bound_ms, ""),
+            ("decode latency p99", percentile(&p.step_ms, 99.0), step_bound_ms, ""),
+        ] {
+            report.rows.push(Row {
+                suite: "latency".into(),
+                name: format!("{what}, --io {io}"),
+                measured: ms,
+                unit: "ms".into(),
+                limit_name: "device bytes / O_DIRECT bandwidth".into(),
+                limit: disk_gbs,
+                limit_unit: "GB/s".into(),
+                bound: bound_ms,
+                ratio: bound_ms / ms,
+                goal: None,
+                note: note.into(),
+            });
+        }
+        report.curves.push((format!("--io {io}"), p.curve.clone()));
+    }
+    report.raw.push(json!({ "suite": "streaming", "model": model, "budget": budget, "direct_gbs": disk, "runs": raw }));
+    Ok(())
+}
+
+fn suite_demo(bins: &Bins, opts: &Options, limits: &Limits, report: &mut Report) -> Result<()> {
+    let checkpoint = workspace_root().join("models").join("demo");
+    if !checkpoint.join("config.json").exists() {
+        eprintln!("demo: no models/demo, skipped");
+        report.notes.push("demo: models/demo does not exist here; the demo rows were skipped.".into());
+        return Ok(());
+    }
+    // q8: the preset a checkpoint is converted with when run directly.
+    let model = opts.out.join("models").join("demo-q8");
+    if !model.join("manifest.json").exists() {
+        eprintln!("demo: converting models/demo to q8 -> {} (once)", model.display());
+        let status = Command::new(&bins.strata)
+            .arg("convert")
+            .arg(&checkpoint)
+            .arg(&model)
+            .args(["--quant", "q8", "--overwrite"])
+            .status()
+            .context("running strata convert")?;
+        if !status.success() {
+            bail!("strata convert models/demo failed with {status}");
+        }
+    }
+    let fp = footprint(&model)?;
+    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    // A longer prompt, so that prefill is a batched product.
+    let prompt: Vec<String> = (1..=64).map(|i| i.to_string()).collect();
+    let prompt = prompt.join(",");
+    for rep in 0..opts.reps {
+        eprintln!("demo: run {}/{}", rep + 1, opts.reps);
+        let a = args(&[
+            "generate",
+            &model.display().to_string(),
+            "--tokens",
+            &prompt,
+            "--max-new-tokens",
+            &opts.tokens.to_string(),
+            "--ignore-eos",
+            "--json",
+        ]);
+        let v = run_json(&bins.strata, &a)?;
+        prefill.push(num(&v["stats"], "prefill_tokens_per_s")?);
+        decode.push(num(&v["stats"], "decode_tokens_per_s")?);
+    }
+    let prefill_bound = limits.fma_gflops[1] * 1e9 / (2.0 * fp.macs_per_token);
+    let decode_bound = limits.dram_gbs[1] * 1e9 / fp.bytes_per_token;
+    for (name, measured, limit_name, limit, unit, bound) in [
+        (
+            "demo q8 prefill (64-token prompt)",
+            median(&prefill),
+            "f32 FMA peak 2 threads / 2 x active params",
+            limits.fma_gflops[1],
+            "GFLOP/s",
+            prefill_bound,
+        ),
+        (
+            "demo q8 decode",
+            median(&decode),
+            "DRAM read 2 threads / bytes touched per token",
+            limits.dram_gbs[1],
+            "GB/s",
+            decode_bound,
+        ),
+    ] {
+        report.rows.push(Row {
+            suite: "demo".into(),
+            name: name.into(),
+            measured,
+            unit: "tok/s".into(),
+            limit_name: limit_name.into(),
+            limit,
+            limit_unit: unit.into(),
+            bound,
+            ratio: measured / bound,
+            goal: None,
+            note: format!(
+                "{:.0} MB of weights: fits in the last-level cache, so DRAM is not its real limit",
+                fp.total_bytes / 1e6
+            ),
+        });
+    }
+    Ok(())
+}
