@@ -19,9 +19,11 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use clap::{ArgAction, Parser};
 use serde_json::{Value, json};
 
 use crate::bench_report::{Report, Row};
+use crate::fixtures::{non_empty, parse_cli};
 
 /// Every suite, in the order they run.
 const SUITES: [&str; 6] = ["limits", "kernels", "prefill", "resident", "streaming", "demo"];
@@ -31,6 +33,48 @@ const STREAM_IO: [&str; 3] = ["pread", "direct", "uring"];
 
 /// A prompt of token ids valid in every synthetic vocabulary.
 const PROMPT: &str = "1,2,3,4,5,6,7,8";
+
+/// The options of `cargo xtask bench`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "bench",
+    bin_name = "cargo xtask bench",
+    about = "Measure Strata's speed next to the physical limit that bounds each figure (DRAM read, FMA peak, \
+             O_DIRECT disk read), all in the same run; write target/bench/report.{json,md} and SVG plots \
+             (docs/BENCHMARKS.md).",
+    long_about = None,
+    args_override_self = true,
+    disable_help_flag = true
+)]
+struct Cli {
+    /// run only these suites: limits, kernels, prefill, resident, streaming, demo
+    #[arg(long, value_name = "SUITE[,SUITE]", value_delimiter = ',')]
+    only: Vec<String>,
+    /// skip these suites
+    #[arg(long, value_name = "SUITE[,SUITE]", value_delimiter = ',')]
+    skip: Vec<String>,
+    /// repetitions of every measurement; figures are medians
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// decode steps per streaming run (resident runs twice as many)
+    #[arg(long, value_name = "N", default_value_t = 24, value_parser = clap::value_parser!(u64).range(2..))]
+    tokens: u64,
+    /// decoder layers of the Qwen3-30B-A3B-shaped streaming model
+    #[arg(long, value_name = "N", default_value_t = 12)]
+    stream_layers: usize,
+    /// decoder layers of the OLMoE-1B-7B-shaped resident model
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    resident_layers: usize,
+    /// where reports, plots and synthetic models go (default: target/bench)
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// instead of the suites, compare with this engine (llama.cpp)
+    #[arg(long, value_name = "ENGINE")]
+    peer: Option<String>,
+    /// this text
+    #[arg(short, long, action = ArgAction::Help)]
+    help: Option<bool>,
+}
 
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
@@ -44,61 +88,37 @@ pub(crate) struct Options {
 }
 
 impl Options {
-    fn parse(rest: &[String]) -> Result<Self> {
-        let mut o = Options {
-            suites: SUITES.iter().map(|s| s.to_string()).collect(),
-            reps: 3,
-            tokens: 24,
-            stream_layers: 12,
-            resident_layers: 4,
-            out: workspace_root().join("target").join("bench"),
-            peer: None,
+    fn parse(rest: &[String]) -> Result<Option<Self>> {
+        let Some(cli) = parse_cli::<Cli>("bench", rest)? else {
+            return Ok(None);
         };
-        let mut it = rest.iter();
-        let list = |v: &str| -> Result<Vec<String>> {
-            let names: Vec<String> = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
-            for name in &names {
-                if !SUITES.contains(&name.as_str()) {
-                    bail!("unknown suite {name:?} (known: {})", SUITES.join(", "));
-                }
-            }
-            Ok(names)
-        };
-        while let Some(flag) = it.next() {
-            let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-            match flag.as_str() {
-                "--only" => o.suites = list(value()?)?,
-                "--skip" => {
-                    let skip = list(value()?)?;
-                    o.suites.retain(|s| !skip.contains(s));
-                }
-                "--reps" => o.reps = value()?.parse().context("--reps")?,
-                "--tokens" => o.tokens = value()?.parse().context("--tokens")?,
-                "--stream-layers" => o.stream_layers = value()?.parse().context("--stream-layers")?,
-                "--resident-layers" => o.resident_layers = value()?.parse().context("--resident-layers")?,
-                "--out" => o.out = PathBuf::from(value()?),
-                "--peer" => o.peer = Some(value()?.clone()),
-                "-h" | "--help" => {
-                    println!("{}", USAGE);
-                    std::process::exit(0);
-                }
-                other => bail!("unknown flag {other:?}\n{USAGE}"),
+        let (only, skip) = (non_empty(cli.only), non_empty(cli.skip));
+        for name in only.iter().chain(&skip) {
+            if !SUITES.contains(&name.as_str()) {
+                bail!("unknown suite {name:?} (known: {})", SUITES.join(", "));
             }
         }
-        if o.reps == 0 || o.tokens < 2 {
-            bail!("--reps must be at least 1 and --tokens at least 2");
+        let mut suites: Vec<String> =
+            if only.is_empty() { SUITES.iter().map(|s| s.to_string()).collect() } else { only };
+        suites.retain(|s| !skip.contains(s));
+        if suites.is_empty() && cli.peer.is_none() {
+            bail!("--only and --skip leave no suite to run");
         }
-        Ok(o)
+        Ok(Some(Options {
+            suites,
+            reps: cli.reps as usize,
+            tokens: cli.tokens as usize,
+            stream_layers: cli.stream_layers,
+            resident_layers: cli.resident_layers,
+            out: cli.out.unwrap_or_else(|| workspace_root().join("target").join("bench")),
+            peer: cli.peer,
+        }))
     }
 
     fn wants(&self, suite: &str) -> bool {
         self.suites.iter().any(|s| s == suite)
     }
 }
-
-const USAGE: &str = "usage: cargo xtask bench [--only SUITES] [--skip SUITES] [--reps N] [--tokens N]
-                         [--stream-layers N] [--resident-layers N] [--out DIR] [--peer llama.cpp]
-suites: limits, kernels, prefill, resident, streaming, demo (comma-separated)";
 
 pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
@@ -109,12 +129,12 @@ fn target_dir() -> PathBuf {
 }
 
 /// The release binaries the benchmarks run.
-struct Bins {
-    strata: PathBuf,
+pub(crate) struct Bins {
+    pub(crate) strata: PathBuf,
     probe: PathBuf,
 }
 
-fn build() -> Result<Bins> {
+pub(crate) fn build() -> Result<Bins> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     eprintln!("building strata and strata-probe (release)...");
     let status = Command::new(&cargo)
@@ -182,7 +202,9 @@ struct Limits {
 }
 
 pub fn run(rest: &[String]) -> Result<()> {
-    let opts = Options::parse(rest)?;
+    let Some(opts) = Options::parse(rest)? else {
+        return Ok(());
+    };
     if let Some(peer) = &opts.peer {
         return crate::bench_peer::run(peer, &opts);
     }
@@ -219,7 +241,7 @@ pub fn run(rest: &[String]) -> Result<()> {
 
 /// CPU, cores, memory and load, recorded with every report: the machine is
 /// shared, and a busy one explains low ratios.
-fn machine_info() -> Value {
+pub(crate) fn machine_info() -> Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu =
         cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|l| l.trim_start_matches([' ', '\t', ':']));
@@ -319,7 +341,7 @@ fn suite_prefill(bins: &Bins, opts: &Options, report: &mut Report) -> Result<()>
 }
 
 /// A synthetic container under `OUT/models`, made once and reused.
-fn synth(bins: &Bins, opts: &Options, like: &str, layers: usize) -> Result<PathBuf> {
+pub(crate) fn synth(bins: &Bins, opts: &Options, like: &str, layers: usize) -> Result<PathBuf> {
     let dir = opts.out.join("models").join(format!("{like}-l{layers}-q4"));
     if dir.join("manifest.json").exists() {
         return Ok(dir);
@@ -389,12 +411,12 @@ fn footprint(model: &Path) -> Result<Footprint> {
 }
 
 /// Every data file of a container (for page-cache eviction).
-fn model_files(model: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn model_files(model: &Path) -> Result<Vec<PathBuf>> {
     let m: Value = serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json"))?)?;
     Ok(m["files"].as_array().into_iter().flatten().filter_map(|f| f["path"].as_str()).map(|p| model.join(p)).collect())
 }
 
-fn evict(bins: &Bins, files: &[PathBuf]) -> Result<()> {
+pub(crate) fn evict(bins: &Bins, files: &[PathBuf]) -> Result<()> {
     let mut a = vec!["evict".to_string()];
     for f in files {
         a.push("--file".into());

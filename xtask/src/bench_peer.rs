@@ -1,23 +1,345 @@
-//! `cargo xtask bench --peer llama.cpp`: the same synthetic model run by
-//! llama.cpp, for a ratio against a peer engine.
+//! `cargo xtask bench --peer llama.cpp`: the same model run by Strata and by
+//! llama.cpp, alternately, resident and bigger than RAM under one memory
+//! cgroup.
 //!
-//! Not implemented yet. The plan (see docs/BENCHMARKS.md and
-//! shared/research/peer-llamacpp.md): build llama.cpp from the
-//! llama-cpp-python sdist in a venv, export the container to a Hugging Face
-//! checkpoint (`strata export`), convert it with the vendored
-//! `convert_hf_to_gguf.py` and quantize to Q4_0/Q8_0, then run both engines
-//! alternately, resident and under one memory cgroup at 40% of the model.
+//! Everything it needs is installed under `OUT/peer` (default
+//! `target/bench/peer`) on first use and reused: a Python venv with cmake,
+//! numpy and pyyaml from PyPI; the llama-cpp-python sdist (which vendors
+//! llama.cpp), from which `llama-bench` is built with `-DGGML_NATIVE=ON`; an
+//! OLMoE-1B-7B-shaped synthetic q4 container, and its GGUF at the nearest
+//! quantization (`xtask/bench/strata_to_gguf.py`: Q4_0 experts, Q8_0 other
+//! matrices; the same bytes per weight as Strata's q4 preset).
+//!
+//! Rows (ratio = Strata ÷ llama.cpp, the peer being the bound here):
+//! - resident decode: llama-bench `tg` (model in the page cache, mmap)
+//!   against Strata's fully cached decode steps; resident prefill (64 tokens);
+//! - bigger than RAM: both under a cgroup v1 memory limit of 40% of the
+//!   GGUF file, page caches emptied first: llama-bench `tg` with `--repack 0`
+//!   (repacking's anonymous copy is OOM-killed at 40%,
+//!   shared/research/peer-llamacpp.md) against Strata with `--io direct` and
+//!   `--ram-budget` the limit less its slack.
 
-use anyhow::{Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use crate::bench::Options;
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
 
-pub(crate) fn run(peer: &str, _opts: &Options) -> Result<()> {
+use crate::bench::{Options, median, workspace_root};
+use crate::bench_report::{Report, Row};
+
+const SDIST: &str = "llama_cpp_python-0.3.36";
+
+/// The cgroup (v1 memory controller) both engines run in for the
+/// bigger-than-RAM rows.
+const CGROUP: &str = "/sys/fs/cgroup/memory/strata-bench-peer";
+
+/// Memory the Strata process may use beyond `--ram-budget`: the engine's
+/// `SLACK_BYTES` (binary, stacks, allocator, activations). With `--io
+/// direct` expert reads bypass the page cache, and the dense file's pages
+/// are inside the budget, so nothing else is charged to the cgroup.
+const STRATA_SLACK_BYTES: u64 = 96 << 20;
+
+/// Context for the cgroup runs: the KV arena is reserved for the whole
+/// context out of the budget, and 16 decode steps after an 8-token prompt
+/// need only this much.
+const CGROUP_CONTEXT: &str = "64";
+
+pub(crate) fn run(peer: &str, opts: &Options) -> Result<()> {
     if peer != "llama.cpp" {
         bail!("unknown peer {peer:?} (known: llama.cpp)");
     }
-    bail!(
-        "--peer llama.cpp is not implemented yet: building llama.cpp from the llama-cpp-python sdist, \
-         converting the synthetic model to GGUF and the cgroup runs are still to do (docs/BENCHMARKS.md)"
-    )
+    let started = std::time::Instant::now();
+    let dir = opts.out.join("peer");
+    std::fs::create_dir_all(&dir)?;
+    let bins = crate::bench::build()?;
+    let llama_bench = build_llama_cpp(&dir)?;
+    let model = crate::bench::synth(&bins, opts, "olmoe-1b-7b", 4)?;
+    let gguf = dir.join("olmoe-1b-7b-l4-q4.gguf");
+    if !gguf.exists() {
+        eprintln!("peer: converting {} to GGUF (Q4_0 experts, Q8_0 the rest)", model.display());
+        let tmp = gguf.with_extension("gguf.tmp");
+        let status = Command::new(dir.join("venv/bin/python"))
+            .arg(workspace_root().join("xtask/bench/strata_to_gguf.py"))
+            .arg(&model)
+            .arg(&tmp)
+            .env("PYTHONPATH", llama_dir(&dir).join("gguf-py"))
+            .status()
+            .context("running strata_to_gguf.py")?;
+        if !status.success() {
+            bail!("strata_to_gguf.py failed with {status}");
+        }
+        std::fs::rename(&tmp, &gguf)?;
+    }
+    let mut report = Report::new(crate::bench::machine_info());
+    resident(&bins, &llama_bench, &model, &gguf, opts, &mut report)?;
+    bigger_than_ram(&bins, &llama_bench, &model, &gguf, opts, &mut report)?;
+    report.notes.push(format!(
+        "Peer: llama.cpp from the {SDIST} sdist (vendored llama.cpp), built with -DGGML_NATIVE=ON; model: \
+         OLMoE-1B-7B shapes, 4 layers, random weights; GGUF at the nearest quantization."
+    ));
+    report.elapsed_s = started.elapsed().as_secs_f64();
+    report.write(&dir)?;
+    println!("{}", report.table());
+    println!("wrote {}", dir.join("report.md").display());
+    Ok(())
+}
+
+fn llama_dir(dir: &Path) -> PathBuf {
+    dir.join(SDIST).join("vendor").join("llama.cpp")
+}
+
+fn check(status: std::io::Result<std::process::ExitStatus>, what: &str) -> Result<()> {
+    let status = status.with_context(|| format!("running {what}"))?;
+    if !status.success() {
+        bail!("{what} failed with {status}");
+    }
+    Ok(())
+}
+
+/// The venv, the sdist and `llama-bench`, each made once.
+fn build_llama_cpp(dir: &Path) -> Result<PathBuf> {
+    let venv = dir.join("venv");
+    if !venv.join("bin/cmake").exists() {
+        eprintln!("peer: creating a venv with cmake, numpy, pyyaml");
+        check(Command::new("python3").args(["-m", "venv"]).arg(&venv).status(), "python3 -m venv")?;
+        check(
+            Command::new(venv.join("bin/pip")).args(["install", "-q", "cmake", "numpy", "pyyaml"]).status(),
+            "pip install",
+        )?;
+    }
+    let tarball = dir.join("sdist").join(format!("{SDIST}.tar.gz"));
+    if !tarball.exists() {
+        eprintln!("peer: downloading the llama-cpp-python sdist (it vendors llama.cpp)");
+        check(
+            Command::new(venv.join("bin/pip"))
+                .args(["download", "-q", "--no-deps", "--no-binary", "llama-cpp-python", "llama-cpp-python==0.3.36"])
+                .arg("-d")
+                .arg(dir.join("sdist"))
+                .status(),
+            "pip download",
+        )?;
+    }
+    let llama = llama_dir(dir);
+    if !llama.join("CMakeLists.txt").exists() {
+        check(Command::new("tar").arg("xzf").arg(&tarball).arg("-C").arg(dir).status(), "tar")?;
+    }
+    let bench = llama.join("build/bin/llama-bench");
+    if !bench.exists() {
+        eprintln!("peer: building llama-bench (several minutes on 2 cores)");
+        let cmake = venv.join("bin/cmake");
+        check(
+            Command::new(&cmake)
+                .current_dir(&llama)
+                .args(["-S", ".", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON"])
+                .args([
+                    "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_OPENSSL=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_SERVER=OFF",
+                ])
+                .args(["-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF"])
+                .arg("-DBUILD_SHARED_LIBS=OFF")
+                .status(),
+            "cmake configure",
+        )?;
+        check(
+            Command::new(&cmake)
+                .current_dir(&llama)
+                .args(["--build", "build", "-j2", "--target", "llama-bench"])
+                .status(),
+            "cmake --build",
+        )?;
+    }
+    Ok(bench)
+}
+
+/// Runs `bin args`, inside the peer cgroup when `cgroup`; returns stdout.
+fn output(bin: &Path, args: &[String], cgroup: bool) -> Result<String> {
+    let mut cmd = if cgroup {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(format!("echo $$ > {CGROUP}/cgroup.procs && exec \"$@\"")).arg("sh").arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    let out = cmd.args(args).output().with_context(|| format!("running {}", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed with {} (an OOM kill shows as signal 9): {}",
+            bin.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// tokens/s of llama-bench's single test (`-p P -n N`, one repetition).
+fn llama_bench_ts(
+    bench: &Path,
+    gguf: &Path,
+    prompt: usize,
+    gen_tokens: usize,
+    extra: &[&str],
+    cgroup: bool,
+) -> Result<f64> {
+    let mut args = vec![
+        "-m".to_string(),
+        gguf.display().to_string(),
+        "-t".into(),
+        "2".into(),
+        "-p".into(),
+        prompt.to_string(),
+        "-n".into(),
+        gen_tokens.to_string(),
+        "-r".into(),
+        "1".into(),
+        "-o".into(),
+        "json".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let text = output(bench, &args, cgroup)?;
+    let start = text.find('[').context("llama-bench printed no JSON")?;
+    let v: Value = serde_json::from_str(&text[start..]).context("parsing llama-bench JSON")?;
+    v[0]["avg_ts"].as_f64().context("llama-bench avg_ts")
+}
+
+/// Strata's `generate --json` stats.
+fn strata(
+    bins_strata: &Path,
+    model: &Path,
+    prompt: &str,
+    max_new: usize,
+    extra: &[&str],
+    cgroup: bool,
+) -> Result<Value> {
+    let mut args = vec![
+        "generate".to_string(),
+        model.display().to_string(),
+        "--tokens".into(),
+        prompt.into(),
+        "--max-new-tokens".into(),
+        max_new.to_string(),
+        "--ignore-eos".into(),
+        "--json".into(),
+        "--threads".into(),
+        "2".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let text = output(bins_strata, &args, cgroup)?;
+    let last = text.lines().rev().find(|l| !l.trim().is_empty()).context("strata printed nothing")?;
+    Ok(serde_json::from_str::<Value>(last)?["stats"].clone())
+}
+
+fn row(name: &str, strata: f64, peer: f64, goal: f64, note: &str) -> Row {
+    Row {
+        suite: "peer".into(),
+        name: name.into(),
+        measured: strata,
+        unit: "tok/s".into(),
+        limit_name: "llama.cpp on the same model, same run".into(),
+        limit: peer,
+        limit_unit: "tok/s".into(),
+        bound: peer,
+        ratio: strata / peer,
+        goal: Some(goal),
+        note: note.into(),
+    }
+}
+
+fn resident(
+    bins: &crate::bench::Bins,
+    bench: &Path,
+    model: &Path,
+    gguf: &Path,
+    opts: &Options,
+    report: &mut Report,
+) -> Result<()> {
+    let prompt64: String = (1..=64).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let (mut ours, mut theirs, mut ours_pp, mut theirs_pp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Warm both files into the page cache.
+    std::fs::read(gguf).map(drop)?;
+    for rep in 0..opts.reps {
+        eprintln!("peer: resident, run {}/{}", rep + 1, opts.reps);
+        theirs.push(llama_bench_ts(bench, gguf, 0, 32, &[], false)?);
+        let stats = strata(&bins.strata, model, "1,2,3,4,5,6,7,8", 48, &["--ram-budget", "16GiB"], false)?;
+        let steps: Vec<f64> = stats["per_token"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .skip(1)
+            .filter(|s| s["expert_misses"].as_u64() == Some(0))
+            .filter_map(|s| s["ms"].as_f64())
+            .collect();
+        ours.push(1000.0 / median(&steps));
+        theirs_pp.push(llama_bench_ts(bench, gguf, 64, 0, &[], false)?);
+        let stats = strata(&bins.strata, model, &prompt64, 1, &["--ram-budget", "16GiB"], false)?;
+        ours_pp.push(stats["prefill_tokens_per_s"].as_f64().context("prefill_tokens_per_s")?);
+    }
+    report.rows.push(row(
+        "resident decode, Strata q4 vs llama.cpp Q4_0 (2 threads)",
+        median(&ours),
+        median(&theirs),
+        1.3,
+        "Strata: fully cached decode steps; llama.cpp: llama-bench tg32 (mmap, repack on)",
+    ));
+    report.rows.push(row(
+        "resident prefill, 64 tokens",
+        median(&ours_pp),
+        median(&theirs_pp),
+        1.0,
+        "Strata: first forward pass of a cold process (includes expert loads from the page cache); llama-bench pp64",
+    ));
+    report.raw.push(json!({ "peer": "resident", "strata_tg": ours, "llama_tg": theirs, "strata_pp": ours_pp, "llama_pp": theirs_pp }));
+    Ok(())
+}
+
+fn bigger_than_ram(
+    bins: &crate::bench::Bins,
+    bench: &Path,
+    model: &Path,
+    gguf: &Path,
+    opts: &Options,
+    report: &mut Report,
+) -> Result<()> {
+    let limit = (std::fs::metadata(gguf)?.len() as f64 * 0.4) as u64;
+    std::fs::create_dir_all(CGROUP)
+        .with_context(|| format!("creating {CGROUP} (cgroup v1 memory controller, root)"))?;
+    std::fs::write(format!("{CGROUP}/memory.limit_in_bytes"), limit.to_string()).context("setting the memory limit")?;
+    let budget = format!("{}MiB", (limit - STRATA_SLACK_BYTES) >> 20);
+    let mut files = vec![gguf.to_path_buf()];
+    files.extend(crate::bench::model_files(model)?);
+    let (mut ours, mut theirs, mut notes) = (Vec::new(), Vec::new(), Vec::new());
+    let result = (|| -> Result<()> {
+        for rep in 0..opts.reps {
+            eprintln!("peer: 40% of the model in a cgroup ({} MiB), run {}/{}", limit >> 20, rep + 1, opts.reps);
+            crate::bench::evict(bins, &files)?;
+            match llama_bench_ts(bench, gguf, 0, 16, &["--repack", "0"], true) {
+                Ok(ts) => theirs.push(ts),
+                Err(e) => notes.push(format!("llama.cpp run {rep}: {e}")),
+            }
+            crate::bench::evict(bins, &files)?;
+            let extra = ["--ram-budget", budget.as_str(), "--io", "direct", "--context", CGROUP_CONTEXT];
+            let stats = strata(&bins.strata, model, "1,2,3,4,5,6,7,8", 16, &extra, true)?;
+            ours.push(stats["decode_tokens_per_s"].as_f64().context("decode_tokens_per_s")?);
+        }
+        Ok(())
+    })();
+    // Leave no cgroup behind (its processes have all exited by now).
+    let _ = std::fs::remove_dir(CGROUP);
+    result?;
+    report.rows.push(row(
+        &format!("bigger than RAM: decode in a cgroup of 40% of the model ({} MiB)", limit >> 20),
+        median(&ours),
+        median(&theirs),
+        10.0,
+        &format!(
+            "page caches emptied; Strata --io direct --ram-budget {budget} --context {CGROUP_CONTEXT}; \
+             llama-bench tg16 --repack 0 (mmap)"
+        ),
+    ));
+    report.notes.extend(notes);
+    report.raw.push(json!({ "peer": "bigger_than_ram", "limit_bytes": limit, "strata_tg": ours, "llama_tg": theirs }));
+    Ok(())
 }
