@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use strata_engine::{ByteSize, IoBackend, PolicyKind, RamBudget};
+use strata_engine::ByteSize;
+use strata_engine::args::EngineArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -62,24 +63,8 @@ pub struct Cli {
     #[arg(long)]
     pub max_tokens: Option<usize>,
 
-    /// The one memory budget for dense weights, expert cache, KV and I/O
-    /// buffers: a size (e.g. 6GiB) or `auto` (75% of MemAvailable).
-    #[arg(long, default_value = "auto")]
-    pub ram_budget: RamBudget,
-    /// A further cap on the RAM holding routed experts, e.g. 16KiB, 512MiB.
-    #[arg(long)]
-    pub expert_cache: Option<ByteSize>,
-    /// Expert cache replacement policy: lru, lfru or pinned.
-    #[arg(long, default_value = "lru")]
-    pub cache_policy: PolicyKind,
-    /// How experts are read: pread, direct (O_DIRECT), uring (io_uring) or mmap.
-    #[arg(long, default_value = "pread")]
-    pub io: IoBackend,
-    /// Kernel worker threads (0: one per core).
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
-    /// The most tokens a sequence may hold, prompt and reply (default: the
-    /// model's context, at most 4096).
-    #[arg(long)]
-    pub context: Option<usize>,
+    /// The engine flags every binary shares (`--ram-budget`, `--expert-cache`,
+    /// `--cache-policy`, `--io`, `--threads`, `--context`, `--trace`, `--usage-file`).
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }

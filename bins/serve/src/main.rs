@@ -24,9 +24,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
-use strata_engine::{
-    ChatTemplate, Engine, EngineOptions, Tokenizer, default_cache_dir, eos_ids_from_dir, resolve_model,
-};
+use strata_engine::{ChatTemplate, Engine, Tokenizer, default_cache_dir, eos_ids_from_dir, resolve_model};
 
 use crate::cli::Cli;
 use crate::generate::Defaults;
@@ -61,15 +59,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let defaults = Defaults::from_dir(&text_dir);
 
-    let options = EngineOptions {
-        threads: cli.threads,
-        ram_budget: cli.ram_budget,
-        expert_cache_bytes: cli.expert_cache.map(|s| s.bytes()),
-        cache_policy: cli.cache_policy,
-        io: cli.io,
-        context_tokens: cli.context,
-        ..EngineOptions::default()
-    };
+    let options = cli.engine.options();
     let metrics = Arc::new(Metrics::default());
     let (handle, jobs) = scheduler::queue(cli.queue as usize);
     let (opened_tx, opened_rx) = std::sync::mpsc::sync_channel(1);
