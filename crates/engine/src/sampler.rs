@@ -38,6 +38,11 @@ impl Sampler {
     }
 
     /// The token at sequence position `position` for `logits` (`[vocab]`).
+    ///
+    /// Only as much of the vocabulary is sorted as the truncation needs:
+    /// top-k selects its k first; top-p sorts a growing head until it holds
+    /// the mass; with neither, nothing is sorted. (A full sort of a 152k
+    /// vocabulary per token would cost more than a small model's forward.)
     pub fn sample(&mut self, logits: &[f32], position: usize) -> u32 {
         assert!(!logits.is_empty(), "logits over an empty vocabulary");
         if self.options.temperature <= 0.0 {
@@ -46,30 +51,18 @@ impl Sampler {
         let o = self.options;
         self.candidates.clear();
         self.candidates.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / o.temperature)));
-        // Descending by logit, ties to the lower id, so the order is total.
-        self.candidates.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if o.top_k > 0 {
+        if o.top_k > 0 && o.top_k < self.candidates.len() {
+            self.candidates.select_nth_unstable_by(o.top_k - 1, descending);
             self.candidates.truncate(o.top_k);
         }
-        let max = self.candidates[0].1;
-        let mut sum = 0.0f64;
+        let max = self.candidates.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
         for c in &mut self.candidates {
             c.1 = (c.1 - max).exp();
-            sum += f64::from(c.1);
         }
         if o.top_p < 1.0 {
-            let mut kept_mass = 0.0f64;
-            let mut keep = self.candidates.len();
-            for (i, c) in self.candidates.iter().enumerate() {
-                kept_mass += f64::from(c.1) / sum;
-                if kept_mass >= f64::from(o.top_p) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            self.candidates.truncate(keep);
-            sum = self.candidates.iter().map(|c| f64::from(c.1)).sum();
+            self.keep_nucleus(o.top_p);
         }
+        let sum: f64 = self.candidates.iter().map(|c| f64::from(c.1)).sum();
         self.rng.set_stream(position as u64);
         self.rng.set_word_pos(0);
         let mut target = self.rng.random::<f64>() * sum;
@@ -81,6 +74,44 @@ impl Sampler {
         }
         self.candidates.last().expect("at least one candidate").0
     }
+
+    /// Keeps the smallest head of the candidates (by weight, descending;
+    /// ties to the lower id) whose share of the total weight reaches
+    /// `top_p`, sorted. The head is found by sorting the first 64, then
+    /// 256, ... candidates, so a peaked distribution sorts few.
+    fn keep_nucleus(&mut self, top_p: f32) {
+        let total: f64 = self.candidates.iter().map(|c| f64::from(c.1)).sum();
+        let want = f64::from(top_p) * total;
+        let len = self.candidates.len();
+        let mut head = NUCLEUS_FIRST_HEAD.min(len);
+        loop {
+            if head < len {
+                self.candidates.select_nth_unstable_by(head - 1, descending);
+            }
+            self.candidates[..head].sort_unstable_by(descending);
+            let mut kept = 0.0f64;
+            for i in 0..head {
+                kept += f64::from(self.candidates[i].1);
+                if kept >= want {
+                    self.candidates.truncate(i + 1);
+                    return;
+                }
+            }
+            if head == len {
+                return;
+            }
+            head = (head * 4).min(len);
+        }
+    }
+}
+
+/// How many candidates the nucleus search sorts first.
+const NUCLEUS_FIRST_HEAD: usize = 64;
+
+/// A total order on (token, logit or weight): larger value first, ties to
+/// the lower id.
+fn descending(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
 /// The index of the largest logit (the first, on ties).
@@ -120,6 +151,47 @@ mod tests {
         assert_eq!(a, b);
         let mut one = Sampler::new(SamplingOptions { top_k: 1, ..opts });
         assert_eq!(one.sample(&logits, 3), argmax(&logits));
+    }
+
+    #[test]
+    fn top_p_over_a_large_vocabulary_keeps_exactly_the_nucleus() {
+        // 1000 tokens, weights falling slowly: the nucleus is far beyond the
+        // first sorted head, so the search must widen it.
+        let logits: Vec<f32> = (0..1000).map(|i| -(i as f32) * 0.002).collect();
+        let weights: Vec<f64> = logits.iter().map(|&l| f64::from(l).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        let mut prefix = 0.0;
+        let nucleus = weights.iter().take_while(|&&w| {
+            let inside = prefix < 0.7 * total;
+            prefix += w;
+            inside
+        });
+        let nucleus = nucleus.count();
+        assert!(nucleus > NUCLEUS_FIRST_HEAD * 4, "the test needs a wide nucleus ({nucleus})");
+        let mut s = Sampler::new(SamplingOptions { temperature: 1.0, top_k: 0, top_p: 0.7, seed: 3 });
+        let drawn: Vec<u32> = (0..2000).map(|p| s.sample(&logits, p)).collect();
+        assert!(drawn.iter().all(|&t| (t as usize) < nucleus), "a token outside the nucleus");
+        assert!(drawn.iter().any(|&t| t as usize >= nucleus - 40), "the nucleus's tail is reachable");
+    }
+
+    #[test]
+    fn draws_follow_the_softmax() {
+        let logits = [1.0f32, 0.0, -1.0, 2.0];
+        let weights: Vec<f64> = logits.iter().map(|&l| f64::from(l).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        let mut s = Sampler::new(SamplingOptions { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 9 });
+        let draws = 20_000;
+        let mut counts = [0usize; 4];
+        for p in 0..draws {
+            counts[s.sample(&logits, p) as usize] += 1;
+        }
+        for (count, w) in counts.iter().zip(&weights) {
+            let want = w / total;
+            let got = *count as f64 / draws as f64;
+            // Four standard deviations of a binomial share.
+            let tolerance = 4.0 * (want * (1.0 - want) / draws as f64).sqrt();
+            assert!((got - want).abs() < tolerance, "share {got} vs {want}");
+        }
     }
 
     #[test]

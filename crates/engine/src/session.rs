@@ -279,7 +279,8 @@ impl<'e> Session<'e> {
         if batch.is_empty() {
             return Err(Error::InvalidRequest("no tokens to feed".into()));
         }
-        let logits = self.engine.model().forward(&self.engine.runtime(), &batch, &mut self.cache, Logits::Last)?;
+        let cache = &mut self.cache;
+        let logits = self.engine.run(|model, rt| model.forward(rt, &batch, cache, Logits::Last))?;
         self.unfed = None;
         self.tokens.extend_from_slice(tokens);
         self.pending_logits = Some(logits.clone());
@@ -304,7 +305,7 @@ impl<'e> Session<'e> {
         }
         let mut seqs: Vec<SeqBatch<'_>> =
             sessions.iter_mut().zip(&batches).map(|(s, b)| SeqBatch { tokens: b, cache: &mut s.cache }).collect();
-        let logits = engine.model().forward_batch(&engine.runtime(), &mut seqs)?;
+        let logits = engine.run(|model, rt| model.forward_batch(rt, &mut seqs))?;
         for ((session, new), logits) in sessions.iter_mut().zip(tokens).zip(&logits) {
             session.unfed = None;
             session.tokens.extend_from_slice(new);

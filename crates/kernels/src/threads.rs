@@ -16,7 +16,7 @@ use crate::simd::Isa;
 
 /// Below this many multiply-adds a product runs on the calling thread:
 /// waking the pool would cost more than the arithmetic.
-const SERIAL_MAX_MACS: usize = 64 * 1024;
+const SERIAL_MAX_MACS: usize = 256 * 1024;
 
 /// Rows of one integer-kernel tile; chunks are multiples of it.
 const TILE_ROWS: usize = 4;
@@ -26,7 +26,7 @@ const TILE_ROWS: usize = 4;
 const CHUNKS_PER_THREAD: usize = 4;
 
 /// Smallest chunk worth a task, in multiply-adds.
-const MIN_CHUNK_MACS: usize = 16 * 1024;
+const MIN_CHUNK_MACS: usize = 64 * 1024;
 
 /// A fixed-size worker pool plus the instruction set detected once for it.
 #[derive(Debug)]

@@ -1,6 +1,7 @@
 //! Causal grouped-query attention over the KV cache.
 
-use strata_kernels::ops;
+use rayon::prelude::*;
+use strata_kernels::{Threads, ops};
 
 /// The shape of one attention layer.
 #[derive(Debug, Clone, Copy)]
@@ -12,13 +13,29 @@ pub struct AttnShape {
     pub window: Option<usize>,
 }
 
+/// Smallest share of attention work worth a parallel task, in
+/// multiply-adds: below it the fork costs more than it saves.
+const MIN_TASK_MACS: usize = 32 * 1024;
+
 /// Attention of `n` queries at positions `start..start + n`.
 ///
 /// `q` is `[n, n_heads * head_dim]`; `keys` and `values` hold positions
 /// `0..start + n`, `[start + n, n_kv_heads * head_dim]`; `out` receives
 /// `[n, n_heads * head_dim]`. Query head `h` reads kv head
 /// `h / (n_heads / n_kv_heads)`, as transformers' `repeat_kv` arranges.
-pub fn attend(shape: AttnShape, q: &[f32], keys: &[f32], values: &[f32], start: usize, out: &mut [f32]) {
+///
+/// The (query, head) pairs are independent, so they are shared out across
+/// `threads`; each pair is computed the same way on any thread, so the
+/// result does not depend on the thread count.
+pub fn attend(
+    threads: &Threads,
+    shape: AttnShape,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    start: usize,
+    out: &mut [f32],
+) {
     let hd = shape.head_dim;
     let q_dim = shape.n_heads * hd;
     let kv_dim = shape.n_kv_heads * hd;
@@ -27,28 +44,57 @@ pub fn attend(shape: AttnShape, q: &[f32], keys: &[f32], values: &[f32], start: 
     assert_eq!(values.len(), keys.len(), "values cover every position");
     assert_eq!(out.len(), q.len(), "output matches queries");
     assert!(shape.n_heads.is_multiple_of(shape.n_kv_heads), "query heads group evenly");
-    let group = shape.n_heads / shape.n_kv_heads;
-    let scale = (hd as f32).powf(-0.5);
-    let mut scores = Vec::with_capacity(start + n);
-    for i in 0..n {
-        let pos = start + i;
-        let first = shape.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        for h in 0..shape.n_heads {
-            let kvh = h / group;
-            let qh = &q[i * q_dim + h * hd..i * q_dim + (h + 1) * hd];
-            scores.clear();
-            for t in first..=pos {
-                let kt = &keys[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
-                scores.push(ops::dot(qh, kt) * scale);
-            }
-            ops::softmax_inplace(&mut scores);
-            let oh = &mut out[i * q_dim + h * hd..i * q_dim + (h + 1) * hd];
-            oh.fill(0.0);
-            for (t, &p) in (first..=pos).zip(&scores) {
-                let vt = &values[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
-                ops::axpy(p, vt, oh);
-            }
+    let pairs = n * shape.n_heads;
+    // Keys per query on average (causal: about half the new ones).
+    let macs_per_pair = 2 * hd * (start + n.div_ceil(2)).max(1);
+    let pairs_per_task = MIN_TASK_MACS.div_ceil(macs_per_pair).clamp(1, pairs.max(1));
+    let task = |first_pair: usize, chunk: &mut [f32], scores: &mut Vec<f32>| {
+        for (j, oh) in chunk.chunks_exact_mut(hd).enumerate() {
+            let pair = first_pair + j;
+            attend_pair(shape, q, keys, values, start + pair / shape.n_heads, pair, oh, scores);
         }
+    };
+    if threads.n_threads() == 1 || pairs_per_task >= pairs {
+        task(0, out, &mut Vec::with_capacity(start + n));
+        return;
+    }
+    threads.pool().install(|| {
+        out.par_chunks_mut(pairs_per_task * hd).enumerate().for_each_init(
+            || Vec::with_capacity(start + n),
+            |scores, (t, chunk)| task(t * pairs_per_task, chunk, scores),
+        );
+    });
+}
+
+/// One query head's attention: `pair` is `query * n_heads + head`, and the
+/// query sits at position `pos`.
+#[allow(clippy::too_many_arguments)]
+fn attend_pair(
+    shape: AttnShape,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    pos: usize,
+    pair: usize,
+    oh: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    let hd = shape.head_dim;
+    let kv_dim = shape.n_kv_heads * hd;
+    let kvh = (pair % shape.n_heads) / (shape.n_heads / shape.n_kv_heads);
+    let qh = &q[pair * hd..(pair + 1) * hd];
+    let scale = (hd as f32).powf(-0.5);
+    let first = shape.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    scores.clear();
+    for t in first..=pos {
+        let kt = &keys[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
+        scores.push(ops::dot(qh, kt) * scale);
+    }
+    ops::softmax_inplace(scores);
+    oh.fill(0.0);
+    for (t, &p) in (first..=pos).zip(scores.iter()) {
+        let vt = &values[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
+        ops::axpy(p, vt, oh);
     }
 }
 
@@ -56,11 +102,15 @@ pub fn attend(shape: AttnShape, q: &[f32], keys: &[f32], values: &[f32], start: 
 mod tests {
     use super::*;
 
+    fn one_thread() -> Threads {
+        Threads::new(1).expect("pool")
+    }
+
     #[test]
     fn a_single_key_returns_its_value() {
         let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 2, window: None };
         let mut out = vec![0.0; 4];
-        attend(shape, &[1.0, 2.0, 3.0, 4.0], &[0.5, 0.5], &[7.0, -1.0], 0, &mut out);
+        attend(&one_thread(), shape, &[1.0, 2.0, 3.0, 4.0], &[0.5, 0.5], &[7.0, -1.0], 0, &mut out);
         assert_eq!(out, vec![7.0, -1.0, 7.0, -1.0]);
     }
 
@@ -68,7 +118,7 @@ mod tests {
     fn the_window_hides_old_keys() {
         let shape = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 1, window: Some(1) };
         let mut out = vec![0.0; 1];
-        attend(shape, &[1.0], &[1.0, 1.0], &[5.0, 9.0], 1, &mut out);
+        attend(&one_thread(), shape, &[1.0], &[1.0, 1.0], &[5.0, 9.0], 1, &mut out);
         assert_eq!(out, vec![9.0]);
     }
 }

@@ -9,6 +9,8 @@
 
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use strata_format::{Container, Family, ModelSpec, QkNorm};
 use strata_kv::{KEYS, KvCache, VALUES};
 use strata_sched::swiglu;
@@ -129,7 +131,8 @@ impl GqaMoe {
             head_dim: s.head_dim,
             window: s.sliding_window,
         };
-        let mut attn = vec![0.0f32; n * q_dim];
+        // Positions and the cache first (cheap, and each sequence's own),
+        // then every sequence's attention at once across the pool.
         let mut row = 0;
         for seq in seqs.iter_mut() {
             let (start, m) = (seq.cache.len(), seq.tokens.len());
@@ -141,11 +144,24 @@ impl GqaMoe {
             }
             seq.cache.write(layer, KEYS, k);
             seq.cache.write(layer, VALUES, &v[row * kv_dim..(row + m) * kv_dim]);
-            let keys = seq.cache.rows(layer, KEYS, start + m);
-            let values = seq.cache.rows(layer, VALUES, start + m);
-            attend(shape, q, keys, values, start, &mut attn[row * q_dim..(row + m) * q_dim]);
             row += m;
         }
+        let mut attn = vec![0.0f32; n * q_dim];
+        let mut jobs = Vec::with_capacity(seqs.len());
+        let (mut q_rest, mut out_rest) = (&q[..], &mut attn[..]);
+        for seq in seqs.iter() {
+            let (start, m) = (seq.cache.len(), seq.tokens.len());
+            let (q_seq, q_tail) = q_rest.split_at(m * q_dim);
+            let (out_seq, out_tail) = out_rest.split_at_mut(m * q_dim);
+            (q_rest, out_rest) = (q_tail, out_tail);
+            let keys = seq.cache.rows(layer, KEYS, start + m);
+            let values = seq.cache.rows(layer, VALUES, start + m);
+            jobs.push((q_seq, keys, values, start, out_seq));
+        }
+        rt.threads.pool().install(|| {
+            jobs.into_par_iter()
+                .for_each(|(q, keys, values, start, out)| attend(rt.threads, shape, q, keys, values, start, out));
+        });
         let mut out = vec![0.0f32; n * s.hidden_size];
         rt.threads.matmul(&c.dense(&names.o)?, &attn, n, &mut out);
         if let Some(bias) = &names.o_bias {

@@ -2,6 +2,8 @@
 
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use strata_format::ExpertLayout;
 use strata_kernels::Threads;
 use strata_tier::{AlignedBuf, ExpertKey, ExpertStore};
@@ -57,18 +59,28 @@ pub fn run_moe_layer(
     // overlap: the loads run while the resident experts are computed.
     let mut loads = store.fetch(missing)?;
     let mut slot_out = vec![0.0f32; batch.routes.len() * hidden];
-    for (expert, buf) in resident {
-        let started = Instant::now();
-        apply_expert(threads, batch, expert, &buf, &groups[&expert], &mut slot_out)?;
-        stats.compute_ns += started.elapsed().as_nanos() as u64;
+    // Resident experts are independent: they run side by side across the
+    // pool (a decode step's experts are each too small to split by rows).
+    let started = Instant::now();
+    let outputs: Vec<Vec<f32>> = threads.pool().install(|| {
+        resident
+            .par_iter()
+            .map(|(expert, buf)| apply_expert(threads, batch, *expert, buf, &groups[expert]))
+            .collect::<Result<_>>()
+    })?;
+    for ((expert, _), ys) in resident.iter().zip(&outputs) {
+        scatter(&groups[expert], ys, hidden, &mut slot_out);
     }
+    stats.compute_ns += started.elapsed().as_nanos() as u64;
     loop {
         let waiting = Instant::now();
         let Some((loaded, buf)) = loads.next() else { break };
         stats.stall_ns += waiting.elapsed().as_nanos() as u64;
         let buf = buf?;
         let started = Instant::now();
-        apply_expert(threads, batch, loaded.expert, &buf, &groups[&loaded.expert], &mut slot_out)?;
+        let members = &groups[&loaded.expert];
+        let ys = apply_expert(threads, batch, loaded.expert, &buf, members)?;
+        scatter(members, &ys, hidden, &mut slot_out);
         stats.compute_ns += started.elapsed().as_nanos() as u64;
     }
     drop(loads);
@@ -78,16 +90,14 @@ pub fn run_moe_layer(
     Ok(())
 }
 
-/// Runs one expert over the tokens routed to it, writing each token's output
-/// into its route's slot.
+/// Runs one expert over the tokens routed to it: `[members, hidden]`.
 fn apply_expert(
     threads: &Threads,
     batch: &MoeBatch<'_>,
     expert: usize,
     record: &AlignedBuf,
     members: &[(usize, usize)],
-    slot_out: &mut [f32],
-) -> Result<()> {
+) -> Result<Vec<f32>> {
     let hidden = batch.hidden;
     let matrices = batch.layout.matrices(record.as_slice()).map_err(|source| Error::Record {
         layer: batch.layer,
@@ -101,10 +111,14 @@ fn apply_expert(
     }
     let mut ys = vec![0.0f32; m * hidden];
     swiglu(threads, &matrices, &xs_sub, &mut ys);
+    Ok(ys)
+}
+
+/// Writes each member token's output row into its route's slot.
+fn scatter(members: &[(usize, usize)], ys: &[f32], hidden: usize, slot_out: &mut [f32]) {
     for (row, &(_, slot)) in members.iter().enumerate() {
         slot_out[slot * hidden..(slot + 1) * hidden].copy_from_slice(&ys[row * hidden..(row + 1) * hidden]);
     }
-    Ok(())
 }
 
 /// Adds each token's weighted expert outputs in ascending expert order, the
