@@ -1,6 +1,7 @@
 //! Causal grouped-query attention over the KV cache.
 
 use rayon::prelude::*;
+use strata_kernels::simd::Isa;
 use strata_kernels::{Threads, ops};
 
 /// The shape of one attention layer.
@@ -48,10 +49,11 @@ pub fn attend(
     // Keys per query on average (causal: about half the new ones).
     let macs_per_pair = 2 * hd * (start + n.div_ceil(2)).max(1);
     let pairs_per_task = MIN_TASK_MACS.div_ceil(macs_per_pair).clamp(1, pairs.max(1));
+    let isa = threads.isa();
     let task = |first_pair: usize, chunk: &mut [f32], scores: &mut Vec<f32>| {
         for (j, oh) in chunk.chunks_exact_mut(hd).enumerate() {
             let pair = first_pair + j;
-            attend_pair(shape, q, keys, values, start + pair / shape.n_heads, pair, oh, scores);
+            attend_pair(isa, shape, q, keys, values, start + pair / shape.n_heads, pair, oh, scores);
         }
     };
     if threads.n_threads() == 1 || pairs_per_task >= pairs {
@@ -70,6 +72,7 @@ pub fn attend(
 /// query sits at position `pos`.
 #[allow(clippy::too_many_arguments)]
 fn attend_pair(
+    isa: Isa,
     shape: AttnShape,
     q: &[f32],
     keys: &[f32],
@@ -85,17 +88,17 @@ fn attend_pair(
     let qh = &q[pair * hd..(pair + 1) * hd];
     let scale = (hd as f32).powf(-0.5);
     let first = shape.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    // Rows `first..=pos` of this kv head: `kv_dim` apart in the cache.
+    let span = first * kv_dim + kvh * hd..pos * kv_dim + (kvh + 1) * hd;
     scores.clear();
-    for t in first..=pos {
-        let kt = &keys[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
-        scores.push(ops::dot(qh, kt) * scale);
+    scores.resize(pos + 1 - first, 0.0);
+    isa.dot_rows_f32(qh, &keys[span.clone()], kv_dim, scores);
+    for s in scores.iter_mut() {
+        *s *= scale;
     }
     ops::softmax_inplace(scores);
     oh.fill(0.0);
-    for (t, &p) in (first..=pos).zip(scores.iter()) {
-        let vt = &values[t * kv_dim + kvh * hd..t * kv_dim + (kvh + 1) * hd];
-        ops::axpy(p, vt, oh);
-    }
+    isa.axpy_rows(scores, &values[span], kv_dim, oh);
 }
 
 #[cfg(test)]
@@ -120,5 +123,27 @@ mod tests {
         let mut out = vec![0.0; 1];
         attend(&one_thread(), shape, &[1.0], &[1.0, 1.0], &[5.0, 9.0], 1, &mut out);
         assert_eq!(out, vec![9.0]);
+    }
+
+    #[test]
+    fn the_thread_count_does_not_change_a_bit() {
+        // Enough keys that the (query, head) pairs are shared across tasks.
+        let shape = AttnShape { n_heads: 8, n_kv_heads: 2, head_dim: 64, window: None };
+        let (start, n) = (100, 3);
+        let value = |i: usize| ((i * 7919) % 1000) as f32 / 500.0 - 1.0;
+        let q: Vec<f32> = (0..n * 8 * 64).map(value).collect();
+        let keys: Vec<f32> = (0..(start + n) * 2 * 64).map(|i| value(i + 13)).collect();
+        let values: Vec<f32> = (0..(start + n) * 2 * 64).map(|i| value(i + 29)).collect();
+        let run = |threads: usize| {
+            let mut out = vec![0.0; q.len()];
+            attend(&Threads::new(threads).expect("pool"), shape, &q, &keys, &values, start, &mut out);
+            out
+        };
+        let one = run(1);
+        assert!(one.iter().all(|v| v.is_finite()));
+        assert_eq!(
+            one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            run(3).iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
     }
 }

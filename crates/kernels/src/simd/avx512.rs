@@ -261,6 +261,106 @@ pub(crate) unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `out[t] = q . rows[t * stride..][..q.len()]`: attention scores, one
+/// key per row. Four rows at a time, so four FMA chains run side by side.
+///
+/// Requires `out.is_empty() || rows.len() >= (out.len() - 1) * stride + q.len()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn dot_rows_f32(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    let (len, count) = (q.len(), out.len());
+    debug_assert!(count == 0 || rows.len() >= (count - 1) * stride + len);
+    let full = len / W;
+    let tail = first_lanes(len % W);
+    let (pq, pr) = (q.as_ptr(), rows.as_ptr());
+    let mut t = 0;
+    // SAFETY: row `t` spans `pr + t * stride .. + len`, inside `rows` by the
+    // requirement; `dot_tile` loads only below `len` in each row.
+    unsafe {
+        while t + 4 <= count {
+            let acc = dot_tile::<4>(pq, pr.add(t * stride), stride, full, tail);
+            for (r, a) in acc.iter().enumerate() {
+                out[t + r] = _mm512_reduce_add_ps(*a);
+            }
+            t += 4;
+        }
+        while t < count {
+            out[t] = _mm512_reduce_add_ps(dot_tile::<1>(pq, pr.add(t * stride), stride, full, tail)[0]);
+            t += 1;
+        }
+    }
+}
+
+/// Per-lane partial dots of `q` with `R` rows starting at `rows`: `full`
+/// whole vectors, then the lanes of `tail`.
+///
+/// # Safety
+/// AVX-512 F must be enabled by the caller; `q` and each of the `R` rows
+/// (`stride` apart) must hold `full * 16` values plus the lanes of `tail`.
+#[inline(always)]
+unsafe fn dot_tile<const R: usize>(
+    q: *const f32,
+    rows: *const f32,
+    stride: usize,
+    full: usize,
+    tail: __mmask16,
+) -> [__m512; R] {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); R];
+        for c in 0..full {
+            let qv = _mm512_loadu_ps(q.add(c * W));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows.add(r * stride + c * W)), *a);
+            }
+        }
+        if tail != 0 {
+            let qv = _mm512_maskz_loadu_ps(tail, q.add(full * W));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, rows.add(r * stride + full * W)), *a);
+            }
+        }
+        acc
+    }
+}
+
+/// `y += sum_t w[t] * rows[t * stride..][..y.len()]`: an attention head's
+/// weighted sum of values. Up to 64 columns of `y` stay in registers while
+/// every row goes by, so `y` is loaded and stored once per 64 columns.
+///
+/// Requires `w.is_empty() || rows.len() >= (w.len() - 1) * stride + y.len()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn axpy_rows(w: &[f32], rows: &[f32], stride: usize, y: &mut [f32]) {
+    const BLOCKS: usize = 4;
+    let len = y.len();
+    debug_assert!(w.is_empty() || rows.len() >= (w.len() - 1) * stride + len);
+    let (pr, py) = (rows.as_ptr(), y.as_mut_ptr());
+    let mut c0 = 0;
+    // SAFETY: every access is masked to columns below `len`, in row `t`
+    // (inside `rows` by the requirement) or in `y`; `rows` and `y` cannot
+    // alias (shared vs exclusive borrow).
+    unsafe {
+        while c0 < len {
+            let masks: [__mmask16; BLOCKS] =
+                std::array::from_fn(|k| first_lanes((len - c0).saturating_sub(k * W).min(W)));
+            // Pointers past a masked-off block are never dereferenced, so they
+            // are formed with `wrapping_add`.
+            let mut acc: [__m512; BLOCKS] =
+                std::array::from_fn(|k| _mm512_maskz_loadu_ps(masks[k], py.wrapping_add(c0 + k * W)));
+            for (t, &wt) in w.iter().enumerate() {
+                let a = _mm512_set1_ps(wt);
+                let row = pr.wrapping_add(t * stride + c0);
+                for k in 0..BLOCKS {
+                    acc[k] = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(masks[k], row.wrapping_add(k * W)), acc[k]);
+                }
+            }
+            for k in 0..BLOCKS {
+                _mm512_mask_storeu_ps(py.wrapping_add(c0 + k * W), masks[k], acc[k]);
+            }
+            c0 += BLOCKS * W;
+        }
+    }
+}
+
 /// No length invariant.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn scale(alpha: f32, x: &mut [f32]) {

@@ -209,6 +209,40 @@ impl Isa {
         scalar::axpy(alpha, x, y);
     }
 
+    /// `out[t] = q . rows[t * stride..][..q.len()]` for every `t`: one
+    /// attention score per key row of a strided cache.
+    ///
+    /// # Panics
+    /// If `rows` is too short for `out.len()` rows `stride` apart.
+    pub fn dot_rows_f32(self, q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        check_rows_len("dot_rows_f32", out.len(), rows.len(), stride, q.len());
+        #[cfg(target_arch = "x86_64")]
+        if matches!(self.level, IsaLevel::Avx512 | IsaLevel::Avx512Vnni) {
+            // SAFETY: supported tier; the rows' extent is checked above.
+            return unsafe { avx512::dot_rows_f32(q, rows, stride, out) };
+        }
+        for (t, o) in out.iter_mut().enumerate() {
+            *o = self.dot_f32(q, &rows[t * stride..t * stride + q.len()]);
+        }
+    }
+
+    /// `y += sum_t w[t] * rows[t * stride..][..y.len()]`: the weighted sum
+    /// of an attention head's value rows.
+    ///
+    /// # Panics
+    /// If `rows` is too short for `w.len()` rows `stride` apart.
+    pub fn axpy_rows(self, w: &[f32], rows: &[f32], stride: usize, y: &mut [f32]) {
+        check_rows_len("axpy_rows", w.len(), rows.len(), stride, y.len());
+        #[cfg(target_arch = "x86_64")]
+        if matches!(self.level, IsaLevel::Avx512 | IsaLevel::Avx512Vnni) {
+            // SAFETY: supported tier; the rows' extent is checked above.
+            return unsafe { avx512::axpy_rows(w, rows, stride, y) };
+        }
+        for (t, &wt) in w.iter().enumerate() {
+            self.axpy(wt, &rows[t * stride..t * stride + y.len()], y);
+        }
+    }
+
     /// `x[i] *= alpha`.
     pub fn scale(self, alpha: f32, x: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
@@ -219,5 +253,17 @@ impl Isa {
             IsaLevel::Scalar => {}
         }
         scalar::scale(alpha, x);
+    }
+}
+
+/// Asserts that `count` rows of `len` values, `stride` apart, fit in
+/// `rows_len` values.
+fn check_rows_len(what: &str, count: usize, rows_len: usize, stride: usize, len: usize) {
+    if count > 0 {
+        let needed = (count - 1).checked_mul(stride).and_then(|n| n.checked_add(len));
+        assert!(
+            needed.is_some_and(|n| n <= rows_len),
+            "{what}: {count} rows of {len} with stride {stride} exceed {rows_len} values"
+        );
     }
 }

@@ -47,6 +47,17 @@ fn two_vectors() -> impl Strategy<Value = (Vec<f32>, Vec<f32>)> {
     cols().prop_flat_map(|n| (values(n), values(n)))
 }
 
+/// Strided rows as an attention cache holds them: (row length, stride,
+/// rows, the values, a vector of the row length, one weight per row).
+#[allow(clippy::type_complexity)]
+fn strided_rows() -> impl Strategy<Value = (usize, usize, usize, Vec<f32>, Vec<f32>, Vec<f32>)> {
+    (1usize..150, 0usize..40, 0usize..11).prop_flat_map(|(len, gap, count)| {
+        let stride = len + gap;
+        let total = if count == 0 { 0 } else { (count - 1) * stride + len };
+        (Just(len), Just(stride), Just(count), values(total), values(len), prop::collection::vec(0.0f32..1.0, count))
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(CASES))]
 
@@ -55,6 +66,34 @@ proptest! {
         let want = scalar::dot_f32(&a, &b);
         for isa in vector_isas() {
             assert_close(isa.dot_f32(&a, &b), want, magnitude(&a, &b), &format!("{isa:?}"));
+        }
+    }
+
+    #[test]
+    fn dot_rows_f32_matches_scalar_per_row((len, stride, count, rows, q, _w) in strided_rows()) {
+        for isa in vector_isas() {
+            let mut got = vec![f32::NAN; count];
+            isa.dot_rows_f32(&q, &rows, stride, &mut got);
+            for (t, g) in got.iter().enumerate() {
+                let row = &rows[t * stride..t * stride + len];
+                assert_close(*g, scalar::dot_f32(&q, row), magnitude(&q, row), &format!("{isa:?} row {t}"));
+            }
+        }
+    }
+
+    #[test]
+    fn axpy_rows_matches_scalar_axpy((len, stride, count, rows, y0, w) in strided_rows()) {
+        let mut want = y0.clone();
+        for (t, &wt) in w.iter().enumerate() {
+            scalar::axpy(wt, &rows[t * stride..t * stride + len], &mut want);
+        }
+        for isa in vector_isas() {
+            let mut got = y0.clone();
+            isa.axpy_rows(&w, &rows, stride, &mut got);
+            for (c, (g, v)) in got.iter().zip(&want).enumerate() {
+                let mag = y0[c].abs() + w.iter().enumerate().map(|(t, wt)| (wt * rows[t * stride + c]).abs()).sum::<f32>();
+                assert_close(*g, *v, mag, &format!("{isa:?} column {c}"));
+            }
         }
     }
 
