@@ -82,7 +82,7 @@ proptest! {
     }
 
     #[test]
-    fn axpy_rows_matches_scalar_axpy((len, stride, count, rows, y0, w) in strided_rows()) {
+    fn axpy_rows_matches_scalar_axpy((len, stride, _count, rows, y0, w) in strided_rows()) {
         let mut want = y0.clone();
         for (t, &wt) in w.iter().enumerate() {
             scalar::axpy(wt, &rows[t * stride..t * stride + len], &mut want);
