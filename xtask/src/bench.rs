@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Suites, in order: `limits`, `kernels`, `prefill`, `resident`,
-//! `streaming`, `demo`. Measurements that need optimized code run in the
+//! `streaming`, `demo`, `batching` (bench_batching.rs). Measurements that need optimized code run in the
 //! release-built `strata-probe` (package `strata-benches`) and `strata`
 //! binaries; this file only orchestrates them, since xtask itself is built
 //! without optimization. Results go to `OUT/report.json`, `OUT/report.md`
@@ -26,7 +26,7 @@ use crate::bench_report::{Report, Row};
 use crate::fixtures::{non_empty, parse_cli};
 
 /// Every suite, in the order they run.
-const SUITES: [&str; 6] = ["limits", "kernels", "prefill", "resident", "streaming", "demo"];
+const SUITES: [&str; 7] = ["limits", "kernels", "prefill", "resident", "streaming", "demo", "batching"];
 
 /// I/O backends compared on the streaming model.
 const STREAM_IO: [&str; 3] = ["pread", "direct", "uring"];
@@ -47,7 +47,7 @@ const PROMPT: &str = "1,2,3,4,5,6,7,8";
     disable_help_flag = true
 )]
 struct Cli {
-    /// run only these suites: limits, kernels, prefill, resident, streaming, demo
+    /// run only these suites: limits, kernels, prefill, resident, streaming, demo, batching
     #[arg(long, value_name = "SUITE[,SUITE]", value_delimiter = ',')]
     only: Vec<String>,
     /// skip these suites
@@ -61,7 +61,7 @@ struct Cli {
     tokens: u64,
     /// decoder layers of the Qwen3-30B-A3B-shaped streaming model
     #[arg(long, value_name = "N", default_value_t = 12)]
-    stream_layers: usize,
+    pub(crate) stream_layers: usize,
     /// decoder layers of the OLMoE-1B-7B-shaped resident model
     #[arg(long, value_name = "N", default_value_t = 4)]
     resident_layers: usize,
@@ -80,8 +80,8 @@ struct Cli {
 pub(crate) struct Options {
     suites: Vec<String>,
     pub(crate) reps: usize,
-    tokens: usize,
-    stream_layers: usize,
+    pub(crate) tokens: usize,
+    pub(crate) stream_layers: usize,
     resident_layers: usize,
     pub(crate) out: PathBuf,
     peer: Option<String>,
@@ -134,6 +134,12 @@ pub(crate) struct Bins {
     probe: PathBuf,
 }
 
+impl Bins {
+    pub(crate) fn probe(&self) -> &Path {
+        &self.probe
+    }
+}
+
 pub(crate) fn build() -> Result<Bins> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     eprintln!("building strata and strata-probe (release)...");
@@ -150,7 +156,7 @@ pub(crate) fn build() -> Result<Bins> {
 }
 
 /// Runs `bin args` and parses the last line of its stdout as JSON.
-fn run_json(bin: &Path, args: &[String]) -> Result<Value> {
+pub(crate) fn run_json(bin: &Path, args: &[String]) -> Result<Value> {
     let output = Command::new(bin).args(args).output().with_context(|| format!("running {}", bin.display()))?;
     if !output.status.success() {
         bail!(
@@ -213,7 +219,7 @@ pub fn run(rest: &[String]) -> Result<()> {
     std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let mut report = Report::new(machine_info());
     let mut limits = Limits::default();
-    let need_limits = opts.suites.iter().any(|s| s != "prefill" && s != "kernels");
+    let need_limits = opts.suites.iter().any(|s| !matches!(s.as_str(), "prefill" | "kernels" | "batching"));
     if opts.wants("limits") || need_limits {
         limits = suite_limits(&bins, &opts, &mut report)?;
     }
@@ -231,6 +237,9 @@ pub fn run(rest: &[String]) -> Result<()> {
     }
     if opts.wants("demo") {
         suite_demo(&bins, &opts, &limits, &mut report)?;
+    }
+    if opts.wants("batching") {
+        crate::bench_batching::suite_batching(&bins, &opts, &mut report)?;
     }
     report.elapsed_s = started.elapsed().as_secs_f64();
     report.write(&opts.out)?;
@@ -661,14 +670,16 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
     Ok(())
 }
 
-fn suite_demo(bins: &Bins, opts: &Options, limits: &Limits, report: &mut Report) -> Result<()> {
+/// The demo checkpoint converted to q8 (the preset a checkpoint is
+/// converted with when run directly) under `OUT/models`, once; `None` (and a
+/// note) where models/demo is absent.
+pub(crate) fn demo_container(bins: &Bins, opts: &Options, report: &mut Report) -> Result<Option<PathBuf>> {
     let checkpoint = workspace_root().join("models").join("demo");
     if !checkpoint.join("config.json").exists() {
         eprintln!("demo: no models/demo, skipped");
         report.notes.push("demo: models/demo does not exist here; the demo rows were skipped.".into());
-        return Ok(());
+        return Ok(None);
     }
-    // q8: the preset a checkpoint is converted with when run directly.
     let model = opts.out.join("models").join("demo-q8");
     if !model.join("manifest.json").exists() {
         eprintln!("demo: converting models/demo to q8 -> {} (once)", model.display());
@@ -683,6 +694,11 @@ fn suite_demo(bins: &Bins, opts: &Options, limits: &Limits, report: &mut Report)
             bail!("strata convert models/demo failed with {status}");
         }
     }
+    Ok(Some(model))
+}
+
+fn suite_demo(bins: &Bins, opts: &Options, limits: &Limits, report: &mut Report) -> Result<()> {
+    let Some(model) = demo_container(bins, opts, report)? else { return Ok(()) };
     let fp = footprint(&model)?;
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     // A longer prompt, so that prefill is a batched product.

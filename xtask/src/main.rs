@@ -7,6 +7,7 @@
 //!   (docs/BENCHMARKS.md).
 
 mod bench;
+mod bench_batching;
 mod bench_peer;
 mod bench_report;
 mod fixtures;

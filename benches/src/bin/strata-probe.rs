@@ -7,7 +7,8 @@
 //! strata-probe prefill --format q4|q8 --rows R --cols C --tokens T --threads N --reps R
 //! strata-probe disk    --file PATH:RECORD_BYTES:NUM_EXPERTS ... --readers N --max-bytes B
 //! strata-probe evict   --file PATH ...
-//! strata-probe batch   --model DIR --streams N --prompt-tokens P --steps S --threads T
+//! strata-probe batch   [--model DIR] --streams N --prompt-tokens P --steps S --threads T
+//!                      [--io BACKEND] [--expert-cache BYTES] [--evict 1]
 //! ```
 
 use std::collections::HashMap;
@@ -138,13 +139,23 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
     let model: String = a.get("model", String::new())?;
     let dir = if model.is_empty() { None } else { Some(std::path::PathBuf::from(model)) };
     let resolved = strata_engine::resolve_model(dir.as_deref(), &strata_engine::default_cache_dir(), false)?;
-    let options = strata_engine::EngineOptions {
+    let streams = a.get("streams", 1usize)?;
+    let mut options = strata_engine::EngineOptions {
         threads: a.get("threads", 0usize)?,
+        sessions: streams,
         context_tokens: Some(a.get("context", 1024usize)?),
+        io: a.get("io", strata_engine::IoBackend::default())?,
         ..Default::default()
     };
+    let cache: String = a.get("expert-cache", String::new())?;
+    if !cache.is_empty() {
+        let bytes: strata_engine::ByteSize = cache.parse()?;
+        options.expert_cache_bytes = Some(bytes.0);
+    }
     let engine = strata_engine::Engine::open(&resolved.container_dir, &options)?;
-    let streams = a.get("streams", 1usize)?;
+    if a.get("evict", 0u8)? == 1 {
+        engine.evict_page_cache()?;
+    }
     let prompt_tokens = a.get("prompt-tokens", 16usize)?;
     let steps = a.get("steps", 64usize)?;
     let vocab = u32::try_from(engine.spec().vocab_size)?;
@@ -155,7 +166,9 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
         let logits = s.feed(&prompt)?;
         next.push(argmax(&logits));
     }
+    let before = engine.store_stats();
     let mut step_s = Vec::with_capacity(steps);
+    let decode_started = std::time::Instant::now();
     for _ in 0..steps {
         let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
         let token_refs: Vec<&[u32]> = tokens.iter().map(|t| &t[..]).collect();
@@ -165,10 +178,16 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
         step_s.push(started.elapsed().as_secs_f64());
         next = logits.iter().map(|l| argmax(l)).collect();
     }
+    let decode_s = decode_started.elapsed().as_secs_f64();
+    let after = engine.store_stats();
+    let tokens = (streams * steps) as f64;
     let step_median = median(&step_s);
     Ok(json!({
         "streams": streams, "steps": steps, "step_s": step_s, "step_s_median": step_median,
-        "tokens_per_s": streams as f64 / step_median,
+        "tokens_per_s": streams as f64 / step_median, "tokens_per_s_overall": tokens / decode_s,
+        "expert_bytes_read": after.bytes_read - before.bytes_read,
+        "expert_bytes_per_token": (after.bytes_read - before.bytes_read) as f64 / tokens,
+        "expert_misses": after.misses - before.misses, "expert_hits": after.hits - before.hits,
     }))
 }
 

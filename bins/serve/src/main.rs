@@ -24,7 +24,9 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
-use strata_engine::{ChatTemplate, Engine, Tokenizer, default_cache_dir, eos_ids_from_dir, resolve_model};
+use strata_engine::{
+    ChatTemplate, Engine, EngineOptions, Tokenizer, default_cache_dir, eos_ids_from_dir, resolve_model,
+};
 
 use crate::cli::Cli;
 use crate::generate::Defaults;
@@ -59,7 +61,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let defaults = Defaults::from_dir(&text_dir);
 
-    let options = cli.engine.options();
+    // Every sequence of a full batch holds its own KV arena.
+    let options = EngineOptions { sessions: cli.max_batch as usize, ..cli.engine.options() };
     let metrics = Arc::new(Metrics::default());
     let (handle, jobs) = scheduler::queue(cli.queue as usize);
     let (opened_tx, opened_rx) = std::sync::mpsc::sync_channel(1);

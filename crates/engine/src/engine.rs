@@ -32,6 +32,10 @@ pub struct EngineOptions {
     /// The most tokens a session may hold (`None`: the model's
     /// `max_position_embeddings`, capped at [`CONTEXT_TOKENS_DEFAULT_MAX`]).
     pub context_tokens: Option<usize>,
+    /// Sessions held at once (`serve`: its `--max-batch`). Each may grow to
+    /// `context_tokens`, so the budget reserves that much KV for every one;
+    /// holding more at once than this is the caller's error.
+    pub sessions: usize,
     /// Where learned expert usage is kept (`None`: `usage.json` in the model directory).
     pub usage_file: Option<PathBuf>,
     /// Record every routing decision to this file.
@@ -57,6 +61,7 @@ impl Default for EngineOptions {
             io_workers: 2,
             max_in_flight: 4,
             context_tokens: None,
+            sessions: 1,
             usage_file: None,
             trace_file: None,
         }
@@ -97,7 +102,8 @@ impl Engine {
         let sources = (0..spec.num_layers).map(|layer| expert_source(&container, layer)).collect::<Result<Vec<_>>>()?;
         let model = strata_models::load(Arc::clone(&container))?;
         let kv_bytes_per_token = model.new_cache(1).bytes_per_token() as u64;
-        let plan = plan_budget(&container, &sources, options, kv_bytes_per_token * context_tokens as u64)?;
+        let kv_bytes = kv_bytes_per_token * context_tokens as u64 * options.sessions.max(1) as u64;
+        let plan = plan_budget(&container, &sources, options, kv_bytes)?;
         let capacity_bytes =
             options.expert_cache_bytes.map_or(plan.expert_cache_bytes, |cap| cap.min(plan.expert_cache_bytes));
         let content_hash = container.content_hash().to_owned();

@@ -111,6 +111,18 @@ fn a_budget_too_small_is_refused_with_what_it_needs() {
 }
 
 #[test]
+fn the_budget_reserves_kv_for_every_session_held_at_once() {
+    let dir = convert("qwen3_moe", QuantPreset::F32);
+    let budget = RamBudget::Bytes(256 << 20);
+    let one = open(&dir, &EngineOptions { ram_budget: budget, ..options(&dir) }).budget();
+    let four = open(&dir, &EngineOptions { ram_budget: budget, sessions: 4, ..options(&dir) }).budget();
+    assert!(one.kv_bytes > 0);
+    assert_eq!(four.kv_bytes, 4 * one.kv_bytes);
+    // The KV comes out of the same budget: the expert cache shrinks by it.
+    assert_eq!(one.expert_cache_bytes - four.expert_cache_bytes, 3 * one.kv_bytes);
+}
+
+#[test]
 fn an_expert_file_truncated_while_running_is_an_error_not_garbage() {
     let dir = convert("mixtral", QuantPreset::F32);
     let opts = EngineOptions { expert_cache_bytes: Some(0), ..options(&dir) };
