@@ -37,7 +37,7 @@ fn alone(engine: &Engine, sampling: SamplingOptions) -> Vec<(Vec<u32>, Vec<f32>)
 
 #[test]
 fn batched_decoding_is_bit_identical_to_decoding_alone() {
-    for family in ["olmoe", "qwen3_moe", "mixtral"] {
+    for family in ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25"] {
         let dir = tempfile::tempdir().unwrap();
         let engine = engine(&dir, family);
         let sampling = SamplingOptions { temperature: 0.9, top_k: 20, top_p: 0.95, seed: 11 };

@@ -7,7 +7,7 @@ use strata_kernels::{Matrix, ops};
 use strata_sched::{LayerStats, MoeBatch, Route, run_moe_layer};
 use strata_tier::TraceWriter;
 
-use crate::{Error, Logits, Result, Runtime};
+use crate::{Error, Logits, Result, Runtime, SeqBatch};
 
 /// Rows of the embedding `table` for `tokens`, `[n, hidden]`.
 pub fn embed(container: &Container, spec: &ModelSpec, table: &str, tokens: &[u32]) -> Result<Vec<f32>> {
@@ -36,6 +36,39 @@ pub fn rmsnorm_rows(rows: &mut [f32], weight: &[f32], eps: f32, width: usize) {
     for chunk in rows.chunks_exact_mut(width) {
         ops::rmsnorm_inplace(chunk, weight, eps);
     }
+}
+
+/// A batch's new tokens, concatenated, and each one's position in its own
+/// sequence; reserves every sequence's cache room for them first.
+pub fn batch_rows(seqs: &mut [SeqBatch<'_>]) -> Result<(Vec<u32>, Vec<usize>)> {
+    for seq in seqs.iter_mut() {
+        seq.cache.reserve(seq.tokens.len())?;
+    }
+    let tokens = seqs.iter().flat_map(|seq| seq.tokens.iter().copied()).collect();
+    let positions = seqs.iter().flat_map(|seq| seq.cache.len()..seq.cache.len() + seq.tokens.len()).collect();
+    Ok((tokens, positions))
+}
+
+/// Each sequence's logits after its last new token, from a batch's final
+/// hidden states `x` (`[rows, hidden]`): the lm head runs once over all.
+pub fn batch_logits(
+    rt: &Runtime<'_>,
+    c: &Container,
+    spec: &ModelSpec,
+    x: &[f32],
+    seqs: &[SeqBatch<'_>],
+    final_norm: &str,
+    lm_head: &str,
+) -> Result<Vec<Vec<f32>>> {
+    let h = spec.hidden_size;
+    let mut last_rows = Vec::with_capacity(seqs.len() * h);
+    let mut end = 0;
+    for seq in seqs {
+        end += seq.tokens.len();
+        last_rows.extend_from_slice(&x[(end - 1) * h..end * h]);
+    }
+    let logits = output_logits(rt, c, spec, &last_rows, Logits::All, final_norm, lm_head)?;
+    Ok(logits.chunks_exact(spec.vocab_size).map(<[f32]>::to_vec).collect())
 }
 
 /// Adds `bias` to every row of `rows`.

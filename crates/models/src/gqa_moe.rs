@@ -16,7 +16,9 @@ use strata_kv::{KEYS, KvCache, VALUES};
 use strata_sched::swiglu;
 
 use crate::attention::{AttnShape, attend};
-use crate::common::{add_bias, embed, output_logits, rmsnorm_into, rmsnorm_rows, run_routed_experts};
+use crate::common::{
+    add_bias, batch_logits, batch_rows, embed, output_logits, rmsnorm_into, rmsnorm_rows, run_routed_experts,
+};
 use crate::rope::Rope;
 use crate::router::softmax_top_k;
 use crate::weights::{LayerNames, MlpNames, matrix, vector};
@@ -176,12 +178,7 @@ impl GqaMoe {
         let s = &self.spec;
         let c = &*self.container;
         let h = s.hidden_size;
-        for seq in seqs.iter() {
-            seq.cache.reserve(seq.tokens.len())?;
-        }
-        let tokens: Vec<u32> = seqs.iter().flat_map(|seq| seq.tokens.iter().copied()).collect();
-        let positions: Vec<usize> =
-            seqs.iter().flat_map(|seq| seq.cache.len()..seq.cache.len() + seq.tokens.len()).collect();
+        let (tokens, positions) = batch_rows(seqs)?;
         let n = tokens.len();
         let mut x = embed(c, s, EMBED, &tokens)?;
         let mut normed = vec![0.0f32; n * h];
@@ -246,16 +243,6 @@ impl CausalLm for GqaMoe {
             return Err(Error::Unsupported("a sequence of a batch has no tokens".into()));
         }
         let x = self.hidden_states(rt, seqs)?;
-        let h = self.spec.hidden_size;
-        // Each sequence's last row; the lm head runs once over all of them.
-        let mut last_rows = Vec::with_capacity(seqs.len() * h);
-        let mut end = 0;
-        for seq in seqs.iter() {
-            end += seq.tokens.len();
-            last_rows.extend_from_slice(&x[(end - 1) * h..end * h]);
-        }
-        let logits =
-            output_logits(rt, &self.container, &self.spec, &last_rows, Logits::All, FINAL_NORM, &self.lm_head)?;
-        Ok(logits.chunks_exact(self.spec.vocab_size).map(<[f32]>::to_vec).collect())
+        batch_logits(rt, &self.container, &self.spec, &x, seqs, FINAL_NORM, &self.lm_head)
     }
 }

@@ -63,12 +63,11 @@ pub trait CausalLm: Send + Sync {
     fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Vec<f32>>;
 
     /// Runs several sequences' new tokens in one pass and returns each
-    /// sequence's last-position logits. A graph that batches shares every
-    /// weight read, and each MoE layer's expert union, across sequences;
-    /// each sequence's logits are bit-identical to running it alone.
-    fn forward_batch(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<Vec<f32>>> {
-        seqs.iter_mut().map(|seq| self.forward(rt, seq.tokens, seq.cache, Logits::Last)).collect()
-    }
+    /// sequence's last-position logits. Every weight is read, and each MoE
+    /// layer's expert union fetched, once for all sequences; only attention
+    /// runs per sequence, over its own cache. Each sequence's logits are
+    /// bit-identical to running it alone.
+    fn forward_batch(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<Vec<f32>>>;
 }
 
 /// One sequence's part of a batched forward pass.

@@ -208,6 +208,11 @@ impl Mla {
         Ok(out)
     }
 
+    /// Width of one query's attention output, `heads * v_head_dim`.
+    pub fn output_width(&self) -> usize {
+        self.heads * self.dims.v_head_dim
+    }
+
     /// `o_proj` of the attention output.
     pub fn output(&self, rt: &Runtime<'_>, c: &Container, attn: &[f32]) -> Result<Vec<f32>> {
         project(rt, c, &self.o, self.o_bias.as_deref(), attn)

@@ -14,13 +14,13 @@ use strata_format::{Container, IndexerKind, LayerKind, ModelSpec, names};
 use strata_kv::{INDEX_KEYS, KvCache, LATENT};
 use strata_sched::swiglu;
 
-use crate::common::{embed, output_logits, rmsnorm_into, run_routed_experts};
+use crate::common::{batch_logits, batch_rows, embed, output_logits, rmsnorm_into, run_routed_experts};
 use crate::dsa::Indexer;
 use crate::mla::Mla;
 use crate::rope::{Angles, Rope};
 use crate::router::{GroupedSigmoid, grouped_sigmoid_top_k};
 use crate::weights::{matrix, vector};
-use crate::{CausalLm, Error, Logits, Result, Runtime};
+use crate::{CausalLm, Error, Logits, Result, Runtime, SeqBatch};
 
 /// A loaded DeepSeek-V3, Kimi K2.5 or GLM-5 model.
 pub struct MlaMoe {
@@ -123,48 +123,96 @@ impl MlaMoe {
         Ok(Self { container, spec, rope, layers, embed, final_norm, lm_head })
     }
 
-    /// Runs layer `l`'s attention for `xs` (normalised hidden states of
-    /// positions `start..`), writing the cache rows; `selection` carries the
-    /// DSA choice from layer to layer.
+    /// Runs layer `l`'s attention for `xs`, the normalised hidden states of
+    /// every new row of the batch (`angles` at their positions), writing
+    /// each sequence's cache rows. The projections run once over all rows;
+    /// the attention itself per sequence, over its own cache.
+    /// `selections[k]` carries sequence `k`'s DSA choice from layer to layer.
     fn attention(
         &self,
         rt: &Runtime<'_>,
         l: usize,
         xs: &[f32],
-        start: usize,
         angles: &Angles,
-        cache: &mut KvCache,
-        selection: &mut Option<Vec<Vec<usize>>>,
+        seqs: &mut [SeqBatch<'_>],
+        selections: &mut [Option<Vec<Vec<usize>>>],
     ) -> Result<Vec<f32>> {
         let c = &*self.container;
         let layer = &self.layers[l];
-        let n = xs.len() / self.spec.hidden_size;
+        let h = self.spec.hidden_size;
         let queries = layer.attn.queries(rt, c, xs, angles)?;
-        cache.write(l, LATENT, &layer.attn.latents(rt, c, xs, angles)?);
-        match &layer.indexer {
-            IndexerSlot::Absent => *selection = None,
-            IndexerSlot::Own(indexer) => {
-                cache.write(l, INDEX_KEYS, &indexer.keys(rt, c, xs, angles)?);
-                let compressed = queries.compressed.as_deref().ok_or_else(|| {
-                    Error::Unsupported(format!("layer {l}: the DSA indexer needs a compressed query"))
-                })?;
-                let keys = cache.rows(l, INDEX_KEYS, start + n);
-                *selection = Some(indexer.select(rt, c, xs, compressed, keys, start, angles)?);
+        let latents = layer.attn.latents(rt, c, xs, angles)?;
+        let index_keys = match &layer.indexer {
+            IndexerSlot::Own(indexer) => Some(indexer.keys(rt, c, xs, angles)?),
+            IndexerSlot::Absent | IndexerSlot::Shared => None,
+        };
+        let n = xs.len() / h;
+        let (q_width, latent_width) = (queries.q.len() / n, latents.len() / n);
+        let mut out = Vec::with_capacity(n * layer.attn.output_width());
+        let mut row = 0;
+        for (seq, selection) in seqs.iter_mut().zip(selections.iter_mut()) {
+            let (start, m) = (seq.cache.len(), seq.tokens.len());
+            let rows = row..row + m;
+            seq.cache.write(l, LATENT, &latents[rows.start * latent_width..rows.end * latent_width]);
+            match (&layer.indexer, &index_keys) {
+                (IndexerSlot::Own(indexer), Some(keys)) => {
+                    let width = keys.len() / n;
+                    seq.cache.write(l, INDEX_KEYS, &keys[rows.start * width..rows.end * width]);
+                    let compressed = queries.compressed.as_deref().ok_or_else(|| {
+                        Error::Unsupported(format!("layer {l}: the DSA indexer needs a compressed query"))
+                    })?;
+                    let cw = compressed.len() / n;
+                    *selection = Some(indexer.select(
+                        rt,
+                        c,
+                        &xs[rows.start * h..rows.end * h],
+                        &compressed[rows.start * cw..rows.end * cw],
+                        seq.cache.rows(l, INDEX_KEYS, start + m),
+                        start,
+                        &angles.rows(rows.clone()),
+                    )?);
+                }
+                (IndexerSlot::Shared, _) => {
+                    // The stream has a row for every layer; a sharing layer
+                    // has no key of its own, so its row stays zero.
+                    let width = seq.cache.row_dims()[INDEX_KEYS];
+                    seq.cache.write(l, INDEX_KEYS, &vec![0.0; m * width]);
+                }
+                _ => *selection = None,
             }
-            IndexerSlot::Shared => {
-                // The stream has a row for every layer; a sharing layer has
-                // no key of its own, so its row stays zero.
-                let width = cache.row_dims()[INDEX_KEYS];
-                cache.write(l, INDEX_KEYS, &vec![0.0; n * width]);
-            }
+            let q = &queries.q[rows.start * q_width..rows.end * q_width];
+            let cached = seq.cache.rows(l, LATENT, start + m);
+            out.extend(layer.attn.attend(rt, c, q, cached, start, selection.as_deref())?);
+            row += m;
         }
-        let latents = cache.rows(l, LATENT, start + n);
-        let attn = layer.attn.attend(rt, c, &queries.q, latents, start, selection.as_deref())?;
-        layer.attn.output(rt, c, &attn)
+        layer.attn.output(rt, c, &out)
+    }
+
+    /// The final hidden states (before the last norm) of every new row of
+    /// every sequence, extending each sequence's cache.
+    fn hidden_states(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<f32>> {
+        let s = &self.spec;
+        let c = &*self.container;
+        let (tokens, positions) = batch_rows(seqs)?;
+        let angles = Angles::new(&self.rope, &positions);
+        let mut x = embed(c, s, &self.embed, &tokens)?;
+        let mut normed = vec![0.0f32; x.len()];
+        let mut selections = vec![None; seqs.len()];
+        for (l, layer) in self.layers.iter().enumerate() {
+            rmsnorm_into(&x, c.dense_vec(&layer.input_norm)?, s.rms_norm_eps, &mut normed);
+            let attn = self.attention(rt, l, &normed, &angles, seqs, &mut selections)?;
+            x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
+            rmsnorm_into(&x, c.dense_vec(&layer.post_attn_norm)?, s.rms_norm_eps, &mut normed);
+            self.ffn(rt, l, &positions, &normed, &mut x)?;
+        }
+        for seq in seqs.iter_mut() {
+            seq.cache.advance(seq.tokens.len());
+        }
+        Ok(x)
     }
 
     /// Adds layer `l`'s feed-forward output for `xs` to `out`.
-    fn ffn(&self, rt: &Runtime<'_>, l: usize, start: usize, xs: &[f32], out: &mut [f32]) -> Result<()> {
+    fn ffn(&self, rt: &Runtime<'_>, l: usize, positions: &[usize], xs: &[f32], out: &mut [f32]) -> Result<()> {
         let s = &self.spec;
         let c = &*self.container;
         let n = xs.len() / s.hidden_size;
@@ -184,8 +232,7 @@ impl MlaMoe {
                 };
                 let routes = grouped_sigmoid_top_k(&logits, s.moe.num_experts, &routing);
                 let layout = c.expert_layout(l)?;
-                let positions: Vec<usize> = (start..start + n).collect();
-                run_routed_experts(rt, layout, l, &positions, xs, s.hidden_size, &routes, s.moe.top_k, &mut ys)?;
+                run_routed_experts(rt, layout, l, positions, xs, s.hidden_size, &routes, s.moe.top_k, &mut ys)?;
                 // transformers adds the shared experts to the routed sum
                 // before the residual; keep that order.
                 if let Some([g, u, d]) = shared {
@@ -212,26 +259,18 @@ impl CausalLm for MlaMoe {
     }
 
     fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Vec<f32>> {
-        let s = &self.spec;
-        let c = &*self.container;
-        let n = tokens.len();
-        if n == 0 {
+        if tokens.is_empty() {
             return Ok(Vec::new());
         }
-        cache.reserve(n)?;
-        let start = cache.len();
-        let angles = Angles::new(&self.rope, start, n);
-        let mut x = embed(c, s, &self.embed, tokens)?;
-        let mut normed = vec![0.0f32; x.len()];
-        let mut selection = None;
-        for (l, layer) in self.layers.iter().enumerate() {
-            rmsnorm_into(&x, c.dense_vec(&layer.input_norm)?, s.rms_norm_eps, &mut normed);
-            let attn = self.attention(rt, l, &normed, start, &angles, cache, &mut selection)?;
-            x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
-            rmsnorm_into(&x, c.dense_vec(&layer.post_attn_norm)?, s.rms_norm_eps, &mut normed);
-            self.ffn(rt, l, start, &normed, &mut x)?;
+        let x = self.hidden_states(rt, &mut [SeqBatch { tokens, cache }])?;
+        output_logits(rt, &self.container, &self.spec, &x, logits, &self.final_norm, &self.lm_head)
+    }
+
+    fn forward_batch(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<Vec<f32>>> {
+        if seqs.iter().any(|seq| seq.tokens.is_empty()) {
+            return Err(Error::Unsupported("a sequence of a batch has no tokens".into()));
         }
-        cache.advance(n);
-        output_logits(rt, c, s, &x, logits, &self.final_norm, &self.lm_head)
+        let x = self.hidden_states(rt, seqs)?;
+        batch_logits(rt, &self.container, &self.spec, &x, seqs, &self.final_norm, &self.lm_head)
     }
 }

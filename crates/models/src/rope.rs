@@ -82,14 +82,22 @@ pub struct Angles {
 }
 
 impl Angles {
-    /// The angles of positions `start..start + n`.
-    pub fn new(rope: &Rope, start: usize, n: usize) -> Self {
+    /// The angles of `positions`, one row each (a batch's rows, whose
+    /// sequences each start at their own position).
+    pub fn new(rope: &Rope, positions: &[usize]) -> Self {
         let half = rope.half();
+        let n = positions.len();
         let (mut cos, mut sin) = (vec![0.0f32; n * half], vec![0.0f32; n * half]);
-        for (i, (c, s)) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)).enumerate() {
-            rope.angles(start + i, c, s);
+        for ((c, s), &position) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)).zip(positions) {
+            rope.angles(position, c, s);
         }
         Self { half, cos, sin }
+    }
+
+    /// The angles of rows `rows` (one sequence of a batch).
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> Self {
+        let span = rows.start * self.half..rows.end * self.half;
+        Self { half: self.half, cos: self.cos[span.clone()].to_vec(), sin: self.sin[span].to_vec() }
     }
 
     /// cos and sin of the `i`-th position.
