@@ -278,7 +278,8 @@ fn suite_limits(bins: &Bins, opts: &Options, report: &mut Report) -> Result<Limi
     let mut limits = Limits::default();
     for threads in [1usize, 2] {
         eprintln!("limits: DRAM read and FMA peak, {threads} thread(s)");
-        let reps = opts.reps.to_string();
+        // Best of at least 5 reads: see `read_bandwidth_gbs`.
+        let reps = opts.reps.max(5).to_string();
         let t = threads.to_string();
         let v = run_json(&bins.probe, &args(&["limits", "--threads", &t, "--reps", &reps, "--fma-seconds", "0.5"]))?;
         limits.dram_gbs[threads - 1] = num(&v, "read_gbs")?;

@@ -256,7 +256,6 @@ fn resident(
     opts: &Options,
     report: &mut Report,
 ) -> Result<()> {
-    let prompt64: String = (1..=64).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
     let (mut ours, mut theirs, mut ours_pp, mut theirs_pp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // Warm both files into the page cache.
     std::fs::read(gguf).map(drop)?;
@@ -274,8 +273,15 @@ fn resident(
             .collect();
         ours.push(1000.0 / median(&steps));
         theirs_pp.push(llama_bench_ts(bench, gguf, 64, 0, &[], false)?);
-        let stats = strata(&bins.strata, model, &prompt64, 1, &["--ram-budget", "16GiB"], false)?;
-        ours_pp.push(stats["prefill_tokens_per_s"].as_f64().context("prefill_tokens_per_s")?);
+        // A warm prefill, as llama-bench's (it runs a warm-up first): the
+        // experts the prompt routes to are already in the expert cache.
+        let a: Vec<String> = ["batch", "--model", &model.display().to_string(), "--prompt-tokens", "64"]
+            .into_iter()
+            .chain(["--steps", "1", "--warm", "1"])
+            .map(String::from)
+            .collect();
+        let v = crate::bench::run_json(bins.probe(), &a)?;
+        ours_pp.push(v["prefill_tokens_per_s"].as_f64().context("prefill_tokens_per_s")?);
     }
     report.rows.push(row(
         "resident decode, Strata q4 vs llama.cpp Q4_0 (2 threads)",
@@ -289,7 +295,7 @@ fn resident(
         median(&ours_pp),
         median(&theirs_pp),
         1.0,
-        "Strata: first forward pass of a cold process (includes expert loads from the page cache); llama-bench pp64",
+        "Strata: a 64-token prompt after a warm-up prefill (strata-probe batch --warm 1); llama-bench pp64",
     ));
     report.raw.push(json!({ "peer": "resident", "strata_tg": ours, "llama_tg": theirs, "strata_pp": ours_pp, "llama_pp": theirs_pp }));
     Ok(())

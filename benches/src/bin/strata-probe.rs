@@ -8,7 +8,7 @@
 //! strata-probe disk    --file PATH:RECORD_BYTES:NUM_EXPERTS ... --readers N --max-bytes B
 //! strata-probe evict   --file PATH ...
 //! strata-probe batch   [--model DIR] --streams N --prompt-tokens P --steps S --threads T
-//!                      [--io BACKEND] [--expert-cache BYTES] [--evict 1]
+//!                      [--io BACKEND] [--expert-cache BYTES] [--evict 1] [--warm 1]
 //! ```
 
 use std::collections::HashMap;
@@ -160,12 +160,22 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
     let steps = a.get("steps", 64usize)?;
     let vocab = u32::try_from(engine.spec().vocab_size)?;
     let mut sessions: Vec<strata_engine::Session<'_>> = (0..streams).map(|_| engine.session()).collect();
+    let prompt =
+        |i: usize| -> Vec<u32> { (0..prompt_tokens as u32).map(|t| (7 + 31 * t + 101 * i as u32) % vocab).collect() };
+    if a.get("warm", 0u8)? == 1 {
+        // One prefill of every prompt in a throwaway session first, so the
+        // timed prefills find their experts resident (as a warm server does).
+        for i in 0..streams {
+            engine.session().feed(&prompt(i))?;
+        }
+    }
     let mut next: Vec<u32> = Vec::with_capacity(streams);
+    let prefill_started = std::time::Instant::now();
     for (i, s) in sessions.iter_mut().enumerate() {
-        let prompt: Vec<u32> = (0..prompt_tokens as u32).map(|t| (7 + 31 * t + 101 * i as u32) % vocab).collect();
-        let logits = s.feed(&prompt)?;
+        let logits = s.feed(&prompt(i))?;
         next.push(argmax(&logits));
     }
+    let prefill_s = prefill_started.elapsed().as_secs_f64();
     let before = engine.store_stats();
     let mut step_s = Vec::with_capacity(steps);
     let decode_started = std::time::Instant::now();
@@ -184,6 +194,7 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
     let step_median = median(&step_s);
     Ok(json!({
         "streams": streams, "steps": steps, "step_s": step_s, "step_s_median": step_median,
+        "prefill_tokens_per_s": (streams * prompt_tokens) as f64 / prefill_s,
         "tokens_per_s": streams as f64 / step_median, "tokens_per_s_overall": tokens / decode_s,
         "expert_bytes_read": after.bytes_read - before.bytes_read,
         "expert_bytes_per_token": (after.bytes_read - before.bytes_read) as f64 / tokens,
