@@ -71,6 +71,35 @@ pub fn batch_logits(
     Ok(logits.chunks_exact(spec.vocab_size).map(<[f32]>::to_vec).collect())
 }
 
+/// The pre-norm residual stack both graphs share, over a batch's hidden
+/// states `x` (`[rows, hidden]`): for each layer `l`,
+/// `x += attention(l, norm_in(x))`, then `ffn(l, norm_post(x), x)` adds the
+/// feed-forward output; `norms(l)` names the layer's two norm weights.
+/// Afterwards every sequence's cache counts its new tokens.
+pub fn decoder_stack<'n>(
+    c: &Container,
+    spec: &ModelSpec,
+    seqs: &mut [SeqBatch<'_>],
+    mut x: Vec<f32>,
+    norms: impl Fn(usize) -> (&'n str, &'n str),
+    mut attention: impl FnMut(usize, &[f32], &mut [SeqBatch<'_>]) -> Result<Vec<f32>>,
+    mut ffn: impl FnMut(usize, &[f32], &mut [f32]) -> Result<()>,
+) -> Result<Vec<f32>> {
+    let mut normed = vec![0.0f32; x.len()];
+    for l in 0..spec.num_layers {
+        let (input_norm, post_attn_norm) = norms(l);
+        rmsnorm_into(&x, c.dense_vec(input_norm)?, spec.rms_norm_eps, &mut normed);
+        let attn = attention(l, &normed, seqs)?;
+        x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
+        rmsnorm_into(&x, c.dense_vec(post_attn_norm)?, spec.rms_norm_eps, &mut normed);
+        ffn(l, &normed, &mut x)?;
+    }
+    for seq in seqs.iter_mut() {
+        seq.cache.advance(seq.tokens.len());
+    }
+    Ok(x)
+}
+
 /// Adds `bias` to every row of `rows`.
 pub fn add_bias(rows: &mut [f32], bias: &[f32]) {
     for row in rows.chunks_exact_mut(bias.len()) {

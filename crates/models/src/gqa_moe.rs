@@ -17,7 +17,7 @@ use strata_sched::swiglu;
 
 use crate::attention::{AttnShape, attend};
 use crate::common::{
-    add_bias, batch_logits, batch_rows, embed, output_logits, rmsnorm_into, rmsnorm_rows, run_routed_experts,
+    add_bias, batch_logits, batch_rows, decoder_stack, embed, output_logits, rmsnorm_rows, run_routed_experts,
 };
 use crate::rope::Rope;
 use crate::router::softmax_top_k;
@@ -177,23 +177,18 @@ impl GqaMoe {
     fn hidden_states(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<f32>> {
         let s = &self.spec;
         let c = &*self.container;
-        let h = s.hidden_size;
         let (tokens, positions) = batch_rows(seqs)?;
-        let n = tokens.len();
-        let mut x = embed(c, s, EMBED, &tokens)?;
-        let mut normed = vec![0.0f32; n * h];
-        for layer in 0..s.num_layers {
-            let names = &self.layers[layer];
-            rmsnorm_into(&x, c.dense_vec(&names.input_norm)?, s.rms_norm_eps, &mut normed);
-            let attn = self.attention(rt, layer, &normed, seqs)?;
-            x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
-            rmsnorm_into(&x, c.dense_vec(&names.post_attn_norm)?, s.rms_norm_eps, &mut normed);
-            self.mlp(rt, layer, &positions, &normed, &mut x)?;
-        }
-        for seq in seqs.iter_mut() {
-            seq.cache.advance(seq.tokens.len());
-        }
-        Ok(x)
+        let x = embed(c, s, EMBED, &tokens)?;
+        let names = |l: usize| (self.layers[l].input_norm.as_str(), self.layers[l].post_attn_norm.as_str());
+        decoder_stack(
+            c,
+            s,
+            seqs,
+            x,
+            names,
+            |l, xs, seqs| self.attention(rt, l, xs, seqs),
+            |l, xs, out| self.mlp(rt, l, &positions, xs, out),
+        )
     }
 
     fn mlp(&self, rt: &Runtime<'_>, layer: usize, positions: &[usize], xs: &[f32], out: &mut [f32]) -> Result<()> {

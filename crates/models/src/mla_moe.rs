@@ -14,7 +14,7 @@ use strata_format::{Container, IndexerKind, LayerKind, ModelSpec, names};
 use strata_kv::{INDEX_KEYS, KvCache, LATENT};
 use strata_sched::swiglu;
 
-use crate::common::{batch_logits, batch_rows, embed, output_logits, rmsnorm_into, run_routed_experts};
+use crate::common::{batch_logits, batch_rows, decoder_stack, embed, output_logits, run_routed_experts};
 use crate::dsa::Indexer;
 use crate::mla::Mla;
 use crate::rope::{Angles, Rope};
@@ -195,20 +195,18 @@ impl MlaMoe {
         let c = &*self.container;
         let (tokens, positions) = batch_rows(seqs)?;
         let angles = Angles::new(&self.rope, &positions);
-        let mut x = embed(c, s, &self.embed, &tokens)?;
-        let mut normed = vec![0.0f32; x.len()];
+        let x = embed(c, s, &self.embed, &tokens)?;
         let mut selections = vec![None; seqs.len()];
-        for (l, layer) in self.layers.iter().enumerate() {
-            rmsnorm_into(&x, c.dense_vec(&layer.input_norm)?, s.rms_norm_eps, &mut normed);
-            let attn = self.attention(rt, l, &normed, &angles, seqs, &mut selections)?;
-            x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
-            rmsnorm_into(&x, c.dense_vec(&layer.post_attn_norm)?, s.rms_norm_eps, &mut normed);
-            self.ffn(rt, l, &positions, &normed, &mut x)?;
-        }
-        for seq in seqs.iter_mut() {
-            seq.cache.advance(seq.tokens.len());
-        }
-        Ok(x)
+        let names = |l: usize| (self.layers[l].input_norm.as_str(), self.layers[l].post_attn_norm.as_str());
+        decoder_stack(
+            c,
+            s,
+            seqs,
+            x,
+            names,
+            |l, xs, seqs| self.attention(rt, l, xs, &angles, seqs, &mut selections),
+            |l, xs, out| self.ffn(rt, l, &positions, xs, out),
+        )
     }
 
     /// Adds layer `l`'s feed-forward output for `xs` to `out`.
