@@ -53,6 +53,11 @@ pub struct Cli {
     /// Sequences decoded together in one forward pass.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_batch: u32,
+    /// Prompt tokens prefilled per step, over all new requests: a longer
+    /// prompt takes several steps, and the streams already running keep
+    /// going meanwhile.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub prefill_chunk: u32,
     /// Requests waiting for a place in the batch; beyond it, 429 Too Many Requests.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub queue: u32,

@@ -67,7 +67,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let (handle, jobs) = scheduler::queue(cli.queue as usize);
     let (opened_tx, opened_rx) = std::sync::mpsc::sync_channel(1);
     let container_dir = resolved.container_dir.clone();
-    let limits = scheduler::Limits { max_batch: cli.max_batch as usize };
+    let limits = scheduler::Limits { max_batch: cli.max_batch as usize, prefill_chunk: cli.prefill_chunk as usize };
     let scheduler_thread = scheduler::spawn(
         move || {
             let engine = Engine::open(&container_dir, &options)

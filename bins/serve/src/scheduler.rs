@@ -4,8 +4,9 @@
 //! channel per job.
 //!
 //! Each step is one forward pass over every active sequence
-//! ([`Session::feed_batch`]): new sequences bring their whole prompt, the
-//! others the token sampled last step. So each dense weight is read once per
+//! ([`Session::feed_batch`]): new sequences bring their prompt (at most
+//! `--prefill-chunk` prompt tokens a step in all, so a long prompt does not
+//! stall the others), the others the token sampled last step. So each dense weight is read once per
 //! step for all of them, and each MoE layer's expert union once. Sequences
 //! join between steps as soon as there is room and leave as soon as they
 //! end, are cancelled, or their client goes away.
@@ -71,6 +72,10 @@ pub enum Event {
 pub struct Limits {
     /// Sequences decoded together.
     pub max_batch: usize,
+    /// Prompt tokens fed in one step, over all sequences (at least 1): a
+    /// long prompt is prefilled over several steps, so the sequences
+    /// already decoding keep producing tokens meanwhile.
+    pub prefill_chunk: usize,
 }
 
 /// The HTTP side's end of the scheduler.
@@ -167,7 +172,7 @@ pub fn run(engine: &Engine, eos: &[u32], limits: Limits, mut jobs: mpsc::Receive
         if active.is_empty() {
             continue;
         }
-        step(engine, eos, &mut active, metrics);
+        step(engine, eos, limits.prefill_chunk, &mut active, metrics);
         metrics.active_sequences.store(active.len() as u64, Relaxed);
     }
 }
@@ -190,13 +195,30 @@ fn admit<'e>(engine: &'e Engine, job: Job, active: &mut Vec<Seq<'e>>, metrics: &
     });
 }
 
-/// One forward pass over every active sequence, then one token each.
-fn step(engine: &Engine, eos: &[u32], active: &mut Vec<Seq<'_>>, metrics: &Metrics) {
+/// One forward pass over every active sequence that has something to feed:
+/// the token sampled last step, or the next piece of its prompt (at most
+/// `prefill_chunk` prompt tokens in all). Then one token for each sequence
+/// whose prompt is all in.
+fn step(engine: &Engine, eos: &[u32], prefill_chunk: usize, active: &mut Vec<Seq<'_>>, metrics: &Metrics) {
     let started = Instant::now();
-    let inputs: Vec<Vec<u32>> = active.iter_mut().map(|s| std::mem::take(&mut s.to_feed)).collect();
+    let mut prompt_budget = prefill_chunk.max(1);
+    // (index in `active`, tokens to feed); a sequence still waiting for its
+    // turn to prefill sits this step out.
+    let mut inputs: Vec<(usize, Vec<u32>)> = Vec::with_capacity(active.len());
+    for (i, seq) in active.iter_mut().enumerate() {
+        if seq.to_feed.is_empty() {
+            inputs.push((i, Vec::new()));
+        } else if prompt_budget > 0 {
+            let n = seq.to_feed.len().min(prompt_budget);
+            prompt_budget -= n;
+            inputs.push((i, seq.to_feed.drain(..n).collect()));
+        }
+    }
     let fed = {
-        let mut sessions: Vec<&mut Session<'_>> = active.iter_mut().map(|s| &mut s.session).collect();
-        let tokens: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+        let fed_here: Vec<bool> = (0..active.len()).map(|i| inputs.iter().any(|&(j, _)| j == i)).collect();
+        let mut sessions: Vec<&mut Session<'_>> =
+            active.iter_mut().zip(&fed_here).filter(|(_, fed)| **fed).map(|(seq, _)| &mut seq.session).collect();
+        let tokens: Vec<&[u32]> = inputs.iter().map(|(_, t)| t.as_slice()).collect();
         // A panic in the engine fails this batch, not the server.
         std::panic::catch_unwind(AssertUnwindSafe(|| Session::feed_batch(&mut sessions, &tokens)))
     };
@@ -212,11 +234,22 @@ fn step(engine: &Engine, eos: &[u32], active: &mut Vec<Seq<'_>>, metrics: &Metri
             return fail_all(active, &format!("internal error in the engine: {what}"));
         }
     };
-    let sequences = active.len();
+    let sequences = inputs.len();
+    let mut next_logits: Vec<Option<Vec<f32>>> = vec![None; active.len()];
+    for ((i, _), logits) in inputs.into_iter().zip(logits) {
+        // Mid-prompt logits are not sampled from.
+        if active[i].to_feed.is_empty() {
+            next_logits[i] = Some(logits);
+        }
+    }
+    let mut sampled = 0u64;
     let mut index = 0;
     active.retain_mut(|seq| {
-        let token = seq.session.push_sampled(&mut seq.sampler, &logits[index]);
+        let logits = next_logits[index].take();
         index += 1;
+        let Some(logits) = logits else { return true };
+        let token = seq.session.push_sampled(&mut seq.sampler, &logits);
+        sampled += 1;
         seq.generated += 1;
         let event = if !seq.ignore_eos && eos.contains(&token) {
             Some(Finish::Eos)
@@ -238,7 +271,7 @@ fn step(engine: &Engine, eos: &[u32], active: &mut Vec<Seq<'_>>, metrics: &Metri
             None => true,
         }
     });
-    metrics.step(sequences, sequences as u64, started.elapsed());
+    metrics.step(sequences, sampled, started.elapsed());
     let store = engine.store_stats();
     metrics.expert_hits.store(store.hits, Relaxed);
     metrics.expert_misses.store(store.misses, Relaxed);

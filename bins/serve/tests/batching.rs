@@ -72,3 +72,32 @@ fn each_stream_gets_the_tokens_it_gets_alone() {
     let mean_batch = batched_sequences / batched_steps;
     assert!(mean_batch > 1.5, "mean batch {mean_batch} over {batched_steps} steps");
 }
+
+/// A prompt longer than `--prefill-chunk` is fed over several steps (so
+/// the streams already decoding are not stalled behind it) and gives the
+/// very text it gives fed at once.
+#[test]
+fn a_long_prompt_prefilled_in_chunks_gives_the_same_text() {
+    let prompt: Vec<u32> = (0..120).map(|t| 40 + (t * 37) % 3000).collect();
+    let body = json!({
+        "model": "demo",
+        "prompt": prompt,
+        "max_tokens": 8,
+        "temperature": 0.8,
+        "seed": 5,
+        "ignore_eos": true,
+    });
+    let text = |server: &Server| {
+        let response = server.post("/v1/completions", &body);
+        assert_eq!(response.status, 200, "{}", response.text());
+        let v: Value = serde_json::from_str(&response.text()).expect("json");
+        v["choices"][0]["text"].as_str().expect("text").to_owned()
+    };
+    let whole = text(&Server::start(&[]));
+    let chunked_server = Server::start(&["--prefill-chunk", "16"]);
+    let steps_before = chunked_server.metric("strata_steps_total");
+    assert_eq!(text(&chunked_server), whole);
+    // 120 prompt tokens 16 at a time: 8 steps, the last of which also
+    // gives the first token; then 7 more tokens.
+    assert_eq!(chunked_server.metric("strata_steps_total") - steps_before, 8.0 + 7.0);
+}
