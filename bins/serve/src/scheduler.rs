@@ -6,8 +6,9 @@
 //! Each step is one forward pass over every active sequence
 //! ([`Session::feed_batch`]): new sequences bring their prompt (at most
 //! `--prefill-chunk` prompt tokens a step in all, so a long prompt does not
-//! stall the others), the others the token sampled last step. So each dense weight is read once per
-//! step for all of them, and each MoE layer's expert union once. Sequences
+//! stall the others), the others the token sampled last step. So each
+//! dense weight is read once per step for all of them, and each MoE layer's
+//! expert union once. Sequences
 //! join between steps as soon as there is room and leave as soon as they
 //! end, are cancelled, or their client goes away.
 //!
