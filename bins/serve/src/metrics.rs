@@ -30,6 +30,8 @@ pub struct Metrics {
     pub rejected_queue_full: AtomicU64,
     pub cancelled: AtomicU64,
     pub prompt_tokens: AtomicU64,
+    /// Prompt tokens whose KV was reused from a finished request's session.
+    pub prompt_tokens_reused: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub steps: AtomicU64,
     /// Sum over steps of the sequences in the step (mean batch = this / steps).
@@ -132,7 +134,18 @@ impl Metrics {
             "Generations ended early because the client went away or a stop string matched.",
             &[("", get(&self.cancelled))],
         );
-        metric("prompt_tokens_total", "counter", "Prompt tokens prefilled.", &[("", get(&self.prompt_tokens))]);
+        metric(
+            "prompt_tokens_total",
+            "counter",
+            "Prompt tokens of admitted requests.",
+            &[("", get(&self.prompt_tokens))],
+        );
+        metric(
+            "prompt_tokens_reused_total",
+            "counter",
+            "Prompt tokens not prefilled: their KV was kept from an earlier request with the same prefix.",
+            &[("", get(&self.prompt_tokens_reused))],
+        );
         metric("generated_tokens_total", "counter", "Tokens generated.", &[("", get(&self.generated_tokens))]);
         metric(
             "tokens_per_second",

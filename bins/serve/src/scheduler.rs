@@ -12,7 +12,12 @@
 //! join between steps as soon as there is room and leave as soon as they
 //! end, are cancelled, or their client goes away.
 //!
-//! A sequence's tokens do not depend on what it is batched with:
+//! A finished request's session stays in an idle pool (within `max_batch`
+//! sessions in all, the KV the budget reserves), so a prompt extending it
+//! is fed only from where they differ.
+//!
+//! A sequence's tokens do not depend on what it is batched with, or on
+//! whether its prefix's KV was reused:
 //! `feed_batch` gives each session the logits it would get alone, and the
 //! sampler draws from (seed, position) only.
 
@@ -133,11 +138,52 @@ struct Seq<'e> {
     max_tokens: usize,
     ignore_eos: bool,
     events: mpsc::Sender<Event>,
+    /// Ended (end of sequence or length): its session goes to the idle pool.
+    finished: bool,
+}
+
+/// Sessions of finished requests, kept so that a later prompt sharing a
+/// prefix with one (the next turn of a chat resends the whole conversation)
+/// is prefilled only from where they differ. Together with the active
+/// sequences they never exceed `max_batch`, the sessions the memory budget
+/// holds KV for; the least recently finished goes first.
+struct IdlePool<'e> {
+    sessions: Vec<Session<'e>>,
+}
+
+impl<'e> IdlePool<'e> {
+    /// The session for `prompt`: the idle one sharing the longest prefix with
+    /// it (cut back to that prefix, at least one prompt token left to feed),
+    /// or a fresh one; and how many prompt tokens it already holds.
+    fn take(&mut self, engine: &'e Engine, prompt: &[u32], room: usize) -> (Session<'e>, usize) {
+        let usable = |s: &Session<'_>| s.common_prefix_len(prompt).min(prompt.len().saturating_sub(1));
+        let best = (0..self.sessions.len()).max_by_key(|&i| (usable(&self.sessions[i]), i));
+        if let Some(i) = best.filter(|&i| usable(&self.sessions[i]) > 0) {
+            let mut session = self.sessions.remove(i);
+            let reused = usable(&session);
+            session.truncate(reused);
+            return (session, reused);
+        }
+        // A fresh session's KV must fit beside the active ones.
+        while !self.sessions.is_empty() && self.sessions.len() >= room {
+            self.sessions.remove(0);
+        }
+        (engine.session(), 0)
+    }
+
+    /// Keeps `session`, within `room` sessions.
+    fn put(&mut self, session: Session<'e>, room: usize) {
+        self.sessions.push(session);
+        while self.sessions.len() > room {
+            self.sessions.remove(0);
+        }
+    }
 }
 
 /// Runs until every [`Handle`] is dropped and the last job has ended.
 pub fn run(engine: &Engine, eos: &[u32], limits: Limits, mut jobs: mpsc::Receiver<Job>, metrics: &Metrics) {
     let mut active: Vec<Seq<'_>> = Vec::with_capacity(limits.max_batch);
+    let mut idle = IdlePool { sessions: Vec::with_capacity(limits.max_batch) };
     let mut open = true;
     let mut persist_failed = false;
     loop {
@@ -153,13 +199,13 @@ pub fn run(engine: &Engine, eos: &[u32], limits: Limits, mut jobs: mpsc::Receive
                 return;
             }
             match jobs.blocking_recv() {
-                Some(job) => admit(engine, job, &mut active, metrics),
+                Some(job) => admit(engine, job, &mut active, &mut idle, limits, metrics),
                 None => return,
             }
         }
         while open && active.len() < limits.max_batch {
             match jobs.try_recv() {
-                Ok(job) => admit(engine, job, &mut active, metrics),
+                Ok(job) => admit(engine, job, &mut active, &mut idle, limits, metrics),
                 Err(mpsc::error::TryRecvError::Empty) => break,
                 Err(mpsc::error::TryRecvError::Disconnected) => open = false,
             }
@@ -174,25 +220,40 @@ pub fn run(engine: &Engine, eos: &[u32], limits: Limits, mut jobs: mpsc::Receive
             continue;
         }
         step(engine, eos, limits.prefill_chunk, &mut active, metrics);
+        let (finished, running): (Vec<Seq<'_>>, Vec<Seq<'_>>) = active.drain(..).partition(|s| s.finished);
+        active = running;
+        for seq in finished {
+            idle.put(seq.session, limits.max_batch - active.len());
+        }
         metrics.active_sequences.store(active.len() as u64, Relaxed);
     }
 }
 
-fn admit<'e>(engine: &'e Engine, job: Job, active: &mut Vec<Seq<'e>>, metrics: &Metrics) {
+fn admit<'e>(
+    engine: &'e Engine,
+    job: Job,
+    active: &mut Vec<Seq<'e>>,
+    idle: &mut IdlePool<'e>,
+    limits: Limits,
+    metrics: &Metrics,
+) {
     if job.events.is_closed() {
         // Gave up while queued.
         metrics.cancelled.fetch_add(1, Relaxed);
         return;
     }
     metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Relaxed);
+    let (session, reused) = idle.take(engine, &job.prompt, limits.max_batch - active.len());
+    metrics.prompt_tokens_reused.fetch_add(reused as u64, Relaxed);
     active.push(Seq {
-        session: engine.session(),
+        session,
         sampler: Sampler::new(job.sampling),
-        to_feed: job.prompt,
+        to_feed: job.prompt[reused..].to_vec(),
         generated: 0,
         max_tokens: job.max_tokens,
         ignore_eos: job.ignore_eos,
         events: job.events,
+        finished: false,
     });
 }
 
@@ -243,14 +304,16 @@ fn step(engine: &Engine, eos: &[u32], prefill_chunk: usize, active: &mut Vec<Seq
             next_logits[i] = Some(logits);
         }
     }
-    let mut sampled = 0u64;
+    // Counted before any token goes out, so a client that has its last
+    // token also sees its steps in the metrics.
+    let sampled = next_logits.iter().filter(|l| l.is_some()).count() as u64;
+    metrics.step(sequences, sampled, started.elapsed());
     let mut index = 0;
     active.retain_mut(|seq| {
         let logits = next_logits[index].take();
         index += 1;
         let Some(logits) = logits else { return true };
         let token = seq.session.push_sampled(&mut seq.sampler, &logits);
-        sampled += 1;
         seq.generated += 1;
         let event = if !seq.ignore_eos && eos.contains(&token) {
             Some(Finish::Eos)
@@ -267,12 +330,12 @@ fn step(engine: &Engine, eos: &[u32], prefill_chunk: usize, active: &mut Vec<Seq
         match event {
             Some(finish) => {
                 let _ = seq.events.try_send(Event::Done { finish, completion_tokens: seq.generated });
-                false
+                seq.finished = true;
+                true
             }
             None => true,
         }
     });
-    metrics.step(sequences, sampled, started.elapsed());
     let store = engine.store_stats();
     metrics.expert_hits.store(store.hits, Relaxed);
     metrics.expert_misses.store(store.misses, Relaxed);

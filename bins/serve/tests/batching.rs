@@ -101,3 +101,28 @@ fn a_long_prompt_prefilled_in_chunks_gives_the_same_text() {
     // gives the first token; then 7 more tokens.
     assert_eq!(chunked_server.metric("strata_steps_total") - steps_before, 8.0 + 7.0);
 }
+
+/// A prompt that extends an earlier request's (the next turn of a chat) is
+/// prefilled only from where they differ, on the KV the earlier request
+/// left, and gives the very text a fresh server gives it.
+#[test]
+fn a_prompt_sharing_a_prefix_reuses_the_kv_and_gives_the_same_text() {
+    let first: Vec<u32> = (0..30).map(|t| 40 + (t * 53) % 3000).collect();
+    let second: Vec<u32> = first.iter().copied().chain([7, 8, 9, 10]).collect();
+    let body = |prompt: &[u32]| json!({ "model": "demo", "prompt": prompt, "max_tokens": 6, "temperature": 0.8, "seed": 3, "ignore_eos": true });
+    let text = |server: &Server, prompt: &[u32]| {
+        let response = server.post("/v1/completions", &body(prompt));
+        assert_eq!(response.status, 200, "{}", response.text());
+        let v: Value = serde_json::from_str(&response.text()).expect("json");
+        v["choices"][0]["text"].as_str().expect("text").to_owned()
+    };
+    let fresh = text(&Server::start(&[]), &second);
+    let server = Server::start(&["--max-batch", "2"]);
+    text(&server, &first);
+    assert_eq!(server.metric("strata_prompt_tokens_reused_total"), 0.0);
+    assert_eq!(text(&server, &second), fresh);
+    assert_eq!(server.metric("strata_prompt_tokens_reused_total"), first.len() as f64);
+    // The same prompt again: all but its last token are reused.
+    assert_eq!(text(&server, &second), fresh);
+    assert_eq!(server.metric("strata_prompt_tokens_reused_total"), (first.len() + second.len() - 1) as f64);
+}
