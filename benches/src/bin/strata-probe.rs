@@ -9,6 +9,7 @@
 //! strata-probe evict   --file PATH ...
 //! strata-probe batch   [--model DIR] --streams N --prompt-tokens P --steps S --threads T
 //!                      [--io BACKEND] [--expert-cache BYTES] [--evict 1] [--warm 1]
+//!                      [--prefill-chunk TOKENS] [--context TOKENS]
 //! ```
 
 use std::collections::HashMap;
@@ -145,6 +146,10 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
         sessions: streams,
         context_tokens: Some(a.get("context", 1024usize)?),
         io: a.get("io", strata_engine::IoBackend::default())?,
+        prefill_chunk_tokens: match a.get("prefill-chunk", 0usize)? {
+            0 => None,
+            n => Some(n),
+        },
         ..Default::default()
     };
     let cache: String = a.get("expert-cache", String::new())?;

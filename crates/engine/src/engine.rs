@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use strata_format::{Container, LayerKind, ModelSpec};
 use strata_kernels::Threads;
+use strata_kv::KvCache;
 use strata_models::{CausalLm, Logits, Runtime};
 use strata_sched::LayerStats;
 use strata_tier::{
@@ -36,6 +37,11 @@ pub struct EngineOptions {
     /// `context_tokens`, so the budget reserves that much KV for every one;
     /// holding more at once than this is the caller's error.
     pub sessions: usize,
+    /// The most tokens one forward pass takes; longer inputs run in pieces
+    /// (bit-identical), which bounds the activations of a long prompt.
+    /// `None`: as many as fit in [`ACTIVATION_BYTES_MAX`] by the model's
+    /// shapes.
+    pub prefill_chunk_tokens: Option<usize>,
     /// Where learned expert usage is kept (`None`: `usage.json` in the model directory).
     pub usage_file: Option<PathBuf>,
     /// Record every routing decision to this file.
@@ -46,6 +52,29 @@ pub struct EngineOptions {
 /// model advertising a million positions does not reserve a KV arena that
 /// cannot exist.
 pub const CONTEXT_TOKENS_DEFAULT_MAX: usize = 4096;
+
+/// What one forward pass's activations may hold, so that a long prompt
+/// stays inside the budget's slack (`strata_tier::SLACK_BYTES`, which
+/// covers activations beside the binary and the stacks).
+pub const ACTIVATION_BYTES_MAX: u64 = 48 << 20;
+
+/// Tokens per forward pass when the shapes would allow more: beyond it a
+/// bigger pass gains little.
+const PREFILL_CHUNK_TOKENS_MAX: usize = 2048;
+
+/// An upper estimate of the activation bytes one token holds at once in a
+/// forward pass: the residual and normed rows, the routed experts' output
+/// slots and the per-expert copies (2 × top_k rows), and the attention's
+/// query, output and key/value rows. Measured on a Qwen3-30B-A3B-shaped
+/// model: 133 KiB per token of prompt; this gives 197 KiB.
+fn activation_bytes_per_token(spec: &ModelSpec) -> u64 {
+    let q_width = match &spec.mla {
+        Some(mla) => spec.num_heads * mla.qk_head_dim().max(mla.v_head_dim),
+        None => spec.q_dim(),
+    };
+    let floats = spec.hidden_size * (4 + 2 * spec.moe.top_k) + 2 * q_width + spec.moe.num_experts;
+    4 * floats as u64
+}
 
 /// The usage file's name inside a model directory.
 pub const USAGE_FILE_NAME: &str = "usage.json";
@@ -62,6 +91,7 @@ impl Default for EngineOptions {
             max_in_flight: 4,
             context_tokens: None,
             sessions: 1,
+            prefill_chunk_tokens: None,
             usage_file: None,
             trace_file: None,
         }
@@ -76,6 +106,7 @@ pub struct Engine {
     store: ExpertStore,
     plan: BudgetPlan,
     context_tokens: usize,
+    prefill_chunk_tokens: usize,
     content_hash: String,
     usage_file: PathBuf,
     pipeline: Mutex<LayerStats>,
@@ -101,6 +132,18 @@ impl Engine {
         };
         let sources = (0..spec.num_layers).map(|layer| expert_source(&container, layer)).collect::<Result<Vec<_>>>()?;
         let model = strata_models::load(Arc::clone(&container))?;
+        let prefill_chunk_tokens = match options.prefill_chunk_tokens {
+            Some(0) => {
+                return Err(Error::InvalidOption {
+                    option: "prefill-chunk",
+                    reason: "must be at least 1 token".into(),
+                });
+            }
+            Some(n) => n,
+            None => usize::try_from(ACTIVATION_BYTES_MAX / activation_bytes_per_token(spec))
+                .unwrap_or(usize::MAX)
+                .clamp(1, PREFILL_CHUNK_TOKENS_MAX),
+        };
         let kv_bytes_per_token = model.new_cache(1).bytes_per_token() as u64;
         let kv_bytes = kv_bytes_per_token * context_tokens as u64 * options.sessions.max(1) as u64;
         let plan = plan_budget(&container, &sources, options, kv_bytes)?;
@@ -130,6 +173,7 @@ impl Engine {
             store,
             plan,
             context_tokens,
+            prefill_chunk_tokens,
             content_hash,
             usage_file,
             pipeline: Mutex::new(LayerStats::default()),
@@ -205,7 +249,38 @@ impl Engine {
             return Err(Error::InvalidRequest("no tokens given".into()));
         }
         let mut cache = self.model.new_cache(tokens.len());
-        Ok(self.run(|model, rt| model.forward(rt, tokens, &mut cache, Logits::All))?)
+        self.forward(tokens, &mut cache, Logits::All)
+    }
+
+    /// The most tokens one forward pass takes (see
+    /// [`EngineOptions::prefill_chunk_tokens`]).
+    pub fn prefill_chunk_tokens(&self) -> usize {
+        self.prefill_chunk_tokens
+    }
+
+    /// Runs `tokens` after `cache`'s, in passes of at most
+    /// `prefill_chunk_tokens`: the same logits as one pass (every row is
+    /// computed by the same code whatever the pass), with the activations
+    /// of one piece at a time.
+    pub(crate) fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Vec<f32>> {
+        let pieces = tokens.len().div_ceil(self.prefill_chunk_tokens).max(1);
+        let start = cache.len();
+        let mut out = Vec::new();
+        for (i, piece) in tokens.chunks(self.prefill_chunk_tokens).enumerate() {
+            // Only the last piece's last logits matter for `Last`; the
+            // others' one lm-head row is the price of reusing `forward`.
+            match self.run(|model, rt| model.forward(rt, piece, cache, which)) {
+                Ok(logits) if which == Logits::All => out.extend(logits),
+                Ok(logits) if i + 1 == pieces => out = logits,
+                Ok(_) => {}
+                Err(e) => {
+                    // All or nothing: the pieces already run are taken back.
+                    cache.truncate(start);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Runs `f` (a forward pass) on the kernel pool's own threads. Every

@@ -279,8 +279,7 @@ impl<'e> Session<'e> {
         if batch.is_empty() {
             return Err(Error::InvalidRequest("no tokens to feed".into()));
         }
-        let cache = &mut self.cache;
-        let logits = self.engine.run(|model, rt| model.forward(rt, &batch, cache, Logits::Last))?;
+        let logits = self.engine.forward(&batch, &mut self.cache, Logits::Last)?;
         self.unfed = None;
         self.tokens.extend_from_slice(tokens);
         self.pending_logits = Some(logits.clone());
@@ -303,9 +302,36 @@ impl<'e> Session<'e> {
         if batches.iter().any(Vec::is_empty) {
             return Err(Error::InvalidRequest("no tokens to feed".into()));
         }
-        let mut seqs: Vec<SeqBatch<'_>> =
-            sessions.iter_mut().zip(&batches).map(|(s, b)| SeqBatch { tokens: b, cache: &mut s.cache }).collect();
-        let logits = engine.run(|model, rt| model.forward_batch(rt, &mut seqs))?;
+        // A long input runs all but its last piece alone first (bounded
+        // activations; its logits there are not needed), so the batched
+        // pass holds at most one piece per sequence.
+        let chunk = engine.prefill_chunk_tokens();
+        let starts: Vec<usize> = sessions.iter().map(|s| s.cache.len()).collect();
+        let mut tails: Vec<&[u32]> = Vec::with_capacity(batches.len());
+        let mut result = Ok(());
+        for (session, batch) in sessions.iter_mut().zip(&batches) {
+            // The pieces `feed` would make: all but the last go alone.
+            let head = (batch.len() - 1) / chunk * chunk;
+            if head > 0 && result.is_ok() {
+                result = engine.forward(&batch[..head], &mut session.cache, Logits::Last).map(drop);
+            }
+            tails.push(&batch[head..]);
+        }
+        let logits = result.and_then(|()| {
+            let mut seqs: Vec<SeqBatch<'_>> =
+                sessions.iter_mut().zip(&tails).map(|(s, t)| SeqBatch { tokens: t, cache: &mut s.cache }).collect();
+            Ok(engine.run(|model, rt| model.forward_batch(rt, &mut seqs))?)
+        });
+        let logits = match logits {
+            Ok(logits) => logits,
+            Err(e) => {
+                // All or nothing: no session keeps rows of a failed step.
+                for (session, &start) in sessions.iter_mut().zip(&starts) {
+                    session.cache.truncate(start);
+                }
+                return Err(e);
+            }
+        };
         for ((session, new), logits) in sessions.iter_mut().zip(tokens).zip(&logits) {
             session.unfed = None;
             session.tokens.extend_from_slice(new);
