@@ -31,9 +31,11 @@ use crate::{Result, Runtime};
 /// MLA family, so they use the RMSNorm class default, not `rms_norm_eps`.
 pub const LATENT_NORM_EPS: f32 = 1e-6;
 
-/// Largest expansion (keys × heads × (nope + v) f32, 256 MiB) the prefill
-/// may build instead of attending over the latents.
-const MAX_EXPANDED_FLOATS: usize = 64 << 20;
+/// Largest expansion (keys × heads × (nope + v) f32, 48 MiB) the prefill
+/// may build instead of attending over the latents: the engine's cap on
+/// one pass's activations (`strata_engine::ACTIVATION_BYTES_MAX`), which
+/// live in the memory budget's slack.
+const MAX_EXPANDED_FLOATS: usize = 12 << 20;
 
 /// How the query is produced.
 #[derive(Debug, Clone)]
