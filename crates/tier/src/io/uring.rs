@@ -120,7 +120,8 @@ fn read_once(ring: &mut IoUring, file: &File, buf: &mut AlignedBuf, range: Range
         return Outcome::NotSubmitted(io::Error::other("io_uring submission queue unexpectedly full"));
     }
     loop {
-        let submitted = ring.submit();
+        // One syscall submits the read and waits for it.
+        let submitted = ring.submit_and_wait(1);
         // Whatever `submit` said, the queue's head tells whether the kernel
         // took the entry; that decides whether the buffer is in the kernel's hands.
         if ring.submission().is_empty() {
