@@ -282,7 +282,11 @@ async fn chat(app: SharedApp, body: Result<Bytes, BytesRejection>) -> Result<Res
         }))
         .into_response());
     }
-    let chunk = move |delta: Value, finish: Option<&str>| {
+    let chunk = move |text: Option<&str>, finish: Option<&str>| {
+        let delta = match text {
+            Some(text) => json!({ "content": text }),
+            None => json!({}),
+        };
         json!({
             "id": id,
             "object": "chat.completion.chunk",
@@ -292,14 +296,29 @@ async fn chat(app: SharedApp, body: Result<Bytes, BytesRejection>) -> Result<Res
             "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }],
         })
     };
-    let first = data(&chunk(json!({ "role": "assistant", "content": "" }), None));
-    let events = generation.into_stream().flat_map(move |piece| {
+    let mut first = chunk(None, None);
+    first["choices"][0]["delta"] = json!({ "role": "assistant", "content": "" });
+    let events = chunk_events(generation.into_stream(), include_usage, prompt_tokens, chunk);
+    Ok(sse(futures_util::stream::once(async move { data(&first) }).chain(events)))
+}
+
+/// An OpenAI stream's events: a chunk per piece of text, the chunk with the
+/// finish reason, the usage chunk when asked for, and `[DONE]`.
+/// `chunk(text, finish)` builds one chunk of the endpoint's kind (`text` is
+/// `None` for the chunks that carry no text).
+fn chunk_events(
+    pieces: impl futures_util::Stream<Item = Result<Piece, ApiError>> + Send + 'static,
+    include_usage: bool,
+    prompt_tokens: usize,
+    chunk: impl Fn(Option<&str>, Option<&str>) -> Value + Send + 'static,
+) -> impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static {
+    pieces.flat_map(move |piece| {
         let events = match piece {
-            Ok(Piece::Text(text)) => vec![data(&chunk(json!({ "content": text }), None))],
+            Ok(Piece::Text(text)) => vec![data(&chunk(Some(&text), None))],
             Ok(Piece::End { reason, completion_tokens }) => {
-                let mut last = vec![data(&chunk(json!({}), Some(finish_reason(reason))))];
+                let mut last = vec![data(&chunk(None, Some(finish_reason(reason))))];
                 if include_usage {
-                    let mut tail = chunk(json!({}), None);
+                    let mut tail = chunk(None, None);
                     tail["choices"] = json!([]);
                     tail["usage"] = usage(prompt_tokens, completion_tokens);
                     last.push(data(&tail));
@@ -310,8 +329,7 @@ async fn chat(app: SharedApp, body: Result<Bytes, BytesRejection>) -> Result<Res
             Err(e) => vec![data(&e.body())],
         };
         futures_util::stream::iter(events)
-    });
-    Ok(sse(futures_util::stream::once(async { first }).chain(events)))
+    })
 }
 
 pub async fn completions(State(app): State<SharedApp>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -373,35 +391,17 @@ async fn completion(app: SharedApp, body: Result<Bytes, BytesRejection>) -> Resu
         }))
         .into_response());
     }
-    let chunk = move |text: &str, finish: Option<&str>| {
+    let chunk = move |text: Option<&str>, finish: Option<&str>| {
         json!({
             "id": id,
             "object": "text_completion",
             "created": created,
             "model": model,
             "system_fingerprint": fingerprint(),
-            "choices": [{ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }],
+            "choices": [{ "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish }],
         })
     };
-    let events = generation.into_stream().flat_map(move |piece| {
-        let events = match piece {
-            Ok(Piece::Text(text)) => vec![data(&chunk(&text, None))],
-            Ok(Piece::End { reason, completion_tokens }) => {
-                let mut last = vec![data(&chunk("", Some(finish_reason(reason))))];
-                if include_usage {
-                    let mut tail = chunk("", None);
-                    tail["choices"] = json!([]);
-                    tail["usage"] = usage(prompt_tokens, completion_tokens);
-                    last.push(data(&tail));
-                }
-                last.push(Ok(Event::default().data("[DONE]")));
-                last
-            }
-            Err(e) => vec![data(&e.body())],
-        };
-        futures_util::stream::iter(events)
-    });
-    Ok(sse(events))
+    Ok(sse(chunk_events(generation.into_stream(), include_usage, prompt_tokens, chunk)))
 }
 
 /// One SSE `data:` event holding `value`.
