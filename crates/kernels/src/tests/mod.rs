@@ -5,6 +5,7 @@
 //! two-core machine.
 
 mod gdn;
+mod gdn_torch;
 mod int;
 mod matrix;
 mod ops;
