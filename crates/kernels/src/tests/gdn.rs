@@ -14,12 +14,12 @@ fn head_dim() -> impl Strategy<Value = usize> {
     prop_oneof![Just(1usize), Just(7), Just(33), Just(128), 1usize..=80]
 }
 
-/// Asserts `|got - want| <= rel * max(|want|_inf, 1)` element-wise: the
-/// rounding of these kernels is relative to the largest state or output
-/// value, not to each (possibly cancelled) element.
+/// Asserts `|got - want| <= rel * |want|_inf` element-wise: the rounding of
+/// these kernels is relative to the largest state or output value, not to
+/// each (possibly cancelled) element.
 pub(crate) fn assert_all_close(got: &[f32], want: &[f32], rel: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
-    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    let scale = want.iter().fold(f32::MIN_POSITIVE, |m, v| m.max(v.abs()));
     let (worst, at) = got.iter().zip(want).enumerate().fold((0.0f32, 0), |(w, at), (i, (g, v))| {
         let d = (g - v).abs();
         if d > w || d.is_nan() { (d, i) } else { (w, at) }
@@ -109,7 +109,7 @@ impl Run {
 }
 
 /// Chunked and recurrent prefill agree to this, relative to the largest
-/// output or state value (measured: below 1e-6 at d = 128 over 130 tokens).
+/// output or state value (worst seen over 3000 random cases: 5e-6).
 const CHUNK_REL_TOL: f32 = 1e-5;
 
 /// The vector tiers agree with the scalar reference step to this.
