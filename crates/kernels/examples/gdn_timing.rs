@@ -75,7 +75,7 @@ fn main() {
         let token = DeltaToken { q: &q[..D], k: &k[..D], v: &v[..D], g: g[0], beta: beta[0] };
         let (mut state, mut out) = (state0.clone(), vec![0.0f32; D]);
         let steps = 2000;
-        let hot = best(5, || {
+        let hot = best(20, || {
             for _ in 0..steps {
                 gdn::delta_rule_step(isa, black_box(&mut state), &token, &mut out);
             }

@@ -7,12 +7,13 @@
 //!
 //! **On CPU it does not beat the recurrence at the models' sizes** (measured
 //! with `examples/gdn_timing.rs`, `d_k = d_v = 128`, 512 tokens, one thread:
-//! 1.0x the recurrence's speed on AVX-512, 0.8x on AVX2, 0.75x scalar). The
-//! passes it saves over the state are paid back in its own multiply-adds
-//! (the UT system, the solves, the intra-chunk attention), and its `W S` and
-//! `q S` products still stream the state once per token: winning needs a
-//! register-blocked matrix product, or a GPU. It is kept, and tested against
-//! the recurrence and transformers, for parity with transformers' prefill.
+//! 0.54x the speed of [`super::delta_rule_recurrent`] on AVX-512, 0.8x on
+//! AVX2 and scalar). The passes it saves over the state are paid back in its
+//! own multiply-adds (the UT system, the solves, the intra-chunk attention),
+//! and its `W S` and `q S` products still stream the state once per token:
+//! winning needs a register-blocked matrix product, or a GPU. It is kept,
+//! and tested against the recurrence and transformers, for parity with
+//! transformers' prefill; CPU prefill should run the recurrence.
 //!
 //! Per chunk of `L` tokens, with `G_i = g_0 + ... + g_i` and
 //! `D_ij = exp(G_i - G_j)` for `j <= i`:

@@ -129,27 +129,37 @@ impl<'a> DeltaTokens<'a> {
     }
 }
 
+/// Columns of the state per rank-1 pass of [`delta_rule_step`] (their
+/// delta lives on the stack): the models' `d_v = 128` in one pass, so tiers
+/// that update row by row make one call per row, not one per block.
+const DELTA_BLOCK_COLS: usize = 256;
+
 /// One decode step of the gated delta rule for one value head, on `isa`:
-/// the operations and order of [`scalar::gdn::delta_rule_step`], built from
-/// the vector primitives of [`Isa`] (one scale, two row reductions and one
-/// rank-1 update over the `[d_k, d_v]` state). Writes `q^T S` to `out`.
+/// the operations and order of [`scalar::gdn::delta_rule_step`] in two
+/// passes over the `[d_k, d_v]` state with [`Isa::update_rows`] (decay and
+/// `k^T S`; rank-1 update and `q^T S`), so the state is read and written
+/// once from memory and once more from L2. Writes `q^T S` to `out`.
 ///
 /// # Panics
 /// If the lengths do not fit `d_k = k.len()`, `d_v = v.len()` (both > 0).
 pub fn delta_rule_step(isa: Isa, state: &mut [f32], token: &DeltaToken<'_>, out: &mut [f32]) {
     let (_, d_v) = token.check(state, out);
-    isa.scale(token.g.exp(), state);
     out.fill(0.0);
-    isa.axpy_rows(token.k, state, d_v, out);
+    isa.update_rows(token.g.exp(), None, state, d_v, token.k, out);
     // `out` holds kv_mem = k^T S; it becomes delta, then the output.
     for (o, &vj) in out.iter_mut().zip(token.v) {
         *o = (vj - *o) * token.beta;
     }
-    for (row, &ki) in state.chunks_exact_mut(d_v).zip(token.k) {
-        isa.axpy(ki, out, row);
+    // Column blocks are independent in the second pass, so each block's
+    // delta moves to the stack and its part of `out` takes the output.
+    let mut delta = [0.0f32; DELTA_BLOCK_COLS];
+    for c0 in (0..d_v).step_by(DELTA_BLOCK_COLS) {
+        let cols = DELTA_BLOCK_COLS.min(d_v - c0);
+        let (delta, out) = (&mut delta[..cols], &mut out[c0..c0 + cols]);
+        delta.copy_from_slice(out);
+        out.fill(0.0);
+        isa.update_rows(1.0, Some((token.k, &*delta)), &mut state[c0..], d_v, token.q, out);
     }
-    out.fill(0.0);
-    isa.axpy_rows(token.q, state, d_v, out);
 }
 
 /// [`delta_rule_step`] for every token of `tokens` in turn (a prefill by

@@ -135,6 +135,20 @@ proptest! {
         }
     }
 
+    /// The dispatched step on the scalar tier is the reference, bit for bit.
+    #[test]
+    fn scalar_tier_step_is_the_reference(d_k in head_dim(), d_v in head_dim(), seed in any::<u64>()) {
+        let run = Run::random(seed, 2, d_k, d_v);
+        let (want_out, want_state) = run.reference();
+        let mut state = run.state.clone();
+        let mut out = vec![f32::NAN; 2 * d_v];
+        for (t, out_t) in out.chunks_exact_mut(d_v).enumerate() {
+            gdn::delta_rule_step(Isa::scalar(), &mut state, &run.token(t), out_t);
+        }
+        prop_assert_eq!(bits(&out), bits(&want_out));
+        prop_assert_eq!(bits(&state), bits(&want_state));
+    }
+
     #[test]
     fn chunked_matches_recurrence(
         tokens in prop_oneof![1usize..=3, 60usize..=70, 126usize..=131],
