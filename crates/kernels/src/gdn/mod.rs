@@ -16,9 +16,11 @@
 //!
 //! `q` is expected l2-normalised *and* multiplied by [`query_scale`], `k`
 //! l2-normalised: transformers does both inside its kernels
-//! (`use_qk_l2norm_in_kernel=True`, then `query * scale`), here the caller
-//! does them once per key head, before the `num_v_heads / num_k_heads`
-//! value heads that share it.
+//! (`use_qk_l2norm_in_kernel=True`; then its chunked form multiplies q by
+//! `d_k ** -0.5` and its recurrent form divides by `d_k ** 0.5`, one rounding
+//! apart), here the caller does them once per key head, before the
+//! `num_v_heads / num_k_heads` value heads that share it, and the same way
+//! for prefill and decode.
 
 mod chunk;
 
@@ -31,8 +33,8 @@ pub use chunk::{CHUNK_TOKENS, delta_rule_chunked};
 pub const L2NORM_EPS: f32 = 1e-6;
 
 /// The factor on the l2-normalised query: `1 / sqrt(d_k)`, computed as
-/// transformers does (`1 / (d_k ** 0.5)` in f64, then rounded to f32 by the
-/// `query * scale` of an f32 tensor).
+/// transformers' chunked form does (`d_k ** -0.5` in f64, rounded to f32 by
+/// the `query * scaling` of an f32 tensor).
 pub fn query_scale(d_k: usize) -> f32 {
     (1.0 / (d_k as f64).sqrt()) as f32
 }
