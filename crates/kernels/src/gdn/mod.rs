@@ -36,7 +36,7 @@ pub const L2NORM_EPS: f32 = 1e-6;
 /// transformers' chunked form does (`d_k ** -0.5` in f64, rounded to f32 by
 /// the `query * scaling` of an f32 tensor).
 pub fn query_scale(d_k: usize) -> f32 {
-    (1.0 / (d_k as f64).sqrt()) as f32
+    (d_k as f64).powf(-0.5) as f32
 }
 
 /// Bytes of one value head's f32 state: a decode step reads all of them and

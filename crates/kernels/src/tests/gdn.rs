@@ -255,6 +255,7 @@ fn decode_step_known_values() {
 fn state_bytes_and_scale() {
     // Qwen3-Next / Qwen3.6 heads: 64 KiB read and written per decode step.
     assert_eq!(gdn::state_bytes(128, 128), 65_536);
+    // Rounded to f32, `d ** -0.5` and `1 / sqrt(d)` agree for every d <= 4096.
     assert_eq!(gdn::query_scale(128), (1.0f64 / 128f64.sqrt()) as f32);
     assert_eq!(gdn::query_scale(4), 0.5);
 }
