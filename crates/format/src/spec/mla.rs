@@ -4,7 +4,7 @@
 //!
 //! Defaults mirror `DeepseekV3Config` and `GlmMoeDsaConfig` of transformers
 //! 5.23 for scalars; fields that fix tensor shapes are required, as for the
-//! GQA families. The exact math is in `/work/notes/mla.md`.
+//! GQA families. The exact math is in `docs/mla.md`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
