@@ -138,7 +138,12 @@ fn a_read_only_model_directory_answers_with_one_warning() {
     let mounted = dir.path().join("ro");
     std::fs::create_dir(&mounted).unwrap();
     let Some(_bind) = Mount::new(&["--bind", path(&model)], &mounted) else { return };
-    let Some(_ro) = Mount::new(&["-o", "remount,bind,ro"], &mounted) else { return };
+    // The same mount made read-only: `_bind` unmounts it.
+    let remounted = Command::new("mount").args(["-o", "remount,bind,ro"]).arg(&mounted).status();
+    if !remounted.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: cannot remount {} read-only", mounted.display());
+        return;
+    }
     let (tokens, stderr) = generate_json(&mounted, &[]);
     assert_eq!(tokens, reference);
     assert_one_usage_warning(&stderr);
@@ -165,19 +170,6 @@ fn a_full_model_volume_answers_with_one_warning() {
     assert_eq!(tokens, reference);
     assert_one_usage_warning(&stderr);
     assert!(stderr.contains("No space left"), "the OS's reason is shown: {stderr}");
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
 }
 
 /// Writes to `file` until the volume is full.
@@ -220,4 +212,93 @@ fn an_overflowing_context_is_refused_not_wrapped() {
     };
     assert_clean_failure(&run("2251799813685248"), &["context", "2251799813685248"]);
     assert_clean_failure(&run(&u64::MAX.to_string()), &["context"]);
+}
+
+/// The manifest entry of dense tensor `name` in `model`.
+fn tensor_entry(model: &Path, name: &str) -> Value {
+    let manifest: Value = serde_json::from_slice(&std::fs::read(model.join("manifest.json")).unwrap()).unwrap();
+    let tensors = manifest["tensors"].as_array().unwrap();
+    tensors.iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("no tensor {name}")).clone()
+}
+
+/// Writes `values` as f32s at byte `offset` of `file`, in place.
+fn poke_f32s(file: &Path, offset: u64, values: &[f32]) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    f.write_all(&bytes).unwrap();
+}
+
+/// A NaN or infinite quantization scale on disk used to give token `[0]`
+/// (or "2626…") with exit 0. Now: one line naming the tensor, or the file,
+/// layer and expert, and no tokens.
+#[test]
+fn a_non_finite_scale_is_an_error_naming_where_not_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good");
+    convert("olmoe", "q8", &good);
+    let generate = |model: &Path| {
+        let mut args = vec!["generate", path(model), "--expert-cache", "0"];
+        args.extend(GENERATE);
+        strata(&args)
+    };
+
+    // A dense matrix's scale.
+    let model = dir.path().join("dense-nan");
+    copy_dir(&good, &model);
+    let q = tensor_entry(&model, "model.layers.0.self_attn.q_proj.weight");
+    poke_f32s(&model.join("dense.bin"), q["scale_offset_bytes"].as_u64().unwrap(), &[f32::NAN]);
+    assert_clean_failure(
+        &generate(&model),
+        &["model.layers.0.self_attn.q_proj.weight", "non-finite scale", "dense.bin"],
+    );
+
+    // The first scale of every expert's down matrix in layer 1: whichever
+    // expert is routed, its read is refused.
+    let model = dir.path().join("expert-inf");
+    copy_dir(&good, &model);
+    let manifest: Value = serde_json::from_slice(&std::fs::read(model.join("manifest.json")).unwrap()).unwrap();
+    let layer = &manifest["expert_layers"][1];
+    let record_bytes = layer["record_bytes"].as_u64().unwrap();
+    let down_scales = layer["components"][2]["scale_offset_bytes"].as_u64().unwrap();
+    let file = model.join(layer["file"].as_str().unwrap());
+    for expert in 0..layer["num_experts"].as_u64().unwrap() {
+        poke_f32s(&file, expert * record_bytes + down_scales, &[f32::INFINITY]);
+    }
+    let out = generate(&model);
+    assert_clean_failure(&out, &["non-finite scale", "of layer 1, down matrix", "layer_001.bin"]);
+}
+
+/// Finite weights that overflow (a final norm of f32::MAX) make infinite or
+/// NaN logits: sampling from them used to pick garbage with exit 0.
+#[test]
+fn a_non_finite_logit_is_an_error_not_a_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    convert("olmoe", "q8", &model);
+    let norm = tensor_entry(&model, "model.norm.weight");
+    let count = norm["length_bytes"].as_u64().unwrap() as usize / 4;
+    poke_f32s(&model.join("dense.bin"), norm["offset_bytes"].as_u64().unwrap(), &vec![f32::MAX; count]);
+    let mut args = vec!["generate", path(&model)];
+    args.extend(GENERATE);
+    let out = strata(&args);
+    assert_clean_failure(&out, &["non-finite logit", "position 2"]);
+    assert!(out.stdout.is_empty(), "no tokens: {}", String::from_utf8_lossy(&out.stdout));
+    // Sampled too (the NaN compared false with everything).
+    args.extend(["--temperature", "0.8", "--seed", "3"]);
+    assert_clean_failure(&strata(&args), &["non-finite logit"]);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
 }
