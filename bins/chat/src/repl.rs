@@ -66,6 +66,9 @@ fn answer(chat: &mut Chat<'_>, line: &str, options: &ReplyOptions, interrupted: 
         if interrupted.load(Ordering::SeqCst) { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     })?;
     println!();
+    for warning in chat.take_warnings() {
+        eprintln!("warning: {warning}");
+    }
     if reply.finish == strata_engine::FinishReason::Cancelled {
         println!("(stopped)");
     }
