@@ -229,6 +229,8 @@ pub fn run(engine: &Engine, eos: &[u32], limits: Limits, mut jobs: mpsc::Receive
             idle.put(seq.session, limits.max_batch - active.len());
         }
         metrics.active_sequences.store(active.len() as u64, Relaxed);
+        let kv_bytes = active.iter().map(|s| &s.session).chain(&idle.sessions).map(Session::kv_bytes).sum();
+        metrics.kv_bytes.store(kv_bytes, Relaxed);
     }
 }
 
@@ -345,6 +347,7 @@ fn step(engine: &Engine, eos: &[u32], prefill_chunk: usize, active: &mut Vec<Seq
     metrics.expert_bytes_read.store(store.bytes_read, Relaxed);
     metrics.expert_evictions.store(store.evictions, Relaxed);
     metrics.expert_stall_ns.store(engine.pipeline_stats().stall_ns, Relaxed);
+    metrics.expert_cache_used_bytes.store(engine.memory_use().expert_cache_used_bytes, Relaxed);
 }
 
 fn fail_all(active: &mut Vec<Seq<'_>>, message: &str) {

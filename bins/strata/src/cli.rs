@@ -57,7 +57,8 @@ pub enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
-    /// Generate tokens after a prompt of token ids.
+    /// Generate after a prompt: text (`--prompt`, the answer printed as text)
+    /// or token ids (`--tokens`).
     Generate {
         /// A container or Hugging Face checkpoint (default: the demo model).
         model_dir: Option<PathBuf>,
@@ -133,6 +134,11 @@ pub enum Command {
     Trace {
         #[command(subcommand)]
         command: TraceCommand,
+    },
+    /// Print shell completions, e.g. `strata completions bash > ~/.local/share/bash-completion/completions/strata`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
     },
 }
 

@@ -34,6 +34,11 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Info { model_dir, verify } => info(&model(model_dir)?, verify),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "strata", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Perplexity { model_dir, text, json, run } => perplexity(&model(model_dir)?, &text, json, &run),
         Command::Logits { model_dir, tokens, out, pass_tokens, run } => {
             let model_dir = model(model_dir)?;

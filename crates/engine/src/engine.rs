@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use serde::Serialize;
 use strata_format::{Container, LayerKind, ModelSpec};
 use strata_kernels::Threads;
 use strata_kv::KvCache;
@@ -97,6 +98,17 @@ impl Default for EngineOptions {
             trace_file: None,
         }
     }
+}
+
+/// Memory in use, as opposed to the budget's capacities (see
+/// [`Engine::memory_use`]; a session's KV is [`Session::kv_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MemoryUse {
+    /// The process's resident memory (`VmRSS`); `None` without `/proc`.
+    pub resident_bytes: Option<u64>,
+    /// Bytes of expert records held in the cache now.
+    pub expert_cache_used_bytes: u64,
+    pub expert_cache_capacity_bytes: u64,
 }
 
 /// A model ready to run.
@@ -216,6 +228,15 @@ impl Engine {
     /// The expert cache's capacity in bytes.
     pub fn expert_cache_bytes(&self) -> usize {
         self.store.capacity_bytes()
+    }
+
+    /// Memory in use now, beside the capacities the budget planned.
+    pub fn memory_use(&self) -> MemoryUse {
+        MemoryUse {
+            resident_bytes: strata_tier::resident_bytes(),
+            expert_cache_used_bytes: self.store.held_bytes() as u64,
+            expert_cache_capacity_bytes: self.store.capacity_bytes() as u64,
+        }
     }
 
     /// Things the user should know that did not stop the engine (e.g. a

@@ -63,8 +63,18 @@ pub fn mem_available_bytes() -> Result<u64> {
 
 /// The process's peak resident memory so far (`VmHWM`), if the kernel says.
 pub fn peak_rss_bytes() -> Option<u64> {
+    proc_status_bytes("VmHWM:")
+}
+
+/// The process's resident memory now (`VmRSS`), if the kernel says.
+pub fn resident_bytes() -> Option<u64> {
+    proc_status_bytes("VmRSS:")
+}
+
+/// A `kB` line of `/proc/self/status`, in bytes.
+fn proc_status_bytes(label: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(label))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }

@@ -25,6 +25,7 @@ mod usage;
 pub use aligned::AlignedBuf;
 pub use budget::{
     AUTO_SHARE_PERCENT, BudgetNeeds, BudgetPlan, RamBudget, SLACK_BYTES, mem_available_bytes, peak_rss_bytes,
+    resident_bytes,
 };
 pub use error::{Error, Result};
 pub use io::{IoBackend, IoPool, RecordCheck, RecordFile};
