@@ -112,10 +112,11 @@ impl ExpertStore {
         let record_bytes_max = files.iter().flatten().map(|f| f.record_bytes()).max().unwrap_or(0);
         let capacity_records = options.capacity_bytes.checked_div(record_bytes_max).unwrap_or(0);
         let pinned_max = capacity_records * options.pinned_percent / 100;
+        let experts_max = files.iter().flatten().map(|f| f.num_experts()).max().unwrap_or(0);
         let n_layers = files.len();
         let cache = Cache {
             entries: HashMap::new(),
-            policy: new_policy(options.policy, &usage, pinned_max),
+            policy: new_policy(options.policy, &usage, pinned_max, experts_max),
             held_bytes: 0,
             free: Vec::new(),
             stats: StoreStats {
@@ -191,6 +192,7 @@ impl ExpertStore {
                 Ok(Some(buf))
             }
             None => {
+                cache.policy.on_miss(key);
                 cache.stats.misses += 1;
                 cache.stats.layer_misses[key.layer] += 1;
                 Ok(None)
@@ -236,7 +238,11 @@ impl ExpertStore {
         let len = buf.len();
         cache.stats.bytes_read += len as u64;
         let buf = Arc::new(buf);
-        if len > self.options.capacity_bytes || cache.entries.contains_key(&key) {
+        if cache.entries.contains_key(&key) {
+            return buf;
+        }
+        if len > self.options.capacity_bytes {
+            cache.policy.on_bypass(key);
             return buf;
         }
         while cache.held_bytes + len > self.options.capacity_bytes {
@@ -244,8 +250,13 @@ impl ExpertStore {
             let leased = |k: ExpertKey| entries.get(&k).is_some_and(|b| Arc::strong_count(b) > 1);
             let Some(victim) = cache.policy.victim(&leased) else {
                 // Everything resident is in use: serve this one uncached.
+                cache.policy.on_bypass(key);
                 return buf;
             };
+            if !cache.policy.admits(key, victim) {
+                cache.policy.on_bypass(key);
+                return buf;
+            }
             cache.policy.on_remove(victim);
             let evicted = cache.entries.remove(&victim).expect("the policy names resident keys");
             cache.held_bytes -= evicted.len();
