@@ -14,6 +14,7 @@ mod aligned;
 mod budget;
 mod error;
 pub mod io;
+pub mod mirror;
 pub mod policy;
 mod replay;
 mod size;
@@ -26,7 +27,8 @@ pub use budget::{
     AUTO_SHARE_PERCENT, BudgetNeeds, BudgetPlan, RamBudget, SLACK_BYTES, mem_available_bytes, peak_rss_bytes,
 };
 pub use error::{Error, Result};
-pub use io::{IoBackend, IoPool, RecordFile};
+pub use io::{IoBackend, IoPool, RecordFile, RecordSource};
+pub use mirror::{LayerFile, MirrorOptions, MirrorSpec, Mirrors};
 pub use policy::{Policy, PolicyKind, new_policy};
 pub use replay::{HitRate, ReplayReport, replay, simulate};
 pub use size::ByteSize;

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::io::{IoBackend, IoPool, RecordFile};
+use crate::io::{IoBackend, IoPool, RecordFile, RecordSource};
+use crate::mirror::{MirrorOptions, Mirrors};
 use crate::policy::{Policy, PolicyKind, new_policy};
 use crate::usage::Usage;
 use crate::{AlignedBuf, Error, Result};
@@ -71,6 +72,9 @@ pub struct StoreStats {
     pub layer_hits: Vec<u64>,
     /// Misses per decoder layer.
     pub layer_misses: Vec<u64>,
+    /// Bytes each mirror served, in `--mirror` order (the container's drive
+    /// served the rest of `bytes_read`).
+    pub mirror_bytes_read: Vec<u64>,
 }
 
 struct Cache {
@@ -87,6 +91,10 @@ struct Cache {
 /// capacity, under a replacement policy.
 pub struct ExpertStore {
     files: Vec<Option<Arc<RecordFile>>>,
+    /// Where each layer's records are read from: its file, or its file and
+    /// the mirrors' copies of it.
+    sources: Vec<Option<Arc<dyn RecordSource>>>,
+    mirrors: Mirrors,
     options: StoreOptions,
     cache: Mutex<Cache>,
     pool: IoPool,
@@ -100,6 +108,17 @@ impl ExpertStore {
     /// Opens every layer's expert file. `sources[l]` is `None` for a layer
     /// without routed experts. `usage` is what earlier runs learned.
     pub fn open(sources: Vec<Option<ExpertSource>>, options: StoreOptions, usage: Usage) -> Result<Self> {
+        Self::open_mirrored(sources, options, usage, &MirrorOptions::default())
+    }
+
+    /// [`open`](Self::open), reading from the mirrors of `mirrors` too
+    /// (validated here; see `mirror`).
+    pub fn open_mirrored(
+        sources: Vec<Option<ExpertSource>>,
+        options: StoreOptions,
+        usage: Usage,
+        mirrors: &MirrorOptions,
+    ) -> Result<Self> {
         let files = sources
             .into_iter()
             .enumerate()
@@ -109,6 +128,13 @@ impl ExpertStore {
                     .transpose()
             })
             .collect::<Result<Vec<_>>>()?;
+        let mirrors =
+            if mirrors.mirrors.is_empty() { Mirrors::none() } else { Mirrors::open(mirrors, options.io, &files)? };
+        let sources = files
+            .iter()
+            .enumerate()
+            .map(|(layer, file)| file.as_ref().map(|file| mirrors.source(layer, Arc::clone(file))))
+            .collect();
         let record_bytes_max = files.iter().flatten().map(|f| f.record_bytes()).max().unwrap_or(0);
         let capacity_records = options.capacity_bytes.checked_div(record_bytes_max).unwrap_or(0);
         let pinned_max = capacity_records * options.pinned_percent / 100;
@@ -126,7 +152,16 @@ impl ExpertStore {
             },
         };
         let pool = IoPool::new(options.io_workers.max(1), options.max_in_flight.max(1))?;
-        Ok(Self { files, options, cache: Mutex::new(cache), pool, loading: Mutex::new(()), usage: Mutex::new(usage) })
+        Ok(Self {
+            files,
+            sources,
+            mirrors,
+            options,
+            cache: Mutex::new(cache),
+            pool,
+            loading: Mutex::new(()),
+            usage: Mutex::new(usage),
+        })
     }
 
     /// The byte bound on cached records.
@@ -136,7 +171,20 @@ impl ExpertStore {
 
     /// Counters since the store was opened.
     pub fn stats(&self) -> StoreStats {
-        self.lock().stats.clone()
+        let mut stats = self.lock().stats.clone();
+        stats.mirror_bytes_read = self.mirrors.bytes_read();
+        stats
+    }
+
+    /// The mirrors read besides the container.
+    pub fn mirrors(&self) -> &Mirrors {
+        &self.mirrors
+    }
+
+    /// Warnings since the last call (a mirror copy that failed and is no
+    /// longer read), each given once.
+    pub fn take_warnings(&self) -> Vec<String> {
+        self.mirrors.take_warnings()
     }
 
     /// Bytes of records currently cached.
@@ -289,9 +337,10 @@ impl Loads<'_> {
     fn fill(&mut self) {
         while self.in_flight < self.store.options.max_in_flight.max(1) && self.next_submit < self.keys.len() {
             let key = self.keys[self.next_submit];
-            let file = Arc::clone(self.store.file(key).expect("keys checked in fetch"));
-            let buf = self.store.take_buffer(file.record_bytes());
-            self.store.pool.submit(file, key.expert, buf, self.next_submit as u64);
+            let record_bytes = self.store.file(key).expect("keys checked in fetch").record_bytes();
+            let source = Arc::clone(self.store.sources[key.layer].as_ref().expect("a layer with a file has a source"));
+            let buf = self.store.take_buffer(record_bytes);
+            self.store.pool.submit(source, key.expert, buf, self.next_submit as u64);
             self.next_submit += 1;
             self.in_flight += 1;
         }

@@ -91,6 +91,20 @@ impl FromStr for IoBackend {
     }
 }
 
+/// Anything the I/O pool can read a record from: an expert file, or one
+/// with copies on other drives (`mirror`).
+pub trait RecordSource: Send + Sync {
+    /// Reads record `expert` completely into `buf` (exactly one record
+    /// long); on error the contents of `buf` must not be used.
+    fn read_record(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()>;
+}
+
+impl RecordSource for RecordFile {
+    fn read_record(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()> {
+        self.read_into(expert, buf)
+    }
+}
+
 /// The open file and whatever the backend keeps with it.
 #[derive(Debug)]
 enum Handle {
@@ -310,7 +324,7 @@ fn check_regular_file(path: &Path, file: &File) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Write;
 
