@@ -144,7 +144,7 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum TraceCommand {
-    /// The hit rates LRU, LFRU, pinned and Belady's optimal policy get on a trace.
+    /// The hit rates LRU, LFRU, pinned, predict and Belady's optimal policy get on a trace.
     Replay {
         file: PathBuf,
         /// The expert cache to simulate.

@@ -238,9 +238,7 @@ fn replay(file: &std::path::Path, expert_cache: ByteSize) -> Result<()> {
         ByteSize(record_bytes)
     );
     println!("policy  hit rate  hits/accesses");
-    for (name, rate) in
-        [("lru", report.lru), ("lfru", report.lfru), ("pinned", report.pinned), ("belady", report.belady)]
-    {
+    for (name, rate) in report.rows() {
         println!("{name:<7} {:>7.2}%  {}/{}", rate.rate * 100.0, rate.hits, rate.accesses);
     }
     Ok(())

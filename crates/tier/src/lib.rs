@@ -15,6 +15,7 @@ mod aligned;
 mod budget;
 mod error;
 pub mod io;
+pub mod mirror;
 pub mod policy;
 mod replay;
 mod size;
@@ -28,7 +29,8 @@ pub use budget::{
     resident_bytes,
 };
 pub use error::{Error, Result};
-pub use io::{IoBackend, IoPool, RecordCheck, RecordFile};
+pub use io::{IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
+pub use mirror::{LayerFile, MirrorOptions, MirrorSpec, Mirrors};
 pub use policy::{Policy, PolicyKind, new_policy};
 pub use replay::{HitRate, ReplayReport, replay, simulate};
 pub use size::ByteSize;

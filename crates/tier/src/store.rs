@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::io::{IoBackend, IoPool, RecordCheck, RecordFile};
+use crate::io::{IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
+use crate::mirror::{MirrorOptions, Mirrors};
 use crate::policy::{Policy, PolicyKind, new_policy};
 use crate::usage::Usage;
 use crate::{AlignedBuf, Error, Result};
@@ -85,6 +86,9 @@ pub struct StoreStats {
     pub layer_hits: Vec<u64>,
     /// Misses per decoder layer.
     pub layer_misses: Vec<u64>,
+    /// Bytes each mirror served, in `--mirror` order (the container's drive
+    /// served the rest of `bytes_read`).
+    pub mirror_bytes_read: Vec<u64>,
 }
 
 struct Cache {
@@ -101,6 +105,10 @@ struct Cache {
 /// capacity, under a replacement policy.
 pub struct ExpertStore {
     files: Vec<Option<Arc<RecordFile>>>,
+    /// Where each layer's records are read from: its file, or its file and
+    /// the mirrors' copies of it.
+    sources: Vec<Option<Arc<dyn RecordSource>>>,
+    mirrors: Mirrors,
     options: StoreOptions,
     cache: Mutex<Cache>,
     pool: IoPool,
@@ -114,6 +122,17 @@ impl ExpertStore {
     /// Opens every layer's expert file. `sources[l]` is `None` for a layer
     /// without routed experts. `usage` is what earlier runs learned.
     pub fn open(sources: Vec<Option<ExpertSource>>, options: StoreOptions, usage: Usage) -> Result<Self> {
+        Self::open_mirrored(sources, options, usage, &MirrorOptions::default())
+    }
+
+    /// [`open`](Self::open), reading from the mirrors of `mirrors` too
+    /// (validated here; see `mirror`).
+    pub fn open_mirrored(
+        sources: Vec<Option<ExpertSource>>,
+        options: StoreOptions,
+        usage: Usage,
+        mirrors: &MirrorOptions,
+    ) -> Result<Self> {
         let files = sources
             .into_iter()
             .enumerate()
@@ -129,13 +148,21 @@ impl ExpertStore {
                     .transpose()
             })
             .collect::<Result<Vec<_>>>()?;
+        let mirrors =
+            if mirrors.mirrors.is_empty() { Mirrors::none() } else { Mirrors::open(mirrors, options.io, &files)? };
+        let sources = files
+            .iter()
+            .enumerate()
+            .map(|(layer, file)| file.as_ref().map(|file| mirrors.source(layer, Arc::clone(file))))
+            .collect();
         let record_bytes_max = files.iter().flatten().map(|f| f.record_bytes()).max().unwrap_or(0);
         let capacity_records = options.capacity_bytes.checked_div(record_bytes_max).unwrap_or(0);
         let pinned_max = capacity_records * options.pinned_percent / 100;
+        let experts_max = files.iter().flatten().map(|f| f.num_experts()).max().unwrap_or(0);
         let n_layers = files.len();
         let cache = Cache {
             entries: HashMap::new(),
-            policy: new_policy(options.policy, &usage, pinned_max),
+            policy: new_policy(options.policy, &usage, pinned_max, experts_max),
             held_bytes: 0,
             free: Vec::new(),
             stats: StoreStats {
@@ -145,7 +172,16 @@ impl ExpertStore {
             },
         };
         let pool = IoPool::new(options.io_workers.max(1), options.max_in_flight.max(1))?;
-        Ok(Self { files, options, cache: Mutex::new(cache), pool, loading: Mutex::new(()), usage: Mutex::new(usage) })
+        Ok(Self {
+            files,
+            sources,
+            mirrors,
+            options,
+            cache: Mutex::new(cache),
+            pool,
+            loading: Mutex::new(()),
+            usage: Mutex::new(usage),
+        })
     }
 
     /// The byte bound on cached records.
@@ -155,7 +191,20 @@ impl ExpertStore {
 
     /// Counters since the store was opened.
     pub fn stats(&self) -> StoreStats {
-        self.lock().stats.clone()
+        let mut stats = self.lock().stats.clone();
+        stats.mirror_bytes_read = self.mirrors.bytes_read();
+        stats
+    }
+
+    /// The mirrors read besides the container.
+    pub fn mirrors(&self) -> &Mirrors {
+        &self.mirrors
+    }
+
+    /// Warnings since the last call (a mirror copy that failed and is no
+    /// longer read), each given once.
+    pub fn take_warnings(&self) -> Vec<String> {
+        self.mirrors.take_warnings()
     }
 
     /// Bytes of records currently cached.
@@ -211,6 +260,7 @@ impl ExpertStore {
                 Ok(Some(buf))
             }
             None => {
+                cache.policy.on_miss(key);
                 cache.stats.misses += 1;
                 cache.stats.layer_misses[key.layer] += 1;
                 Ok(None)
@@ -256,7 +306,11 @@ impl ExpertStore {
         let len = buf.len();
         cache.stats.bytes_read += len as u64;
         let buf = Arc::new(buf);
-        if len > self.options.capacity_bytes || cache.entries.contains_key(&key) {
+        if cache.entries.contains_key(&key) {
+            return buf;
+        }
+        if len > self.options.capacity_bytes {
+            cache.policy.on_bypass(key);
             return buf;
         }
         while cache.held_bytes + len > self.options.capacity_bytes {
@@ -264,8 +318,13 @@ impl ExpertStore {
             let leased = |k: ExpertKey| entries.get(&k).is_some_and(|b| Arc::strong_count(b) > 1);
             let Some(victim) = cache.policy.victim(&leased) else {
                 // Everything resident is in use: serve this one uncached.
+                cache.policy.on_bypass(key);
                 return buf;
             };
+            if !cache.policy.admits(key, victim) {
+                cache.policy.on_bypass(key);
+                return buf;
+            }
             cache.policy.on_remove(victim);
             let evicted = cache.entries.remove(&victim).expect("the policy names resident keys");
             cache.held_bytes -= evicted.len();
@@ -298,9 +357,10 @@ impl Loads<'_> {
     fn fill(&mut self) {
         while self.in_flight < self.store.options.max_in_flight.max(1) && self.next_submit < self.keys.len() {
             let key = self.keys[self.next_submit];
-            let file = Arc::clone(self.store.file(key).expect("keys checked in fetch"));
-            let buf = self.store.take_buffer(file.record_bytes());
-            self.store.pool.submit(file, key.expert, buf, self.next_submit as u64);
+            let record_bytes = self.store.file(key).expect("keys checked in fetch").record_bytes();
+            let source = Arc::clone(self.store.sources[key.layer].as_ref().expect("a layer with a file has a source"));
+            let buf = self.store.take_buffer(record_bytes);
+            self.store.pool.submit(source, key.expert, buf, self.next_submit as u64);
             self.next_submit += 1;
             self.in_flight += 1;
         }

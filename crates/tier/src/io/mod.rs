@@ -98,6 +98,20 @@ impl FromStr for IoBackend {
 /// expert, and the record is not handed out.
 pub type RecordCheck = Arc<dyn Fn(usize, &[u8]) -> std::result::Result<(), String> + Send + Sync>;
 
+/// Anything the I/O pool can read a record from: an expert file, or one
+/// with copies on other drives (`mirror`).
+pub trait RecordSource: Send + Sync {
+    /// Reads record `expert` completely into `buf` (exactly one record
+    /// long); on error the contents of `buf` must not be used.
+    fn read_record(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()>;
+}
+
+impl RecordSource for RecordFile {
+    fn read_record(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()> {
+        self.read_into(expert, buf)
+    }
+}
+
 /// The open file and whatever the backend keeps with it.
 #[derive(Debug)]
 enum Handle {
@@ -347,7 +361,7 @@ fn check_regular_file(path: &Path, file: &File) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Write;
 
