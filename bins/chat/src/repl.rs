@@ -45,13 +45,17 @@ pub fn run<'e>(
     let model = if demo { DEMO_NOTE.to_owned() } else { engine.container().dir().display().to_string() };
     println!("strata chat: {model}.");
     println!(
-        "{} layers, {} experts (top-{}), context {} tokens, seed {}. /help for commands, Ctrl-D to quit.",
+        "{} layers, {} experts (top-{}), context {} tokens; temperature {}, top-k {}, top-p {}, seed {}.",
         spec.num_layers,
         spec.moe.num_experts,
         spec.moe.top_k,
         chat.session().context_tokens(),
+        options.sampling.temperature,
+        options.sampling.top_k,
+        options.sampling.top_p,
         options.sampling.seed
     );
+    println!("/help for commands, Ctrl-D to quit.");
     let mut last: Option<RunStats> = None;
     loop {
         let line = match editor.readline("> ") {

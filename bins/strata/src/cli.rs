@@ -65,7 +65,8 @@ pub enum Command {
         /// answer is printed as text.
         #[arg(long)]
         prompt: Option<String>,
-        #[arg(long, default_value_t = 32)]
+        /// Most tokens to generate.
+        #[arg(long, visible_alias = "max-tokens", default_value_t = 32)]
         max_new_tokens: usize,
         /// 0 means greedy.
         #[arg(long, default_value_t = 0.0)]
@@ -107,11 +108,17 @@ pub enum Command {
         run: RunArgs,
     },
     /// Write the container's weights, dequantized, as a Hugging Face checkpoint.
-    Export { model_dir: PathBuf, out_hf_dir: PathBuf },
+    Export {
+        model_dir: PathBuf,
+        out_hf_dir: PathBuf,
+        /// Replace OUT_HF_DIR if it exists.
+        #[arg(long)]
+        overwrite: bool,
+    },
     /// Write a container with random weights in a real model's shapes.
     Synth {
-        /// The model whose shapes to copy (see `strata synth --help` for the list).
-        #[arg(long)]
+        /// The model whose shapes to copy.
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(strata_format::LIKE.map(|(name, _)| name)))]
         like: String,
         /// Keep only this many decoder layers.
         #[arg(long)]

@@ -159,7 +159,10 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Trace { command: TraceCommand::Replay { file, expert_cache } } => replay(&file, expert_cache),
-        Command::Export { model_dir, out_hf_dir } => {
+        Command::Export { model_dir, out_hf_dir, overwrite } => {
+            if overwrite && out_hf_dir.exists() {
+                std::fs::remove_dir_all(&out_hf_dir).with_context(|| format!("removing {}", out_hf_dir.display()))?;
+            }
             strata_format::export(&model_dir, &out_hf_dir)
                 .with_context(|| format!("exporting {}", model_dir.display()))?;
             Ok(())

@@ -171,3 +171,11 @@ fn completions_are_printed_for_each_shell() {
         assert!(text.contains(marker) && text.contains("generate"), "{shell}: {text}");
     }
 }
+
+#[test]
+fn an_error_says_its_cause_once() {
+    let out = strata(&["trace", "replay", "/nonexistent/run.trace", "--expert-cache", "1MiB"]);
+    assert_clean_failure(&out, "/nonexistent/run.trace");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("No such file or directory").count(), 1, "{stderr}");
+}
