@@ -122,5 +122,8 @@ fn answer_piped(chat: &mut Chat<'_>, options: &ReplyOptions) -> Result<()> {
         ControlFlow::Continue(())
     })?;
     println!();
+    for warning in chat.take_warnings() {
+        eprintln!("chat: warning: {warning}");
+    }
     Ok(())
 }

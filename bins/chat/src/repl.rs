@@ -89,6 +89,9 @@ fn answer(chat: &mut Chat<'_>, line: &str, options: &ReplyOptions, interrupted: 
         if interrupted.load(Ordering::SeqCst) { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     })?;
     println!();
+    for warning in chat.take_warnings() {
+        eprintln!("warning: {warning}");
+    }
     if reply.dropped_messages > 0 {
         println!(
             "(the oldest {} messages were dropped to fit the {}-token context)",

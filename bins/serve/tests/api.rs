@@ -274,7 +274,7 @@ fn malformed_requests_get_4xx_with_error_bodies_never_5xx() {
         server.addr,
         "POST",
         "/v1/completions",
-        &[],
+        &[("Content-Type", "application/json")],
         Some(format!(r#"{{"model": "demo", "prompt": "{long_prompt}"}}"#).as_bytes()),
     );
     assert_eq!(context.json()["error"]["code"], "context_length_exceeded");

@@ -49,6 +49,11 @@ pub enum Command {
         tokens: TokenList,
         #[arg(long)]
         out: PathBuf,
+        /// Run the tokens in forward passes of at most this many (default:
+        /// the engine's, from the model's shapes). 1 feeds them one at a
+        /// time through the decode path, as generation does.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        pass_tokens: Option<u32>,
         #[command(flatten)]
         run: RunArgs,
     },

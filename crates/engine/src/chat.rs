@@ -173,6 +173,12 @@ impl<'e> Chat<'e> {
         &self.session
     }
 
+    /// Warnings since the last call, e.g. that learned expert usage or the
+    /// session file could not be saved; the answers went on.
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        self.session.take_warnings()
+    }
+
     /// Forgets everything but the system message.
     pub fn reset(&mut self) {
         self.messages.retain(|m| m.role == "system");

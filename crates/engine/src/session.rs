@@ -10,6 +10,7 @@ use strata_models::{Logits, SeqBatch};
 use strata_sched::LayerStats;
 use strata_tier::StoreStats;
 
+use crate::engine::check_logits;
 use crate::{Engine, Error, Result, Sampler, SamplingOptions};
 
 /// What to generate.
@@ -315,7 +316,13 @@ impl<'e> Session<'e> {
         let logits = result.and_then(|()| {
             let mut seqs: Vec<SeqBatch<'_>> =
                 sessions.iter_mut().zip(&tails).map(|(s, t)| SeqBatch { tokens: t, cache: &mut s.cache }).collect();
-            Ok(engine.run(|model, rt| model.forward_batch(rt, &mut seqs))?)
+            let logits = engine.run(|model, rt| model.forward_batch(rt, &mut seqs))?;
+            drop(seqs);
+            let vocab = engine.spec().vocab_size;
+            for (session, row) in sessions.iter().zip(&logits) {
+                check_logits(row, vocab, session.cache.len() - 1)?;
+            }
+            Ok(logits)
         });
         let logits = match logits {
             Ok(logits) => logits,
@@ -397,7 +404,7 @@ impl<'e> Session<'e> {
         report.stats.generated_tokens = report.tokens.len();
         report.stats.decode_ms = ms(decode_started.elapsed());
         run_start.fill_run(self.engine, &mut report.stats);
-        self.engine.persist_learning()?;
+        self.warnings.extend(self.engine.persist_learning_or_warn());
         Ok(report)
     }
 }

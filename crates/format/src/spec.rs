@@ -24,6 +24,9 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{Error, Result};
 use fields::{Fields, as_u32};
+pub use limits::{
+    MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
+};
 
 /// Model families this build knows, one per Hugging Face `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -353,7 +356,8 @@ impl ModelSpec {
 
         let vocab_size = cfg.req_usize("vocab_size")?;
         let hidden_size = cfg.req_usize("hidden_size")?;
-        let num_layers = cfg.req_usize("num_hidden_layers")?;
+        // Bounded before anything is sized by it (a list per layer).
+        let num_layers = limits::at_most("num_hidden_layers", cfg.req_usize("num_hidden_layers")?, MAX_LAYERS)?;
         let num_heads = cfg.req_usize("num_attention_heads")?;
         if num_heads == 0 {
             return Err(Error::invalid("num_attention_heads", "must be > 0"));
@@ -505,6 +509,7 @@ impl ModelSpec {
     /// Checks every invariant the rest of the engine relies on. Errors name
     /// the config.json field at fault.
     pub fn validate(&self) -> Result<()> {
+        limits::check(self)?;
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -901,6 +906,7 @@ fn parse_yarn(cfg: &Fields<'_>, p: &Fields<'_>, max_position_embeddings: usize) 
 }
 
 mod fields;
+mod limits;
 mod mla;
 #[cfg(test)]
 mod mla_tests;

@@ -10,6 +10,7 @@
 
 mod act;
 mod error;
+pub mod gdn;
 mod int;
 pub mod matrix;
 pub mod ops;

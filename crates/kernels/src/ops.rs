@@ -30,6 +30,24 @@ pub fn rmsnorm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
     scalar::apply_rmsnorm_inplace(x, weight, inv_rms);
 }
 
+/// Gated RMSNorm in place: `(weight * (x * rsqrt(mean(x^2) + eps))) *
+/// silu(gate)` in f32 (see [`scalar::rmsnorm_gated`]; plain `weight`, not
+/// `1 + weight`).
+///
+/// # Panics
+/// If `gate` or `weight` is not as long as `x`.
+pub fn rmsnorm_gated(x: &mut [f32], gate: &[f32], weight: &[f32], eps: f32) {
+    let inv_rms = scalar::inv_rms(Isa::detect().dot_f32(x, x), x.len(), eps);
+    scalar::apply_rmsnorm_gated(x, gate, weight, inv_rms);
+}
+
+/// `x *= rsqrt(sum(x^2) + eps)` in place (see [`scalar::l2norm`]).
+pub fn l2norm(x: &mut [f32], eps: f32) {
+    let isa = Isa::detect();
+    let inv_norm = scalar::inv_l2norm(isa.dot_f32(x, x), eps);
+    isa.scale(inv_norm, x);
+}
+
 /// Numerically stable softmax in place (see [`scalar::softmax_inplace`]).
 pub fn softmax_inplace(x: &mut [f32]) {
     scalar::softmax_inplace(x);

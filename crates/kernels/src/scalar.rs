@@ -20,6 +20,8 @@
 //! reorder the additions (and use FMA), so they agree with this reference to
 //! rounding error, not bit for bit.
 
+pub mod gdn;
+
 use crate::quant::{Q4_OFFSET, bf16_to_f32};
 
 /// Number of interleaved partial sums in the reference dot product.
@@ -228,6 +230,39 @@ pub(crate) fn apply_rmsnorm_inplace(x: &mut [f32], weight: &[f32], inv_rms: f32)
     }
 }
 
+/// Gated RMSNorm in place, the order of transformers' `Qwen3NextRMSNormGated`
+/// (and `Qwen3_5MoeRMSNormGated`): `(weight * (x * rsqrt(mean(x^2) + eps)))
+/// * silu(gate)`, all in f32. The weight multiplies as is (initialised to
+/// ones), not as the `(1 + w)` of the zero-centred decoder norms.
+///
+/// # Panics
+/// If `gate` or `weight` is not as long as `x`.
+pub fn rmsnorm_gated(x: &mut [f32], gate: &[f32], weight: &[f32], eps: f32) {
+    let inv_rms = inv_rms(dot_f32(x, x), x.len(), eps);
+    apply_rmsnorm_gated(x, gate, weight, inv_rms);
+}
+
+pub(crate) fn apply_rmsnorm_gated(x: &mut [f32], gate: &[f32], weight: &[f32], inv_rms: f32) {
+    assert_eq!(gate.len(), x.len(), "rmsnorm_gated: gate length differs");
+    assert_eq!(weight.len(), x.len(), "rmsnorm_gated: weight length differs");
+    for ((xi, &gi), &wi) in x.iter_mut().zip(gate).zip(weight) {
+        *xi = (wi * (*xi * inv_rms)) * silu(gi);
+    }
+}
+
+/// L2 normalisation in place, transformers' `l2norm` (qwen3_next, qwen3_5_moe):
+/// `x * rsqrt(sum(x^2) + eps)`. The epsilon is added to the sum of squares,
+/// not to the norm (FLA's convention; `F.normalize` would differ).
+pub fn l2norm(x: &mut [f32], eps: f32) {
+    let inv_norm = inv_l2norm(dot_f32(x, x), eps);
+    scale(inv_norm, x);
+}
+
+/// `1 / sqrt(sum_sq + eps)`.
+pub(crate) fn inv_l2norm(sum_sq: f32, eps: f32) -> f32 {
+    1.0 / (sum_sq + eps).sqrt()
+}
+
 /// Numerically stable softmax: subtract the max, exponentiate, divide by the
 /// sum (accumulated left to right). Like torch, a row that is entirely
 /// `-inf` yields NaN.
@@ -250,8 +285,14 @@ pub fn softmax_inplace(x: &mut [f32]) {
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "silu_mul: operand lengths differ");
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = silu(*g) * u;
     }
+}
+
+/// `silu(x) = x / (1 + exp(-x))`.
+#[inline]
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
 }
 
 /// Rotary embedding, HF `rotate_half` convention: element `i` pairs with

@@ -6,7 +6,10 @@
 //! `q_h` come from the compressed query (`wq_b`) and the head weights `w`
 //! from the hidden state (`weights_proj`); attention then sees only the
 //! `index_topk` best keys, or all of them while there are no more than that
-//! (`/work/notes/mla.md` §4).
+//! (`docs/mla.md` §4). Equal scores are common (every head's ReLU at zero),
+//! so the choice among them follows torch's CPU `topk` exactly
+//! ([`crate::torch_topk`]), over the row transformers scores: every key of
+//! the current forward pass, later positions masked.
 
 use rayon::prelude::*;
 use strata_format::{Container, DsaSpec, ModelSpec, names};
@@ -14,11 +17,16 @@ use strata_kernels::ops;
 
 use crate::common::project;
 use crate::rope::{Angles, rotate};
+use crate::torch_topk::torch_topk;
 use crate::weights::{matrix, vector};
 use crate::{Result, Runtime};
 
 /// `nn.LayerNorm(index_head_dim, eps=1e-6)` of the indexer keys.
 const KEY_NORM_EPS: f32 = 1e-6;
+
+/// A position after the query: below every score, equal to the others like
+/// it (transformers adds the causal mask's `f32::MIN`, or fills `-inf`).
+const MASKED: f32 = f32::NEG_INFINITY;
 
 /// One layer's indexer.
 #[derive(Debug, Clone)]
@@ -70,9 +78,13 @@ impl Indexer {
 
     /// For each query at positions `start..start + n`, the positions it may
     /// attend to, ascending: the `index_topk` best by index score among
-    /// `0..=position` (ties to the earlier position), or all of them.
-    /// `compressed` is the normalised compressed query `[n, q_lora_rank]`,
-    /// `keys` the cached indexer keys of positions `0..start + n`.
+    /// `0..=position`, or all of them. Ties go as `torch.topk` breaks them on
+    /// the row of all `start + n` keys of this pass, with the positions after
+    /// the query masked as the causal mask masks them: the same choice as
+    /// transformers for the same passes (a whole prompt, then one token at a
+    /// time). `compressed` is the normalised compressed query
+    /// `[n, q_lora_rank]`, `keys` the cached indexer keys of positions
+    /// `0..start + n`.
     pub fn select(
         &self,
         rt: &Runtime<'_>,
@@ -102,15 +114,18 @@ impl Indexer {
             let w_i = &weights[i * heads..][..heads];
             q_i.chunks_exact(d).zip(w_i).map(|(q_h, &w)| w * (ops::dot(q_h, key) * scale).max(0.0)).sum()
         };
+        let keys_in_pass = start + n;
+        // `scores` are query i's, for positions 0..=start + i.
         let choose = |scores: &[f32]| -> Vec<usize> {
-            let mut order: Vec<usize> = (0..scores.len()).collect();
-            if scores.len() > self.topk {
-                let by_score = |&a: &usize, &b: &usize| scores[b].total_cmp(&scores[a]).then(a.cmp(&b));
-                order.select_nth_unstable_by(self.topk - 1, by_score);
-                order.truncate(self.topk);
-                order.sort_unstable();
+            if scores.len() <= self.topk {
+                return (0..scores.len()).collect();
             }
-            order
+            let mut row = scores.to_vec();
+            row.resize(keys_in_pass, MASKED);
+            let mut chosen: Vec<usize> =
+                torch_topk(&row, self.topk).into_iter().filter(|&t| t < scores.len()).collect();
+            chosen.sort_unstable();
+            chosen
         };
         // Each score is computed by the same code whichever thread runs it,
         // so the choice does not depend on the thread count. One query (a

@@ -16,6 +16,7 @@ mod mla;
 mod mla_moe;
 mod rope;
 mod router;
+mod torch_topk;
 mod weights;
 
 pub use error::{Error, Result};

@@ -5,7 +5,7 @@
 //! with GLM-5's DSA indexer, [`crate::dsa`]) and either a dense SwiGLU MLP
 //! (the first `first_k_dense_replace` layers) or a MoE block: a sigmoid,
 //! group-limited router, routed experts streamed through the shared expert
-//! pipeline, and always-resident shared experts. `/work/notes/mla.md` has
+//! pipeline, and always-resident shared experts. `docs/mla.md` has
 //! the exact math.
 
 use std::sync::Arc;

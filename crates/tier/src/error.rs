@@ -33,6 +33,11 @@ pub enum Error {
         path.display()
     )]
     ShortRead { path: PathBuf, layer: usize, expert: usize, offset_bytes: u64, wanted_bytes: usize, got_bytes: usize },
+    /// A complete record that its [`RecordCheck`](crate::io::RecordCheck)
+    /// refused (a non-finite scale, a checksum mismatch); `reason` comes from
+    /// the check and names the file, layer and expert.
+    #[error("{reason}")]
+    RecordRejected { path: PathBuf, layer: usize, expert: usize, reason: String },
     /// A layer or expert index outside the model.
     #[error("no expert {expert} in layer {layer}")]
     NoSuchExpert { layer: usize, expert: usize },

@@ -7,8 +7,9 @@
 //! `strata-format`'s `ExpertLayout` in the layers above.
 //!
 //! **Architecture invariant:** the bytes handed out for an expert are always the
-//! complete record as read from disk. A short or failed read is an error, never
-//! a partly filled buffer.
+//! complete record as read from disk, and passed the record check the layers
+//! above gave (finite scales, checksum). A short, failed or refused read is an
+//! error, never a partly filled or damaged buffer.
 
 mod aligned;
 mod budget;
@@ -27,7 +28,7 @@ pub use budget::{
     resident_bytes,
 };
 pub use error::{Error, Result};
-pub use io::{IoBackend, IoPool, RecordFile};
+pub use io::{IoBackend, IoPool, RecordCheck, RecordFile};
 pub use policy::{Policy, PolicyKind, new_policy};
 pub use replay::{HitRate, ReplayReport, replay, simulate};
 pub use size::ByteSize;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::io::{IoBackend, IoPool, RecordFile};
+use crate::io::{IoBackend, IoPool, RecordCheck, RecordFile};
 use crate::policy::{Policy, PolicyKind, new_policy};
 use crate::usage::Usage;
 use crate::{AlignedBuf, Error, Result};
@@ -25,11 +25,25 @@ pub struct ExpertKey {
 
 /// Where one layer's expert records live: a file of `num_experts` fixed-size
 /// records, record `e` at byte offset `e * record_bytes`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ExpertSource {
     pub path: PathBuf,
     pub record_bytes: usize,
     pub num_experts: usize,
+    /// Run on every record read from disk (`None`: records are handed out
+    /// as read).
+    pub check: Option<RecordCheck>,
+}
+
+impl std::fmt::Debug for ExpertSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExpertSource")
+            .field("path", &self.path)
+            .field("record_bytes", &self.record_bytes)
+            .field("num_experts", &self.num_experts)
+            .field("checked", &self.check.is_some())
+            .finish()
+    }
 }
 
 /// How the store caches and reads.
@@ -105,7 +119,13 @@ impl ExpertStore {
             .enumerate()
             .map(|(layer, source)| {
                 source
-                    .map(|s| RecordFile::open(options.io, &s.path, layer, s.record_bytes, s.num_experts).map(Arc::new))
+                    .map(|s| {
+                        let file = RecordFile::open(options.io, &s.path, layer, s.record_bytes, s.num_experts)?;
+                        Ok(Arc::new(match s.check {
+                            Some(check) => file.with_check(check),
+                            None => file,
+                        }))
+                    })
                     .transpose()
             })
             .collect::<Result<Vec<_>>>()?;
@@ -323,7 +343,7 @@ mod tests {
         let path = dir.path().join("layer_000.bin");
         let bytes: Vec<u8> = (0..records * RECORD).map(|i| (i / RECORD) as u8).collect();
         std::fs::write(&path, bytes).unwrap();
-        let source = ExpertSource { path, record_bytes: RECORD, num_experts: records };
+        let source = ExpertSource { path, record_bytes: RECORD, num_experts: records, check: None };
         let options = StoreOptions { capacity_bytes, policy, ..StoreOptions::default() };
         let store = ExpertStore::open(vec![Some(source)], options, Usage::default()).unwrap();
         (dir, store)
@@ -401,8 +421,32 @@ mod tests {
     }
 
     #[test]
+    fn a_record_its_check_refuses_is_an_error_read_again_each_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("layer_000.bin");
+        let bytes: Vec<u8> = (0..2 * RECORD).map(|i| (i / RECORD) as u8).collect();
+        std::fs::write(&path, bytes).unwrap();
+        let check: RecordCheck = Arc::new(|expert, record| match record[0] {
+            0 => Ok(()),
+            _ => Err(format!("expert {expert} is bad")),
+        });
+        let source = ExpertSource { path, record_bytes: RECORD, num_experts: 2, check: Some(check) };
+        let store = ExpertStore::open(vec![Some(source)], StoreOptions::default(), Usage::default()).unwrap();
+        assert_eq!(store.get(key(0)).unwrap().as_slice()[0], 0);
+        for _ in 0..2 {
+            let err = store.get(key(1)).unwrap_err();
+            assert!(matches!(err, Error::RecordRejected { layer: 0, expert: 1, .. }), "{err}");
+            assert_eq!(err.to_string(), "expert 1 is bad");
+        }
+        // A refused record is never cached.
+        assert!(store.lookup(key(1)).unwrap().is_none());
+        assert_eq!(store.stats().bytes_read, RECORD as u64);
+    }
+
+    #[test]
     fn missing_file_fails_at_open() {
-        let source = ExpertSource { path: "/nonexistent/layer.bin".into(), record_bytes: RECORD, num_experts: 1 };
+        let source =
+            ExpertSource { path: "/nonexistent/layer.bin".into(), record_bytes: RECORD, num_experts: 1, check: None };
         let err = ExpertStore::open(vec![Some(source)], StoreOptions::default(), Usage::default());
         assert!(err.err().unwrap().to_string().contains("/nonexistent/layer.bin"));
     }

@@ -4,12 +4,13 @@
 //!
 //! Defaults mirror `DeepseekV3Config` and `GlmMoeDsaConfig` of transformers
 //! 5.23 for scalars; fields that fix tensor shapes are required, as for the
-//! GQA families. The exact math is in `/work/notes/mla.md`.
+//! GQA families. The exact math is in `docs/mla.md`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::fields::Fields;
+use super::limits::{self, MAX_LAYERS};
 use super::{
     Family, LayerKind, ModelSpec, MoeSpec, QkNorm, RouterSpec, ScoringFunc, expert_count, parse_rope, special_tokens,
 };
@@ -100,7 +101,8 @@ pub(super) fn parse(root: &Map<String, Value>, family: Family) -> Result<ModelSp
     }
     let vocab_size = cfg.req_usize("vocab_size")?;
     let hidden_size = cfg.req_usize("hidden_size")?;
-    let num_layers = cfg.req_usize("num_hidden_layers")?;
+    // Bounded before anything is sized by it (a list per layer).
+    let num_layers = limits::at_most("num_hidden_layers", cfg.req_usize("num_hidden_layers")?, MAX_LAYERS)?;
     let num_heads = cfg.req_usize("num_attention_heads")?;
     // expand_kv builds num_attention_heads key/value heads from the latent;
     // any other kv head count would make transformers' repeat_kv fail.

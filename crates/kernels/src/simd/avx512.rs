@@ -361,6 +361,95 @@ pub(crate) unsafe fn axpy_rows(w: &[f32], rows: &[f32], stride: usize, y: &mut [
     }
 }
 
+/// `row_t = alpha * row_t (+ c[t] * u)`, then `y += w[t] * row_t`, for the
+/// `w.len()` rows of `y.len()` values `stride` apart in `rows`: one pass
+/// that rewrites a matrix and reduces it by rows, as [`axpy_rows`] keeps 64
+/// columns of `y` (and of `u`) in registers while every row goes by.
+///
+/// Requires `w.is_empty() || rows.len() >= (w.len() - 1) * stride + y.len()`
+/// and, with `rank1 = Some((c, u))`, `c.len() == w.len()` and
+/// `u.len() == y.len()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn update_rows(
+    alpha: f32,
+    rank1: Option<(&[f32], &[f32])>,
+    rows: &mut [f32],
+    stride: usize,
+    w: &[f32],
+    y: &mut [f32],
+) {
+    debug_assert!(w.is_empty() || rows.len() >= (w.len() - 1) * stride + y.len());
+    // SAFETY: forwarded to the caller; the body is inlined here, with the
+    // features enabled.
+    unsafe {
+        match rank1 {
+            Some((c, u)) => update_rows_body::<true>(alpha, c, u, rows, stride, w, y),
+            None => update_rows_body::<false>(alpha, &[], &[], rows, stride, w, y),
+        }
+    }
+}
+
+/// [`update_rows`] with the rank-1 term (`c`, `u`) or without it (both
+/// empty), chosen at compile time so the plain scaling stays a single
+/// multiply.
+///
+/// # Safety
+/// AVX-512 F must be enabled by the caller, and the requirements of
+/// [`update_rows`] hold.
+#[inline(always)]
+unsafe fn update_rows_body<const RANK1: bool>(
+    alpha: f32,
+    c: &[f32],
+    u: &[f32],
+    rows: &mut [f32],
+    stride: usize,
+    w: &[f32],
+    y: &mut [f32],
+) {
+    const BLOCKS: usize = 4;
+    let len = y.len();
+    let (pr, py, pu) = (rows.as_mut_ptr(), y.as_mut_ptr(), u.as_ptr());
+    let mut c0 = 0;
+    // SAFETY: every access is masked to columns below `len`, in row `t`
+    // (inside `rows` by the requirement), in `y` or in `u` (as long as `y`
+    // when RANK1); `rows` and `y` are distinct exclusive borrows and `u` a
+    // shared one, so none alias.
+    unsafe {
+        let alpha_v = _mm512_set1_ps(alpha);
+        while c0 < len {
+            let masks: [__mmask16; BLOCKS] =
+                std::array::from_fn(|k| first_lanes((len - c0).saturating_sub(k * W).min(W)));
+            // Pointers past a masked-off block are never dereferenced, so they
+            // are formed with `wrapping_add`.
+            let mut acc: [__m512; BLOCKS] =
+                std::array::from_fn(|k| _mm512_maskz_loadu_ps(masks[k], py.wrapping_add(c0 + k * W)));
+            let uv: [__m512; BLOCKS] = if RANK1 {
+                std::array::from_fn(|k| _mm512_maskz_loadu_ps(masks[k], pu.wrapping_add(c0 + k * W)))
+            } else {
+                [_mm512_setzero_ps(); BLOCKS]
+            };
+            for (t, &wt) in w.iter().enumerate() {
+                let wv = _mm512_set1_ps(wt);
+                let cv = if RANK1 { _mm512_set1_ps(c[t]) } else { _mm512_setzero_ps() };
+                let row = pr.wrapping_add(t * stride + c0);
+                for k in 0..BLOCKS {
+                    let p = row.wrapping_add(k * W);
+                    let mut r = _mm512_mul_ps(alpha_v, _mm512_maskz_loadu_ps(masks[k], p));
+                    if RANK1 {
+                        r = _mm512_fmadd_ps(cv, uv[k], r);
+                    }
+                    _mm512_mask_storeu_ps(p, masks[k], r);
+                    acc[k] = _mm512_fmadd_ps(wv, r, acc[k]);
+                }
+            }
+            for k in 0..BLOCKS {
+                _mm512_mask_storeu_ps(py.wrapping_add(c0 + k * W), masks[k], acc[k]);
+            }
+            c0 += BLOCKS * W;
+        }
+    }
+}
+
 /// No length invariant.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn scale(alpha: f32, x: &mut [f32]) {

@@ -243,6 +243,60 @@ impl Isa {
         }
     }
 
+    /// For each row `t` of `rows` (`w.len()` rows of `y.len()` values,
+    /// `stride` apart): `row_t = alpha * row_t`, plus `c[t] * u` with
+    /// `rank1 = Some((c, u))`, then `y += w[t] * row_t`. One pass that
+    /// rewrites a matrix and reduces it by rows on the way: the Gated
+    /// DeltaNet state's decay with its `k^T S` read, and its rank-1 update
+    /// with its `q^T S` read. Tiers without their own body run [`Isa::scale`]
+    /// and [`Isa::axpy`] row by row (the scalar tier in the order of
+    /// [`crate::scalar::gdn::delta_rule_step`]).
+    ///
+    /// # Panics
+    /// If `rows` is too short for `w.len()` rows `stride` apart, or with
+    /// `rank1 = Some((c, u))` if `c.len() != w.len()` or
+    /// `u.len() != y.len()`.
+    pub fn update_rows(
+        self,
+        alpha: f32,
+        rank1: Option<(&[f32], &[f32])>,
+        rows: &mut [f32],
+        stride: usize,
+        w: &[f32],
+        y: &mut [f32],
+    ) {
+        check_rows_len("update_rows", w.len(), rows.len(), stride, y.len());
+        if let Some((c, u)) = rank1 {
+            assert_eq!(c.len(), w.len(), "update_rows: one rank-1 coefficient per row");
+            assert_eq!(u.len(), y.len(), "update_rows: rank-1 vector and y lengths differ");
+        }
+        #[cfg(target_arch = "x86_64")]
+        if matches!(self.level, IsaLevel::Avx512 | IsaLevel::Avx512Vnni) {
+            // SAFETY: supported tier; the rows' extent and the rank-1
+            // lengths are checked above.
+            return unsafe { avx512::update_rows(alpha, rank1, rows, stride, w, y) };
+        }
+        // Rewrite the rows, then sum them: with whole-row calls this beats
+        // both calls row by row (measured on AVX2).
+        let len = y.len();
+        // A multiply by one is exact: the rank-1 pass skips it.
+        if alpha != 1.0 {
+            if stride == len {
+                self.scale(alpha, &mut rows[..w.len() * len]);
+            } else {
+                for t in 0..w.len() {
+                    self.scale(alpha, &mut rows[t * stride..t * stride + len]);
+                }
+            }
+        }
+        if let Some((c, u)) = rank1 {
+            for (t, &ct) in c.iter().enumerate() {
+                self.axpy(ct, u, &mut rows[t * stride..t * stride + len]);
+            }
+        }
+        self.axpy_rows(w, rows, stride, y);
+    }
+
     /// `x[i] *= alpha`.
     pub fn scale(self, alpha: f32, x: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]

@@ -4,6 +4,8 @@
 //! Proptest case counts are kept modest so the suite runs in seconds on a
 //! two-core machine.
 
+mod gdn;
+mod gdn_torch;
 mod int;
 mod matrix;
 mod ops;

@@ -38,6 +38,39 @@ proptest! {
         prop_assert_eq!(&inplace, &out);
     }
 
+    /// transformers' `l2norm`: eps inside the square root, on the sum.
+    #[test]
+    fn l2norm_matches_definition(x in vector(), eps in prop_oneof![Just(1e-6f32), 1e-6f32..1e-2]) {
+        let sum_sq: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let inv = 1.0 / (sum_sq + f64::from(eps)).sqrt();
+        let (mut got, mut reference) = (x.clone(), x.clone());
+        ops::l2norm(&mut got, eps);
+        scalar::l2norm(&mut reference, eps);
+        for i in 0..x.len() {
+            let want = f64::from(x[i]) * inv;
+            prop_assert!((f64::from(got[i]) - want).abs() <= 1e-5 * want.abs() + 1e-7, "{} vs {want}", got[i]);
+            prop_assert!((f64::from(reference[i]) - want).abs() <= 1e-5 * want.abs() + 1e-7);
+        }
+    }
+
+    #[test]
+    fn rmsnorm_gated_matches_definition(x in (1usize..=300).prop_flat_map(values), eps in 1e-6f32..1e-3) {
+        let gate: Vec<f32> = x.iter().map(|v| 1.0 - 2.0 * v).collect();
+        let weight: Vec<f32> = (0..x.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let mean_sq = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64;
+        let inv_rms = 1.0 / (mean_sq + f64::from(eps)).sqrt();
+        let (mut got, mut reference) = (x.clone(), x.clone());
+        ops::rmsnorm_gated(&mut got, &gate, &weight, eps);
+        scalar::rmsnorm_gated(&mut reference, &gate, &weight, eps);
+        for i in 0..x.len() {
+            let g = f64::from(gate[i]);
+            let want = f64::from(weight[i]) * f64::from(x[i]) * inv_rms * (g / (1.0 + (-g).exp()));
+            let tol = 1e-5 * want.abs() + 1e-6;
+            prop_assert!((f64::from(got[i]) - want).abs() <= tol, "{} vs {want}", got[i]);
+            prop_assert!((f64::from(reference[i]) - want).abs() <= tol);
+        }
+    }
+
     #[test]
     fn softmax_matches_definition(x in (1usize..=300).prop_flat_map(|n| prop::collection::vec(-30.0f32..30.0, n))) {
         let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));

@@ -98,6 +98,52 @@ proptest! {
     }
 
     #[test]
+    fn update_rows_matches_scalar(
+        (len, stride, count, rows0, y0, w) in strided_rows(),
+        alpha in prop_oneof![Just(1.0f32), 0.0f32..1.5],
+        rank1 in any::<bool>(),
+    ) {
+        let c: Vec<f32> = w.iter().map(|wt| 1.0 - 2.0 * wt).collect();
+        let u: Vec<f32> = y0.iter().map(|v| 0.5 - v).collect();
+        let rank1 = rank1.then_some((c.as_slice(), u.as_slice()));
+        let (mut want_rows, mut want_y) = (rows0.clone(), y0.clone());
+        Isa::scalar().update_rows(alpha, rank1, &mut want_rows, stride, &w, &mut want_y);
+        // The scalar tier is the definition, written out.
+        let mut def_rows = rows0.clone();
+        let mut def_y = y0.clone();
+        for t in 0..count {
+            for j in 0..len {
+                let r = &mut def_rows[t * stride + j];
+                *r *= alpha;
+                if let Some((c, u)) = rank1 {
+                    *r += c[t] * u[j];
+                }
+                def_y[j] += w[t] * *r;
+            }
+        }
+        prop_assert_eq!(&want_rows, &def_rows);
+        prop_assert_eq!(&want_y, &def_y);
+        for isa in vector_isas() {
+            let (mut got_rows, mut got_y) = (rows0.clone(), y0.clone());
+            isa.update_rows(alpha, rank1, &mut got_rows, stride, &w, &mut got_y);
+            for (i, (g, v)) in got_rows.iter().zip(&want_rows).enumerate() {
+                let (t, j) = (i / stride, i % stride);
+                if j >= len {
+                    // Gaps between rows are not touched.
+                    prop_assert_eq!(g.to_bits(), rows0[i].to_bits());
+                    continue;
+                }
+                let mag = (alpha * rows0[i]).abs() + rank1.map_or(0.0, |(c, u)| (c[t] * u[j]).abs());
+                assert_close(*g, *v, mag, &format!("{isa:?} row {t} column {j}"));
+            }
+            for (j, (g, v)) in got_y.iter().zip(&want_y).enumerate() {
+                let mag = y0[j].abs() + (0..count).map(|t| (w[t] * want_rows[t * stride + j]).abs()).sum::<f32>();
+                assert_close(*g, *v, mag, &format!("{isa:?} y[{j}]"));
+            }
+        }
+    }
+
+    #[test]
     fn dot_bf16_matches_scalar((w, x) in two_vectors()) {
         let bits = f32_to_bf16_bits(&w);
         let widened: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
@@ -293,6 +339,34 @@ mod x86 {
             ]
         };
         check_tier(&c, dots, &y, &s);
+    }
+
+    /// The fused row update has an AVX-512 body only; checked directly so
+    /// the fallback cannot stand in for it unnoticed.
+    #[test]
+    fn avx512_update_rows_called_directly() {
+        if !has_avx512() {
+            return;
+        }
+        let c = case();
+        // 7 rows of 23 values, 29 apart, out of the case's 203 values.
+        let (rows_n, len, stride) = (7, 23, 29);
+        let coef: Vec<f32> = c.x[..rows_n].to_vec();
+        let (u, w) = (&c.a[100..100 + len], &c.x[50..50 + rows_n]);
+        for rank1 in [None, Some((coef.as_slice(), u))] {
+            let (mut want_rows, mut want_y) = (c.a.clone(), c.x[..len].to_vec());
+            Isa::scalar().update_rows(0.75, rank1, &mut want_rows, stride, w, &mut want_y);
+            let (mut got_rows, mut got_y) = (c.a.clone(), c.x[..len].to_vec());
+            // SAFETY: features detected above; 6 * 29 + 23 <= 203 values,
+            // and the rank-1 lengths match.
+            unsafe { avx512::update_rows(0.75, rank1, &mut got_rows, stride, w, &mut got_y) };
+            for (i, (g, v)) in got_rows.iter().zip(&want_rows).enumerate() {
+                assert_close(*g, *v, c.a[i].abs() + 4.0, &format!("row value {i}"));
+            }
+            for (j, (g, v)) in got_y.iter().zip(&want_y).enumerate() {
+                assert_close(*g, *v, 64.0, &format!("y[{j}]"));
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,207 @@
+//! Gated DeltaNet kernels (the linear-attention layers of Qwen3-Next
+//! `qwen3_next` and Qwen3.5/3.6 `qwen3_5_moe`): the gated delta rule for one
+//! value head, as a per-token recurrence (decode) and in the chunked form
+//! (prefill), and the causal depthwise conv1d + SiLU with its short state.
+//! The math, shapes and the transformers code they follow are in
+//! `docs/gdn.md`; the scalar definitions in [`crate::scalar::gdn`].
+//!
+//! The l2norm of q and k and the gated RMSNorm of the output are in
+//! [`crate::ops`] ([`crate::ops::l2norm`], [`crate::ops::rmsnorm_gated`]).
+//!
+//! # Shapes (one value head)
+//! * state `S`: `[d_k, d_v]` f32, row-major (row `i` for key component `i`),
+//!   the layout of transformers' `recurrent_states[b, h]`;
+//! * `q`, `k`: `d_k` values per token, `v` and the output: `d_v`; `g` (log
+//!   decay, `S *= exp(g)`) and `beta`: one scalar per token.
+//!
+//! `q` is expected l2-normalised *and* multiplied by [`query_scale`], `k`
+//! l2-normalised: transformers does both inside its kernels
+//! (`use_qk_l2norm_in_kernel=True`; then its chunked form multiplies q by
+//! `d_k ** -0.5` and its recurrent form divides by `d_k ** 0.5`, one rounding
+//! apart), here the caller does them once per key head, before the
+//! `num_v_heads / num_k_heads` value heads that share it, and the same way
+//! for prefill and decode.
+
+mod chunk;
+
+use crate::scalar;
+use crate::simd::Isa;
+
+pub use chunk::{CHUNK_TOKENS, delta_rule_chunked};
+
+/// Epsilon of transformers' `l2norm` on q and k (added to the sum of squares).
+pub const L2NORM_EPS: f32 = 1e-6;
+
+/// The factor on the l2-normalised query: `1 / sqrt(d_k)`, computed as
+/// transformers' chunked form does (`d_k ** -0.5` in f64, rounded to f32 by
+/// the `query * scaling` of an f32 tensor).
+pub fn query_scale(d_k: usize) -> f32 {
+    (d_k as f64).powf(-0.5) as f32
+}
+
+/// Bytes of one value head's f32 state: a decode step reads all of them and
+/// writes all of them back (`d_k * d_v * 4` each way), the traffic that
+/// bounds decode once the states of all heads and layers outgrow the caches.
+pub const fn state_bytes(d_k: usize, d_v: usize) -> usize {
+    d_k * d_v * size_of::<f32>()
+}
+
+/// The inputs of one token for one value head (see the module docs for
+/// what `q` and `k` must already be).
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaToken<'a> {
+    /// `d_k` values, l2-normalised and scaled by [`query_scale`].
+    pub q: &'a [f32],
+    /// `d_k` values, l2-normalised.
+    pub k: &'a [f32],
+    /// `d_v` values.
+    pub v: &'a [f32],
+    /// Log decay: the state is multiplied by `exp(g)` (`g <= 0` in the
+    /// models: `-exp(A_log) * softplus(a + dt_bias)`).
+    pub g: f32,
+    /// Write strength, `sigmoid(b)` in the models.
+    pub beta: f32,
+}
+
+impl DeltaToken<'_> {
+    /// Checks every length against `d_k = k.len()`, `d_v = v.len()` and
+    /// returns them.
+    ///
+    /// # Panics
+    /// If `d_k` or `d_v` is 0 or any length disagrees.
+    pub(crate) fn check(&self, state: &[f32], out: &[f32]) -> (usize, usize) {
+        let (d_k, d_v) = (self.k.len(), self.v.len());
+        assert!(d_k > 0 && d_v > 0, "delta rule: empty head (d_k {d_k}, d_v {d_v})");
+        assert_eq!(self.q.len(), d_k, "delta rule: q and k lengths differ");
+        assert_eq!(state.len(), d_k * d_v, "delta rule: state must be [d_k, d_v] = [{d_k}, {d_v}]");
+        assert_eq!(out.len(), d_v, "delta rule: output must hold d_v = {d_v} values");
+        (d_k, d_v)
+    }
+}
+
+/// A run of tokens for one value head, token-major: `q`, `k` are
+/// `[tokens, d_k]`, `v` is `[tokens, d_v]`, `g` and `beta` `[tokens]`.
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaTokens<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub g: &'a [f32],
+    pub beta: &'a [f32],
+}
+
+impl<'a> DeltaTokens<'a> {
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.g.len()
+    }
+
+    /// Whether there are no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.g.is_empty()
+    }
+
+    /// Token `t`, for heads of `d_k` key and `d_v` value components.
+    pub(crate) fn token(&self, t: usize, d_k: usize, d_v: usize) -> DeltaToken<'a> {
+        DeltaToken {
+            q: &self.q[t * d_k..(t + 1) * d_k],
+            k: &self.k[t * d_k..(t + 1) * d_k],
+            v: &self.v[t * d_v..(t + 1) * d_v],
+            g: self.g[t],
+            beta: self.beta[t],
+        }
+    }
+
+    /// Checks every length against a `[d_k, d_v]` state and returns
+    /// `(d_k, d_v)`.
+    ///
+    /// # Panics
+    /// If `d_k` or `d_v` is 0 or any length disagrees.
+    pub(crate) fn check(&self, state: &[f32], d_v: usize, out: &[f32]) -> (usize, usize) {
+        let n = self.len();
+        assert!(d_v > 0 && state.len().is_multiple_of(d_v), "delta rule: state is not [d_k, d_v = {d_v}]");
+        let d_k = state.len() / d_v;
+        assert!(d_k > 0, "delta rule: empty state");
+        assert_eq!(self.beta.len(), n, "delta rule: {n} tokens of g but {} of beta", self.beta.len());
+        assert_eq!(self.q.len(), n * d_k, "delta rule: q must be [{n}, {d_k}]");
+        assert_eq!(self.k.len(), n * d_k, "delta rule: k must be [{n}, {d_k}]");
+        assert_eq!(self.v.len(), n * d_v, "delta rule: v must be [{n}, {d_v}]");
+        assert_eq!(out.len(), n * d_v, "delta rule: output must be [{n}, {d_v}]");
+        (d_k, d_v)
+    }
+}
+
+/// Columns of the state per rank-1 pass of [`delta_rule_step`] (their
+/// delta lives on the stack): the models' `d_v = 128` in one pass, so tiers
+/// that update row by row make one call per row, not one per block.
+const DELTA_BLOCK_COLS: usize = 256;
+
+/// One decode step of the gated delta rule for one value head, on `isa`:
+/// the operations and order of [`scalar::gdn::delta_rule_step`] in two
+/// passes over the `[d_k, d_v]` state with [`Isa::update_rows`] (decay and
+/// `k^T S`; rank-1 update and `q^T S`), so the state is read and written
+/// once from memory and once more from L2. Writes `q^T S` to `out`.
+///
+/// # Panics
+/// If the lengths do not fit `d_k = k.len()`, `d_v = v.len()` (both > 0).
+pub fn delta_rule_step(isa: Isa, state: &mut [f32], token: &DeltaToken<'_>, out: &mut [f32]) {
+    let (_, d_v) = token.check(state, out);
+    out.fill(0.0);
+    isa.update_rows(token.g.exp(), None, state, d_v, token.k, out);
+    // `out` holds kv_mem = k^T S; it becomes delta, then the output.
+    for (o, &vj) in out.iter_mut().zip(token.v) {
+        *o = (vj - *o) * token.beta;
+    }
+    // Column blocks are independent in the second pass, so each block's
+    // delta moves to the stack and its part of `out` takes the output.
+    let mut delta = [0.0f32; DELTA_BLOCK_COLS];
+    for c0 in (0..d_v).step_by(DELTA_BLOCK_COLS) {
+        let cols = DELTA_BLOCK_COLS.min(d_v - c0);
+        let (delta, out) = (&mut delta[..cols], &mut out[c0..c0 + cols]);
+        delta.copy_from_slice(out);
+        out.fill(0.0);
+        isa.update_rows(1.0, Some((token.k, &*delta)), &mut state[c0..], d_v, token.q, out);
+    }
+}
+
+/// [`delta_rule_step`] for every token of `tokens` in turn (a prefill by
+/// recurrence), from `state` (`[d_k, d_v]`, updated to the state after the
+/// last token); `out` is `[tokens, d_v]`.
+///
+/// # Panics
+/// If the lengths do not fit the state's `d_k` and `d_v`.
+pub fn delta_rule_recurrent(isa: Isa, state: &mut [f32], d_v: usize, tokens: &DeltaTokens<'_>, out: &mut [f32]) {
+    let (d_k, d_v) = tokens.check(state, d_v, out);
+    for (t, out_t) in out.chunks_exact_mut(d_v).enumerate() {
+        delta_rule_step(isa, state, &tokens.token(t, d_k, d_v), out_t);
+    }
+}
+
+/// The causal depthwise conv1d + SiLU of one token, in place over its `C`
+/// channels; `weight` is `[C, K]`, `state` `[C, K - 1]` (the last `K - 1`
+/// inputs per channel, oldest first; transformers keeps `K` and never reads
+/// the oldest). See [`scalar::gdn::causal_conv1d_silu_step`].
+///
+/// # Panics
+/// If `weight.len()` is not a positive multiple `K` of `x.len()` or
+/// `state.len() != x.len() * (K - 1)`.
+pub fn causal_conv1d_silu_step(x: &mut [f32], weight: &[f32], state: &mut [f32]) {
+    scalar::gdn::causal_conv1d_silu_step(x, weight, state);
+}
+
+/// The causal depthwise conv1d + SiLU over `x` = `[tokens, channels]`
+/// token-major, in place, continuing from `state` and leaving in it the last
+/// `K - 1` inputs. Equal bit for bit to [`causal_conv1d_silu_step`] token by
+/// token (it is that loop: K multiply-adds and one `exp` per channel and
+/// token are negligible next to the projections around them). A prefill
+/// from scratch starts from a zero state, as transformers' left padding.
+///
+/// # Panics
+/// If `channels` is 0 or does not divide `x.len()`, or as
+/// [`causal_conv1d_silu_step`].
+pub fn causal_conv1d_silu(x: &mut [f32], channels: usize, weight: &[f32], state: &mut [f32]) {
+    assert!(channels > 0 && x.len().is_multiple_of(channels), "conv1d: x is not [tokens, {channels}]");
+    for token in x.chunks_exact_mut(channels) {
+        scalar::gdn::causal_conv1d_silu_step(token, weight, state);
+    }
+}

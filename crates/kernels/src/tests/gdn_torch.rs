@@ -1,0 +1,148 @@
+//! The Gated DeltaNet kernels against transformers' own torch functions on a
+//! small seeded case (`testdata/gdn/*.npy`, written by
+//! `xtask/fixtures/gdn_ref.py`): both forms of the delta rule from a
+//! non-zero state over 70 tokens (one full chunk and a partial one), l2norm,
+//! the gated RMSNorm and both conv1d paths.
+
+use std::path::PathBuf;
+
+use super::gdn::assert_all_close;
+use crate::gdn::{self, DeltaTokens};
+use crate::simd::Isa;
+use crate::{ops, scalar};
+
+/// Agreement with torch, relative to the largest magnitude of each tensor.
+const TORCH_REL_TOL: f32 = 1e-5;
+
+/// A C-order little-endian f32 `.npy` file: (shape, values). Only what
+/// `np.save` writes for such arrays (format 1.0) is accepted.
+fn load(name: &str) -> (Vec<usize>, Vec<f32>) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/gdn").join(format!("{name}.npy"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&bytes[..8], b"\x93NUMPY\x01\x00", "{name}: not an .npy 1.0 file");
+    let header_len = usize::from(u16::from_le_bytes([bytes[8], bytes[9]]));
+    let header = std::str::from_utf8(&bytes[10..10 + header_len]).expect("ascii header");
+    assert!(header.contains("'descr': '<f4'") && header.contains("'fortran_order': False"), "{name}: {header}");
+    let dims = header.split("'shape': (").nth(1).and_then(|s| s.split(')').next()).expect("shape");
+    let shape: Vec<usize> =
+        dims.split(',').filter(|d| !d.trim().is_empty()).map(|d| d.trim().parse().unwrap()).collect();
+    let values: Vec<f32> =
+        bytes[10 + header_len..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    assert_eq!(values.len(), shape.iter().product::<usize>(), "{name}: {shape:?} vs {} values", values.len());
+    (shape, values)
+}
+
+/// `[a, b, c]` -> the `[a, c]` slab of index `j` on the middle axis.
+fn middle(values: &[f32], shape: &[usize], j: usize) -> Vec<f32> {
+    let (b, c) = (shape[1], shape[2]);
+    values.chunks_exact(b * c).flat_map(|row| &row[j * c..(j + 1) * c]).copied().collect()
+}
+
+/// `[a, b]` -> column `j`.
+fn column(values: &[f32], shape: &[usize], j: usize) -> Vec<f32> {
+    values.chunks_exact(shape[1]).map(|row| row[j]).collect()
+}
+
+#[test]
+fn delta_rule_matches_transformers() {
+    let (q_shape, q) = load("q");
+    let (_, k) = load("k");
+    let (v_shape, v) = load("v");
+    let (g_shape, g) = load("g");
+    let (_, beta) = load("beta");
+    let (state_shape, state0) = load("state0");
+    let [tokens, heads, d_k] = q_shape[..] else { panic!("q shape {q_shape:?}") };
+    let d_v = v_shape[2];
+    assert_eq!(state_shape, [heads, d_k, d_v]);
+    for (form, (out_name, state_name)) in
+        [("recurrent", ("recurrent_out", "recurrent_state")), ("chunk", ("chunk_out", "chunk_state"))]
+    {
+        let (_, want_out) = load(out_name);
+        let (_, want_state) = load(state_name);
+        for isa in Isa::all_supported() {
+            for h in 0..heads {
+                // transformers normalises and scales inside its kernels; ours
+                // take q and k prepared.
+                let mut q_h = middle(&q, &q_shape, h);
+                let mut k_h = middle(&k, &q_shape, h);
+                for (qt, kt) in q_h.chunks_exact_mut(d_k).zip(k_h.chunks_exact_mut(d_k)) {
+                    ops::l2norm(qt, gdn::L2NORM_EPS);
+                    ops::scale(gdn::query_scale(d_k), qt);
+                    ops::l2norm(kt, gdn::L2NORM_EPS);
+                }
+                let (v_h, g_h, beta_h) = (middle(&v, &v_shape, h), column(&g, &g_shape, h), column(&beta, &g_shape, h));
+                let run = DeltaTokens { q: &q_h, k: &k_h, v: &v_h, g: &g_h, beta: &beta_h };
+                let mut state = state0[h * d_k * d_v..(h + 1) * d_k * d_v].to_vec();
+                let mut out = vec![f32::NAN; tokens * d_v];
+                // Each Strata form against the torch form of the same name,
+                // and against the other torch form.
+                match form {
+                    "recurrent" => gdn::delta_rule_recurrent(isa, &mut state, d_v, &run, &mut out),
+                    _ => gdn::delta_rule_chunked(isa, &mut state, d_v, &run, &mut out),
+                }
+                let what = format!("{isa:?} {form} head {h}");
+                assert_all_close(&out, &middle(&want_out, &v_shape, h), TORCH_REL_TOL, &format!("{what} out"));
+                let want_state_h = &want_state[h * d_k * d_v..(h + 1) * d_k * d_v];
+                assert_all_close(&state, want_state_h, TORCH_REL_TOL, &format!("{what} state"));
+            }
+        }
+    }
+}
+
+#[test]
+fn norms_match_transformers() {
+    let (shape, x) = load("l2norm_x");
+    let (_, want) = load("l2norm_out");
+    let n = shape[1];
+    for (row, want_row) in x.chunks_exact(n).zip(want.chunks_exact(n)) {
+        let (mut got, mut reference) = (row.to_vec(), row.to_vec());
+        ops::l2norm(&mut got, gdn::L2NORM_EPS);
+        scalar::l2norm(&mut reference, gdn::L2NORM_EPS);
+        assert_all_close(&got, want_row, TORCH_REL_TOL, "l2norm");
+        assert_all_close(&reference, want_row, TORCH_REL_TOL, "scalar l2norm");
+    }
+
+    let (shape, x) = load("norm_x");
+    let (_, z) = load("norm_z");
+    let (_, weight) = load("norm_weight");
+    let (_, want) = load("norm_out");
+    let n = shape[1];
+    for ((row, gate), want_row) in x.chunks_exact(n).zip(z.chunks_exact(n)).zip(want.chunks_exact(n)) {
+        let (mut got, mut reference) = (row.to_vec(), row.to_vec());
+        ops::rmsnorm_gated(&mut got, gate, &weight, 1e-6);
+        scalar::rmsnorm_gated(&mut reference, gate, &weight, 1e-6);
+        assert_all_close(&got, want_row, TORCH_REL_TOL, "rmsnorm_gated");
+        assert_all_close(&reference, want_row, TORCH_REL_TOL, "scalar rmsnorm_gated");
+    }
+}
+
+#[test]
+fn conv1d_matches_transformers() {
+    let (x_shape, x) = load("conv_x");
+    let (w_shape, weight) = load("conv_weight");
+    let (_, torch_state0) = load("conv_state0");
+    let [channels, tokens] = x_shape[..] else { panic!("conv_x shape {x_shape:?}") };
+    let kernel = w_shape[1];
+    // Ours: [tokens, channels] inputs and a [channels, K - 1] state;
+    // transformers: [channels, tokens] and [channels, K] (oldest unused).
+    let token_major = |cm: &[f32]| -> Vec<f32> {
+        (0..tokens * channels).map(|i| cm[(i % channels) * tokens + i / channels]).collect()
+    };
+    let last_inputs =
+        |state: &[f32]| -> Vec<f32> { state.chunks_exact(kernel).flat_map(|s| &s[1..]).copied().collect() };
+
+    // Decode path from a non-zero state, token by token.
+    let mut got = token_major(&x);
+    let mut state = last_inputs(&torch_state0);
+    for token in got.chunks_exact_mut(channels) {
+        gdn::causal_conv1d_silu_step(token, &weight, &mut state);
+    }
+    assert_all_close(&got, &token_major(&load("conv_update_out").1), TORCH_REL_TOL, "conv update out");
+    assert_eq!(state, last_inputs(&load("conv_update_state").1), "conv update state");
+
+    // Prefill from a zero history, many tokens at once.
+    let mut got = token_major(&x);
+    let mut state = vec![0.0; channels * (kernel - 1)];
+    gdn::causal_conv1d_silu(&mut got, channels, &weight, &mut state);
+    assert_all_close(&got, &token_major(&load("conv_prefill_out").1), TORCH_REL_TOL, "conv prefill out");
+}
