@@ -35,16 +35,16 @@ pub enum Command {
     },
     /// Describe a container: family, shapes, sizes, quantization, hashes.
     Info {
-        /// A container or Hugging Face checkpoint (default: the demo model).
-        model_dir: Option<PathBuf>,
+        #[command(flatten)]
+        model_dir: ModelArg,
         /// Also verify every file's SHA-256.
         #[arg(long)]
         verify: bool,
     },
     /// Teacher-forced logits at every position, written as a float32 .npy.
     Logits {
-        /// A container or Hugging Face checkpoint (default: the demo model).
-        model_dir: Option<PathBuf>,
+        #[command(flatten)]
+        model_dir: ModelArg,
         #[arg(long, value_parser = parse_tokens)]
         tokens: TokenList,
         #[arg(long)]
@@ -60,8 +60,8 @@ pub enum Command {
     /// Generate after a prompt: text (`--prompt`, the answer printed as text)
     /// or token ids (`--tokens`).
     Generate {
-        /// A container or Hugging Face checkpoint (default: the demo model).
-        model_dir: Option<PathBuf>,
+        #[command(flatten)]
+        model_dir: ModelArg,
         /// The prompt as token ids. Optional when continuing an existing
         /// `--session`, to which the tokens (if given) are appended.
         #[arg(long, value_parser = parse_tokens, conflicts_with = "prompt")]
@@ -102,8 +102,8 @@ pub enum Command {
     /// Perplexity of a text file under the model (teacher-forced, in windows
     /// of the model's context).
     Perplexity {
-        /// A container or Hugging Face checkpoint (default: the demo model).
-        model_dir: Option<PathBuf>,
+        #[command(flatten)]
+        model_dir: ModelArg,
         #[arg(long)]
         text: PathBuf,
         /// Print one JSON object as the last line.
@@ -158,6 +158,25 @@ pub enum TraceCommand {
         #[arg(long)]
         expert_cache: ByteSize,
     },
+}
+
+/// The model a command runs: positional, or `--model` as `chat` and `serve`
+/// take it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArg {
+    /// A container or Hugging Face checkpoint (default: the demo model built in).
+    #[arg(value_name = "MODEL")]
+    model_dir: Option<PathBuf>,
+    /// The same as MODEL, spelled as in `chat` and `serve`.
+    #[arg(long, value_name = "MODEL", conflicts_with = "model_dir")]
+    model: Option<PathBuf>,
+}
+
+impl ModelArg {
+    /// The model given either way (`None`: the demo model).
+    pub fn dir(self) -> Option<PathBuf> {
+        self.model_dir.or(self.model)
+    }
 }
 
 /// Flags shared by every command that runs a model.
