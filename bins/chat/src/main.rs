@@ -16,7 +16,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 use strata_engine::args::EngineArgs;
-use strata_engine::{Chat, Engine, ReplyOptions, SamplingOptions, default_cache_dir, resolve_model};
+use strata_engine::{
+    Chat, Engine, ReplyOptions, SamplingDefaults, SamplingOptions, TextModel, default_cache_dir, resolve_model,
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "chat", version, about = "Chat with a Mixture-of-Experts model")]
@@ -27,19 +29,25 @@ pub struct Cli {
     /// Where converted checkpoints are cached (default: ~/.cache/strata/models).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// Take tokenizer.json and the chat template from this directory instead
+    /// of the model's (e.g. for a `strata synth` container, which has none).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
     /// A system message opening the conversation.
     #[arg(long)]
     system: Option<String>,
     /// Most tokens per answer.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, visible_alias = "max-tokens", default_value_t = 200)]
     max_new_tokens: usize,
-    /// 0 means greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
+    /// 0 means greedy (default: the model's generation_config.json, else 1).
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// 0 means no limit (default: the model's generation_config.json, else 0).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Default: the model's generation_config.json, else 1.
+    #[arg(long)]
+    top_p: Option<f32>,
     /// Sampling seed (default: a random one, shown in the banner and /stats).
     #[arg(long)]
     seed: Option<u64>,
@@ -55,7 +63,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("chat: error: {err:#}");
+            eprintln!("chat: error: {}", strata_engine::args::error_line(&*err));
             ExitCode::from(1)
         }
     }
@@ -81,17 +89,17 @@ fn run(cli: Cli) -> Result<()> {
     for warning in engine.warnings() {
         eprintln!("chat: warning: {warning}");
     }
-    let options = ReplyOptions {
-        max_new_tokens: cli.max_new_tokens,
-        sampling: SamplingOptions {
-            temperature: cli.temperature,
-            top_k: cli.top_k,
-            top_p: cli.top_p,
-            seed: cli.seed.unwrap_or_else(rand::random),
-        },
-        stop: Vec::new(),
+    let text_dir = cli.tokenizer.clone().unwrap_or_else(|| engine.container().dir().to_path_buf());
+    let text = TextModel::from_dir(&engine, &text_dir)?;
+    let defaults = SamplingDefaults::from_dir(&text_dir);
+    let sampling = SamplingOptions {
+        temperature: cli.temperature.unwrap_or(defaults.temperature as f32),
+        top_k: cli.top_k.unwrap_or(defaults.top_k),
+        top_p: cli.top_p.unwrap_or(defaults.top_p as f32),
+        seed: cli.seed.unwrap_or_else(rand::random),
     };
-    let mut chat = Chat::new(&engine, cli.system.as_deref())?;
+    let options = ReplyOptions { max_new_tokens: cli.max_new_tokens, sampling, stop: Vec::new() };
+    let mut chat = Chat::new(&engine, text, cli.system.as_deref());
     if !interactive {
         return answer_piped(&mut chat, &options);
     }

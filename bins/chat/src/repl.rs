@@ -14,12 +14,12 @@ use strata_engine::{ByteSize, Chat, ChatSnapshot, Engine, Reply, ReplyOptions, R
 
 const HELP: &str = "\
 /help          this text
-/reset         forget the conversation
+/reset         forget the conversation (also /clear)
 /save NAME     keep a snapshot of the conversation (messages and KV cache) as NAME;
                later turns are not in it until you /save again
 /load NAME     continue a saved conversation, its KV cache read back, not recomputed
 /stats         speed, expert-cache and memory figures of the last answer
-Ctrl-C         stop the current answer;  Ctrl-D  quit";
+Ctrl-C         stop the current answer;  Ctrl-D or /bye  quit";
 
 /// What the banner says of the built-in demo model, so that its fortune-cookie
 /// answers are not taken for a broken engine.
@@ -45,13 +45,17 @@ pub fn run<'e>(
     let model = if demo { DEMO_NOTE.to_owned() } else { engine.container().dir().display().to_string() };
     println!("strata chat: {model}.");
     println!(
-        "{} layers, {} experts (top-{}), context {} tokens, seed {}. /help for commands, Ctrl-D to quit.",
+        "{} layers, {} experts (top-{}), context {} tokens; temperature {}, top-k {}, top-p {}, seed {}.",
         spec.num_layers,
         spec.moe.num_experts,
         spec.moe.top_k,
         chat.session().context_tokens(),
+        options.sampling.temperature,
+        options.sampling.top_k,
+        options.sampling.top_p,
         options.sampling.seed
     );
+    println!("/help for commands, Ctrl-D to quit.");
     let mut last: Option<RunStats> = None;
     loop {
         let line = match editor.readline("> ") {
@@ -66,7 +70,9 @@ pub fn run<'e>(
         }
         let _ = editor.add_history_entry(line);
         if let Some(command) = line.strip_prefix('/') {
-            command_line(command, engine, chat, kv_dir, last.as_ref(), options);
+            if command_line(command, engine, chat, kv_dir, last.as_ref(), options).is_break() {
+                return Ok(());
+            }
             continue;
         }
         interrupted.store(false, Ordering::SeqCst);
@@ -108,11 +114,13 @@ fn command_line<'e>(
     kv_dir: &Path,
     last: Option<&RunStats>,
     options: &ReplyOptions,
-) {
+) -> ControlFlow<()> {
     let mut words = command.split_whitespace();
     match (words.next(), words.next()) {
         (Some("help"), _) => println!("{HELP}"),
-        (Some("reset"), _) => {
+        // Ollama's words for quitting and forgetting, which people try.
+        (Some("quit" | "exit" | "bye"), _) => return ControlFlow::Break(()),
+        (Some("reset" | "clear"), _) => {
             chat.reset();
             println!("(conversation forgotten)");
         }
@@ -142,8 +150,10 @@ fn command_line<'e>(
             Ok(loaded) => println!("(loaded {name}: {}, KV cache read back)", counts(loaded)),
             Err(err) => eprintln!("error: {err:#}"),
         },
+        (Some(verb @ ("save" | "load")), None) => println!("usage: /{verb} NAME"),
         _ => println!("unknown command /{command}\n{HELP}"),
     }
+    ControlFlow::Continue(())
 }
 
 fn counts(snapshot: ChatSnapshot) -> String {

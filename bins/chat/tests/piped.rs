@@ -60,3 +60,23 @@ fn an_unwritable_usage_file_costs_no_answer() {
     assert_eq!(warnings.len(), 1, "one warning naming the usage file: {stderr}");
     assert!(warnings[0].contains("warning") && warnings[0].contains("usage.json"), "{stderr}");
 }
+
+#[test]
+fn the_tokenizer_can_come_from_another_directory() {
+    let cache = tempfile::tempdir().unwrap();
+    // Only tokenizer.json there: no chat template, so turns are joined plainly.
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    std::fs::copy(demo.join("tokenizer.json"), cache.path().join("tokenizer.json")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_chat"))
+        .args(["--cache-dir", cache.path().to_str().unwrap(), "--tokenizer", cache.path().to_str().unwrap()])
+        .args(["--temperature", "0", "--max-tokens", "20"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"Tell me a fortune.\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
+}

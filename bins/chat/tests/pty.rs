@@ -127,10 +127,11 @@ fn a_saved_conversation_is_a_snapshot_that_later_turns_reset_and_other_conversat
         assert_eq!(&std::fs::read(path).unwrap(), bytes, "{} is unchanged after loading", path.display());
     }
 
-    // A name never saved is one clear line.
+    // A name never saved, or none, is one clear line; /bye quits.
     let missing = enter(&mut p, "/load nope");
     assert!(missing.starts_with("error: no conversation saved as nope"), "{missing}");
-    p.send_control('d').unwrap();
+    assert_eq!(enter(&mut p, "/save"), "usage: /save NAME");
+    type_line(&mut p, "/bye");
     p.exp_eof().unwrap();
 }
 

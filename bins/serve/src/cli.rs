@@ -65,7 +65,7 @@ pub struct Cli {
     #[arg(long, default_value = "1MiB")]
     pub max_body: ByteSize,
     /// The most tokens one request may generate (default: the context).
-    #[arg(long)]
+    #[arg(long, visible_alias = "max-new-tokens")]
     pub max_tokens: Option<usize>,
     /// Seconds a client may take to send a request's head; slower ones are
     /// cut off (against slowloris), as are idle keep-alive connections.

@@ -4,7 +4,6 @@
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -24,36 +23,8 @@ pub const MAX_STOP_BYTES: usize = 1024;
 /// Requests prepared (templated and tokenized) at once, at most.
 pub const TOKENIZE_MAX_CONCURRENT: usize = 4;
 
-/// Sampling defaults: the model's `generation_config.json` where it has
-/// them (as transformers' `generate` and vLLM use them), else OpenAI's.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct Defaults {
-    /// f64 so `/info` shows 0.8, not 0.800000011920929.
-    pub temperature: f64,
-    pub top_p: f64,
-    pub top_k: usize,
-}
-
-impl Defaults {
-    pub fn from_dir(dir: &Path) -> Defaults {
-        let mut defaults = Defaults { temperature: 1.0, top_p: 1.0, top_k: 0 };
-        let Ok(text) = std::fs::read_to_string(dir.join("generation_config.json")) else { return defaults };
-        let Ok(config) = serde_json::from_str::<serde_json::Value>(&text) else { return defaults };
-        if let Some(t) = config.get("temperature").and_then(serde_json::Value::as_f64) {
-            defaults.temperature = t;
-        }
-        if let Some(p) = config.get("top_p").and_then(serde_json::Value::as_f64) {
-            defaults.top_p = p;
-        }
-        if let Some(k) = config.get("top_k").and_then(serde_json::Value::as_u64) {
-            defaults.top_k = k as usize;
-        }
-        if config.get("do_sample") == Some(&serde_json::Value::Bool(false)) {
-            defaults.temperature = 0.0;
-        }
-        defaults
-    }
-}
+/// Sampling defaults from the model's `generation_config.json` (shared with `chat`).
+pub use strata_engine::SamplingDefaults as Defaults;
 
 /// A generation request in the terms every API shares.
 #[derive(Debug, Default)]

@@ -50,7 +50,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("serve: error: {err:#}");
+            eprintln!("serve: error: {}", strata_engine::args::error_line(&*err));
             ExitCode::from(1)
         }
     }
@@ -141,6 +141,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         let address = listener.local_addr()?;
         // Tests and scripts read this line for the port.
         println!("serve: listening on http://{address} (model {model_name})");
+        if cli.model.is_none() {
+            println!(
+                "serve: the demo model is 14.7 M parameters trained on fortune cookies: it writes fortune-like \
+                 English and does not follow instructions (--model DIR serves a real model)"
+            );
+        }
         std::io::stdout().flush()?;
         let limits = listen::ConnLimits {
             header_read_timeout: Duration::from_secs(cli.header_timeout_secs),

@@ -313,3 +313,9 @@ fn memory_in_use_is_shown_in_metrics_and_info() {
     assert!(live["expert_cache_used_bytes"].as_f64().unwrap() > 0.0, "{live}");
     assert!(live["kv_bytes"].as_f64().unwrap() > 0.0, "{live}");
 }
+
+#[test]
+fn the_token_limit_flag_has_the_name_chat_and_strata_use_too() {
+    let server = Server::start(&["--max-new-tokens", "7"]);
+    assert_eq!(server.get("/info").json()["limits"]["max_tokens"], 7);
+}

@@ -35,16 +35,16 @@ pub enum Command {
     },
     /// Describe a container: family, shapes, sizes, quantization, hashes.
     Info {
-        /// A container or Hugging Face checkpoint (default: the demo model).
-        model_dir: Option<PathBuf>,
+        #[command(flatten)]
+        model_dir: ModelArg,
         /// Also verify every file's SHA-256.
         #[arg(long)]
         verify: bool,
     },
     /// Teacher-forced logits at every position, written as a float32 .npy.
     Logits {
-        /// A container or Hugging Face checkpoint (default: the demo model).
-        model_dir: Option<PathBuf>,
+        #[command(flatten)]
+        model_dir: ModelArg,
         #[arg(long, value_parser = parse_tokens)]
         tokens: TokenList,
         #[arg(long)]
@@ -60,8 +60,8 @@ pub enum Command {
     /// Generate after a prompt: text (`--prompt`, the answer printed as text)
     /// or token ids (`--tokens`).
     Generate {
-        /// A container or Hugging Face checkpoint (default: the demo model).
-        model_dir: Option<PathBuf>,
+        #[command(flatten)]
+        model_dir: ModelArg,
         /// The prompt as token ids. Optional when continuing an existing
         /// `--session`, to which the tokens (if given) are appended.
         #[arg(long, value_parser = parse_tokens, conflicts_with = "prompt")]
@@ -70,7 +70,8 @@ pub enum Command {
         /// answer is printed as text.
         #[arg(long)]
         prompt: Option<String>,
-        #[arg(long, default_value_t = 32)]
+        /// Most tokens to generate.
+        #[arg(long, visible_alias = "max-tokens", default_value_t = 32)]
         max_new_tokens: usize,
         /// 0 means greedy.
         #[arg(long, default_value_t = 0.0)]
@@ -101,8 +102,8 @@ pub enum Command {
     /// Perplexity of a text file under the model (teacher-forced, in windows
     /// of the model's context).
     Perplexity {
-        /// A container or Hugging Face checkpoint (default: the demo model).
-        model_dir: Option<PathBuf>,
+        #[command(flatten)]
+        model_dir: ModelArg,
         #[arg(long)]
         text: PathBuf,
         /// Print one JSON object as the last line.
@@ -112,11 +113,17 @@ pub enum Command {
         run: RunArgs,
     },
     /// Write the container's weights, dequantized, as a Hugging Face checkpoint.
-    Export { model_dir: PathBuf, out_hf_dir: PathBuf },
+    Export {
+        model_dir: PathBuf,
+        out_hf_dir: PathBuf,
+        /// Replace OUT_HF_DIR if it exists.
+        #[arg(long)]
+        overwrite: bool,
+    },
     /// Write a container with random weights in a real model's shapes.
     Synth {
-        /// The model whose shapes to copy (see `strata synth --help` for the list).
-        #[arg(long)]
+        /// The model whose shapes to copy.
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(strata_format::LIKE.map(|(name, _)| name)))]
         like: String,
         /// Keep only this many decoder layers.
         #[arg(long)]
@@ -151,6 +158,25 @@ pub enum TraceCommand {
         #[arg(long)]
         expert_cache: ByteSize,
     },
+}
+
+/// The model a command runs: positional, or `--model` as `chat` and `serve`
+/// take it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArg {
+    /// A container or Hugging Face checkpoint (default: the demo model built in).
+    #[arg(value_name = "MODEL")]
+    model_dir: Option<PathBuf>,
+    /// The same as MODEL, spelled as in `chat` and `serve`.
+    #[arg(long, value_name = "MODEL", conflicts_with = "model_dir")]
+    model: Option<PathBuf>,
+}
+
+impl ModelArg {
+    /// The model given either way (`None`: the demo model).
+    pub fn dir(self) -> Option<PathBuf> {
+        self.model_dir.or(self.model)
+    }
 }
 
 /// Flags shared by every command that runs a model.

@@ -33,15 +33,15 @@ pub fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Info { model_dir, verify } => info(&model(model_dir)?, verify),
+        Command::Info { model_dir, verify } => info(&model(model_dir.dir())?, verify),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "strata", &mut std::io::stdout());
             Ok(())
         }
-        Command::Perplexity { model_dir, text, json, run } => perplexity(&model(model_dir)?, &text, json, &run),
+        Command::Perplexity { model_dir, text, json, run } => perplexity(&model(model_dir.dir())?, &text, json, &run),
         Command::Logits { model_dir, tokens, out, pass_tokens, run } => {
-            let model_dir = model(model_dir)?;
+            let model_dir = model(model_dir.dir())?;
             let mut options = run.options();
             options.prefill_chunk_tokens = pass_tokens.map(|n| n as usize);
             let engine = open_with(&model_dir, &options)?;
@@ -80,7 +80,7 @@ pub fn run(cli: Cli) -> Result<()> {
             if tokens.is_none() && prompt_text.is_none() && !exists {
                 anyhow::bail!("no tokens and no session to continue (give --tokens or --prompt)");
             }
-            let model_dir = model(model_dir)?;
+            let model_dir = model(model_dir.dir())?;
             let engine = open(&model_dir, &run)?;
             let text = prompt_text.as_ref().map(|_| TextModel::load(&engine)).transpose()?;
             let prompt = match (&text, &prompt_text) {
@@ -162,7 +162,10 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Trace { command: TraceCommand::Replay { file, expert_cache } } => replay(&file, expert_cache),
-        Command::Export { model_dir, out_hf_dir } => {
+        Command::Export { model_dir, out_hf_dir, overwrite } => {
+            if overwrite && out_hf_dir.exists() {
+                std::fs::remove_dir_all(&out_hf_dir).with_context(|| format!("removing {}", out_hf_dir.display()))?;
+            }
             strata_format::export(&model_dir, &out_hf_dir)
                 .with_context(|| format!("exporting {}", model_dir.display()))?;
             Ok(())
@@ -184,7 +187,11 @@ fn perplexity(model_dir: &Path, text_file: &Path, json: bool, run: &RunArgs) -> 
     let vocab = engine.spec().vocab_size;
     let started = std::time::Instant::now();
     let (mut nll, mut predicted) = (0.0f64, 0usize);
-    for chunk in ids.chunks(window).filter(|c| c.len() >= 2) {
+    // The running value per window on a terminal, as llama-perplexity shows
+    // it, so a long text is not minutes of silence.
+    let progress = std::io::stderr().is_terminal();
+    let windows = ids.chunks(window).filter(|c| c.len() >= 2).count();
+    for (i, chunk) in ids.chunks(window).filter(|c| c.len() >= 2).enumerate() {
         let logits = engine.logits(chunk)?;
         for (row, &next) in logits.chunks_exact(vocab).zip(&chunk[1..]) {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -192,6 +199,12 @@ fn perplexity(model_dir: &Path, text_file: &Path, json: bool, run: &RunArgs) -> 
             nll += log_sum - f64::from(row[next as usize]);
             predicted += 1;
         }
+        if progress {
+            eprint!("\rwindow {}/{windows}: perplexity so far {:.3}", i + 1, (nll / predicted as f64).exp());
+        }
+    }
+    if progress {
+        eprintln!();
     }
     let seconds = started.elapsed().as_secs_f64();
     let ppl = (nll / predicted as f64).exp();

@@ -16,7 +16,7 @@ fn main() -> ExitCode {
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("strata: error: {err:#}");
+            eprintln!("strata: error: {}", strata_engine::args::error_line(&*err));
             ExitCode::from(1)
         }
     }

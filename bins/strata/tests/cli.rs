@@ -171,3 +171,25 @@ fn completions_are_printed_for_each_shell() {
         assert!(text.contains(marker) && text.contains("generate"), "{shell}: {text}");
     }
 }
+
+#[test]
+fn an_error_says_its_cause_once() {
+    let out = strata(&["trace", "replay", "/nonexistent/run.trace", "--expert-cache", "1MiB"]);
+    assert_clean_failure(&out, "/nonexistent/run.trace");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("No such file or directory").count(), 1, "{stderr}");
+}
+
+#[test]
+fn the_model_is_named_as_in_chat_and_serve_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("mixtral");
+    let out = strata(&["convert", path(&fixture("mixtral").join("hf")), path(&model), "--quant", "q8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let positional = strata(&["info", path(&model)]);
+    let flag = strata(&["info", "--model", path(&model)]);
+    assert!(flag.status.success(), "{}", String::from_utf8_lossy(&flag.stderr));
+    assert_eq!(flag.stdout, positional.stdout);
+    let generated = strata(&["generate", "--model", path(&model), "--tokens", "1,2", "--max-tokens", "3", "--json"]);
+    assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
+}

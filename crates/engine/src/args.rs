@@ -56,3 +56,21 @@ impl EngineArgs {
         }
     }
 }
+
+/// An error and its causes as one line, each said once. The library errors
+/// put their cause in their own message (so that they read whole shown
+/// alone) and give it as `source()` too, which anyhow's `{:#}` would then
+/// print a second time.
+pub fn error_line(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}

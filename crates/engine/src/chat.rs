@@ -45,13 +45,18 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io { path: path.to_owned(), source }
 }
 
-/// Whether `file` is a KV snapshot of conversation `name`: `NAME.<hex>.kvs`.
+/// Hex digits of a snapshot's stamp: a fixed length, so that no session of
+/// another name (`NAME.b.kvs` of `strata generate --session NAME.b`) is
+/// taken for a snapshot of NAME.
+const STAMP_HEX_DIGITS: usize = 32;
+
+/// Whether `file` is a KV snapshot of conversation `name`: `NAME.<stamp>.kvs`.
 fn is_snapshot_of(name: &str, file: &str) -> bool {
     file.strip_prefix(name)
         .and_then(|f| f.strip_prefix('.'))
         .and_then(|f| f.strip_suffix(SESSION_FILE_EXTENSION))
         .and_then(|f| f.strip_suffix('.'))
-        .is_some_and(|stamp| !stamp.is_empty() && stamp.bytes().all(|b| b.is_ascii_hexdigit()))
+        .is_some_and(|stamp| stamp.len() == STAMP_HEX_DIGITS && stamp.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// Writes `bytes` to `path` so that a crash leaves either the old file or
@@ -79,9 +84,17 @@ pub struct TextModel {
 impl TextModel {
     /// Reads the tokenizer files the container carries.
     pub fn load(engine: &Engine) -> Result<Self> {
-        let dir = engine.container().dir();
+        Self::from_dir(engine, engine.container().dir())
+    }
+
+    /// Reads tokenizer.json and the chat template from `dir` (e.g. the
+    /// checkpoint a `strata synth` container copies the shapes of).
+    pub fn from_dir(engine: &Engine, dir: &Path) -> Result<Self> {
         let tokenizer = Tokenizer::from_dir(dir)?.ok_or_else(|| {
-            Error::InvalidRequest(format!("{} has no tokenizer.json: this model takes token ids only", dir.display()))
+            Error::InvalidRequest(format!(
+                "{} has no tokenizer.json: this model takes token ids only (--tokenizer DIR takes one from elsewhere)",
+                dir.display()
+            ))
         })?;
         let template = ChatTemplate::from_dir(dir)?;
         let eos_token_ids = eos_ids_from_dir(dir, &engine.spec().eos_token_ids)?;
@@ -143,11 +156,11 @@ pub struct Chat<'e> {
 }
 
 impl<'e> Chat<'e> {
-    /// A new conversation, optionally opened by a system message.
-    pub fn new(engine: &'e Engine, system: Option<&str>) -> Result<Self> {
-        let text = TextModel::load(engine)?;
+    /// A new conversation in `text` (usually [`TextModel::load`]),
+    /// optionally opened by a system message.
+    pub fn new(engine: &'e Engine, text: TextModel, system: Option<&str>) -> Self {
         let messages = system.map(|s| vec![Message::system(s)]).unwrap_or_default();
-        Ok(Self { text, session: engine.session(), messages })
+        Self { text, session: engine.session(), messages }
     }
 
     /// The messages so far.
@@ -183,7 +196,7 @@ impl<'e> Chat<'e> {
         // Unique per save, so the snapshot the record names now is never
         // the file being written.
         let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let kv_file = format!("{name}.{stamp:x}.{SESSION_FILE_EXTENSION}");
+        let kv_file = format!("{name}.{stamp:0width$x}.{SESSION_FILE_EXTENSION}", width = STAMP_HEX_DIGITS);
         let tokens = self.session.write_snapshot(&kv_dir.join(&kv_file))?;
         let saved = SavedChat { kv_file: kv_file.clone(), tokens, messages: self.messages.clone() };
         let json = serde_json::to_vec_pretty(&saved)
@@ -346,5 +359,26 @@ impl<'e> Chat<'e> {
         };
         self.messages.push(Message::assistant(answer.clone()));
         Ok(Reply { text: answer, finish, dropped_messages, stats: report.stats })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_conversations_own_snapshots_are_taken_for_it() {
+        let stamp = "0123456789abcdef".repeat(2);
+        assert!(is_snapshot_of("a", &format!("a.{stamp}.kvs")));
+        for other in [
+            "a.kvs".to_owned(),
+            "a.b.kvs".to_owned(),
+            format!("a.b.{stamp}.kvs"),
+            format!("ab.{stamp}.kvs"),
+            format!("a.{}.kvs", &stamp[1..]),
+            format!("a.{stamp}.kvs.tmp-1"),
+        ] {
+            assert!(!is_snapshot_of("a", &other), "{other}");
+        }
     }
 }

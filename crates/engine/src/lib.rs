@@ -37,7 +37,7 @@ pub use engine::{CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, MemoryUse, U
 pub use error::{Error, Result};
 pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport, session_path, validate_session_name};
 pub use resolve::{AUTO_CONVERT_PRESET, ResolvedModel, default_cache_dir, resolve_model};
-pub use sampler::{Sampler, SamplingOptions};
+pub use sampler::{Sampler, SamplingDefaults, SamplingOptions};
 pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
 pub use strata_format::ModelSpec;
 pub use strata_kv::CutTail;

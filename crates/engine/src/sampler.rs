@@ -1,6 +1,8 @@
 //! Choosing the next token from logits: greedy, or temperature → top-k →
 //! top-p sampling from a seeded generator.
 
+use std::path::Path;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -18,6 +20,38 @@ pub struct SamplingOptions {
 impl Default for SamplingOptions {
     fn default() -> Self {
         Self { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+    }
+}
+
+/// Sampling defaults: the model's `generation_config.json` where it has
+/// them (as transformers' `generate` and vLLM use them), else OpenAI's
+/// (temperature 1, top-p 1, no top-k). `chat` and `serve` both start here.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct SamplingDefaults {
+    /// f64 so `/info` shows 0.8, not 0.800000011920929.
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: usize,
+}
+
+impl SamplingDefaults {
+    pub fn from_dir(dir: &Path) -> SamplingDefaults {
+        let mut defaults = SamplingDefaults { temperature: 1.0, top_p: 1.0, top_k: 0 };
+        let Ok(text) = std::fs::read_to_string(dir.join("generation_config.json")) else { return defaults };
+        let Ok(config) = serde_json::from_str::<serde_json::Value>(&text) else { return defaults };
+        if let Some(t) = config.get("temperature").and_then(serde_json::Value::as_f64) {
+            defaults.temperature = t;
+        }
+        if let Some(p) = config.get("top_p").and_then(serde_json::Value::as_f64) {
+            defaults.top_p = p;
+        }
+        if let Some(k) = config.get("top_k").and_then(serde_json::Value::as_u64) {
+            defaults.top_k = k as usize;
+        }
+        if config.get("do_sample") == Some(&serde_json::Value::Bool(false)) {
+            defaults.temperature = 0.0;
+        }
+        defaults
     }
 }
 

@@ -1,12 +1,13 @@
 //! The shipped demo model against transformers: the f32 container's logits
 //! on held-out text, the greedy continuation of "Once upon a time", and the
-//! tokenizer's ids (reference from `xtask/fixtures/demo_ref.py`).
+//! tokenizer's ids (reference from `xtask/fixtures/demo_ref.py`); and a
+//! long conversation with it fitted to its 256-token context.
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use strata_engine::text::Tokenizer;
-use strata_engine::{Engine, EngineOptions, GenerateOptions};
+use strata_engine::{Chat, Engine, EngineOptions, GenerateOptions, Reply, ReplyOptions, SamplingOptions, TextModel};
 use strata_format::{ConvertOptions, QuantPreset, npy};
 
 /// The demo checkpoint in the repository (the binaries carry a copy).
@@ -53,4 +54,43 @@ fn demo_model_logits_and_greedy_text_match_transformers() {
 fn demo_tokenizer_matches_transformers_ids() {
     let tokenizer = Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
     assert_eq!(tokenizer.encode("Once upon a time", false).unwrap(), ids(&reference()["prompt"]));
+}
+
+fn say(chat: &mut Chat<'_>, text: &str, options: &ReplyOptions) -> strata_engine::Result<Reply> {
+    chat.say(text, options, |_| ControlFlow::Continue(()))
+}
+
+#[test]
+fn a_long_chat_drops_its_oldest_turns_keeps_the_system_prompt_and_never_a_failed_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine_options = EngineOptions { usage_file: Some(dir.path().join("usage.json")), ..EngineOptions::default() };
+    let engine = Engine::open(&container(&dir), &engine_options).unwrap();
+    let text = TextModel::load(&engine).unwrap();
+    let mut chat = Chat::new(&engine, text, Some("You tell fortunes."));
+    // As `chat` answers by default: up to 200 tokens of a 256-token context.
+    let sampling = SamplingOptions { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 7 };
+    let options = ReplyOptions { max_new_tokens: 200, sampling, stop: Vec::new() };
+    let say = |chat: &mut Chat<'_>, text: &str| say(chat, text, &options);
+
+    let first = say(&mut chat, "Tell me a fortune.").unwrap();
+    let second = say(&mut chat, "Another one, please.").unwrap();
+    // Room is kept for a short answer, not for 200 tokens: the first
+    // exchange is still there for the second.
+    assert_eq!((first.dropped_messages, second.dropped_messages), (0, 0));
+    assert_eq!(chat.messages().len(), 5);
+    let mut dropped = 0;
+    for i in 0..12 {
+        let question = format!("What about number {i}?");
+        dropped += say(&mut chat, &question).unwrap().dropped_messages;
+        let messages = chat.messages();
+        assert_eq!(messages[0].content, "You tell fortunes.", "the system prompt stays");
+        assert_eq!(messages[messages.len() - 2].content, question, "the question stays");
+    }
+    assert!(dropped > 0, "a long conversation outgrows 256 tokens, and the reply says so");
+
+    // A message too long for the context even alone fails and is not kept.
+    let before = chat.messages().to_vec();
+    assert!(say(&mut chat, &"a fortune ".repeat(300)).is_err());
+    assert_eq!(chat.messages(), &before[..], "the conversation is as it was");
+    say(&mut chat, "And now?").unwrap();
 }

@@ -99,7 +99,7 @@ pub enum Error {
     Checksum { path: PathBuf, expected: String, actual: String },
 
     /// The conversion/export target exists and is not empty.
-    #[error("{path}: output exists and is not empty (pass overwrite to replace it)")]
+    #[error("{path}: output exists and is not empty (pass --overwrite to replace it)")]
     OutputExists { path: PathBuf },
 
     /// A layer index that is not a MoE layer (or does not exist).
