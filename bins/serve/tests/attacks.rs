@@ -28,7 +28,8 @@ impl Slow {
     /// One more header line; false once the server has closed the connection.
     fn dribble(&mut self) -> bool {
         match self.0.write(b"X-Slow: 1\r\n") {
-            Ok(_) => true,
+            // A partial line is fine: the point is to send slowly.
+            Ok(written) => written > 0,
             Err(e) => e.kind() == ErrorKind::WouldBlock,
         }
     }
