@@ -365,3 +365,24 @@ fn a_flipped_bit_is_an_error_naming_where() {
     let (tokens, stderr) = generate_json(&good, &["--expert-cache", "0"]);
     assert_eq!(tokens, reference, "{stderr}");
 }
+
+/// `--temperature nan` used to give the same token every time and
+/// `--top-p 5` was taken silently: both are refused before anything runs.
+#[test]
+fn nonsense_sampling_flags_are_refused_before_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    convert("olmoe", "q8", &model);
+    for (flag, needle) in [
+        ("--temperature=nan", "temperature"),
+        ("--temperature=inf", "temperature"),
+        ("--top-p=5", "top-p"),
+        ("--top-p=-1", "top-p"),
+    ] {
+        let mut args = vec!["generate", path(&model), flag];
+        args.extend(GENERATE);
+        let out = strata(&args);
+        assert_clean_failure(&out, &[needle]);
+        assert!(out.stdout.is_empty(), "{flag}: nothing generated");
+    }
+}
