@@ -238,6 +238,9 @@ fn a_non_finite_scale_is_an_error_naming_where_not_a_token() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good");
     convert("olmoe", "q8", &good);
+    // Damage a CRC32C cannot see: a container written before checksums
+    // (`a_flipped_bit_is_an_error_naming_where` has them).
+    strip_checksums(&good);
     let generate = |model: &Path| {
         let mut args = vec!["generate", path(model), "--expert-cache", "0"];
         args.extend(GENERATE);
@@ -277,6 +280,8 @@ fn a_non_finite_logit_is_an_error_not_a_sample() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m");
     convert("olmoe", "q8", &model);
+    // Finite weights the container vouches for: no checksum to catch them.
+    strip_checksums(&model);
     let norm = tensor_entry(&model, "model.norm.weight");
     let count = norm["length_bytes"].as_u64().unwrap() as usize / 4;
     poke_f32s(&model.join("dense.bin"), norm["offset_bytes"].as_u64().unwrap(), &vec![f32::MAX; count]);
@@ -300,5 +305,84 @@ fn copy_dir(from: &Path, to: &Path) {
         } else {
             std::fs::copy(entry.path(), &target).unwrap();
         }
+    }
+}
+
+/// Removes the CRC32Cs from a container's manifest, as a container written
+/// before they existed.
+fn strip_checksums(model: &Path) {
+    let path = model.join("manifest.json");
+    let mut manifest: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for tensor in manifest["tensors"].as_array_mut().unwrap() {
+        tensor.as_object_mut().unwrap().remove("crc32c");
+    }
+    for layer in manifest["expert_layers"].as_array_mut().unwrap() {
+        layer.as_object_mut().unwrap().remove("record_crc32c");
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
+}
+
+/// Integrity on read: one flipped bit in an expert record used to change
+/// nothing visible (or the answer, silently). Its CRC32C is checked when the
+/// record is read from disk: one line naming the file, layer and expert. A
+/// flipped bit in dense.bin is refused at open naming the tensor.
+#[test]
+fn a_flipped_bit_is_an_error_naming_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good");
+    convert("olmoe", "q4", &good);
+    let (reference, _) = generate_json(&good, &[]);
+    let flip = |file: &Path, offset: u64| {
+        let mut bytes = std::fs::read(file).unwrap();
+        bytes[offset as usize] ^= 0x04;
+        std::fs::write(file, bytes).unwrap();
+    };
+
+    let model = dir.path().join("expert-bit");
+    copy_dir(&good, &model);
+    let manifest: Value = serde_json::from_slice(&std::fs::read(model.join("manifest.json")).unwrap()).unwrap();
+    let layer = &manifest["expert_layers"][0];
+    let record_bytes = layer["record_bytes"].as_u64().unwrap();
+    let file = model.join(layer["file"].as_str().unwrap());
+    for expert in 0..layer["num_experts"].as_u64().unwrap() {
+        flip(&file, expert * record_bytes + 100);
+    }
+    for io in ["pread", "mmap"] {
+        let mut args = vec!["generate", path(&model), "--expert-cache", "0", "--io", io];
+        args.extend(GENERATE);
+        assert_clean_failure(&strata(&args), &["CRC32C mismatch", "of layer 0", "layer_000.bin"]);
+    }
+
+    let model = dir.path().join("dense-bit");
+    copy_dir(&good, &model);
+    let o = tensor_entry(&model, "model.layers.0.self_attn.o_proj.weight");
+    flip(&model.join("dense.bin"), o["offset_bytes"].as_u64().unwrap() + 5);
+    let mut args = vec!["generate", path(&model)];
+    args.extend(GENERATE);
+    assert_clean_failure(&strata(&args), &["CRC32C mismatch", "model.layers.0.self_attn.o_proj.weight", "dense.bin"]);
+
+    // Undamaged, the checks change nothing.
+    let (tokens, stderr) = generate_json(&good, &["--expert-cache", "0"]);
+    assert_eq!(tokens, reference, "{stderr}");
+}
+
+/// `--temperature nan` used to give the same token every time and
+/// `--top-p 5` was taken silently: both are refused before anything runs.
+#[test]
+fn nonsense_sampling_flags_are_refused_before_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    convert("olmoe", "q8", &model);
+    for (flag, needle) in [
+        ("--temperature=nan", "temperature"),
+        ("--temperature=inf", "temperature"),
+        ("--top-p=5", "top-p"),
+        ("--top-p=-1", "top-p"),
+    ] {
+        let mut args = vec!["generate", path(&model), flag];
+        args.extend(GENERATE);
+        let out = strata(&args);
+        assert_clean_failure(&out, &[needle]);
+        assert!(out.stdout.is_empty(), "{flag}: nothing generated");
     }
 }

@@ -55,6 +55,27 @@ impl SamplingDefaults {
     }
 }
 
+impl SamplingOptions {
+    /// Refuses settings that sample garbage instead of failing: a
+    /// temperature that is not a finite number >= 0 (NaN picked the same
+    /// token every time), a top_p outside [0, 1] (the API's range).
+    pub fn check(&self) -> crate::Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(crate::Error::InvalidOption {
+                option: "temperature",
+                reason: format!("{} is not a finite number >= 0", self.temperature),
+            });
+        }
+        if !(0.0..=1.0).contains(&self.top_p) {
+            return Err(crate::Error::InvalidOption {
+                option: "top-p",
+                reason: format!("{} is not between 0 and 1", self.top_p),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// A token chooser whose randomness is a function of the seed and the
 /// token's position only: the same seed gives the same tokens, and a
 /// conversation stopped and resumed (even in another process) samples

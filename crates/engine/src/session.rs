@@ -365,6 +365,7 @@ impl<'e> Session<'e> {
         options: &GenerateOptions,
         mut on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerateReport> {
+        options.sampling.check()?;
         let mut report = GenerateReport::default();
         let run_start = Snapshot::take(self.engine);
         let mut logits = match self.pending_logits.take() {

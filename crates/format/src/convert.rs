@@ -304,6 +304,7 @@ impl Work<'_> {
                 scale_offset_bytes: placed.scale_offset_bytes,
                 scale_length_bytes: placed.scale_length_bytes,
                 group,
+                crc32c: Some(placed.crc32c),
             });
             used.insert(source);
             self.bar.inc(1);
@@ -329,7 +330,8 @@ impl Work<'_> {
                 format,
                 group,
             )?;
-            files.push(write_expert_file(self.source, spec, &layout, &file_name, &self.bar, used)?);
+            let (file, record_crc32c) = write_expert_file(self.source, spec, &layout, &file_name, &self.bar, used)?;
+            files.push(file);
             let templates = names::expert_name_templates(spec, layer);
             let [g, u, d] = layout.components.clone();
             let components =
@@ -350,6 +352,7 @@ impl Work<'_> {
                 num_experts: spec.moe.num_experts,
                 record_bytes: layout.record_bytes,
                 components,
+                record_crc32c: Some(record_crc32c),
             });
         }
         Ok((layers, files))
@@ -371,7 +374,8 @@ impl Work<'_> {
     }
 }
 
-/// Writes every expert record of one layer, one expert in memory at a time.
+/// Writes every expert record of one layer, one expert in memory at a time;
+/// returns the file's entry and each record's CRC32C.
 fn write_expert_file(
     source: &dyn Source,
     spec: &ModelSpec,
@@ -379,10 +383,11 @@ fn write_expert_file(
     rel_path: &str,
     bar: &ProgressBar,
     used: &mut HashSet<String>,
-) -> Result<FileEntry> {
+) -> Result<(FileEntry, Vec<u32>)> {
     let layer = layout.layer;
     let mut out = HashingFile::create(layout.path.clone())?;
     let mut record = vec![0u8; layout.record_bytes as usize];
+    let mut record_crc32c = Vec::with_capacity(layout.num_experts);
     for expert in 0..layout.num_experts {
         let mats = source.expert_f32(spec, layer, expert)?;
         let names = names::expert_names(spec, layer, expert);
@@ -403,11 +408,12 @@ fn write_expert_file(
             record[s..s + scales.len()].copy_from_slice(scales);
         }
         out.write(&record)?;
+        record_crc32c.push(crc32c::crc32c(&record));
         bar.inc(1);
     }
     let entry = out.finish(rel_path)?;
     used.extend(source.expert_sources(spec, layer));
-    Ok(entry)
+    Ok((entry, record_crc32c))
 }
 
 /// Where one tensor landed in dense.bin.
@@ -416,6 +422,8 @@ struct Placed {
     length_bytes: u64,
     scale_offset_bytes: u64,
     scale_length_bytes: u64,
+    /// CRC32C of the weight bytes followed by the scale bytes.
+    crc32c: u32,
 }
 
 /// Converts one dense tensor in row blocks: weights stream straight to the
@@ -432,6 +440,7 @@ fn write_matrix(
     out.pad_to(TENSOR_ALIGN_BYTES)?;
     let offset_bytes = out.pos;
     let mut scales: Vec<f32> = Vec::new();
+    let mut crc = 0u32;
     let chunk_rows = (CHUNK_ELEMS / cols.max(1)).max(1);
     let mut row = 0;
     while row < rows {
@@ -442,14 +451,22 @@ fn write_matrix(
         // concatenating equals encoding the whole matrix.
         let enc = encode(format, n, cols, group, &data);
         out.write(&enc.weights)?;
+        crc = crc32c::crc32c_append(crc, &enc.weights);
         scales.extend_from_slice(&enc.scales);
         row += n;
     }
     let length_bytes = out.pos - offset_bytes;
     out.pad_to(TENSOR_ALIGN_BYTES)?;
     let scale_offset_bytes = out.pos;
-    out.write(bytemuck::cast_slice(&scales))?;
-    Ok(Placed { offset_bytes, length_bytes, scale_offset_bytes, scale_length_bytes: out.pos - scale_offset_bytes })
+    let scale_bytes: &[u8] = bytemuck::cast_slice(&scales);
+    out.write(scale_bytes)?;
+    Ok(Placed {
+        offset_bytes,
+        length_bytes,
+        scale_offset_bytes,
+        scale_length_bytes: out.pos - scale_offset_bytes,
+        crc32c: crc32c::crc32c_append(crc, scale_bytes),
+    })
 }
 
 /// Encoded weights (little-endian bytes) and group scales.

@@ -77,6 +77,14 @@ pub enum Error {
     )]
     NonFiniteStored { path: PathBuf, what: String, kind: &'static str, index: usize, value: f32 },
 
+    /// Bytes that differ from what was written: a dense tensor or an
+    /// expert record whose CRC32C is not the manifest's (a flipped bit on
+    /// disk, a file edited or replaced in part).
+    #[error(
+        "{path}: {what}: CRC32C mismatch: the manifest says {expected:08x}, the bytes read give {actual:08x} (the file is damaged: convert the model again)"
+    )]
+    Crc32c { path: PathBuf, what: String, expected: u32, actual: u32 },
+
     /// The kernels crate rejected a buffer (length/alignment/format).
     #[error("{context}: {source}")]
     Kernels {

@@ -245,6 +245,71 @@ fn truncated_or_corrupted_files() {
     assert!(matches!(err, Error::OutputExists { .. }), "{err}");
 }
 
+/// Removes the CRC32Cs from a container's manifest, as a container written
+/// before they existed.
+fn strip_checksums(dir: &Path) {
+    let path = dir.join("manifest.json");
+    let mut manifest: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for tensor in manifest["tensors"].as_array_mut().unwrap() {
+        tensor.as_object_mut().unwrap().remove("crc32c").expect("a tensor checksum");
+    }
+    for layer in manifest["expert_layers"].as_array_mut().unwrap() {
+        layer.as_object_mut().unwrap().remove("record_crc32c").expect("record checksums");
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
+}
+
+/// Every dense tensor and expert record carries a CRC32C: one flipped bit is
+/// an error naming the file and the tensor, or the layer and expert, when
+/// it is read; a container without checksums still opens.
+#[test]
+fn checksums_catch_flipped_bytes_when_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, good) = converted(tmp.path(), QuantPreset::Q4);
+    let bad = tmp.path().join("bad");
+
+    // A bit of a dense tensor's weights: refused at open.
+    copy_dir(&good, &bad);
+    let manifest = Container::open(&good).unwrap().manifest().clone();
+    let q = manifest.tensors.iter().find(|t| t.name == "model.layers.1.self_attn.o_proj.weight").unwrap();
+    let dense = bad.join("dense.bin");
+    let mut bytes = std::fs::read(&dense).unwrap();
+    bytes[q.offset_bytes as usize + 3] ^= 0x10;
+    std::fs::write(&dense, &bytes).unwrap();
+    let err = Container::open(&bad).unwrap_err();
+    assert!(matches!(&err, Error::Crc32c { what, .. } if what.contains(&q.name)), "{err}");
+    assert!(err.to_string().contains("dense.bin"), "{err}");
+
+    // A bit of an expert record: refused when that record is read, naming
+    // the file, layer and expert; the other records pass.
+    copy_dir(&good, &bad);
+    let c = Container::open(&bad).unwrap();
+    let layout = c.expert_layout(0).unwrap();
+    let file = bad.join("experts/layer_000.bin");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[layout.record_offset(3).unwrap() as usize + 77] ^= 0x01;
+    std::fs::write(&file, &bytes).unwrap();
+    let err = layout.check_record(3, bytemuck::cast_slice(&read_record(layout, 3))).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::Crc32c { .. }), "{text}");
+    assert!(text.contains("expert 3 of layer 0") && text.contains("layer_000.bin"), "{text}");
+    layout.check_record(2, bytemuck::cast_slice(&read_record(layout, 2))).unwrap();
+
+    // A container without checksums opens, and its records pass unchecked.
+    copy_dir(&good, &bad);
+    strip_checksums(&bad);
+    let c = Container::open(&bad).unwrap();
+    let layout = c.expert_layout(0).unwrap();
+    assert!(layout.record_crc32c.is_none());
+    layout.check_record(3, bytemuck::cast_slice(&read_record(layout, 3))).unwrap();
+    // A checksum list of the wrong length is a manifest error.
+    copy_dir(&good, &bad);
+    let err = open_with_manifest_edit(&good, &bad, |m| {
+        m["expert_layers"][0]["record_crc32c"] = serde_json::json!([1, 2]);
+    });
+    assert!(err.to_string().contains("record_crc32c"), "{err}");
+}
+
 /// Writes `value` as the `index`-th f32 at `offset_bytes` of `file`.
 fn poke_f32(file: &Path, offset_bytes: u64, index: u64, value: f32) {
     use std::io::{Seek, SeekFrom, Write};
@@ -260,6 +325,10 @@ fn poke_f32(file: &Path, offset_bytes: u64, index: u64, value: f32) {
 fn non_finite_stored_floats_are_refused_naming_the_tensor_or_expert() {
     let tmp = tempfile::tempdir().unwrap();
     let (_, good) = converted(tmp.path(), QuantPreset::Q8);
+    // Without checksums (as containers written before them), so that the
+    // damage below is left to the finite checks: a CRC32C would catch it
+    // first (see `checksums_catch_flipped_bytes_when_read`).
+    strip_checksums(&good);
     let bad = tmp.path().join("bad");
     let manifest = Container::open(&good).unwrap().manifest().clone();
     let entry = |name: &str| manifest.tensors.iter().find(|t| t.name == name).unwrap().clone();

@@ -66,6 +66,8 @@ pub struct ExpertLayout {
     pub record_bytes: u64,
     /// Gate, up, down.
     pub components: [ComponentLayout; 3],
+    /// The CRC32C of each record, by expert, where the manifest has them.
+    pub record_crc32c: Option<Vec<u32>>,
 }
 
 impl ExpertLayout {
@@ -106,7 +108,7 @@ impl ExpertLayout {
         }
         let record_bytes = align_up(cursor.max(1), RECORD_ALIGN_BYTES).ok_or_else(overflow)?;
         let components: [ComponentLayout; 3] = components.try_into().map_err(|_| overflow())?;
-        Ok(ExpertLayout { layer, path, num_experts, record_bytes, components })
+        Ok(ExpertLayout { layer, path, num_experts, record_bytes, components, record_crc32c: None })
     }
 
     /// Byte offset of expert `expert`'s record in the file.
@@ -148,9 +150,10 @@ impl ExpertLayout {
         Ok([view(g)?, view(u)?, view(d)?])
     }
 
-    /// Checks expert `expert`'s record as read from disk: every float in it
-    /// (scales, f32/bf16 weights) finite. Run on each read, not on each use
-    /// of a cached record, so its cost is paid once per disk read.
+    /// Checks expert `expert`'s record as read from disk: its CRC32C (where
+    /// the manifest has one), and every float in it (scales, f32/bf16
+    /// weights) finite. Run on each read, not on each use of a cached
+    /// record, so its cost is paid once per disk read.
     pub fn check_record(&self, expert: usize, record: &[u8]) -> Result<()> {
         if record.len() as u64 != self.record_bytes {
             return Err(Error::RecordSize {
@@ -158,6 +161,17 @@ impl ExpertLayout {
                 expected_bytes: self.record_bytes,
                 actual_bytes: record.len() as u64,
             });
+        }
+        if let Some(&expected) = self.record_crc32c.as_ref().and_then(|crcs| crcs.get(expert)) {
+            let actual = crc32c::crc32c(record);
+            if actual != expected {
+                return Err(Error::Crc32c {
+                    path: self.path.clone(),
+                    what: format!("expert {expert} of layer {}", self.layer),
+                    expected,
+                    actual,
+                });
+            }
         }
         for c in &self.components {
             // In range: open validated end_bytes() <= record_bytes.

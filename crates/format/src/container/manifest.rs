@@ -82,6 +82,11 @@ pub struct TensorEntry {
     pub scale_length_bytes: u64,
     /// Columns per scale group (0 for f32/bf16).
     pub group: usize,
+    /// CRC32C of the weight bytes followed by the scale bytes, checked when
+    /// the container is opened. Absent in containers written before it
+    /// existed (nothing is checked then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc32c: Option<u32>,
 }
 
 /// One MoE layer's expert file.
@@ -96,6 +101,11 @@ pub struct ExpertLayerEntry {
     pub record_bytes: u64,
     /// Gate, up, down, in that order.
     pub components: [ComponentEntry; 3],
+    /// CRC32C of each whole record (padding included), by expert, checked
+    /// whenever a record is read from disk. Absent in containers written
+    /// before it existed (nothing is checked then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_crc32c: Option<Vec<u32>>,
 }
 
 /// One matrix of every expert record of a layer. Offsets are relative to

@@ -2,7 +2,8 @@
 //!
 //! [`Container::open`] reads and validates `manifest.json` against the model
 //! spec and the sizes of the files on disk, then reads `dense.bin` into
-//! memory and refuses any non-finite float in it. It never reads expert files
+//! memory and refuses a tensor whose CRC32C differs from the manifest's or
+//! that holds a non-finite float. It never reads expert files
 //! (another crate streams them; [`ExpertLayout::check_record`] checks each
 //! record read) and never hashes whole files: hashing a 60 GB container on
 //! every start would dominate start-up time, so that is the explicit
@@ -60,8 +61,9 @@ impl std::fmt::Debug for Container {
 impl Container {
     /// Opens the container in `dir`, validating the manifest (magic, version,
     /// spec, every tensor's format/shape/length/alignment, expert record
-    /// layouts, file sizes), then reading dense.bin and checking that every
-    /// float in it is finite. Expert data is not read.
+    /// layouts, file sizes), then reading dense.bin and checking every
+    /// tensor's CRC32C (where recorded) and that every float in it is
+    /// finite. Expert data is not read.
     pub fn open(dir: impl AsRef<Path>) -> Result<Container> {
         let dir = dir.as_ref().to_path_buf();
         let manifest = validate::read_manifest(&dir)?;
@@ -77,19 +79,31 @@ impl Container {
             dense_index: checked.dense_index,
             expert_layouts: checked.expert_layouts,
         };
-        container.check_dense_finite(&dense_path)?;
+        container.check_dense(&dense_path)?;
         Ok(container)
     }
 
-    /// Refuses a NaN or infinity anywhere in the dense tensors (weights of
-    /// f32/bf16 tensors, scales of q8/q4 ones), naming the tensor.
-    fn check_dense_finite(&self, dense_path: &Path) -> Result<()> {
+    /// Refuses a dense tensor whose CRC32C is not the manifest's, and a
+    /// NaN or infinity anywhere in the dense tensors (weights of f32/bf16
+    /// tensors, scales of q8/q4 ones), naming the tensor.
+    fn check_dense(&self, dense_path: &Path) -> Result<()> {
         for entry in &self.manifest.tensors {
             // Formats were validated by `validate`.
             let format = QuantFormat::from_ordinal(entry.format)
                 .map_err(|e| Error::kernels(format!("tensor {:?}", entry.name), e))?;
             let weights = self.bytes(entry.offset_bytes, entry.length_bytes);
             let scales = self.bytes(entry.scale_offset_bytes, entry.scale_length_bytes);
+            if let Some(expected) = entry.crc32c {
+                let actual = crc32c::crc32c_append(crc32c::crc32c(weights), scales);
+                if actual != expected {
+                    return Err(Error::Crc32c {
+                        path: dense_path.to_path_buf(),
+                        what: format!("tensor {:?}", entry.name),
+                        expected,
+                        actual,
+                    });
+                }
+            }
             if let Some((kind, index, value)) = finite::first_non_finite(format, weights, scales) {
                 return Err(Error::NonFiniteStored {
                     path: dense_path.to_path_buf(),

@@ -282,12 +282,18 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
         }
         let components: [ComponentLayout; 3] =
             components.try_into().map_err(|_| bad(format!("{what}: needs exactly 3 components")))?;
+        if let Some(crcs) = &entry.record_crc32c
+            && crcs.len() != entry.num_experts
+        {
+            return Err(bad(format!("{what}: {} record_crc32c for {} experts", crcs.len(), entry.num_experts)));
+        }
         expert_layouts[layer] = Some(ExpertLayout {
             layer,
             path: dir.join(&entry.file),
             num_experts: entry.num_experts,
             record_bytes: entry.record_bytes,
             components,
+            record_crc32c: entry.record_crc32c.clone(),
         });
     }
 
