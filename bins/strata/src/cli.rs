@@ -147,6 +147,60 @@ pub enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
+    /// Copies of expert files on other drives, read beside the container
+    /// with `--mirror DIR`.
+    Mirror {
+        #[command(subcommand)]
+        command: MirrorCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MirrorCommand {
+    /// Which layer files a mirror of `--budget` would hold: the layers whose
+    /// experts the usage file ranks hottest.
+    Plan {
+        #[command(flatten)]
+        args: MirrorArgs,
+    },
+    /// Copy the planned files into DIR (verified, through temporary files,
+    /// keeping `--reserve` free) and publish its receipt.
+    Stage {
+        #[command(flatten)]
+        args: MirrorArgs,
+    },
+    /// Hash every expert file in DIR against the container and publish a
+    /// receipt of them (for copies made by hand, or to recheck).
+    Verify {
+        #[command(flatten)]
+        args: MirrorArgs,
+    },
+}
+
+impl MirrorCommand {
+    pub fn args(&self) -> &MirrorArgs {
+        match self {
+            MirrorCommand::Plan { args } | MirrorCommand::Stage { args } | MirrorCommand::Verify { args } => args,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MirrorArgs {
+    /// The mirror directory.
+    pub dir: PathBuf,
+    /// The container mirrored (default: the demo model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The most bytes of expert files the mirror may hold (default: all).
+    #[arg(long)]
+    pub budget: Option<ByteSize>,
+    /// Free space to leave on the mirror's filesystem.
+    #[arg(long, default_value = "1GiB")]
+    pub reserve: ByteSize,
+    /// Learned usage that ranks the layers (default: usage.json in the model directory).
+    #[arg(long)]
+    pub usage_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

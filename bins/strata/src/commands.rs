@@ -124,12 +124,14 @@ pub fn run(cli: Cli) -> Result<()> {
             if let (Some(detok), false) = (&mut detok, json) {
                 println!("{}", detok.finish().unwrap_or_default());
             }
-            for warning in session.take_warnings() {
+            for warning in session.take_warnings().into_iter().chain(engine.take_store_warnings()) {
                 eprintln!("strata: warning: {warning}");
             }
             let report = result?;
             if json {
                 let mut stats = serde_json::to_value(&report.stats)?;
+                // The engine was opened for this run, so its counters are the run's.
+                stats["mirror_bytes_read"] = engine.store_stats().mirror_bytes_read.into();
                 if let Some(opened) = &opened {
                     // Documented in docs/FORMAT.md, "strata generate --json".
                     stats["session_reopened_tokens"] = opened.reopened_tokens.into();
@@ -162,6 +164,10 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Trace { command: TraceCommand::Replay { file, expert_cache } } => replay(&file, expert_cache),
+        Command::Mirror { command } => {
+            let model_dir = model(command.args().model.clone())?;
+            crate::mirror::run(command, &model_dir)
+        }
         Command::Export { model_dir, out_hf_dir, overwrite } => {
             if overwrite && out_hf_dir.exists() {
                 std::fs::remove_dir_all(&out_hf_dir).with_context(|| format!("removing {}", out_hf_dir.display()))?;

@@ -5,6 +5,7 @@
 
 mod cli;
 mod commands;
+mod mirror;
 
 use std::process::ExitCode;
 

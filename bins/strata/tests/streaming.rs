@@ -88,7 +88,7 @@ fn trace_replay_prints_every_policy_and_belady_is_highest() {
         line.split_whitespace().nth(1).unwrap().trim_end_matches('%').parse().unwrap()
     };
     let belady = rate("belady");
-    for policy in ["lru", "lfru", "pinned"] {
+    for policy in ["lru", "lfru", "pinned", "predict"] {
         assert!(rate(policy) <= belady, "{policy} beats Belady?\n{text}");
     }
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use strata_tier::{ByteSize, IoBackend, PolicyKind, RamBudget};
+use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget};
 
 use crate::EngineOptions;
 
@@ -38,6 +38,11 @@ pub struct EngineArgs {
     /// Where learned expert usage is kept (default: usage.json in the model directory).
     #[arg(long)]
     pub usage_file: Option<PathBuf>,
+    /// A copy of some or all expert files on another drive, staged by
+    /// `strata mirror stage`; RATE (e.g. 3GB, per second) weighs its share
+    /// of reads, measured at open if not given. Repeatable.
+    #[arg(long = "mirror", value_name = "DIR[=RATE]")]
+    pub mirrors: Vec<MirrorSpec>,
 }
 
 impl EngineArgs {
@@ -52,6 +57,7 @@ impl EngineArgs {
             context_tokens: self.context,
             trace_file: self.trace.clone(),
             usage_file: self.usage_file.clone(),
+            mirrors: self.mirrors.clone(),
             ..EngineOptions::default()
         }
     }

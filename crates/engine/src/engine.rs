@@ -11,7 +11,8 @@ use strata_kv::KvCache;
 use strata_models::{CausalLm, Logits, Runtime};
 use strata_sched::LayerStats;
 use strata_tier::{
-    BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, PolicyKind, RamBudget, RecordCheck, StoreOptions,
+    BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, MirrorSpec, PolicyKind, RamBudget, RecordCheck,
+    StoreOptions,
     StoreStats, TraceHeader, TraceWriter, Usage,
 };
 
@@ -48,6 +49,9 @@ pub struct EngineOptions {
     pub usage_file: Option<PathBuf>,
     /// Record every routing decision to this file.
     pub trace_file: Option<PathBuf>,
+    /// Directories holding copies of expert files on other drives
+    /// (`--mirror`), read beside the container.
+    pub mirrors: Vec<MirrorSpec>,
 }
 
 /// The default context is the model's, but no more than this, so that a
@@ -96,6 +100,7 @@ impl Default for EngineOptions {
             prefill_chunk_tokens: None,
             usage_file: None,
             trace_file: None,
+            mirrors: Vec::new(),
         }
     }
 }
@@ -187,7 +192,8 @@ impl Engine {
             max_in_flight: options.max_in_flight,
             ..StoreOptions::default()
         };
-        let store = ExpertStore::open(sources, store_options, usage)?;
+        let mirrors = crate::mirror::mirror_options(&container, &options.mirrors)?;
+        let store = ExpertStore::open_mirrored(sources, store_options, usage, &mirrors)?;
         let trace = options
             .trace_file
             .as_deref()
@@ -248,6 +254,12 @@ impl Engine {
     /// The most tokens a session may hold.
     pub fn context_tokens(&self) -> usize {
         self.context_tokens
+    }
+
+    /// Warnings of the expert store since the last call (a mirror copy
+    /// that failed a read and is no longer used), each given once.
+    pub fn take_store_warnings(&self) -> Vec<String> {
+        self.store.take_warnings()
     }
 
     /// Expert-store counters since the engine opened.

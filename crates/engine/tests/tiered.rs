@@ -39,7 +39,7 @@ fn logits_are_bit_identical_for_every_cache_policy_io_and_thread_count() {
         let prompt = prompt(family);
         let dir = convert(family, QuantPreset::Q4);
         let reference = open(&dir, &options(&dir)).logits(&prompt).unwrap();
-        for policy in [PolicyKind::Lru, PolicyKind::Lfru, PolicyKind::Pinned] {
+        for policy in PolicyKind::ALL {
             for io in [IoBackend::Pread, IoBackend::Direct, IoBackend::Uring, IoBackend::Mmap] {
                 for (expert_cache_bytes, threads) in [(None, 2), (Some(16 << 10), 1), (Some(64 << 10), 2)] {
                     let opts = EngineOptions { cache_policy: policy, io, expert_cache_bytes, threads, ..options(&dir) };
@@ -54,6 +54,63 @@ fn logits_are_bit_identical_for_every_cache_policy_io_and_thread_count() {
                 }
             }
         }
+    }
+}
+
+/// Stages every expert file of the model in `dir` into a mirror: on a tmpfs
+/// (a different filesystem, as a fast drive) where `tmpfs` asks for one and
+/// the machine has it, else beside the model (O_DIRECT needs a filesystem
+/// that supports it, which tmpfs is not).
+fn staged_mirror(dir: &tempfile::TempDir, tmpfs: bool) -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    let mirror = match tmpfs && shm.is_dir() {
+        true => tempfile::tempdir_in(shm).unwrap(),
+        false => tempfile::tempdir_in(dir.path()).unwrap(),
+    };
+    let container = strata_format::Container::open(dir.path().join("model")).unwrap();
+    let files = strata_engine::mirror::expert_files(&container).unwrap();
+    let planned = strata_tier::mirror::plan(&files, &strata_tier::Usage::default(), u64::MAX);
+    strata_tier::mirror::stage(&dir.path().join("model"), mirror.path(), container.content_hash(), &planned, 0)
+        .unwrap();
+    mirror
+}
+
+#[test]
+fn tokens_are_identical_with_and_without_mirrors_even_when_a_copy_goes_bad() {
+    let family = "olmoe";
+    let prompt = prompt(family);
+    let dir = convert(family, QuantPreset::Q4);
+    let reference = open(&dir, &options(&dir)).logits(&prompt).unwrap();
+    for io in [IoBackend::Pread, IoBackend::Direct, IoBackend::Uring, IoBackend::Mmap] {
+        let mirror = staged_mirror(&dir, !io.is_direct());
+        // Far faster than the container's drive: nearly every read goes to it.
+        let spec = format!("{}=1TiB", mirror.path().display()).parse().unwrap();
+        let opts = EngineOptions { io, expert_cache_bytes: Some(0), mirrors: vec![spec], ..options(&dir) };
+        let engine = open(&dir, &opts);
+        let same = |got: Vec<f32>| got.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same(engine.logits(&prompt).unwrap()), "{io}: with a mirror");
+        let stats = engine.store_stats();
+        assert!(stats.mirror_bytes_read[0] > 0 && stats.mirror_bytes_read[0] <= stats.bytes_read, "{io}: {stats:?}");
+        assert!(engine.take_store_warnings().is_empty());
+        // Every copy changed after open: each fails once, with one warning,
+        // and the container serves the same bytes.
+        for file in std::fs::read_dir(mirror.path().join("experts")).unwrap() {
+            let path = file.unwrap().path();
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes.iter_mut().step_by(4096).for_each(|b| *b ^= 0x5a);
+            std::fs::write(&path, bytes).unwrap();
+        }
+        for pass in 0..2 {
+            assert!(same(engine.logits(&prompt).unwrap()), "{io}: corrupted mirror, pass {pass}");
+        }
+        let warnings = engine.take_store_warnings();
+        let layers = engine.container().manifest().expert_layers.len();
+        assert!(!warnings.is_empty() && warnings.len() <= layers, "{io}: {warnings:?}");
+        assert!(warnings.iter().all(|w| w.contains("from the container from now on")), "{warnings:?}");
+        // Reopened, the changed copies are refused... only when read: their
+        // sizes still match, so open succeeds and every read falls back.
+        let engine = open(&dir, &opts);
+        assert!(same(engine.logits(&prompt).unwrap()), "{io}: reopened on a corrupted mirror");
     }
 }
 

@@ -81,7 +81,8 @@ impl FromStr for PolicyKind {
 /// Eviction order over resident keys.
 ///
 /// All operations are O(1) (amortised), except [`Policy::victim`], which also
-/// costs one step per leased (or pinned) key it skips. The caller keeps the
+/// costs one step per leased (or pinned) key it skips (`predict` also pays
+/// per layer and per event; `predict.rs` gives its costs). The caller keeps the
 /// residency: it calls `on_insert` only for a key that is not resident,
 /// `on_hit` only for one that is, and `on_remove` when it evicts (or drops) a
 /// key. `victim` proposes; it changes nothing until `on_remove` follows.

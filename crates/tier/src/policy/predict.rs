@@ -32,9 +32,11 @@
 //!
 //! # Cost
 //!
-//! Memory: per layer, [`LAGS`] matrices of `experts²` u32 counts (64 experts:
-//! 32 KiB a layer; 256 experts: 512 KiB a layer), allocated when the layer is
-//! first seen. Time: `on_hit`/`on_insert`/`on_remove` are O(1) except at an
+//! Memory: per layer, [`LAGS`] matrices of `experts²` u16 counts (64 experts:
+//! 16 KiB a layer; 256 experts: 256 KiB a layer, 15 MiB for DeepSeek-V3's 58
+//! MoE layers), allocated when the layer is first seen. It is not part of
+//! the memory budget's plan; the budget's slack covers it up to about 256
+//! experts per layer. Time: `on_hit`/`on_insert`/`on_remove` are O(1) except at an
 //! event's end, which adds `LAGS × k²` counts. A layer's probabilities are
 //! recomputed (O(experts × k × LAGS)) and its resident keys re-sorted only
 //! when its history changed; `victim` then looks at one candidate per layer
@@ -62,9 +64,10 @@ const SMOOTHING: f64 = 1.0;
 /// log-odds and distances stay finite.
 const MIN_PROBABILITY: f64 = 0.02;
 
-/// Counts halve when a row sum reaches this, which keeps u32 counts from
-/// overflowing and lets the transitions follow a change of topic.
-const COUNT_HALVING_AT: u32 = 1 << 20;
+/// A row's counts halve when its predecessor count reaches this. A count
+/// never exceeds its row's predecessors, so u16 counts cannot overflow; and
+/// the halving lets the transitions follow a change of topic.
+const COUNT_HALVING_AT: u32 = 1 << 15;
 
 #[derive(Debug, Clone)]
 struct Layer {
@@ -74,7 +77,7 @@ struct Layer {
     uses: Vec<u64>,
     /// `transitions[lag][x * experts + y]`: events in which `y` was used
     /// while `x` was used `lag + 1` events of this layer earlier.
-    transitions: [Vec<u32>; LAGS],
+    transitions: [Vec<u16>; LAGS],
     /// `predecessors[lag][x]`: events counted in row `x` of `transitions[lag]`.
     predecessors: [Vec<u32>; LAGS],
     /// The last `LAGS` events' experts, the most recent first.
