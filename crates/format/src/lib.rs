@@ -43,7 +43,8 @@ pub use export::export;
 pub use names::{ExpertProj, TensorDesc, TensorKind};
 pub use preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset};
 pub use spec::{
-    DsaSpec, Family, IndexerKind, LayerKind, MlaSpec, ModelSpec, MoeSpec, QkNorm, RopeScaling, RopeSpec, RouterSpec,
-    ScoringFunc,
+    AttentionKind, DsaSpec, Family, FfnKind, GqaSpec, IndexerKind, IndexerSpec, LayerKind, LayerSpec, MlaAttention,
+    MlaSpec, ModelSpec, MoeBlock, MoeSpec, NormKind, QkNorm, RopeScaling, RopeSpec, RouterKind, RouterSpec,
+    ScoringFunc, SharedExperts,
 };
 pub use synth::{LIKE, SynthOptions, like_config, synth};

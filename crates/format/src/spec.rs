@@ -901,10 +901,15 @@ fn parse_yarn(cfg: &Fields<'_>, p: &Fields<'_>, max_position_embeddings: usize) 
 }
 
 mod fields;
+mod layer;
 mod mla;
 #[cfg(test)]
 mod mla_tests;
 #[cfg(test)]
 mod tests;
 
+pub use layer::{
+    AttentionKind, FfnKind, GqaSpec, IndexerSpec, LayerSpec, MlaAttention, MoeBlock, NormKind, RouterKind,
+    SharedExperts,
+};
 pub use mla::{DsaSpec, IndexerKind, MlaSpec};
