@@ -28,6 +28,7 @@ pub mod container;
 mod convert;
 mod error;
 mod export;
+mod family;
 mod fp8;
 pub mod names;
 pub mod npy;
