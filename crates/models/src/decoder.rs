@@ -16,7 +16,6 @@ use strata_kernels::Matrix;
 use strata_kv::KvCache;
 
 use crate::attention::{Attention, Pass};
-use crate::common::rmsnorm_into;
 use crate::ffn::Ffn;
 use crate::rope::{Angles, Rope};
 use crate::weights::{matrix, vector};
@@ -57,9 +56,9 @@ impl Norm {
     }
 
     /// Normalises each row of `xs` into `out`.
-    fn apply(&self, c: &Container, xs: &[f32], out: &mut [f32]) -> Result<()> {
+    fn apply(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32], out: &mut [f32]) -> Result<()> {
         match self.kind {
-            NormKind::Weight { eps } => rmsnorm_into(xs, c.dense_vec(&self.weight)?, eps, out),
+            NormKind::Weight { eps } => rt.ops().rmsnorm_into(xs, c.dense_vec(&self.weight)?, eps, out),
         }
         Ok(())
     }
@@ -118,10 +117,10 @@ impl Decoder {
         let mut x = self.embed(c, &tokens)?;
         let mut normed = vec![0.0f32; x.len()];
         for (l, layer) in self.layers.iter().enumerate() {
-            layer.input_norm.apply(c, &x, &mut normed)?;
+            layer.input_norm.apply(rt, c, &x, &mut normed)?;
             let attn = layer.attention.forward(rt, c, l, &normed, &mut pass, seqs)?;
             x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
-            layer.post_attn_norm.apply(c, &x, &mut normed)?;
+            layer.post_attn_norm.apply(rt, c, &x, &mut normed)?;
             layer.ffn.add_to(rt, c, l, &positions, &normed, &mut x)?;
         }
         for seq in seqs.iter_mut() {
@@ -155,9 +154,9 @@ impl Decoder {
         };
         let m = rows.len() / h;
         let mut normed = vec![0.0f32; m * h];
-        self.final_norm.apply(c, rows, &mut normed)?;
+        self.final_norm.apply(rt, c, rows, &mut normed)?;
         let mut out = vec![0.0f32; m * vocab_size];
-        rt.threads.matmul(&c.dense(&self.lm_head)?, &normed, m, &mut out);
+        rt.ops().matmul(&c.dense(&self.lm_head)?, &normed, m, &mut out);
         Ok(out)
     }
 }

@@ -11,6 +11,7 @@
 //! and it never branches on the model family.
 
 mod attention;
+mod backend;
 mod common;
 mod decoder;
 mod dsa;

@@ -4,13 +4,12 @@
 //! over the cached keys and values, and o_proj. Every refinement is data in
 //! the layer's [`GqaSpec`], none a family branch.
 
-use rayon::prelude::*;
-
 use strata_format::{Container, GqaSpec, ModelSpec, QkNorm, names};
 use strata_kv::{KEYS, VALUES};
 
-use super::grouped::{AttnShape, attend};
-use crate::common::{project, rmsnorm_rows};
+use super::grouped::AttnShape;
+use crate::backend::AttendJob;
+use crate::common::project;
 use crate::rope::{Angles, rotate};
 use crate::weights::{matrix, vector};
 use crate::{Result, Runtime, SeqBatch};
@@ -99,8 +98,8 @@ impl Gqa {
         let (mut q, mut k, mut v) = (run(&self.q)?, run(&self.k)?, run(&self.v)?);
         if let Some((qn, kn)) = &self.qk_norm {
             let per_head = d.qk_norm == QkNorm::PerHead;
-            rmsnorm_rows(&mut q, c.dense_vec(qn)?, self.eps, if per_head { d.head_dim } else { q_dim });
-            rmsnorm_rows(&mut k, c.dense_vec(kn)?, self.eps, if per_head { d.head_dim } else { kv_dim });
+            rt.ops().rmsnorm_rows(&mut q, c.dense_vec(qn)?, self.eps, if per_head { d.head_dim } else { q_dim });
+            rt.ops().rmsnorm_rows(&mut k, c.dense_vec(kn)?, self.eps, if per_head { d.head_dim } else { kv_dim });
         }
         if let Some(clip) = d.clip_qkv {
             for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
@@ -139,12 +138,9 @@ impl Gqa {
             (q_rest, out_rest) = (q_tail, out_tail);
             let keys = seq.cache.rows(layer, KEYS, start + m);
             let values = seq.cache.rows(layer, VALUES, start + m);
-            jobs.push((q_seq, keys, values, start, out_seq));
+            jobs.push(AttendJob { q: q_seq, keys, values, start, out: out_seq });
         }
-        rt.threads.pool().install(|| {
-            jobs.into_par_iter()
-                .for_each(|(q, keys, values, start, out)| attend(rt.threads, shape, q, keys, values, start, out));
-        });
+        rt.ops().attend(shape, jobs);
         project(rt, c, &self.o.weight, self.o.bias.as_deref(), &attn)
     }
 }

@@ -5,7 +5,6 @@ mod moe;
 mod router;
 
 use strata_format::{Container, FfnKind, ModelSpec, names};
-use strata_sched::swiglu;
 
 use crate::weights::swiglu_names;
 use crate::{Result, Runtime};
@@ -53,6 +52,6 @@ impl Ffn {
 
 /// `ys = down(silu(gate(xs)) * up(xs))` with resident weights.
 fn dense_swiglu(rt: &Runtime<'_>, c: &Container, [g, u, d]: &[String; 3], xs: &[f32], ys: &mut [f32]) -> Result<()> {
-    swiglu(rt.threads, &[c.dense(g)?, c.dense(u)?, c.dense(d)?], xs, ys);
+    rt.ops().swiglu(&[c.dense(g)?, c.dense(u)?, c.dense(d)?], xs, ys);
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! and shared experts, if any, run resident beside them.
 
 use strata_format::{Container, ExpertLayout, ModelSpec, MoeBlock, SharedExperts, names};
-use strata_sched::{LayerStats, MoeBatch, Route, run_moe_layer};
+use strata_sched::{LayerStats, MoeBatch, Route};
 use strata_tier::TraceWriter;
 
 use super::dense_swiglu;
@@ -82,9 +82,9 @@ impl Moe {
         }
         let batch = MoeBatch { layer, layout, xs, hidden: self.hidden, routes, top_k: self.top_k };
         let mut layer_stats = LayerStats::default();
-        let result = run_moe_layer(rt.store, rt.threads, &batch, out, &mut layer_stats);
+        let result = rt.ops().moe_layer(rt.store, &batch, out, &mut layer_stats);
         rt.stats.lock().unwrap_or_else(|p| p.into_inner()).add(layer_stats);
-        Ok(result?)
+        result
     }
 }
 

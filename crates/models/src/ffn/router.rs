@@ -44,7 +44,7 @@ impl Router {
         let weight = c.dense(&self.weight)?;
         let n = xs.len() / weight.cols;
         let mut logits = vec![0.0f32; n * self.num_experts];
-        rt.threads.matmul(&weight, xs, n, &mut logits);
+        rt.ops().matmul(&weight, xs, n, &mut logits);
         Ok(match &self.scoring {
             Scoring::Softmax { renormalize } => softmax_top_k(&logits, self.num_experts, self.top_k, *renormalize),
             Scoring::GroupedSigmoid { n_group, topk_group, renormalize, scaling, correction_bias } => {
