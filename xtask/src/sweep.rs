@@ -1,15 +1,19 @@
 //! `cargo xtask sweep`: convert random transformers checkpoints at shapes and configs other than the fixtures'
-//! and check that Strata's logits match transformers'.
+//! and check that Strata's logits and tokens match transformers'.
 //!
 //! 1. `xtask/fixtures/sweep.py gen` writes, under `target/sweep-tmp/<case>/`, a random checkpoint saved by
-//!    transformers (`hf/`: odd head_dim, GQA ratios 1/2/4/8, dense first layers, tied embeddings, biases, sliding
-//!    windows, linear RoPE scaling, sharded, f32/bf16, 5.x or 4.x config spelling) and its float32 teacher-forced
-//!    logits (`reference.npy`), plus `cases.json`.
-//! 2. For every case: `strata convert hf <case>/strata --quant <f32|bf16>` and `strata logits` → `strata.npy`;
-//!    for the export cases also `--quant q4` → `q4.npy` and `strata export` → `q4_hf/`. A failing command's
-//!    stderr goes to `<case>/<step>.err` and the sweep goes on.
-//! 3. `sweep.py check` compares (1e-3·std for f32, 2e-3·std for bf16; q4: transformers on the export against
-//!    Strata's q4 logits at 1e-3·std), prints the table and fails if any check does.
+//!    transformers (`hf/`) for each of the six families (GQA: odd head_dim, GQA ratios 1/2/4/8, dense layers, tied
+//!    embeddings, biases, sliding windows, linear RoPE scaling; MLA: q LoRA or not, every head dim, YaRN, groups,
+//!    shared experts, DSA heads/dims/top-k/shared indexer layers; sharded, f32/bf16, 5.x or 4.x config spelling),
+//!    its float32 teacher-forced logits (`reference.npy`), its logits fed one token at a time through transformers'
+//!    cache (`decode_reference.npy`) and its 12-token greedy continuation, plus `cases.json`.
+//! 2. For every case: `strata convert hf <case>/strata --quant <f32|bf16>`; `strata logits` → `strata.npy`;
+//!    `strata logits --pass-tokens 1` on prompt + continuation → `decode.npy`; `strata generate --json` →
+//!    `greedy.json`; for the export cases also `--quant q4` → `q4.npy` and `strata export` → `q4_hf/`. A failing
+//!    command's stderr goes to `<case>/<step>.err` and the sweep goes on.
+//! 3. `sweep.py check` compares (1e-3·std for f32, 2e-3·std for bf16; greedy tokens exactly; q4: transformers on
+//!    the export against Strata's q4 logits at 1e-3·std), prints the table and the worst error per family, and
+//!    fails if any check does.
 //!
 //! The Python interpreter is chosen as for `cargo xtask fixtures` (`--python PATH`, or the pinned venv).
 
@@ -29,8 +33,9 @@ use crate::fixtures::{
 #[command(
     name = "sweep",
     bin_name = "cargo xtask sweep",
-    about = "Convert random transformers checkpoints (all three families, odd shapes, both config spellings, f32 \
-             and bf16) with strata and compare the logits with transformers'. Work directory: target/sweep-tmp/.",
+    about = "Convert random transformers checkpoints (all six families, random shapes over every config axis, both \
+             config spellings, f32 and bf16) with strata and compare teacher-forced logits, decode-path logits and \
+             greedy tokens with transformers'. Work directory: target/sweep-tmp/.",
     long_about = None,
     args_override_self = true,
     disable_help_flag = true
@@ -48,7 +53,7 @@ struct Opts {
     /// only these cases (repeatable; `sweep.py cases` lists them)
     #[arg(long = "case", alias = "cases", value_name = "NAME[,NAME]", value_delimiter = ',')]
     cases: Vec<String>,
-    /// this many randomly drawn cases on top of the curated ones (default: 12)
+    /// this many randomly drawn cases per family on top of the curated ones (default: 20)
     #[arg(long, value_name = "N", value_parser = number)]
     random: Option<String>,
     /// seed of the random cases, weights and prompts (default: 0)
@@ -89,7 +94,20 @@ struct Case {
     name: String,
     quant: String,
     prompt: String,
+    /// The prompt and the greedy continuation but its last token, for the decode-path logits.
+    decode_tokens: String,
+    greedy_tokens: usize,
     export: bool,
+}
+
+/// A JSON list of token ids as `strata --tokens` takes it.
+fn token_list(c: &serde_json::Value, key: &str) -> Result<String> {
+    let list = c[key].as_array().with_context(|| format!("case without {key}: {c}"))?;
+    Ok(list
+        .iter()
+        .map(|t| t.as_u64().map(|t| t.to_string()).context("non-integer token"))
+        .collect::<Result<Vec<_>>>()?
+        .join(","))
 }
 
 fn read_cases(path: &Path) -> Result<Vec<Case>> {
@@ -100,19 +118,33 @@ fn read_cases(path: &Path) -> Result<Vec<Case>> {
         .iter()
         .map(|c| {
             let s = |k: &str| c[k].as_str().map(str::to_string).with_context(|| format!("case without {k}: {c}"));
-            let prompt = c["prompt"].as_array().with_context(|| format!("case without prompt: {c}"))?;
-            let prompt = prompt
-                .iter()
-                .map(|t| t.as_u64().map(|t| t.to_string()).context("non-integer token"))
-                .collect::<Result<Vec<_>>>()?
-                .join(",");
-            Ok(Case { name: s("name")?, quant: s("quant")?, prompt, export: c["export"].as_bool().unwrap_or(false) })
+            let greedy_tokens = c["greedy"].as_array().with_context(|| format!("case without greedy: {c}"))?.len();
+            Ok(Case {
+                name: s("name")?,
+                quant: s("quant")?,
+                prompt: token_list(c, "prompt")?,
+                decode_tokens: token_list(c, "decode_tokens")?,
+                greedy_tokens,
+                export: c["export"].as_bool().unwrap_or(false),
+            })
         })
         .collect()
 }
 
 /// Runs one strata step; on failure its stderr goes to `<dir>/<step>.err` and `false` is returned.
 fn strata_step(strata: &Path, dir: &Path, step: &str, args: &[&str], root: &Path) -> Result<bool> {
+    strata_step_to(strata, dir, step, args, root, None)
+}
+
+/// [`strata_step`], keeping its standard output in `stdout_file` when given.
+fn strata_step_to(
+    strata: &Path,
+    dir: &Path,
+    step: &str,
+    args: &[&str],
+    root: &Path,
+    stdout_file: Option<&Path>,
+) -> Result<bool> {
     let err_file = dir.join(format!("{step}.err"));
     if err_file.exists() {
         fs::remove_file(&err_file)?;
@@ -123,6 +155,9 @@ fn strata_step(strata: &Path, dir: &Path, step: &str, args: &[&str], root: &Path
         .output()
         .with_context(|| format!("failed to start {}", strata.display()))?;
     if out.status.success() {
+        if let Some(file) = stdout_file {
+            fs::write(file, &out.stdout).with_context(|| format!("writing {}", file.display()))?;
+        }
         return Ok(true);
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -140,12 +175,28 @@ fn run_strata_case(strata: &Path, tmp: &Path, case: &Case, root: &Path) -> Resul
     let hf = path_str(&dir.join("hf"))?;
     let s = |p: &str| path_str(&dir.join(p));
     let (converted, logits) = (s("strata")?, s("strata.npy")?);
-    for f in ["strata.npy", "q4.npy"] {
+    let decode = s("decode.npy")?;
+    for f in ["strata.npy", "decode.npy", "greedy.json", "q4.npy"] {
         let _ = fs::remove_file(dir.join(f));
     }
     if strata_step(strata, &dir, "convert", &["convert", &hf, &converted, "--quant", &case.quant, "--overwrite"], root)?
     {
         strata_step(strata, &dir, "logits", &["logits", &converted, "--tokens", &case.prompt, "--out", &logits], root)?;
+        let decode_args =
+            ["logits", &converted, "--tokens", &case.decode_tokens, "--pass-tokens", "1", "--out", &decode];
+        strata_step(strata, &dir, "decode", &decode_args, root)?;
+        let new_tokens = case.greedy_tokens.to_string();
+        let generate_args = [
+            "generate",
+            &converted,
+            "--tokens",
+            &case.prompt,
+            "--max-new-tokens",
+            &new_tokens,
+            "--ignore-eos",
+            "--json",
+        ];
+        strata_step_to(strata, &dir, "generate", &generate_args, root, Some(&dir.join("greedy.json")))?;
     }
     if case.export {
         let (q4, q4_logits, q4_hf) = (s("q4")?, s("q4.npy")?, s("q4_hf")?);

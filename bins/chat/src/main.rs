@@ -1,6 +1,6 @@
 //! `chat`: talk to a model in the terminal.
 //!
-//! With no arguments it chats with the embedded demo model. `--model DIR`
+//! With no arguments it chats with the demo model built into the binary. `--model DIR`
 //! takes a Strata container or a Hugging Face checkpoint (converted once
 //! into a cache). Piped input (`echo question | chat`) prints one answer and
 //! exits. A thin binary: flags, the line editor and printing are here; the
@@ -40,8 +40,9 @@ pub struct Cli {
     top_k: usize,
     #[arg(long, default_value_t = 0.95)]
     top_p: f32,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Sampling seed (default: a random one, shown in the banner and /stats).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Where `/save` and `/load` keep conversations (default: a `sessions` folder next to the cache).
     #[arg(long)]
     kv_dir: Option<PathBuf>,
@@ -50,12 +51,24 @@ pub struct Cli {
 }
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("chat: error: {err:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// A closed pipe (`echo question | chat | head -c1`) ends the program
+/// quietly, as it ends `cat`: Rust starts programs with SIGPIPE ignored,
+/// which turns the next print into a panic.
+fn restore_sigpipe() {
+    // SAFETY: called first thing in `main`, before any thread exists; it
+    // only sets the signal's disposition back to the system default.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
@@ -70,7 +83,12 @@ fn run(cli: Cli) -> Result<()> {
     }
     let options = ReplyOptions {
         max_new_tokens: cli.max_new_tokens,
-        sampling: SamplingOptions { temperature: cli.temperature, top_k: cli.top_k, top_p: cli.top_p, seed: cli.seed },
+        sampling: SamplingOptions {
+            temperature: cli.temperature,
+            top_k: cli.top_k,
+            top_p: cli.top_p,
+            seed: cli.seed.unwrap_or_else(rand::random),
+        },
         stop: Vec::new(),
     };
     let mut chat = Chat::new(&engine, cli.system.as_deref())?;
@@ -78,7 +96,7 @@ fn run(cli: Cli) -> Result<()> {
         return answer_piped(&mut chat, &options);
     }
     let kv_dir = cli.kv_dir.clone().unwrap_or_else(|| cache_dir.join("..").join("sessions"));
-    repl::run(&engine, &mut chat, &options, &kv_dir)
+    repl::run(&engine, &mut chat, &options, &kv_dir, cli.model.is_none())
 }
 
 /// `echo question | chat`: one answer, streamed to stdout, then exit.
@@ -96,5 +114,8 @@ fn answer_piped(chat: &mut Chat<'_>, options: &ReplyOptions) -> Result<()> {
         ControlFlow::Continue(())
     })?;
     println!();
+    for warning in chat.take_warnings() {
+        eprintln!("chat: warning: {warning}");
+    }
     Ok(())
 }

@@ -10,28 +10,47 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result};
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
-use strata_engine::{Chat, Engine, Reply, ReplyOptions, RunStats};
+use strata_engine::{ByteSize, Chat, ChatSnapshot, Engine, Reply, ReplyOptions, RunStats};
 
 const HELP: &str = "\
 /help          this text
 /reset         forget the conversation
-/save NAME     keep the conversation (its KV cache) under NAME
-/load NAME     continue a saved conversation, without re-reading it
-/stats         speed and expert-cache figures of the last answer
+/save NAME     keep a snapshot of the conversation (messages and KV cache) as NAME;
+               later turns are not in it until you /save again
+/load NAME     continue a saved conversation, its KV cache read back, not recomputed
+/stats         speed, expert-cache and memory figures of the last answer
 Ctrl-C         stop the current answer;  Ctrl-D  quit";
 
-pub fn run<'e>(engine: &'e Engine, chat: &mut Chat<'e>, options: &ReplyOptions, kv_dir: &Path) -> Result<()> {
+/// What the banner says of the built-in demo model, so that its fortune-cookie
+/// answers are not taken for a broken engine.
+const DEMO_NOTE: &str = "the built-in demo model: 14.7 M parameters trained on fortune cookies; it writes \
+                         fortune-like English and does not follow instructions (--model DIR runs a real model)";
+
+/// `demo`: the model is the built-in demo (no `--model`).
+pub fn run<'e>(
+    engine: &'e Engine,
+    chat: &mut Chat<'e>,
+    options: &ReplyOptions,
+    kv_dir: &Path,
+    demo: bool,
+) -> Result<()> {
     let interrupted = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&interrupted);
+    // The editor reads keys in raw mode, where Ctrl-C is a key, not SIGINT;
+    // SIGINT comes only while an answer streams, and stops it. (rustyline's
+    // `signal-hook` feature keeps it from taking SIGINT for itself.)
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
     let mut editor = DefaultEditor::new().context("starting the line editor")?;
     let spec = engine.spec();
+    let model = if demo { DEMO_NOTE.to_owned() } else { engine.container().dir().display().to_string() };
+    println!("strata chat: {model}.");
     println!(
-        "strata chat: {} ({} layers, {} experts, top-{}). /help for commands, Ctrl-D to quit.",
-        engine.container().dir().display(),
+        "{} layers, {} experts (top-{}), context {} tokens, seed {}. /help for commands, Ctrl-D to quit.",
         spec.num_layers,
         spec.moe.num_experts,
-        spec.moe.top_k
+        spec.moe.top_k,
+        chat.session().context_tokens(),
+        options.sampling.seed
     );
     let mut last: Option<RunStats> = None;
     loop {
@@ -47,7 +66,7 @@ pub fn run<'e>(engine: &'e Engine, chat: &mut Chat<'e>, options: &ReplyOptions, 
         }
         let _ = editor.add_history_entry(line);
         if let Some(command) = line.strip_prefix('/') {
-            command_line(command, engine, chat, kv_dir, last.as_ref());
+            command_line(command, engine, chat, kv_dir, last.as_ref(), options);
             continue;
         }
         interrupted.store(false, Ordering::SeqCst);
@@ -66,13 +85,30 @@ fn answer(chat: &mut Chat<'_>, line: &str, options: &ReplyOptions, interrupted: 
         if interrupted.load(Ordering::SeqCst) { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     })?;
     println!();
+    for warning in chat.take_warnings() {
+        eprintln!("warning: {warning}");
+    }
+    if reply.dropped_messages > 0 {
+        println!(
+            "(the oldest {} messages were dropped to fit the {}-token context)",
+            reply.dropped_messages,
+            chat.session().context_tokens()
+        );
+    }
     if reply.finish == strata_engine::FinishReason::Cancelled {
         println!("(stopped)");
     }
     Ok(reply)
 }
 
-fn command_line<'e>(command: &str, engine: &'e Engine, chat: &mut Chat<'e>, kv_dir: &Path, last: Option<&RunStats>) {
+fn command_line<'e>(
+    command: &str,
+    engine: &'e Engine,
+    chat: &mut Chat<'e>,
+    kv_dir: &Path,
+    last: Option<&RunStats>,
+    options: &ReplyOptions,
+) {
     let mut words = command.split_whitespace();
     match (words.next(), words.next()) {
         (Some("help"), _) => println!("{HELP}"),
@@ -80,20 +116,38 @@ fn command_line<'e>(command: &str, engine: &'e Engine, chat: &mut Chat<'e>, kv_d
             chat.reset();
             println!("(conversation forgotten)");
         }
-        (Some("stats"), _) => match last {
-            Some(stats) => print_stats(stats),
-            None => println!("(no answer yet)"),
-        },
+        (Some("stats"), _) => {
+            match last {
+                Some(stats) => print_stats(stats),
+                None => println!("(no answer yet)"),
+            }
+            let memory = engine.memory_use();
+            let session = chat.session();
+            println!(
+                "memory: {} resident; expert cache {} used of {}; KV cache {} ({} of {} tokens)",
+                memory.resident_bytes.map_or_else(|| "unknown".to_owned(), |b| ByteSize(b).to_string()),
+                ByteSize(memory.expert_cache_used_bytes),
+                ByteSize(memory.expert_cache_capacity_bytes),
+                ByteSize(session.kv_bytes()),
+                session.tokens().len(),
+                session.context_tokens()
+            );
+            println!("seed {} (--seed to repeat a conversation)", options.sampling.seed);
+        }
         (Some("save"), Some(name)) => match chat.save(kv_dir, name) {
-            Ok(tokens) => println!("(saved {tokens} tokens as {name})"),
+            Ok(saved) => println!("(saved {name}: {})", counts(saved)),
             Err(err) => eprintln!("error: {err:#}"),
         },
         (Some("load"), Some(name)) => match chat.load(engine, kv_dir, name) {
-            Ok(tokens) => println!("(loaded {name}: {tokens} tokens, no re-prefill)"),
+            Ok(loaded) => println!("(loaded {name}: {}, KV cache read back)", counts(loaded)),
             Err(err) => eprintln!("error: {err:#}"),
         },
         _ => println!("unknown command /{command}\n{HELP}"),
     }
+}
+
+fn counts(snapshot: ChatSnapshot) -> String {
+    format!("{} messages, {} tokens", snapshot.messages, snapshot.tokens)
 }
 
 fn print_stats(s: &RunStats) {

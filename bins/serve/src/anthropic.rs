@@ -4,9 +4,7 @@
 //! `message_stop`) or not. Errors use Anthropic's body.
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
@@ -14,10 +12,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use strata_engine::Message;
 
+use crate::body::JsonBody;
 use crate::error::{ApiError, Style};
 use crate::generate::{EndReason, GenRequest, Piece};
 use crate::metrics::Endpoint;
-use crate::openai::{new_id, parse, prepare, sse};
+use crate::openai::{new_id, parse, sse};
 use crate::state::SharedApp;
 
 /// Content: a string, or blocks of which only text is understood.
@@ -95,15 +94,19 @@ fn stop_reason(reason: EndReason) -> &'static str {
     }
 }
 
-pub async fn messages(State(app): State<SharedApp>, body: Result<Bytes, BytesRejection>) -> Response {
+pub async fn messages(State(app): State<SharedApp>, body: JsonBody) -> Response {
     match run(app, body).await {
         Ok(response) => response,
         Err(e) => e.style(Style::Anthropic).into_response(),
     }
 }
 
-async fn run(app: SharedApp, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let request: MessagesRequest = parse(body)?;
+async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
+    let body = body.0?;
+    // A queue slot before any work on the body: a full server answers 429
+    // without parsing, templating or tokenizing.
+    let admission = app.admit()?;
+    let request: MessagesRequest = parse(&body)?;
     app.check_model(&request.model)?;
     if request.temperature.is_some_and(|t| !(0.0..=1.0).contains(&t)) {
         return Err(ApiError::invalid_param("temperature", "temperature must be between 0 and 1"));
@@ -129,11 +132,9 @@ async fn run(app: SharedApp, body: Result<Bytes, BytesRejection>) -> Result<Resp
         Some(last) if last.role == "assistant" => conversation.pop().map(|m| m.content),
         _ => None,
     };
-    let prompt = {
-        let app = app.clone();
-        prepare(move || app.chat_prompt(&conversation, continuation.as_deref())).await?
-    };
+    let prompt = app.prepare(body.len(), move |app| app.chat_prompt(&conversation, continuation.as_deref())).await?;
     let generation = app.generate(
+        admission,
         GenRequest {
             prompt,
             max_tokens: Some(request.max_tokens),

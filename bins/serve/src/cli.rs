@@ -67,6 +67,21 @@ pub struct Cli {
     /// The most tokens one request may generate (default: the context).
     #[arg(long)]
     pub max_tokens: Option<usize>,
+    /// Seconds a client may take to send a request's head; slower ones are
+    /// cut off (against slowloris), as are idle keep-alive connections.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_timeout_secs: u64,
+    /// Seconds a client may take to send a request's body (408 after).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_timeout_secs: u64,
+    /// Connections open at once; beyond it new ones are closed as they
+    /// arrive. Keep it below the file descriptor limit (`ulimit -n`).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+    /// Seconds shutdown (Ctrl-C, SIGTERM) waits for open requests before
+    /// closing them.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub shutdown_timeout_secs: u64,
 
     /// The engine flags every binary shares (`--ram-budget`, `--expert-cache`,
     /// `--cache-policy`, `--io`, `--threads`, `--context`, `--trace`, `--usage-file`).

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use axum::http::StatusCode;
@@ -13,13 +14,15 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::metrics::Endpoint;
-use crate::scheduler::{Event, Finish, Job, Rejected};
+use crate::scheduler::{Admission, Event, Finish, Job, Rejected};
 use crate::state::App;
 
 /// Stop strings one request may give (OpenAI allows 4).
 pub const MAX_STOP_STRINGS: usize = 16;
 /// The longest stop string accepted, in bytes.
 pub const MAX_STOP_BYTES: usize = 1024;
+/// Requests prepared (templated and tokenized) at once, at most.
+pub const TOKENIZE_MAX_CONCURRENT: usize = 4;
 
 /// Sampling defaults: the model's `generation_config.json` where it has
 /// them (as transformers' `generate` and vLLM use them), else OpenAI's.
@@ -97,8 +100,65 @@ pub struct Generation {
 }
 
 impl App {
-    /// Checks `request` against the limits and queues it.
-    pub fn generate(&self, request: GenRequest, endpoint: Endpoint) -> Result<Generation, ApiError> {
+    /// A place in the scheduler's queue, taken before anything is done with
+    /// a request's body; 429 when the queue is full.
+    pub fn admit(&self) -> Result<Admission, ApiError> {
+        match self.scheduler.reserve() {
+            Ok(admission) => Ok(admission),
+            Err(Rejected::QueueFull) => {
+                self.metrics.rejected_queue_full.fetch_add(1, Relaxed);
+                Err(ApiError {
+                    retry_after: Some(1),
+                    ..ApiError::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        format!(
+                            "the server is busy ({} requests waiting); retry shortly",
+                            self.scheduler.queue_capacity()
+                        ),
+                    )
+                    .code("queue_full")
+                })
+            }
+            Err(Rejected::ShutDown) => {
+                Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"))
+            }
+        }
+    }
+
+    /// Runs the CPU-bound preparation of a request of `body_bytes` (chat
+    /// template, tokenization of up to --max-body of text) off the async
+    /// workers, within the tokenizing budget: at most
+    /// [`App::tokenize_bytes_in_flight`] bytes of requests at once, and a
+    /// small request counts as a share of it, so at most
+    /// [`TOKENIZE_MAX_CONCURRENT`] run at once. Tokenizing takes tens of
+    /// bytes of memory per byte of text; this bounds what requests cost
+    /// before they run.
+    pub async fn prepare<T: Send + 'static>(
+        self: &Arc<Self>,
+        body_bytes: usize,
+        work: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let budget = self.tokenize_bytes_in_flight;
+        let weight = body_bytes.clamp(budget / TOKENIZE_MAX_CONCURRENT, budget);
+        let _permit = self
+            .tokenizing
+            .acquire_many(u32::try_from(weight).unwrap_or(u32::MAX))
+            .await
+            .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"))?;
+        let app = Arc::clone(self);
+        tokio::task::spawn_blocking(move || work(&app))
+            .await
+            .map_err(|e| ApiError::internal(format!("preparing the request: {e}")))?
+    }
+
+    /// Checks `request` against the limits and queues it in the place
+    /// `admission` holds.
+    pub fn generate(
+        &self,
+        admission: Admission,
+        request: GenRequest,
+        endpoint: Endpoint,
+    ) -> Result<Generation, ApiError> {
         let prompt_tokens = request.prompt.len();
         if prompt_tokens == 0 {
             return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
@@ -166,26 +226,7 @@ impl App {
         let sampling = SamplingOptions { temperature, top_k, top_p, seed };
         let (events, rx) = Job::channel(max_tokens);
         let job = Job { prompt: request.prompt, max_tokens, sampling, ignore_eos: request.ignore_eos, events };
-        match self.scheduler.submit(job) {
-            Ok(()) => {}
-            Err(Rejected::QueueFull) => {
-                self.metrics.rejected_queue_full.fetch_add(1, Relaxed);
-                return Err(ApiError {
-                    retry_after: Some(1),
-                    ..ApiError::new(
-                        StatusCode::TOO_MANY_REQUESTS,
-                        format!(
-                            "the server is busy ({} requests waiting); retry shortly",
-                            self.scheduler.queue_capacity()
-                        ),
-                    )
-                    .code("queue_full")
-                });
-            }
-            Err(Rejected::ShutDown) => {
-                return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"));
-            }
-        }
+        admission.send(job);
         self.metrics.request(endpoint);
         Ok(Generation {
             prompt_tokens,

@@ -7,9 +7,11 @@
 //! (`scheduler`); the async side only parses, tokenizes, queues and streams.
 
 mod anthropic;
+mod body;
 mod cli;
 mod error;
 mod generate;
+mod listen;
 mod metrics;
 mod openai;
 mod page;
@@ -21,17 +23,27 @@ use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
 use strata_engine::{
     ChatTemplate, Engine, EngineOptions, Tokenizer, default_cache_dir, eos_ids_from_dir, resolve_model,
 };
+use tokio::sync::Semaphore;
 
 use crate::cli::Cli;
 use crate::generate::Defaults;
 use crate::metrics::Metrics;
 use crate::state::{App, ModelInfo};
+
+/// The least tokenizing budget (see `App::prepare`), so that a small
+/// `--max-body` still lets several small requests prepare at once.
+const TOKENIZE_BYTES_IN_FLIGHT_MIN: usize = 1 << 20;
+
+/// How long, after the HTTP side stopped, blocking work (a tokenization in
+/// progress) may take to end before the process goes on without it.
+const RUNTIME_STOP_WAIT: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -91,6 +103,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // A name given to --host is one the server answers to.
     allowed_hosts.push(cli.host.to_ascii_lowercase());
     let context_tokens = info.context_tokens;
+    let max_body = usize::try_from(cli.max_body.bytes()).unwrap_or(usize::MAX);
+    // One of the largest bodies at a time (several small ones), counted in
+    // u32 permits.
+    let tokenize_bytes_in_flight = max_body.clamp(TOKENIZE_BYTES_IN_FLIGHT_MIN, u32::MAX as usize);
+    let max_prompt_bytes = state::max_prompt_bytes(&tokenizer, context_tokens);
     let app = Arc::new(App {
         model_name: model_name.clone(),
         created: openai::unix_now(),
@@ -106,8 +123,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         metrics,
         api_key: cli.api_key.clone(),
         allowed_hosts,
+        body_timeout: Duration::from_secs(cli.body_timeout_secs),
+        tokenize_bytes_in_flight,
+        tokenizing: Semaphore::new(tokenize_bytes_in_flight),
+        max_prompt_bytes,
     });
-    let max_body = usize::try_from(cli.max_body.bytes()).unwrap_or(usize::MAX);
     let router = server::router(Arc::clone(&app), max_body, &cli.cors_origins)?;
     drop(app);
 
@@ -122,13 +142,62 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         // Tests and scripts read this line for the port.
         println!("serve: listening on http://{address} (model {model_name})");
         std::io::stdout().flush()?;
-        axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
+        let limits = listen::ConnLimits {
+            header_read_timeout: Duration::from_secs(cli.header_timeout_secs),
+            max_connections: connection_cap(cli.max_connections as usize),
+            shutdown_deadline: Duration::from_secs(cli.shutdown_timeout_secs),
+        };
+        listen::serve(listener, router, limits, shutdown_signal()).await;
         anyhow::Ok(())
     })?;
+    // Connections the deadline gave up on are dropped with the runtime
+    // (cancelling their generations); blocking work gets a moment to end.
+    runtime.shutdown_timeout(RUNTIME_STOP_WAIT);
     // The router (and with it every queue handle) is gone: the scheduler
     // finishes what it holds, saves what it learned and returns.
     scheduler_thread.join().map_err(|_| anyhow::anyhow!("the scheduler thread panicked"))?;
     Ok(())
+}
+
+/// `--max-connections`, lowered where needed to leave descriptors for the
+/// engine: a connection past the descriptor limit would make `accept` fail
+/// (EMFILE) for every client, `/health` included. The soft limit is first
+/// raised to the hard one, as the Go runtime does for every server.
+fn connection_cap(wanted: usize) -> usize {
+    let Some(limit) = raise_fd_limit() else { return wanted };
+    // The engine's files are open by now; a usage.json write, an io_uring
+    // per I/O thread, the tokenizer and stdio need a few more.
+    let in_use = std::fs::read_dir("/proc/self/fd").map_or(0, |fds| fds.count());
+    let room = usize::try_from(limit).unwrap_or(usize::MAX).saturating_sub(in_use + FDS_RESERVED).max(1);
+    if room < wanted {
+        eprintln!(
+            "serve: warning: --max-connections {wanted} lowered to {room} to stay under the file descriptor limit \
+             ({limit}; raise it with `ulimit -n`)"
+        );
+    }
+    wanted.min(room)
+}
+
+/// Descriptors kept free for everything but client connections.
+const FDS_RESERVED: usize = 32;
+
+/// Raises the soft limit on open files to the hard one; the soft limit
+/// after, if the system says.
+fn raise_fd_limit() -> Option<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only the struct it is given, which we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+        // SAFETY: setrlimit only reads the struct. It refuses (and changes
+        // nothing) above the kernel's nr_open, keeping the old limit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit = raised;
+        }
+    }
+    Some(limit.rlim_cur)
 }
 
 /// The model's name for clients: its directory's name.

@@ -43,6 +43,10 @@ pub struct Metrics {
     pub expert_bytes_read: AtomicU64,
     pub expert_evictions: AtomicU64,
     pub expert_stall_ns: AtomicU64,
+    /// Bytes of expert records in the cache now.
+    pub expert_cache_used_bytes: AtomicU64,
+    /// Bytes of KV cache the active and idle sessions fill now.
+    pub kv_bytes: AtomicU64,
     /// (when, tokens generated) of recent steps.
     recent: Mutex<VecDeque<(Instant, u64)>>,
 }
@@ -56,6 +60,10 @@ pub struct Live {
     pub queue_depth: u64,
     pub generated_tokens: u64,
     pub expert_bytes_read: u64,
+    /// The process's resident memory (`VmRSS`), if the kernel says.
+    pub resident_bytes: Option<u64>,
+    pub expert_cache_used_bytes: u64,
+    pub kv_bytes: u64,
 }
 
 impl Metrics {
@@ -104,12 +112,25 @@ impl Metrics {
             queue_depth,
             generated_tokens: self.generated_tokens.load(Relaxed),
             expert_bytes_read: self.expert_bytes_read.load(Relaxed),
+            resident_bytes: strata_engine::resident_bytes(),
+            expert_cache_used_bytes: self.expert_cache_used_bytes.load(Relaxed),
+            kv_bytes: self.kv_bytes.load(Relaxed),
         }
     }
 
     /// The Prometheus text exposition format (version 0.0.4).
-    pub fn render(&self, queue_depth: u64, queue_capacity: u64) -> String {
+    /// `expert_cache_capacity_bytes`: the cache's fixed size, beside its use.
+    pub fn render(&self, queue_depth: u64, queue_capacity: u64, expert_cache_capacity_bytes: u64) -> String {
         let mut out = String::new();
+        // The standard process metric (no `strata_` prefix), as Prometheus'
+        // own client libraries name it, so existing dashboards find it.
+        if let Some(resident) = strata_engine::resident_bytes() {
+            let _ = writeln!(
+                out,
+                "# HELP process_resident_memory_bytes Resident memory size in bytes.\n\
+                 # TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes {resident}"
+            );
+        }
         let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, String)]| {
             let _ = writeln!(out, "# HELP strata_{name} {help}\n# TYPE strata_{name} {kind}");
             for (labels, value) in samples {
@@ -194,6 +215,24 @@ impl Metrics {
             "counter",
             "Time waiting for expert loads.",
             &[("", secs(&self.expert_stall_ns))],
+        );
+        metric(
+            "expert_cache_used_bytes",
+            "gauge",
+            "Bytes of expert records held in the cache now.",
+            &[("", get(&self.expert_cache_used_bytes))],
+        );
+        metric(
+            "expert_cache_capacity_bytes",
+            "gauge",
+            "The expert cache's capacity in bytes.",
+            &[("", expert_cache_capacity_bytes.to_string())],
+        );
+        metric(
+            "kv_bytes",
+            "gauge",
+            "Bytes of KV cache filled by the active and idle sessions now.",
+            &[("", get(&self.kv_bytes))],
         );
         out
     }

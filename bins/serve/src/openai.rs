@@ -9,7 +9,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -19,37 +18,20 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use strata_engine::Message;
 
+use crate::body::JsonBody;
 use crate::error::ApiError;
 use crate::generate::{EndReason, GenRequest, Piece};
 use crate::metrics::Endpoint;
 use crate::state::{App, SharedApp};
 
-/// A JSON body, or the 4xx saying what is wrong with it (never axum's
-/// plain-text rejection: clients parse the error body).
-pub fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = body.map_err(|rejection| {
-        let status = rejection.status();
-        let message = if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            "the request body is larger than this server accepts (see --max-body)".to_owned()
-        } else {
-            rejection.body_text()
-        };
-        ApiError::new(status, message)
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| match e.classify() {
+/// A JSON body as `T`, or the 400 saying what is wrong with it.
+pub fn parse<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| match e.classify() {
         serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
             ApiError::invalid(format!("the body is not valid JSON: {e}"))
         }
         _ => ApiError::invalid(format!("invalid request: {e}")),
     })
-}
-
-/// Runs the CPU-bound preparation of a request (chat template,
-/// tokenization of up to --max-body of text) off the async workers.
-pub async fn prepare<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(work).await.map_err(|e| ApiError::internal(format!("preparing the request: {e}")))?
 }
 
 pub fn unix_now() -> u64 {
@@ -242,24 +224,26 @@ fn messages(list: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
         .collect()
 }
 
-pub async fn chat_completions(State(app): State<SharedApp>, body: Result<Bytes, BytesRejection>) -> Response {
+pub async fn chat_completions(State(app): State<SharedApp>, body: JsonBody) -> Response {
     match chat(app, body).await {
         Ok(response) => response,
         Err(e) => e.into_response(),
     }
 }
 
-async fn chat(app: SharedApp, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let request: ChatRequest = parse(body)?;
+async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
+    let body = body.0?;
+    // A queue slot before any work on the body: a full server answers 429
+    // without parsing, templating or tokenizing.
+    let admission = app.admit()?;
+    let request: ChatRequest = parse(&body)?;
     request.common.check(&app)?;
     let conversation = messages(request.messages)?;
-    let prompt = {
-        let app = app.clone();
-        prepare(move || app.chat_prompt(&conversation, None)).await?
-    };
+    let prompt = app.prepare(body.len(), move |app| app.chat_prompt(&conversation, None)).await?;
     let stream = request.common.stream.unwrap_or(false);
     let include_usage = request.common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
-    let generation = app.generate(request.common.request(prompt, request.max_completion_tokens), Endpoint::Chat)?;
+    let generation =
+        app.generate(admission, request.common.request(prompt, request.max_completion_tokens), Endpoint::Chat)?;
     let id = new_id("chatcmpl");
     let created = unix_now();
     let model = app.model_name.clone();
@@ -332,15 +316,18 @@ fn chunk_events(
     })
 }
 
-pub async fn completions(State(app): State<SharedApp>, body: Result<Bytes, BytesRejection>) -> Response {
+pub async fn completions(State(app): State<SharedApp>, body: JsonBody) -> Response {
     match completion(app, body).await {
         Ok(response) => response,
         Err(e) => e.into_response(),
     }
 }
 
-async fn completion(app: SharedApp, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let request: CompletionRequest = parse(body)?;
+async fn completion(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
+    let body = body.0?;
+    // A queue slot before any work on the body (see `chat`).
+    let admission = app.admit()?;
+    let request: CompletionRequest = parse(&body)?;
     request.common.check(&app)?;
     if request.echo == Some(true) {
         return Err(ApiError::invalid_param("echo", "echo is not supported"));
@@ -360,20 +347,16 @@ async fn completion(app: SharedApp, body: Result<Bytes, BytesRejection>) -> Resu
             one(lists.len())?;
             lists.remove(0)
         }
-        Prompt::Text(text) => {
-            let app = app.clone();
-            prepare(move || app.text_prompt(&text)).await?
-        }
+        Prompt::Text(text) => app.prepare(body.len(), move |app| app.text_prompt(&text)).await?,
         Prompt::Texts(mut texts) => {
             one(texts.len())?;
             let text = texts.remove(0);
-            let app = app.clone();
-            prepare(move || app.text_prompt(&text)).await?
+            app.prepare(body.len(), move |app| app.text_prompt(&text)).await?
         }
     };
     let stream = request.common.stream.unwrap_or(false);
     let include_usage = request.common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
-    let generation = app.generate(request.common.request(prompt, None), Endpoint::Completions)?;
+    let generation = app.generate(admission, request.common.request(prompt, None), Endpoint::Completions)?;
     let id = new_id("cmpl");
     let created = unix_now();
     let model = app.model_name.clone();

@@ -97,10 +97,16 @@ pub enum Rejected {
     ShutDown,
 }
 
+/// A place held in the queue for one job (see [`Handle::reserve`]);
+/// dropping it gives the place back.
+pub type Admission = mpsc::OwnedPermit<Job>;
+
 impl Handle {
-    /// Queues `job` without waiting: a full queue is the caller's 429.
-    pub fn submit(&self, job: Job) -> Result<(), Rejected> {
-        self.jobs.try_send(job).map_err(|e| match e {
+    /// Takes a place in the queue without waiting, for a job to be sent
+    /// once its request is prepared: a full queue is the caller's 429, found
+    /// before any work is spent on the request.
+    pub fn reserve(&self) -> Result<Admission, Rejected> {
+        self.jobs.clone().try_reserve_owned().map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => Rejected::QueueFull,
             mpsc::error::TrySendError::Closed(_) => Rejected::ShutDown,
         })
@@ -185,15 +191,12 @@ pub fn run(engine: &Engine, eos: &[u32], limits: Limits, mut jobs: mpsc::Receive
     let mut active: Vec<Seq<'_>> = Vec::with_capacity(limits.max_batch);
     let mut idle = IdlePool { sessions: Vec::with_capacity(limits.max_batch) };
     let mut open = true;
-    let mut persist_failed = false;
     loop {
         if active.is_empty() {
             // Idle: a good moment to save what the expert store learned.
-            // (Once is enough to tell, e.g., of a read-only model directory.)
-            if let Err(e) = engine.persist_learning()
-                && !std::mem::replace(&mut persist_failed, true)
-            {
-                eprintln!("serve: warning: saving expert usage: {e}");
+            // (The engine tells once, e.g., of a read-only model directory.)
+            if let Some(warning) = engine.persist_learning_or_warn() {
+                eprintln!("serve: warning: {warning}");
             }
             if !open {
                 return;
@@ -226,6 +229,8 @@ pub fn run(engine: &Engine, eos: &[u32], limits: Limits, mut jobs: mpsc::Receive
             idle.put(seq.session, limits.max_batch - active.len());
         }
         metrics.active_sequences.store(active.len() as u64, Relaxed);
+        let kv_bytes = active.iter().map(|s| &s.session).chain(&idle.sessions).map(Session::kv_bytes).sum();
+        metrics.kv_bytes.store(kv_bytes, Relaxed);
     }
 }
 
@@ -342,6 +347,7 @@ fn step(engine: &Engine, eos: &[u32], prefill_chunk: usize, active: &mut Vec<Seq
     metrics.expert_bytes_read.store(store.bytes_read, Relaxed);
     metrics.expert_evictions.store(store.evictions, Relaxed);
     metrics.expert_stall_ns.store(engine.pipeline_stats().stall_ns, Relaxed);
+    metrics.expert_cache_used_bytes.store(engine.memory_use().expert_cache_used_bytes, Relaxed);
 }
 
 fn fail_all(active: &mut Vec<Seq<'_>>, message: &str) {

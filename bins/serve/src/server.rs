@@ -169,7 +169,8 @@ async fn health(State(app): State<SharedApp>) -> Response {
 }
 
 async fn metrics(State(app): State<SharedApp>) -> Response {
-    let text = app.metrics.render(app.scheduler.queue_depth(), app.scheduler.queue_capacity());
+    let text =
+        app.metrics.render(app.scheduler.queue_depth(), app.scheduler.queue_capacity(), app.info.expert_cache_bytes);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 

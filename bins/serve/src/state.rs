@@ -2,9 +2,11 @@
 //! template), the limits, and the scheduler's handle.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 use strata_engine::{ChatTemplate, Engine, Message, Tokenizer};
+use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
 use crate::generate::Defaults;
@@ -70,6 +72,31 @@ pub struct App {
     pub api_key: Option<String>,
     /// Host names accepted besides `localhost` and IP addresses, lowercase.
     pub allowed_hosts: Vec<String>,
+    /// The longest a client may take to send a request body.
+    pub body_timeout: Duration,
+    /// Request bytes being templated and tokenized at once, at most (see
+    /// `App::prepare`).
+    pub tokenize_bytes_in_flight: usize,
+    /// Holds `tokenize_bytes_in_flight` permits, one per byte.
+    pub tokenizing: Semaphore,
+    /// Prompt text longer than this cannot fit the context whatever it
+    /// says, and is refused without tokenizing (see `max_prompt_bytes`).
+    pub max_prompt_bytes: usize,
+}
+
+/// How much a tokenizer's normalizer may shrink text before it is split
+/// (Unicode normalization composes characters; some normalizers drop
+/// control characters): a margin on the bound below, so that no prompt that
+/// would fit is refused by it.
+const NORMALIZED_SHRINK_MAX: usize = 4;
+
+/// The most bytes of prompt text that can fit in `context_tokens`: no token
+/// covers more bytes than the longest token's spelling (byte-level tokens
+/// spell each byte with one or two bytes), times the normalizer's margin.
+pub fn max_prompt_bytes(tokenizer: &Tokenizer, context_tokens: usize) -> usize {
+    let longest_token_bytes =
+        (0..tokenizer.vocab_size() as u32).filter_map(|id| tokenizer.id_to_token(id)).map(|t| t.len()).max();
+    longest_token_bytes.unwrap_or(1).max(1).saturating_mul(context_tokens).saturating_mul(NORMALIZED_SHRINK_MAX)
 }
 
 pub type SharedApp = Arc<App>;
@@ -98,6 +125,7 @@ impl App {
         if let Some(rest) = continuation {
             text.push_str(rest);
         }
+        self.check_prompt_bytes(&text)?;
         // A rendered template holds its own special tokens (transformers
         // encodes it without adding any).
         Ok(self.tokenizer.encode(&text, false)?)
@@ -106,6 +134,26 @@ impl App {
     /// The ids of a plain-text prompt, with the tokenizer's own special
     /// tokens (as transformers' `tokenizer(text)`).
     pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+        self.check_prompt_bytes(text)?;
         Ok(self.tokenizer.encode(text, true)?)
+    }
+
+    /// Refuses, before tokenizing it, text too long for the context whatever
+    /// its tokens: tokenizing costs tens of bytes of memory per byte.
+    fn check_prompt_bytes(&self, text: &str) -> Result<(), ApiError> {
+        if text.len() <= self.max_prompt_bytes {
+            return Ok(());
+        }
+        Err(ApiError::invalid_param(
+            "messages",
+            format!(
+                "this model's maximum context length is {} tokens, and the prompt is {} bytes, more than that \
+                 many tokens can spell (at most {} bytes); shorten it",
+                self.context_tokens,
+                text.len(),
+                self.max_prompt_bytes
+            ),
+        )
+        .code("context_length_exceeded"))
     }
 }

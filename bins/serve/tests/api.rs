@@ -274,7 +274,7 @@ fn malformed_requests_get_4xx_with_error_bodies_never_5xx() {
         server.addr,
         "POST",
         "/v1/completions",
-        &[],
+        &[("Content-Type", "application/json")],
         Some(format!(r#"{{"model": "demo", "prompt": "{long_prompt}"}}"#).as_bytes()),
     );
     assert_eq!(context.json()["error"]["code"], "context_length_exceeded");
@@ -291,4 +291,25 @@ fn malformed_requests_get_4xx_with_error_bodies_never_5xx() {
     let ok = server.post("/v1/completions", &json!({ "model": "demo", "prompt": "hi", "max_tokens": 2 }));
     assert_eq!(ok.status, 200, "{}", ok.text());
     assert!(!server.stderr().contains("panicked"), "{}", server.stderr());
+}
+
+#[test]
+fn memory_in_use_is_shown_in_metrics_and_info() {
+    let server = Server::start(&[]);
+    let body = json!({ "model": "demo", "messages": [{ "role": "user", "content": "hi" }], "max_tokens": 8 });
+    let ok = server.post("/v1/chat/completions", &body);
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    // Resident memory under its standard name, and the caches' use beside
+    // their capacity.
+    let resident = server.metric("process_resident_memory_bytes");
+    assert!(resident > 1e6, "resident memory {resident}");
+    let used = server.metric("strata_expert_cache_used_bytes");
+    let capacity = server.metric("strata_expert_cache_capacity_bytes");
+    assert!(used > 0.0 && used <= capacity, "expert cache {used} of {capacity}");
+    // The finished request's session waits in the idle pool with its KV.
+    assert!(server.metric("strata_kv_bytes") > 0.0);
+    let live = &server.get("/info").json()["live"];
+    assert!(live["resident_bytes"].as_f64().unwrap() > 1e6, "{live}");
+    assert!(live["expert_cache_used_bytes"].as_f64().unwrap() > 0.0, "{live}");
+    assert!(live["kv_bytes"].as_f64().unwrap() > 0.0, "{live}");
 }

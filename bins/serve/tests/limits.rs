@@ -74,7 +74,8 @@ fn api_key_host_allowlist_cors_and_body_limit() {
 
     // Bodies over --max-body: 413 with an error body.
     let big = json!({ "model": "demo", "prompt": "x".repeat(4096) }).to_string();
-    let too_big = request(server.addr, "POST", "/v1/completions", &[key], Some(big.as_bytes()));
+    let json = ("Content-Type", "application/json");
+    let too_big = request(server.addr, "POST", "/v1/completions", &[key, json], Some(big.as_bytes()));
     assert_eq!(too_big.status, 413);
     assert!(too_big.json()["error"]["message"].is_string());
 }

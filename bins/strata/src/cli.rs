@@ -49,10 +49,16 @@ pub enum Command {
         tokens: TokenList,
         #[arg(long)]
         out: PathBuf,
+        /// Run the tokens in forward passes of at most this many (default:
+        /// the engine's, from the model's shapes). 1 feeds them one at a
+        /// time through the decode path, as generation does.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        pass_tokens: Option<u32>,
         #[command(flatten)]
         run: RunArgs,
     },
-    /// Generate tokens after a prompt of token ids.
+    /// Generate after a prompt: text (`--prompt`, the answer printed as text)
+    /// or token ids (`--tokens`).
     Generate {
         /// A container or Hugging Face checkpoint (default: the demo model).
         model_dir: Option<PathBuf>,
@@ -129,11 +135,16 @@ pub enum Command {
         #[command(subcommand)]
         command: TraceCommand,
     },
+    /// Print shell completions, e.g. `strata completions bash > ~/.local/share/bash-completion/completions/strata`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum TraceCommand {
-    /// The hit rates LRU, LFRU, pinned and Belady's optimal policy get on a trace.
+    /// The hit rates LRU, LFRU, pinned, predict and Belady's optimal policy get on a trace.
     Replay {
         file: PathBuf,
         /// The expert cache to simulate.

@@ -34,9 +34,17 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Info { model_dir, verify } => info(&model(model_dir)?, verify),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "strata", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Perplexity { model_dir, text, json, run } => perplexity(&model(model_dir)?, &text, json, &run),
-        Command::Logits { model_dir, tokens, out, run } => {
-            let engine = open(&model(model_dir)?, &run)?;
+        Command::Logits { model_dir, tokens, out, pass_tokens, run } => {
+            let model_dir = model(model_dir)?;
+            let mut options = run.options();
+            options.prefill_chunk_tokens = pass_tokens.map(|n| n as usize);
+            let engine = open_with(&model_dir, &options)?;
             let logits = engine.logits(&tokens.0)?;
             let vocab = engine.spec().vocab_size;
             strata_format::npy::write_f32(&out, &[tokens.0.len(), vocab], &logits)
@@ -204,8 +212,11 @@ fn perplexity(model_dir: &Path, text_file: &Path, json: bool, run: &RunArgs) -> 
 }
 
 fn open(model_dir: &std::path::Path, run: &RunArgs) -> Result<Engine> {
-    let options = run.options();
-    let engine = Engine::open(model_dir, &options).with_context(|| format!("opening {}", model_dir.display()))?;
+    open_with(model_dir, &run.options())
+}
+
+fn open_with(model_dir: &std::path::Path, options: &strata_engine::EngineOptions) -> Result<Engine> {
+    let engine = Engine::open(model_dir, options).with_context(|| format!("opening {}", model_dir.display()))?;
     for warning in engine.warnings() {
         eprintln!("strata: warning: {warning}");
     }
@@ -227,9 +238,7 @@ fn replay(file: &std::path::Path, expert_cache: ByteSize) -> Result<()> {
         ByteSize(record_bytes)
     );
     println!("policy  hit rate  hits/accesses");
-    for (name, rate) in
-        [("lru", report.lru), ("lfru", report.lfru), ("pinned", report.pinned), ("belady", report.belady)]
-    {
+    for (name, rate) in report.rows() {
         println!("{name:<7} {:>7.2}%  {}/{}", rate.rate * 100.0, rate.hits, rate.accesses);
     }
     Ok(())

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = cli::Cli::parse();
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -18,5 +19,16 @@ fn main() -> ExitCode {
             eprintln!("strata: error: {err:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// A closed pipe (`strata info | head -1`) ends the program quietly, as it
+/// ends `cat`: Rust starts programs with SIGPIPE ignored, which turns the
+/// next print into a panic.
+fn restore_sigpipe() {
+    // SAFETY: called first thing in `main`, before any thread exists; it
+    // only sets the signal's disposition back to the system default.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

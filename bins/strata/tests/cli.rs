@@ -140,3 +140,34 @@ fn truncated_expert_file_is_an_error_naming_it() {
     let out = strata(&["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "2", "--expert-cache", "0"]);
     assert_clean_failure(&out, experts.file_name().unwrap().to_str().unwrap());
 }
+
+#[test]
+fn a_closed_pipe_ends_output_quietly() {
+    use std::process::{Command, Stdio};
+    let model = tempfile::tempdir().unwrap();
+    let out = model.path().join("mixtral");
+    let converted = strata(&["convert", path(&fixture("mixtral").join("hf")), path(&out), "--quant", "q8"]);
+    assert!(converted.status.success(), "{}", String::from_utf8_lossy(&converted.stderr));
+    // `strata info … | head -c0`: the reader is gone before anything is printed.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let output = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["info", path(&out)])
+        .stdout(Stdio::from(writer))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
+    assert_ne!(output.status.code(), Some(101), "no panic exit");
+}
+
+#[test]
+fn completions_are_printed_for_each_shell() {
+    for (shell, marker) in [("bash", "complete -F"), ("zsh", "#compdef strata"), ("fish", "complete -c strata")] {
+        let out = strata(&["completions", shell]);
+        assert!(out.status.success(), "{shell}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(marker) && text.contains("generate"), "{shell}: {text}");
+    }
+}

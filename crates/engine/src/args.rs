@@ -18,8 +18,9 @@ pub struct EngineArgs {
     /// A further cap on the RAM holding routed experts, e.g. 16KiB, 512MiB.
     #[arg(long)]
     pub expert_cache: Option<ByteSize>,
-    /// Expert cache replacement policy: lru, lfru or pinned.
-    #[arg(long, default_value = "lru")]
+    /// Expert cache replacement policy: predict (learned routing
+    /// transitions; measures best on real traces), lru, lfru or pinned.
+    #[arg(long, default_value = "predict")]
     pub cache_policy: PolicyKind,
     /// How experts are read: pread, direct (O_DIRECT), uring (io_uring) or mmap.
     #[arg(long, default_value = "pread")]

@@ -3,16 +3,67 @@
 //! already hold, and generated ids stream back as text with stop strings
 //! applied. `chat` and `serve` both stand on this.
 
+use std::fs::File;
+use std::io::Write;
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::persist::session_path;
+use serde::{Deserialize, Serialize};
+
+use crate::persist::{SESSION_FILE_EXTENSION, validate_session_name};
 use crate::text::{ChatTemplate, Message, StopStrings, Tokenizer, eos_ids_from_dir};
 use crate::{Engine, Error, GenerateOptions, Result, RunStats, SamplingOptions, Session};
 
-/// Where a saved conversation's messages live, beside its session file.
-fn messages_path(kv_dir: &Path, name: &str) -> Result<PathBuf> {
-    Ok(session_path(kv_dir, name)?.with_extension("messages.json"))
+/// The suffix of a saved conversation's record: `<kv_dir>/NAME.chat.json`.
+const SAVED_CHAT_SUFFIX: &str = ".chat.json";
+
+/// A saved conversation, `NAME.chat.json`: its messages and the KV snapshot
+/// file that holds their tokens. Writing this file (by rename) is the one
+/// step that makes a save happen, so messages and KV are replaced together
+/// or not at all.
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedChat {
+    /// The KV snapshot, `NAME.<stamp>.kvs` beside this file: a new file per
+    /// save, so the one this record names is never being rewritten.
+    kv_file: String,
+    /// Tokens in the KV snapshot, checked when it is read back.
+    tokens: usize,
+    messages: Vec<Message>,
+}
+
+/// What [`Chat::save`] wrote or [`Chat::load`] read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChatSnapshot {
+    pub messages: usize,
+    /// Tokens of the KV cache saved or restored (restored ones are not
+    /// computed again).
+    pub tokens: usize,
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io { path: path.to_owned(), source }
+}
+
+/// Whether `file` is a KV snapshot of conversation `name`: `NAME.<hex>.kvs`.
+fn is_snapshot_of(name: &str, file: &str) -> bool {
+    file.strip_prefix(name)
+        .and_then(|f| f.strip_prefix('.'))
+        .and_then(|f| f.strip_suffix(SESSION_FILE_EXTENSION))
+        .and_then(|f| f.strip_suffix('.'))
+        .is_some_and(|stamp| !stamp.is_empty() && stamp.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Writes `bytes` to `path` so that a crash leaves either the old file or
+/// the new one: a temporary file, fsynced, renamed over it, and the
+/// directory fsynced so the rename itself is durable.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let mut file = File::create(&tmp).map_err(io_error(&tmp))?;
+    file.write_all(bytes).and_then(|()| file.sync_all()).map_err(io_error(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_error(path))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
 }
 
 /// A model's text side: tokenizer, chat template, end-of-sequence ids.
@@ -50,6 +101,10 @@ impl TextModel {
     }
 }
 
+/// The share of the context kept free for the answer when older turns must
+/// be dropped: a quarter (64 tokens of the demo's 256).
+const ANSWER_RESERVE_DIVISOR: usize = 4;
+
 /// How to answer.
 #[derive(Debug, Clone, Default)]
 pub struct ReplyOptions {
@@ -75,6 +130,8 @@ pub enum FinishReason {
 pub struct Reply {
     pub text: String,
     pub finish: FinishReason,
+    /// The oldest messages dropped so the conversation fits the context.
+    pub dropped_messages: usize,
     pub stats: RunStats,
 }
 
@@ -103,56 +160,98 @@ impl<'e> Chat<'e> {
         &self.session
     }
 
+    /// Warnings since the last call, e.g. that learned expert usage or the
+    /// session file could not be saved; the answers went on.
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        self.session.take_warnings()
+    }
+
     /// Forgets everything but the system message.
     pub fn reset(&mut self) {
         self.messages.retain(|m| m.role == "system");
         self.session.reset();
     }
 
-    /// Saves the conversation as `name` under `kv_dir`: its KV cache (the
-    /// session file) and its messages (`NAME.messages.json` beside it).
-    /// From then on every turn is saved as it happens. Returns the tokens
-    /// saved.
-    pub fn save(&mut self, kv_dir: &Path, name: &str) -> Result<usize> {
-        let tokens = self.session.save_as(kv_dir, name)?;
-        let path = messages_path(kv_dir, name)?;
-        let json = serde_json::to_vec_pretty(&self.messages.iter().map(|m| [&m.role, &m.content]).collect::<Vec<_>>())
-            .map_err(|e| Error::InvalidRequest(format!("encoding messages: {e}")))?;
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, json).map_err(|source| Error::Io { path: tmp.clone(), source })?;
-        std::fs::rename(&tmp, &path).map_err(|source| Error::Io { path: path.clone(), source })?;
-        Ok(tokens)
+    /// Saves a snapshot of the conversation as `name` under `kv_dir`: its
+    /// messages and its KV cache, together and atomically (a crash leaves
+    /// the previous save of `name` or this one, never a mix). Nothing done
+    /// later (more turns, [`Self::reset`], another conversation) changes
+    /// it; save again to keep those.
+    pub fn save(&self, kv_dir: &Path, name: &str) -> Result<ChatSnapshot> {
+        validate_session_name(name)?;
+        std::fs::create_dir_all(kv_dir).map_err(io_error(kv_dir))?;
+        // Unique per save, so the snapshot the record names now is never
+        // the file being written.
+        let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let kv_file = format!("{name}.{stamp:x}.{SESSION_FILE_EXTENSION}");
+        let tokens = self.session.write_snapshot(&kv_dir.join(&kv_file))?;
+        let saved = SavedChat { kv_file: kv_file.clone(), tokens, messages: self.messages.clone() };
+        let json = serde_json::to_vec_pretty(&saved)
+            .map_err(|e| Error::InvalidRequest(format!("encoding the conversation: {e}")))?;
+        // The commit point: from this rename on, `name` is this snapshot.
+        write_atomically(&kv_dir.join(format!("{name}{SAVED_CHAT_SUFFIX}")), &json)?;
+        // Earlier snapshots of `name` (and any a crash left before its
+        // commit) are no longer named by anything.
+        for entry in std::fs::read_dir(kv_dir).map_err(io_error(kv_dir))?.flatten() {
+            let file = entry.file_name();
+            let file = file.to_string_lossy();
+            if file != kv_file && is_snapshot_of(name, &file) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        Ok(ChatSnapshot { messages: saved.messages.len(), tokens })
     }
 
-    /// Continues the conversation saved as `name`: its KV cache is read back,
-    /// not recomputed. Returns the tokens loaded.
-    pub fn load(&mut self, engine: &'e Engine, kv_dir: &Path, name: &str) -> Result<usize> {
-        let path = messages_path(kv_dir, name)?;
-        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
-        let pairs: Vec<[String; 2]> = serde_json::from_str(&text)
+    /// Replaces the conversation with the one saved as `name`: exactly its
+    /// messages, and its KV cache read back rather than recomputed.
+    pub fn load(&mut self, engine: &'e Engine, kv_dir: &Path, name: &str) -> Result<ChatSnapshot> {
+        validate_session_name(name)?;
+        let path = kv_dir.join(format!("{name}{SAVED_CHAT_SUFFIX}"));
+        let text = match std::fs::read_to_string(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::InvalidRequest(format!("no conversation saved as {name} in {}", kv_dir.display())));
+            }
+            other => other.map_err(io_error(&path))?,
+        };
+        let saved: SavedChat = serde_json::from_str(&text)
             .map_err(|e| Error::InvalidRequest(format!("{}: not a saved conversation: {e}", path.display())))?;
-        // Let go of the current session (and of its file's lock: it may be
-        // the very session being loaded) before opening the saved one.
-        self.session = engine.session();
-        let (session, report) = engine.open_session(kv_dir, name)?;
+        if !is_snapshot_of(name, &saved.kv_file) {
+            return Err(Error::InvalidRequest(format!(
+                "{}: names {:?}, not a snapshot of {name}",
+                path.display(),
+                saved.kv_file
+            )));
+        }
+        let (session, report) = engine.read_session_snapshot(&kv_dir.join(&saved.kv_file))?;
+        if report.reopened_tokens != saved.tokens || report.cut.is_some() {
+            return Err(Error::InvalidRequest(format!(
+                "{}: the KV snapshot holds {} of the {} tokens saved; not loaded",
+                report.path.display(),
+                report.reopened_tokens,
+                saved.tokens
+            )));
+        }
         self.session = session;
-        self.messages = pairs.into_iter().map(|[role, content]| Message::new(role, content)).collect();
-        Ok(report.reopened_tokens)
+        self.messages = saved.messages;
+        Ok(ChatSnapshot { messages: self.messages.len(), tokens: saved.tokens })
     }
 
-    /// The prompt's ids, after dropping the oldest turns (never the system
-    /// message or the newest) until the prompt and the answer fit the context.
-    fn fit_context(&mut self, max_new_tokens: usize) -> Result<Vec<u32>> {
+    /// The prompt's ids after dropping the oldest turns (never a system
+    /// message or the newest message) until the prompt leaves room for
+    /// `reserve_tokens` of answer, and how many messages were dropped.
+    fn fit_context(&mut self, reserve_tokens: usize) -> Result<(Vec<u32>, usize)> {
         let context = self.session.context_tokens();
+        let mut dropped = 0;
         loop {
             let ids = self.text.tokenizer.encode(&self.text.render(&self.messages)?, false)?;
             let oldest = self.messages.iter().position(|m| m.role != "system");
-            let fits = ids.len() + max_new_tokens <= context;
+            let fits = ids.len() + reserve_tokens <= context;
             match oldest {
                 Some(i) if !fits && i + 1 < self.messages.len() => {
                     self.messages.remove(i);
+                    dropped += 1;
                 }
-                _ => return Ok(ids),
+                _ => return Ok((ids, dropped)),
             }
         }
     }
@@ -165,8 +264,29 @@ impl<'e> Chat<'e> {
         options: &ReplyOptions,
         mut on_text: impl FnMut(&str) -> ControlFlow<()>,
     ) -> Result<Reply> {
+        // A failed turn is not kept: on error the conversation is put back
+        // as it was before it, older turns included.
+        let before = self.messages.clone();
         self.messages.push(Message::user(user_text));
-        let ids = self.fit_context(options.max_new_tokens)?;
+        // Room for a short answer is kept, not for `max_new_tokens`: with a
+        // small context that would leave the question alone in it. The
+        // answer may then run to the end of the context.
+        let context = self.session.context_tokens();
+        let reserve = options.max_new_tokens.min(context / ANSWER_RESERVE_DIVISOR);
+        let (ids, dropped_messages) = match self.fit_context(reserve) {
+            Ok(fitted) => fitted,
+            Err(e) => {
+                self.messages = before;
+                return Err(e);
+            }
+        };
+        if ids.len() >= context {
+            self.messages = before;
+            return Err(Error::InvalidRequest(format!(
+                "the message is {} tokens with the system prompt; the context holds {context}",
+                ids.len()
+            )));
+        }
         // Feed only what the session does not already hold.
         let common = self.session.common_prefix_len(&ids).min(ids.len().saturating_sub(1));
         self.session.truncate(common);
@@ -176,7 +296,7 @@ impl<'e> Chat<'e> {
         let mut cancelled = false;
         let mut failure = None;
         let generate = GenerateOptions {
-            max_new_tokens: options.max_new_tokens,
+            max_new_tokens: options.max_new_tokens.min(context - ids.len()),
             sampling: options.sampling,
             ignore_eos: false,
             extra_eos_token_ids: self.text.eos_token_ids.clone(),
@@ -200,10 +320,14 @@ impl<'e> Chat<'e> {
                 return ControlFlow::Break(());
             }
             if out.stopped.is_some() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
-        })?;
-        if let Some(err) = failure {
-            return Err(err);
-        }
+        });
+        let report = match (report, failure) {
+            (Ok(report), None) => report,
+            (Err(err), _) | (Ok(_), Some(err)) => {
+                self.messages = before;
+                return Err(err);
+            }
+        };
         let stopped_by_string = stops.stopped().is_some();
         if !stopped_by_string {
             let tail = stops.push(&detok.finish()?).text + &stops.finish();
@@ -221,6 +345,6 @@ impl<'e> Chat<'e> {
             FinishReason::Length
         };
         self.messages.push(Message::assistant(answer.clone()));
-        Ok(Reply { text: answer, finish, stats: report.stats })
+        Ok(Reply { text: answer, finish, dropped_messages, stats: report.stats })
     }
 }

@@ -1,16 +1,18 @@
 //! Opening a model: container, memory budget, expert store, threads and graph.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use serde::Serialize;
 use strata_format::{Container, LayerKind, ModelSpec};
 use strata_kernels::Threads;
 use strata_kv::KvCache;
 use strata_models::{CausalLm, Logits, Runtime};
 use strata_sched::LayerStats;
 use strata_tier::{
-    BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, PolicyKind, RamBudget, StoreOptions, StoreStats,
-    TraceHeader, TraceWriter, Usage,
+    BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, PolicyKind, RamBudget, RecordCheck, StoreOptions,
+    StoreStats, TraceHeader, TraceWriter, Usage,
 };
 
 use crate::{Error, Result, Session};
@@ -98,6 +100,17 @@ impl Default for EngineOptions {
     }
 }
 
+/// Memory in use, as opposed to the budget's capacities (see
+/// [`Engine::memory_use`]; a session's KV is [`Session::kv_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MemoryUse {
+    /// The process's resident memory (`VmRSS`); `None` without `/proc`.
+    pub resident_bytes: Option<u64>,
+    /// Bytes of expert records held in the cache now.
+    pub expert_cache_used_bytes: u64,
+    pub expert_cache_capacity_bytes: u64,
+}
+
 /// A model ready to run.
 pub struct Engine {
     container: Arc<Container>,
@@ -112,6 +125,9 @@ pub struct Engine {
     pipeline: Mutex<LayerStats>,
     trace: Option<Mutex<TraceWriter>>,
     warnings: Vec<String>,
+    /// Whether saving learned usage has failed once already (see
+    /// [`Engine::persist_learning_or_warn`]).
+    learning_save_failed: AtomicBool,
 }
 
 impl Engine {
@@ -145,7 +161,18 @@ impl Engine {
                 .clamp(1, PREFILL_CHUNK_TOKENS_MAX),
         };
         let kv_bytes_per_token = model.new_cache(1).bytes_per_token() as u64;
-        let kv_bytes = kv_bytes_per_token * context_tokens as u64 * options.sessions.max(1) as u64;
+        let sessions = options.sessions.max(1) as u64;
+        // Checked: a wrapped product would let an absurd --context pass the
+        // budget with a tiny KV reservation.
+        let kv_bytes = kv_bytes_per_token
+            .checked_mul(context_tokens as u64)
+            .and_then(|bytes| bytes.checked_mul(sessions))
+            .ok_or_else(|| Error::InvalidOption {
+                option: "context",
+                reason: format!(
+                    "{context_tokens} tokens of KV ({kv_bytes_per_token} bytes each) for {sessions} session(s) is more memory than 64 bits can count"
+                ),
+            })?;
         let plan = plan_budget(&container, &sources, options, kv_bytes)?;
         let capacity_bytes =
             options.expert_cache_bytes.map_or(plan.expert_cache_bytes, |cap| cap.min(plan.expert_cache_bytes));
@@ -179,6 +206,7 @@ impl Engine {
             pipeline: Mutex::new(LayerStats::default()),
             trace,
             warnings: warning.into_iter().collect(),
+            learning_save_failed: AtomicBool::new(false),
         })
     }
 
@@ -200,6 +228,15 @@ impl Engine {
     /// The expert cache's capacity in bytes.
     pub fn expert_cache_bytes(&self) -> usize {
         self.store.capacity_bytes()
+    }
+
+    /// Memory in use now, beside the capacities the budget planned.
+    pub fn memory_use(&self) -> MemoryUse {
+        MemoryUse {
+            resident_bytes: strata_tier::resident_bytes(),
+            expert_cache_used_bytes: self.store.held_bytes() as u64,
+            expert_cache_capacity_bytes: self.store.capacity_bytes() as u64,
+        }
     }
 
     /// Things the user should know that did not stop the engine (e.g. a
@@ -238,6 +275,18 @@ impl Engine {
         Ok(())
     }
 
+    /// [`Engine::persist_learning`] for callers that already hold a result:
+    /// learning only makes later runs faster, so failing to save it (a
+    /// read-only or full volume, a deleted model directory, no file
+    /// descriptors left) must never cost an answer. The first failure comes
+    /// back as a warning to show; later ones are silent, because the cause
+    /// rarely goes away between two answers.
+    pub fn persist_learning_or_warn(&self) -> Option<String> {
+        let error = self.persist_learning().err()?;
+        let first = !self.learning_save_failed.swap(true, Ordering::Relaxed);
+        first.then(|| format!("expert usage not saved (answers are unaffected): {error}"))
+    }
+
     /// A fresh conversation.
     pub fn session(&self) -> Session<'_> {
         Session::new(self, self.model.new_cache(self.context_tokens))
@@ -266,17 +315,24 @@ impl Engine {
         let pieces = tokens.len().div_ceil(self.prefill_chunk_tokens).max(1);
         let start = cache.len();
         let mut out = Vec::new();
+        let vocab = self.spec().vocab_size;
         for (i, piece) in tokens.chunks(self.prefill_chunk_tokens).enumerate() {
             // Only the last piece's last logits matter for `Last`; the
             // others' one lm-head row is the price of reusing `forward`.
-            match self.run(|model, rt| model.forward(rt, piece, cache, which)) {
+            let logits =
+                self.run(|model, rt| model.forward(rt, piece, cache, which)).map_err(Error::from).and_then(|logits| {
+                    // The rows are those of the piece's last positions.
+                    let first_position = cache.len() - logits.len() / vocab.max(1);
+                    check_logits(&logits, vocab, first_position).map(|()| logits)
+                });
+            match logits {
                 Ok(logits) if which == Logits::All => out.extend(logits),
                 Ok(logits) if i + 1 == pieces => out = logits,
                 Ok(_) => {}
                 Err(e) => {
                     // All or nothing: the pieces already run are taken back.
                     cache.truncate(start);
-                    return Err(e.into());
+                    return Err(e);
                 }
             }
         }
@@ -301,6 +357,23 @@ impl Engine {
     }
 }
 
+/// Refuses logits (`[rows, vocab]`, row `r` at position `first_position +
+/// r`) holding a NaN or an infinity: no model here masks tokens with -inf,
+/// so a non-finite logit is always damage, never a meaning.
+pub(crate) fn check_logits(logits: &[f32], vocab: usize, first_position: usize) -> Result<()> {
+    // `all` over plain floats vectorises; the place is looked up only once
+    // something is wrong.
+    if logits.iter().all(|l| l.is_finite()) {
+        return Ok(());
+    }
+    let index = logits.iter().position(|l| !l.is_finite()).expect("a non-finite logit exists");
+    Err(Error::NonFiniteLogits {
+        position: first_position + index / vocab.max(1),
+        token: index % vocab.max(1),
+        value: logits[index],
+    })
+}
+
 fn expert_source(container: &Container, layer: usize) -> Result<Option<ExpertSource>> {
     if container.spec().layers[layer] != LayerKind::Moe {
         return Ok(None);
@@ -308,7 +381,17 @@ fn expert_source(container: &Container, layer: usize) -> Result<Option<ExpertSou
     let layout = container.expert_layout(layer)?;
     let record_bytes = usize::try_from(layout.record_bytes)
         .map_err(|_| Error::InvalidRequest(format!("layer {layer}: expert records too large for this machine")))?;
-    Ok(Some(ExpertSource { path: layout.path.clone(), record_bytes, num_experts: layout.num_experts }))
+    // Each record read from disk is checked before the store hands it out,
+    // so damage on disk is an error naming the expert, never a wrong token.
+    let checked = layout.clone();
+    let check: RecordCheck =
+        Arc::new(move |expert, record| checked.check_record(expert, record).map_err(|e| e.to_string()));
+    Ok(Some(ExpertSource {
+        path: layout.path.clone(),
+        record_bytes,
+        num_experts: layout.num_experts,
+        check: Some(check),
+    }))
 }
 
 fn plan_budget(
@@ -323,8 +406,10 @@ fn plan_budget(
     // expert at a time, so it never needs a whole layer resident.
     let routed_experts_bytes = record_bytes * container.spec().moe.top_k as u64;
     // Loads in flight, as many reusable spare buffers, and the one record
-    // being computed uncached.
-    let io_buffer_bytes = (2 * options.max_in_flight.max(1) as u64 + 1) * record_bytes;
+    // being computed uncached. Saturating: a product past u64 is more than
+    // any budget, which then refuses it naming the I/O buffers.
+    let io_buffers = (options.max_in_flight.max(1) as u64).saturating_mul(2).saturating_add(1);
+    let io_buffer_bytes = io_buffers.saturating_mul(record_bytes);
     let needs = BudgetNeeds {
         dense_bytes: container.dense_file_bytes(),
         kv_bytes,

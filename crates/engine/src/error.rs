@@ -37,6 +37,13 @@ pub enum Error {
     /// not what it should be.
     #[error("{}: {reason}", path.display())]
     ModelFile { path: std::path::PathBuf, reason: String },
+    /// The model computed a NaN or infinite logit. Sampling from such a row
+    /// picks garbage (NaN compares false with everything), so the step is an
+    /// error instead; finite but damaged weights can overflow this way.
+    #[error(
+        "the model computed a non-finite logit ({value}) for token id {token} at position {position}; its weights may be damaged (`strata info --verify` checks the files)"
+    )]
+    NonFiniteLogits { position: usize, token: usize, value: f32 },
     /// An option outside what the engine accepts.
     #[error("invalid option {option}: {reason}")]
     InvalidOption { option: &'static str, reason: String },

@@ -23,6 +23,7 @@
 #[cfg(feature = "clap")]
 pub mod args;
 mod chat;
+mod demo;
 mod engine;
 mod error;
 mod persist;
@@ -31,14 +32,14 @@ mod sampler;
 mod session;
 pub mod text;
 
-pub use chat::{Chat, FinishReason, Reply, ReplyOptions, TextModel};
-pub use engine::{CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, USAGE_FILE_NAME};
+pub use chat::{Chat, ChatSnapshot, FinishReason, Reply, ReplyOptions, TextModel};
+pub use engine::{CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, MemoryUse, USAGE_FILE_NAME};
 pub use error::{Error, Result};
 pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport, session_path, validate_session_name};
-pub use resolve::{AUTO_CONVERT_PRESET, DEMO_MODEL_DIR, ResolvedModel, default_cache_dir, resolve_model};
+pub use resolve::{AUTO_CONVERT_PRESET, ResolvedModel, default_cache_dir, resolve_model};
 pub use sampler::{Sampler, SamplingOptions};
 pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
 pub use strata_format::ModelSpec;
 pub use strata_kv::CutTail;
-pub use strata_tier::{ByteSize, IoBackend, PolicyKind, RamBudget, StoreStats};
+pub use strata_tier::{ByteSize, IoBackend, PolicyKind, RamBudget, StoreStats, resident_bytes};
 pub use text::{ChatTemplate, Detokenizer, Message, StopOutput, StopStrings, Tokenizer, eos_ids_from_dir};

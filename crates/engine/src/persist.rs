@@ -81,9 +81,25 @@ impl Engine {
     pub fn open_session(&self, kv_dir: &Path, name: &str) -> Result<(Session<'_>, SessionReport)> {
         let path = session_path(kv_dir, name)?;
         std::fs::create_dir_all(kv_dir).map_err(|source| Error::Io { path: kv_dir.to_owned(), source })?;
+        self.restore_session(&path, true)
+    }
+
+    /// Reads the session file at `path` into a new session that is not
+    /// bound to it: nothing the session does later changes the file (a
+    /// snapshot, as `Chat::save` writes). The file must exist.
+    pub fn read_session_snapshot(&self, path: &Path) -> Result<(Session<'_>, SessionReport)> {
+        if !path.is_file() {
+            return Err(Error::Io { path: path.to_owned(), source: std::io::ErrorKind::NotFound.into() });
+        }
+        self.restore_session(path, false)
+    }
+
+    /// The session held in `path` (created if missing), saving every later
+    /// change there when `bind`.
+    fn restore_session(&self, path: &Path, bind: bool) -> Result<(Session<'_>, SessionReport)> {
         let mut cache = self.model().new_cache(self.context_tokens());
         let header = self.session_header(&cache)?;
-        let (file, recovered) = SessionFile::open_or_create(&path, &header, &mut cache)?;
+        let (file, recovered) = SessionFile::open_or_create(path, &header, &mut cache)?;
         let tokens = recovered.tokens;
         let (unfed, rerun_tokens) = match tokens.last() {
             None => (None, 0),
@@ -98,13 +114,15 @@ impl Engine {
             }
         };
         let report = SessionReport {
-            path,
+            path: path.to_owned(),
             created: recovered.created,
             reopened_tokens: tokens.len(),
             rerun_tokens,
             cut: recovered.cut,
         };
-        Ok((Session::restored(self, cache, tokens, unfed, Persist::new(file)), report))
+        // Unbound, the file (and its lock) is let go of here.
+        let persist = bind.then(|| Persist::new(file));
+        Ok((Session::restored(self, cache, tokens, unfed, persist), report))
     }
 
     /// What binds a session file to this model: the container's content

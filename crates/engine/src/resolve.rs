@@ -1,6 +1,6 @@
-//! Finding the model to run: the embedded demo model when none is named, a
-//! container as is, or a Hugging Face checkpoint converted once into a cache
-//! keyed by its content.
+//! Finding the model to run: the built-in demo model when none is named
+//! (crate::demo), a container as is, or a Hugging Face checkpoint converted
+//! once into a cache keyed by its content.
 
 use std::fs;
 use std::io::Read;
@@ -10,10 +10,6 @@ use sha2::{Digest, Sha256};
 use strata_format::{ConvertOptions, QuantPreset};
 
 use crate::{Error, Result};
-
-/// The demo model shipped in the repository (a Hugging Face checkpoint; see
-/// models/demo/README.md). Commands use it when no model is given.
-pub const DEMO_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/demo");
 
 /// The preset a checkpoint is converted with when the user did not convert it
 /// first: near-lossless, half the size of f32.
@@ -28,24 +24,14 @@ pub struct ResolvedModel {
     pub converted: bool,
 }
 
-/// The container for `model` (`None`: the demo model). A directory with a
+/// The container for `model` (`None`: the demo model built into the binary,
+/// models/demo). A directory with a
 /// `manifest.json` is a container; one with a `config.json` is a Hugging
 /// Face checkpoint, converted on first use into `cache_dir/<content hash>`
 /// and reused after.
 pub fn resolve_model(model: Option<&Path>, cache_dir: &Path, progress: bool) -> Result<ResolvedModel> {
-    let dir = match model {
-        Some(dir) => dir.to_path_buf(),
-        None => {
-            let demo = PathBuf::from(DEMO_MODEL_DIR);
-            if !demo.join("config.json").is_file() {
-                return Err(Error::InvalidRequest(format!(
-                    "no model given and the demo model is not at {}; pass a model directory",
-                    demo.display()
-                )));
-            }
-            demo
-        }
-    };
+    let Some(dir) = model else { return crate::demo::resolve_demo(cache_dir, progress) };
+    let dir = dir.to_path_buf();
     if dir.join(strata_format::container::MANIFEST_FILE).is_file() {
         return Ok(ResolvedModel { container_dir: dir, converted: false });
     }

@@ -10,7 +10,7 @@ use strata_models::{Logits, SeqBatch};
 use strata_sched::LayerStats;
 use strata_tier::StoreStats;
 
-use crate::persist::session_path;
+use crate::engine::check_logits;
 use crate::{Engine, Error, Result, Sampler, SamplingOptions};
 
 /// What to generate.
@@ -183,9 +183,9 @@ impl<'e> Session<'e> {
         cache: KvCache,
         tokens: Vec<u32>,
         unfed: Option<u32>,
-        persist: Persist,
+        persist: Option<Persist>,
     ) -> Self {
-        Self { tokens, unfed, persist: Some(persist), ..Self::new(engine, cache) }
+        Self { tokens, unfed, persist, ..Self::new(engine, cache) }
     }
 
     /// Warnings since the last call, e.g. that the session file stopped
@@ -214,25 +214,21 @@ impl<'e> Session<'e> {
         }
     }
 
-    /// Saves the whole sequence as session `name` under `kv_dir` (replacing
-    /// a session of that name), and keeps saving every change to it, so a
-    /// later [`Engine::open_session`] continues it with no re-prefill.
-    /// Returns the tokens saved.
-    pub fn save_as(&mut self, kv_dir: &Path, name: &str) -> Result<usize> {
-        let path = session_path(kv_dir, name)?;
-        std::fs::create_dir_all(kv_dir).map_err(|source| Error::Io { path: kv_dir.to_owned(), source })?;
+    /// Writes the whole sequence to a new session file at `path` (refused
+    /// if it exists), durable when this returns, and leaves the session as
+    /// it was: the file is a snapshot that nothing done later changes.
+    /// [`Engine::read_session_snapshot`] reads it back. Returns the tokens
+    /// written.
+    pub fn write_snapshot(&self, path: &Path) -> Result<usize> {
         let header = self.engine.session_header(&self.cache)?;
-        // Replacing: a saved conversation of the same name is overwritten,
-        // as a file save would be.
-        if path.exists() {
-            std::fs::remove_file(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
-        }
-        let mut persist = Persist::new(SessionFile::create(&path, &header)?);
-        if let Some(warning) = persist.sync(&self.tokens, &self.cache) {
-            return Err(Error::InvalidRequest(warning));
-        }
-        self.persist = Some(persist);
+        // `sync` appends every token and fsyncs once.
+        SessionFile::create(path, &header)?.sync(&self.tokens, &self.cache)?;
         Ok(self.tokens.len())
+    }
+
+    /// Bytes of KV cache the sequence fills now.
+    pub fn kv_bytes(&self) -> u64 {
+        (self.cache.len() * self.cache.bytes_per_token()) as u64
     }
 
     /// The most tokens this session can hold.
@@ -320,7 +316,13 @@ impl<'e> Session<'e> {
         let logits = result.and_then(|()| {
             let mut seqs: Vec<SeqBatch<'_>> =
                 sessions.iter_mut().zip(&tails).map(|(s, t)| SeqBatch { tokens: t, cache: &mut s.cache }).collect();
-            Ok(engine.run(|model, rt| model.forward_batch(rt, &mut seqs))?)
+            let logits = engine.run(|model, rt| model.forward_batch(rt, &mut seqs))?;
+            drop(seqs);
+            let vocab = engine.spec().vocab_size;
+            for (session, row) in sessions.iter().zip(&logits) {
+                check_logits(row, vocab, session.cache.len() - 1)?;
+            }
+            Ok(logits)
         });
         let logits = match logits {
             Ok(logits) => logits,
@@ -402,7 +404,7 @@ impl<'e> Session<'e> {
         report.stats.generated_tokens = report.tokens.len();
         report.stats.decode_ms = ms(decode_started.elapsed());
         run_start.fill_run(self.engine, &mut report.stats);
-        self.engine.persist_learning()?;
+        self.warnings.extend(self.engine.persist_learning_or_warn());
         Ok(report)
     }
 }

@@ -6,8 +6,11 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use strata_engine::text::Tokenizer;
-use strata_engine::{DEMO_MODEL_DIR, Engine, EngineOptions, GenerateOptions};
+use strata_engine::{Engine, EngineOptions, GenerateOptions};
 use strata_format::{ConvertOptions, QuantPreset, npy};
+
+/// The demo checkpoint in the repository (the binaries carry a copy).
+const DEMO_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/demo");
 
 fn reference() -> serde_json::Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/demo/reference.json");

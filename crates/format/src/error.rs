@@ -69,6 +69,14 @@ pub enum Error {
     #[error("tensor {name:?}: non-finite value {value} at element {index}")]
     NonFinite { name: String, index: usize, value: f32 },
 
+    /// A NaN or infinity stored in a container (a quantization scale or a
+    /// float weight): every answer that touched it would be garbage, so the
+    /// tensor is refused when it is loaded.
+    #[error(
+        "{path}: {what}: non-finite {kind} {value} at index {index} (the file is damaged: convert the model again)"
+    )]
+    NonFiniteStored { path: PathBuf, what: String, kind: &'static str, index: usize, value: f32 },
+
     /// The kernels crate rejected a buffer (length/alignment/format).
     #[error("{context}: {source}")]
     Kernels {

@@ -21,6 +21,9 @@ use serde_json::{Map, Value, json};
 use crate::error::{Error, Result};
 pub use crate::family::Family;
 use fields::{Fields, as_u32};
+pub use limits::{
+    MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
+};
 
 /// Where RMSNorm is applied to queries and keys (before RoPE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -244,6 +247,7 @@ impl ModelSpec {
     /// Checks every invariant the rest of the engine relies on. Errors name
     /// the config.json field at fault.
     pub fn validate(&self) -> Result<()> {
+        limits::check(self)?;
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -562,6 +566,7 @@ fn parse_yarn(cfg: &Fields<'_>, p: &Fields<'_>, max_position_embeddings: usize) 
 
 pub(crate) mod fields;
 mod layer;
+pub(crate) mod limits;
 mod mla;
 #[cfg(test)]
 mod mla_tests;

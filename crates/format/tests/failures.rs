@@ -245,6 +245,60 @@ fn truncated_or_corrupted_files() {
     assert!(matches!(err, Error::OutputExists { .. }), "{err}");
 }
 
+/// Writes `value` as the `index`-th f32 at `offset_bytes` of `file`.
+fn poke_f32(file: &Path, offset_bytes: u64, index: u64, value: f32) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+    f.seek(SeekFrom::Start(offset_bytes + 4 * index)).unwrap();
+    f.write_all(&value.to_ne_bytes()).unwrap();
+}
+
+/// A NaN or infinity stored in a container (damage on disk: conversion
+/// never writes one) is refused when the tensor is loaded, naming it,
+/// instead of turning every answer into garbage.
+#[test]
+fn non_finite_stored_floats_are_refused_naming_the_tensor_or_expert() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, good) = converted(tmp.path(), QuantPreset::Q8);
+    let bad = tmp.path().join("bad");
+    let manifest = Container::open(&good).unwrap().manifest().clone();
+    let entry = |name: &str| manifest.tensors.iter().find(|t| t.name == name).unwrap().clone();
+
+    // A q8 scale of a dense matrix.
+    copy_dir(&good, &bad);
+    let q = entry("model.layers.0.self_attn.q_proj.weight");
+    assert_eq!(q.format, 2, "q8");
+    poke_f32(&bad.join("dense.bin"), q.scale_offset_bytes, 3, f32::NAN);
+    let err = Container::open(&bad).unwrap_err();
+    assert!(
+        matches!(&err, Error::NonFiniteStored { kind: "scale", index: 3, what, .. } if what.contains(&q.name)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("dense.bin"), "{err}");
+
+    // An f32 weight (the final norm).
+    copy_dir(&good, &bad);
+    let norm = entry("model.norm.weight");
+    poke_f32(&bad.join("dense.bin"), norm.offset_bytes, 0, f32::INFINITY);
+    let err = Container::open(&bad).unwrap_err();
+    assert!(matches!(&err, Error::NonFiniteStored { kind: "weight", index: 0, .. }), "{err}");
+    assert!(err.to_string().contains("model.norm.weight"), "{err}");
+
+    // An expert record's scale: refused when the record is read.
+    copy_dir(&good, &bad);
+    let c = Container::open(&bad).unwrap();
+    let layout = c.expert_layout(1).unwrap();
+    let down = &layout.components[2];
+    poke_f32(&layout.path, layout.record_offset(2).unwrap() + down.scale_offset_bytes, 1, f32::NEG_INFINITY);
+    let record = read_record(layout, 2);
+    let err = layout.check_record(2, bytemuck::cast_slice(&record)).unwrap_err();
+    assert!(matches!(&err, Error::NonFiniteStored { kind: "scale", index: 1, .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("expert 2 of layer 1") && text.contains("down") && text.contains("layer_001.bin"), "{text}");
+    // The other records are fine.
+    layout.check_record(1, bytemuck::cast_slice(&read_record(layout, 1))).unwrap();
+}
+
 #[test]
 fn accessor_misuse_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();

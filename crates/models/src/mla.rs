@@ -6,7 +6,7 @@
 //! `k_h = [W_uk_h c ; k_pe]` and `v_h = W_uv_h c`, where `W_uk_h`, `W_uv_h`
 //! are row blocks of `kv_b_proj`.
 //!
-//! Two equivalent forms compute attention (`/work/notes/mla.md` §1):
+//! Two equivalent forms compute attention (`docs/mla.md` §1):
 //! * **expanded**: up-project every cached latent to per-head keys and
 //!   values, then attend as usual;
 //! * **absorbed**: fold `W_uk_h` into the query (`q_lat = W_uk_h^T q_nope`)

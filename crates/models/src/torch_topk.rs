@@ -184,7 +184,7 @@ fn adjust_heap(h: &mut [Entry], mut hole: usize, v: Entry) {
         h[hole] = h[second];
         hole = second;
     }
-    if len % 2 == 0 && second == (len - 2) / 2 {
+    if len.is_multiple_of(2) && second == (len - 2) / 2 {
         second = 2 * (second + 1);
         h[hole] = h[second - 1];
         hole = second - 1;

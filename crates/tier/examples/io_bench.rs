@@ -117,7 +117,7 @@ fn read_all(file: &Arc<RecordFile>, order: &[usize], workers: usize) -> Result<f
     while done < order.len() {
         while next < order.len() && pool.in_flight() < max_in_flight {
             let buf = free.pop_front().expect("one buffer per load in flight");
-            pool.submit(Arc::clone(file), order[next], buf, next as u64);
+            pool.submit(Arc::<RecordFile>::clone(file), order[next], buf, next as u64);
             next += 1;
         }
         let (tag, result) = pool.recv();

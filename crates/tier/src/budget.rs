@@ -63,8 +63,18 @@ pub fn mem_available_bytes() -> Result<u64> {
 
 /// The process's peak resident memory so far (`VmHWM`), if the kernel says.
 pub fn peak_rss_bytes() -> Option<u64> {
+    proc_status_bytes("VmHWM:")
+}
+
+/// The process's resident memory now (`VmRSS`), if the kernel says.
+pub fn resident_bytes() -> Option<u64> {
+    proc_status_bytes("VmRSS:")
+}
+
+/// A `kB` line of `/proc/self/status`, in bytes.
+fn proc_status_bytes(label: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(label))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
@@ -110,11 +120,14 @@ pub struct BudgetPlan {
 impl BudgetPlan {
     /// Shares `total_bytes` out, or refuses with what is needed and what there is.
     pub fn new(total_bytes: u64, needs: BudgetNeeds) -> Result<Self> {
-        let fixed_bytes = needs.dense_bytes + needs.kv_bytes + needs.io_buffer_bytes;
-        let needed_bytes = fixed_bytes + needs.min_expert_bytes;
-        if needed_bytes > total_bytes {
+        // Checked: a sum past u64 is more than any budget (and shown as the
+        // largest size), never a wrapped small one.
+        let needed_bytes = [needs.kv_bytes, needs.io_buffer_bytes, needs.min_expert_bytes]
+            .into_iter()
+            .try_fold(needs.dense_bytes, u64::checked_add);
+        if needed_bytes.is_none_or(|needed| needed > total_bytes) {
             return Err(Error::BudgetTooSmall {
-                needed: ByteSize(needed_bytes),
+                needed: ByteSize(needed_bytes.unwrap_or(u64::MAX)),
                 have: ByteSize(total_bytes),
                 dense: ByteSize(needs.dense_bytes),
                 kv: ByteSize(needs.kv_bytes),
@@ -122,6 +135,8 @@ impl BudgetPlan {
                 experts: ByteSize(needs.min_expert_bytes),
             });
         }
+        // Cannot overflow: a part of the sum just checked.
+        let fixed_bytes = needs.dense_bytes + needs.kv_bytes + needs.io_buffer_bytes;
         Ok(Self {
             total_bytes,
             dense_bytes: needs.dense_bytes,
@@ -150,6 +165,14 @@ mod tests {
         let err = BudgetPlan::new(199, NEEDS).unwrap_err().to_string();
         assert!(err.contains("200 B") && err.contains("199 B"), "{err}");
         assert!(BudgetPlan::new(200, NEEDS).is_ok());
+    }
+
+    #[test]
+    fn needs_past_u64_are_refused_not_wrapped() {
+        let huge = BudgetNeeds { kv_bytes: u64::MAX - 10, ..NEEDS };
+        let err = BudgetPlan::new(4 << 20, huge).unwrap_err().to_string();
+        assert!(err.contains("too small") && err.contains("TiB"), "{err}");
+        assert!(BudgetPlan::new(u64::MAX, huge).is_err(), "the sum wraps past u64::MAX");
     }
 
     #[test]

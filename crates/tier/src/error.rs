@@ -33,6 +33,11 @@ pub enum Error {
         path.display()
     )]
     ShortRead { path: PathBuf, layer: usize, expert: usize, offset_bytes: u64, wanted_bytes: usize, got_bytes: usize },
+    /// A complete record that its [`RecordCheck`](crate::io::RecordCheck)
+    /// refused (a non-finite scale, a checksum mismatch); `reason` comes from
+    /// the check and names the file, layer and expert.
+    #[error("{reason}")]
+    RecordRejected { path: PathBuf, layer: usize, expert: usize, reason: String },
     /// A layer or expert index outside the model.
     #[error("no expert {expert} in layer {layer}")]
     NoSuchExpert { layer: usize, expert: usize },
@@ -130,4 +135,32 @@ pub enum Error {
     /// A line of a routing trace is malformed; `line` counts from 1.
     #[error("{}:{line}: {reason}", path.display())]
     TraceLine { path: PathBuf, line: usize, reason: String },
+    // Multi-disk mirrors (`mirror`).
+    /// `--mirror` was not `DIR` or `DIR=RATE`.
+    #[error("invalid --mirror {text:?}: {reason}")]
+    MirrorSpec { text: String, reason: String },
+    /// A mirror cannot be used as it is: no or a stale receipt, a copy whose
+    /// size or hash differs from the container's.
+    #[error("mirror {}: {reason}", dir.display())]
+    MirrorInvalid { dir: PathBuf, reason: String },
+    /// Reading, hashing, copying or publishing a mirror file failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    MirrorIo {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Staging would leave less free space than `--reserve`.
+    #[error(
+        "staging {} needs {needed} but {} has {free} free and {reserve} must stay free",
+        path.display(), dir.display()
+    )]
+    MirrorNoSpace {
+        path: PathBuf,
+        dir: PathBuf,
+        needed: crate::ByteSize,
+        free: crate::ByteSize,
+        reserve: crate::ByteSize,
+    },
 }

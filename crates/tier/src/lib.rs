@@ -7,13 +7,15 @@
 //! `strata-format`'s `ExpertLayout` in the layers above.
 //!
 //! **Architecture invariant:** the bytes handed out for an expert are always the
-//! complete record as read from disk. A short or failed read is an error, never
-//! a partly filled buffer.
+//! complete record as read from disk, and passed the record check the layers
+//! above gave (finite scales, checksum). A short, failed or refused read is an
+//! error, never a partly filled or damaged buffer.
 
 mod aligned;
 mod budget;
 mod error;
 pub mod io;
+pub mod mirror;
 pub mod policy;
 mod replay;
 mod size;
@@ -24,9 +26,11 @@ mod usage;
 pub use aligned::AlignedBuf;
 pub use budget::{
     AUTO_SHARE_PERCENT, BudgetNeeds, BudgetPlan, RamBudget, SLACK_BYTES, mem_available_bytes, peak_rss_bytes,
+    resident_bytes,
 };
 pub use error::{Error, Result};
-pub use io::{IoBackend, IoPool, RecordFile};
+pub use io::{IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
+pub use mirror::{LayerFile, MirrorOptions, MirrorSpec, Mirrors};
 pub use policy::{Policy, PolicyKind, new_policy};
 pub use replay::{HitRate, ReplayReport, replay, simulate};
 pub use size::ByteSize;

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::io::{IoBackend, IoPool, RecordFile};
+use crate::io::{IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
+use crate::mirror::{MirrorOptions, Mirrors};
 use crate::policy::{Policy, PolicyKind, new_policy};
 use crate::usage::Usage;
 use crate::{AlignedBuf, Error, Result};
@@ -25,11 +26,25 @@ pub struct ExpertKey {
 
 /// Where one layer's expert records live: a file of `num_experts` fixed-size
 /// records, record `e` at byte offset `e * record_bytes`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ExpertSource {
     pub path: PathBuf,
     pub record_bytes: usize,
     pub num_experts: usize,
+    /// Run on every record read from disk (`None`: records are handed out
+    /// as read).
+    pub check: Option<RecordCheck>,
+}
+
+impl std::fmt::Debug for ExpertSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExpertSource")
+            .field("path", &self.path)
+            .field("record_bytes", &self.record_bytes)
+            .field("num_experts", &self.num_experts)
+            .field("checked", &self.check.is_some())
+            .finish()
+    }
 }
 
 /// How the store caches and reads.
@@ -71,6 +86,9 @@ pub struct StoreStats {
     pub layer_hits: Vec<u64>,
     /// Misses per decoder layer.
     pub layer_misses: Vec<u64>,
+    /// Bytes each mirror served, in `--mirror` order (the container's drive
+    /// served the rest of `bytes_read`).
+    pub mirror_bytes_read: Vec<u64>,
 }
 
 struct Cache {
@@ -87,6 +105,10 @@ struct Cache {
 /// capacity, under a replacement policy.
 pub struct ExpertStore {
     files: Vec<Option<Arc<RecordFile>>>,
+    /// Where each layer's records are read from: its file, or its file and
+    /// the mirrors' copies of it.
+    sources: Vec<Option<Arc<dyn RecordSource>>>,
+    mirrors: Mirrors,
     options: StoreOptions,
     cache: Mutex<Cache>,
     pool: IoPool,
@@ -100,22 +122,47 @@ impl ExpertStore {
     /// Opens every layer's expert file. `sources[l]` is `None` for a layer
     /// without routed experts. `usage` is what earlier runs learned.
     pub fn open(sources: Vec<Option<ExpertSource>>, options: StoreOptions, usage: Usage) -> Result<Self> {
+        Self::open_mirrored(sources, options, usage, &MirrorOptions::default())
+    }
+
+    /// [`open`](Self::open), reading from the mirrors of `mirrors` too
+    /// (validated here; see `mirror`).
+    pub fn open_mirrored(
+        sources: Vec<Option<ExpertSource>>,
+        options: StoreOptions,
+        usage: Usage,
+        mirrors: &MirrorOptions,
+    ) -> Result<Self> {
         let files = sources
             .into_iter()
             .enumerate()
             .map(|(layer, source)| {
                 source
-                    .map(|s| RecordFile::open(options.io, &s.path, layer, s.record_bytes, s.num_experts).map(Arc::new))
+                    .map(|s| {
+                        let file = RecordFile::open(options.io, &s.path, layer, s.record_bytes, s.num_experts)?;
+                        Ok(Arc::new(match s.check {
+                            Some(check) => file.with_check(check),
+                            None => file,
+                        }))
+                    })
                     .transpose()
             })
             .collect::<Result<Vec<_>>>()?;
+        let mirrors =
+            if mirrors.mirrors.is_empty() { Mirrors::none() } else { Mirrors::open(mirrors, options.io, &files)? };
+        let sources = files
+            .iter()
+            .enumerate()
+            .map(|(layer, file)| file.as_ref().map(|file| mirrors.source(layer, Arc::clone(file))))
+            .collect();
         let record_bytes_max = files.iter().flatten().map(|f| f.record_bytes()).max().unwrap_or(0);
         let capacity_records = options.capacity_bytes.checked_div(record_bytes_max).unwrap_or(0);
         let pinned_max = capacity_records * options.pinned_percent / 100;
+        let experts_max = files.iter().flatten().map(|f| f.num_experts()).max().unwrap_or(0);
         let n_layers = files.len();
         let cache = Cache {
             entries: HashMap::new(),
-            policy: new_policy(options.policy, &usage, pinned_max),
+            policy: new_policy(options.policy, &usage, pinned_max, experts_max),
             held_bytes: 0,
             free: Vec::new(),
             stats: StoreStats {
@@ -125,7 +172,16 @@ impl ExpertStore {
             },
         };
         let pool = IoPool::new(options.io_workers.max(1), options.max_in_flight.max(1))?;
-        Ok(Self { files, options, cache: Mutex::new(cache), pool, loading: Mutex::new(()), usage: Mutex::new(usage) })
+        Ok(Self {
+            files,
+            sources,
+            mirrors,
+            options,
+            cache: Mutex::new(cache),
+            pool,
+            loading: Mutex::new(()),
+            usage: Mutex::new(usage),
+        })
     }
 
     /// The byte bound on cached records.
@@ -135,7 +191,20 @@ impl ExpertStore {
 
     /// Counters since the store was opened.
     pub fn stats(&self) -> StoreStats {
-        self.lock().stats.clone()
+        let mut stats = self.lock().stats.clone();
+        stats.mirror_bytes_read = self.mirrors.bytes_read();
+        stats
+    }
+
+    /// The mirrors read besides the container.
+    pub fn mirrors(&self) -> &Mirrors {
+        &self.mirrors
+    }
+
+    /// Warnings since the last call (a mirror copy that failed and is no
+    /// longer read), each given once.
+    pub fn take_warnings(&self) -> Vec<String> {
+        self.mirrors.take_warnings()
     }
 
     /// Bytes of records currently cached.
@@ -191,6 +260,7 @@ impl ExpertStore {
                 Ok(Some(buf))
             }
             None => {
+                cache.policy.on_miss(key);
                 cache.stats.misses += 1;
                 cache.stats.layer_misses[key.layer] += 1;
                 Ok(None)
@@ -236,7 +306,11 @@ impl ExpertStore {
         let len = buf.len();
         cache.stats.bytes_read += len as u64;
         let buf = Arc::new(buf);
-        if len > self.options.capacity_bytes || cache.entries.contains_key(&key) {
+        if cache.entries.contains_key(&key) {
+            return buf;
+        }
+        if len > self.options.capacity_bytes {
+            cache.policy.on_bypass(key);
             return buf;
         }
         while cache.held_bytes + len > self.options.capacity_bytes {
@@ -244,8 +318,13 @@ impl ExpertStore {
             let leased = |k: ExpertKey| entries.get(&k).is_some_and(|b| Arc::strong_count(b) > 1);
             let Some(victim) = cache.policy.victim(&leased) else {
                 // Everything resident is in use: serve this one uncached.
+                cache.policy.on_bypass(key);
                 return buf;
             };
+            if !cache.policy.admits(key, victim) {
+                cache.policy.on_bypass(key);
+                return buf;
+            }
             cache.policy.on_remove(victim);
             let evicted = cache.entries.remove(&victim).expect("the policy names resident keys");
             cache.held_bytes -= evicted.len();
@@ -278,9 +357,10 @@ impl Loads<'_> {
     fn fill(&mut self) {
         while self.in_flight < self.store.options.max_in_flight.max(1) && self.next_submit < self.keys.len() {
             let key = self.keys[self.next_submit];
-            let file = Arc::clone(self.store.file(key).expect("keys checked in fetch"));
-            let buf = self.store.take_buffer(file.record_bytes());
-            self.store.pool.submit(file, key.expert, buf, self.next_submit as u64);
+            let record_bytes = self.store.file(key).expect("keys checked in fetch").record_bytes();
+            let source = Arc::clone(self.store.sources[key.layer].as_ref().expect("a layer with a file has a source"));
+            let buf = self.store.take_buffer(record_bytes);
+            self.store.pool.submit(source, key.expert, buf, self.next_submit as u64);
             self.next_submit += 1;
             self.in_flight += 1;
         }
@@ -323,7 +403,7 @@ mod tests {
         let path = dir.path().join("layer_000.bin");
         let bytes: Vec<u8> = (0..records * RECORD).map(|i| (i / RECORD) as u8).collect();
         std::fs::write(&path, bytes).unwrap();
-        let source = ExpertSource { path, record_bytes: RECORD, num_experts: records };
+        let source = ExpertSource { path, record_bytes: RECORD, num_experts: records, check: None };
         let options = StoreOptions { capacity_bytes, policy, ..StoreOptions::default() };
         let store = ExpertStore::open(vec![Some(source)], options, Usage::default()).unwrap();
         (dir, store)
@@ -401,8 +481,32 @@ mod tests {
     }
 
     #[test]
+    fn a_record_its_check_refuses_is_an_error_read_again_each_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("layer_000.bin");
+        let bytes: Vec<u8> = (0..2 * RECORD).map(|i| (i / RECORD) as u8).collect();
+        std::fs::write(&path, bytes).unwrap();
+        let check: RecordCheck = Arc::new(|expert, record| match record[0] {
+            0 => Ok(()),
+            _ => Err(format!("expert {expert} is bad")),
+        });
+        let source = ExpertSource { path, record_bytes: RECORD, num_experts: 2, check: Some(check) };
+        let store = ExpertStore::open(vec![Some(source)], StoreOptions::default(), Usage::default()).unwrap();
+        assert_eq!(store.get(key(0)).unwrap().as_slice()[0], 0);
+        for _ in 0..2 {
+            let err = store.get(key(1)).unwrap_err();
+            assert!(matches!(err, Error::RecordRejected { layer: 0, expert: 1, .. }), "{err}");
+            assert_eq!(err.to_string(), "expert 1 is bad");
+        }
+        // A refused record is never cached.
+        assert!(store.lookup(key(1)).unwrap().is_none());
+        assert_eq!(store.stats().bytes_read, RECORD as u64);
+    }
+
+    #[test]
     fn missing_file_fails_at_open() {
-        let source = ExpertSource { path: "/nonexistent/layer.bin".into(), record_bytes: RECORD, num_experts: 1 };
+        let source =
+            ExpertSource { path: "/nonexistent/layer.bin".into(), record_bytes: RECORD, num_experts: 1, check: None };
         let err = ExpertStore::open(vec![Some(source)], StoreOptions::default(), Usage::default());
         assert!(err.err().unwrap().to_string().contains("/nonexistent/layer.bin"));
     }

@@ -1,12 +1,26 @@
 // The chat page: streams replies from /v1/chat/completions (SSE), stops
 // them by closing the request (the server then cancels the generation),
 // and polls /info for the model panel and the live counters.
+//
+// The conversation is fitted to the model's context as a person expects:
+// the oldest turns are left out (never a system message or the message
+// just sent), the page says so and greys them, and a turn that failed is
+// not kept.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
+// What the model is sent: { role, content, bubble } in order.
 const conversation = [];
 let modelName = null;
 let controller = null;
+let contextTokens = null;
+// Prompt tokens per character sent, learned from each reply's usage; a
+// cautious guess until the first one. Each message counts MARKUP_CHARS more
+// for what the chat template wraps it in.
+let tokensPerChar = 0.5;
+const MARKUP_CHARS = 16;
+// The share of the context kept for the answer when no max tokens is set.
+const ANSWER_SHARE = 0.25;
 
 function apiKey() {
   return localStorage.getItem("strata-api-key") || "";
@@ -54,13 +68,26 @@ async function refreshInfo() {
   if (!response.ok) return;
   const info = await response.json();
   modelName = info.model;
+  contextTokens = info.limits.context_tokens;
   const live = info.live;
   $("tps").textContent = live.tokens_per_second.toFixed(1);
   $("hit-rate").textContent = (100 * live.expert_hit_rate).toFixed(1) + "%";
   $("active").textContent = live.active_sequences + " / " + live.queue_depth;
+  const m = info.info;
+  // In use now, beside the capacities the memory budget planned.
+  fillList($("memory-info"), [
+    ["resident", live.resident_bytes == null ? "unknown" : bytes(live.resident_bytes)],
+    ["expert cache", bytes(live.expert_cache_used_bytes) + " of " + bytes(m.expert_cache_bytes)],
+    ["KV cache", bytes(live.kv_bytes)],
+    ["RAM budget", bytes(m.ram_budget_bytes)],
+  ]);
   if (infoShown) return;
   infoShown = true;
-  const m = info.info;
+  if (info.model === "demo" && $("empty")) {
+    $("empty").textContent =
+      "This is the built-in demo model: 14.7 M parameters trained on fortune cookies. It writes " +
+      "fortune-like English and does not follow instructions; start serve with --model for a real model.";
+  }
   $("model-name").textContent = info.model + " · " + m.family;
   fillList($("model-info"), [
     ["family", m.family],
@@ -72,8 +99,6 @@ async function refreshInfo() {
     ["context", m.context_tokens + " tokens"],
     ["dense", bytes(m.dense_bytes)],
     ["experts on disk", bytes(m.expert_bytes)],
-    ["expert cache", bytes(m.expert_cache_bytes)],
-    ["RAM budget", bytes(m.ram_budget_bytes)],
   ]);
   fillList($("server-info"), [
     ["version", info.version],
@@ -107,9 +132,49 @@ function number(id) {
   return v === "" ? undefined : Number(v);
 }
 
+function chars(messages) {
+  return messages.reduce((n, m) => n + m.content.length + MARKUP_CHARS, 0);
+}
+
+// The index of the oldest turn that may be left out (not a system message,
+// not the newest message), or -1.
+function oldestDroppable() {
+  const i = conversation.findIndex((m) => m.role !== "system");
+  return i >= 0 && i < conversation.length - 1 ? i : -1;
+}
+
+// Leaves out the oldest turn (with the reply that answered it), greying its
+// bubbles; returns whether there was one.
+function dropOldest() {
+  const i = oldestDroppable();
+  if (i < 0) return false;
+  let n = 1;
+  while (i + n < conversation.length - 1 && conversation[i + n].role === "assistant") n++;
+  for (const m of conversation.splice(i, n)) m.bubble?.classList.add("dropped");
+  return true;
+}
+
+// Leaves out the oldest turns until the conversation, by the learned
+// tokens per character, leaves room for `reserve` tokens of answer.
+function fitToContext(reserve) {
+  let dropped = 0;
+  while (contextTokens && chars(conversation) * tokensPerChar + reserve > contextTokens && dropOldest()) dropped++;
+  return dropped;
+}
+
+// One notice, after the latest exchange: older ones said the same.
+function notice(text) {
+  for (const old of document.querySelectorAll(".msg.notice")) old.remove();
+  addMessage("notice", text);
+}
+
 async function send(text) {
-  conversation.push({ role: "user", content: text });
-  addMessage("user", text);
+  const userBubble = addMessage("user", text);
+  const turn = { role: "user", content: text, bubble: userBubble };
+  conversation.push(turn);
+  const maxTokens = number("max-tokens");
+  const reserve = maxTokens ?? Math.floor((contextTokens || 0) * ANSWER_SHARE);
+  let dropped = fitToContext(reserve);
   const bubble = addMessage("assistant streaming", "");
   const body = document.createTextNode("");
   bubble.append(body);
@@ -120,24 +185,41 @@ async function send(text) {
   let usage = null;
   let finish = null;
   let reply = "";
+  let failed = false;
+  let sentChars = 0;
+  let askedTokens = maxTokens;
   try {
-    const response = await fetch("/v1/chat/completions", {
-      method: "POST",
-      headers: headers(),
-      signal: controller.signal,
-      body: JSON.stringify({
-        model: modelName,
-        messages: conversation,
-        stream: true,
-        stream_options: { include_usage: true },
-        temperature: number("temperature"),
-        top_p: number("top-p"),
-        max_tokens: number("max-tokens"),
-        seed: number("seed"),
-      }),
-    });
-    if (!response.ok) {
+    let response;
+    for (;;) {
+      sentChars = chars(conversation);
+      response = await fetch("/v1/chat/completions", {
+        method: "POST",
+        headers: headers(),
+        signal: controller.signal,
+        body: JSON.stringify({
+          model: modelName,
+          messages: conversation.map(({ role, content }) => ({ role, content })),
+          stream: true,
+          stream_options: { include_usage: true },
+          temperature: number("temperature"),
+          top_p: number("top-p"),
+          max_tokens: askedTokens,
+          seed: number("seed"),
+        }),
+      });
+      if (response.ok) break;
       const err = await response.json().catch(() => ({}));
+      const tooLong = err.error && err.error.code === "context_length_exceeded";
+      // The estimate was short: leave out one more old turn and ask again;
+      // with none left, let the answer have whatever room remains.
+      if (tooLong && dropOldest()) {
+        dropped++;
+        continue;
+      }
+      if (tooLong && askedTokens !== undefined) {
+        askedTokens = undefined;
+        continue;
+      }
       throw new Error((err.error && err.error.message) || response.statusText);
     }
     const reader = response.body.getReader();
@@ -175,6 +257,7 @@ async function send(text) {
     if (e.name === "AbortError") {
       finish = "stopped";
     } else {
+      failed = true;
       bubble.classList.add("error");
       body.textContent = reply + (reply ? "\n" : "") + "Error: " + e.message;
     }
@@ -183,7 +266,18 @@ async function send(text) {
     setBusy(false);
     bubble.classList.remove("streaming");
   }
-  conversation.push({ role: "assistant", content: reply });
+  if (dropped > 0) {
+    const where = contextTokens ? "the model's " + contextTokens + "-token context" : "the model's context";
+    notice("The oldest messages (greyed) no longer fit " + where + ": the model does not see them now.");
+  }
+  if (usage && sentChars > 0) tokensPerChar = usage.prompt_tokens / sentChars;
+  if (failed || (finish === "stopped" && !reply)) {
+    // Not kept: the next message is sent as if this one had not been.
+    conversation.splice(conversation.indexOf(turn), 1);
+    userBubble.classList.add("dropped");
+  } else {
+    conversation.push({ role: "assistant", content: reply, bubble });
+  }
   const meta = document.createElement("span");
   meta.className = "meta";
   const seconds = (performance.now() - (firstAt ?? started)) / 1000;
@@ -193,7 +287,8 @@ async function send(text) {
     if (seconds > 0) parts.push((usage.completion_tokens / seconds).toFixed(1) + " tokens/s");
   }
   if (finish) parts.push(finish);
-  if (bubble.classList.contains("error")) parts.push("failed");
+  if (failed) parts.push("failed, not kept in the conversation");
+  if (askedTokens !== maxTokens) parts.push("max tokens lowered to fit the context");
   meta.textContent = parts.join(" · ");
   bubble.append(meta);
 }

@@ -1,6 +1,8 @@
 // Drives the chat page of a running `serve` in headless Chromium, as a
 // person would: waits for the model panel, types a message, watches the
-// answer stream in, stops a long reply, and takes a screenshot.
+// answer stream in, stops a long reply, goes on for twenty exchanges (far
+// past the demo model's 256-token context) and one message too long to
+// answer, and takes a screenshot.
 //
 // Usage: node chat_page.cjs URL SCREENSHOT.png
 // Env: PLAYWRIGHT_CORE (the installed playwright-core), CHROMIUM (the browser).
@@ -33,7 +35,18 @@ async function main() {
     const page = await browser.newPage({ viewport: { width: 1200, height: 760 } });
     const problems = [];
     page.on("pageerror", (e) => problems.push("page error: " + e.message));
-    page.on("console", (m) => m.type() === "error" && problems.push("console: " + m.text()));
+    // Chromium logs every 4xx response as a console error; the page meets
+    // those on purpose (a context overflow it then fits, a message too long).
+    let refused = 0;
+    page.on("console", (m) => {
+      if (m.type() !== "error") return;
+      if (/status of 400/.test(m.text())) refused++;
+      else problems.push("console: " + m.text());
+    });
+    const sent = [];
+    page.on("request", (r) => {
+      if (r.url().endsWith("/v1/chat/completions")) sent.push(JSON.parse(r.postData()));
+    });
     page.on("request", (r) => {
       if (!r.url().startsWith(origin)) problems.push("request outside the server: " + r.url());
     });
@@ -119,6 +132,77 @@ async function main() {
     const hits = await page.textContent("#hit-rate");
     console.log("live: " + tps + " tokens/s, " + hits + " expert hits");
     check(!isNaN(parseFloat(tps)), "tokens/s shown");
+    const memory = await page.textContent("#memory-info");
+    console.log("memory panel: " + memory);
+    check(/resident[\d.]+ (KiB|MiB|GiB)/.test(memory), "resident memory shown: " + memory);
+    check(/expert cache[\d.]+ (B|KiB|MiB|GiB) of /.test(memory), "expert cache use of capacity shown: " + memory);
+
+    // Twenty exchanges more, without throttling, half with "max tokens 200":
+    // the page must leave out old turns (and say so) rather than dead-end.
+    await cdp.send("Network.emulateNetworkConditions", {
+      offline: false,
+      latency: 0,
+      downloadThroughput: -1,
+      uploadThroughput: -1,
+    });
+    await page.fill("#temperature", "0.8");
+    await page.fill("#seed", "");
+    const questions = [
+      "Tell me a fortune.",
+      "What did Mark Twain say about money?",
+      "Can you explain how a Mixture-of-Experts model works?",
+      "Give me a quote about computers.",
+      "What is the meaning of life?",
+    ];
+    const replies = () => page.$$eval(".msg.assistant .meta", (m) => m.length);
+    const lastReply = () =>
+      page.$$eval(".msg.assistant", (b) => {
+        const x = b[b.length - 1];
+        return {
+          error: x.classList.contains("error"),
+          text: x.childNodes[0].textContent,
+          meta: x.querySelector(".meta").textContent,
+        };
+      });
+    async function exchange(text, maxTokens) {
+      await page.fill("#max-tokens", maxTokens);
+      const before = await replies();
+      await page.fill("#prompt", text);
+      await page.press("#prompt", "Enter");
+      await page.waitForFunction((n) => document.querySelectorAll(".msg.assistant .meta").length > n, before, {
+        timeout: 60000,
+      });
+      return lastReply();
+    }
+    const started = Date.now();
+    let longest = 0;
+    for (let i = 0; i < 20; i++) {
+      const question = questions[i % questions.length];
+      const reply = await exchange(question, i < 10 ? "" : "200");
+      check(!reply.error, "exchange " + (i + 1) + " failed: " + reply.text);
+      const body = sent[sent.length - 1];
+      check(body.messages[body.messages.length - 1].content === question, "the last message sent is the question");
+      longest = Math.max(longest, body.messages.length);
+      if (i === 9) {
+        // A message too long for the context even alone: it fails, and is
+        // not kept: the next request does not carry it.
+        const long = "Tell me more about this, please. ".repeat(60);
+        const failed = await exchange(long, "");
+        check(failed.error && /not kept/.test(failed.meta), "a too-long message fails and is dropped: " + failed.meta);
+        const next = await exchange(questions[0], "");
+        check(!next.error, "the exchange after a failed one works: " + next.text);
+        const body = sent[sent.length - 1];
+        check(!body.messages.some((m) => m.content === long), "the failed message is not sent again");
+      }
+    }
+    const seconds = (Date.now() - started) / 1000;
+    const notices = await page.$$eval(".msg.notice", (n) => n.length);
+    const greyed = await page.$$eval(".msg.dropped", (n) => n.length);
+    console.log(
+      "20 exchanges (and a failed one) in " + seconds.toFixed(1) + " s; " + greyed + " messages left out; " +
+        "at most " + longest + " messages sent; " + refused + " requests refused",
+    );
+    check(notices === 1 && greyed > 0, "the page said that it left out old turns, and greyed them");
 
     await page.screenshot({ path: screenshot, fullPage: true });
     check(problems.length === 0, problems.join("\n"));

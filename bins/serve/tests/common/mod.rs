@@ -22,6 +22,20 @@ pub fn demo_model() -> PathBuf {
     repo_root().join("models/demo")
 }
 
+/// Where this test binary's servers convert checkpoints to.
+fn cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("serve-models-{}", env!("CARGO_CRATE_NAME")))
+}
+
+/// The demo model's container, converted by a server started before.
+pub fn converted_demo() -> PathBuf {
+    std::fs::read_dir(cache_dir())
+        .expect("a server converted the demo model")
+        .map(|entry| entry.expect("cache entry").path())
+        .find(|dir| dir.join("manifest.json").is_file())
+        .expect("a container in the cache")
+}
+
 /// A running `serve`, killed when dropped.
 pub struct Server {
     child: Child,
@@ -41,14 +55,26 @@ impl Server {
     }
 
     pub fn start_with_model(model: &Path, args: &[&str]) -> Server {
+        Self::launch(Command::new(env!("CARGO_BIN_EXE_serve")), model, args)
+    }
+
+    /// `serve` with at most `files` open file descriptors (soft and hard
+    /// limit, as `ulimit -n` sets them), as on a host with a low limit.
+    pub fn start_with_fd_limit(files: u32, args: &[&str]) -> Server {
+        let mut shell = Command::new("sh");
+        shell.args(["-c", &format!("ulimit -n {files} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_serve")]);
+        Self::launch(shell, &demo_model(), args)
+    }
+
+    fn launch(mut command: Command, model: &Path, args: &[&str]) -> Server {
         let _one_at_a_time = STARTING.lock().unwrap_or_else(|p| p.into_inner());
         // One cache per test binary, so binaries run in parallel (nextest)
         // never convert into the same directory at once.
         let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let cache = tmp.join(format!("serve-models-{}", env!("CARGO_CRATE_NAME")));
+        let cache = cache_dir();
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let stderr = tmp.join(format!("serve-{}-{}-{n}.stderr", env!("CARGO_CRATE_NAME"), std::process::id()));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_serve"))
+        let mut child = command
             .arg("--model")
             .arg(model)
             .arg("--cache-dir")
@@ -115,6 +141,33 @@ impl Server {
 
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits for the exit for at most `timeout`: the
+    /// status, or `None` if it was still running (it is killed on drop).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let sent = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM");
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// The server's peak resident memory so far (VmHWM), in bytes.
+    pub fn peak_rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("status");
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+        line.split_whitespace().nth(1).and_then(|kib| kib.parse::<u64>().ok()).expect("kB") * 1024
     }
 }
 

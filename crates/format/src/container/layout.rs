@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use strata_kernels::{Matrix, QuantFormat};
 
+use super::finite::first_non_finite;
 use crate::error::{Error, Result};
 use crate::names::ExpertProj;
 
@@ -145,5 +146,33 @@ impl ExpertLayout {
         };
         let [g, u, d] = &self.components;
         Ok([view(g)?, view(u)?, view(d)?])
+    }
+
+    /// Checks expert `expert`'s record as read from disk: every float in it
+    /// (scales, f32/bf16 weights) finite. Run on each read, not on each use
+    /// of a cached record, so its cost is paid once per disk read.
+    pub fn check_record(&self, expert: usize, record: &[u8]) -> Result<()> {
+        if record.len() as u64 != self.record_bytes {
+            return Err(Error::RecordSize {
+                layer: self.layer,
+                expected_bytes: self.record_bytes,
+                actual_bytes: record.len() as u64,
+            });
+        }
+        for c in &self.components {
+            // In range: open validated end_bytes() <= record_bytes.
+            let weights = &record[c.offset_bytes as usize..(c.offset_bytes + c.length_bytes) as usize];
+            let scales = &record[c.scale_offset_bytes as usize..(c.scale_offset_bytes + c.scale_length_bytes) as usize];
+            if let Some((kind, index, value)) = first_non_finite(c.format, weights, scales) {
+                return Err(Error::NonFiniteStored {
+                    path: self.path.clone(),
+                    what: format!("expert {expert} of layer {}, {} matrix", self.layer, c.proj.name()),
+                    kind,
+                    index,
+                    value,
+                });
+            }
+        }
+        Ok(())
     }
 }

@@ -1,26 +1,29 @@
 //! The Strata container (normative description: docs/FORMAT.md).
 //!
 //! [`Container::open`] reads and validates `manifest.json` against the model
-//! spec and the sizes of the files on disk, then memory-maps `dense.bin`.
-//! It never reads expert files (another crate streams them) and never hashes
-//! anything: hashing a 60 GB container on every start would dominate start-up
-//! time, so integrity checking is the explicit [`Container::verify`].
+//! spec and the sizes of the files on disk, then reads `dense.bin` into
+//! memory and refuses any non-finite float in it. It never reads expert files
+//! (another crate streams them; [`ExpertLayout::check_record`] checks each
+//! record read) and never hashes whole files: hashing a 60 GB container on
+//! every start would dominate start-up time, so that is the explicit
+//! [`Container::verify`].
 
+mod dense;
+mod finite;
 mod layout;
 mod manifest;
 mod validate;
 mod verify;
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use strata_kernels::{Matrix, QuantFormat};
 
 use crate::error::{Error, Result};
 use crate::preset::QuantPreset;
 use crate::spec::ModelSpec;
+use dense::DenseBytes;
 
 pub use layout::{ComponentLayout, ExpertLayout, RECORD_ALIGN_BYTES, TENSOR_ALIGN_BYTES, align_up, matrix_bytes};
 pub use manifest::{
@@ -34,7 +37,8 @@ pub use verify::sha256_file;
 pub struct Container {
     dir: PathBuf,
     manifest: Manifest,
-    dense_map: Mmap,
+    /// All of dense.bin, in this process's memory (see `dense`).
+    dense: DenseBytes,
     /// Tensor name -> index into `manifest.tensors`.
     dense_index: HashMap<String, usize>,
     /// Indexed by layer; `None` for dense layers.
@@ -56,34 +60,47 @@ impl std::fmt::Debug for Container {
 impl Container {
     /// Opens the container in `dir`, validating the manifest (magic, version,
     /// spec, every tensor's format/shape/length/alignment, expert record
-    /// layouts, file sizes) without reading expert data.
+    /// layouts, file sizes), then reading dense.bin and checking that every
+    /// float in it is finite. Expert data is not read.
     pub fn open(dir: impl AsRef<Path>) -> Result<Container> {
         let dir = dir.as_ref().to_path_buf();
         let manifest = validate::read_manifest(&dir)?;
         let checked = validate::validate(&dir, &manifest)?;
-
         let dense_path = dir.join(DENSE_FILE);
-        let file = File::open(&dense_path).map_err(|e| Error::io(&dense_path, e))?;
-        // SAFETY: read-only private mapping. Its size was just checked
-        // against the manifest; a file truncated by someone else while we run
-        // is outside the contract (it would fault, as for any mmap reader).
-        let dense_map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&dense_path, e))?;
-        if dense_map.len() as u64 != checked.dense_file_bytes {
-            return Err(Error::FileSize {
-                path: dense_path,
-                expected_bytes: checked.dense_file_bytes,
-                actual_bytes: dense_map.len() as u64,
-            });
-        }
+        let dense = DenseBytes::read(&dense_path, checked.dense_file_bytes)?;
         let (content_hash, _) = sha256_file(&dir.join(MANIFEST_FILE))?;
-        Ok(Container {
+        let container = Container {
             content_hash,
             dir,
             manifest,
-            dense_map,
+            dense,
             dense_index: checked.dense_index,
             expert_layouts: checked.expert_layouts,
-        })
+        };
+        container.check_dense_finite(&dense_path)?;
+        Ok(container)
+    }
+
+    /// Refuses a NaN or infinity anywhere in the dense tensors (weights of
+    /// f32/bf16 tensors, scales of q8/q4 ones), naming the tensor.
+    fn check_dense_finite(&self, dense_path: &Path) -> Result<()> {
+        for entry in &self.manifest.tensors {
+            // Formats were validated by `validate`.
+            let format = QuantFormat::from_ordinal(entry.format)
+                .map_err(|e| Error::kernels(format!("tensor {:?}", entry.name), e))?;
+            let weights = self.bytes(entry.offset_bytes, entry.length_bytes);
+            let scales = self.bytes(entry.scale_offset_bytes, entry.scale_length_bytes);
+            if let Some((kind, index, value)) = finite::first_non_finite(format, weights, scales) {
+                return Err(Error::NonFiniteStored {
+                    path: dense_path.to_path_buf(),
+                    what: format!("tensor {:?}", entry.name),
+                    kind,
+                    index,
+                    value,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// A hash that changes whenever any byte of the model does: the SHA-256
@@ -95,7 +112,7 @@ impl Container {
 
     /// Size of dense.bin, all of which stays resident while the model runs.
     pub fn dense_file_bytes(&self) -> u64 {
-        self.dense_map.len() as u64
+        self.dense.len() as u64
     }
 
     /// The container directory.
@@ -131,8 +148,8 @@ impl Container {
         })
     }
 
-    /// A non-expert tensor as a matrix over the mmap (1-D tensors are one
-    /// row). Zero-copy.
+    /// A non-expert tensor as a matrix over the dense bytes (1-D tensors are
+    /// one row). Zero-copy.
     pub fn dense(&self, name: &str) -> Result<Matrix<'_>> {
         let entry = self.dense_entry(name)?;
         let (rows, cols) = validate::matrix_dims(&entry.shape).unwrap_or((0, 0));
@@ -151,7 +168,7 @@ impl Container {
     }
 
     /// An f32 tensor (norms, biases, routers: never quantized by any preset)
-    /// as a slice of the mmap.
+    /// as a slice of the dense bytes.
     pub fn dense_vec(&self, name: &str) -> Result<&[f32]> {
         let entry = self.dense_entry(name)?;
         if entry.format != QuantFormat::F32.ordinal() {
@@ -159,7 +176,7 @@ impl Container {
             return Err(Error::WrongFormat { name: name.to_owned(), format, needed: "f32" });
         }
         let bytes = self.bytes(entry.offset_bytes, entry.length_bytes);
-        // Cannot fail: offsets are 64-byte aligned in a page-aligned map and
+        // Cannot fail: offsets are 64-byte aligned in a page-aligned copy and
         // lengths are multiples of 4 (validated on open).
         bytemuck::try_cast_slice(bytes).map_err(|e| {
             Error::manifest(self.dir.join(MANIFEST_FILE), format!("tensor {name:?}: cannot view as f32: {e}"))
@@ -196,6 +213,6 @@ impl Container {
 
     fn bytes(&self, offset_bytes: u64, length_bytes: u64) -> &[u8] {
         let start = offset_bytes as usize;
-        &self.dense_map[start..start + length_bytes as usize]
+        &self.dense[start..start + length_bytes as usize]
     }
 }

@@ -6,6 +6,7 @@ use serde_json::{Map, Value};
 use super::Family;
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
+use crate::spec::limits::{self, MAX_LAYERS};
 use crate::spec::{LayerKind, ModelSpec, MoeSpec, QkNorm, RouterSpec, expert_count, parse_rope, special_tokens};
 
 /// A GQA family's config-class defaults for the fields all of them read.
@@ -40,7 +41,8 @@ pub(super) fn parse<'a>(
 
     let vocab_size = cfg.req_usize("vocab_size")?;
     let hidden_size = cfg.req_usize("hidden_size")?;
-    let num_layers = cfg.req_usize("num_hidden_layers")?;
+    // Bounded before anything is sized by it (a list per layer).
+    let num_layers = limits::at_most("num_hidden_layers", cfg.req_usize("num_hidden_layers")?, MAX_LAYERS)?;
     let num_heads = cfg.req_usize("num_attention_heads")?;
     if num_heads == 0 {
         return Err(Error::invalid("num_attention_heads", "must be > 0"));

@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 use super::Family;
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
+use crate::spec::limits::{self, MAX_LAYERS};
 use crate::spec::{
     LayerKind, MlaSpec, ModelSpec, MoeSpec, QkNorm, RouterSpec, ScoringFunc, expert_count, parse_rope, special_tokens,
 };
@@ -36,7 +37,8 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
     }
     let vocab_size = cfg.req_usize("vocab_size")?;
     let hidden_size = cfg.req_usize("hidden_size")?;
-    let num_layers = cfg.req_usize("num_hidden_layers")?;
+    // Bounded before anything is sized by it (a list per layer).
+    let num_layers = limits::at_most("num_hidden_layers", cfg.req_usize("num_hidden_layers")?, MAX_LAYERS)?;
     let num_heads = cfg.req_usize("num_attention_heads")?;
     // expand_kv builds num_attention_heads key/value heads from the latent;
     // any other kv head count would make transformers' repeat_kv fail.

@@ -1,6 +1,6 @@
 //! The dimensions of Multi-head Latent Attention and of DeepSeek Sparse
 //! Attention's indexer, as a spec stores them. The exact math is in
-//! `/work/notes/mla.md`.
+//! `docs/mla.md`.
 
 use serde::{Deserialize, Serialize};
 

@@ -202,3 +202,15 @@ fn gqa_families_reject_mla_only_features() {
     spec.qk_norm = QkNorm::PerHead;
     assert!(spec.validate().unwrap_err().to_string().contains("qwen3_moe has no MLA"));
 }
+
+#[test]
+fn mla_sizes_have_maxima_too() {
+    let err = error(deepseek_v3(), |m| {
+        m.insert("num_hidden_layers".into(), json!(10_000_000u64));
+    });
+    assert!(err.contains("num_hidden_layers") && err.contains("at most"), "{err}");
+    let err = error(deepseek_v3(), |m| {
+        m.insert("kv_lora_rank".into(), json!(1u64 << 30));
+    });
+    assert!(err.contains("kv_lora_rank") && err.contains("at most"), "{err}");
+}

@@ -446,3 +446,44 @@ fn family_names() {
         assert_eq!(serde_json::to_value(f).unwrap(), json!(f.model_type()));
     }
 }
+
+/// Every size a config.json declares has a documented maximum, refused at
+/// once naming the field: `num_hidden_layers` 10^7 used to grow conversion
+/// to 15.6 GB, and 10^18 positions were accepted.
+#[test]
+fn absurd_sizes_are_refused_at_once_naming_the_field() {
+    let cases = [
+        ("num_hidden_layers", json!(10_000_000u64)),
+        ("num_hidden_layers", json!(1_000_000_000_000_000_000u64)),
+        ("num_hidden_layers", json!(MAX_LAYERS + 1)),
+        ("max_position_embeddings", json!(1_000_000_000_000_000_000u64)),
+        ("vocab_size", json!(1u64 << 40)),
+        ("hidden_size", json!(1u64 << 40)),
+        ("num_experts", json!(1u64 << 20)),
+        ("intermediate_size", json!(1u64 << 30)),
+    ];
+    for (field, value) in cases {
+        let mut config: Value = serde_json::from_str(OLMOE_4X).unwrap();
+        config[field] = value.clone();
+        let started = std::time::Instant::now();
+        let err = ModelSpec::from_config_value(&config).unwrap_err().to_string();
+        assert!(started.elapsed().as_secs_f64() < 1.0, "{field} {value}: refused at once");
+        assert!(err.contains(field) && err.contains("at most"), "{field} {value}: {err}");
+    }
+    // Heads, the MLA families and a manifest's spec (validate) too.
+    let mut config: Value = serde_json::from_str(OLMOE_4X).unwrap();
+    config["num_attention_heads"] = json!(MAX_HEADS * 2);
+    config["num_key_value_heads"] = json!(MAX_HEADS * 2);
+    config["hidden_size"] = json!(MAX_HEADS * 2);
+    let err = ModelSpec::from_config_value(&config).unwrap_err().to_string();
+    assert!(err.contains("num_attention_heads") && err.contains("at most"), "{err}");
+    let mut spec = parse(OLMOE_4X);
+    spec.max_position_embeddings = MAX_POSITIONS + 1;
+    let err = spec.validate().unwrap_err().to_string();
+    assert!(err.contains("max_position_embeddings"), "{err}");
+    // The largest accepted values parse (up to the checks between fields).
+    let mut config: Value = serde_json::from_str(OLMOE_4X).unwrap();
+    config["max_position_embeddings"] = json!(MAX_POSITIONS);
+    config["num_hidden_layers"] = json!(MAX_LAYERS);
+    assert_eq!(ModelSpec::from_config_value(&config).unwrap().layers.len(), MAX_LAYERS);
+}

@@ -102,7 +102,7 @@ impl<'a> DeltaTokens<'a> {
     }
 
     /// Token `t`, for heads of `d_k` key and `d_v` value components.
-    fn token(&self, t: usize, d_k: usize, d_v: usize) -> DeltaToken<'a> {
+    pub(crate) fn token(&self, t: usize, d_k: usize, d_v: usize) -> DeltaToken<'a> {
         DeltaToken {
             q: &self.q[t * d_k..(t + 1) * d_k],
             k: &self.k[t * d_k..(t + 1) * d_k],

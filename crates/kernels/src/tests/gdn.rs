@@ -87,14 +87,7 @@ impl Run {
     }
 
     fn token(&self, t: usize) -> DeltaToken<'_> {
-        let (d_k, d_v) = (self.d_k, self.d_v);
-        DeltaToken {
-            q: &self.q[t * d_k..(t + 1) * d_k],
-            k: &self.k[t * d_k..(t + 1) * d_k],
-            v: &self.v[t * d_v..(t + 1) * d_v],
-            g: self.g[t],
-            beta: self.beta[t],
-        }
+        self.tokens().token(t, self.d_k, self.d_v)
     }
 
     /// Outputs `[tokens, d_v]` and final state of the scalar reference.

@@ -12,8 +12,8 @@
 //! resumed until the record is complete, `EINTR` is retried, the end of the
 //! file before the end of the record is [`Error::ShortRead`], and any other
 //! failure is [`Error::Read`] naming the file, layer and expert. A record is
-//! only ever handed out complete; on error the caller gets `Err`, never the
-//! partly filled buffer as data.
+//! only ever handed out complete and passing the file's [`RecordCheck`]; on
+//! error the caller gets `Err`, never the partly filled buffer as data.
 
 mod direct;
 mod mmap;
@@ -28,6 +28,7 @@ use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 
 pub use pool::IoPool;
 
@@ -91,6 +92,26 @@ impl FromStr for IoBackend {
     }
 }
 
+/// A check of each record as it is read from disk (never of a cached one),
+/// given the expert index and the complete record: the layers above know
+/// what the bytes mean. `Err` holds the reason, naming the file, layer and
+/// expert, and the record is not handed out.
+pub type RecordCheck = Arc<dyn Fn(usize, &[u8]) -> std::result::Result<(), String> + Send + Sync>;
+
+/// Anything the I/O pool can read a record from: an expert file, or one
+/// with copies on other drives (`mirror`).
+pub trait RecordSource: Send + Sync {
+    /// Reads record `expert` completely into `buf` (exactly one record
+    /// long); on error the contents of `buf` must not be used.
+    fn read_record(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()>;
+}
+
+impl RecordSource for RecordFile {
+    fn read_record(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()> {
+        self.read_into(expert, buf)
+    }
+}
+
 /// The open file and whatever the backend keeps with it.
 #[derive(Debug)]
 enum Handle {
@@ -108,7 +129,6 @@ enum Handle {
 /// `RecordFile` is `Send + Sync`: any number of threads may read records
 /// concurrently (the io_uring backend keeps one ring per thread, so readers
 /// never contend on a ring).
-#[derive(Debug)]
 pub struct RecordFile {
     backend: IoBackend,
     path: PathBuf,
@@ -116,6 +136,21 @@ pub struct RecordFile {
     record_bytes: usize,
     num_experts: usize,
     handle: Handle,
+    check: Option<RecordCheck>,
+}
+
+impl fmt::Debug for RecordFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordFile")
+            .field("backend", &self.backend)
+            .field("path", &self.path)
+            .field("layer", &self.layer)
+            .field("record_bytes", &self.record_bytes)
+            .field("num_experts", &self.num_experts)
+            .field("handle", &self.handle)
+            .field("checked", &self.check.is_some())
+            .finish()
+    }
 }
 
 impl RecordFile {
@@ -147,7 +182,12 @@ impl RecordFile {
             }
             IoBackend::Mmap => Handle::Mapped(mmap::Mapped::open(path)?),
         };
-        Ok(RecordFile { backend, path: path.to_owned(), layer, record_bytes, num_experts, handle })
+        Ok(RecordFile { backend, path: path.to_owned(), layer, record_bytes, num_experts, handle, check: None })
+    }
+
+    /// Runs `check` on every record this file reads.
+    pub fn with_check(self, check: RecordCheck) -> RecordFile {
+        RecordFile { check: Some(check), ..self }
     }
 
     /// Reads record `expert` completely into `buf`, which must be exactly
@@ -155,8 +195,10 @@ impl RecordFile {
     ///
     /// Short reads and `EINTR` are retried until the record is complete. The
     /// end of the file before the end of the record is [`Error::ShortRead`];
-    /// any other failure is [`Error::Read`] naming the path, layer and expert.
-    /// On error the contents of `buf` are unspecified and must not be used.
+    /// any other failure is [`Error::Read`] naming the path, layer and expert,
+    /// and a complete record the file's check refuses is
+    /// [`Error::RecordRejected`]. On error the contents of `buf` are
+    /// unspecified and must not be used.
     pub fn read_into(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()> {
         if expert >= self.num_experts {
             return Err(Error::NoSuchExpert { layer: self.layer, expert });
@@ -176,6 +218,15 @@ impl RecordFile {
             (Handle::Direct(file), IoBackend::Uring) => uring::read(&ctx, file, buf),
             (Handle::Direct(file), _) => direct::read(&ctx, file, buf),
             (Handle::Mapped(mapped), _) => mapped.read(&ctx, buf),
+        }?;
+        match &self.check {
+            Some(check) => check(expert, buf.as_slice()).map_err(|reason| Error::RecordRejected {
+                path: self.path.clone(),
+                layer: self.layer,
+                expert,
+                reason,
+            }),
+            None => Ok(()),
         }
     }
 
@@ -310,7 +361,7 @@ fn check_regular_file(path: &Path, file: &File) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Write;
 

@@ -15,12 +15,12 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 
-use super::RecordFile;
+use super::RecordSource;
 use crate::{AlignedBuf, Error, Result};
 
 /// One load waiting for a worker.
 struct Load {
-    file: Arc<RecordFile>,
+    file: Arc<dyn RecordSource>,
     expert: usize,
     buf: AlignedBuf,
     tag: u64,
@@ -100,7 +100,7 @@ impl IoPool {
     /// Queues a load of record `expert` of `file` into `buf` (which must be
     /// exactly one record long), blocking while `max_in_flight` loads are in
     /// flight. Its completion comes back from [`recv`](Self::recv) with `tag`.
-    pub fn submit(&self, file: Arc<RecordFile>, expert: usize, buf: AlignedBuf, tag: u64) {
+    pub fn submit(&self, file: Arc<dyn RecordSource>, expert: usize, buf: AlignedBuf, tag: u64) {
         let mut state = self.shared.lock();
         while state.in_flight >= self.shared.max_in_flight {
             state = self.shared.wait(&self.shared.slot_free, state);
@@ -206,7 +206,7 @@ fn work(shared: &Shared) {
         drop(state);
 
         let Load { file, expert, mut buf, tag } = load;
-        let read = panic::catch_unwind(AssertUnwindSafe(|| file.read_into(expert, &mut buf)));
+        let read = panic::catch_unwind(AssertUnwindSafe(|| file.read_record(expert, &mut buf)));
         let completion = match read {
             Ok(Ok(())) => Completion::Done(Ok(buf)),
             // The partly read buffer is dropped here, never handed back.
@@ -222,6 +222,7 @@ fn work(shared: &Shared) {
 mod tests {
     use super::*;
     use crate::IoBackend;
+    use crate::io::RecordFile;
     use crate::io::tests::{record_pattern, write_records};
 
     const RECORD_BYTES: usize = 2 * 4096;
@@ -250,7 +251,7 @@ mod tests {
                         check(pool.recv());
                     }
                     let expert = (tag as usize * 7) % NUM_EXPERTS;
-                    pool.submit(Arc::clone(&file), expert, AlignedBuf::zeroed(RECORD_BYTES), tag);
+                    pool.submit(file.clone(), expert, AlignedBuf::zeroed(RECORD_BYTES), tag);
                     assert!(pool.in_flight() <= 3);
                 }
                 while pool.in_flight() > 0 {
@@ -294,7 +295,7 @@ mod tests {
             });
             for tag in 0..64 {
                 let expert = tag as usize % NUM_EXPERTS;
-                pool.submit(Arc::clone(&file), expert, AlignedBuf::zeroed(RECORD_BYTES), tag);
+                pool.submit(file.clone(), expert, AlignedBuf::zeroed(RECORD_BYTES), tag);
                 assert!(pool.in_flight() <= 3);
             }
             assert_eq!(receiver.join().unwrap(), (0..64).collect::<Vec<_>>());
@@ -318,7 +319,7 @@ mod tests {
                 if pool.in_flight() == pool.max_in_flight() {
                     outcomes.push(pool.recv());
                 }
-                pool.submit(Arc::clone(&file), expert, AlignedBuf::zeroed(RECORD_BYTES), tag);
+                pool.submit(file.clone(), expert, AlignedBuf::zeroed(RECORD_BYTES), tag);
             }
             while pool.in_flight() > 0 {
                 outcomes.push(pool.recv());
@@ -350,7 +351,7 @@ mod tests {
         let file = Arc::new(RecordFile::open(IoBackend::Pread, &path, 0, RECORD_BYTES, NUM_EXPERTS).unwrap());
         let pool = IoPool::new(2, 8).unwrap();
         for tag in 0..8 {
-            pool.submit(Arc::clone(&file), tag as usize, AlignedBuf::zeroed(RECORD_BYTES), tag);
+            pool.submit(file.clone(), tag as usize, AlignedBuf::zeroed(RECORD_BYTES), tag);
         }
         drop(pool);
     }

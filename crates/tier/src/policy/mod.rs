@@ -4,11 +4,16 @@
 //! the leases, and tells the policy what happened through [`Policy`]. Every
 //! policy is chosen by `--cache-policy`:
 //!
-//! - `lru` ([`Lru`], the default): evict the key used longest ago.
+//! - `lru` ([`Lru`], `PolicyKind::default()`): evict the key used longest ago.
 //! - `lfru` ([`Lfru`]): frequency classes with recency inside each class and
 //!   periodic ageing; see `lfru.rs` for the exact algorithm and why.
 //! - `pinned` ([`Pinned`]): the hottest keys of the learned usage never leave
 //!   once resident; LRU for the rest.
+//! - `predict` ([`Predict`]): evicts the key whose next use, predicted from
+//!   learned routing transitions, is farthest ahead, and declines to cache a
+//!   miss predicted to return later than its victim; see `predict.rs`. The
+//!   command-line default (`strata_engine::args`), as it measures best on
+//!   the demo model's real decode trace (docs/BENCHMARKS.md).
 //!
 //! [`Belady`] is not selectable: it needs the future, and exists so that trace
 //! replay can show how far each online policy is from the optimum.
@@ -17,6 +22,7 @@ mod belady;
 mod lfru;
 mod lru;
 mod pinned;
+mod predict;
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,6 +31,7 @@ pub use belady::Belady;
 pub use lfru::Lfru;
 pub use lru::Lru;
 pub use pinned::Pinned;
+pub use predict::Predict;
 
 use crate::{Error, ExpertKey, Result, Usage};
 
@@ -35,11 +42,12 @@ pub enum PolicyKind {
     Lru,
     Lfru,
     Pinned,
+    Predict,
 }
 
 impl PolicyKind {
     /// Every kind, in the order help text lists them.
-    pub const ALL: [PolicyKind; 3] = [PolicyKind::Lru, PolicyKind::Lfru, PolicyKind::Pinned];
+    pub const ALL: [PolicyKind; 4] = [PolicyKind::Lru, PolicyKind::Lfru, PolicyKind::Pinned, PolicyKind::Predict];
 
     /// The name `--cache-policy` takes.
     pub fn name(self) -> &'static str {
@@ -47,6 +55,7 @@ impl PolicyKind {
             PolicyKind::Lru => "lru",
             PolicyKind::Lfru => "lfru",
             PolicyKind::Pinned => "pinned",
+            PolicyKind::Predict => "predict",
         }
     }
 }
@@ -93,6 +102,19 @@ pub trait Policy: Send {
     fn on_bypass(&mut self, key: ExpertKey) {
         let _ = key;
     }
+    /// `key` was looked up and is not resident; `on_insert` or `on_bypass`
+    /// follows once it is read. Lets a policy see a whole layer's routing
+    /// before its first eviction; most ignore it.
+    fn on_miss(&mut self, key: ExpertKey) {
+        let _ = key;
+    }
+    /// Whether the missing `key` should be cached at the cost of evicting
+    /// `victim` (just proposed by [`Policy::victim`]). Declining serves the
+    /// key uncached. Most policies always admit.
+    fn admits(&mut self, key: ExpertKey, victim: ExpertKey) -> bool {
+        let _ = (key, victim);
+        true
+    }
 }
 
 /// The online policy `kind`.
@@ -100,12 +122,14 @@ pub trait Policy: Send {
 /// `usage` is the learned usage; only `pinned` reads it, taking the top
 /// `pinned_max` keys by count (ties: lower layer, then lower expert) as its
 /// hot set. `pinned_max` is how many records the hot set may hold; the caller
-/// gives e.g. half the cache capacity in records.
-pub fn new_policy(kind: PolicyKind, usage: &Usage, pinned_max: usize) -> Box<dyn Policy> {
+/// gives e.g. half the cache capacity in records. `experts` is the most
+/// routed experts any layer has; `predict` sizes its tables by it.
+pub fn new_policy(kind: PolicyKind, usage: &Usage, pinned_max: usize, experts: usize) -> Box<dyn Policy> {
     match kind {
         PolicyKind::Lru => Box::new(Lru::new()),
         PolicyKind::Lfru => Box::new(Lfru::new()),
         PolicyKind::Pinned => Box::new(Pinned::new(usage.top(pinned_max))),
+        PolicyKind::Predict => Box::new(Predict::new(experts)),
     }
 }
 
@@ -129,7 +153,7 @@ pub(crate) mod tests {
         assert_eq!(" LFRU ".parse::<PolicyKind>().unwrap(), PolicyKind::Lfru);
         assert_eq!(PolicyKind::default(), PolicyKind::Lru);
         let err = "mru".parse::<PolicyKind>().unwrap_err().to_string();
-        assert!(err.contains("\"mru\"") && err.contains("lru, lfru, pinned"), "{err}");
+        assert!(err.contains("\"mru\"") && err.contains("lru, lfru, pinned, predict"), "{err}");
     }
 
     #[test]
@@ -140,7 +164,7 @@ pub(crate) mod tests {
         }
         usage.record(key(0, 1));
         for kind in PolicyKind::ALL {
-            let mut policy = new_policy(kind, &usage, 1);
+            let mut policy = new_policy(kind, &usage, 1, 8);
             policy.on_insert(key(0, 7));
             policy.on_insert(key(0, 1));
             policy.on_hit(key(0, 7));

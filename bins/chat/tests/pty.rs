@@ -1,0 +1,165 @@
+//! `chat` in a real pseudo-terminal, as a person at a terminal meets it: the
+//! line editor in raw mode, Ctrl-C as the terminal delivers it, and the
+//! files `/save` leaves behind.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use rexpect::session::{PtySession, spawn_command};
+
+/// Every wait in these tests; a debug build on a loaded machine is slow.
+const TIMEOUT_MS: u64 = 120_000;
+
+fn chat(cache: &Path, kv: &Path, extra: &[&str]) -> PtySession {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_chat"));
+    command
+        .args(["--cache-dir", cache.to_str().unwrap(), "--kv-dir", kv.to_str().unwrap()])
+        .args(extra)
+        // A terminal rustyline supports, so it runs in raw mode as it would
+        // for a user (with TERM unset or dumb it reads plain lines).
+        .env("TERM", "xterm");
+    let mut p = spawn_command(command, Some(TIMEOUT_MS)).expect("chat in a pty");
+    p.exp_string("Ctrl-D to quit").expect("the banner");
+    p.exp_string(PROMPT).expect("the first prompt");
+    p
+}
+
+/// How rustyline draws the prompt `> ` (after clearing the line): never in
+/// an answer's text.
+const PROMPT: &str = "\x1b[K> ";
+/// What rustyline writes when Enter ends a line (bracketed paste off).
+const LINE_ENTERED: &str = "\x1b[?2004l";
+
+/// Types `line` key by key, as a person does, then Enter. (All at once,
+/// rustyline 17 echoes the first byte and handles the rest only when more
+/// input comes, as it never does for a pasted line without its paste
+/// brackets.)
+fn type_line(p: &mut PtySession, line: &str) {
+    for c in line.chars() {
+        p.send(&c.to_string()).unwrap();
+        p.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    p.send("\r").unwrap();
+    p.flush().unwrap();
+    p.exp_string(LINE_ENTERED).unwrap_or_else(|e| panic!("{line:?} entered: {e}"));
+}
+
+/// Enters `line` and returns what chat printed until the next prompt,
+/// without the editor's escape codes.
+fn enter(p: &mut PtySession, line: &str) -> String {
+    type_line(p, line);
+    let printed = p.exp_string(PROMPT).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+    strip_escapes(&printed).trim().to_owned()
+}
+
+fn strip_escapes(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ parameters final-byte.
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() || c == '~' {
+                        break;
+                    }
+                }
+            }
+        } else if c != '\r' {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The number after `label` in `text` (e.g. "prefill 12 tokens").
+fn number_after(text: &str, label: &str) -> usize {
+    let rest = &text[text.rfind(label).unwrap_or_else(|| panic!("{label:?} in {text:?}")) + label.len()..];
+    rest.trim_start().split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+/// The files of saved conversation `name`: its record and the KV snapshot
+/// the record names, with their bytes.
+fn saved_files(kv: &Path, name: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let record = kv.join(format!("{name}.chat.json"));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    let snapshot = kv.join(json["kv_file"].as_str().unwrap());
+    [record, snapshot].into_iter().map(|path| (path.clone(), std::fs::read(&path).unwrap())).collect()
+}
+
+#[test]
+fn a_saved_conversation_is_a_snapshot_that_later_turns_reset_and_other_conversations_never_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, kv) = (dir.path().join("cache"), dir.path().join("kv"));
+    let mut p = chat(&cache, &kv, &["--temperature", "0", "--max-new-tokens", "24"]);
+
+    enter(&mut p, "Tell me a fortune.");
+    let saved = enter(&mut p, "/save a");
+    assert!(saved.starts_with("(saved a: 2 messages, "), "{saved}");
+    let saved_tokens = number_after(&saved, "messages,");
+    let files = saved_files(&kv, "a");
+    let record: serde_json::Value = serde_json::from_slice(&files[0].1).unwrap();
+    assert_eq!(record["tokens"], saved_tokens, "the record counts the snapshot's tokens");
+    assert_eq!(record["messages"][0]["content"], "Tell me a fortune.");
+
+    // More turns, a reset, another conversation and another save.
+    let follow_up = "What did Mark Twain say about money?";
+    let first_answer = enter(&mut p, follow_up);
+    assert!(!first_answer.is_empty(), "an answer to {follow_up:?}");
+    assert_eq!(enter(&mut p, "/reset"), "(conversation forgotten)");
+    enter(&mut p, "Tell me about computers.");
+    assert!(enter(&mut p, "/save b").starts_with("(saved b: 2 messages"));
+    for (path, bytes) in &files {
+        assert_eq!(&std::fs::read(path).unwrap(), bytes, "{} is unchanged", path.display());
+    }
+
+    // Loading restores exactly the snapshot: the same answer to the same
+    // follow-up (greedy), with only the new turn run through the model.
+    let loaded = enter(&mut p, "/load a");
+    assert_eq!(loaded, format!("(loaded a: 2 messages, {saved_tokens} tokens, KV cache read back)"));
+    assert_eq!(enter(&mut p, follow_up), first_answer, "the conversation continued as saved");
+    let prefill = number_after(&enter(&mut p, "/stats"), "prefill");
+    assert!(prefill < saved_tokens, "only the new turn is prefilled ({prefill} of {saved_tokens} saved)");
+    for (path, bytes) in &files {
+        assert_eq!(&std::fs::read(path).unwrap(), bytes, "{} is unchanged after loading", path.display());
+    }
+
+    // A name never saved is one clear line.
+    let missing = enter(&mut p, "/load nope");
+    assert!(missing.starts_with("error: no conversation saved as nope"), "{missing}");
+    p.send_control('d').unwrap();
+    p.exp_eof().unwrap();
+}
+
+#[test]
+fn ctrl_c_stops_a_streaming_answer_and_the_next_prompt_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, kv) = (dir.path().join("cache"), dir.path().join("kv"));
+    // Greedy on this question the demo model loops until the context is
+    // full; uncached direct reads of every expert make each token slow
+    // enough that the answer is surely still streaming at the Ctrl-C.
+    let slow = ["--temperature", "0", "--threads", "1", "--io", "direct", "--expert-cache", "16KiB"];
+    let mut p = chat(&cache, &kv, &slow);
+    type_line(&mut p, "Give me a quote by Mark Twain.");
+    // The first words of the answer, then Ctrl-C as a terminal sends it.
+    let mut shown = String::new();
+    while strip_escapes(&shown).chars().filter(char::is_ascii_alphabetic).count() < 3 {
+        match p.try_read() {
+            Some(c) => shown.push(c),
+            None => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    p.send_control('c').unwrap();
+    let rest = p.exp_string(PROMPT).expect("the next prompt");
+    assert!(rest.contains("(stopped)"), "Ctrl-C stopped the answer: {shown}{rest}");
+    let generated = number_after(&enter(&mut p, "/stats"), "decode");
+    assert!(generated < 200, "stopped early: {generated} tokens generated");
+    // The next prompt works: a question gets an answer.
+    let answer = enter(&mut p, "Tell me a fortune.");
+    assert!(answer.chars().filter(char::is_ascii_alphabetic).count() > 3, "{answer:?}");
+    p.send_control('d').unwrap();
+    p.exp_eof().unwrap();
+}

@@ -1,0 +1,416 @@
+//! Predict: evict the expert whose next use is expected farthest ahead,
+//! from routing transitions learned while running.
+//!
+//! # Algorithm
+//!
+//! Belady evicts the key needed farthest ahead. This policy estimates that
+//! distance from what MoE routing makes predictable:
+//!
+//! - **Events.** Every token visits the MoE layers in order and uses a few
+//!   experts in each: one *event*. The policy sees accesses only, so an event
+//!   ends when an access names another layer (or an expert the event already
+//!   used: a new token of a one-layer model).
+//! - **Transitions.** Per layer, for each of the last [`LAGS`] events of that
+//!   layer (the previous token's, the one before), counts of "expert `x` in
+//!   that event, expert `y` in this one". Routing at a layer is strongly
+//!   correlated with the same layer's routing a token or two earlier (on the
+//!   demo model's decode trace, the previous token's experts predict the
+//!   next event better than any frequency count).
+//! - **Probability of use at the next visit.** For a layer's next event,
+//!   `p(y)` combines the layer's prior `P(y)` (uses per event) with each lag's
+//!   evidence `mean over x of P(y | x)` by adding log-odds (naive Bayes over
+//!   lags, weighted by [`LAG_WEIGHTS`]). For the current layer the event in
+//!   progress is the most recent history.
+//! - **Expected distance.** A key of a layer `d` events ahead (1 = the next
+//!   event), used at each visit with probability `p`, is next used after
+//!   `d + layers × (1 − p) / p` events on average. The victim is the unleased
+//!   key with the largest distance.
+//! - **Admission.** A missing key is cached only if its own expected
+//!   distance (its layer comes back after `layers` events) is not larger than
+//!   the victim's: caching a key that will return later than what it evicts
+//!   only loses hits, which is how Belady gains much of its lead.
+//!
+//! # Cost
+//!
+//! Memory: per layer, [`LAGS`] matrices of `experts²` u32 counts (64 experts:
+//! 32 KiB a layer; 256 experts: 512 KiB a layer), allocated when the layer is
+//! first seen. Time: `on_hit`/`on_insert`/`on_remove` are O(1) except at an
+//! event's end, which adds `LAGS × k²` counts. A layer's probabilities are
+//! recomputed (O(experts × k × LAGS)) and its resident keys re-sorted only
+//! when its history changed; `victim` then looks at one candidate per layer
+//! (plus the leased keys it skips). Both are small next to the read of a
+//! whole expert that every miss costs.
+
+use std::collections::VecDeque;
+
+use super::Policy;
+use crate::ExpertKey;
+
+/// Earlier events of a layer whose experts predict its next event.
+const LAGS: usize = 2;
+
+/// Weight of each lag's evidence in log-odds, the previous token first.
+/// Measured on the demo model's decode trace: the token before the previous
+/// one adds about half as much as the previous one.
+const LAG_WEIGHTS: [f64; LAGS] = [1.0, 0.5];
+
+/// Pseudo-observations of the prior in each conditional `P(y | x)`, so an
+/// expert seen once does not predict with certainty.
+const SMOOTHING: f64 = 1.0;
+
+/// Probabilities are clamped to `[MIN_PROBABILITY, 1 − MIN_PROBABILITY]` so
+/// log-odds and distances stay finite.
+const MIN_PROBABILITY: f64 = 0.02;
+
+/// Counts halve when a row sum reaches this, which keeps u32 counts from
+/// overflowing and lets the transitions follow a change of topic.
+const COUNT_HALVING_AT: u32 = 1 << 20;
+
+#[derive(Debug, Clone)]
+struct Layer {
+    /// Events of this layer that ended.
+    events: u64,
+    /// Per expert: events that used it.
+    uses: Vec<u64>,
+    /// `transitions[lag][x * experts + y]`: events in which `y` was used
+    /// while `x` was used `lag + 1` events of this layer earlier.
+    transitions: [Vec<u32>; LAGS],
+    /// `predecessors[lag][x]`: events counted in row `x` of `transitions[lag]`.
+    predecessors: [Vec<u32>; LAGS],
+    /// The last `LAGS` events' experts, the most recent first.
+    history: VecDeque<Vec<usize>>,
+    /// Resident experts, sorted by `probability` ascending when `sorted`.
+    resident: Vec<usize>,
+    /// `P(used at this layer's next event)` per expert, valid when `fresh`.
+    probability: Vec<f64>,
+    fresh: bool,
+    sorted: bool,
+}
+
+impl Layer {
+    fn new(experts: usize) -> Self {
+        Self {
+            events: 0,
+            uses: vec![0; experts],
+            transitions: std::array::from_fn(|_| vec![0; experts * experts]),
+            predecessors: std::array::from_fn(|_| vec![0; experts]),
+            history: VecDeque::with_capacity(LAGS + 1),
+            resident: Vec::new(),
+            probability: vec![0.0; experts],
+            fresh: false,
+            sorted: false,
+        }
+    }
+
+    fn experts(&self) -> usize {
+        self.uses.len()
+    }
+
+    /// Learns from one finished event and makes it the latest history.
+    fn learn(&mut self, event: Vec<usize>) {
+        let experts = self.experts();
+        for (lag, earlier) in self.history.iter().enumerate() {
+            for &x in earlier {
+                let row = &mut self.transitions[lag][x * experts..(x + 1) * experts];
+                for &y in &event {
+                    row[y] += 1;
+                }
+                self.predecessors[lag][x] += 1;
+                if self.predecessors[lag][x] >= COUNT_HALVING_AT {
+                    row.iter_mut().for_each(|count| *count /= 2);
+                    self.predecessors[lag][x] /= 2;
+                }
+            }
+        }
+        for &y in &event {
+            self.uses[y] += 1;
+        }
+        self.events += 1;
+        self.history.push_front(event);
+        self.history.truncate(LAGS);
+        self.fresh = false;
+    }
+
+    /// Recomputes `probability` for the next event, given `current` (the
+    /// event in progress at this layer, if any) as the most recent history.
+    fn predict(&mut self, current: Option<&[usize]>) {
+        let experts = self.experts();
+        let history: Vec<&[usize]> =
+            current.into_iter().chain(self.history.iter().map(Vec::as_slice)).take(LAGS).collect();
+        for y in 0..experts {
+            // Laplace-smoothed share of events that used y.
+            let prior = clamp((self.uses[y] as f64 + 0.5) / (self.events as f64 + 1.0));
+            let mut log_odds = logit(prior);
+            for (lag, earlier) in history.iter().enumerate() {
+                if earlier.is_empty() {
+                    continue;
+                }
+                let mean: f64 = earlier
+                    .iter()
+                    .map(|&x| {
+                        let count = f64::from(self.transitions[lag][x * experts + y]);
+                        (count + SMOOTHING * prior) / (f64::from(self.predecessors[lag][x]) + SMOOTHING)
+                    })
+                    .sum::<f64>()
+                    / earlier.len() as f64;
+                log_odds += LAG_WEIGHTS[lag] * (logit(clamp(mean)) - logit(prior));
+            }
+            self.probability[y] = clamp(1.0 / (1.0 + (-log_odds).exp()));
+        }
+        self.fresh = true;
+        self.sorted = false;
+    }
+
+    /// The resident expert least likely to be used at the next visit that is
+    /// not leased. Needs `fresh` probabilities.
+    fn least_likely(&mut self, layer: usize, leased: &dyn Fn(ExpertKey) -> bool) -> Option<(usize, f64)> {
+        if !self.sorted {
+            let probability = &self.probability;
+            self.resident.sort_by(|&a, &b| probability[a].total_cmp(&probability[b]).then(a.cmp(&b)));
+            self.sorted = true;
+        }
+        self.resident
+            .iter()
+            .find(|&&expert| !leased(ExpertKey { layer, expert }))
+            .map(|&expert| (expert, self.probability[expert]))
+    }
+}
+
+fn clamp(p: f64) -> f64 {
+    p.clamp(MIN_PROBABILITY, 1.0 - MIN_PROBABILITY)
+}
+
+fn logit(p: f64) -> f64 {
+    (p / (1.0 - p)).ln()
+}
+
+#[derive(Debug, Clone)]
+pub struct Predict {
+    /// Experts per layer, the size of every layer's tables.
+    experts: usize,
+    /// Indexed by layer; `None` for a layer not seen yet.
+    layers: Vec<Option<Layer>>,
+    /// Layers seen, ascending: the order a token visits them.
+    visit_order: Vec<usize>,
+    /// The layer of the event in progress and the experts it used so far.
+    current: Option<(usize, Vec<usize>)>,
+}
+
+impl Predict {
+    /// A policy for models with at most `experts` routed experts per layer.
+    pub fn new(experts: usize) -> Self {
+        Self { experts, layers: Vec::new(), visit_order: Vec::new(), current: None }
+    }
+
+    /// Resident keys.
+    pub fn len(&self) -> usize {
+        self.layers.iter().flatten().map(|layer| layer.resident.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn layer_mut(&mut self, layer: usize) -> &mut Layer {
+        if self.layers.len() <= layer {
+            self.layers.resize_with(layer + 1, || None);
+        }
+        if self.layers[layer].is_none() {
+            let at = self.visit_order.partition_point(|&seen| seen < layer);
+            self.visit_order.insert(at, layer);
+        }
+        let experts = self.experts;
+        self.layers[layer].get_or_insert_with(|| Layer::new(experts))
+    }
+
+    /// Notes an access: it starts a new event if it names another layer, or
+    /// an expert the current event already used and `repeat_ends` (a second
+    /// report of the same access, e.g. a miss then its insert, does not).
+    fn observe(&mut self, key: ExpertKey, repeat_ends: bool) {
+        assert!(
+            key.expert < self.experts,
+            "expert {} outside the {} the policy was built for",
+            key.expert,
+            self.experts
+        );
+        self.layer_mut(key.layer);
+        let continues = match &self.current {
+            Some((layer, used)) => *layer == key.layer && (!repeat_ends || !used.contains(&key.expert)),
+            None => false,
+        };
+        if !continues {
+            if let Some((layer, used)) = self.current.take() {
+                self.layer_mut(layer).learn(used);
+            }
+            self.current = Some((key.layer, Vec::new()));
+        }
+        let (layer, used) = self.current.as_mut().expect("an event is in progress");
+        if !used.contains(&key.expert) {
+            used.push(key.expert);
+            let layer = *layer;
+            self.layer_mut(layer).fresh = false;
+        }
+    }
+
+    /// Expected events until the next use of an expert of `layer` used with
+    /// probability `probability` at each visit.
+    fn expected_distance(&self, layer: usize, probability: f64) -> f64 {
+        let layers = self.visit_order.len();
+        let rank = |l: usize| self.visit_order.partition_point(|&seen| seen < l);
+        let current_rank = self.current.as_ref().map_or(layers - 1, |(l, _)| rank(*l));
+        // 1 = the next event; the current layer comes back after `layers`.
+        let ahead = (rank(layer) + layers - current_rank - 1) % layers + 1;
+        ahead as f64 + layers as f64 * (1.0 - probability) / probability
+    }
+
+    fn probability(&mut self, key: ExpertKey) -> f64 {
+        self.refresh(key.layer);
+        self.layers[key.layer].as_ref().expect("refreshed").probability[key.expert]
+    }
+
+    fn refresh(&mut self, layer: usize) {
+        let current = match &self.current {
+            Some((l, used)) if *l == layer => Some(used.clone()),
+            _ => None,
+        };
+        let state = self.layer_mut(layer);
+        if !state.fresh {
+            state.predict(current.as_deref());
+        }
+    }
+}
+
+impl Policy for Predict {
+    fn on_hit(&mut self, key: ExpertKey) {
+        self.observe(key, true);
+    }
+
+    fn on_miss(&mut self, key: ExpertKey) {
+        self.observe(key, true);
+    }
+
+    fn on_insert(&mut self, key: ExpertKey) {
+        self.observe(key, false);
+        let layer = self.layer_mut(key.layer);
+        debug_assert!(!layer.resident.contains(&key.expert), "{key:?} is already resident");
+        layer.resident.push(key.expert);
+        layer.sorted = false;
+    }
+
+    fn on_bypass(&mut self, key: ExpertKey) {
+        self.observe(key, false);
+    }
+
+    fn on_remove(&mut self, key: ExpertKey) {
+        if let Some(Some(layer)) = self.layers.get_mut(key.layer)
+            && let Some(at) = layer.resident.iter().position(|&expert| expert == key.expert)
+        {
+            // Removing keeps the others in order.
+            layer.resident.remove(at);
+        }
+    }
+
+    fn victim(&mut self, leased: &dyn Fn(ExpertKey) -> bool) -> Option<ExpertKey> {
+        let mut best: Option<(f64, ExpertKey)> = None;
+        for at in 0..self.visit_order.len() {
+            let layer = self.visit_order[at];
+            self.refresh(layer);
+            let state = self.layers[layer].as_mut().expect("visited layers exist");
+            let Some((expert, probability)) = state.least_likely(layer, leased) else { continue };
+            let distance = self.expected_distance(layer, probability);
+            if best.is_none_or(|(farthest, _)| distance > farthest) {
+                best = Some((distance, ExpertKey { layer, expert }));
+            }
+        }
+        best.map(|(_, key)| key)
+    }
+
+    fn admits(&mut self, key: ExpertKey, victim: ExpertKey) -> bool {
+        let (key_probability, victim_probability) = (self.probability(key), self.probability(victim));
+        self.expected_distance(key.layer, key_probability) <= self.expected_distance(victim.layer, victim_probability)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::tests::{key, no_lease};
+
+    #[test]
+    fn keeps_the_expert_that_follows() {
+        let mut policy = Predict::new(4);
+        // Layer 0 alternates {0} and {1}; 2 and 3 were used once, long ago.
+        for expert in [2, 3] {
+            policy.on_miss(key(0, expert));
+            policy.on_insert(key(0, expert));
+        }
+        for token in 0..40 {
+            let expert = token % 2;
+            policy.on_miss(key(0, expert));
+            if token < 2 {
+                policy.on_insert(key(0, expert));
+            } else {
+                policy.on_hit(key(0, expert));
+            }
+        }
+        // The event in progress used 1, so 0 is next: anything but 0 goes.
+        assert_ne!(policy.victim(&no_lease), Some(key(0, 0)));
+        assert_eq!(policy.victim(&|k| k.expert != 0), Some(key(0, 0)));
+        assert_eq!(policy.victim(&|_| true), None);
+        assert_eq!(policy.len(), 4);
+        // An expert that never follows is not cached over one that will.
+        assert!(!policy.admits(key(0, 3), key(0, 0)));
+        assert!(policy.admits(key(0, 0), key(0, 3)));
+        policy.on_remove(key(0, 3));
+        assert_eq!(policy.len(), 3);
+    }
+
+    #[test]
+    fn prefers_evicting_the_layer_visited_last() {
+        let mut policy = Predict::new(1);
+        // Two layers, one expert each, always used: equally likely, so the
+        // one whose layer comes back later goes first.
+        for layer in 0..2 {
+            policy.on_miss(key(layer, 0));
+            policy.on_insert(key(layer, 0));
+        }
+        // In layer 1's event, layer 0 is next.
+        assert_eq!(policy.victim(&no_lease), Some(key(1, 0)));
+        assert!(!policy.is_empty());
+    }
+
+    proptest::proptest! {
+        /// Whatever the accesses, a victim is resident and not leased, and
+        /// `None` only when every resident key is leased.
+        #[test]
+        fn victims_are_resident_and_unleased(
+            accesses in proptest::collection::vec((0usize..3, 0usize..6, proptest::bool::ANY), 1..300),
+            leased_expert in 0usize..6,
+        ) {
+            let mut policy = Predict::new(6);
+            let mut resident = std::collections::HashSet::new();
+            let leased = |k: ExpertKey| k.expert == leased_expert;
+            for (layer, expert, evict) in accesses {
+                let k = key(layer, expert);
+                if resident.contains(&k) {
+                    policy.on_hit(k);
+                } else {
+                    policy.on_miss(k);
+                    policy.on_insert(k);
+                    resident.insert(k);
+                }
+                if evict {
+                    match policy.victim(&leased) {
+                        Some(victim) => {
+                            proptest::prop_assert!(resident.contains(&victim) && !leased(victim));
+                            resident.remove(&victim);
+                            policy.on_remove(victim);
+                        }
+                        None => proptest::prop_assert!(resident.iter().all(|&k| leased(k))),
+                    }
+                }
+                proptest::prop_assert_eq!(policy.len(), resident.len());
+            }
+        }
+    }
+}
