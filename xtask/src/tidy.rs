@@ -42,3 +42,40 @@ fn binaries_depend_only_on_library_crates() {
         }
     }
 }
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// A family is data in its own file under `crates/format/src/family/`
+/// (docs/ARCHITECTURE.md): no other source names one, so adding a family
+/// never means editing the graph, the names or the engine. Tests may.
+#[test]
+fn a_model_family_is_named_only_in_its_registry() {
+    let registry = root().join("crates/format/src/family");
+    let mut files = Vec::new();
+    for dir in ["crates", "bins"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    for file in files {
+        let is_test = file.components().any(|c| c.as_os_str() == "tests")
+            || file.file_stem().is_some_and(|s| s == "tests" || s.to_string_lossy().ends_with("_tests"));
+        if file.starts_with(&registry) || is_test {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert!(
+            !text.contains("Family::"),
+            "{} names a model family outside crates/format/src/family/",
+            file.display()
+        );
+    }
+}

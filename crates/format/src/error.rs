@@ -29,7 +29,7 @@ pub enum Error {
 
     /// `model_type` names an architecture this build cannot run.
     #[error("unsupported model_type {model_type:?} (supported: {supported})")]
-    UnsupportedModelType { model_type: String, supported: &'static str },
+    UnsupportedModelType { model_type: String, supported: String },
 
     /// A required config field is absent or null.
     #[error("config.json: missing required field `{field}`")]

@@ -21,7 +21,6 @@ use crate::checkpoint::{CONFIG_FILE, SINGLE_FILE};
 use crate::container::{AUX_FILES, Container};
 use crate::error::{Error, Result};
 use crate::names;
-use crate::spec::Family;
 
 /// Writes `container_dir` as an f32 Hugging Face checkpoint into
 /// `out_hf_dir` (created; must not exist or be empty): `model.safetensors`
@@ -83,17 +82,9 @@ pub fn export(container_dir: impl AsRef<Path>, out_hf_dir: impl AsRef<Path>) -> 
     }
 
     let config_path = out.join(CONFIG_FILE);
-    let mut config = spec.to_config_json();
-    if spec.family == Family::KimiK25 {
-        // The vision tower is not in the container, but Kimi_K25Config
-        // builds one anyway: keep the source's (a default-sized tower would
-        // make transformers allocate ~400M random parameters).
-        let source: Value = serde_json::from_str(container.manifest().hf_config.get())
-            .map_err(|source| Error::Json { what: "manifest hf_config".into(), source })?;
-        if let (Some(vision), Some(obj)) = (source.get("vision_config"), config.as_object_mut()) {
-            obj.insert("vision_config".into(), vision.clone());
-        }
-    }
+    let source: Value = serde_json::from_str(container.manifest().hf_config.get())
+        .map_err(|source| Error::Json { what: "manifest hf_config".into(), source })?;
+    let config = spec.to_config_json_from(&source);
     let config = serde_json::to_string_pretty(&config)
         .map_err(|source| Error::Json { what: config_path.display().to_string(), source })?;
     std::fs::write(&config_path, config + "\n").map_err(|e| Error::io(&config_path, e))?;

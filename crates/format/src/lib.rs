@@ -2,9 +2,12 @@
 //! container.
 //!
 //! * [`spec`]: config.json (transformers 4.x and 5.x spellings) parsed into a
-//!   validated [`ModelSpec`] for olmoe, qwen3_moe, mixtral (GQA) and deepseek_v3,
-//!   glm_moe_dsa, kimi_k25 (MLA).
-//! * [`names`]: published tensor names and shapes per family.
+//!   validated [`ModelSpec`], and the blocks of each layer ([`LayerSpec`]).
+//! * `family`: the registry of model families, one file each (olmoe,
+//!   qwen3_moe, mixtral, deepseek_v3, glm_moe_dsa, kimi_k25): config fields
+//!   and defaults, invariants, tensor naming.
+//! * [`names`]: tensor names and shapes per block role, as each family
+//!   spells them.
 //! * [`checkpoint`]: memory-mapped safetensors checkpoints (single file or
 //!   sharded, f32/bf16/f16 or block-scaled FP8, per-expert or fused 3-D
 //!   expert tensors).
@@ -28,6 +31,7 @@ pub mod container;
 mod convert;
 mod error;
 mod export;
+mod family;
 mod fp8;
 pub mod names;
 pub mod npy;
@@ -43,7 +47,8 @@ pub use export::export;
 pub use names::{ExpertProj, TensorDesc, TensorKind};
 pub use preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset};
 pub use spec::{
-    DsaSpec, Family, IndexerKind, LayerKind, MlaSpec, ModelSpec, MoeSpec, QkNorm, RopeScaling, RopeSpec, RouterSpec,
-    ScoringFunc,
+    AttentionKind, DsaSpec, Family, FfnKind, GqaSpec, IndexerKind, IndexerSpec, LayerKind, LayerSpec, MlaAttention,
+    MlaSpec, ModelSpec, MoeBlock, MoeSpec, NormKind, QkNorm, RopeScaling, RopeSpec, RouterKind, RouterSpec,
+    ScoringFunc, SharedExperts,
 };
 pub use synth::{LIKE, SynthOptions, like_config, synth};

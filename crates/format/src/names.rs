@@ -1,4 +1,6 @@
-//! Tensor names and shapes as published on the Hugging Face Hub, per family.
+//! Tensor names and shapes as published on the Hugging Face Hub: the roles
+//! of the blocks each layer's [`crate::LayerSpec`] names, spelled by the
+//! family's naming rules (in its file under `crate::family`).
 //!
 //! These names are also the canonical names inside a Strata container, so a
 //! tensor can be traced from the Hub file to the container and back without a
@@ -6,7 +8,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{Family, IndexerKind, LayerKind, MlaSpec, ModelSpec, QkNorm};
+use crate::family::Naming;
+use crate::spec::{
+    AttentionKind, FfnKind, GqaSpec, IndexerKind, MlaAttention, ModelSpec, QkNorm, RouterKind, SharedExperts,
+};
 
 /// What role a non-expert tensor plays; decides its storage format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -68,57 +73,35 @@ impl ExpertProj {
     }
 }
 
-/// Where the decoder stack's tensors live: `model.`, or for kimi_k25's
-/// vision-language checkpoint `language_model.model.`.
-pub fn model_prefix(family: Family) -> &'static str {
-    match family {
-        Family::KimiK25 => "language_model.model.",
-        _ => "model.",
-    }
+fn naming(spec: &ModelSpec) -> &'static Naming {
+    spec.family.def().naming()
 }
 
-/// `model.layers.{layer}.` (with the family's [`model_prefix`]).
-pub fn layer_prefix(family: Family, layer: usize) -> String {
-    format!("{}layers.{layer}.", model_prefix(family))
-}
-
-/// A tensor of decoder layer `layer`: `suffix` after its prefix, e.g.
+/// A tensor of decoder layer `layer`: `suffix` after its prefix
+/// (`model.layers.{layer}.` in most families), e.g.
 /// `layer_tensor(spec, 3, "self_attn.kv_b_proj.weight")`.
 pub fn layer_tensor(spec: &ModelSpec, layer: usize, suffix: &str) -> String {
-    format!("{}{suffix}", layer_prefix(spec.family, layer))
+    format!("{}layers.{layer}.{suffix}", naming(spec).model_prefix)
 }
 
 /// The token embedding, `[vocab, hidden]`.
 pub fn embedding_name(spec: &ModelSpec) -> String {
-    format!("{}embed_tokens.weight", model_prefix(spec.family))
+    format!("{}embed_tokens.weight", naming(spec).model_prefix)
 }
 
 /// The final RMSNorm weight, `[hidden]`.
 pub fn final_norm_name(spec: &ModelSpec) -> String {
-    format!("{}norm.weight", model_prefix(spec.family))
+    format!("{}norm.weight", naming(spec).model_prefix)
 }
 
 /// The output projection: `lm_head.weight`, or the embedding when tied.
 pub fn lm_head_name(spec: &ModelSpec) -> String {
-    match (spec.tie_word_embeddings, spec.family) {
-        (true, _) => embedding_name(spec),
-        (false, Family::KimiK25) => "language_model.lm_head.weight".to_owned(),
-        (false, _) => "lm_head.weight".to_owned(),
-    }
-}
-
-/// The module holding a layer's MoE block: `mlp` (olmoe, qwen3_moe, the MLA
-/// families) or `block_sparse_moe` (mixtral, as published).
-fn moe_module(family: Family) -> &'static str {
-    match family {
-        Family::Mixtral => "block_sparse_moe",
-        _ => "mlp",
-    }
+    if spec.tie_word_embeddings { embedding_name(spec) } else { naming(spec).lm_head.to_owned() }
 }
 
 /// The router weight of a MoE layer, `[num_experts, hidden]`.
 pub fn router_name(spec: &ModelSpec, layer: usize) -> String {
-    layer_tensor(spec, layer, &format!("{}.gate.weight", moe_module(spec.family)))
+    layer_tensor(spec, layer, &format!("{}.gate.weight", naming(spec).moe_module))
 }
 
 /// The per-expert selection bias of a sigmoid router, `[num_experts]`.
@@ -138,11 +121,9 @@ pub fn dense_mlp_names(spec: &ModelSpec, layer: usize) -> [String; 3] {
 
 /// Published names of expert `expert` of `layer`: gate, up, down.
 pub fn expert_names(spec: &ModelSpec, layer: usize, expert: usize) -> [String; 3] {
-    let base = layer_tensor(spec, layer, &format!("{}.experts.{expert}.", moe_module(spec.family)));
-    match spec.family {
-        Family::Mixtral => [format!("{base}w1.weight"), format!("{base}w3.weight"), format!("{base}w2.weight")],
-        _ => [format!("{base}gate_proj.weight"), format!("{base}up_proj.weight"), format!("{base}down_proj.weight")],
-    }
+    let naming = naming(spec);
+    let base = layer_tensor(spec, layer, &format!("{}.experts.{expert}.", naming.moe_module));
+    naming.expert_projections.map(|p| format!("{base}{p}.weight"))
 }
 
 /// Expert names with `{expert}` in place of the index (manifest templates).
@@ -167,23 +148,16 @@ pub fn fused_expert_names(layer: usize) -> (String, String) {
     (format!("{p}mlp.experts.gate_up_proj"), format!("{p}mlp.experts.down_proj"))
 }
 
-/// Other names under which a checkpoint may store canonical tensor `name`.
-///
-/// transformers 5.x renames mixtral's `.block_sparse_moe.` to `.mlp.` when
-/// loading and only reverts it when saving in the original format.
+/// Other names under which a checkpoint may store canonical tensor `name`
+/// (transformers 5.x renames some modules when loading, and saves them so
+/// unless asked for the original format).
 pub fn aliases(spec: &ModelSpec, name: &str) -> Vec<String> {
-    match spec.family {
-        Family::Mixtral if name.contains(".block_sparse_moe.") => {
-            vec![name.replace(".block_sparse_moe.", ".mlp.")]
-        }
-        // transformers 5.x keeps Kimi's text model at `model.language_model`
-        // and its head at `lm_head` in memory (conversion_mapping.py).
-        Family::KimiK25 if name.starts_with("language_model.model.") => {
-            vec![name.replacen("language_model.model.", "model.language_model.", 1)]
-        }
-        Family::KimiK25 if name == "language_model.lm_head.weight" => vec!["lm_head.weight".to_owned()],
-        _ => Vec::new(),
-    }
+    naming(spec)
+        .aliases
+        .iter()
+        .filter(|(canonical, _)| name.contains(canonical))
+        .map(|(canonical, stored)| name.replacen(canonical, stored, 1))
+        .collect()
 }
 
 /// Every non-expert tensor of the model, in file order: embeddings, then each
@@ -193,33 +167,26 @@ pub fn dense_tensors(spec: &ModelSpec) -> Vec<TensorDesc> {
     let mut out = Vec::new();
     let mut push = |name: String, shape: Vec<usize>, kind: TensorKind| out.push(TensorDesc { name, shape, kind });
     push(embedding_name(spec), vec![spec.vocab_size, h], TensorKind::Embedding);
-    for layer in 0..spec.num_layers {
+    for (layer, blocks) in spec.layer_specs().iter().enumerate() {
         let t = |suffix: &str| layer_tensor(spec, layer, suffix);
         push(t("input_layernorm.weight"), vec![h], TensorKind::Norm);
-        match &spec.mla {
-            Some(mla) => mla_attention_tensors(spec, mla, layer, &mut push),
-            None => gqa_attention_tensors(spec, layer, &mut push),
+        match &blocks.attention {
+            AttentionKind::Gqa(gqa) => gqa_attention_tensors(spec, gqa, layer, &mut push),
+            AttentionKind::Mla(mla) => mla_attention_tensors(spec, mla, layer, &mut push),
         }
         push(t("post_attention_layernorm.weight"), vec![h], TensorKind::Norm);
-        match spec.layers.get(layer) {
-            Some(LayerKind::Moe) => {
-                push(router_name(spec, layer), vec![spec.moe.num_experts, h], TensorKind::Router);
-                if spec.router.score_correction_bias {
-                    push(correction_bias_name(spec, layer), vec![spec.moe.num_experts], TensorKind::Bias);
+        match &blocks.ffn {
+            FfnKind::Moe(moe) => {
+                push(router_name(spec, layer), vec![moe.num_experts, h], TensorKind::Router);
+                if let RouterKind::GroupedSigmoid { .. } = moe.router {
+                    push(correction_bias_name(spec, layer), vec![moe.num_experts], TensorKind::Bias);
                 }
-                if let Some(i) = spec.shared_intermediate_size {
-                    let [gate, up, down] = shared_expert_names(spec, layer);
-                    push(gate, vec![i, h], TensorKind::Linear);
-                    push(up, vec![i, h], TensorKind::Linear);
-                    push(down, vec![h, i], TensorKind::Linear);
+                if let SharedExperts::Plain { intermediate_size } = moe.shared {
+                    swiglu_tensors(shared_expert_names(spec, layer), h, intermediate_size, &mut push);
                 }
             }
-            Some(LayerKind::Dense) | None => {
-                let i = spec.dense_intermediate_size;
-                let [gate, up, down] = dense_mlp_names(spec, layer);
-                push(gate, vec![i, h], TensorKind::Linear);
-                push(up, vec![i, h], TensorKind::Linear);
-                push(down, vec![h, i], TensorKind::Linear);
+            FfnKind::Dense { intermediate_size } => {
+                swiglu_tensors(dense_mlp_names(spec, layer), h, *intermediate_size, &mut push);
             }
         }
     }
@@ -232,26 +199,29 @@ pub fn dense_tensors(spec: &ModelSpec) -> Vec<TensorDesc> {
 
 type Push<'a> = dyn FnMut(String, Vec<usize>, TensorKind) + 'a;
 
+/// A SwiGLU MLP's gate, up and down matrices.
+fn swiglu_tensors([gate, up, down]: [String; 3], hidden: usize, intermediate_size: usize, push: &mut Push<'_>) {
+    push(gate, vec![intermediate_size, hidden], TensorKind::Linear);
+    push(up, vec![intermediate_size, hidden], TensorKind::Linear);
+    push(down, vec![hidden, intermediate_size], TensorKind::Linear);
+}
+
 /// q/k/v/o projections, their biases and q/k norms.
-fn gqa_attention_tensors(spec: &ModelSpec, layer: usize, push: &mut Push<'_>) {
+fn gqa_attention_tensors(spec: &ModelSpec, gqa: &GqaSpec, layer: usize, push: &mut Push<'_>) {
     let h = spec.hidden_size;
     let t = |suffix: &str| layer_tensor(spec, layer, suffix);
-    let projections = [
-        ("q_proj", spec.q_dim(), h),
-        ("k_proj", spec.kv_dim(), h),
-        ("v_proj", spec.kv_dim(), h),
-        ("o_proj", h, spec.q_dim()),
-    ];
+    let (q_dim, kv_dim) = (gqa.q_dim(), gqa.kv_dim());
+    let projections = [("q_proj", q_dim, h), ("k_proj", kv_dim, h), ("v_proj", kv_dim, h), ("o_proj", h, q_dim)];
     for (proj, rows, cols) in projections {
         push(t(&format!("self_attn.{proj}.weight")), vec![rows, cols], TensorKind::Linear);
-        if spec.attention_bias {
+        if gqa.bias {
             push(t(&format!("self_attn.{proj}.bias")), vec![rows], TensorKind::Bias);
         }
     }
-    let qk_norm_dims = match spec.qk_norm {
+    let qk_norm_dims = match gqa.qk_norm {
         QkNorm::None => None,
-        QkNorm::Full => Some((spec.q_dim(), spec.kv_dim())),
-        QkNorm::PerHead => Some((spec.head_dim, spec.head_dim)),
+        QkNorm::Full => Some((q_dim, kv_dim)),
+        QkNorm::PerHead => Some((gqa.head_dim, gqa.head_dim)),
     };
     if let Some((q, k)) = qk_norm_dims {
         push(t("self_attn.q_norm.weight"), vec![q], TensorKind::Norm);
@@ -262,14 +232,14 @@ fn gqa_attention_tensors(spec: &ModelSpec, layer: usize, push: &mut Push<'_>) {
 /// Multi-head Latent Attention: the (compressed) query, the latent
 /// down-projection and its norm, the up-projection `kv_b_proj`, o_proj, and
 /// on full DSA layers the lightning indexer.
-fn mla_attention_tensors(spec: &ModelSpec, mla: &MlaSpec, layer: usize, push: &mut Push<'_>) {
+fn mla_attention_tensors(spec: &ModelSpec, attn: &MlaAttention, layer: usize, push: &mut Push<'_>) {
     let h = spec.hidden_size;
     let t = |suffix: &str| layer_tensor(spec, layer, suffix);
-    let heads = spec.num_heads;
+    let (mla, heads) = (&attn.dims, attn.num_heads);
     let q_rows = heads * mla.qk_head_dim();
     let mut linear = |name: &str, rows: usize, cols: usize, bias: bool| {
         push(t(&format!("self_attn.{name}.weight")), vec![rows, cols], TensorKind::Linear);
-        if bias && spec.attention_bias {
+        if bias && attn.bias {
             push(t(&format!("self_attn.{name}.bias")), vec![rows], TensorKind::Bias);
         }
     };
@@ -283,19 +253,19 @@ fn mla_attention_tensors(spec: &ModelSpec, mla: &MlaSpec, layer: usize, push: &m
     }
     let r = mla.kv_lora_rank;
     push(t("self_attn.kv_a_proj_with_mqa.weight"), vec![r + mla.qk_rope_head_dim, h], TensorKind::Linear);
-    if spec.attention_bias {
+    if attn.bias {
         push(t("self_attn.kv_a_proj_with_mqa.bias"), vec![r + mla.qk_rope_head_dim], TensorKind::Bias);
     }
     push(t("self_attn.kv_a_layernorm.weight"), vec![r], TensorKind::Norm);
     push(t("self_attn.kv_b_proj.weight"), vec![heads * (mla.qk_nope_head_dim + mla.v_head_dim), r], TensorKind::Linear);
     push(t("self_attn.o_proj.weight"), vec![h, heads * mla.v_head_dim], TensorKind::Linear);
-    if spec.attention_bias {
+    if attn.bias {
         push(t("self_attn.o_proj.bias"), vec![h], TensorKind::Bias);
     }
-    if let (Some(dsa), Some(rank)) = (&spec.dsa, mla.q_lora_rank)
-        && dsa.indexer_types.get(layer) == Some(&IndexerKind::Full)
+    if let (Some(indexer), Some(rank)) = (attn.indexer, mla.q_lora_rank)
+        && indexer.kind == IndexerKind::Full
     {
-        let (n, d) = (dsa.index_n_heads, dsa.index_head_dim);
+        let (n, d) = (indexer.n_heads, indexer.head_dim);
         push(t("self_attn.indexer.wq_b.weight"), vec![n * d, rank], TensorKind::Linear);
         push(t("self_attn.indexer.wk.weight"), vec![d, h], TensorKind::Linear);
         push(t("self_attn.indexer.k_norm.weight"), vec![d], TensorKind::Norm);

@@ -8,118 +8,22 @@
 //! * transformers 5.x `save_pretrained`: `dtype`,
 //!   `rope_parameters: {rope_type, rope_theta, ...}`.
 //!
-//! Defaults mirror the transformers 5.23 config classes (`OlmoeConfig`,
-//! `Qwen3MoeConfig`, `MixtralConfig`; the MLA families' in `spec/mla.rs`) for
-//! scalar hyper-parameters. Fields that
-//! fix tensor shapes (`hidden_size`, `vocab_size`, expert counts, ...) are
+//! Each family's fields and defaults are in its own file under
+//! `crate::family`; defaults mirror the transformers 5.23 config classes for
+//! scalar hyper-parameters. Fields that fix tensor shapes (`hidden_size`, `vocab_size`, expert counts, ...) are
 //! required instead: the class defaults there describe one arbitrary model
 //! size, and silently assuming them would only move the error to a confusing
 //! shape mismatch later.
-
-use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, Result};
+pub use crate::family::Family;
 use fields::{Fields, as_u32};
 pub use limits::{
     MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
 };
-
-/// Model families this build knows, one per Hugging Face `model_type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Family {
-    #[serde(rename = "olmoe")]
-    Olmoe,
-    #[serde(rename = "qwen3_moe")]
-    Qwen3Moe,
-    #[serde(rename = "mixtral")]
-    Mixtral,
-    /// DeepSeek-V3 (and V2-style configs without `q_lora_rank`): MLA
-    /// attention, sigmoid group-limited routing, shared experts.
-    #[serde(rename = "deepseek_v3")]
-    DeepseekV3,
-    /// GLM-5: the DeepSeek-V3 body plus the DSA lightning indexer.
-    #[serde(rename = "glm_moe_dsa")]
-    GlmMoeDsa,
-    /// Kimi K2.5: a DeepSeek-V3 text model nested in a vision-language
-    /// wrapper (`text_config`, tensors under `language_model.`).
-    #[serde(rename = "kimi_k25")]
-    KimiK25,
-}
-
-/// The supported `model_type` strings, for error messages.
-const SUPPORTED_MODEL_TYPES: &str = "olmoe, qwen3_moe, mixtral, deepseek_v3, glm_moe_dsa, kimi_k25";
-
-impl Family {
-    /// Every supported family.
-    pub const ALL: [Family; 6] =
-        [Family::Olmoe, Family::Qwen3Moe, Family::Mixtral, Family::DeepseekV3, Family::GlmMoeDsa, Family::KimiK25];
-
-    /// The Hugging Face `model_type`.
-    pub fn model_type(self) -> &'static str {
-        match self {
-            Family::Olmoe => "olmoe",
-            Family::Qwen3Moe => "qwen3_moe",
-            Family::Mixtral => "mixtral",
-            Family::DeepseekV3 => "deepseek_v3",
-            Family::GlmMoeDsa => "glm_moe_dsa",
-            Family::KimiK25 => "kimi_k25",
-        }
-    }
-
-    /// The transformers class written to `architectures` on export.
-    pub fn architecture(self) -> &'static str {
-        match self {
-            Family::Olmoe => "OlmoeForCausalLM",
-            Family::Qwen3Moe => "Qwen3MoeForCausalLM",
-            Family::Mixtral => "MixtralForCausalLM",
-            Family::DeepseekV3 => "DeepseekV3ForCausalLM",
-            Family::GlmMoeDsa => "GlmMoeDsaForCausalLM",
-            Family::KimiK25 => "Kimi_K25ForConditionalGeneration",
-        }
-    }
-
-    /// Whether the family uses Multi-head Latent Attention (and the
-    /// DeepSeek-V3 MoE block) rather than grouped-query attention.
-    pub fn is_mla(self) -> bool {
-        matches!(self, Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25)
-    }
-
-    /// `RotaryEmbeddingConfigMixin.default_theta` as overridden per class.
-    fn default_rope_theta(self) -> f64 {
-        match self {
-            Family::Olmoe | Family::Qwen3Moe | Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25 => 10_000.0,
-            Family::Mixtral => 1_000_000.0,
-        }
-    }
-}
-
-impl fmt::Display for Family {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.model_type())
-    }
-}
-
-impl FromStr for Family {
-    type Err = Error;
-
-    fn from_str(model_type: &str) -> Result<Self> {
-        Family::ALL.into_iter().find(|family| family.model_type() == model_type).ok_or_else(|| {
-            Error::UnsupportedModelType { model_type: model_type.to_owned(), supported: SUPPORTED_MODEL_TYPES }
-        })
-    }
-}
-
-/// The grouped-query-attention families, whose config parsing is shared.
-#[derive(Clone, Copy)]
-enum Gqa {
-    Olmoe,
-    Qwen3Moe,
-    Mixtral,
-}
 
 /// Where RMSNorm is applied to queries and keys (before RoPE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -334,174 +238,8 @@ impl ModelSpec {
         let map = value.as_object().ok_or_else(|| Error::invalid("<root>", "config.json must be a JSON object"))?;
         let cfg = Fields { map, prefix: "" };
 
-        let model_type = cfg.req_str("model_type")?;
-        let family: Family = model_type.parse()?;
-        // The MLA families share nothing with the GQA parsing below.
-        let gqa = match family {
-            Family::Olmoe => Gqa::Olmoe,
-            Family::Qwen3Moe => Gqa::Qwen3Moe,
-            Family::Mixtral => Gqa::Mixtral,
-            Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25 => {
-                let spec = mla::parse(map, family)?;
-                spec.validate()?;
-                return Ok(spec);
-            }
-        };
-
-        if let Some(act) = cfg.str("hidden_act")?
-            && act != "silu"
-        {
-            return Err(Error::invalid("hidden_act", format!("{act:?} is not supported (only \"silu\")")));
-        }
-
-        let vocab_size = cfg.req_usize("vocab_size")?;
-        let hidden_size = cfg.req_usize("hidden_size")?;
-        // Bounded before anything is sized by it (a list per layer).
-        let num_layers = limits::at_most("num_hidden_layers", cfg.req_usize("num_hidden_layers")?, MAX_LAYERS)?;
-        let num_heads = cfg.req_usize("num_attention_heads")?;
-        if num_heads == 0 {
-            return Err(Error::invalid("num_attention_heads", "must be > 0"));
-        }
-        // null means "same as num_attention_heads" in every family's
-        // __post_init__ (and in 4.x); an absent key takes the class default,
-        // which is None (olmoe) or a fixed number (qwen3_moe: 4, mixtral: 8).
-        let num_kv_heads = match map.get("num_key_value_heads") {
-            None => match gqa {
-                Gqa::Olmoe => num_heads,
-                Gqa::Qwen3Moe => 4,
-                Gqa::Mixtral => 8,
-            },
-            Some(Value::Null) => num_heads,
-            Some(_) => cfg.req_usize("num_key_value_heads")?,
-        };
-        let head_dim = match cfg.usize("head_dim")? {
-            Some(d) => d,
-            None => {
-                if !hidden_size.is_multiple_of(num_heads) {
-                    return Err(Error::invalid(
-                        "hidden_size",
-                        format!(
-                            "{hidden_size} is not divisible by num_attention_heads {num_heads} \
-                             and no head_dim is given"
-                        ),
-                    ));
-                }
-                hidden_size / num_heads
-            }
-        };
-
-        let rms_norm_eps = cfg.f64("rms_norm_eps")?.unwrap_or(match gqa {
-            Gqa::Olmoe | Gqa::Mixtral => 1e-5,
-            Gqa::Qwen3Moe => 1e-6,
-        }) as f32;
-        let max_position_embeddings = cfg.usize("max_position_embeddings")?.unwrap_or(match gqa {
-            Gqa::Olmoe => 4096,
-            Gqa::Qwen3Moe => 32768,
-            Gqa::Mixtral => 4096 * 32,
-        });
-        let tie_word_embeddings = cfg.bool("tie_word_embeddings")?.unwrap_or(false);
-        let rope = parse_rope(&cfg, family, head_dim, max_position_embeddings)?;
-
-        // Expert count: each class aliases `num_experts` and
-        // `num_local_experts` through its attribute_map, and 5.x writes the
-        // aliased name (qwen3_moe saves `num_local_experts`), so read both.
-        let num_experts = expert_count(&cfg, family)?;
-        let top_k = cfg.req_usize("num_experts_per_tok")?;
-        let intermediate_size = cfg.req_usize("intermediate_size")?;
-
-        let (attention_bias, qk_norm, clip_qkv, sliding_window, moe, layers) = match gqa {
-            Gqa::Olmoe => {
-                let moe = MoeSpec {
-                    num_experts,
-                    top_k,
-                    intermediate_size,
-                    norm_topk_prob: cfg.bool("norm_topk_prob")?.unwrap_or(false),
-                };
-                let clip = cfg.f64("clip_qkv")?.map(|c| c as f32);
-                (
-                    cfg.bool("attention_bias")?.unwrap_or(false),
-                    QkNorm::Full,
-                    clip,
-                    None,
-                    moe,
-                    vec![LayerKind::Moe; num_layers],
-                )
-            }
-            Gqa::Qwen3Moe => {
-                let moe = MoeSpec {
-                    num_experts,
-                    top_k,
-                    intermediate_size: cfg.req_usize("moe_intermediate_size")?,
-                    norm_topk_prob: cfg.bool("norm_topk_prob")?.unwrap_or(false),
-                };
-                let step = cfg.usize("decoder_sparse_step")?.unwrap_or(1);
-                if step == 0 {
-                    return Err(Error::invalid("decoder_sparse_step", "must be >= 1"));
-                }
-                let mlp_only = cfg.usize_list("mlp_only_layers")?.unwrap_or_default();
-                if let Some(&bad) = mlp_only.iter().find(|&&l| l >= num_layers) {
-                    return Err(Error::invalid(
-                        "mlp_only_layers",
-                        format!("layer {bad} >= num_hidden_layers {num_layers}"),
-                    ));
-                }
-                // Qwen3MoeDecoderLayer.__init__: sparse iff not listed in
-                // mlp_only_layers, experts exist, and (i+1) % step == 0.
-                let layers = (0..num_layers)
-                    .map(|i| {
-                        if !mlp_only.contains(&i) && num_experts > 0 && (i + 1).is_multiple_of(step) {
-                            LayerKind::Moe
-                        } else {
-                            LayerKind::Dense
-                        }
-                    })
-                    .collect();
-                // __post_init__ drops the window unless use_sliding_window.
-                let window = if cfg.bool("use_sliding_window")?.unwrap_or(false) {
-                    match map.get("sliding_window") {
-                        None => Some(4096),
-                        Some(_) => cfg.usize("sliding_window")?,
-                    }
-                } else {
-                    None
-                };
-                (cfg.bool("attention_bias")?.unwrap_or(false), QkNorm::PerHead, None, window, moe, layers)
-            }
-            Gqa::Mixtral => {
-                // MixtralTopKRouter always renormalizes the top-k weights.
-                let moe = MoeSpec { num_experts, top_k, intermediate_size, norm_topk_prob: true };
-                (false, QkNorm::None, None, cfg.usize("sliding_window")?, moe, vec![LayerKind::Moe; num_layers])
-            }
-        };
-
-        let (bos_token_id, eos_token_ids) = special_tokens(&cfg, family)?;
-
-        let spec = ModelSpec {
-            family,
-            vocab_size,
-            hidden_size,
-            num_layers,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            rms_norm_eps,
-            rope,
-            max_position_embeddings,
-            tie_word_embeddings,
-            attention_bias,
-            qk_norm,
-            clip_qkv,
-            sliding_window,
-            moe,
-            router: RouterSpec::default(),
-            shared_intermediate_size: None,
-            mla: None,
-            dsa: None,
-            dense_intermediate_size: intermediate_size,
-            layers,
-            bos_token_id,
-            eos_token_ids,
-        };
+        let family: Family = cfg.req_str("model_type")?.parse()?;
+        let spec = family.def().parse(map)?;
         spec.validate()?;
         Ok(spec)
     }
@@ -588,55 +326,7 @@ impl ModelSpec {
         if q_dim.is_none() || embed.is_none() || expert.is_none() {
             return Err(Error::invalid("hidden_size", "tensor sizes overflow usize"));
         }
-        match self.family {
-            Family::Olmoe => {
-                // OlmoeAttention sizes q_norm by hidden_size and k_norm by
-                // (hidden_size / heads) * kv_heads: only consistent when
-                // head_dim == hidden_size / num_heads.
-                if self.q_dim() != self.hidden_size {
-                    return Err(Error::invalid(
-                        "head_dim",
-                        format!(
-                            "olmoe requires num_attention_heads * head_dim == hidden_size \
-                             ({} * {} != {})",
-                            self.num_heads, self.head_dim, self.hidden_size
-                        ),
-                    ));
-                }
-                if self.qk_norm != QkNorm::Full {
-                    return Err(Error::invalid("model_type", "olmoe uses full q/k norms"));
-                }
-            }
-            Family::Qwen3Moe => {
-                if self.qk_norm != QkNorm::PerHead {
-                    return Err(Error::invalid("model_type", "qwen3_moe uses per-head q/k norms"));
-                }
-            }
-            Family::Mixtral => {
-                if self.layers.contains(&LayerKind::Dense) {
-                    return Err(Error::invalid("model_type", "mixtral has no dense layers"));
-                }
-                if self.qk_norm != QkNorm::None || self.attention_bias {
-                    return Err(Error::invalid("model_type", "mixtral has neither q/k norms nor attention biases"));
-                }
-            }
-            Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25 => return mla::validate(self),
-        }
-        if self.layers.contains(&LayerKind::Dense) && self.family != Family::Qwen3Moe {
-            return Err(Error::invalid("mlp_only_layers", format!("{} has no dense layers", self.family)));
-        }
-        // The GQA graphs implement exactly the softmax router and no MLA.
-        if self.router != RouterSpec::default()
-            || self.shared_intermediate_size.is_some()
-            || self.mla.is_some()
-            || self.dsa.is_some()
-        {
-            return Err(Error::invalid(
-                "model_type",
-                format!("{} has no MLA, DSA, shared experts or sigmoid routing", self.family),
-            ));
-        }
-        Ok(())
+        self.family.def().validate(self)
     }
 
     /// f32 values one token adds to the KV cache in each layer: keys and
@@ -672,50 +362,21 @@ impl ModelSpec {
     /// A transformers-loadable config.json (5.x spelling, `dtype: float32`)
     /// that parses back to an equal spec.
     pub fn to_config_json(&self) -> Value {
-        if self.family.is_mla() {
-            return mla::to_config_json(self);
-        }
-        let mut c = self.common_config(self.head_dim);
-        c.insert("head_dim".into(), json!(self.head_dim));
-        c.insert("num_experts_per_tok".into(), json!(self.moe.top_k));
-        match self.family {
-            Family::Olmoe => {
-                c.insert("intermediate_size".into(), json!(self.moe.intermediate_size));
-                c.insert("num_experts".into(), json!(self.moe.num_experts));
-                c.insert("norm_topk_prob".into(), json!(self.moe.norm_topk_prob));
-                c.insert("attention_bias".into(), json!(self.attention_bias));
-                c.insert("clip_qkv".into(), json!(self.clip_qkv.map(f32_to_json)));
-            }
-            Family::Qwen3Moe => {
-                // decoder_sparse_step = 1 plus an explicit list reproduces
-                // any layer pattern exactly.
-                let dense: Vec<usize> = (0..self.num_layers).filter(|&l| !self.is_moe(l)).collect();
-                c.insert("intermediate_size".into(), json!(self.dense_intermediate_size));
-                c.insert("moe_intermediate_size".into(), json!(self.moe.intermediate_size));
-                c.insert("num_experts".into(), json!(self.moe.num_experts));
-                c.insert("norm_topk_prob".into(), json!(self.moe.norm_topk_prob));
-                c.insert("decoder_sparse_step".into(), json!(1));
-                c.insert("mlp_only_layers".into(), json!(dense));
-                c.insert("attention_bias".into(), json!(self.attention_bias));
-                c.insert("use_sliding_window".into(), json!(self.sliding_window.is_some()));
-                c.insert("sliding_window".into(), json!(self.sliding_window));
-            }
-            Family::Mixtral => {
-                c.insert("intermediate_size".into(), json!(self.moe.intermediate_size));
-                c.insert("num_local_experts".into(), json!(self.moe.num_experts));
-                c.insert("sliding_window".into(), json!(self.sliding_window));
-            }
-            // Written by mla::to_config_json above.
-            Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25 => {}
-        }
-        Value::Object(c)
+        self.family.def().to_config_json(self, None)
+    }
+
+    /// As [`ModelSpec::to_config_json`], keeping what the spec does not
+    /// describe (a vision tower's config, say) from `source`, the config the
+    /// model was converted from.
+    pub fn to_config_json_from(&self, source: &Value) -> Value {
+        self.family.def().to_config_json(self, Some(source))
     }
 }
 
 impl ModelSpec {
     /// The config.json keys every family writes the same way. `rotated_dim`
     /// is the head width RoPE's `partial_rotary_factor` is relative to.
-    fn common_config(&self, rotated_dim: usize) -> Map<String, Value> {
+    pub(crate) fn common_config(&self, rotated_dim: usize) -> Map<String, Value> {
         let mut rope = Map::new();
         match self.rope.scaling {
             RopeScaling::None => {
@@ -786,19 +447,16 @@ impl ModelSpec {
 
 /// An f32 as the JSON number with its shortest decimal spelling (`1e-5`,
 /// not `9.999999747378752e-6`), so exported configs read like the originals.
-fn f32_to_json(x: f32) -> f64 {
+pub(crate) fn f32_to_json(x: f32) -> f64 {
     x.to_string().parse::<f64>().unwrap_or(f64::from(x))
 }
 
 /// `bos_token_id` and every `eos_token_id` (an int or a list), with the
 /// class defaults when absent; `null` means none.
-fn special_tokens(cfg: &Fields<'_>, family: Family) -> Result<(Option<u32>, Vec<u32>)> {
-    let (default_bos, default_eos) = match family {
-        Family::Olmoe => (None, vec![50279]),
-        Family::Qwen3Moe => (None, vec![]),
-        Family::Mixtral => (Some(1), vec![2]),
-        Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25 => (Some(0), vec![1]),
-    };
+pub(crate) fn special_tokens(
+    cfg: &Fields<'_>,
+    (default_bos, default_eos): (Option<u32>, Vec<u32>),
+) -> Result<(Option<u32>, Vec<u32>)> {
     let bos_token_id = match cfg.map.get("bos_token_id") {
         None => default_bos,
         Some(_) => cfg.u32("bos_token_id")?,
@@ -812,14 +470,9 @@ fn special_tokens(cfg: &Fields<'_>, family: Family) -> Result<(Option<u32>, Vec<
     Ok((bos_token_id, eos_token_ids))
 }
 
-/// Reads `num_experts` / `num_local_experts`, preferring the family's own
-/// name and rejecting a config where both are given and disagree.
-fn expert_count(cfg: &Fields<'_>, family: Family) -> Result<usize> {
-    let (own, alias) = match family {
-        Family::Olmoe | Family::Qwen3Moe => ("num_experts", "num_local_experts"),
-        Family::Mixtral => ("num_local_experts", "num_experts"),
-        Family::DeepseekV3 | Family::GlmMoeDsa | Family::KimiK25 => ("n_routed_experts", "num_local_experts"),
-    };
+/// Reads the expert count under the family's `own` name or its `alias`,
+/// rejecting a config where both are given and disagree.
+pub(crate) fn expert_count(cfg: &Fields<'_>, (own, alias): (&str, &str)) -> Result<usize> {
     match (cfg.usize(own)?, cfg.usize(alias)?) {
         (Some(a), Some(b)) if a != b => Err(Error::invalid(own, format!("{own} = {a} contradicts {alias} = {b}"))),
         (Some(n), _) | (None, Some(n)) => Ok(n),
@@ -832,9 +485,15 @@ fn expert_count(cfg: &Fields<'_>, family: Family) -> Result<usize> {
 /// `rope_parameters`; `rope_theta` inside the dict wins over the top-level
 /// one, which wins over the class default.
 ///
-/// YaRN is accepted for the MLA families only: the GQA graphs have not been
-/// checked against transformers with it.
-fn parse_rope(cfg: &Fields<'_>, family: Family, head_dim: usize, max_position_embeddings: usize) -> Result<RopeSpec> {
+/// `default_theta` is the family's class default; YaRN is accepted only
+/// where `allow_yarn` says so.
+pub(crate) fn parse_rope(
+    cfg: &Fields<'_>,
+    default_theta: f64,
+    allow_yarn: bool,
+    head_dim: usize,
+    max_position_embeddings: usize,
+) -> Result<RopeSpec> {
     let (params, prefix) = match (cfg.object("rope_scaling")?, cfg.object("rope_parameters")?) {
         (Some(p), _) => (Some(p), "rope_scaling."),
         (None, Some(p)) => (Some(p), "rope_parameters."),
@@ -844,7 +503,7 @@ fn parse_rope(cfg: &Fields<'_>, family: Family, head_dim: usize, max_position_em
     let p = Fields { map: params.unwrap_or(&empty), prefix };
     let theta = match p.f64("rope_theta")? {
         Some(t) => t,
-        None => cfg.f64("rope_theta")?.unwrap_or_else(|| family.default_rope_theta()),
+        None => cfg.f64("rope_theta")?.unwrap_or(default_theta),
     };
     let rope_type = match p.str("rope_type")? {
         Some(t) => t,
@@ -853,7 +512,7 @@ fn parse_rope(cfg: &Fields<'_>, family: Family, head_dim: usize, max_position_em
     let scaling = match rope_type {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear { factor: p.req_f64("factor")? },
-        "yarn" if family.is_mla() => parse_yarn(cfg, &p, max_position_embeddings)?,
+        "yarn" if allow_yarn => parse_yarn(cfg, &p, max_position_embeddings)?,
         other => {
             return Err(Error::UnsupportedRope { rope_type: other.to_owned() });
         }
@@ -905,12 +564,17 @@ fn parse_yarn(cfg: &Fields<'_>, p: &Fields<'_>, max_position_embeddings: usize) 
     })
 }
 
-mod fields;
-mod limits;
+pub(crate) mod fields;
+mod layer;
+pub(crate) mod limits;
 mod mla;
 #[cfg(test)]
 mod mla_tests;
 #[cfg(test)]
 mod tests;
 
+pub use layer::{
+    AttentionKind, FfnKind, GqaSpec, IndexerSpec, LayerSpec, MlaAttention, MoeBlock, NormKind, RouterKind,
+    SharedExperts,
+};
 pub use mla::{DsaSpec, IndexerKind, MlaSpec};

@@ -12,9 +12,6 @@ pub enum Error {
     /// A tensor has a shape the graph cannot use.
     #[error("tensor {name}: expected shape {expected:?}, found {found:?}")]
     Shape { name: String, expected: Vec<usize>, found: Vec<usize> },
-    /// The family is recognised but this graph cannot run it.
-    #[error("model family {family} is not supported by this graph")]
-    UnsupportedFamily { family: String },
     /// A token id outside the vocabulary.
     #[error("token id {token} is outside the vocabulary (size {vocab_size})")]
     TokenOutOfRange { token: u32, vocab_size: usize },

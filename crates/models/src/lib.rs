@@ -1,27 +1,29 @@
-//! One forward graph per model family, on traits shared by all.
+//! One decoder stack ([`Decoder`]) runs every family: each layer is the
+//! attention block and feed-forward block its
+//! [`strata_format::LayerSpec`] names, so a family is data, not a graph.
 //!
-//! A family adds a graph, never a cache: routed experts always come from the
+//! A family adds blocks, never a cache: routed experts always come from the
 //! one generic [`strata_tier::ExpertStore`] through [`strata_sched`], and KV
 //! state from [`strata_kv`].
 //!
-//! **Architecture invariant:** a graph reads weights only through the
-//! container (`strata-format`) and the expert store; it never opens files.
+//! **Architecture invariant:** a block reads weights only through the
+//! container (`strata-format`) and the expert store; it never opens files,
+//! and it never branches on the model family.
 
 mod attention;
+mod backend;
 mod common;
+mod decoder;
 mod dsa;
 mod error;
-mod gqa_moe;
+mod ffn;
 mod mla;
-mod mla_moe;
 mod rope;
-mod router;
 mod torch_topk;
 mod weights;
 
+pub use decoder::Decoder;
 pub use error::{Error, Result};
-pub use gqa_moe::GqaMoe;
-pub use mla_moe::MlaMoe;
 
 use std::sync::Mutex;
 
@@ -78,10 +80,7 @@ pub struct SeqBatch<'a> {
     pub cache: &'a mut KvCache,
 }
 
-/// Builds the forward graph for the container's family.
+/// Builds the container's model: its layers' blocks, every tensor checked.
 pub fn load(container: std::sync::Arc<Container>) -> Result<Box<dyn CausalLm>> {
-    if container.spec().family.is_mla() {
-        return Ok(Box::new(MlaMoe::load(container)?));
-    }
-    Ok(Box::new(GqaMoe::load(container)?))
+    Ok(Box::new(Decoder::load(container)?))
 }

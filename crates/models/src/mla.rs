@@ -17,12 +17,11 @@
 //! never expands past tokens. A long prefill chunk may expand once instead,
 //! when that is cheaper; [`Mla::attend`] picks by counting multiply-adds.
 
-use rayon::prelude::*;
 use strata_format::{Container, MlaSpec, ModelSpec, names};
 use strata_kernels::Matrix;
 use strata_kernels::ops;
 
-use crate::common::{project, rmsnorm_rows};
+use crate::common::project;
 use crate::rope::{Angles, rotate};
 use crate::weights::{matrix, vector};
 use crate::{Result, Runtime};
@@ -134,7 +133,7 @@ impl Mla {
             Query::Compressed { a, a_bias, norm, b } => {
                 let mut qa = project(rt, c, a, a_bias.as_deref(), xs)?;
                 let norm = c.dense_vec(norm)?;
-                rmsnorm_rows(&mut qa, norm, LATENT_NORM_EPS, norm.len());
+                rt.ops().rmsnorm_rows(&mut qa, norm, LATENT_NORM_EPS, norm.len());
                 (project(rt, c, b, None, &qa)?, Some(qa))
             }
         };
@@ -157,7 +156,7 @@ impl Mla {
         let r = self.dims.kv_lora_rank;
         for (i, row) in rows.chunks_exact_mut(self.dims.latent_dim()).enumerate() {
             let (latent, k_pe) = row.split_at_mut(r);
-            ops::rmsnorm_inplace(latent, norm, LATENT_NORM_EPS);
+            rt.ops().rmsnorm_rows(latent, norm, LATENT_NORM_EPS, r);
             let (cos, sin) = angles.at(i);
             rotate(k_pe, cos, sin, self.dims.rope_interleave);
         }
@@ -191,15 +190,15 @@ impl Mla {
         let absorbed_cost = n * (dn + dv) * r + n * keys * (2 * r + d.qk_rope_head_dim);
         let expanded_floats = keys * kv_b.rows;
         let per_head: Vec<Vec<f32>> = if absorbed_cost <= expanded_cost || expanded_floats > MAX_EXPANDED_FLOATS {
-            rt.threads.pool().install(|| (0..self.heads).into_par_iter().map(|h| ctx.absorbed_head(&kv_b, h)).collect())
+            rt.ops().par_map(self.heads, |h| ctx.absorbed_head(&kv_b, h))
         } else {
             let mut latent = vec![0.0f32; keys * r];
             for (dst, row) in latent.chunks_exact_mut(r).zip(latents.chunks_exact(d.latent_dim())) {
                 dst.copy_from_slice(&row[..r]);
             }
             let mut kv = vec![0.0f32; keys * kv_b.rows];
-            rt.threads.matmul(&kv_b, &latent, keys, &mut kv);
-            rt.threads.pool().install(|| (0..self.heads).into_par_iter().map(|h| ctx.expanded_head(&kv, h)).collect())
+            rt.ops().matmul(&kv_b, &latent, keys, &mut kv);
+            rt.ops().par_map(self.heads, |h| ctx.expanded_head(&kv, h))
         };
         let mut out = vec![0.0f32; n * self.heads * dv];
         for (h, head) in per_head.iter().enumerate() {

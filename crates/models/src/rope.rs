@@ -59,17 +59,6 @@ impl Rope {
             *s = angle.sin() * self.attention_scaling;
         }
     }
-
-    /// Rotates every `head_dim`-wide head of `row` (rotate-half convention).
-    pub fn apply_neox(&self, row: &mut [f32], head_dim: usize, position: usize) {
-        let half = self.inv_freq.len();
-        let mut cos = vec![0.0f32; half];
-        let mut sin = vec![0.0f32; half];
-        self.angles(position, &mut cos, &mut sin);
-        for head in row.chunks_exact_mut(head_dim) {
-            ops::rope_neox(&mut head[..2 * half], &cos, &sin);
-        }
-    }
 }
 
 /// cos and sin of consecutive positions, computed once per forward pass and

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 
-pub(super) fn as_u32(v: &Value, field: &str) -> Result<u32> {
+pub(crate) fn as_u32(v: &Value, field: &str) -> Result<u32> {
     v.as_u64()
         .and_then(|n| u32::try_from(n).ok())
         .ok_or_else(|| Error::invalid(field, format!("expected a token id, got {v}")))
@@ -16,9 +16,9 @@ pub(super) fn as_u32(v: &Value, field: &str) -> Result<u32> {
 
 /// Typed access to one JSON object, naming `prefix + key` in errors. Absent
 /// and `null` are both "not given", as in transformers.
-pub(super) struct Fields<'a> {
-    pub(super) map: &'a Map<String, Value>,
-    pub(super) prefix: &'static str,
+pub(crate) struct Fields<'a> {
+    pub(crate) map: &'a Map<String, Value>,
+    pub(crate) prefix: &'static str,
 }
 
 impl<'a> Fields<'a> {
@@ -38,7 +38,7 @@ impl<'a> Fields<'a> {
         Error::MissingField { field: self.name(key) }
     }
 
-    pub(super) fn usize(&self, key: &str) -> Result<Option<usize>> {
+    pub(crate) fn usize(&self, key: &str) -> Result<Option<usize>> {
         self.get(key)
             .map(|v| {
                 v.as_u64()
@@ -48,39 +48,39 @@ impl<'a> Fields<'a> {
             .transpose()
     }
 
-    pub(super) fn req_usize(&self, key: &str) -> Result<usize> {
+    pub(crate) fn req_usize(&self, key: &str) -> Result<usize> {
         self.usize(key)?.ok_or_else(|| self.missing(key))
     }
 
-    pub(super) fn u32(&self, key: &str) -> Result<Option<u32>> {
+    pub(crate) fn u32(&self, key: &str) -> Result<Option<u32>> {
         self.get(key).map(|v| as_u32(v, &self.name(key))).transpose()
     }
 
-    pub(super) fn f64(&self, key: &str) -> Result<Option<f64>> {
+    pub(crate) fn f64(&self, key: &str) -> Result<Option<f64>> {
         self.get(key).map(|v| v.as_f64().ok_or_else(|| self.wrong(key, "a number", v))).transpose()
     }
 
-    pub(super) fn req_f64(&self, key: &str) -> Result<f64> {
+    pub(crate) fn req_f64(&self, key: &str) -> Result<f64> {
         self.f64(key)?.ok_or_else(|| self.missing(key))
     }
 
-    pub(super) fn bool(&self, key: &str) -> Result<Option<bool>> {
+    pub(crate) fn bool(&self, key: &str) -> Result<Option<bool>> {
         self.get(key).map(|v| v.as_bool().ok_or_else(|| self.wrong(key, "true or false", v))).transpose()
     }
 
-    pub(super) fn str(&self, key: &str) -> Result<Option<&'a str>> {
+    pub(crate) fn str(&self, key: &str) -> Result<Option<&'a str>> {
         self.get(key).map(|v| v.as_str().ok_or_else(|| self.wrong(key, "a string", v))).transpose()
     }
 
-    pub(super) fn req_str(&self, key: &str) -> Result<&'a str> {
+    pub(crate) fn req_str(&self, key: &str) -> Result<&'a str> {
         self.str(key)?.ok_or_else(|| self.missing(key))
     }
 
-    pub(super) fn object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>> {
+    pub(crate) fn object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>> {
         self.get(key).map(|v| v.as_object().ok_or_else(|| self.wrong(key, "an object", v))).transpose()
     }
 
-    pub(super) fn usize_list(&self, key: &str) -> Result<Option<Vec<usize>>> {
+    pub(crate) fn usize_list(&self, key: &str) -> Result<Option<Vec<usize>>> {
         self.get(key)
             .map(|v| {
                 let items = v.as_array().ok_or_else(|| self.wrong(key, "a list of integers", v))?;

@@ -31,7 +31,7 @@ pub const MAX_HEAD_DIM: usize = 4096;
 pub const MAX_POSITIONS: usize = 1 << 24;
 
 /// Refuses `value` of `field` above `max`, naming both.
-pub(super) fn at_most(field: &str, value: usize, max: usize) -> Result<usize> {
+pub(crate) fn at_most(field: &str, value: usize, max: usize) -> Result<usize> {
     if value > max {
         return Err(Error::invalid(field, format!("{value} is more than this build accepts (at most {max})")));
     }

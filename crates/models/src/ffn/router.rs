@@ -1,7 +1,66 @@
-//! Routers: scores over experts → each token's top-k experts and weights.
+//! Routers: scores over experts → each token's top-k experts and weights,
+//! the scoring chosen by the layer's [`RouterKind`].
 
+use strata_format::{Container, ModelSpec, MoeBlock, RouterKind, names};
 use strata_kernels::ops;
 use strata_sched::Route;
+
+use crate::weights::{matrix, vector};
+use crate::{Result, Runtime};
+
+/// One MoE layer's router: its weight, `[num_experts, hidden]`, and how its
+/// logits become routes.
+pub struct Router {
+    weight: String,
+    num_experts: usize,
+    top_k: usize,
+    scoring: Scoring,
+}
+
+/// A [`RouterKind`] with the names of the tensors it reads.
+enum Scoring {
+    Softmax { renormalize: bool },
+    GroupedSigmoid { n_group: usize, topk_group: usize, renormalize: bool, scaling: f32, correction_bias: String },
+}
+
+impl Router {
+    /// Layer `layer`'s router tensors, shape-checked.
+    pub fn load(c: &Container, spec: &ModelSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
+        let weight = names::router_name(spec, layer);
+        matrix(c, &weight, block.num_experts, spec.hidden_size)?;
+        let scoring = match block.router {
+            RouterKind::SoftmaxTopK { renormalize } => Scoring::Softmax { renormalize },
+            RouterKind::GroupedSigmoid { n_group, topk_group, renormalize, scaling } => {
+                let correction_bias = names::correction_bias_name(spec, layer);
+                vector(c, &correction_bias, block.num_experts)?;
+                Scoring::GroupedSigmoid { n_group, topk_group, renormalize, scaling: scaling as f32, correction_bias }
+            }
+        };
+        Ok(Self { weight, num_experts: block.num_experts, top_k: block.top_k, scoring })
+    }
+
+    /// Each row of `xs`'s `top_k` routes, `[n][top_k]`.
+    pub fn route(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32]) -> Result<Vec<Route>> {
+        let weight = c.dense(&self.weight)?;
+        let n = xs.len() / weight.cols;
+        let mut logits = vec![0.0f32; n * self.num_experts];
+        rt.ops().matmul(&weight, xs, n, &mut logits);
+        Ok(match &self.scoring {
+            Scoring::Softmax { renormalize } => softmax_top_k(&logits, self.num_experts, self.top_k, *renormalize),
+            Scoring::GroupedSigmoid { n_group, topk_group, renormalize, scaling, correction_bias } => {
+                let routing = GroupedSigmoid {
+                    n_group: *n_group,
+                    topk_group: *topk_group,
+                    top_k: self.top_k,
+                    normalize: *renormalize,
+                    scaling: *scaling,
+                    bias: c.dense_vec(correction_bias)?,
+                };
+                grouped_sigmoid_top_k(&logits, self.num_experts, &routing)
+            }
+        })
+    }
+}
 
 /// Softmax over all experts, then the `top_k` largest, optionally renormalised
 /// to sum to one (OLMoE, Qwen3-MoE, Mixtral).

@@ -1,0 +1,146 @@
+//! The model families this build knows: one small file each, holding
+//! everything particular to the family (its config.json fields and their
+//! defaults, its tensor names, its invariants), and this registry.
+//!
+//! A new family is a new file here, one [`Family`] variant and one line in
+//! [`Family::def`]; the blocks it is made of come from the generic
+//! [`crate::spec::LayerSpec`], and nothing outside this folder names it.
+
+mod deepseek_v3;
+mod glm_moe_dsa;
+mod gqa;
+mod kimi_k25;
+mod mixtral;
+mod mla;
+mod olmoe;
+mod qwen3_moe;
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+use crate::spec::ModelSpec;
+
+/// Model families this build knows, one per Hugging Face `model_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Family {
+    #[serde(rename = "olmoe")]
+    Olmoe,
+    #[serde(rename = "qwen3_moe")]
+    Qwen3Moe,
+    #[serde(rename = "mixtral")]
+    Mixtral,
+    /// DeepSeek-V3 (and V2-style configs without `q_lora_rank`): MLA
+    /// attention, sigmoid group-limited routing, shared experts.
+    #[serde(rename = "deepseek_v3")]
+    DeepseekV3,
+    /// GLM-5: the DeepSeek-V3 body plus the DSA lightning indexer.
+    #[serde(rename = "glm_moe_dsa")]
+    GlmMoeDsa,
+    /// Kimi K2.5: a DeepSeek-V3 text model nested in a vision-language
+    /// wrapper (`text_config`, tensors under `language_model.`).
+    #[serde(rename = "kimi_k25")]
+    KimiK25,
+}
+
+/// What a family file provides.
+pub(crate) trait FamilyDef: Sync {
+    /// The Hugging Face `model_type`.
+    fn model_type(&self) -> &'static str;
+
+    /// The transformers class written to `architectures` on export.
+    fn architecture(&self) -> &'static str;
+
+    /// How the family's tensors are named in its published checkpoints.
+    fn naming(&self) -> &'static Naming;
+
+    /// A config.json object of this family → its spec, defaults filled in
+    /// as the family's transformers config class fills them (not yet
+    /// validated).
+    fn parse(&self, root: &Map<String, Value>) -> Result<ModelSpec>;
+
+    /// The family's own invariants, beyond those every spec keeps.
+    fn validate(&self, spec: &ModelSpec) -> Result<()>;
+
+    /// A transformers-loadable config.json (5.x spelling, `dtype: float32`)
+    /// that parses back to an equal spec. `source` is the config the
+    /// container was converted from, for parts the spec does not describe.
+    fn to_config_json(&self, spec: &ModelSpec, source: Option<&Value>) -> Value;
+}
+
+/// A family's tensor naming rules.
+#[derive(Debug)]
+pub(crate) struct Naming {
+    /// Where the decoder stack's tensors live, e.g. `model.`.
+    pub model_prefix: &'static str,
+    /// The output projection when not tied to the embedding.
+    pub lm_head: &'static str,
+    /// The module holding a layer's MoE block, e.g. `mlp`.
+    pub moe_module: &'static str,
+    /// An expert's gate, up and down projections, e.g. `gate_proj`.
+    pub expert_projections: [&'static str; 3],
+    /// `(canonical, stored)`: a checkpoint may spell the part `canonical`
+    /// of a tensor name as `stored` instead.
+    pub aliases: &'static [(&'static str, &'static str)],
+}
+
+/// The naming of most Hugging Face MoE checkpoints.
+pub(crate) const HF_NAMING: Naming = Naming {
+    model_prefix: "model.",
+    lm_head: "lm_head.weight",
+    moe_module: "mlp",
+    expert_projections: ["gate_proj", "up_proj", "down_proj"],
+    aliases: &[],
+};
+
+impl Family {
+    /// Every supported family.
+    pub const ALL: [Family; 6] =
+        [Family::Olmoe, Family::Qwen3Moe, Family::Mixtral, Family::DeepseekV3, Family::GlmMoeDsa, Family::KimiK25];
+
+    /// The registry: the file that describes this family.
+    pub(crate) fn def(self) -> &'static dyn FamilyDef {
+        match self {
+            Family::Olmoe => &olmoe::Olmoe,
+            Family::Qwen3Moe => &qwen3_moe::Qwen3Moe,
+            Family::Mixtral => &mixtral::Mixtral,
+            Family::DeepseekV3 => &deepseek_v3::DeepseekV3,
+            Family::GlmMoeDsa => &glm_moe_dsa::GlmMoeDsa,
+            Family::KimiK25 => &kimi_k25::KimiK25,
+        }
+    }
+
+    /// The Hugging Face `model_type`.
+    pub fn model_type(self) -> &'static str {
+        self.def().model_type()
+    }
+
+    /// The transformers class written to `architectures` on export.
+    pub fn architecture(self) -> &'static str {
+        self.def().architecture()
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.model_type())
+    }
+}
+
+impl FromStr for Family {
+    type Err = Error;
+
+    fn from_str(model_type: &str) -> Result<Self> {
+        Family::ALL.into_iter().find(|family| family.model_type() == model_type).ok_or_else(|| {
+            Error::UnsupportedModelType { model_type: model_type.to_owned(), supported: supported_model_types() }
+        })
+    }
+}
+
+/// The supported `model_type` strings, for error messages.
+fn supported_model_types() -> String {
+    Family::ALL.map(Family::model_type).join(", ")
+}

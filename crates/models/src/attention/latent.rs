@@ -1,0 +1,127 @@
+//! The Multi-head Latent Attention block (DeepSeek-V3, Kimi K2.5, GLM-5):
+//! [`crate::mla`]'s attention over the cached latents, optionally sparse
+//! through GLM-5's DSA indexer ([`crate::dsa`]), whose selection a sharing
+//! layer takes from the full layer before it.
+
+use strata_format::{Container, IndexerKind, MlaAttention, ModelSpec};
+use strata_kv::{INDEX_KEYS, LATENT};
+
+use crate::dsa::Indexer;
+use crate::mla::Mla;
+use crate::rope::Angles;
+use crate::{Error, Result, Runtime, SeqBatch};
+
+/// One layer's MLA block.
+pub struct LatentAttention {
+    attn: Mla,
+    rotary_dim: usize,
+    hidden: usize,
+    indexer: IndexerSlot,
+    /// Width of the indexer keys the cache holds, with DSA.
+    index_head_dim: Option<usize>,
+    latent_dim: usize,
+}
+
+/// The DSA indexer of a layer.
+enum IndexerSlot {
+    /// No sparse attention: every earlier token is visible.
+    Absent,
+    /// The layer selects with its own indexer.
+    Own(Indexer),
+    /// The layer reuses the previous full layer's selection.
+    Shared,
+}
+
+impl LatentAttention {
+    /// Layer `layer`'s tensors, shape-checked.
+    pub fn load(c: &Container, spec: &ModelSpec, kind: &MlaAttention, layer: usize) -> Result<Self> {
+        let indexer = match (kind.indexer, &spec.dsa, kind.dims.q_lora_rank) {
+            (None, _, _) => IndexerSlot::Absent,
+            (Some(ix), Some(dsa), Some(rank)) if ix.kind == IndexerKind::Full => {
+                IndexerSlot::Own(Indexer::load(c, spec, dsa, rank, layer)?)
+            }
+            (Some(ix), Some(_), Some(_)) if layer > 0 && ix.kind == IndexerKind::Shared => IndexerSlot::Shared,
+            _ => return Err(Error::Unsupported(format!("layer {layer}: DSA indexer layout is inconsistent"))),
+        };
+        Ok(Self {
+            attn: Mla::load(c, spec, kind.dims, layer)?,
+            rotary_dim: kind.dims.qk_rope_head_dim,
+            hidden: spec.hidden_size,
+            indexer,
+            index_head_dim: kind.indexer.map(|ix| ix.head_dim),
+            latent_dim: kind.dims.latent_dim(),
+        })
+    }
+
+    /// The latent, then the indexer key with DSA.
+    pub fn cache_row_dims(&self) -> Vec<usize> {
+        std::iter::once(self.latent_dim).chain(self.index_head_dim).collect()
+    }
+
+    /// RoPE rotates the `qk_rope_head_dim` part of each head.
+    pub fn rotary_dim(&self) -> usize {
+        self.rotary_dim
+    }
+
+    /// See [`super::Attention::forward`]. `selections[k]` carries sequence
+    /// `k`'s DSA choice from layer to layer.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        rt: &Runtime<'_>,
+        c: &Container,
+        l: usize,
+        xs: &[f32],
+        angles: &Angles,
+        seqs: &mut [SeqBatch<'_>],
+        selections: &mut [Option<Vec<Vec<usize>>>],
+    ) -> Result<Vec<f32>> {
+        let h = self.hidden;
+        let queries = self.attn.queries(rt, c, xs, angles)?;
+        let latents = self.attn.latents(rt, c, xs, angles)?;
+        let index_keys = match &self.indexer {
+            IndexerSlot::Own(indexer) => Some(indexer.keys(rt, c, xs, angles)?),
+            IndexerSlot::Absent | IndexerSlot::Shared => None,
+        };
+        let n = xs.len() / h;
+        let (q_width, latent_width) = (queries.q.len() / n, latents.len() / n);
+        let mut out = Vec::with_capacity(n * self.attn.output_width());
+        let mut row = 0;
+        for (seq, selection) in seqs.iter_mut().zip(selections.iter_mut()) {
+            let (start, m) = (seq.cache.len(), seq.tokens.len());
+            let rows = row..row + m;
+            seq.cache.write(l, LATENT, &latents[rows.start * latent_width..rows.end * latent_width]);
+            match (&self.indexer, &index_keys) {
+                (IndexerSlot::Own(indexer), Some(keys)) => {
+                    let width = keys.len() / n;
+                    seq.cache.write(l, INDEX_KEYS, &keys[rows.start * width..rows.end * width]);
+                    let compressed = queries.compressed.as_deref().ok_or_else(|| {
+                        Error::Unsupported(format!("layer {l}: the DSA indexer needs a compressed query"))
+                    })?;
+                    let cw = compressed.len() / n;
+                    *selection = Some(indexer.select(
+                        rt,
+                        c,
+                        &xs[rows.start * h..rows.end * h],
+                        &compressed[rows.start * cw..rows.end * cw],
+                        seq.cache.rows(l, INDEX_KEYS, start + m),
+                        start,
+                        &angles.rows(rows.clone()),
+                    )?);
+                }
+                (IndexerSlot::Shared, _) => {
+                    // The stream has a row for every layer; a sharing layer
+                    // has no key of its own, so its row stays zero.
+                    let width = seq.cache.row_dims()[INDEX_KEYS];
+                    seq.cache.write(l, INDEX_KEYS, &vec![0.0; m * width]);
+                }
+                _ => *selection = None,
+            }
+            let q = &queries.q[rows.start * q_width..rows.end * q_width];
+            let cached = seq.cache.rows(l, LATENT, start + m);
+            out.extend(self.attn.attend(rt, c, q, cached, start, selection.as_deref())?);
+            row += m;
+        }
+        self.attn.output(rt, c, &out)
+    }
+}

@@ -1,0 +1,208 @@
+//! The one decoder stack every family runs: token embedding, then per layer
+//! `x += attention(norm(x))` and `x += ffn(norm(x))` with the blocks the
+//! layer's [`strata_format::LayerSpec`] names, then the final norm and the
+//! lm head.
+//!
+//! Everything runs on a batch: `forward` is a batch of one sequence,
+//! `forward_batch` several (continuous batching). Every projection and each
+//! MoE layer's expert union runs once for all rows; attention per sequence,
+//! over its own cache; each sequence's logits are bit-identical to running
+//! it alone.
+
+use std::sync::Arc;
+
+use strata_format::{Container, ModelSpec, NormKind, names};
+use strata_kernels::Matrix;
+use strata_kv::KvCache;
+
+use crate::attention::{Attention, Pass};
+use crate::ffn::Ffn;
+use crate::rope::{Angles, Rope};
+use crate::weights::{matrix, vector};
+use crate::{CausalLm, Error, Logits, Result, Runtime, SeqBatch};
+
+/// A loaded model: its layers' blocks over the container's tensors.
+pub struct Decoder {
+    container: Arc<Container>,
+    spec: ModelSpec,
+    layers: Vec<Layer>,
+    /// One RoPE table per rotary width the layers use.
+    ropes: Vec<(usize, Rope)>,
+    /// Widths of the KV-cache rows one token adds to every layer.
+    cache_row_dims: Vec<usize>,
+    embed: String,
+    final_norm: Norm,
+    lm_head: String,
+}
+
+/// One decoder layer.
+struct Layer {
+    input_norm: Norm,
+    attention: Attention,
+    post_attn_norm: Norm,
+    ffn: Ffn,
+}
+
+/// An RMSNorm: its weight and kind.
+struct Norm {
+    weight: String,
+    kind: NormKind,
+}
+
+impl Norm {
+    fn load(c: &Container, weight: String, kind: NormKind, len: usize) -> Result<Self> {
+        vector(c, &weight, len)?;
+        Ok(Self { weight, kind })
+    }
+
+    /// Normalises each row of `xs` into `out`.
+    fn apply(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32], out: &mut [f32]) -> Result<()> {
+        match self.kind {
+            NormKind::Weight { eps } => rt.ops().rmsnorm_into(xs, c.dense_vec(&self.weight)?, eps, out),
+        }
+        Ok(())
+    }
+}
+
+impl Decoder {
+    /// Builds every layer's blocks from the spec and checks every tensor the
+    /// forward pass will read, so that it never meets a missing or
+    /// misshapen one.
+    pub fn load(container: Arc<Container>) -> Result<Self> {
+        let spec = container.spec().clone();
+        let c = &*container;
+        let h = spec.hidden_size;
+        let mut layers = Vec::with_capacity(spec.num_layers);
+        let mut ropes: Vec<(usize, Rope)> = Vec::new();
+        let mut cache_row_dims = None;
+        for (l, layer) in spec.layer_specs().iter().enumerate() {
+            let norm = |suffix: &str| Norm::load(c, names::layer_tensor(&spec, l, suffix), layer.norm, h);
+            let attention = Attention::load(c, &spec, &layer.attention, l)?;
+            let rotary_dim = attention.rotary_dim();
+            if !ropes.iter().any(|(dim, _)| *dim == rotary_dim) {
+                ropes.push((rotary_dim, Rope::new(&spec.rope, rotary_dim)?));
+            }
+            // The cache keeps the same streams on every layer.
+            let dims = attention.cache_row_dims();
+            match &cache_row_dims {
+                None => cache_row_dims = Some(dims),
+                Some(first) if *first == dims => {}
+                Some(_) => {
+                    return Err(Error::Unsupported(format!("layer {l}: its cache rows differ from layer 0's")));
+                }
+            }
+            layers.push(Layer {
+                input_norm: norm("input_layernorm.weight")?,
+                attention,
+                post_attn_norm: norm("post_attention_layernorm.weight")?,
+                ffn: Ffn::load(c, &spec, &layer.ffn, l)?,
+            });
+        }
+        let cache_row_dims =
+            cache_row_dims.ok_or_else(|| Error::Unsupported("a model needs at least one layer".into()))?;
+        let (embed, lm_head) = (names::embedding_name(&spec), names::lm_head_name(&spec));
+        matrix(c, &embed, spec.vocab_size, h)?;
+        matrix(c, &lm_head, spec.vocab_size, h)?;
+        let final_norm = Norm::load(c, names::final_norm_name(&spec), spec.norm_kind(), h)?;
+        Ok(Self { container, spec, layers, ropes, cache_row_dims, embed, final_norm, lm_head })
+    }
+
+    /// The final hidden states (before the last norm) of every new row of
+    /// every sequence, extending each sequence's cache.
+    fn hidden_states(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<f32>> {
+        let c = &*self.container;
+        let (tokens, positions) = batch_rows(seqs)?;
+        let angles = self.ropes.iter().map(|(dim, rope)| (*dim, Angles::new(rope, &positions))).collect();
+        let mut pass = Pass::new(angles, seqs.len());
+        let mut x = self.embed(c, &tokens)?;
+        let mut normed = vec![0.0f32; x.len()];
+        for (l, layer) in self.layers.iter().enumerate() {
+            layer.input_norm.apply(rt, c, &x, &mut normed)?;
+            let attn = layer.attention.forward(rt, c, l, &normed, &mut pass, seqs)?;
+            x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
+            layer.post_attn_norm.apply(rt, c, &x, &mut normed)?;
+            layer.ffn.add_to(rt, c, l, &positions, &normed, &mut x)?;
+        }
+        for seq in seqs.iter_mut() {
+            seq.cache.advance(seq.tokens.len());
+        }
+        Ok(x)
+    }
+
+    /// Rows of the embedding table for `tokens`, `[n, hidden]`.
+    fn embed(&self, c: &Container, tokens: &[u32]) -> Result<Vec<f32>> {
+        let (h, vocab_size) = (self.spec.hidden_size, self.spec.vocab_size);
+        let table: Matrix<'_> = c.dense(&self.embed)?;
+        let mut x = vec![0.0f32; tokens.len() * h];
+        for (row, &token) in x.chunks_exact_mut(h).zip(tokens) {
+            if token as usize >= vocab_size {
+                return Err(Error::TokenOutOfRange { token, vocab_size });
+            }
+            table.row_to_f32(token as usize, row);
+        }
+        Ok(x)
+    }
+
+    /// The final norm and lm head over the rows of `x` that `which` asks for.
+    fn logits(&self, rt: &Runtime<'_>, x: &[f32], which: Logits) -> Result<Vec<f32>> {
+        let c = &*self.container;
+        let (h, vocab_size) = (self.spec.hidden_size, self.spec.vocab_size);
+        let n = x.len() / h;
+        let rows = match which {
+            Logits::All => x,
+            Logits::Last => &x[(n - 1) * h..],
+        };
+        let m = rows.len() / h;
+        let mut normed = vec![0.0f32; m * h];
+        self.final_norm.apply(rt, c, rows, &mut normed)?;
+        let mut out = vec![0.0f32; m * vocab_size];
+        rt.ops().matmul(&c.dense(&self.lm_head)?, &normed, m, &mut out);
+        Ok(out)
+    }
+}
+
+/// A batch's new tokens, concatenated, and each one's position in its own
+/// sequence; reserves every sequence's cache room for them first.
+fn batch_rows(seqs: &mut [SeqBatch<'_>]) -> Result<(Vec<u32>, Vec<usize>)> {
+    for seq in seqs.iter_mut() {
+        seq.cache.reserve(seq.tokens.len())?;
+    }
+    let tokens = seqs.iter().flat_map(|seq| seq.tokens.iter().copied()).collect();
+    let positions = seqs.iter().flat_map(|seq| seq.cache.len()..seq.cache.len() + seq.tokens.len()).collect();
+    Ok((tokens, positions))
+}
+
+impl CausalLm for Decoder {
+    fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    fn new_cache(&self, capacity_tokens: usize) -> KvCache {
+        KvCache::new(self.spec.num_layers, self.cache_row_dims.clone(), capacity_tokens)
+    }
+
+    fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let x = self.hidden_states(rt, &mut [SeqBatch { tokens, cache }])?;
+        self.logits(rt, &x, logits)
+    }
+
+    fn forward_batch(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<Vec<f32>>> {
+        if seqs.iter().any(|seq| seq.tokens.is_empty()) {
+            return Err(Error::Unsupported("a sequence of a batch has no tokens".into()));
+        }
+        let x = self.hidden_states(rt, seqs)?;
+        // Each sequence's last row; the lm head runs once over all.
+        let h = self.spec.hidden_size;
+        let mut last_rows = Vec::with_capacity(seqs.len() * h);
+        let mut end = 0;
+        for seq in seqs.iter() {
+            end += seq.tokens.len();
+            last_rows.extend_from_slice(&x[(end - 1) * h..end * h]);
+        }
+        let logits = self.logits(rt, &last_rows, Logits::All)?;
+        Ok(logits.chunks_exact(self.spec.vocab_size).map(<[f32]>::to_vec).collect())
+    }
+}

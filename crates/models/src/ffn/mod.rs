@@ -1,0 +1,57 @@
+//! Feed-forward blocks: each layer's dense SwiGLU MLP or mixture of
+//! experts, chosen by its [`FfnKind`].
+
+mod moe;
+mod router;
+
+use strata_format::{Container, FfnKind, ModelSpec, names};
+
+use crate::weights::swiglu_names;
+use crate::{Result, Runtime};
+
+/// One layer's feed-forward block.
+pub enum Ffn {
+    /// A resident SwiGLU MLP: gate, up, down.
+    Dense([String; 3]),
+    Moe(moe::Moe),
+}
+
+impl Ffn {
+    /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
+    pub fn load(c: &Container, spec: &ModelSpec, kind: &FfnKind, layer: usize) -> Result<Self> {
+        Ok(match kind {
+            FfnKind::Dense { intermediate_size } => {
+                Ffn::Dense(swiglu_names(c, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?)
+            }
+            FfnKind::Moe(block) => Ffn::Moe(moe::Moe::load(c, spec, block, layer)?),
+        })
+    }
+
+    /// Adds the block's output for `xs` (`[n, hidden]`, row `i` at sequence
+    /// position `positions[i]`) to the residual stream `out`.
+    pub fn add_to(
+        &self,
+        rt: &Runtime<'_>,
+        c: &Container,
+        layer: usize,
+        positions: &[usize],
+        xs: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        match self {
+            Ffn::Dense(mlp) => {
+                let mut ys = vec![0.0f32; out.len()];
+                dense_swiglu(rt, c, mlp, xs, &mut ys)?;
+                out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
+                Ok(())
+            }
+            Ffn::Moe(moe) => moe.add_to(rt, c, layer, positions, xs, out),
+        }
+    }
+}
+
+/// `ys = down(silu(gate(xs)) * up(xs))` with resident weights.
+fn dense_swiglu(rt: &Runtime<'_>, c: &Container, [g, u, d]: &[String; 3], xs: &[f32], ys: &mut [f32]) -> Result<()> {
+    rt.ops().swiglu(&[c.dense(g)?, c.dense(u)?, c.dense(d)?], xs, ys);
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! The mixture-of-experts block: a router picks each token's experts, the
+//! routed experts run through the one expert pipeline ([`strata_sched`]),
+//! and shared experts, if any, run resident beside them.
+
+use strata_format::{Container, ExpertLayout, ModelSpec, MoeBlock, SharedExperts, names};
+use strata_sched::{LayerStats, MoeBatch, Route};
+use strata_tier::TraceWriter;
+
+use super::dense_swiglu;
+use super::router::Router;
+use crate::weights::swiglu_names;
+use crate::{Result, Runtime};
+
+/// One layer's MoE block.
+pub struct Moe {
+    router: Router,
+    top_k: usize,
+    hidden: usize,
+    /// The shared experts' gate, up, down.
+    shared: Option<[String; 3]>,
+}
+
+impl Moe {
+    /// Layer `layer`'s router and shared experts, shape-checked, and its
+    /// expert layout checked present.
+    pub fn load(c: &Container, spec: &ModelSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
+        let h = spec.hidden_size;
+        let router = Router::load(c, spec, block, layer)?;
+        c.expert_layout(layer)?;
+        let shared = match block.shared {
+            SharedExperts::None => None,
+            SharedExperts::Plain { intermediate_size } => {
+                Some(swiglu_names(c, names::shared_expert_names(spec, layer), h, intermediate_size)?)
+            }
+        };
+        Ok(Self { router, top_k: block.top_k, hidden: h, shared })
+    }
+
+    /// Adds the block's output for `xs` to the residual stream `out`.
+    pub fn add_to(
+        &self,
+        rt: &Runtime<'_>,
+        c: &Container,
+        layer: usize,
+        positions: &[usize],
+        xs: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let routes = self.router.route(rt, c, xs)?;
+        let layout = c.expert_layout(layer)?;
+        let Some(shared) = &self.shared else {
+            // Without shared experts the routed outputs go straight into the
+            // residual stream.
+            return self.run_routed(rt, layout, layer, positions, xs, &routes, out);
+        };
+        // transformers adds the shared experts to the routed sum before the
+        // residual; keep that order.
+        let mut ys = vec![0.0f32; out.len()];
+        self.run_routed(rt, layout, layer, positions, xs, &routes, &mut ys)?;
+        let mut shared_out = vec![0.0f32; ys.len()];
+        dense_swiglu(rt, c, shared, xs, &mut shared_out)?;
+        ys.iter_mut().zip(&shared_out).for_each(|(y, v)| *y += v);
+        out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
+        Ok(())
+    }
+
+    /// Adds the routed experts' weighted outputs to `out`, recording the
+    /// routes in the trace and the time in the run statistics.
+    #[allow(clippy::too_many_arguments)]
+    fn run_routed(
+        &self,
+        rt: &Runtime<'_>,
+        layout: &ExpertLayout,
+        layer: usize,
+        positions: &[usize],
+        xs: &[f32],
+        routes: &[Route],
+        out: &mut [f32],
+    ) -> Result<()> {
+        if let Some(trace) = rt.trace {
+            record_routes(&mut trace.lock().unwrap_or_else(|p| p.into_inner()), layer, positions, routes, self.top_k)?;
+        }
+        let batch = MoeBatch { layer, layout, xs, hidden: self.hidden, routes, top_k: self.top_k };
+        let mut layer_stats = LayerStats::default();
+        let result = rt.ops().moe_layer(rt.store, &batch, out, &mut layer_stats);
+        rt.stats.lock().unwrap_or_else(|p| p.into_inner()).add(layer_stats);
+        result
+    }
+}
+
+fn record_routes(
+    trace: &mut TraceWriter,
+    layer: usize,
+    positions: &[usize],
+    routes: &[Route],
+    top_k: usize,
+) -> Result<()> {
+    for (&position, token_routes) in positions.iter().zip(routes.chunks_exact(top_k)) {
+        let experts: Vec<usize> = token_routes.iter().map(|r| r.expert).collect();
+        trace.write(layer, position as u64, &experts)?;
+    }
+    Ok(())
+}
