@@ -12,8 +12,7 @@ use strata_models::{CausalLm, Logits, Runtime};
 use strata_sched::LayerStats;
 use strata_tier::{
     BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, MirrorSpec, PolicyKind, RamBudget, RecordCheck,
-    StoreOptions,
-    StoreStats, TraceHeader, TraceWriter, Usage,
+    StoreOptions, StoreStats, TraceHeader, TraceWriter, Usage,
 };
 
 use crate::{Error, Result, Session};
