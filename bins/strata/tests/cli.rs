@@ -193,3 +193,42 @@ fn the_model_is_named_as_in_chat_and_serve_too() {
     let generated = strata(&["generate", "--model", path(&model), "--tokens", "1,2", "--max-tokens", "3", "--json"]);
     assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
 }
+
+/// `strata mirror stage` on a tmpfs (a different filesystem, where the
+/// machine has one), then `generate --mirror`: the same tokens, bytes served
+/// by the mirror counted; a mirror without a receipt is refused in one line.
+#[test]
+fn a_staged_mirror_serves_reads_and_changes_no_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("olmoe-q4");
+    let out = strata(&["convert", path(&fixture("olmoe").join("hf")), path(&model), "--quant", "q4"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shm = Path::new("/dev/shm");
+    let mirror_root = if shm.is_dir() { tempfile::tempdir_in(shm).unwrap() } else { tempfile::tempdir().unwrap() };
+    let mirror = mirror_root.path().join("m");
+
+    let bare =
+        strata(&["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "6", "--mirror", path(&mirror)]);
+    assert_clean_failure(&bare, "strata mirror stage");
+
+    let out = strata(&["mirror", "stage", path(&mirror), "--model", path(&model), "--reserve", "0B"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("receipt published"));
+    let verify = strata(&["mirror", "verify", path(&mirror), "--model", path(&model)]);
+    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stderr));
+
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "6", "--json"];
+        args.extend_from_slice(&["--expert-cache", "0B"]);
+        args.extend_from_slice(extra);
+        let out = strata(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap()
+    };
+    let without = run(&[]);
+    let spec = format!("{}=1TiB", mirror.display());
+    let with = run(&["--mirror", &spec]);
+    assert_eq!(without["tokens"], with["tokens"]);
+    assert_eq!(without["stats"]["mirror_bytes_read"], serde_json::json!([]));
+    assert!(with["stats"]["mirror_bytes_read"][0].as_u64().unwrap() > 0, "{with}");
+}
