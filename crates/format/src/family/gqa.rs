@@ -3,10 +3,9 @@
 
 use serde_json::{Map, Value};
 
-use super::Family;
+use super::{CoreDims, Family};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::limits::{self, MAX_LAYERS};
 use crate::spec::{LayerKind, ModelSpec, MoeSpec, QkNorm, RouterSpec, expert_count, parse_rope, special_tokens};
 
 /// A GQA family's config-class defaults for the fields all of them read.
@@ -33,17 +32,7 @@ pub(super) fn parse<'a>(
     defaults: &Defaults,
 ) -> Result<(ModelSpec, Fields<'a>)> {
     let cfg = Fields { map, prefix: "" };
-    if let Some(act) = cfg.str("hidden_act")?
-        && act != "silu"
-    {
-        return Err(Error::invalid("hidden_act", format!("{act:?} is not supported (only \"silu\")")));
-    }
-
-    let vocab_size = cfg.req_usize("vocab_size")?;
-    let hidden_size = cfg.req_usize("hidden_size")?;
-    // Bounded before anything is sized by it (a list per layer).
-    let num_layers = limits::at_most("num_hidden_layers", cfg.req_usize("num_hidden_layers")?, MAX_LAYERS)?;
-    let num_heads = cfg.req_usize("num_attention_heads")?;
+    let CoreDims { vocab_size, hidden_size, num_layers, num_heads } = CoreDims::read(&cfg)?;
     if num_heads == 0 {
         return Err(Error::invalid("num_attention_heads", "must be > 0"));
     }

@@ -7,10 +7,9 @@
 
 use serde_json::{Map, Value, json};
 
-use super::Family;
+use super::{CoreDims, Family};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::limits::{self, MAX_LAYERS};
 use crate::spec::{
     LayerKind, MlaSpec, ModelSpec, MoeSpec, QkNorm, RouterSpec, ScoringFunc, expert_count, parse_rope, special_tokens,
 };
@@ -30,16 +29,7 @@ pub(super) const DEEPSEEK_DEFAULTS: Defaults =
 /// Parses the fields every MLA family reads alike from `cfg` (the text
 /// model's config), as `DeepseekV3Config` reads them.
 pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Result<ModelSpec> {
-    if let Some(act) = cfg.str("hidden_act")?
-        && act != "silu"
-    {
-        return Err(Error::invalid("hidden_act", format!("{act:?} is not supported (only \"silu\")")));
-    }
-    let vocab_size = cfg.req_usize("vocab_size")?;
-    let hidden_size = cfg.req_usize("hidden_size")?;
-    // Bounded before anything is sized by it (a list per layer).
-    let num_layers = limits::at_most("num_hidden_layers", cfg.req_usize("num_hidden_layers")?, MAX_LAYERS)?;
-    let num_heads = cfg.req_usize("num_attention_heads")?;
+    let CoreDims { vocab_size, hidden_size, num_layers, num_heads } = CoreDims::read(cfg)?;
     // expand_kv builds num_attention_heads key/value heads from the latent;
     // any other kv head count would make transformers' repeat_kv fail.
     let num_kv_heads = cfg.usize("num_key_value_heads")?.unwrap_or(num_heads);

@@ -23,6 +23,8 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::spec::ModelSpec;
+use crate::spec::fields::Fields;
+use crate::spec::limits::{self, MAX_LAYERS};
 
 /// Model families this build knows, one per Hugging Face `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -143,4 +145,30 @@ impl FromStr for Family {
 /// The supported `model_type` strings, for error messages.
 fn supported_model_types() -> String {
     Family::ALL.map(Family::model_type).join(", ")
+}
+
+/// The dimensions every family reads first, alike: the activation (only
+/// SiLU is supported), vocabulary, hidden size, layer count (bounded before
+/// anything is sized by it: a list per layer) and attention heads.
+pub(crate) struct CoreDims {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+}
+
+impl CoreDims {
+    pub(crate) fn read(cfg: &Fields<'_>) -> Result<Self> {
+        if let Some(act) = cfg.str("hidden_act")?
+            && act != "silu"
+        {
+            return Err(Error::invalid("hidden_act", format!("{act:?} is not supported (only \"silu\")")));
+        }
+        Ok(Self {
+            vocab_size: cfg.req_usize("vocab_size")?,
+            hidden_size: cfg.req_usize("hidden_size")?,
+            num_layers: limits::at_most("num_hidden_layers", cfg.req_usize("num_hidden_layers")?, MAX_LAYERS)?,
+            num_heads: cfg.req_usize("num_attention_heads")?,
+        })
+    }
 }
