@@ -285,12 +285,8 @@ impl Work<'_> {
             self.source.check_shape(&source, &desc.shape)?;
             let format = self.opts.preset.dense_format(desc.kind);
             let group = group_for(format, self.opts.q4_group);
-            let (rows, cols) = match desc.shape[..] {
-                [n] => (1, n),
-                [r, c] => (r, c),
-                _ => {
-                    return Err(Error::TensorShape { name: desc.name, expected: vec![], found: desc.shape });
-                }
+            let Some((rows, cols)) = crate::container::matrix_dims(&desc.shape) else {
+                return Err(Error::TensorShape { name: desc.name, expected: vec![], found: desc.shape });
             };
             let placed = write_matrix(&mut out, self.source, &source, rows, cols, format, group)?;
             tensors.push(TensorEntry {

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::family::Naming;
 use crate::spec::{
-    AttentionKind, FfnKind, GqaSpec, IndexerKind, MlaAttention, ModelSpec, QkNorm, RouterKind, SharedExperts,
+    AttentionKind, FfnKind, GdnProjections, GdnSpec, GqaSpec, IndexerKind, MlaAttention, ModelSpec, QkNorm,
+    RouterKind, SharedExperts,
 };
 
 /// What role a non-expert tensor plays; decides its storage format.
@@ -31,6 +32,10 @@ pub enum TensorKind {
     Router,
     /// A projection bias (1-D).
     Bias,
+    /// A parameter of a recurrent layer: the short convolution's kernel
+    /// (`[channels, 1, taps]`, depthwise), decay rates and time-step biases.
+    /// Kept f32: their errors compound over every token of a sequence.
+    Recurrence,
 }
 
 impl TensorKind {
@@ -109,9 +114,24 @@ pub fn correction_bias_name(spec: &ModelSpec, layer: usize) -> String {
     layer_tensor(spec, layer, "mlp.gate.e_score_correction_bias")
 }
 
-/// The shared experts of a MoE layer: gate, up, down.
-pub fn shared_expert_names(spec: &ModelSpec, layer: usize) -> [String; 3] {
-    ["gate_proj", "up_proj", "down_proj"].map(|p| layer_tensor(spec, layer, &format!("mlp.shared_experts.{p}.weight")))
+/// The shared experts of a MoE layer: gate, up, down (`shared_experts`
+/// when ungated, DeepSeek's name; `shared_expert` beside its gate, Qwen's).
+pub fn shared_expert_names(spec: &ModelSpec, layer: usize, shared: SharedExperts) -> [String; 3] {
+    let module = match shared {
+        SharedExperts::Gated { .. } => "shared_expert",
+        SharedExperts::Plain { .. } | SharedExperts::None => "shared_experts",
+    };
+    ["gate_proj", "up_proj", "down_proj"].map(|p| layer_tensor(spec, layer, &format!("mlp.{module}.{p}.weight")))
+}
+
+/// The gate of a gated shared expert, `[1, hidden]`.
+pub fn shared_expert_gate_name(spec: &ModelSpec, layer: usize) -> String {
+    layer_tensor(spec, layer, "mlp.shared_expert_gate.weight")
+}
+
+/// A Gated DeltaNet layer's tensor `suffix` (under `linear_attn.`).
+pub fn linear_attn_tensor(spec: &ModelSpec, layer: usize, suffix: &str) -> String {
+    layer_tensor(spec, layer, &format!("linear_attn.{suffix}"))
 }
 
 /// The dense MLP of a dense layer: gate, up, down.
@@ -173,6 +193,7 @@ pub fn dense_tensors(spec: &ModelSpec) -> Vec<TensorDesc> {
         match &blocks.attention {
             AttentionKind::Gqa(gqa) => gqa_attention_tensors(spec, gqa, layer, &mut push),
             AttentionKind::Mla(mla) => mla_attention_tensors(spec, mla, layer, &mut push),
+            AttentionKind::GatedDeltaNet(gdn) => gdn_tensors(spec, gdn, layer, &mut push),
         }
         push(t("post_attention_layernorm.weight"), vec![h], TensorKind::Norm);
         match &blocks.ffn {
@@ -181,8 +202,15 @@ pub fn dense_tensors(spec: &ModelSpec) -> Vec<TensorDesc> {
                 if let RouterKind::GroupedSigmoid { .. } = moe.router {
                     push(correction_bias_name(spec, layer), vec![moe.num_experts], TensorKind::Bias);
                 }
-                if let SharedExperts::Plain { intermediate_size } = moe.shared {
-                    swiglu_tensors(shared_expert_names(spec, layer), h, intermediate_size, &mut push);
+                match moe.shared {
+                    SharedExperts::None => {}
+                    SharedExperts::Plain { intermediate_size } => {
+                        swiglu_tensors(shared_expert_names(spec, layer, moe.shared), h, intermediate_size, &mut push);
+                    }
+                    SharedExperts::Gated { intermediate_size } => {
+                        swiglu_tensors(shared_expert_names(spec, layer, moe.shared), h, intermediate_size, &mut push);
+                        push(shared_expert_gate_name(spec, layer), vec![1, h], TensorKind::Router);
+                    }
                 }
             }
             FfnKind::Dense { intermediate_size } => {
@@ -211,7 +239,9 @@ fn gqa_attention_tensors(spec: &ModelSpec, gqa: &GqaSpec, layer: usize, push: &m
     let h = spec.hidden_size;
     let t = |suffix: &str| layer_tensor(spec, layer, suffix);
     let (q_dim, kv_dim) = (gqa.q_dim(), gqa.kv_dim());
-    let projections = [("q_proj", q_dim, h), ("k_proj", kv_dim, h), ("v_proj", kv_dim, h), ("o_proj", h, q_dim)];
+    // A gated layer's q_proj yields each head's query, then its gate.
+    let q_rows = if gqa.output_gate { 2 * q_dim } else { q_dim };
+    let projections = [("q_proj", q_rows, h), ("k_proj", kv_dim, h), ("v_proj", kv_dim, h), ("o_proj", h, q_dim)];
     for (proj, rows, cols) in projections {
         push(t(&format!("self_attn.{proj}.weight")), vec![rows, cols], TensorKind::Linear);
         if gqa.bias {
@@ -274,4 +304,28 @@ fn mla_attention_tensors(spec: &ModelSpec, attn: &MlaAttention, layer: usize, pu
         // router (transformers keeps it in fp32 too).
         push(t("self_attn.indexer.weights_proj.weight"), vec![n, h], TensorKind::Router);
     }
+}
+
+/// A Gated DeltaNet layer: its input projections (fused per key-head group
+/// or split), the depthwise convolution, decay parameters, gated output
+/// norm and output projection.
+fn gdn_tensors(spec: &ModelSpec, gdn: &GdnSpec, layer: usize, push: &mut Push<'_>) {
+    let h = spec.hidden_size;
+    let d = &gdn.dims;
+    let t = |suffix: &str| linear_attn_tensor(spec, layer, suffix);
+    let (key_dim, value_dim, n_v) = (d.key_dim(), d.value_dim(), d.num_v_heads);
+    let projections: &[(&str, usize)] = match d.projections {
+        GdnProjections::Grouped => &[("in_proj_qkvz", 2 * key_dim + 2 * value_dim), ("in_proj_ba", 2 * n_v)],
+        GdnProjections::Split => {
+            &[("in_proj_qkv", 2 * key_dim + value_dim), ("in_proj_z", value_dim), ("in_proj_b", n_v), ("in_proj_a", n_v)]
+        }
+    };
+    for &(name, rows) in projections {
+        push(t(&format!("{name}.weight")), vec![rows, h], TensorKind::Linear);
+    }
+    push(t("conv1d.weight"), vec![d.conv_dim(), 1, d.conv_kernel], TensorKind::Recurrence);
+    push(t("dt_bias"), vec![n_v], TensorKind::Recurrence);
+    push(t("A_log"), vec![n_v], TensorKind::Recurrence);
+    push(t("norm.weight"), vec![d.head_v_dim], TensorKind::Norm);
+    push(t("out_proj.weight"), vec![h, value_dim], TensorKind::Linear);
 }

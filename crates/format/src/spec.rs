@@ -125,6 +125,23 @@ pub enum LayerKind {
     Moe,
 }
 
+/// What an RMSNorm multiplies the normalised row by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormStyle {
+    /// `w · x̂` (Llama).
+    #[default]
+    Weight,
+    /// `(1 + w) · x̂`: weights stored centred at zero (Qwen3-Next, Qwen3.5).
+    OnePlusWeight,
+}
+
+impl NormStyle {
+    fn is_weight(&self) -> bool {
+        *self == NormStyle::Weight
+    }
+}
+
 /// The routed-experts hyper-parameters shared by every MoE layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MoeSpec {
@@ -220,6 +237,24 @@ pub struct ModelSpec {
     pub dense_intermediate_size: usize,
     /// One entry per decoder layer.
     pub layers: Vec<LayerKind>,
+    /// Each layer's token mixer (hybrid families); empty: every layer is
+    /// full attention (and manifests written before hybrids keep meaning so).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mixers: Vec<MixerKind>,
+    /// The Gated DeltaNet layers' dimensions, on hybrid families.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_attention: Option<GdnDims>,
+    /// What every RMSNorm of the decoder (q/k norms included) does with its
+    /// weight: `w · x̂` unless the family centres it at zero.
+    #[serde(default, skip_serializing_if = "NormStyle::is_weight")]
+    pub norm_style: NormStyle,
+    /// Full attention multiplies its output by `sigmoid(gate)`, the gate a
+    /// second half of each head's `q_proj` rows (Qwen3-Next, Qwen3.5).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attn_output_gate: bool,
+    /// The shared expert's output is scaled by `sigmoid(shared_expert_gate · x)`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_expert_gate: bool,
     pub bos_token_id: Option<u32>,
     /// Every end-of-sequence id (`eos_token_id` may be an int or a list).
     pub eos_token_ids: Vec<u32>,
@@ -567,6 +602,7 @@ fn parse_yarn(cfg: &Fields<'_>, p: &Fields<'_>, max_position_embeddings: usize) 
 pub(crate) mod fields;
 mod layer;
 pub(crate) mod limits;
+mod linear;
 mod mla;
 #[cfg(test)]
 mod mla_tests;
@@ -574,7 +610,8 @@ mod mla_tests;
 mod tests;
 
 pub use layer::{
-    AttentionKind, FfnKind, GqaSpec, IndexerSpec, LayerSpec, MlaAttention, MoeBlock, NormKind, RouterKind,
+    AttentionKind, FfnKind, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, MlaAttention, MoeBlock, NormKind, RouterKind,
     SharedExperts,
 };
+pub use linear::{GdnDims, GdnProjections, MixerKind};
 pub use mla::{DsaSpec, IndexerKind, MlaSpec};

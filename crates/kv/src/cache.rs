@@ -15,12 +15,23 @@ use crate::{Error, Result};
 /// pass leaves the committed state untouched.
 #[derive(Debug, Clone)]
 pub struct KvCache {
-    /// Width of each stream's row, in f32s.
+    /// Width of each stream's row, in f32s (layer 0's).
     row_dims: Vec<usize>,
+    layouts: Vec<LayerLayout>,
     capacity_tokens: usize,
     len_tokens: usize,
     /// `[layer][stream]` → rows, `[tokens, row_dims[stream]]`.
     rows: Vec<Vec<Vec<f32>>>,
+    /// `[layer]` → committed fixed state, and the copy a pass updates.
+    states: Vec<(Vec<f32>, Vec<f32>)>,
+}
+
+/// What one layer keeps: rows per token (possibly none) and a fixed state
+/// (possibly empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerLayout {
+    pub row_dims: Vec<usize>,
+    pub state_floats: usize,
 }
 
 /// Stream index of keys in a grouped-query attention cache.
@@ -38,8 +49,37 @@ impl KvCache {
     /// up to `capacity_tokens * sum(row_dims) * 4` bytes per layer.
     pub fn new(n_layers: usize, row_dims: Vec<usize>, capacity_tokens: usize) -> Self {
         assert!(!row_dims.is_empty() && row_dims.iter().all(|&d| d > 0), "every stream has a width");
-        let rows = vec![vec![Vec::new(); row_dims.len()]; n_layers];
-        Self { row_dims, capacity_tokens, len_tokens: 0, rows }
+        Self::with_layers(vec![LayerLayout { row_dims, state_floats: 0 }; n_layers], capacity_tokens)
+    }
+
+    /// A cache whose layers each keep what `layouts` says.
+    pub fn with_layers(layouts: Vec<LayerLayout>, capacity_tokens: usize) -> Self {
+        let rows = layouts.iter().map(|l| vec![Vec::new(); l.row_dims.len()]).collect();
+        let states = layouts.iter().map(|l| (vec![0.0; l.state_floats], Vec::new())).collect();
+        let row_dims = layouts.first().map(|l| l.row_dims.clone()).unwrap_or_default();
+        Self { row_dims, layouts, capacity_tokens, len_tokens: 0, rows, states }
+    }
+
+    /// What layer `layer` keeps.
+    pub fn layout(&self, layer: usize) -> &LayerLayout {
+        &self.layouts[layer]
+    }
+
+    /// Layer `layer`'s committed state.
+    pub fn state(&self, layer: usize) -> &[f32] {
+        &self.states[layer].0
+    }
+
+    /// A copy of layer `layer`'s committed state for a pass to update.
+    pub fn stage_state(&mut self, layer: usize) -> &mut [f32] {
+        let (committed, staged) = &mut self.states[layer];
+        staged.clone_from(committed);
+        staged
+    }
+
+    /// Bytes of fixed state per sequence.
+    pub fn state_bytes(&self) -> usize {
+        self.layouts.iter().map(|l| l.state_floats).sum::<usize>() * size_of::<f32>()
     }
 
     /// A grouped-query attention cache: keys and values of `kv_dim` each.
@@ -82,7 +122,7 @@ impl KvCache {
 
     /// Bytes one token occupies across all layers and streams.
     pub fn bytes_per_token(&self) -> usize {
-        self.rows.len() * self.row_dims.iter().sum::<usize>() * size_of::<f32>()
+        self.layouts.iter().map(|l| l.row_dims.iter().sum::<usize>()).sum::<usize>() * size_of::<f32>()
     }
 
     /// Fails unless `n_tokens` more tokens fit.
@@ -97,7 +137,7 @@ impl KvCache {
     /// Stores `rows` (`[n, row_dims[stream]]`) of `layer` for the uncommitted
     /// positions `len()..len() + n`.
     pub fn write(&mut self, layer: usize, stream: usize, rows: &[f32]) {
-        let dim = self.row_dims[stream];
+        let dim = self.layouts[layer].row_dims[stream];
         let n_tokens = rows.len() / dim;
         assert_eq!(rows.len(), n_tokens * dim, "whole rows");
         assert!(self.len_tokens + n_tokens <= self.capacity_tokens, "reserve() first");
@@ -108,15 +148,22 @@ impl KvCache {
 
     /// Rows of `layer`'s `stream` for positions `0..n_tokens`.
     pub fn rows(&self, layer: usize, stream: usize, n_tokens: usize) -> &[f32] {
-        &self.rows[layer][stream][..n_tokens * self.row_dims[stream]]
+        &self.rows[layer][stream][..n_tokens * self.layouts[layer].row_dims[stream]]
     }
 
     /// Commits `n_tokens` written positions.
     pub fn advance(&mut self, n_tokens: usize) {
         let new_len = self.len_tokens + n_tokens;
-        for layer in &self.rows {
-            for (stream, dim) in layer.iter().zip(&self.row_dims) {
+        for (layer, layout) in self.rows.iter().zip(&self.layouts) {
+            for (stream, dim) in layer.iter().zip(&layout.row_dims) {
                 assert!(stream.len() >= new_len * dim, "every layer and stream written");
+            }
+        }
+        if n_tokens > 0 {
+            for (committed, staged) in &mut self.states {
+                if !committed.is_empty() {
+                    std::mem::swap(committed, staged);
+                }
             }
         }
         self.len_tokens = new_len;
@@ -125,8 +172,8 @@ impl KvCache {
     /// Forgets every position from `len_tokens` on.
     pub fn truncate(&mut self, len_tokens: usize) {
         self.len_tokens = self.len_tokens.min(len_tokens);
-        for layer in &mut self.rows {
-            for (stream, dim) in layer.iter_mut().zip(&self.row_dims) {
+        for (layer, layout) in self.rows.iter_mut().zip(&self.layouts) {
+            for (stream, dim) in layer.iter_mut().zip(&layout.row_dims) {
                 stream.truncate(self.len_tokens * dim);
             }
         }

@@ -11,7 +11,7 @@ mod cache;
 mod error;
 mod persist;
 
-pub use cache::{INDEX_KEYS, KEYS, KvCache, LATENT, VALUES};
+pub use cache::{INDEX_KEYS, KEYS, KvCache, LATENT, LayerLayout, VALUES};
 pub use error::{Error, Result};
 pub use persist::{
     CutTail, HASH_BYTES, MAX_STREAMS, Persist, Recovered, SESSION_MAGIC, SESSION_VERSION, SessionFile, SessionHeader,

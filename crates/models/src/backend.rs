@@ -6,7 +6,9 @@
 //! runtime's rayon pool.
 //!
 //! Still CPU code inside their blocks, for a device to take over as whole
-//! operations when it comes: MLA's per-head attention loops (`mla`), the
+//! operations when it comes: the Gated DeltaNet's per-sequence
+//! convolution, q/k normalisation and gated norm (`attention::delta`),
+//! MLA's per-head attention loops (`mla`), the
 //! DSA indexer's scoring (`dsa`), rope rotation (`rope`) and the routers'
 //! top-k choice (`ffn::router`).
 
@@ -77,6 +79,21 @@ impl Ops<'_> {
             jobs.into_par_iter()
                 .for_each(|job| attend(threads, shape, job.q, job.keys, job.values, job.start, job.out));
         });
+    }
+
+    /// `f(head, state)` for every `state_floats`-wide head state of
+    /// `states` (a Gated DeltaNet layer's value heads), the heads shared
+    /// out across the pool, results in head order. Each head is computed by
+    /// the same code on any thread.
+    pub fn delta_heads<T: Send>(
+        self,
+        states: &mut [f32],
+        state_floats: usize,
+        f: impl Fn(usize, &mut [f32]) -> T + Sync + Send,
+    ) -> Vec<T> {
+        self.threads.pool().install(|| {
+            states.par_chunks_exact_mut(state_floats).enumerate().map(|(head, state)| f(head, state)).collect()
+        })
     }
 
     /// `f(0..n)`, the calls shared out across the pool, results in order.

@@ -11,14 +11,15 @@
 
 use std::sync::Arc;
 
-use strata_format::{Container, ModelSpec, NormKind, names};
+use strata_format::{Container, ModelSpec, names};
 use strata_kernels::Matrix;
-use strata_kv::KvCache;
+use strata_kv::{KvCache, LayerLayout};
 
 use crate::attention::{Attention, Pass};
 use crate::ffn::Ffn;
+use crate::norm::Norm;
 use crate::rope::{Angles, Rope};
-use crate::weights::{matrix, vector};
+use crate::weights::matrix;
 use crate::{CausalLm, Error, Logits, Result, Runtime, SeqBatch};
 
 /// A loaded model: its layers' blocks over the container's tensors.
@@ -28,8 +29,8 @@ pub struct Decoder {
     layers: Vec<Layer>,
     /// One RoPE table per rotary width the layers use.
     ropes: Vec<(usize, Rope)>,
-    /// Widths of the KV-cache rows one token adds to every layer.
-    cache_row_dims: Vec<usize>,
+    /// What each layer keeps per sequence in its cache.
+    cache_layouts: Vec<LayerLayout>,
     embed: String,
     final_norm: Norm,
     lm_head: String,
@@ -43,27 +44,6 @@ struct Layer {
     ffn: Ffn,
 }
 
-/// An RMSNorm: its weight and kind.
-struct Norm {
-    weight: String,
-    kind: NormKind,
-}
-
-impl Norm {
-    fn load(c: &Container, weight: String, kind: NormKind, len: usize) -> Result<Self> {
-        vector(c, &weight, len)?;
-        Ok(Self { weight, kind })
-    }
-
-    /// Normalises each row of `xs` into `out`.
-    fn apply(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32], out: &mut [f32]) -> Result<()> {
-        match self.kind {
-            NormKind::Weight { eps } => rt.ops().rmsnorm_into(xs, c.dense_vec(&self.weight)?, eps, out),
-        }
-        Ok(())
-    }
-}
-
 impl Decoder {
     /// Builds every layer's blocks from the spec and checks every tensor the
     /// forward pass will read, so that it never meets a missing or
@@ -74,23 +54,16 @@ impl Decoder {
         let h = spec.hidden_size;
         let mut layers = Vec::with_capacity(spec.num_layers);
         let mut ropes: Vec<(usize, Rope)> = Vec::new();
-        let mut cache_row_dims = None;
+        let mut cache_layouts = Vec::with_capacity(spec.num_layers);
         for (l, layer) in spec.layer_specs().iter().enumerate() {
             let norm = |suffix: &str| Norm::load(c, names::layer_tensor(&spec, l, suffix), layer.norm, h);
-            let attention = Attention::load(c, &spec, &layer.attention, l)?;
-            let rotary_dim = attention.rotary_dim();
-            if !ropes.iter().any(|(dim, _)| *dim == rotary_dim) {
+            let attention = Attention::load(c, &spec, &layer.attention, layer.norm, l)?;
+            if let Some(rotary_dim) = attention.rotary_dim()
+                && !ropes.iter().any(|(dim, _)| *dim == rotary_dim)
+            {
                 ropes.push((rotary_dim, Rope::new(&spec.rope, rotary_dim)?));
             }
-            // The cache keeps the same streams on every layer.
-            let dims = attention.cache_row_dims();
-            match &cache_row_dims {
-                None => cache_row_dims = Some(dims),
-                Some(first) if *first == dims => {}
-                Some(_) => {
-                    return Err(Error::Unsupported(format!("layer {l}: its cache rows differ from layer 0's")));
-                }
-            }
+            cache_layouts.push(attention.cache_layout());
             layers.push(Layer {
                 input_norm: norm("input_layernorm.weight")?,
                 attention,
@@ -98,13 +71,14 @@ impl Decoder {
                 ffn: Ffn::load(c, &spec, &layer.ffn, l)?,
             });
         }
-        let cache_row_dims =
-            cache_row_dims.ok_or_else(|| Error::Unsupported("a model needs at least one layer".into()))?;
+        if layers.is_empty() {
+            return Err(Error::Unsupported("a model needs at least one layer".into()));
+        }
         let (embed, lm_head) = (names::embedding_name(&spec), names::lm_head_name(&spec));
         matrix(c, &embed, spec.vocab_size, h)?;
         matrix(c, &lm_head, spec.vocab_size, h)?;
         let final_norm = Norm::load(c, names::final_norm_name(&spec), spec.norm_kind(), h)?;
-        Ok(Self { container, spec, layers, ropes, cache_row_dims, embed, final_norm, lm_head })
+        Ok(Self { container, spec, layers, ropes, cache_layouts, embed, final_norm, lm_head })
     }
 
     /// The final hidden states (before the last norm) of every new row of
@@ -178,7 +152,7 @@ impl CausalLm for Decoder {
     }
 
     fn new_cache(&self, capacity_tokens: usize) -> KvCache {
-        KvCache::new(self.spec.num_layers, self.cache_row_dims.clone(), capacity_tokens)
+        KvCache::with_layers(self.cache_layouts.clone(), capacity_tokens)
     }
 
     fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Vec<f32>> {

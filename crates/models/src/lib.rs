@@ -18,6 +18,7 @@ mod dsa;
 mod error;
 mod ffn;
 mod mla;
+mod norm;
 mod rope;
 mod torch_topk;
 mod weights;

@@ -32,6 +32,7 @@ pub use manifest::{
     MANIFEST_FILE, Manifest, QuantInfo, TensorEntry, expert_file_name,
 };
 pub(crate) use verify::hex as hex_digest;
+pub(crate) use validate::matrix_dims;
 pub use verify::sha256_file;
 
 /// An opened, validated container.

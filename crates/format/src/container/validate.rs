@@ -25,10 +25,12 @@ pub(super) struct Checked {
 }
 
 /// `[rows, cols]` of a stored tensor: 1-D tensors are a single row.
-pub(super) fn matrix_dims(shape: &[usize]) -> Option<(usize, usize)> {
+pub(crate) fn matrix_dims(shape: &[usize]) -> Option<(usize, usize)> {
     match *shape {
         [n] => Some((1, n)),
-        [rows, cols] => Some((rows, cols)),
+        // A depthwise convolution's `[channels, 1, taps]` kernel is stored
+        // as its `[channels, taps]` matrix.
+        [rows, cols] | [rows, 1, cols] => Some((rows, cols)),
         _ => None,
     }
 }

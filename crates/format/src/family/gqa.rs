@@ -6,7 +6,9 @@ use serde_json::{Map, Value};
 use super::{CoreDims, Family};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{LayerKind, ModelSpec, MoeSpec, QkNorm, RouterSpec, expert_count, parse_rope, special_tokens};
+use crate::spec::{
+    LayerKind, ModelSpec, MoeSpec, NormStyle, QkNorm, RouterSpec, expert_count, parse_rope, special_tokens,
+};
 
 /// A GQA family's config-class defaults for the fields all of them read.
 pub(super) struct Defaults {
@@ -20,6 +22,9 @@ pub(super) struct Defaults {
     pub eos_token_ids: &'static [u32],
     /// The family's name for the expert count, and the alias it also reads.
     pub expert_count: (&'static str, &'static str),
+    /// The field holding each routed expert's width (`intermediate_size`
+    /// where experts are as wide as a dense MLP would be).
+    pub expert_width: &'static str,
 }
 
 /// The fields every GQA family reads alike, as a spec whose family-specific
@@ -31,7 +36,17 @@ pub(super) fn parse<'a>(
     family: Family,
     defaults: &Defaults,
 ) -> Result<(ModelSpec, Fields<'a>)> {
-    let cfg = Fields { map, prefix: "" };
+    parse_fields(Fields { map, prefix: "" }, family, defaults)
+}
+
+/// [`parse`] of a config object that may sit inside another (`cfg.prefix`
+/// names where, for errors).
+pub(super) fn parse_fields<'a>(
+    cfg: Fields<'a>,
+    family: Family,
+    defaults: &Defaults,
+) -> Result<(ModelSpec, Fields<'a>)> {
+    let map = cfg.map;
     let CoreDims { vocab_size, hidden_size, num_layers, num_heads } = CoreDims::read(&cfg)?;
     if num_heads == 0 {
         return Err(Error::invalid("num_attention_heads", "must be > 0"));
@@ -71,7 +86,9 @@ pub(super) fn parse<'a>(
     // aliased name (qwen3_moe saves `num_local_experts`), so read both.
     let num_experts = expert_count(&cfg, defaults.expert_count)?;
     let top_k = cfg.req_usize("num_experts_per_tok")?;
-    let intermediate_size = cfg.req_usize("intermediate_size")?;
+    let intermediate_size = cfg.req_usize(defaults.expert_width)?;
+    // Only dense layers use it; validate() requires it where they exist.
+    let dense_intermediate_size = cfg.usize("intermediate_size")?.unwrap_or(0);
     let (bos_token_id, eos_token_ids) = special_tokens(&cfg, (defaults.bos_token_id, defaults.eos_token_ids.to_vec()))?;
 
     let spec = ModelSpec {
@@ -95,8 +112,13 @@ pub(super) fn parse<'a>(
         shared_intermediate_size: None,
         mla: None,
         dsa: None,
-        dense_intermediate_size: intermediate_size,
+        dense_intermediate_size,
         layers: vec![LayerKind::Moe; num_layers],
+        mixers: Vec::new(),
+        linear_attention: None,
+        norm_style: NormStyle::Weight,
+        attn_output_gate: false,
+        shared_expert_gate: false,
         bos_token_id,
         eos_token_ids,
     };

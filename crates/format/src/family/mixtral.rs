@@ -17,6 +17,7 @@ const DEFAULTS: gqa::Defaults = gqa::Defaults {
     rope_theta: 1_000_000.0,
     bos_token_id: Some(1),
     eos_token_ids: &[2],
+    expert_width: "intermediate_size",
     expert_count: ("num_local_experts", "num_experts"),
 };
 

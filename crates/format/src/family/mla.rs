@@ -11,7 +11,7 @@ use super::{CoreDims, Family};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
-    LayerKind, MlaSpec, ModelSpec, MoeSpec, QkNorm, RouterSpec, ScoringFunc, expert_count, parse_rope, special_tokens,
+    LayerKind, MlaSpec, ModelSpec, MoeSpec, NormStyle, QkNorm, RouterSpec, ScoringFunc, expert_count, parse_rope, special_tokens,
 };
 
 /// A family's config-class defaults for the fields all of them read.
@@ -106,6 +106,11 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
         dsa: None,
         dense_intermediate_size: cfg.req_usize("intermediate_size")?,
         layers: dense_first_layer_kinds(cfg, num_layers)?,
+        mixers: Vec::new(),
+        linear_attention: None,
+        norm_style: NormStyle::Weight,
+        attn_output_gate: false,
+        shared_expert_gate: false,
         bos_token_id,
         eos_token_ids,
     })

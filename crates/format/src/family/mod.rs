@@ -9,11 +9,14 @@
 mod deepseek_v3;
 mod glm_moe_dsa;
 mod gqa;
+mod hybrid;
 mod kimi_k25;
 mod mixtral;
 mod mla;
 mod olmoe;
+mod qwen3_5_moe;
 mod qwen3_moe;
+mod qwen3_next;
 
 use std::fmt;
 use std::str::FromStr;
@@ -46,12 +49,25 @@ pub enum Family {
     /// wrapper (`text_config`, tensors under `language_model.`).
     #[serde(rename = "kimi_k25")]
     KimiK25,
+    /// Qwen3-Next: Gated DeltaNet layers between gated full-attention ones.
+    #[serde(rename = "qwen3_next")]
+    Qwen3Next,
+    /// Qwen3.5 / Qwen3.6 MoE: the Qwen3-Next body, separate DeltaNet
+    /// projections, in a multimodal wrapper on the hub.
+    #[serde(rename = "qwen3_5_moe")]
+    Qwen35Moe,
 }
 
 /// What a family file provides.
 pub(crate) trait FamilyDef: Sync {
     /// The Hugging Face `model_type`.
     fn model_type(&self) -> &'static str;
+
+    /// Other `model_type`s whose configs this family reads (a text model
+    /// saved apart from its multimodal wrapper, say).
+    fn also_reads(&self) -> &'static [&'static str] {
+        &[]
+    }
 
     /// The transformers class written to `architectures` on export.
     fn architecture(&self) -> &'static str;
@@ -100,8 +116,16 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 6] =
-        [Family::Olmoe, Family::Qwen3Moe, Family::Mixtral, Family::DeepseekV3, Family::GlmMoeDsa, Family::KimiK25];
+    pub const ALL: [Family; 8] = [
+        Family::Olmoe,
+        Family::Qwen3Moe,
+        Family::Mixtral,
+        Family::DeepseekV3,
+        Family::GlmMoeDsa,
+        Family::KimiK25,
+        Family::Qwen3Next,
+        Family::Qwen35Moe,
+    ];
 
     /// The registry: the file that describes this family.
     pub(crate) fn def(self) -> &'static dyn FamilyDef {
@@ -112,6 +136,8 @@ impl Family {
             Family::DeepseekV3 => &deepseek_v3::DeepseekV3,
             Family::GlmMoeDsa => &glm_moe_dsa::GlmMoeDsa,
             Family::KimiK25 => &kimi_k25::KimiK25,
+            Family::Qwen3Next => &qwen3_next::Qwen3Next,
+            Family::Qwen35Moe => &qwen3_5_moe::Qwen35Moe,
         }
     }
 
@@ -136,7 +162,10 @@ impl FromStr for Family {
     type Err = Error;
 
     fn from_str(model_type: &str) -> Result<Self> {
-        Family::ALL.into_iter().find(|family| family.model_type() == model_type).ok_or_else(|| {
+        let reads = |family: &Family| {
+            family.model_type() == model_type || family.def().also_reads().contains(&model_type)
+        };
+        Family::ALL.into_iter().find(reads).ok_or_else(|| {
             Error::UnsupportedModelType { model_type: model_type.to_owned(), supported: supported_model_types() }
         })
     }

@@ -17,6 +17,7 @@ const DEFAULTS: gqa::Defaults = gqa::Defaults {
     rope_theta: 10_000.0,
     bos_token_id: None,
     eos_token_ids: &[50279],
+    expert_width: "intermediate_size",
     expert_count: ("num_experts", "num_local_experts"),
 };
 

@@ -17,6 +17,7 @@ const DEFAULTS: gqa::Defaults = gqa::Defaults {
     rope_theta: 10_000.0,
     bos_token_id: None,
     eos_token_ids: &[],
+    expert_width: "moe_intermediate_size",
     expert_count: ("num_experts", "num_local_experts"),
 };
 
@@ -36,7 +37,6 @@ impl FamilyDef for Qwen3Moe {
     fn parse(&self, root: &Map<String, Value>) -> Result<ModelSpec> {
         let (mut spec, cfg) = gqa::parse(root, Family::Qwen3Moe, &DEFAULTS)?;
         let num_layers = spec.num_layers;
-        spec.moe.intermediate_size = cfg.req_usize("moe_intermediate_size")?;
         spec.moe.norm_topk_prob = cfg.bool("norm_topk_prob")?.unwrap_or(false);
         let step = cfg.usize("decoder_sparse_step")?.unwrap_or(1);
         if step == 0 {

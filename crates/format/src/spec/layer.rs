@@ -7,7 +7,7 @@
 //! than stored itself, so manifests written before it existed describe the
 //! same layers and the container format does not change.
 
-use super::{IndexerKind, LayerKind, MlaSpec, ModelSpec, QkNorm, ScoringFunc};
+use super::{GdnDims, IndexerKind, LayerKind, MixerKind, MlaSpec, ModelSpec, NormStyle, QkNorm, ScoringFunc};
 
 /// The blocks of one decoder layer: `x += attention(norm(x))`, then
 /// `x += ffn(norm(x))`.
@@ -26,15 +26,19 @@ pub enum AttentionKind {
     Gqa(GqaSpec),
     /// Multi-head Latent Attention (DeepSeek-V3, Kimi K2.5, GLM-5).
     Mla(MlaAttention),
+    /// Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): a fixed-size
+    /// recurrent state per sequence instead of rows per token.
+    GatedDeltaNet(GdnSpec),
 }
 
 impl AttentionKind {
-    /// Width of each head's rotated part, which fixes the RoPE table.
-    pub fn rotary_dim(&self) -> usize {
+    /// Width of each head's rotated part, which fixes the RoPE table
+    /// (`None`: the block uses no positions).
+    pub fn rotary_dim(&self) -> Option<usize> {
         match self {
-            // The GQA graph has always built its table for the whole head.
-            AttentionKind::Gqa(gqa) => gqa.head_dim,
-            AttentionKind::Mla(mla) => mla.dims.qk_rope_head_dim,
+            AttentionKind::Gqa(gqa) => Some(gqa.rotary_dim),
+            AttentionKind::Mla(mla) => Some(mla.dims.qk_rope_head_dim),
+            AttentionKind::GatedDeltaNet(_) => None,
         }
     }
 }
@@ -52,6 +56,11 @@ pub struct GqaSpec {
     pub bias: bool,
     /// Keys visible to a query, itself included (`None`: all earlier keys).
     pub sliding_window: Option<usize>,
+    /// Leading dimensions of each head that RoPE rotates.
+    pub rotary_dim: usize,
+    /// `q_proj` yields a gate per head after its query (`[q d | gate d]`
+    /// per head) and the output is multiplied by `sigmoid(gate)`.
+    pub output_gate: bool,
 }
 
 impl GqaSpec {
@@ -75,6 +84,14 @@ pub struct MlaAttention {
     pub bias: bool,
     /// The DSA lightning indexer, on models that have one.
     pub indexer: Option<IndexerSpec>,
+}
+
+/// A Gated DeltaNet layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GdnSpec {
+    pub dims: GdnDims,
+    /// Epsilon of the gated output norm (the model's `rms_norm_eps`).
+    pub eps: f32,
 }
 
 /// One layer's part in DeepSeek Sparse Attention.
@@ -131,6 +148,11 @@ pub enum SharedExperts {
     Plain {
         intermediate_size: usize,
     },
+    /// One shared expert whose output is scaled by `sigmoid(w · x)`, `w`
+    /// a `[1, hidden]` gate (Qwen3-Next, Qwen3.5).
+    Gated {
+        intermediate_size: usize,
+    },
 }
 
 /// What an RMSNorm does with its weight.
@@ -138,6 +160,8 @@ pub enum SharedExperts {
 pub enum NormKind {
     /// `w · x̂` (Llama's RMSNorm), with this epsilon.
     Weight { eps: f32 },
+    /// `(1 + w) · x̂`, with this epsilon.
+    OnePlusWeight { eps: f32 },
 }
 
 impl ModelSpec {
@@ -148,8 +172,10 @@ impl ModelSpec {
 
     /// The blocks of decoder layer `layer` (`layer < num_layers`).
     pub fn layer_spec(&self, layer: usize) -> LayerSpec {
-        let attention = match &self.mla {
-            Some(dims) => AttentionKind::Mla(MlaAttention {
+        let linear = self.mixers.get(layer) == Some(&MixerKind::Linear);
+        let attention = match (&self.mla, self.linear_attention) {
+            (_, Some(dims)) if linear => AttentionKind::GatedDeltaNet(GdnSpec { dims, eps: self.rms_norm_eps }),
+            (Some(dims), _) => AttentionKind::Mla(MlaAttention {
                 num_heads: self.num_heads,
                 dims: *dims,
                 bias: self.attention_bias,
@@ -160,7 +186,7 @@ impl ModelSpec {
                     n_heads: dsa.index_n_heads,
                 }),
             }),
-            None => AttentionKind::Gqa(GqaSpec {
+            (None, _) => AttentionKind::Gqa(GqaSpec {
                 num_heads: self.num_heads,
                 num_kv_heads: self.num_kv_heads,
                 head_dim: self.head_dim,
@@ -168,6 +194,8 @@ impl ModelSpec {
                 clip_qkv: self.clip_qkv,
                 bias: self.attention_bias,
                 sliding_window: self.sliding_window,
+                rotary_dim: self.rope.rotary_dim,
+                output_gate: self.attn_output_gate,
             }),
         };
         let ffn = match self.layers[layer] {
@@ -186,6 +214,7 @@ impl ModelSpec {
                     },
                 },
                 shared: match self.shared_intermediate_size {
+                    Some(intermediate_size) if self.shared_expert_gate => SharedExperts::Gated { intermediate_size },
                     Some(intermediate_size) => SharedExperts::Plain { intermediate_size },
                     None => SharedExperts::None,
                 },
@@ -196,6 +225,10 @@ impl ModelSpec {
 
     /// The kind of every RMSNorm of the decoder stack, the final one included.
     pub fn norm_kind(&self) -> NormKind {
-        NormKind::Weight { eps: self.rms_norm_eps }
+        let eps = self.rms_norm_eps;
+        match self.norm_style {
+            NormStyle::Weight => NormKind::Weight { eps },
+            NormStyle::OnePlusWeight => NormKind::OnePlusWeight { eps },
+        }
     }
 }

@@ -39,6 +39,20 @@ pub fn query_scale(d_k: usize) -> f32 {
     (d_k as f64).powf(-0.5) as f32
 }
 
+/// The log decay of one value head for one token, as the models derive it:
+/// `g = -exp(a_log) * softplus(a + dt_bias)`, in f32, with torch's
+/// `softplus` (`x` itself above 20, `log1p(exp(x))` below).
+pub fn log_decay(a: f32, dt_bias: f32, a_log: f32) -> f32 {
+    let x = a + dt_bias;
+    let softplus = if x > 20.0 { x } else { x.exp().ln_1p() };
+    -a_log.exp() * softplus
+}
+
+/// The write strength of one value head for one token: `sigmoid(b)`.
+pub fn write_strength(b: f32) -> f32 {
+    1.0 / (1.0 + (-b).exp())
+}
+
 /// Bytes of one value head's f32 state: a decode step reads all of them and
 /// writes all of them back (`d_k * d_v * 4` each way), the traffic that
 /// bounds decode once the states of all heads and layers outgrow the caches.

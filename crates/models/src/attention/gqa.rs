@@ -1,15 +1,18 @@
-//! The grouped-query attention block (OLMoE, Qwen3-MoE, Mixtral): q/k/v
-//! projections with optional biases, q/k norms over the whole projection or
-//! per head, `clip_qkv`, RoPE, causal (optionally sliding-window) attention
-//! over the cached keys and values, and o_proj. Every refinement is data in
-//! the layer's [`GqaSpec`], none a family branch.
+//! The grouped-query attention block (OLMoE, Qwen3-MoE, Mixtral, the full
+//! layers of Qwen3-Next and Qwen3.5): q/k/v projections with optional
+//! biases, q/k norms over the whole projection or per head, `clip_qkv`,
+//! RoPE over the leading `rotary_dim` of each head, causal (optionally
+//! sliding-window) attention over the cached keys and values, an optional
+//! sigmoid output gate, and o_proj. Every refinement is data in the layer's
+//! [`GqaSpec`], none a family branch.
 
-use strata_format::{Container, GqaSpec, ModelSpec, QkNorm, names};
+use strata_format::{Container, GqaSpec, ModelSpec, NormKind, QkNorm, names};
 use strata_kv::{KEYS, VALUES};
 
 use super::grouped::AttnShape;
 use crate::backend::AttendJob;
 use crate::common::project;
+use crate::norm::Norm;
 use crate::rope::{Angles, rotate};
 use crate::weights::{matrix, vector};
 use crate::{Result, Runtime, SeqBatch};
@@ -18,14 +21,12 @@ use crate::{Result, Runtime, SeqBatch};
 pub struct Gqa {
     dims: GqaSpec,
     hidden: usize,
-    /// Epsilon of the q/k norms (the model's `rms_norm_eps`).
-    eps: f32,
     q: Projection,
     k: Projection,
     v: Projection,
     o: Projection,
-    /// q and k norm weights, when the layer normalises them.
-    qk_norm: Option<(String, String)>,
+    /// q and k norms, when the layer normalises them.
+    qk_norm: Option<(Norm, Norm)>,
 }
 
 /// A weight and its optional bias.
@@ -36,17 +37,27 @@ struct Projection {
 
 impl Gqa {
     /// Layer `layer`'s tensors, shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, dims: GqaSpec, layer: usize) -> Result<Self> {
+    /// Its q/k norms are of kind `norm`, the layer's.
+    pub fn load(c: &Container, spec: &ModelSpec, dims: GqaSpec, norm: NormKind, layer: usize) -> Result<Self> {
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.{suffix}"));
         let proj = |name: &str| Projection {
             weight: t(&format!("{name}.weight")),
             bias: dims.bias.then(|| t(&format!("{name}.bias"))),
         };
-        let qk_norm = (dims.qk_norm != QkNorm::None).then(|| (t("q_norm.weight"), t("k_norm.weight")));
+        let qk_norm = match dims.qk_norm {
+            QkNorm::None => None,
+            QkNorm::Full => Some((dims.q_dim(), dims.kv_dim())),
+            QkNorm::PerHead => Some((dims.head_dim, dims.head_dim)),
+        };
+        let qk_norm = match qk_norm {
+            None => None,
+            Some((q_len, k_len)) => {
+                Some((Norm::load(c, t("q_norm.weight"), norm, q_len)?, Norm::load(c, t("k_norm.weight"), norm, k_len)?))
+            }
+        };
         let gqa = Self {
             dims,
             hidden: spec.hidden_size,
-            eps: spec.rms_norm_eps,
             q: proj("q_proj"),
             k: proj("k_proj"),
             v: proj("v_proj"),
@@ -54,19 +65,12 @@ impl Gqa {
             qk_norm,
         };
         let (h, q_dim, kv_dim) = (gqa.hidden, dims.q_dim(), dims.kv_dim());
-        for (p, rows, cols) in [(&gqa.q, q_dim, h), (&gqa.k, kv_dim, h), (&gqa.v, kv_dim, h), (&gqa.o, h, q_dim)] {
+        let q_rows = if dims.output_gate { 2 * q_dim } else { q_dim };
+        for (p, rows, cols) in [(&gqa.q, q_rows, h), (&gqa.k, kv_dim, h), (&gqa.v, kv_dim, h), (&gqa.o, h, q_dim)] {
             matrix(c, &p.weight, rows, cols)?;
             if let Some(bias) = &p.bias {
                 vector(c, bias, rows)?;
             }
-        }
-        if let Some((qn, kn)) = &gqa.qk_norm {
-            let (q_len, k_len) = match dims.qk_norm {
-                QkNorm::Full => (q_dim, kv_dim),
-                QkNorm::PerHead | QkNorm::None => (dims.head_dim, dims.head_dim),
-            };
-            vector(c, qn, q_len)?;
-            vector(c, kn, k_len)?;
         }
         Ok(gqa)
     }
@@ -76,9 +80,9 @@ impl Gqa {
         vec![self.dims.kv_dim(), self.dims.kv_dim()]
     }
 
-    /// RoPE rotates whole heads.
+    /// RoPE rotates each head's leading `rotary_dim` values.
     pub fn rotary_dim(&self) -> usize {
-        self.dims.head_dim
+        self.dims.rotary_dim
     }
 
     /// See [`super::Attention::forward`]; `angles` are the rows' rope angles.
@@ -96,10 +100,10 @@ impl Gqa {
         let (q_dim, kv_dim) = (d.q_dim(), d.kv_dim());
         let run = |p: &Projection| project(rt, c, &p.weight, p.bias.as_deref(), xs);
         let (mut q, mut k, mut v) = (run(&self.q)?, run(&self.k)?, run(&self.v)?);
+        let gate = d.output_gate.then(|| split_gate(&mut q, d.num_heads, d.head_dim));
         if let Some((qn, kn)) = &self.qk_norm {
-            let per_head = d.qk_norm == QkNorm::PerHead;
-            rt.ops().rmsnorm_rows(&mut q, c.dense_vec(qn)?, self.eps, if per_head { d.head_dim } else { q_dim });
-            rt.ops().rmsnorm_rows(&mut k, c.dense_vec(kn)?, self.eps, if per_head { d.head_dim } else { kv_dim });
+            qn.apply_rows(rt, c, &mut q)?;
+            kn.apply_rows(rt, c, &mut k)?;
         }
         if let Some(clip) = d.clip_qkv {
             for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
@@ -141,6 +145,23 @@ impl Gqa {
             jobs.push(AttendJob { q: q_seq, keys, values, start, out: out_seq });
         }
         rt.ops().attend(shape, jobs);
+        if let Some(gate) = gate {
+            attn.iter_mut().zip(&gate).for_each(|(x, g)| *x *= 1.0 / (1.0 + (-g).exp()));
+        }
         project(rt, c, &self.o.weight, self.o.bias.as_deref(), &attn)
     }
+}
+
+/// Splits a gated `q_proj`'s rows (`[q head_dim | gate head_dim]` per head)
+/// into the queries, left in `q` (`[n, heads·head_dim]`), and the gates,
+/// returned in the same layout.
+fn split_gate(q: &mut Vec<f32>, heads: usize, head_dim: usize) -> Vec<f32> {
+    let n = q.len() / (2 * heads * head_dim);
+    let (mut queries, mut gates) = (Vec::with_capacity(n * heads * head_dim), Vec::with_capacity(n * heads * head_dim));
+    for head in q.chunks_exact(2 * head_dim) {
+        queries.extend_from_slice(&head[..head_dim]);
+        gates.extend_from_slice(&head[head_dim..]);
+    }
+    *q = queries;
+    gates
 }

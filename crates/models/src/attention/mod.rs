@@ -1,11 +1,13 @@
 //! Attention blocks: each layer's token mixer, chosen by its
 //! [`AttentionKind`], reading and extending the sequences' KV caches.
 
+mod delta;
 mod gqa;
 pub mod grouped;
 mod latent;
 
-use strata_format::{AttentionKind, Container, ModelSpec};
+use strata_format::{AttentionKind, Container, ModelSpec, NormKind};
+use strata_kv::LayerLayout;
 
 use crate::rope::Angles;
 use crate::{Result, Runtime, SeqBatch};
@@ -14,6 +16,7 @@ use crate::{Result, Runtime, SeqBatch};
 pub enum Attention {
     Gqa(gqa::Gqa),
     Mla(latent::LatentAttention),
+    DeltaNet(delta::DeltaNet),
 }
 
 /// What a forward pass carries from layer to layer besides the hidden
@@ -42,18 +45,21 @@ impl Pass {
 
 impl Attention {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, kind: &AttentionKind, layer: usize) -> Result<Self> {
+    /// `norm` is the layer's norm kind, which q/k norms follow.
+    pub fn load(c: &Container, spec: &ModelSpec, kind: &AttentionKind, norm: NormKind, layer: usize) -> Result<Self> {
         Ok(match kind {
-            AttentionKind::Gqa(gqa) => Attention::Gqa(gqa::Gqa::load(c, spec, *gqa, layer)?),
+            AttentionKind::Gqa(gqa) => Attention::Gqa(gqa::Gqa::load(c, spec, *gqa, norm, layer)?),
             AttentionKind::Mla(mla) => Attention::Mla(latent::LatentAttention::load(c, spec, mla, layer)?),
+            AttentionKind::GatedDeltaNet(gdn) => Attention::DeltaNet(delta::DeltaNet::load(c, spec, gdn, layer)?),
         })
     }
 
-    /// Widths of the KV-cache rows one token adds to this layer.
-    pub fn cache_row_dims(&self) -> Vec<usize> {
+    /// What this layer keeps per sequence: rows per token, fixed state.
+    pub fn cache_layout(&self) -> LayerLayout {
         match self {
-            Attention::Gqa(gqa) => gqa.cache_row_dims(),
-            Attention::Mla(mla) => mla.cache_row_dims(),
+            Attention::Gqa(gqa) => LayerLayout { row_dims: gqa.cache_row_dims(), state_floats: 0 },
+            Attention::Mla(mla) => LayerLayout { row_dims: mla.cache_row_dims(), state_floats: 0 },
+            Attention::DeltaNet(delta) => LayerLayout { row_dims: Vec::new(), state_floats: delta.state_floats() },
         }
     }
 
@@ -71,18 +77,22 @@ impl Attention {
         pass: &mut Pass,
         seqs: &mut [SeqBatch<'_>],
     ) -> Result<Vec<f32>> {
-        let (angles, selections) = pass.parts(self.rotary_dim());
         match self {
-            Attention::Gqa(gqa) => gqa.forward(rt, c, layer, xs, angles, seqs),
-            Attention::Mla(mla) => mla.forward(rt, c, layer, xs, angles, seqs, selections),
+            Attention::Gqa(gqa) => gqa.forward(rt, c, layer, xs, pass.parts(gqa.rotary_dim()).0, seqs),
+            Attention::Mla(mla) => {
+                let (angles, selections) = pass.parts(mla.rotary_dim());
+                mla.forward(rt, c, layer, xs, angles, seqs, selections)
+            }
+            Attention::DeltaNet(delta) => delta.forward(rt, c, layer, xs, seqs),
         }
     }
 
-    /// Width of each head's rotated part.
-    pub fn rotary_dim(&self) -> usize {
+    /// Width of each head's rotated part (`None`: no positions used).
+    pub fn rotary_dim(&self) -> Option<usize> {
         match self {
-            Attention::Gqa(gqa) => gqa.rotary_dim(),
-            Attention::Mla(mla) => mla.rotary_dim(),
+            Attention::Gqa(gqa) => Some(gqa.rotary_dim()),
+            Attention::Mla(mla) => Some(mla.rotary_dim()),
+            Attention::DeltaNet(_) => None,
         }
     }
 }

@@ -8,7 +8,8 @@ use strata_tier::TraceWriter;
 
 use super::dense_swiglu;
 use super::router::Router;
-use crate::weights::swiglu_names;
+use crate::common::project;
+use crate::weights::{matrix, swiglu_names};
 use crate::{Result, Runtime};
 
 /// One layer's MoE block.
@@ -18,6 +19,8 @@ pub struct Moe {
     hidden: usize,
     /// The shared experts' gate, up, down.
     shared: Option<[String; 3]>,
+    /// The shared expert's sigmoid gate, `[1, hidden]`, if it has one.
+    shared_gate: Option<String>,
 }
 
 impl Moe {
@@ -27,13 +30,19 @@ impl Moe {
         let h = spec.hidden_size;
         let router = Router::load(c, spec, block, layer)?;
         c.expert_layout(layer)?;
-        let shared = match block.shared {
-            SharedExperts::None => None,
+        let (shared, shared_gate) = match block.shared {
+            SharedExperts::None => (None, None),
             SharedExperts::Plain { intermediate_size } => {
-                Some(swiglu_names(c, names::shared_expert_names(spec, layer), h, intermediate_size)?)
+                (Some(swiglu_names(c, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?), None)
+            }
+            SharedExperts::Gated { intermediate_size } => {
+                let gate = names::shared_expert_gate_name(spec, layer);
+                matrix(c, &gate, 1, h)?;
+                let mlp = swiglu_names(c, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?;
+                (Some(mlp), Some(gate))
             }
         };
-        Ok(Self { router, top_k: block.top_k, hidden: h, shared })
+        Ok(Self { router, top_k: block.top_k, hidden: h, shared, shared_gate })
     }
 
     /// Adds the block's output for `xs` to the residual stream `out`.
@@ -59,6 +68,14 @@ impl Moe {
         self.run_routed(rt, layout, layer, positions, xs, &routes, &mut ys)?;
         let mut shared_out = vec![0.0f32; ys.len()];
         dense_swiglu(rt, c, shared, xs, &mut shared_out)?;
+        if let Some(gate) = &self.shared_gate {
+            // sigmoid(w · x) per row scales that row's shared output.
+            let logits = project(rt, c, gate, None, xs)?;
+            for (row, logit) in shared_out.chunks_exact_mut(self.hidden).zip(&logits) {
+                let scale = 1.0 / (1.0 + (-logit).exp());
+                row.iter_mut().for_each(|y| *y *= scale);
+            }
+        }
         ys.iter_mut().zip(&shared_out).for_each(|(y, v)| *y += v);
         out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
         Ok(())

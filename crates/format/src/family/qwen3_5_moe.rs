@@ -1,0 +1,106 @@
+//! Qwen3.5 / Qwen3.6 MoE (`qwen3_5_moe`, text model `Qwen3_5MoeTextConfig`):
+//! the Qwen3-Next body with separate DeltaNet projections (`in_proj_qkv`,
+//! `in_proj_z`, `in_proj_b`, `in_proj_a`), every layer MoE, and a router
+//! that always renormalises. Published checkpoints are the multimodal
+//! wrapper (`model_type: qwen3_5_moe`, the text config in `text_config`,
+//! tensors under `model.language_model.`, the vision tower not loaded);
+//! `Qwen3_5MoeForCausalLM` saves the flat text config
+//! (`qwen3_5_moe_text`). Both are read.
+
+use serde_json::{Map, Value, json};
+
+use super::{Family, FamilyDef, Naming, hybrid};
+use crate::error::{Error, Result};
+use crate::spec::fields::Fields;
+use crate::spec::{GdnProjections, LayerKind, ModelSpec, special_tokens};
+
+pub(super) struct Qwen35Moe;
+
+/// `model_type` of the text model alone.
+const TEXT_MODEL_TYPE: &str = "qwen3_5_moe_text";
+
+const NAMING: Naming = Naming {
+    model_prefix: "model.language_model.",
+    lm_head: "lm_head.weight",
+    moe_module: "mlp",
+    expert_projections: ["gate_proj", "up_proj", "down_proj"],
+    // A text-only checkpoint saved without the conversion mapping.
+    aliases: &[("model.language_model.", "model.")],
+};
+
+impl FamilyDef for Qwen35Moe {
+    fn model_type(&self) -> &'static str {
+        "qwen3_5_moe"
+    }
+
+    fn also_reads(&self) -> &'static [&'static str] {
+        &[TEXT_MODEL_TYPE]
+    }
+
+    fn architecture(&self) -> &'static str {
+        "Qwen3_5MoeForCausalLM"
+    }
+
+    fn naming(&self) -> &'static Naming {
+        &NAMING
+    }
+
+    fn parse(&self, root: &Map<String, Value>) -> Result<ModelSpec> {
+        let top = Fields { map: root, prefix: "" };
+        let nested = top.str("model_type")? != Some(TEXT_MODEL_TYPE);
+        let cfg = match top.object("text_config")? {
+            Some(text) if nested => Fields { map: text, prefix: "text_config." },
+            None if nested => return Err(Error::MissingField { field: "text_config".into() }),
+            _ => Fields { map: root, prefix: "" },
+        };
+        let (mut spec, cfg) = hybrid::parse(cfg, Family::Qwen35Moe, GdnProjections::Split)?;
+        // Qwen3_5MoeTopKRouter always renormalises; every layer is MoE.
+        spec.moe.norm_topk_prob = true;
+        spec.layers = vec![LayerKind::Moe; spec.num_layers];
+        if nested {
+            // The wrapper owns tying (class default false) and, where it
+            // gives them, the special ids.
+            let mut merged = cfg.map.clone();
+            for key in ["bos_token_id", "eos_token_id"] {
+                if let Some(v) = root.get(key) {
+                    merged.insert(key.to_owned(), v.clone());
+                }
+            }
+            (spec.bos_token_id, spec.eos_token_ids) =
+                special_tokens(&Fields { map: &merged, prefix: "" }, (None, Vec::new()))?;
+            spec.tie_word_embeddings = top.bool("tie_word_embeddings")?.unwrap_or(false);
+        }
+        Ok(spec)
+    }
+
+    fn validate(&self, spec: &ModelSpec) -> Result<()> {
+        if spec.layers.contains(&LayerKind::Dense) {
+            return Err(Error::invalid("model_type", "qwen3_5_moe has no dense layers"));
+        }
+        hybrid::validate(spec)
+    }
+
+    fn to_config_json(&self, spec: &ModelSpec, source: Option<&Value>) -> Value {
+        let mut text = hybrid::config_json(spec);
+        // A checkpoint converted from the multimodal wrapper goes back into
+        // it, vision config and all; otherwise the text model alone.
+        match source.and_then(|s| Some((s.get("text_config")?, s.as_object()?))) {
+            Some((_, wrapper)) => {
+                let mut c = wrapper.clone();
+                text.insert("model_type".into(), json!(TEXT_MODEL_TYPE));
+                for key in ["bos_token_id", "eos_token_id", "tie_word_embeddings"] {
+                    if let Some(v) = text.get(key) {
+                        c.insert(key.into(), v.clone());
+                    }
+                }
+                c.insert("text_config".into(), Value::Object(text));
+                c.insert("dtype".into(), json!("float32"));
+                Value::Object(c)
+            }
+            None => {
+                text.insert("model_type".into(), json!(TEXT_MODEL_TYPE));
+                Value::Object(text)
+            }
+        }
+    }
+}
