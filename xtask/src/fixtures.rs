@@ -23,7 +23,8 @@ use clap::error::ErrorKind;
 use clap::{ArgAction, Parser};
 
 /// Families with fixtures, in generation order.
-pub const FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25"];
+pub const FAMILIES: &[&str] =
+    &["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe"];
 /// Reference scripts run with the full set in stage 1: the demo model's
 /// logits (testdata/demo) and transformers' tokenizer and chat-template
 /// renderings (testdata/templates, testdata/tokenizer).

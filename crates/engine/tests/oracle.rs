@@ -144,8 +144,13 @@ fn bf16_checkpoint_with_4x_config_matches_within_2e_3_std() {
 
 /// Tolerance for quantized containers against transformers on the same
 /// dequantized weights: the weights are identical, so only the order of f32
-/// sums differs, as for f32 (see docs/FORMAT.md).
+/// sums and the int16 rounding of activations on the integer path differ
+/// (see docs/FORMAT.md).
 const QUANT_TOLERANCE_STD: f32 = 1e-3;
+/// The same for models with recurrent (Gated DeltaNet) layers, whose state
+/// carries each token's activation rounding into every later token: measured
+/// 0.7–1.5e-3 std over the fixtures' 10 tokens, growing with the position.
+const QUANT_RECURRENT_TOLERANCE_STD: f32 = 3e-3;
 
 #[test]
 fn quantized_containers_match_transformers_on_their_dequantized_weights() {
@@ -154,8 +159,11 @@ fn quantized_containers_match_transformers_on_their_dequantized_weights() {
         for (preset, file) in [(QuantPreset::Q8, "logits_q8.npy"), (QuantPreset::Q4, "logits_q4.npy")] {
             let (shape, want) = reference_logits(family, file);
             let dir = convert(family, "hf", preset);
-            let got = engine(&dir, 1 << 30, 2).logits(&r.prompt).unwrap();
-            let tolerance = QUANT_TOLERANCE_STD * std_dev(&want);
+            let engine = engine(&dir, 1 << 30, 2);
+            let got = engine.logits(&r.prompt).unwrap();
+            let recurrent = engine.spec().linear_attention.is_some();
+            let tolerance =
+                if recurrent { QUANT_RECURRENT_TOLERANCE_STD } else { QUANT_TOLERANCE_STD } * std_dev(&want);
             let diff = max_abs_diff(&got, &want);
             eprintln!("{family} {preset:?}: max |Δlogit| {diff:.3e} = {:.2e} std", diff / std_dev(&want));
             assert!(diff <= tolerance, "{family} {preset:?}: max |Δlogit| {diff} > {tolerance}");
@@ -181,3 +189,4 @@ fn logits_are_bit_identical_with_an_expert_cache_smaller_than_one_layer() {
         }
     }
 }
+
