@@ -33,7 +33,10 @@ pub fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Info { model_dir, verify } => info(&model(model_dir.dir())?, verify),
+        Command::Info { model_dir, verify } => match model_dir.dir() {
+            Some(dir) if is_config_only(&dir) => info_config(&dir),
+            dir => info(&model(dir)?, verify),
+        },
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "strata", &mut std::io::stdout());
@@ -263,6 +266,59 @@ fn replay(file: &std::path::Path, expert_cache: ByteSize) -> Result<()> {
     Ok(())
 }
 
+/// A folder with a config.json but neither a container nor weights: `info`
+/// describes the architecture alone (what a checkpoint of it needs).
+fn is_config_only(dir: &Path) -> bool {
+    let has = |name: &str| dir.join(name).exists();
+    let has_weights = std::fs::read_dir(dir)
+        .map(|entries| entries.flatten().any(|e| e.path().extension().is_some_and(|x| x == "safetensors")))
+        .unwrap_or(false);
+    has("config.json") && !has("manifest.json") && !has_weights
+}
+
+fn info_config(dir: &Path) -> Result<()> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let spec = strata_format::ModelSpec::from_config_json(&text).with_context(|| format!("reading {}", path.display()))?;
+    print_architecture(&spec);
+    print_state(&spec);
+    Ok(())
+}
+
+fn print_architecture(spec: &strata_format::ModelSpec) {
+    println!("family        {}", spec.family);
+    println!("layers        {} ({} MoE)", spec.num_layers, spec.moe_layers().len());
+    println!("hidden        {}", spec.hidden_size);
+    println!("heads         {} query, {} kv, head_dim {}", spec.num_heads, spec.num_kv_heads, spec.head_dim);
+    println!(
+        "experts       {} per MoE layer, top-{}, intermediate {}",
+        spec.moe.num_experts, spec.moe.top_k, spec.moe.intermediate_size
+    );
+    println!("vocab         {}", spec.vocab_size);
+}
+
+/// What one sequence costs besides the weights: bytes per token of
+/// attention cache and, on recurrent layers, fixed state.
+fn print_state(spec: &strata_format::ModelSpec) {
+    let layers = spec.layer_specs();
+    let rows_layers = layers.iter().filter(|l| l.attention.cache_floats_per_token() > 0).count();
+    let kv_parts = match (&spec.mla, &spec.dsa) {
+        (Some(mla), Some(dsa)) => format!("{} latent + {} index-key", mla.latent_dim(), dsa.index_head_dim),
+        (Some(mla), None) => format!("{} latent", mla.latent_dim()),
+        (None, _) => format!("{} key+value", 2 * spec.kv_dim()),
+    };
+    let kv_bytes = spec.kv_bytes_per_token();
+    println!("kv bytes/token {kv_bytes} ({}) ({kv_parts} f32 per layer x {rows_layers} layers)", ByteSize(kv_bytes as u64));
+    let state_bytes = spec.state_bytes_per_sequence();
+    if state_bytes > 0 {
+        let recurrent = layers.len() - rows_layers;
+        println!(
+            "state bytes/session {state_bytes} ({}) (f32 recurrent and convolution state x {recurrent} layers)",
+            ByteSize(state_bytes as u64)
+        );
+    }
+}
+
 fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     let container = strata_format::Container::open(model_dir)?;
     if verify {
@@ -274,15 +330,7 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     let expert_bytes: u64 = manifest.expert_layers.iter().map(|l| l.record_bytes * l.num_experts as u64).sum();
     let total_bytes: u64 = manifest.files.iter().map(|f| f.size_bytes).sum();
     let dense_bytes: u64 = manifest.tensors.iter().map(|t| t.length_bytes + t.scale_length_bytes).sum();
-    println!("family        {}", spec.family);
-    println!("layers        {} ({} MoE)", spec.num_layers, manifest.expert_layers.len());
-    println!("hidden        {}", spec.hidden_size);
-    println!("heads         {} query, {} kv, head_dim {}", spec.num_heads, spec.num_kv_heads, spec.head_dim);
-    println!(
-        "experts       {} per MoE layer, top-{}, intermediate {}",
-        spec.moe.num_experts, spec.moe.top_k, spec.moe.intermediate_size
-    );
-    println!("vocab         {}", spec.vocab_size);
+    print_architecture(spec);
     println!(
         "quant         {} (q8 group {}, q4 group {})",
         manifest.quant.preset, manifest.quant.q8_group, manifest.quant.q4_group
@@ -291,14 +339,7 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     println!("bytes/expert  {} ({})", per_expert_bytes, ByteSize(per_expert_bytes));
     println!("bytes experts {} ({})", expert_bytes, ByteSize(expert_bytes));
     println!("bytes total   {} ({})", total_bytes, ByteSize(total_bytes));
-    let kv_floats = spec.kv_floats_per_token_per_layer();
-    let kv_parts = match (&spec.mla, &spec.dsa) {
-        (Some(mla), Some(dsa)) => format!("{} latent + {} index-key", mla.latent_dim(), dsa.index_head_dim),
-        (Some(mla), None) => format!("{} latent", mla.latent_dim()),
-        (None, _) => format!("{kv_floats} key+value"),
-    };
-    let (layers, kv_bytes) = (spec.num_layers, spec.num_layers * kv_floats * 4);
-    println!("kv bytes/token {kv_bytes} ({kv_parts} f32 per layer x {layers} layers)");
+    print_state(spec);
     for file in &manifest.files {
         println!("sha256 {}  {}", file.sha256, file.path);
     }

@@ -232,3 +232,22 @@ fn a_staged_mirror_serves_reads_and_changes_no_token() {
     assert_eq!(without["stats"]["mirror_bytes_read"], serde_json::json!([]));
     assert!(with["stats"]["mirror_bytes_read"][0].as_u64().unwrap() > 0, "{with}");
 }
+
+/// What a hybrid model costs per session: `info` on a folder holding only
+/// the published config gives the attention cache per token and the fixed
+/// recurrent state, as the figures for Qwen3.6-35B-A3B and
+/// Qwen3-Next-80B-A3B.
+#[test]
+fn info_reports_kv_per_token_and_fixed_state_of_the_hybrid_configs() {
+    for (like, kv_bytes_per_token, state_bytes) in
+        [("qwen3.6-35b-a3b", 40 << 10, 65_863_680), ("qwen3-next-80b-a3b", 48 << 10, 79_036_416)]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), strata_format::like_config(like, None).unwrap()).unwrap();
+        let out = strata(&["info", path(dir.path())]);
+        assert!(out.status.success(), "{like}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains(&format!("kv bytes/token {kv_bytes_per_token} ")), "{like}:\n{text}");
+        assert!(text.contains(&format!("state bytes/session {state_bytes} ")), "{like}:\n{text}");
+    }
+}

@@ -364,16 +364,6 @@ impl ModelSpec {
         self.family.def().validate(self)
     }
 
-    /// f32 values one token adds to the KV cache in each layer: keys and
-    /// values for grouped-query attention; the latent and its rotary key for
-    /// MLA, plus the indexer key with DSA.
-    pub fn kv_floats_per_token_per_layer(&self) -> usize {
-        match &self.mla {
-            Some(mla) => mla.latent_dim() + self.dsa.as_ref().map_or(0, |d| d.index_head_dim),
-            None => 2 * self.kv_dim(),
-        }
-    }
-
     /// Width of the concatenated query heads: `num_heads * head_dim`.
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim

@@ -20,8 +20,11 @@ use crate::{Error, Result};
 
 /// Models whose shapes `synth --like` can copy, with their config.json as
 /// published on the Hugging Face hub (allenai/OLMoE-1B-7B-0924,
-/// Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1).
-pub const LIKE: [(&str, &str); 3] = [
+/// Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1), and for the hybrid
+/// Qwen models the shapes transformers 5.23's config classes default to,
+/// which describe Qwen3.5/3.6-35B-A3B (in the hub's multimodal wrapper) and
+/// Qwen3-Next-80B-A3B.
+pub const LIKE: [(&str, &str); 5] = [
     (
         "olmoe-1b-7b",
         r#"{"model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 1024,
@@ -46,6 +49,29 @@ pub const LIKE: [(&str, &str); 3] = [
             "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
             "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": null,
             "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"}"#,
+    ),
+    (
+        "qwen3.6-35b-a3b",
+        r#"{"model_type": "qwen3_5_moe", "tie_word_embeddings": false, "text_config": {
+            "model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40,
+            "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": 4,
+            "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "moe_intermediate_size": 512,
+            "shared_expert_intermediate_size": 512, "num_experts": 256, "num_experts_per_tok": 8,
+            "max_position_embeddings": 262144, "rms_norm_eps": 1e-06,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+            "dtype": "bfloat16"}}"#,
+    ),
+    (
+        "qwen3-next-80b-a3b",
+        r#"{"model_type": "qwen3_next", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5120,
+            "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+            "full_attention_interval": 4, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+            "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "num_experts": 512,
+            "num_experts_per_tok": 10, "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+            "max_position_embeddings": 262144, "rms_norm_eps": 1e-06, "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}"#,
     ),
 ];
 
@@ -95,7 +121,11 @@ pub fn like_config(like: &str, layers: Option<usize>) -> Result<String> {
         if n == 0 {
             return Err(Error::InvalidOption { option: "layers".into(), reason: "must be at least 1".into() });
         }
-        config["num_hidden_layers"] = n.into();
+        // A multimodal wrapper keeps the layer count in its text config.
+        match config.get_mut("text_config") {
+            Some(text) => text["num_hidden_layers"] = n.into(),
+            None => config["num_hidden_layers"] = n.into(),
+        }
     }
     Ok(config.to_string())
 }

@@ -43,14 +43,14 @@ fn fixture_specs_hold_the_mla_details() {
     assert_eq!((ds.router.n_group, ds.router.topk_group, ds.moe.top_k), (4, 2, 3));
     assert_eq!(ds.shared_intermediate_size, Some(24));
     assert_eq!(ds.layers, vec![LayerKind::Dense, LayerKind::Moe, LayerKind::Moe]);
-    assert_eq!(ds.kv_floats_per_token_per_layer(), 32 + 16);
+    assert_eq!(ds.kv_bytes_per_token(), ds.num_layers * (32 + 16) * 4);
 
     let glm = spec_of(&fixture("glm_moe_dsa").join("hf"));
     let dsa = glm.dsa.clone().unwrap();
     assert_eq!(dsa.indexer_types, vec![IndexerKind::Full, IndexerKind::Shared, IndexerKind::Full]);
     assert_eq!((dsa.index_topk, dsa.index_head_dim, dsa.index_n_heads), (4, 16, 4));
     assert!(glm.mla.unwrap().rope_interleave);
-    assert_eq!(glm.kv_floats_per_token_per_layer(), 32 + 8 + 16);
+    assert_eq!(glm.kv_bytes_per_token(), glm.num_layers * (32 + 8 + 16) * 4);
 
     let kimi = spec_of(&fixture("kimi_k25").join("hf"));
     assert_eq!(kimi.family, Family::KimiK25);
@@ -73,7 +73,7 @@ fn glm5_published_dims_cache_576_latent_floats_plus_index_keys() {
     });
     let spec = ModelSpec::from_config_value(&config).unwrap();
     assert_eq!(spec.mla.unwrap().latent_dim(), 576);
-    assert_eq!(spec.kv_floats_per_token_per_layer(), 576 + 128);
+    assert_eq!(spec.kv_bytes_per_token(), spec.num_layers * (576 + 128) * 4);
     assert_eq!(spec.layers.iter().filter(|&&k| k == LayerKind::Dense).count(), 3);
     assert!(spec.dsa.unwrap().indexer_types.iter().all(|&k| k == IndexerKind::Full));
 }

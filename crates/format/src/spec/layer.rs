@@ -43,6 +43,27 @@ impl AttentionKind {
     }
 }
 
+impl AttentionKind {
+    /// f32 values one token adds to this layer's cache: keys and values
+    /// (GQA); the latent with its rotary key, plus the indexer key with DSA
+    /// (MLA); none for a recurrent layer.
+    pub fn cache_floats_per_token(&self) -> usize {
+        match self {
+            AttentionKind::Gqa(gqa) => 2 * gqa.kv_dim(),
+            AttentionKind::Mla(mla) => mla.dims.latent_dim() + mla.indexer.map_or(0, |i| i.head_dim),
+            AttentionKind::GatedDeltaNet(_) => 0,
+        }
+    }
+
+    /// f32 values of fixed state one sequence keeps in this layer.
+    pub fn state_floats(&self) -> usize {
+        match self {
+            AttentionKind::Gqa(_) | AttentionKind::Mla(_) => 0,
+            AttentionKind::GatedDeltaNet(gdn) => gdn.dims.state_floats(),
+        }
+    }
+}
+
 /// Grouped-query attention with its optional refinements.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GqaSpec {
@@ -221,6 +242,16 @@ impl ModelSpec {
             }),
         };
         LayerSpec { attention, ffn, norm: self.norm_kind() }
+    }
+
+    /// Bytes (f32) one token adds to a sequence's cache, over all layers.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.layer_specs().iter().map(|l| l.attention.cache_floats_per_token()).sum::<usize>() * size_of::<f32>()
+    }
+
+    /// Bytes (f32) of fixed state one sequence keeps, over all layers.
+    pub fn state_bytes_per_sequence(&self) -> usize {
+        self.layer_specs().iter().map(|l| l.attention.state_floats()).sum::<usize>() * size_of::<f32>()
     }
 
     /// The kind of every RMSNorm of the decoder stack, the final one included.

@@ -67,7 +67,7 @@ fn deepseek_v3_as_published() {
     assert_eq!((s.moe.num_experts, s.moe.intermediate_size, s.shared_intermediate_size), (256, 2048, Some(2048)));
     assert_eq!(s.layers.iter().filter(|&&k| k == LayerKind::Dense).count(), 3);
     assert!(s.dsa.is_none());
-    assert_eq!(s.kv_floats_per_token_per_layer(), 576);
+    assert_eq!(s.kv_bytes_per_token(), s.num_layers * (576) * 4);
     let back = ModelSpec::from_config_value(&s.to_config_json()).unwrap();
     assert_eq!(back, s);
 }
@@ -153,7 +153,7 @@ fn glm_indexer_schedules() {
     assert_eq!(dsa.indexer_types, vec![IndexerKind::Full; 4]);
     assert_eq!(s.layers, vec![LayerKind::Dense, LayerKind::Dense, LayerKind::Dense, LayerKind::Moe]);
     assert_eq!((s.router.n_group, s.rms_norm_eps, s.max_position_embeddings), (1, 1e-5, 202_752));
-    assert_eq!(s.kv_floats_per_token_per_layer(), 16 + 8 + 16);
+    assert_eq!(s.kv_bytes_per_token(), s.num_layers * (16 + 8 + 16) * 4);
     let full_shared = |pattern: &str| -> Vec<IndexerKind> {
         pattern.chars().map(|c| if c == 'F' { IndexerKind::Full } else { IndexerKind::Shared }).collect()
     };
