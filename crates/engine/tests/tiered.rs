@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use strata_engine::{Engine, EngineOptions, IoBackend, PolicyKind, RamBudget};
 use strata_format::{ConvertOptions, QuantPreset};
 
-const FAMILIES: [&str; 3] = ["olmoe", "qwen3_moe", "mixtral"];
+/// The GQA families and the hybrid ones (recurrent state beside the streamed experts).
+const FAMILIES: [&str; 5] = ["olmoe", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_moe"];
 
 fn fixture(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(family)
