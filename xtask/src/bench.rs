@@ -59,9 +59,12 @@ struct Cli {
     /// decode steps per streaming run (resident runs twice as many)
     #[arg(long, value_name = "N", default_value_t = 24, value_parser = clap::value_parser!(u64).range(2..))]
     tokens: u64,
-    /// decoder layers of the Qwen3-30B-A3B-shaped streaming model
+    /// decoder layers of the streaming model
     #[arg(long, value_name = "N", default_value_t = 12)]
     pub(crate) stream_layers: usize,
+    /// whose shapes the streaming model copies (a `strata synth --like` name, e.g. qwen3.6-35b-a3b)
+    #[arg(long, value_name = "NAME", default_value = "qwen3-30b-a3b")]
+    stream_like: String,
     /// decoder layers of the OLMoE-1B-7B-shaped resident model
     #[arg(long, value_name = "N", default_value_t = 4)]
     resident_layers: usize,
@@ -82,6 +85,7 @@ pub(crate) struct Options {
     pub(crate) reps: usize,
     pub(crate) tokens: usize,
     pub(crate) stream_layers: usize,
+    stream_like: String,
     resident_layers: usize,
     pub(crate) out: PathBuf,
     peer: Option<String>,
@@ -109,6 +113,7 @@ impl Options {
             reps: cli.reps as usize,
             tokens: cli.tokens as usize,
             stream_layers: cli.stream_layers,
+            stream_like: cli.stream_like,
             resident_layers: cli.resident_layers,
             out: cli.out.unwrap_or_else(|| workspace_root().join("target").join("bench")),
             peer: cli.peer,
@@ -374,7 +379,8 @@ pub(crate) fn synth(bins: &Bins, opts: &Options, like: &str, layers: usize) -> R
 struct Footprint {
     /// Bytes of weights (and scales) a decoded token reads when everything
     /// is resident: every dense tensor but the embedding table (one row of
-    /// it), and `top_k` expert records' matrices per MoE layer.
+    /// it), and `top_k` expert records' matrices per MoE layer; plus the
+    /// recurrent layers' state, read and written back once per step.
     bytes_per_token: f64,
     /// Multiply-adds per token in the weight matrices (active parameters).
     macs_per_token: f64,
@@ -416,8 +422,21 @@ fn footprint(model: &Path) -> Result<Footprint> {
             macs += top_k * elems;
         }
     }
+    bytes += 2.0 * recurrent_state_bytes(&m["spec"]);
     let total_bytes = m["files"].as_array().into_iter().flatten().filter_map(|f| f["size_bytes"].as_f64()).sum();
     Ok(Footprint { bytes_per_token: bytes, macs_per_token: macs, total_bytes })
+}
+
+/// Bytes of one sequence's Gated DeltaNet state (f32 `d_k × d_v` per value
+/// head and `kernel − 1` conv inputs per channel, on every `linear` layer) as
+/// the manifest's spec gives them (docs/FORMAT.md); 0 for other models.
+fn recurrent_state_bytes(spec: &Value) -> f64 {
+    let d = &spec["linear_attention"];
+    let n = |key: &str| d[key].as_f64().unwrap_or(0.0);
+    let linear_layers = spec["mixers"].as_array().into_iter().flatten().filter(|m| *m == "linear").count() as f64;
+    let conv_dim = 2.0 * n("num_k_heads") * n("head_k_dim") + n("num_v_heads") * n("head_v_dim");
+    let floats = n("num_v_heads") * n("head_k_dim") * n("head_v_dim") + conv_dim * (n("conv_kernel") - 1.0).max(0.0);
+    linear_layers * floats * 4.0
 }
 
 /// Every data file of a container (for page-cache eviction).
@@ -517,7 +536,7 @@ fn suite_resident(bins: &Bins, opts: &Options, limits: &Limits, report: &mut Rep
 }
 
 fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<()> {
-    let model = synth(bins, opts, "qwen3-30b-a3b", opts.stream_layers)?;
+    let model = synth(bins, opts, &opts.stream_like, opts.stream_layers)?;
     let fp = footprint(&model)?;
     let files = model_files(&model)?;
     // The budget: a quarter of the model, but at least what the engine needs
@@ -615,8 +634,8 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
         report.rows.push(Row {
             suite: "streaming".into(),
             name: format!(
-                "streaming decode --io {io}, qwen3-30b-a3b shapes, {} layers, budget {budget}",
-                opts.stream_layers
+                "streaming decode --io {io}, {} shapes, {} layers, budget {budget}",
+                opts.stream_like, opts.stream_layers
             ),
             measured,
             unit: "tok/s".into(),
