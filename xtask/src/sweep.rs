@@ -12,10 +12,11 @@
 //!    cache (`decode_reference.npy`) and its 12-token greedy continuation, plus `cases.json`.
 //! 2. For every case: `strata convert hf <case>/strata --quant <f32|bf16>`; `strata logits` → `strata.npy`;
 //!    `strata logits --pass-tokens 1` on prompt + continuation → `decode.npy`; `strata generate --json` →
-//!    `greedy.json`; for the export cases also `--quant q4` → `q4.npy` and `strata export` → `q4_hf/`. A failing
+//!    `greedy.json`; for the export cases also `--quant q8|q4` → `q8.npy`/`q4.npy` and `strata export` →
+//!    `q8_hf/`/`q4_hf/`. A failing
 //!    command's stderr goes to `<case>/<step>.err` and the sweep goes on.
-//! 3. `sweep.py check` compares (1e-3·std for f32, 2e-3·std for bf16; greedy tokens exactly; q4: transformers on
-//!    the export against Strata's q4 logits at 1e-3·std, 3e-3·std for the recurrent hybrids as in the oracle
+//! 3. `sweep.py check` compares (1e-3·std for f32, 2e-3·std for bf16; greedy tokens exactly; q8/q4: transformers
+//!    on the export against Strata's q8/q4 logits at 1e-3·std, 3e-3·std for the recurrent hybrids as in the oracle
 //!    test), prints the table and the worst errors per family, and fails if any check does (naming, per family,
 //!    the axes every failing case shares).
 //!
@@ -178,13 +179,16 @@ fn dir_name(dir: &Path) -> String {
     dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
+/// The quantized containers an export case converts, runs and exports.
+const EXPORT_QUANTS: [&str; 2] = ["q8", "q4"];
+
 fn run_strata_case(strata: &Path, tmp: &Path, case: &Case, root: &Path) -> Result<()> {
     let dir = tmp.join(&case.name);
     let hf = path_str(&dir.join("hf"))?;
     let s = |p: &str| path_str(&dir.join(p));
     let (converted, logits) = (s("strata")?, s("strata.npy")?);
     let decode = s("decode.npy")?;
-    for f in ["strata.npy", "decode.npy", "greedy.json", "q4.npy"] {
+    for f in ["strata.npy", "decode.npy", "greedy.json", "q8.npy", "q4.npy"] {
         let _ = fs::remove_file(dir.join(f));
     }
     if strata_step(strata, &dir, "convert", &["convert", &hf, &converted, "--quant", &case.quant, "--overwrite"], root)?
@@ -207,19 +211,17 @@ fn run_strata_case(strata: &Path, tmp: &Path, case: &Case, root: &Path) -> Resul
         strata_step_to(strata, &dir, "generate", &generate_args, root, Some(&dir.join("greedy.json")))?;
     }
     if case.export {
-        let (q4, q4_logits, q4_hf) = (s("q4")?, s("q4.npy")?, s("q4_hf")?);
-        if dir.join("q4_hf").exists() {
-            fs::remove_dir_all(dir.join("q4_hf"))?;
-        }
-        if strata_step(strata, &dir, "convert_q4", &["convert", &hf, &q4, "--quant", "q4", "--overwrite"], root)? {
-            strata_step(
-                strata,
-                &dir,
-                "logits_q4",
-                &["logits", &q4, "--tokens", &case.prompt, "--out", &q4_logits],
-                root,
-            )?;
-            strata_step(strata, &dir, "export_q4", &["export", &q4, &q4_hf], root)?;
+        for quant in EXPORT_QUANTS {
+            let (q, q_logits, q_hf) = (s(quant)?, s(&format!("{quant}.npy"))?, s(&format!("{quant}_hf"))?);
+            if dir.join(format!("{quant}_hf")).exists() {
+                fs::remove_dir_all(dir.join(format!("{quant}_hf")))?;
+            }
+            let convert_args = ["convert", &hf, &q, "--quant", quant, "--overwrite"];
+            if strata_step(strata, &dir, &format!("convert_{quant}"), &convert_args, root)? {
+                let logits_args = ["logits", &q, "--tokens", &case.prompt, "--out", &q_logits];
+                strata_step(strata, &dir, &format!("logits_{quant}"), &logits_args, root)?;
+                strata_step(strata, &dir, &format!("export_{quant}"), &["export", &q, &q_hf], root)?;
+            }
         }
     }
     Ok(())
