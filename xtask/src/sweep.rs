@@ -7,14 +7,13 @@
 //!    shared experts, DSA heads/dims/top-k/shared indexer layers; hybrid (Qwen3-Next, Qwen3.5-MoE): layer_types
 //!    patterns or full_attention_interval, partial rotary factors, Gated DeltaNet heads/dims/conv kernel, shared
 //!    experts, dense layers, the hub's multimodal layout or the flat text save; sharded, f32/bf16, 5.x or 4.x
-//!    config spelling),
-//!    its float32 teacher-forced logits (`reference.npy`), its logits fed one token at a time through transformers'
-//!    cache (`decode_reference.npy`) and its 12-token greedy continuation, plus `cases.json`.
+//!    config spelling), its float32 teacher-forced logits (`reference.npy`), its logits fed one token at a time
+//!    through transformers' cache (`decode_reference.npy`) and its 12-token greedy continuation, plus `cases.json`
+//!    (`--family` keeps some families' cases only).
 //! 2. For every case: `strata convert hf <case>/strata --quant <f32|bf16>`; `strata logits` → `strata.npy`;
 //!    `strata logits --pass-tokens 1` on prompt + continuation → `decode.npy`; `strata generate --json` →
 //!    `greedy.json`; for the export cases also `--quant q8|q4` → `q8.npy`/`q4.npy` and `strata export` →
-//!    `q8_hf/`/`q4_hf/`. A failing
-//!    command's stderr goes to `<case>/<step>.err` and the sweep goes on.
+//!    `q8_hf/`/`q4_hf/`. A failing command's stderr goes to `<case>/<step>.err` and the sweep goes on.
 //! 3. `sweep.py check` compares (1e-3·std for f32, 2e-3·std for bf16; greedy tokens exactly; q8/q4: transformers
 //!    on the export against Strata's q8/q4 logits at 1e-3·std, 3e-3·std for the recurrent hybrids as in the oracle
 //!    test), prints the table and the worst errors per family, and fails if any check does (naming, per family,
