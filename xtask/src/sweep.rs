@@ -2,18 +2,22 @@
 //! and check that Strata's logits and tokens match transformers'.
 //!
 //! 1. `xtask/fixtures/sweep.py gen` writes, under `target/sweep-tmp/<case>/`, a random checkpoint saved by
-//!    transformers (`hf/`) for each of the six families (GQA: odd head_dim, GQA ratios 1/2/4/8, dense layers, tied
+//!    transformers (`hf/`) for each of the eight families (GQA: odd head_dim, GQA ratios 1/2/4/8, dense layers, tied
 //!    embeddings, biases, sliding windows, linear RoPE scaling; MLA: q LoRA or not, every head dim, YaRN, groups,
-//!    shared experts, DSA heads/dims/top-k/shared indexer layers; sharded, f32/bf16, 5.x or 4.x config spelling),
-//!    its float32 teacher-forced logits (`reference.npy`), its logits fed one token at a time through transformers'
-//!    cache (`decode_reference.npy`) and its 12-token greedy continuation, plus `cases.json`.
+//!    shared experts, DSA heads/dims/top-k/shared indexer layers; hybrid (Qwen3-Next, Qwen3.5-MoE): layer_types
+//!    patterns or full_attention_interval, partial rotary factors, Gated DeltaNet heads/dims/conv kernel, shared
+//!    experts, dense layers, the hub's multimodal layout or the flat text save; sharded, f32/bf16, 5.x or 4.x
+//!    config spelling), its float32 teacher-forced logits (`reference.npy`), its logits fed one token at a time
+//!    through transformers' cache (`decode_reference.npy`) and its 12-token greedy continuation, plus `cases.json`
+//!    (`--family` keeps some families' cases only).
 //! 2. For every case: `strata convert hf <case>/strata --quant <f32|bf16>`; `strata logits` → `strata.npy`;
 //!    `strata logits --pass-tokens 1` on prompt + continuation → `decode.npy`; `strata generate --json` →
-//!    `greedy.json`; for the export cases also `--quant q4` → `q4.npy` and `strata export` → `q4_hf/`. A failing
-//!    command's stderr goes to `<case>/<step>.err` and the sweep goes on.
-//! 3. `sweep.py check` compares (1e-3·std for f32, 2e-3·std for bf16; greedy tokens exactly; q4: transformers on
-//!    the export against Strata's q4 logits at 1e-3·std), prints the table and the worst error per family, and
-//!    fails if any check does.
+//!    `greedy.json`; for the export cases also `--quant q8|q4` → `q8.npy`/`q4.npy` and `strata export` →
+//!    `q8_hf/`/`q4_hf/`. A failing command's stderr goes to `<case>/<step>.err` and the sweep goes on.
+//! 3. `sweep.py check` compares (1e-3·std for f32, 2e-3·std for bf16; greedy tokens exactly; q8/q4: transformers
+//!    on the export against Strata's q8/q4 logits at 1e-3·std, 3e-3·std for the recurrent hybrids as in the oracle
+//!    test), prints the table and the worst errors per family, and fails if any check does (naming, per family,
+//!    the axes every failing case shares).
 //!
 //! The Python interpreter is chosen as for `cargo xtask fixtures` (`--python PATH`, or the pinned venv).
 
@@ -33,7 +37,7 @@ use crate::fixtures::{
 #[command(
     name = "sweep",
     bin_name = "cargo xtask sweep",
-    about = "Convert random transformers checkpoints (all six families, random shapes over every config axis, both \
+    about = "Convert random transformers checkpoints (all eight families, random shapes over every config axis, both \
              config spellings, f32 and bf16) with strata and compare teacher-forced logits, decode-path logits and \
              greedy tokens with transformers'. Work directory: target/sweep-tmp/.",
     long_about = None,
@@ -53,6 +57,9 @@ struct Opts {
     /// only these cases (repeatable; `sweep.py cases` lists them)
     #[arg(long = "case", alias = "cases", value_name = "NAME[,NAME]", value_delimiter = ',')]
     cases: Vec<String>,
+    /// only these families' cases (repeatable; e.g. qwen3_next,qwen3_5_moe)
+    #[arg(long = "family", alias = "families", value_name = "NAME[,NAME]", value_delimiter = ',')]
+    families: Vec<String>,
     /// this many randomly drawn cases per family on top of the curated ones (default: 20)
     #[arg(long, value_name = "N", value_parser = number)]
     random: Option<String>,
@@ -78,6 +85,7 @@ fn parse_args(args: &[String]) -> Result<Option<Opts>> {
         return Ok(None);
     };
     o.cases = non_empty(o.cases);
+    o.families = non_empty(o.families);
     Ok(Some(o))
 }
 
@@ -170,13 +178,16 @@ fn dir_name(dir: &Path) -> String {
     dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
+/// The quantized containers an export case converts, runs and exports.
+const EXPORT_QUANTS: [&str; 2] = ["q8", "q4"];
+
 fn run_strata_case(strata: &Path, tmp: &Path, case: &Case, root: &Path) -> Result<()> {
     let dir = tmp.join(&case.name);
     let hf = path_str(&dir.join("hf"))?;
     let s = |p: &str| path_str(&dir.join(p));
     let (converted, logits) = (s("strata")?, s("strata.npy")?);
     let decode = s("decode.npy")?;
-    for f in ["strata.npy", "decode.npy", "greedy.json", "q4.npy"] {
+    for f in ["strata.npy", "decode.npy", "greedy.json", "q8.npy", "q4.npy"] {
         let _ = fs::remove_file(dir.join(f));
     }
     if strata_step(strata, &dir, "convert", &["convert", &hf, &converted, "--quant", &case.quant, "--overwrite"], root)?
@@ -199,19 +210,17 @@ fn run_strata_case(strata: &Path, tmp: &Path, case: &Case, root: &Path) -> Resul
         strata_step_to(strata, &dir, "generate", &generate_args, root, Some(&dir.join("greedy.json")))?;
     }
     if case.export {
-        let (q4, q4_logits, q4_hf) = (s("q4")?, s("q4.npy")?, s("q4_hf")?);
-        if dir.join("q4_hf").exists() {
-            fs::remove_dir_all(dir.join("q4_hf"))?;
-        }
-        if strata_step(strata, &dir, "convert_q4", &["convert", &hf, &q4, "--quant", "q4", "--overwrite"], root)? {
-            strata_step(
-                strata,
-                &dir,
-                "logits_q4",
-                &["logits", &q4, "--tokens", &case.prompt, "--out", &q4_logits],
-                root,
-            )?;
-            strata_step(strata, &dir, "export_q4", &["export", &q4, &q4_hf], root)?;
+        for quant in EXPORT_QUANTS {
+            let (q, q_logits, q_hf) = (s(quant)?, s(&format!("{quant}.npy"))?, s(&format!("{quant}_hf"))?);
+            if dir.join(format!("{quant}_hf")).exists() {
+                fs::remove_dir_all(dir.join(format!("{quant}_hf")))?;
+            }
+            let convert_args = ["convert", &hf, &q, "--quant", quant, "--overwrite"];
+            if strata_step(strata, &dir, &format!("convert_{quant}"), &convert_args, root)? {
+                let logits_args = ["logits", &q, "--tokens", &case.prompt, "--out", &q_logits];
+                strata_step(strata, &dir, &format!("logits_{quant}"), &logits_args, root)?;
+                strata_step(strata, &dir, &format!("export_{quant}"), &["export", &q, &q_hf], root)?;
+            }
         }
     }
     Ok(())
@@ -251,6 +260,9 @@ pub fn run(args: &[String]) -> Result<()> {
         cmd.arg("gen").args(&common);
         for c in &opts.cases {
             cmd.args(["--case", c]);
+        }
+        for f in &opts.families {
+            cmd.args(["--family", f]);
         }
         if let Some(n) = &opts.random {
             cmd.args(["--random", n]);
@@ -296,14 +308,28 @@ mod tests {
         let o = parse(&[]).unwrap().unwrap();
         assert_eq!((o.python, o.strata, o.random, o.seed), (None, None, None, None));
         assert_eq!(o.base_python, PathBuf::from("python3"));
-        assert!(o.cases.is_empty() && !o.reuse && !o.keep_tmp && !o.allow_other_versions);
+        assert!(o.cases.is_empty() && o.families.is_empty() && !o.reuse && !o.keep_tmp && !o.allow_other_versions);
     }
 
     #[test]
     fn lists_values_and_flags() {
-        let o =
-            parse(&["sweep", "--case", "a,b", "--cases=c", "--random=3", "--seed", "007", "--reuse"]).unwrap().unwrap();
+        let o = parse(&[
+            "sweep",
+            "--case",
+            "a,b",
+            "--cases=c",
+            "--family",
+            "qwen3_next,qwen3_5_moe",
+            "--families=olmoe",
+            "--random=3",
+            "--seed",
+            "007",
+            "--reuse",
+        ])
+        .unwrap()
+        .unwrap();
         assert_eq!(o.cases, ["a", "b", "c"]);
+        assert_eq!(o.families, ["qwen3_next", "qwen3_5_moe", "olmoe"]);
         assert_eq!(o.random.as_deref(), Some("3"));
         assert_eq!(o.seed.as_deref(), Some("007"));
         assert!(o.reuse && !o.keep_tmp);
