@@ -279,7 +279,8 @@ fn is_config_only(dir: &Path) -> bool {
 fn info_config(dir: &Path) -> Result<()> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let spec = strata_format::ModelSpec::from_config_json(&text).with_context(|| format!("reading {}", path.display()))?;
+    let spec =
+        strata_format::ModelSpec::from_config_json(&text).with_context(|| format!("reading {}", path.display()))?;
     print_architecture(&spec);
     print_state(&spec);
     Ok(())
@@ -308,7 +309,10 @@ fn print_state(spec: &strata_format::ModelSpec) {
         (None, _) => format!("{} key+value", 2 * spec.kv_dim()),
     };
     let kv_bytes = spec.kv_bytes_per_token();
-    println!("kv bytes/token {kv_bytes} ({}) ({kv_parts} f32 per layer x {rows_layers} layers)", ByteSize(kv_bytes as u64));
+    println!(
+        "kv bytes/token {kv_bytes} ({}) ({kv_parts} f32 per layer x {rows_layers} layers)",
+        ByteSize(kv_bytes as u64)
+    );
     let state_bytes = spec.state_bytes_per_sequence();
     if state_bytes > 0 {
         let recurrent = layers.len() - rows_layers;

@@ -189,4 +189,3 @@ fn logits_are_bit_identical_with_an_expert_cache_smaller_than_one_layer() {
         }
     }
 }
-

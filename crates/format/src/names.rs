@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::family::Naming;
 use crate::spec::{
-    AttentionKind, FfnKind, GdnProjections, GdnSpec, GqaSpec, IndexerKind, MlaAttention, ModelSpec, QkNorm,
-    RouterKind, SharedExperts,
+    AttentionKind, FfnKind, GdnProjections, GdnSpec, GqaSpec, IndexerKind, MlaAttention, ModelSpec, QkNorm, RouterKind,
+    SharedExperts,
 };
 
 /// What role a non-expert tensor plays; decides its storage format.
@@ -316,9 +316,12 @@ fn gdn_tensors(spec: &ModelSpec, gdn: &GdnSpec, layer: usize, push: &mut Push<'_
     let (key_dim, value_dim, n_v) = (d.key_dim(), d.value_dim(), d.num_v_heads);
     let projections: &[(&str, usize)] = match d.projections {
         GdnProjections::Grouped => &[("in_proj_qkvz", 2 * key_dim + 2 * value_dim), ("in_proj_ba", 2 * n_v)],
-        GdnProjections::Split => {
-            &[("in_proj_qkv", 2 * key_dim + value_dim), ("in_proj_z", value_dim), ("in_proj_b", n_v), ("in_proj_a", n_v)]
-        }
+        GdnProjections::Split => &[
+            ("in_proj_qkv", 2 * key_dim + value_dim),
+            ("in_proj_z", value_dim),
+            ("in_proj_b", n_v),
+            ("in_proj_a", n_v),
+        ],
     };
     for &(name, rows) in projections {
         push(t(&format!("{name}.weight")), vec![rows, h], TensorKind::Linear);

@@ -31,8 +31,8 @@ pub use manifest::{
     AUX_FILES, ComponentEntry, DENSE_FILE, EXPERTS_DIR, ExpertLayerEntry, FORMAT_VERSION, FileEntry, MAGIC,
     MANIFEST_FILE, Manifest, QuantInfo, TensorEntry, expert_file_name,
 };
-pub(crate) use verify::hex as hex_digest;
 pub(crate) use validate::matrix_dims;
+pub(crate) use verify::hex as hex_digest;
 pub use verify::sha256_file;
 
 /// An opened, validated container.

@@ -34,7 +34,11 @@ const DEFAULT_FULL_ATTENTION_INTERVAL: usize = 4;
 
 /// The fields both families read, as a spec with every layer MoE and the
 /// config it came from.
-pub(super) fn parse<'a>(cfg: Fields<'a>, family: Family, projections: GdnProjections) -> Result<(ModelSpec, Fields<'a>)> {
+pub(super) fn parse<'a>(
+    cfg: Fields<'a>,
+    family: Family,
+    projections: GdnProjections,
+) -> Result<(ModelSpec, Fields<'a>)> {
     let (mut spec, cfg) = gqa::parse_fields(cfg, family, &DEFAULTS)?;
     let rope_params = cfg.object("rope_parameters")?.into_iter().chain(cfg.object("rope_scaling")?);
     let partial_given = cfg.map.contains_key("partial_rotary_factor")
@@ -89,10 +93,9 @@ fn mixers(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<MixerKind>> {
         .map(|item| match item.as_str() {
             Some("full_attention") => Ok(MixerKind::Full),
             Some("linear_attention") => Ok(MixerKind::Linear),
-            _ => Err(Error::invalid(
-                "layer_types",
-                format!("{item} is not \"full_attention\" or \"linear_attention\""),
-            )),
+            _ => {
+                Err(Error::invalid("layer_types", format!("{item} is not \"full_attention\" or \"linear_attention\"")))
+            }
         })
         .collect()
 }

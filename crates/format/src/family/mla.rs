@@ -11,7 +11,8 @@ use super::{CoreDims, Family};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
-    LayerKind, MlaSpec, ModelSpec, MoeSpec, NormStyle, QkNorm, RouterSpec, ScoringFunc, expert_count, parse_rope, special_tokens,
+    LayerKind, MlaSpec, ModelSpec, MoeSpec, NormStyle, QkNorm, RouterSpec, ScoringFunc, expert_count, parse_rope,
+    special_tokens,
 };
 
 /// A family's config-class defaults for the fields all of them read.

@@ -162,11 +162,11 @@ impl FromStr for Family {
     type Err = Error;
 
     fn from_str(model_type: &str) -> Result<Self> {
-        let reads = |family: &Family| {
-            family.model_type() == model_type || family.def().also_reads().contains(&model_type)
-        };
-        Family::ALL.into_iter().find(reads).ok_or_else(|| {
-            Error::UnsupportedModelType { model_type: model_type.to_owned(), supported: supported_model_types() }
+        let reads =
+            |family: &Family| family.model_type() == model_type || family.def().also_reads().contains(&model_type);
+        Family::ALL.into_iter().find(reads).ok_or_else(|| Error::UnsupportedModelType {
+            model_type: model_type.to_owned(),
+            supported: supported_model_types(),
         })
     }
 }

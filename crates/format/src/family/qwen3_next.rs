@@ -41,11 +41,16 @@ impl FamilyDef for Qwen3Next {
         }
         // Qwen3NextDecoderLayer.__init__: sparse iff not listed in
         // mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
-        spec.layers = (0..num_layers)
-            .map(|i| {
-                if !mlp_only.contains(&i) && (i + 1).is_multiple_of(step) { LayerKind::Moe } else { LayerKind::Dense }
-            })
-            .collect();
+        spec.layers =
+            (0..num_layers)
+                .map(|i| {
+                    if !mlp_only.contains(&i) && (i + 1).is_multiple_of(step) {
+                        LayerKind::Moe
+                    } else {
+                        LayerKind::Dense
+                    }
+                })
+                .collect();
         Ok(spec)
     }
 

@@ -106,7 +106,8 @@ impl DeltaNet {
         let d = &self.dims;
         let n = xs.len() / self.hidden;
         let mut inputs = self.project_inputs(rt, c, xs)?;
-        let (conv_w, dt_bias, a_log) = (c.dense_vec(&self.conv)?, c.dense_vec(&self.dt_bias)?, c.dense_vec(&self.a_log)?);
+        let (conv_w, dt_bias, a_log) =
+            (c.dense_vec(&self.conv)?, c.dense_vec(&self.dt_bias)?, c.dense_vec(&self.a_log)?);
         let mut core = vec![0.0f32; n * d.value_dim()];
         let mut row = 0;
         for seq in seqs.iter_mut() {
@@ -133,9 +134,12 @@ impl DeltaNet {
     fn project_inputs(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32]) -> Result<Inputs> {
         let run = |name: &String| project(rt, c, name, None, xs);
         match self.dims.projections {
-            GdnProjections::Split => {
-                Ok(Inputs { qkv: run(&self.inputs[0])?, z: run(&self.inputs[1])?, b: run(&self.inputs[2])?, a: run(&self.inputs[3])? })
-            }
+            GdnProjections::Split => Ok(Inputs {
+                qkv: run(&self.inputs[0])?,
+                z: run(&self.inputs[1])?,
+                b: run(&self.inputs[2])?,
+                a: run(&self.inputs[3])?,
+            }),
             GdnProjections::Grouped => Ok(ungroup(&self.dims, &run(&self.inputs[0])?, &run(&self.inputs[1])?)),
         }
     }

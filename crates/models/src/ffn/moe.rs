@@ -32,9 +32,10 @@ impl Moe {
         c.expert_layout(layer)?;
         let (shared, shared_gate) = match block.shared {
             SharedExperts::None => (None, None),
-            SharedExperts::Plain { intermediate_size } => {
-                (Some(swiglu_names(c, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?), None)
-            }
+            SharedExperts::Plain { intermediate_size } => (
+                Some(swiglu_names(c, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?),
+                None,
+            ),
             SharedExperts::Gated { intermediate_size } => {
                 let gate = names::shared_expert_gate_name(spec, layer);
                 matrix(c, &gate, 1, h)?;
