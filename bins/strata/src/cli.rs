@@ -72,7 +72,9 @@ pub enum Command {
     },
     /// Generate after a prompt: text (`--prompt`, the answer printed as text)
     /// or token ids (`--tokens`).
-    #[command(after_help = "Example:\n  strata generate --model allenai/OLMoE-1B-7B-0125-Instruct --prompt \"Hello\" --max-new-tokens 64")]
+    #[command(
+        after_help = "Example:\n  strata generate --model allenai/OLMoE-1B-7B-0125-Instruct --prompt \"Hello\" --max-new-tokens 64"
+    )]
     Generate {
         #[command(flatten)]
         model_dir: ModelArg,
@@ -261,7 +263,9 @@ pub struct MirrorArgs {
 #[derive(Debug, Subcommand)]
 pub enum TraceCommand {
     /// The hit rates LRU, LFRU, pinned, predict and Belady's optimal policy get on a trace.
-    #[command(after_help = "Example:\n  strata generate --prompt \"Hello\" --trace run.trace && strata trace replay run.trace --expert-cache 4MiB")]
+    #[command(
+        after_help = "Example:\n  strata generate --prompt \"Hello\" --trace run.trace && strata trace replay run.trace --expert-cache 4MiB"
+    )]
     Replay {
         file: PathBuf,
         /// The expert cache to simulate.
@@ -294,7 +298,8 @@ impl ModelArg {
 pub use strata_engine::args::EngineArgs as RunArgs;
 
 fn parse_model_name(text: &str) -> Result<ModelName, String> {
-    ModelName::parse(text).ok_or_else(|| format!("{text:?} is not a model name (expected ORG/NAME or ORG/NAME@REVISION)"))
+    ModelName::parse(text)
+        .ok_or_else(|| format!("{text:?} is not a model name (expected ORG/NAME or ORG/NAME@REVISION)"))
 }
 
 /// Token ids given as `1,2,3`.

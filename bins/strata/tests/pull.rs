@@ -126,7 +126,7 @@ impl Hub {
             return reply(&mut stream, "200 OK", &[("content-type", "application/json".to_owned())], &self.info());
         }
         let file = path.strip_prefix(&format!("/{}/resolve/", self.repo)).and_then(|rest| rest.split_once('/'));
-        let Some((rev, name)) = file.filter(|(rev, _)| revision_ok(rev)) else {
+        let Some((_, name)) = file.filter(|(rev, _)| revision_ok(rev)) else {
             return reply(&mut stream, "404 Not Found", &[], b"not found");
         };
         let Some(file) = self.files.iter().find(|f| f.name == name) else {
@@ -192,7 +192,8 @@ impl Hub {
                 let mut sibling =
                     serde_json::json!({ "rfilename": f.name, "blobId": f.git_blob_id(), "size": f.bytes.len() });
                 if f.lfs {
-                    sibling["lfs"] = serde_json::json!({ "sha256": f.sha256(), "size": f.bytes.len(), "pointerSize": 134 });
+                    sibling["lfs"] =
+                        serde_json::json!({ "sha256": f.sha256(), "size": f.bytes.len(), "pointerSize": 134 });
                 }
                 sibling
             })
@@ -238,7 +239,7 @@ fn single_file_repo() -> Vec<HubFile> {
 fn sharded_repo() -> Vec<HubFile> {
     let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
     let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut names: Vec<String> = tensors.names().into_iter().cloned().collect();
+    let mut names: Vec<String> = tensors.names().into_iter().map(str::to_owned).collect();
     names.sort();
     let half = names.len() / 2;
     let shard_names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
@@ -289,7 +290,11 @@ fn failure(out: &Output) -> String {
 }
 
 fn generated_tokens(cache: &Path, endpoint: &str, model: &str) -> serde_json::Value {
-    let out = strata(cache, endpoint, &["generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens", "6", "--json"]);
+    let out = strata(
+        cache,
+        endpoint,
+        &["generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens", "6", "--json"],
+    );
     let stdout = ok(&out);
     let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     last["tokens"].clone()
@@ -311,7 +316,10 @@ fn a_pulled_model_runs_by_name_is_listed_and_removed() {
 
     let listed = ok(&strata(cache.path(), &endpoint, &["models"]));
     let row = listed.lines().find(|l| l.starts_with("tiny-org/tiny-mixtral")).unwrap_or_else(|| panic!("{listed}"));
-    assert!(row.contains("main (01234567)") && row.contains("mixtral") && row.contains("q8") && row.ends_with("never"), "{row}");
+    assert!(
+        row.contains("main (01234567)") && row.contains("mixtral") && row.contains("q8") && row.ends_with("never"),
+        "{row}"
+    );
 
     let info = ok(&strata(cache.path(), &endpoint, &["info", "--model", "tiny-org/tiny-mixtral"]));
     assert!(info.contains("family        mixtral"), "{info}");
@@ -344,7 +352,11 @@ fn an_interrupted_download_resumes_with_a_range_request_on_the_next_pull() {
 
     hub.faults.lock().unwrap().down = None;
     ok(&strata(cache.path(), &endpoint, &["pull", "tiny-org/tiny-mixtral"]));
-    assert!(hub.ranges("model.safetensors").contains(&format!("bytes={cut}-")), "{:?}", hub.ranges("model.safetensors"));
+    assert!(
+        hub.ranges("model.safetensors").contains(&format!("bytes={cut}-")),
+        "{:?}",
+        hub.ranges("model.safetensors")
+    );
     // Every byte once, plus one per `bytes=0-0` probe of the file's headers.
     let probes = hub.ranges("model.safetensors").iter().filter(|r| *r == "bytes=0-0").count();
     assert_eq!(hub.sent_bytes("model.safetensors"), total + probes);

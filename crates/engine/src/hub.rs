@@ -243,7 +243,10 @@ pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result
             HubInfoError::Other(err) => err,
         })?;
     if !info.sha.bytes().all(|b| b.is_ascii_hexdigit()) || info.sha.len() != 40 {
-        return Err(Error::HubMetadata { name: name.to_string(), reason: format!("commit {:?} is not a commit id", info.sha) });
+        return Err(Error::HubMetadata {
+            name: name.to_string(),
+            reason: format!("commit {:?} is not a commit id", info.sha),
+        });
     }
     // Every file comes from the commit the metadata describes, even if the
     // branch moves during the pull.
@@ -273,7 +276,10 @@ pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result
         fetched.push(fetch(&file)?);
     }
     if !fetched.iter().any(|(f, ..)| f == "config.json") {
-        return Err(Error::HubMetadata { name: name.to_string(), reason: "the repository has no config.json".to_owned() });
+        return Err(Error::HubMetadata {
+            name: name.to_string(),
+            reason: "the repository has no config.json".to_owned(),
+        });
     }
     let checkpoint_bytes = fetched.iter().map(|(.., size)| size).sum();
     let files = fetched.len();
@@ -298,20 +304,18 @@ pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result
     let staging = parent.join(format!(".{leaf}.{}.staging", std::process::id()));
     let convert_options =
         ConvertOptions { progress: options.progress, overwrite: true, ..ConvertOptions::new(options.preset) };
-    let published = strata_format::convert(&snapshot, &staging, &convert_options)
-        .map_err(Error::from)
-        .and_then(|_| {
-            let record = PulledRecord {
-                repo: name.repo.clone(),
-                revision,
-                commit: info.sha.clone(),
-                endpoint,
-                pulled_unix_s: now_unix_s(),
-                last_used_unix_s: None,
-            };
-            write_record(&staging, &record)?;
-            publish(&staging, &dir)
-        });
+    let published = strata_format::convert(&snapshot, &staging, &convert_options).map_err(Error::from).and_then(|_| {
+        let record = PulledRecord {
+            repo: name.repo.clone(),
+            revision,
+            commit: info.sha.clone(),
+            endpoint,
+            pulled_unix_s: now_unix_s(),
+            last_used_unix_s: None,
+        };
+        write_record(&staging, &record)?;
+        publish(&staging, &dir)
+    });
     if published.is_err() {
         let _ = fs::remove_dir_all(&staging);
     }
@@ -364,8 +368,8 @@ fn weight_files(name: &ModelName, info: &RepoInfo, index: Option<&Path>) -> Resu
             struct Index {
                 weight_map: std::collections::BTreeMap<String, String>,
             }
-            let index: Index = serde_json::from_slice(&read_bounded(index)?)
-                .map_err(|e| metadata(format!("{INDEX_FILE}: {e}")))?;
+            let index: Index =
+                serde_json::from_slice(&read_bounded(index)?).map_err(|e| metadata(format!("{INDEX_FILE}: {e}")))?;
             index.weight_map.into_values().collect()
         }
         None => info
@@ -378,7 +382,9 @@ fn weight_files(name: &ModelName, info: &RepoInfo, index: Option<&Path>) -> Resu
     files.sort();
     files.dedup();
     if files.is_empty() {
-        return Err(metadata("the repository has no safetensors weights (Strata converts safetensors checkpoints)".to_owned()));
+        return Err(metadata(
+            "the repository has no safetensors weights (Strata converts safetensors checkpoints)".to_owned(),
+        ));
     }
     if files.len() > FILES_MAX {
         return Err(metadata(format!("{} weight files, more than the {FILES_MAX} a pull takes", files.len())));
@@ -395,7 +401,9 @@ fn expected_digest(sibling: &Sibling) -> Option<(Expected, u64)> {
     let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
     match (&sibling.lfs, &sibling.blob_id, sibling.size) {
         (Some(lfs), ..) if hex(&lfs.sha256, 64) => Some((Expected::Sha256(lfs.sha256.to_ascii_lowercase()), lfs.size)),
-        (None, Some(blob), Some(size)) if hex(blob, 40) => Some((Expected::GitBlobSha1(blob.to_ascii_lowercase()), size)),
+        (None, Some(blob), Some(size)) if hex(blob, 40) => {
+            Some((Expected::GitBlobSha1(blob.to_ascii_lowercase()), size))
+        }
         _ => None,
     }
 }
@@ -553,7 +561,8 @@ fn read_record(dir: &Path) -> Result<PulledRecord> {
 fn write_record(dir: &Path, record: &PulledRecord) -> Result<()> {
     let path = dir.join(RECORD_FILE);
     let tmp = dir.join(format!(".{RECORD_FILE}.{}.tmp", std::process::id()));
-    let text = serde_json::to_string_pretty(record).map_err(|e| Error::ModelFile { path: path.clone(), reason: e.to_string() })?;
+    let text = serde_json::to_string_pretty(record)
+        .map_err(|e| Error::ModelFile { path: path.clone(), reason: e.to_string() })?;
     fs::write(&tmp, text).map_err(io(&tmp))?;
     fs::rename(&tmp, &path).map_err(io(&path))
 }
@@ -601,7 +610,18 @@ mod tests {
         assert_eq!(name.to_string(), "allenai/OLMoE-1B-7B-0125@v1.0");
         assert_eq!(ModelName::parse("org/name").unwrap().revision, None);
         assert!(ModelName::parse("org/name@refs/pr/1").is_some());
-        for bad in ["name", "org/", "/name", "a/b/c", "../x", "org/..", "org/.hidden", "org/na me", "org/name@", "org/name@../x"] {
+        for bad in [
+            "name",
+            "org/",
+            "/name",
+            "a/b/c",
+            "../x",
+            "org/..",
+            "org/.hidden",
+            "org/na me",
+            "org/name@",
+            "org/name@../x",
+        ] {
             assert!(ModelName::parse(bad).is_none(), "{bad}");
         }
     }

@@ -130,7 +130,10 @@ mod tests {
     fn a_name_not_pulled_says_how_to_pull_it() {
         let cache = tempfile::tempdir().unwrap();
         let err = resolve_model(Some(Path::new("no-such-org/no-such-model")), cache.path(), false).unwrap_err();
-        assert_eq!(err.to_string(), "no-such-org/no-such-model is not pulled; run `strata pull no-such-org/no-such-model`");
+        assert_eq!(
+            err.to_string(),
+            "no-such-org/no-such-model is not pulled; run `strata pull no-such-org/no-such-model`"
+        );
     }
 
     #[test]
