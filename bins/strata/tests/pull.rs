@@ -69,6 +69,8 @@ struct Log {
     requests: Vec<(String, Option<String>)>,
     /// Body bytes sent per file.
     sent_bytes: HashMap<String, usize>,
+    /// The Authorization header of every request (`None`: none sent).
+    authorizations: Vec<Option<String>>,
 }
 
 struct Hub {
@@ -113,10 +115,11 @@ impl Hub {
         let head = String::from_utf8_lossy(&head).into_owned();
         let mut lines = head.lines();
         let target = lines.next().and_then(|l| l.split(' ').nth(1)).unwrap_or("/").to_owned();
-        let range = lines
-            .filter_map(|l| l.split_once(':'))
-            .find(|(k, _)| k.eq_ignore_ascii_case("range"))
-            .map(|(_, v)| v.trim().to_owned());
+        let headers: Vec<(&str, &str)> = lines.filter_map(|l| l.split_once(':')).collect();
+        let header =
+            |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.trim().to_owned());
+        let range = header("range");
+        self.log.lock().unwrap().authorizations.push(header("authorization"));
         let path = target.split('?').next().unwrap_or_default();
         let revision_ok = |rev: &str| rev == "main" || rev == COMMIT;
         if let Some(rev) = path.strip_prefix(&format!("/api/models/{}/revision/", self.repo)) {
@@ -403,4 +406,22 @@ fn a_sharded_checkpoint_is_pulled_and_gives_the_tokens_of_the_single_file_one() 
     assert!(failure(&other).contains("tiny-org/tiny-sharded@v2 is not pulled"));
     let listed = ok(&strata(cache.path(), &sharded, &["models"]));
     assert_eq!(listed.lines().count(), 3, "{listed}");
+}
+
+#[test]
+fn the_endpoint_flag_wins_over_hf_endpoint_and_hf_token_is_sent() {
+    let cache = tempfile::tempdir().unwrap();
+    let (hub, endpoint) = Hub::start("tiny-org/tiny-mixtral", single_file_repo());
+    // HF_ENDPOINT names a port nothing listens on: only --endpoint can work.
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["pull", "tiny-org/tiny-mixtral", "--endpoint", &endpoint, "--cache-dir"])
+        .arg(cache.path())
+        .env("HF_ENDPOINT", "http://127.0.0.1:1")
+        .env("HF_TOKEN", "hf_test_token")
+        .output()
+        .unwrap();
+    ok(&out);
+    let authorizations = hub.log.lock().unwrap().authorizations.clone();
+    assert!(!authorizations.is_empty());
+    assert!(authorizations.iter().all(|a| a.as_deref() == Some("Bearer hf_test_token")), "{authorizations:?}");
 }

@@ -47,6 +47,9 @@ const REVISION_BYTES_MAX: usize = 255;
 const REPO_INFO_BYTES_MAX: u64 = 64 << 20;
 /// Files a pull fetches; the largest checkpoints have under two thousand shards.
 const FILES_MAX: usize = 4096;
+/// Files a repository may list (a model repository with more is not one
+/// this pull understands: datasets of images, per-step checkpoints).
+const SIBLINGS_MAX: usize = 65_536;
 /// What is read of a JSON file of the checkpoint or the cache (index,
 /// record, manifest).
 const JSON_FILE_BYTES_MAX: u64 = 64 << 20;
@@ -248,6 +251,13 @@ pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result
             reason: format!("commit {:?} is not a commit id", info.sha),
         });
     }
+    // Checked before anything is fetched: without it there is no model.
+    if !info.siblings.iter().any(|s| s.rfilename == "config.json") {
+        return Err(Error::HubMetadata {
+            name: name.to_string(),
+            reason: "the repository has no config.json (not a transformers checkpoint)".to_owned(),
+        });
+    }
     // Every file comes from the commit the metadata describes, even if the
     // branch moves during the pull.
     let repo = api.repo(Repo::with_revision(name.repo.clone(), RepoType::Model, info.sha.clone()));
@@ -275,17 +285,12 @@ pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result
     for file in weight_files(name, &info, index.as_deref())? {
         fetched.push(fetch(&file)?);
     }
-    if !fetched.iter().any(|(f, ..)| f == "config.json") {
-        return Err(Error::HubMetadata {
-            name: name.to_string(),
-            reason: "the repository has no config.json".to_owned(),
-        });
-    }
     let checkpoint_bytes = fetched.iter().map(|(.., size)| size).sum();
     let files = fetched.len();
     // hf-hub puts every file of one commit in one snapshot directory (links
     // to the blobs): that directory is the checkpoint.
-    let snapshot = fetched[0].1.parent().map(Path::to_path_buf).unwrap_or_default();
+    // (config.json was fetched, so there is a first file.)
+    let snapshot = fetched.first().and_then(|(_, path, _)| path.parent()).map(Path::to_path_buf).unwrap_or_default();
     if fetched.iter().any(|(_, path, _)| path.parent() != Some(snapshot.as_path())) {
         return Err(Error::HubMetadata {
             name: name.to_string(),
@@ -352,7 +357,7 @@ fn repo_info(repo: &hf_hub::api::sync::ApiRepo, name: &ModelName) -> std::result
     }
     let info: RepoInfo =
         serde_json::from_slice(&body).map_err(|e| metadata(format!("the repository's description: {e}")))?;
-    if info.siblings.len() > FILES_MAX * 16 {
+    if info.siblings.len() > SIBLINGS_MAX {
         return Err(metadata(format!("the repository lists {} files", info.siblings.len())));
     }
     Ok(info)
@@ -508,7 +513,9 @@ pub fn remove(cache_dir: &Path, name: &ModelName) -> Result<PulledModel> {
     let model = read_model(&dir)?;
     // Renamed first, so an interrupted removal never leaves a container
     // that looks whole but is not.
-    let doomed = dir.with_extension(format!("{}.removing", std::process::id()));
+    // A dot name, which `list` skips, beside the model (one filesystem).
+    let leaf = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let doomed = dir.with_file_name(format!(".{leaf}.{}.removing", std::process::id()));
     fs::rename(&dir, &doomed).map_err(io(&dir))?;
     fs::remove_dir_all(&doomed).map_err(io(&doomed))?;
     if let Some(org) = dir.parent() {
