@@ -18,7 +18,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use hf_hub::api::sync::{ApiBuilder, ApiError};
+use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
 use hf_hub::{Cache, Repo, RepoType};
 use serde::{Deserialize, Serialize};
 use sha1::Sha1;
@@ -223,11 +223,6 @@ enum Expected {
 /// the hub's digest is removed and the pull refused; nothing is published
 /// unless every file matched and conversion succeeded.
 pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result<PullReport> {
-    let revision = name.revision.clone().unwrap_or_else(|| DEFAULT_REVISION.to_owned());
-    let hub_err = |what: String| {
-        let repo = name.to_string();
-        move |source: ApiError| Error::Hub { name: repo, what, source: Box::new(source) }
-    };
     let downloads = cache_dir.join(DOWNLOADS_DIR);
     fs::create_dir_all(&downloads).map_err(io(&downloads))?;
     let endpoint = options.endpoint.trim_end_matches('/').to_owned();
@@ -237,42 +232,64 @@ pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result
         .with_progress(options.progress)
         .with_retries(DOWNLOAD_RETRIES)
         .build()
-        .map_err(hub_err("starting the hub client".to_owned()))?;
+        .map_err(hub_error(name, "starting the hub client".to_owned()))?;
 
     let started = Instant::now();
-    let info = repo_info(&api.repo(Repo::with_revision(name.repo.clone(), RepoType::Model, revision.clone())), name)
-        .map_err(|e| match e {
-            HubInfoError::Api(source) => hub_err(format!("reading its file list from {endpoint}"))(source),
-            HubInfoError::Other(err) => err,
-        })?;
-    if !info.sha.bytes().all(|b| b.is_ascii_hexdigit()) || info.sha.len() != 40 {
-        return Err(Error::HubMetadata {
-            name: name.to_string(),
-            reason: format!("commit {:?} is not a commit id", info.sha),
-        });
-    }
-    // Checked before anything is fetched: without it there is no model.
-    if !info.siblings.iter().any(|s| s.rfilename == "config.json") {
-        return Err(Error::HubMetadata {
-            name: name.to_string(),
-            reason: "the repository has no config.json (not a transformers checkpoint)".to_owned(),
-        });
-    }
+    let revision = name.revision.clone().unwrap_or_else(|| DEFAULT_REVISION.to_owned());
+    let info = repo_info(&api, name, &revision, &endpoint)?;
+    let checkpoint = fetch_checkpoint(&api, name, &info)?;
+    let download_time = started.elapsed();
+
+    let started = Instant::now();
+    let record = PulledRecord {
+        repo: name.repo.clone(),
+        revision,
+        commit: info.sha,
+        endpoint,
+        pulled_unix_s: now_unix_s(),
+        last_used_unix_s: None,
+    };
+    let dir = convert_and_publish(&checkpoint.snapshot, &name.container_dir(cache_dir), &record, options)?;
+    let convert_time = started.elapsed();
+    // The container holds all that runs the model (tokenizer files are
+    // copied in): the downloaded checkpoint would only double the disk used.
+    let _ = fs::remove_dir_all(downloads.join(Repo::model(name.repo.clone()).folder_name()));
+    Ok(PullReport {
+        model: read_model(&dir)?,
+        files: checkpoint.files,
+        checkpoint_bytes: checkpoint.bytes,
+        download_time,
+        convert_time,
+    })
+}
+
+/// A checkpoint fetched and checked, in hf-hub's cache.
+struct Checkpoint {
+    /// hf-hub's snapshot directory of the commit: links to the blobs.
+    snapshot: PathBuf,
+    files: usize,
+    bytes: u64,
+}
+
+/// Fetches the checkpoint's files (the small ones, then the weights the
+/// index names) at the commit `info` describes, each checked against it.
+fn fetch_checkpoint(api: &Api, name: &ModelName, info: &RepoInfo) -> Result<Checkpoint> {
+    let metadata = |reason: String| Error::HubMetadata { name: name.to_string(), reason };
     // Every file comes from the commit the metadata describes, even if the
     // branch moves during the pull.
     let repo = api.repo(Repo::with_revision(name.repo.clone(), RepoType::Model, info.sha.clone()));
     let fetch = |file: &str| -> Result<(String, PathBuf, u64)> {
-        let sibling = info.siblings.iter().find(|s| s.rfilename == file).ok_or_else(|| Error::HubMetadata {
-            name: name.to_string(),
-            reason: format!("{file} is named by the checkpoint but not in the repository"),
-        })?;
-        let (expected, size_bytes) = expected_digest(sibling).ok_or_else(|| Error::HubMetadata {
-            name: name.to_string(),
-            reason: format!("the hub gives no digest for {file}"),
-        })?;
+        let sibling = info
+            .siblings
+            .iter()
+            .find(|s| s.rfilename == file)
+            .ok_or_else(|| metadata(format!("{file} is named by the checkpoint but not in the repository")))?;
+        let (expected, size_bytes) =
+            expected_digest(sibling).ok_or_else(|| metadata(format!("the hub gives no digest for {file}")))?;
         // `get` finds a file completed by an earlier pull; otherwise it
         // downloads, resuming a partial file from its `.part`.
-        let path = repo.get(file).map_err(hub_err(format!("fetching {file}")))?;
+        let what = format!("fetching {file} (what arrived is kept: pull again to resume)");
+        let path = repo.get(file).map_err(hub_error(name, what))?;
         verify(&path, file, &expected, size_bytes)?;
         Ok((file.to_owned(), path, size_bytes))
     };
@@ -282,76 +299,62 @@ pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result
         .map(|file| fetch(file))
         .collect::<Result<_>>()?;
     let index = fetched.iter().find(|(f, ..)| f == INDEX_FILE).map(|(_, path, _)| path.clone());
-    for file in weight_files(name, &info, index.as_deref())? {
+    for file in weight_files(name, info, index.as_deref())? {
         fetched.push(fetch(&file)?);
     }
-    let checkpoint_bytes = fetched.iter().map(|(.., size)| size).sum();
-    let files = fetched.len();
-    // hf-hub puts every file of one commit in one snapshot directory (links
-    // to the blobs): that directory is the checkpoint.
-    // (config.json was fetched, so there is a first file.)
+    // hf-hub puts every file of one commit in one snapshot directory: that
+    // directory is the checkpoint. (config.json was fetched: there is a first.)
     let snapshot = fetched.first().and_then(|(_, path, _)| path.parent()).map(Path::to_path_buf).unwrap_or_default();
     if fetched.iter().any(|(_, path, _)| path.parent() != Some(snapshot.as_path())) {
-        return Err(Error::HubMetadata {
-            name: name.to_string(),
-            reason: "the hub gave files of more than one commit".to_owned(),
-        });
+        return Err(metadata("the hub gave files of more than one commit".to_owned()));
     }
-    let download_time = started.elapsed();
+    Ok(Checkpoint { snapshot, files: fetched.len(), bytes: fetched.iter().map(|(.., size)| size).sum() })
+}
 
-    let started = Instant::now();
-    let dir = name.container_dir(cache_dir);
+/// Converts the checkpoint into a staging directory beside `dir`, records
+/// `record` in it and renames it to `dir`; on failure removes the staging
+/// directory and leaves `dir` as it was.
+fn convert_and_publish(snapshot: &Path, dir: &Path, record: &PulledRecord, options: &PullOptions) -> Result<PathBuf> {
     let parent = dir.parent().map(Path::to_path_buf).unwrap_or_default();
     fs::create_dir_all(&parent).map_err(io(&parent))?;
     let leaf = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     // Per process and beside the target, so two pulls never share a staging
-    // directory and the rename below stays on one filesystem.
+    // directory and the rename stays on one filesystem.
     let staging = parent.join(format!(".{leaf}.{}.staging", std::process::id()));
     let convert_options =
         ConvertOptions { progress: options.progress, overwrite: true, ..ConvertOptions::new(options.preset) };
-    let published = strata_format::convert(&snapshot, &staging, &convert_options).map_err(Error::from).and_then(|_| {
-        let record = PulledRecord {
-            repo: name.repo.clone(),
-            revision,
-            commit: info.sha.clone(),
-            endpoint,
-            pulled_unix_s: now_unix_s(),
-            last_used_unix_s: None,
-        };
-        write_record(&staging, &record)?;
-        publish(&staging, &dir)
-    });
+    let published = strata_format::convert(snapshot, &staging, &convert_options)
+        .map_err(Error::from)
+        .and_then(|_| write_record(&staging, record))
+        .and_then(|()| publish(&staging, dir));
     if published.is_err() {
         let _ = fs::remove_dir_all(&staging);
     }
-    published?;
-    let convert_time = started.elapsed();
-    // The container holds all that runs the model (tokenizer files are
-    // copied in): the downloaded checkpoint would only double the disk used.
-    let repo_downloads = downloads.join(Repo::model(name.repo.clone()).folder_name());
-    let _ = fs::remove_dir_all(&repo_downloads);
-    Ok(PullReport { model: read_model(&dir)?, files, checkpoint_bytes, download_time, convert_time })
+    published.map(|()| dir.to_path_buf())
 }
 
-enum HubInfoError {
-    Api(ApiError),
-    Other(Error),
+fn hub_error(name: &ModelName, what: String) -> impl FnOnce(ApiError) -> Error {
+    let name = name.to_string();
+    move |source| Error::Hub { name, what, source: Box::new(source) }
 }
 
-/// The repository's files and their digests, read with a bound.
-fn repo_info(repo: &hf_hub::api::sync::ApiRepo, name: &ModelName) -> std::result::Result<RepoInfo, HubInfoError> {
+/// The repository's files and their digests at `revision` (read with a
+/// bound), checked for what a pull needs before anything is fetched.
+fn repo_info(api: &Api, name: &ModelName, revision: &str, endpoint: &str) -> Result<RepoInfo> {
+    let repo = api.repo(Repo::with_revision(name.repo.clone(), RepoType::Model, revision.to_owned()));
+    let what = || format!("reading its file list from {endpoint}");
     let response = repo
         .info_request()
         .query("blobs", "true")
         .call()
-        .map_err(|e| HubInfoError::Api(ApiError::from(Box::new(e))))?;
+        .map_err(|e| hub_error(name, what())(ApiError::from(Box::new(e))))?;
     let mut body = Vec::new();
     response
         .into_reader()
         .take(REPO_INFO_BYTES_MAX + 1)
         .read_to_end(&mut body)
-        .map_err(|e| HubInfoError::Api(ApiError::from(e)))?;
-    let metadata = |reason: String| HubInfoError::Other(Error::HubMetadata { name: name.to_string(), reason });
+        .map_err(|e| hub_error(name, what())(ApiError::from(e)))?;
+    let metadata = |reason: String| Error::HubMetadata { name: name.to_string(), reason };
     if body.len() as u64 > REPO_INFO_BYTES_MAX {
         return Err(metadata(format!("the repository's description is over {REPO_INFO_BYTES_MAX} bytes")));
     }
@@ -359,6 +362,12 @@ fn repo_info(repo: &hf_hub::api::sync::ApiRepo, name: &ModelName) -> std::result
         serde_json::from_slice(&body).map_err(|e| metadata(format!("the repository's description: {e}")))?;
     if info.siblings.len() > SIBLINGS_MAX {
         return Err(metadata(format!("the repository lists {} files", info.siblings.len())));
+    }
+    if info.sha.len() != 40 || !info.sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(metadata(format!("commit {:?} is not a commit id", info.sha)));
+    }
+    if !info.siblings.iter().any(|s| s.rfilename == "config.json") {
+        return Err(metadata("the repository has no config.json (not a transformers checkpoint)".to_owned()));
     }
     Ok(info)
 }
