@@ -13,7 +13,7 @@ use strata_engine::hub::ModelName;
     version,
     about = "Run Mixture-of-Experts models larger than RAM",
     after_help = "Examples:
-  strata generate --prompt \"Once upon a time\"            the demo model built in
+  strata generate --prompt \"Once upon a time\"              the demo model built in
   strata pull allenai/OLMoE-1B-7B-0125-Instruct            fetch a model by name
   strata generate --model allenai/OLMoE-1B-7B-0125-Instruct --prompt \"Hello\"
   strata models                                            what is pulled"
