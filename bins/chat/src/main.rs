@@ -29,7 +29,7 @@ use strata_engine::{
     after_help = "Examples:
   chat                                                    the demo model built in
   strata pull allenai/OLMoE-1B-7B-0125-Instruct && chat --model allenai/OLMoE-1B-7B-0125-Instruct
-  echo \"Tell me a fortune.\" | chat                          one answer, then exit"
+  echo \"Tell me a fortune.\" | chat                        one answer, then exit"
 )]
 pub struct Cli {
     /// A Strata container, a Hugging Face checkpoint directory, or ORG/NAME
