@@ -404,6 +404,8 @@ fn a_sharded_checkpoint_is_pulled_and_gives_the_tokens_of_the_single_file_one() 
     ok(&strata(cache.path(), &sharded, &["info", "--model", &format!("tiny-org/tiny-sharded@{COMMIT}")]));
     let other = strata(cache.path(), &sharded, &["info", "--model", "tiny-org/tiny-sharded@v2"]);
     assert!(failure(&other).contains("tiny-org/tiny-sharded@v2 is not pulled"));
+    let missing = failure(&strata(cache.path(), &sharded, &["pull", "tiny-org/tiny-sharded@v2"]));
+    assert!(missing.contains("no repository tiny-org/tiny-sharded@v2 on http://127.0.0.1:"), "{missing}");
     let listed = ok(&strata(cache.path(), &sharded, &["models"]));
     assert_eq!(listed.lines().count(), 3, "{listed}");
 }

@@ -343,18 +343,22 @@ fn hub_error(name: &ModelName, what: String) -> impl FnOnce(ApiError) -> Error {
 fn repo_info(api: &Api, name: &ModelName, revision: &str, endpoint: &str) -> Result<RepoInfo> {
     let repo = api.repo(Repo::with_revision(name.repo.clone(), RepoType::Model, revision.to_owned()));
     let what = || format!("reading its file list from {endpoint}");
-    let response = repo
-        .info_request()
-        .query("blobs", "true")
-        .call()
-        .map_err(|e| hub_error(name, what())(ApiError::from(Box::new(e))))?;
+    let metadata = |reason: String| Error::HubMetadata { name: name.to_string(), reason };
+    let response = repo.info_request().query("blobs", "true").call().map_err(|e| match e {
+        ureq::Error::Status(status @ (401 | 403), _) => metadata(format!(
+            "{endpoint} refused access (HTTP {status}): a gated or private repository needs an access token in HF_TOKEN"
+        )),
+        ureq::Error::Status(404, _) => {
+            metadata(format!("no repository {name} on {endpoint} (HTTP 404): check the name and the revision"))
+        }
+        e => hub_error(name, what())(ApiError::from(Box::new(e))),
+    })?;
     let mut body = Vec::new();
     response
         .into_reader()
         .take(REPO_INFO_BYTES_MAX + 1)
         .read_to_end(&mut body)
         .map_err(|e| hub_error(name, what())(ApiError::from(e)))?;
-    let metadata = |reason: String| Error::HubMetadata { name: name.to_string(), reason };
     if body.len() as u64 > REPO_INFO_BYTES_MAX {
         return Err(metadata(format!("the repository's description is over {REPO_INFO_BYTES_MAX} bytes")));
     }
