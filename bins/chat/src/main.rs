@@ -1,8 +1,9 @@
 //! `chat`: talk to a model in the terminal.
 //!
-//! With no arguments it chats with the demo model built into the binary. `--model DIR`
-//! takes a Strata container or a Hugging Face checkpoint (converted once
-//! into a cache). Piped input (`echo question | chat`) prints one answer and
+//! With no arguments it chats with the demo model built into the binary.
+//! `--model DIR` takes a Strata container or a Hugging Face checkpoint
+//! (converted once into a cache), `--model ORG/NAME` a model pulled with
+//! `strata pull`. Piped input (`echo question | chat`) prints one answer and
 //! exits. A thin binary: flags, the line editor and printing are here; the
 //! conversation itself is `strata_engine::Chat`.
 
@@ -21,12 +22,21 @@ use strata_engine::{
 };
 
 #[derive(Debug, Parser)]
-#[command(name = "chat", version, about = "Chat with a Mixture-of-Experts model")]
+#[command(
+    name = "chat",
+    version,
+    about = "Chat with a Mixture-of-Experts model",
+    after_help = "Examples:
+  chat                                                    the demo model built in
+  strata pull allenai/OLMoE-1B-7B-0125-Instruct && chat --model allenai/OLMoE-1B-7B-0125-Instruct
+  echo \"Tell me a fortune.\" | chat                        one answer, then exit"
+)]
 pub struct Cli {
-    /// A Strata container or a Hugging Face checkpoint directory (default: the demo model).
+    /// A Strata container, a Hugging Face checkpoint directory, or ORG/NAME
+    /// pulled with `strata pull` (default: the demo model).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Where converted checkpoints are cached (default: ~/.cache/strata/models).
+    /// Where pulled models and converted checkpoints are cached (default: ~/.cache/strata/models).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
     /// Take tokenizer.json and the chat template from this directory instead

@@ -24,7 +24,8 @@ Ctrl-C         stop the current answer;  Ctrl-D or /bye  quit";
 /// What the banner says of the built-in demo model, so that its fortune-cookie
 /// answers are not taken for a broken engine.
 const DEMO_NOTE: &str = "the built-in demo model: 14.7 M parameters trained on fortune cookies; it writes \
-                         fortune-like English and does not follow instructions (--model DIR runs a real model)";
+                         fortune-like English and does not follow instructions (for a real one: `strata pull ORG/NAME`, then \
+                         `chat --model ORG/NAME`)";
 
 /// `demo`: the model is the built-in demo (no `--model`).
 pub fn run<'e>(

@@ -12,21 +12,27 @@ use strata_engine::args::EngineArgs;
 #[command(
     name = "serve",
     version,
-    about = "Serve a Mixture-of-Experts model over HTTP: OpenAI and Anthropic APIs, and a chat page"
+    about = "Serve a Mixture-of-Experts model over HTTP: OpenAI and Anthropic APIs, and a chat page",
+    after_help = "Examples:
+  serve                                                   the demo model on http://127.0.0.1:8080
+  strata pull allenai/OLMoE-1B-7B-0125-Instruct && serve --model allenai/OLMoE-1B-7B-0125-Instruct
+  curl http://127.0.0.1:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}'"
 )]
 pub struct Cli {
-    /// A Strata container or a Hugging Face checkpoint (converted once into
-    /// the cache). Default: the demo model in models/demo.
+    /// A Strata container, a Hugging Face checkpoint (converted once into
+    /// the cache), or ORG/NAME pulled with `strata pull`. Default: the demo
+    /// model built in.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// The name clients use for the model (default: the model directory's name).
+    /// The name clients use for the model (default: ORG/NAME for a pulled
+    /// model, else the model directory's name).
     #[arg(long)]
     pub model_name: Option<String>,
     /// Take tokenizer.json and the chat template from this directory instead
     /// of the model's (e.g. for a synthetic container, which has none).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Where Hugging Face checkpoints are converted to (default: ~/.cache/strata/models).
+    /// Where pulled models and converted checkpoints are cached (default: ~/.cache/strata/models).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
 

@@ -144,7 +144,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         if cli.model.is_none() {
             println!(
                 "serve: the demo model is 14.7 M parameters trained on fortune cookies: it writes fortune-like \
-                 English and does not follow instructions (--model DIR serves a real model)"
+                 English and does not follow instructions (for a real one: `strata pull ORG/NAME`, then \
+                 `serve --model ORG/NAME`)"
             );
         }
         std::io::stdout().flush()?;
@@ -206,9 +207,13 @@ fn raise_fd_limit() -> Option<u64> {
     Some(limit.rlim_cur)
 }
 
-/// The model's name for clients: its directory's name.
+/// The model's name for clients: ORG/NAME as pulled, else its directory's
+/// name.
 fn default_name(model: Option<&Path>) -> String {
     let Some(dir) = model else { return "demo".to_owned() };
+    if let Some(name) = dir.to_str().filter(|_| !dir.exists()).and_then(strata_engine::hub::ModelName::parse) {
+        return name.repo;
+    }
     let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     dir.file_name().map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
 }

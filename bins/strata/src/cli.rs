@@ -5,12 +5,22 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use strata_engine::ByteSize;
+use strata_engine::hub::ModelName;
 
 #[derive(Debug, Parser)]
-#[command(name = "strata", version, about = "Run Mixture-of-Experts models larger than RAM")]
+#[command(
+    name = "strata",
+    version,
+    about = "Run Mixture-of-Experts models larger than RAM",
+    after_help = "Examples:
+  strata generate --prompt \"Once upon a time\"              the demo model built in
+  strata pull allenai/OLMoE-1B-7B-0125-Instruct            fetch a model by name
+  strata generate --model allenai/OLMoE-1B-7B-0125-Instruct --prompt \"Hello\"
+  strata models                                            what is pulled"
+)]
 pub struct Cli {
-    /// Where Hugging Face checkpoints given as models are converted to and
-    /// cached (default: ~/.cache/strata/models).
+    /// Where models are cached: pulled ones, and Hugging Face checkpoints
+    /// given as models, converted (default: ~/.cache/strata/models).
     #[arg(long, global = true)]
     pub cache_dir: Option<PathBuf>,
     #[command(subcommand)]
@@ -20,6 +30,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Convert a Hugging Face checkpoint into a Strata container.
+    #[command(after_help = "Example:\n  strata convert path/to/hf-checkpoint my-model --quant q4")]
     Convert {
         hf_dir: PathBuf,
         out_dir: PathBuf,
@@ -34,6 +45,7 @@ pub enum Command {
         overwrite: bool,
     },
     /// Describe a container: family, shapes, sizes, quantization, hashes.
+    #[command(after_help = "Example:\n  strata info --model allenai/OLMoE-1B-7B-0125-Instruct --verify")]
     Info {
         #[command(flatten)]
         model_dir: ModelArg,
@@ -42,6 +54,7 @@ pub enum Command {
         verify: bool,
     },
     /// Teacher-forced logits at every position, written as a float32 .npy.
+    #[command(after_help = "Example:\n  strata logits my-model --tokens 1,2,3 --out logits.npy")]
     Logits {
         #[command(flatten)]
         model_dir: ModelArg,
@@ -59,6 +72,9 @@ pub enum Command {
     },
     /// Generate after a prompt: text (`--prompt`, the answer printed as text)
     /// or token ids (`--tokens`).
+    #[command(
+        after_help = "Example:\n  strata generate --model allenai/OLMoE-1B-7B-0125-Instruct --prompt \"Hello\" --max-new-tokens 64"
+    )]
     Generate {
         #[command(flatten)]
         model_dir: ModelArg,
@@ -101,6 +117,7 @@ pub enum Command {
     },
     /// Perplexity of a text file under the model (teacher-forced, in windows
     /// of the model's context).
+    #[command(after_help = "Example:\n  strata perplexity --text models/demo/heldout.txt")]
     Perplexity {
         #[command(flatten)]
         model_dir: ModelArg,
@@ -113,6 +130,7 @@ pub enum Command {
         run: RunArgs,
     },
     /// Write the container's weights, dequantized, as a Hugging Face checkpoint.
+    #[command(after_help = "Example:\n  strata export my-model back-to-hf")]
     Export {
         model_dir: PathBuf,
         out_hf_dir: PathBuf,
@@ -121,6 +139,7 @@ pub enum Command {
         overwrite: bool,
     },
     /// Write a container with random weights in a real model's shapes.
+    #[command(after_help = "Example:\n  strata synth --like olmoe-1b-7b --layers 4 olmoe4")]
     Synth {
         /// The model whose shapes to copy.
         #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(strata_format::LIKE.map(|(name, _)| name)))]
@@ -138,17 +157,52 @@ pub enum Command {
         out_dir: PathBuf,
     },
     /// Routing traces recorded with `--trace`.
+    #[command(after_help = "Example:\n  strata trace replay run.trace --expert-cache 4MiB")]
     Trace {
         #[command(subcommand)]
         command: TraceCommand,
     },
     /// Print shell completions, e.g. `strata completions bash > ~/.local/share/bash-completion/completions/strata`.
+    #[command(after_help = "Example:\n  strata completions bash > ~/.local/share/bash-completion/completions/strata")]
     Completions {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
+    /// Fetch a model from the Hugging Face hub by name (config, tokenizer,
+    /// safetensors; each file checked against the hub's SHA-256) and convert
+    /// it into the cache; then `--model ORG/NAME` runs it in every command,
+    /// `chat` and `serve`. An interrupted pull resumes where it stopped.
+    #[command(after_help = "Examples:
+  strata pull allenai/OLMoE-1B-7B-0125-Instruct
+  strata pull Qwen/Qwen3-30B-A3B@main --quant q4
+  HF_ENDPOINT=https://hf-mirror.example strata pull org/name
+
+HF_TOKEN, when set, is sent to the hub (gated and private repositories).")]
+    Pull {
+        /// ORG/NAME, or ORG/NAME@REVISION for a branch, tag or commit.
+        #[arg(value_name = "ORG/NAME[@REVISION]", value_parser = parse_model_name)]
+        name: ModelName,
+        /// The hub's address (default: $HF_ENDPOINT, else https://huggingface.co).
+        #[arg(long, value_name = "URL")]
+        endpoint: Option<String>,
+        /// Weight format: f32, bf16, q8 or q4 (routed experts q4, dense q8).
+        #[arg(long, default_value = "q8")]
+        quant: String,
+    },
+    /// List the pulled models: name, revision, family, weight format, size
+    /// on disk, last use.
+    #[command(after_help = "Example:\n  strata models")]
+    Models,
+    /// Remove a pulled model from the cache.
+    #[command(after_help = "Example:\n  strata rm allenai/OLMoE-1B-7B-0125-Instruct")]
+    Rm {
+        /// ORG/NAME of a pulled model.
+        #[arg(value_name = "ORG/NAME", value_parser = parse_model_name)]
+        name: ModelName,
+    },
     /// Copies of expert files on other drives, read beside the container
     /// with `--mirror DIR`.
+    #[command(after_help = "Example:\n  strata mirror stage /mnt/fast --model my-model --budget 8GiB")]
     Mirror {
         #[command(subcommand)]
         command: MirrorCommand,
@@ -159,18 +213,21 @@ pub enum Command {
 pub enum MirrorCommand {
     /// Which layer files a mirror of `--budget` would hold: the layers whose
     /// experts the usage file ranks hottest.
+    #[command(after_help = "Example:\n  strata mirror plan /mnt/fast --model my-model --budget 8GiB")]
     Plan {
         #[command(flatten)]
         args: MirrorArgs,
     },
     /// Copy the planned files into DIR (verified, through temporary files,
     /// keeping `--reserve` free) and publish its receipt.
+    #[command(after_help = "Example:\n  strata mirror stage /mnt/fast --model my-model --budget 8GiB")]
     Stage {
         #[command(flatten)]
         args: MirrorArgs,
     },
     /// Hash every expert file in DIR against the container and publish a
     /// receipt of them (for copies made by hand, or to recheck).
+    #[command(after_help = "Example:\n  strata mirror verify /mnt/fast --model my-model")]
     Verify {
         #[command(flatten)]
         args: MirrorArgs,
@@ -206,6 +263,9 @@ pub struct MirrorArgs {
 #[derive(Debug, Subcommand)]
 pub enum TraceCommand {
     /// The hit rates LRU, LFRU, pinned, predict and Belady's optimal policy get on a trace.
+    #[command(
+        after_help = "Example:\n  strata generate --prompt \"Hello\" --trace run.trace && strata trace replay run.trace --expert-cache 4MiB"
+    )]
     Replay {
         file: PathBuf,
         /// The expert cache to simulate.
@@ -218,7 +278,8 @@ pub enum TraceCommand {
 /// take it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArg {
-    /// A container or Hugging Face checkpoint (default: the demo model built in).
+    /// A container, a Hugging Face checkpoint, or ORG/NAME pulled with
+    /// `strata pull` (default: the demo model built in).
     #[arg(value_name = "MODEL")]
     model_dir: Option<PathBuf>,
     /// The same as MODEL, spelled as in `chat` and `serve`.
@@ -235,6 +296,11 @@ impl ModelArg {
 
 /// Flags shared by every command that runs a model.
 pub use strata_engine::args::EngineArgs as RunArgs;
+
+fn parse_model_name(text: &str) -> Result<ModelName, String> {
+    ModelName::parse(text)
+        .ok_or_else(|| format!("{text:?} is not a model name (expected ORG/NAME or ORG/NAME@REVISION)"))
+}
 
 /// Token ids given as `1,2,3`.
 #[derive(Debug, Clone)]

@@ -5,6 +5,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use strata_engine::hub::{self, ModelName};
 use strata_engine::{ByteSize, Engine, GenerateOptions, SamplingOptions, TextModel, default_cache_dir, resolve_model};
 use strata_format::{ConvertOptions, QuantPreset, SynthOptions};
 
@@ -167,6 +168,13 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Trace { command: TraceCommand::Replay { file, expert_cache } } => replay(&file, expert_cache),
+        Command::Pull { name, endpoint, quant } => pull(&name, endpoint, &quant, &cache_dir),
+        Command::Models => models(&cache_dir),
+        Command::Rm { name } => {
+            let removed = strata_engine::hub::remove(&cache_dir, &name)?;
+            println!("removed {} ({}, {})", removed.record.repo, removed.family, ByteSize(removed.size_bytes));
+            Ok(())
+        }
         Command::Mirror { command } => {
             let model_dir = model(command.args().model.clone())?;
             crate::mirror::run(command, &model_dir)
@@ -179,6 +187,75 @@ pub fn run(cli: Cli) -> Result<()> {
                 .with_context(|| format!("exporting {}", model_dir.display()))?;
             Ok(())
         }
+    }
+}
+
+/// `strata pull`: the hub from `--endpoint`, else `HF_ENDPOINT`, and the
+/// token from `HF_TOKEN`, the conventions of Hugging Face's own clients.
+fn pull(name: &ModelName, endpoint: Option<String>, quant: &str, cache_dir: &Path) -> Result<()> {
+    let preset: QuantPreset = quant.parse()?;
+    let non_empty = |var: &str| std::env::var(var).ok().filter(|v| !v.is_empty());
+    let endpoint = endpoint.or_else(|| non_empty("HF_ENDPOINT")).unwrap_or_else(|| hub::DEFAULT_ENDPOINT.to_owned());
+    let options =
+        hub::PullOptions { endpoint, token: non_empty("HF_TOKEN"), progress: std::io::stderr().is_terminal(), preset };
+    let report = hub::pull(name, cache_dir, &options)?;
+    let seconds = report.download_time.as_secs_f64();
+    let record = &report.model.record;
+    println!(
+        "pulled {}@{} (commit {}): {} files, {} in {seconds:.1} s ({:.1} MB/s), converted to {} {} in {:.1} s",
+        record.repo,
+        record.revision,
+        &record.commit[..record.commit.len().min(12)],
+        report.files,
+        ByteSize(report.checkpoint_bytes),
+        report.checkpoint_bytes as f64 / 1e6 / seconds.max(1e-9),
+        report.model.family,
+        report.model.preset,
+        report.convert_time.as_secs_f64(),
+    );
+    println!("run it: strata generate --model {} --prompt \"Hello\"   (or chat --model, serve --model)", record.repo);
+    Ok(())
+}
+
+/// `strata models`: one line per pulled model.
+fn models(cache_dir: &Path) -> Result<()> {
+    let models = hub::list(cache_dir)?;
+    if models.is_empty() {
+        println!("no models pulled into {}; `strata pull ORG/NAME` fetches one", cache_dir.display());
+        return Ok(());
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let rows: Vec<[String; 6]> = models
+        .iter()
+        .map(|m| {
+            let commit = &m.record.commit[..m.record.commit.len().min(8)];
+            [
+                m.record.repo.clone(),
+                format!("{} ({commit})", m.record.revision),
+                m.family.clone(),
+                m.preset.to_string(),
+                ByteSize(m.size_bytes).to_string(),
+                m.record.last_used_unix_s.map_or_else(|| "never".to_owned(), |t| ago(now.saturating_sub(t))),
+            ]
+        })
+        .collect();
+    let header = ["NAME", "REVISION", "FAMILY", "FORMAT", "SIZE", "LAST USED"].map(str::to_owned);
+    let widths: Vec<usize> =
+        (0..header.len()).map(|i| rows.iter().chain([&header]).map(|r| r[i].len()).max().unwrap_or(0)).collect();
+    for row in [&header].into_iter().chain(&rows) {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        println!("{}", cells.join("  ").trim_end());
+    }
+    Ok(())
+}
+
+/// A time in the past as people say it.
+fn ago(seconds: u64) -> String {
+    match seconds {
+        0..60 => "just now".to_owned(),
+        60..3600 => format!("{} min ago", seconds / 60),
+        3600..86400 => format!("{} h ago", seconds / 3600),
+        _ => format!("{} days ago", seconds / 86400),
     }
 }
 

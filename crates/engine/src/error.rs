@@ -44,6 +44,26 @@ pub enum Error {
         "the model computed a non-finite logit ({value}) for token id {token} at position {position}; its weights may be damaged (`strata info --verify` checks the files)"
     )]
     NonFiniteLogits { position: usize, token: usize, value: f32 },
+    /// The hub could not be reached, or refused a request, while pulling
+    /// `name` (`what`: the step, e.g. "fetching config.json").
+    #[error("pulling {name}: {what}: {source}")]
+    Hub {
+        name: String,
+        what: String,
+        #[source]
+        source: Box<hf_hub::api::sync::ApiError>,
+    },
+    /// The hub's description of `name` is not what a pull can use (no
+    /// config.json, no safetensors, no digest for a file, over a limit).
+    #[error("pulling {name}: {reason}")]
+    HubMetadata { name: String, reason: String },
+    /// A downloaded file whose bytes are not the ones the hub's metadata
+    /// names: it is removed and the pull refused.
+    #[error("{file}: {algorithm} is {actual} but the hub says {expected}; the download was refused and removed")]
+    Digest { file: String, algorithm: &'static str, expected: String, actual: String },
+    /// `--model ORG/NAME` of a model not in the cache.
+    #[error("{name} is not pulled; run `strata pull {name}`")]
+    NotPulled { name: String },
     /// An option outside what the engine accepts.
     #[error("invalid option {option}: {reason}")]
     InvalidOption { option: &'static str, reason: String },

@@ -26,6 +26,7 @@ mod chat;
 mod demo;
 mod engine;
 mod error;
+pub mod hub;
 pub mod mirror;
 mod persist;
 mod resolve;

@@ -1,6 +1,7 @@
 //! Finding the model to run: the built-in demo model when none is named
-//! (crate::demo), a container as is, or a Hugging Face checkpoint converted
-//! once into a cache keyed by its content.
+//! (crate::demo), a container as is, a Hugging Face checkpoint converted
+//! once into a cache keyed by its content, or a model pulled by name
+//! (crate::hub).
 
 use std::fs;
 use std::io::Read;
@@ -28,10 +29,22 @@ pub struct ResolvedModel {
 /// models/demo). A directory with a
 /// `manifest.json` is a container; one with a `config.json` is a Hugging
 /// Face checkpoint, converted on first use into `cache_dir/<content hash>`
-/// and reused after.
+/// and reused after. `ORG/NAME[@REVISION]` that is not a directory here is
+/// a model pulled into `cache_dir` by `strata pull` (its last use is set
+/// to now).
 pub fn resolve_model(model: Option<&Path>, cache_dir: &Path, progress: bool) -> Result<ResolvedModel> {
     let Some(dir) = model else { return crate::demo::resolve_demo(cache_dir, progress) };
     let dir = dir.to_path_buf();
+    // A directory wins over a name, so an existing `org/name` folder still
+    // runs as it did before models had names.
+    if !dir.exists()
+        && let Some(name) = dir.to_str().and_then(crate::hub::ModelName::parse)
+    {
+        return match crate::hub::open_pulled(cache_dir, &name)? {
+            Some(container_dir) => Ok(ResolvedModel { container_dir, converted: false }),
+            None => Err(Error::NotPulled { name: name.to_string() }),
+        };
+    }
     if dir.join(strata_format::container::MANIFEST_FILE).is_file() {
         return Ok(ResolvedModel { container_dir: dir, converted: false });
     }
@@ -111,6 +124,16 @@ mod tests {
         // A container is used as it is.
         let direct = resolve_model(Some(&first.container_dir), cache.path(), false).unwrap();
         assert_eq!(direct.container_dir, first.container_dir);
+    }
+
+    #[test]
+    fn a_name_not_pulled_says_how_to_pull_it() {
+        let cache = tempfile::tempdir().unwrap();
+        let err = resolve_model(Some(Path::new("no-such-org/no-such-model")), cache.path(), false).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no-such-org/no-such-model is not pulled; run `strata pull no-such-org/no-such-model`"
+        );
     }
 
     #[test]

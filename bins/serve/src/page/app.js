@@ -86,7 +86,8 @@ async function refreshInfo() {
   if (info.model === "demo" && $("empty")) {
     $("empty").textContent =
       "This is the built-in demo model: 14.7 M parameters trained on fortune cookies. It writes " +
-      "fortune-like English and does not follow instructions; start serve with --model for a real model.";
+      "fortune-like English and does not follow instructions. For a real model: strata pull ORG/NAME, " +
+      "then serve --model ORG/NAME.";
   }
   $("model-name").textContent = info.model + " · " + m.family;
   fillList($("model-info"), [

@@ -1,0 +1,662 @@
+//! Models by name, as Ollama has them: `pull` fetches a Hugging Face
+//! repository (`ORG/NAME[@REVISION]`) through hf-hub, checks every file
+//! against the digest the hub publishes for it, converts the checkpoint into
+//! the model cache and publishes the container there under its name; from then
+//! `--model ORG/NAME` opens it (crate::resolve). `list` and `remove` are
+//! `strata models` and `strata rm`.
+//!
+//! The cache (docs/FORMAT.md, "The model cache"):
+//!
+//! ```text
+//! <cache_dir>/pulled/ORG/NAME/        a container, plus pulled.json (PulledRecord)
+//! <cache_dir>/.downloads/models--ORG--NAME/   hf-hub's layout: blobs/, snapshots/, refs/;
+//!                                     partial files (blobs/*.part) wait here to be resumed
+//! ```
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
+use hf_hub::{Cache, Repo, RepoType};
+use serde::{Deserialize, Serialize};
+use sha1::Sha1;
+use sha2::{Digest, Sha256};
+use strata_format::{ConvertOptions, QuantPreset};
+
+use crate::{Error, Result};
+
+/// Where pulled containers live, under the model cache.
+pub const PULLED_DIR: &str = "pulled";
+/// Where hf-hub downloads to (its own layout), under the model cache.
+pub const DOWNLOADS_DIR: &str = ".downloads";
+/// The record of a pulled model, inside its container directory.
+pub const RECORD_FILE: &str = "pulled.json";
+/// The hub when neither `--endpoint` nor `HF_ENDPOINT` names another.
+pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+/// The revision pulled when the name gives none.
+pub const DEFAULT_REVISION: &str = "main";
+
+/// The hub's limits on names (96 characters each side of the slash), so a
+/// name past them is a typo, not a repository.
+const NAME_PART_BYTES_MAX: usize = 96;
+const REVISION_BYTES_MAX: usize = 255;
+/// The repository description read from the hub: large repositories list
+/// thousands of files, a few hundred bytes each.
+const REPO_INFO_BYTES_MAX: u64 = 64 << 20;
+/// Files a pull fetches; the largest checkpoints have under two thousand shards.
+const FILES_MAX: usize = 4096;
+/// Files a repository may list (a model repository with more is not one
+/// this pull understands: datasets of images, per-step checkpoints).
+const SIBLINGS_MAX: usize = 65_536;
+/// What is read of a JSON file of the checkpoint or the cache (index,
+/// record, manifest).
+const JSON_FILE_BYTES_MAX: u64 = 64 << 20;
+/// Tries per file after a dropped connection, each resuming where the last
+/// stopped (hf-hub waits between them with a growing back-off).
+const DOWNLOAD_RETRIES: usize = 3;
+/// The checkpoint files fetched besides the weights when the repository has
+/// them: what conversion reads or copies into the container.
+const CHECKPOINT_FILES: [&str; 6] = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "model.safetensors.index.json",
+];
+const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// `ORG/NAME[@REVISION]`: a repository on the hub and, optionally, a branch,
+/// tag or commit of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelName {
+    /// `ORG/NAME`.
+    pub repo: String,
+    /// The revision asked for (`None`: [`DEFAULT_REVISION`] when pulling,
+    /// whichever was pulled when opening).
+    pub revision: Option<String>,
+}
+
+impl ModelName {
+    /// Parses `ORG/NAME[@REVISION]`; `None` when `text` is not such a name.
+    pub fn parse(text: &str) -> Option<ModelName> {
+        let (repo, revision) = match text.split_once('@') {
+            Some((repo, revision)) => (repo, Some(revision)),
+            None => (text, None),
+        };
+        let (org, name) = repo.split_once('/')?;
+        let part_ok = |part: &str| {
+            !part.is_empty()
+                && part.len() <= NAME_PART_BYTES_MAX
+                && !part.starts_with(['.', '-'])
+                && !part.contains("..")
+                && part.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        };
+        let revision_ok = |rev: &str| {
+            !rev.is_empty()
+                && rev.len() <= REVISION_BYTES_MAX
+                && !rev.starts_with(['.', '/'])
+                && !rev.contains("..")
+                && rev.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b))
+        };
+        if !part_ok(org) || !part_ok(name) || !revision.is_none_or(revision_ok) {
+            return None;
+        }
+        Some(ModelName { repo: repo.to_owned(), revision: revision.map(str::to_owned) })
+    }
+
+    /// The container directory of this name in `cache_dir`.
+    fn container_dir(&self, cache_dir: &Path) -> PathBuf {
+        cache_dir.join(PULLED_DIR).join(&self.repo)
+    }
+}
+
+impl std::fmt::Display for ModelName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.revision {
+            Some(revision) => write!(f, "{}@{revision}", self.repo),
+            None => f.write_str(&self.repo),
+        }
+    }
+}
+
+/// How to reach the hub and what to make of the checkpoint.
+#[derive(Debug, Clone)]
+pub struct PullOptions {
+    /// The hub's address, e.g. [`DEFAULT_ENDPOINT`] or a mirror's.
+    pub endpoint: String,
+    /// A Hugging Face access token, for gated and private repositories.
+    pub token: Option<String>,
+    /// Draw a progress bar per file, and conversion's.
+    pub progress: bool,
+    /// The weight format of the container.
+    pub preset: QuantPreset,
+}
+
+/// What [`pull`] did.
+#[derive(Debug, Clone)]
+pub struct PullReport {
+    /// The published model.
+    pub model: PulledModel,
+    /// Files fetched or found complete from an earlier, interrupted pull.
+    pub files: usize,
+    /// Bytes of those files.
+    pub checkpoint_bytes: u64,
+    /// Time spent fetching and checking them.
+    pub download_time: Duration,
+    /// Time spent converting.
+    pub convert_time: Duration,
+}
+
+/// What the cache keeps of a pulled model beside its container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PulledRecord {
+    /// `ORG/NAME`.
+    pub repo: String,
+    /// The revision asked for (a branch, tag or commit).
+    pub revision: String,
+    /// The commit it was at: every file is from this commit.
+    pub commit: String,
+    /// The hub it came from.
+    pub endpoint: String,
+    /// When it was pulled, in seconds since the Unix epoch.
+    pub pulled_unix_s: u64,
+    /// When it was last opened by name (`None`: never).
+    pub last_used_unix_s: Option<u64>,
+}
+
+/// One model of the cache, as `strata models` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PulledModel {
+    pub record: PulledRecord,
+    /// The container directory.
+    pub dir: PathBuf,
+    /// The model family, as the container's manifest names it.
+    pub family: String,
+    /// The weight format it was converted with.
+    pub preset: QuantPreset,
+    /// Bytes of every file of the container.
+    pub size_bytes: u64,
+}
+
+/// The metadata the hub gives of a repository at a revision
+/// (`/api/models/ORG/NAME/revision/REV?blobs=true`), the parts used.
+#[derive(Debug, Deserialize)]
+struct RepoInfo {
+    /// The commit the revision is at.
+    sha: String,
+    siblings: Vec<Sibling>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Sibling {
+    rfilename: String,
+    /// The git blob id (SHA-1 of `blob <size>\0` and the bytes): the only
+    /// digest the hub has of a file kept in git rather than LFS.
+    #[serde(rename = "blobId")]
+    blob_id: Option<String>,
+    size: Option<u64>,
+    lfs: Option<LfsInfo>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LfsInfo {
+    sha256: String,
+    size: u64,
+}
+
+/// The digest a file must have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Expected {
+    /// An LFS file: the SHA-256 of its bytes.
+    Sha256(String),
+    /// A file kept in git: its blob id.
+    GitBlobSha1(String),
+}
+
+/// Fetches `name` from the hub into `cache_dir` and publishes it there as a
+/// container under its name, replacing an earlier pull of the same name.
+/// Files already complete from an interrupted pull are not fetched again and
+/// a partial one is resumed where it stopped. A file whose bytes do not match
+/// the hub's digest is removed and the pull refused; nothing is published
+/// unless every file matched and conversion succeeded.
+pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result<PullReport> {
+    let downloads = cache_dir.join(DOWNLOADS_DIR);
+    fs::create_dir_all(&downloads).map_err(io(&downloads))?;
+    let endpoint = options.endpoint.trim_end_matches('/').to_owned();
+    let api = ApiBuilder::from_cache(Cache::new(downloads.clone()))
+        .with_endpoint(endpoint.clone())
+        .with_token(options.token.clone())
+        .with_progress(options.progress)
+        .with_retries(DOWNLOAD_RETRIES)
+        .build()
+        .map_err(hub_error(name, "starting the hub client".to_owned()))?;
+
+    let started = Instant::now();
+    let revision = name.revision.clone().unwrap_or_else(|| DEFAULT_REVISION.to_owned());
+    let info = repo_info(&api, name, &revision, &endpoint)?;
+    let checkpoint = fetch_checkpoint(&api, name, &info)?;
+    let download_time = started.elapsed();
+
+    let started = Instant::now();
+    let record = PulledRecord {
+        repo: name.repo.clone(),
+        revision,
+        commit: info.sha,
+        endpoint,
+        pulled_unix_s: now_unix_s(),
+        last_used_unix_s: None,
+    };
+    let dir = convert_and_publish(&checkpoint.snapshot, &name.container_dir(cache_dir), &record, options)?;
+    let convert_time = started.elapsed();
+    // The container holds all that runs the model (tokenizer files are
+    // copied in): the downloaded checkpoint would only double the disk used.
+    let _ = fs::remove_dir_all(downloads.join(Repo::model(name.repo.clone()).folder_name()));
+    Ok(PullReport {
+        model: read_model(&dir)?,
+        files: checkpoint.files,
+        checkpoint_bytes: checkpoint.bytes,
+        download_time,
+        convert_time,
+    })
+}
+
+/// A checkpoint fetched and checked, in hf-hub's cache.
+struct Checkpoint {
+    /// hf-hub's snapshot directory of the commit: links to the blobs.
+    snapshot: PathBuf,
+    files: usize,
+    bytes: u64,
+}
+
+/// Fetches the checkpoint's files (the small ones, then the weights the
+/// index names) at the commit `info` describes, each checked against it.
+fn fetch_checkpoint(api: &Api, name: &ModelName, info: &RepoInfo) -> Result<Checkpoint> {
+    let metadata = |reason: String| Error::HubMetadata { name: name.to_string(), reason };
+    // Every file comes from the commit the metadata describes, even if the
+    // branch moves during the pull.
+    let repo = api.repo(Repo::with_revision(name.repo.clone(), RepoType::Model, info.sha.clone()));
+    let fetch = |file: &str| -> Result<(String, PathBuf, u64)> {
+        let sibling = info
+            .siblings
+            .iter()
+            .find(|s| s.rfilename == file)
+            .ok_or_else(|| metadata(format!("{file} is named by the checkpoint but not in the repository")))?;
+        let (expected, size_bytes) =
+            expected_digest(sibling).ok_or_else(|| metadata(format!("the hub gives no digest for {file}")))?;
+        // `get` finds a file completed by an earlier pull; otherwise it
+        // downloads, resuming a partial file from its `.part`.
+        let what = format!("fetching {file} (what arrived is kept: pull again to resume)");
+        let path = repo.get(file).map_err(hub_error(name, what))?;
+        verify(&path, file, &expected, size_bytes)?;
+        Ok((file.to_owned(), path, size_bytes))
+    };
+    let mut fetched: Vec<(String, PathBuf, u64)> = CHECKPOINT_FILES
+        .iter()
+        .filter(|file| info.siblings.iter().any(|s| s.rfilename == **file))
+        .map(|file| fetch(file))
+        .collect::<Result<_>>()?;
+    let index = fetched.iter().find(|(f, ..)| f == INDEX_FILE).map(|(_, path, _)| path.clone());
+    for file in weight_files(name, info, index.as_deref())? {
+        fetched.push(fetch(&file)?);
+    }
+    // hf-hub puts every file of one commit in one snapshot directory: that
+    // directory is the checkpoint. (config.json was fetched: there is a first.)
+    let snapshot = fetched.first().and_then(|(_, path, _)| path.parent()).map(Path::to_path_buf).unwrap_or_default();
+    if fetched.iter().any(|(_, path, _)| path.parent() != Some(snapshot.as_path())) {
+        return Err(metadata("the hub gave files of more than one commit".to_owned()));
+    }
+    Ok(Checkpoint { snapshot, files: fetched.len(), bytes: fetched.iter().map(|(.., size)| size).sum() })
+}
+
+/// Converts the checkpoint into a staging directory beside `dir`, records
+/// `record` in it and renames it to `dir`; on failure removes the staging
+/// directory and leaves `dir` as it was.
+fn convert_and_publish(snapshot: &Path, dir: &Path, record: &PulledRecord, options: &PullOptions) -> Result<PathBuf> {
+    let parent = dir.parent().map(Path::to_path_buf).unwrap_or_default();
+    fs::create_dir_all(&parent).map_err(io(&parent))?;
+    let leaf = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    // Per process and beside the target, so two pulls never share a staging
+    // directory and the rename stays on one filesystem.
+    let staging = parent.join(format!(".{leaf}.{}.staging", std::process::id()));
+    let convert_options =
+        ConvertOptions { progress: options.progress, overwrite: true, ..ConvertOptions::new(options.preset) };
+    let published = strata_format::convert(snapshot, &staging, &convert_options)
+        .map_err(Error::from)
+        .and_then(|_| write_record(&staging, record))
+        .and_then(|()| publish(&staging, dir));
+    if published.is_err() {
+        let _ = fs::remove_dir_all(&staging);
+    }
+    published.map(|()| dir.to_path_buf())
+}
+
+fn hub_error(name: &ModelName, what: String) -> impl FnOnce(ApiError) -> Error {
+    let name = name.to_string();
+    move |source| Error::Hub { name, what, source: Box::new(source) }
+}
+
+/// The repository's files and their digests at `revision` (read with a
+/// bound), checked for what a pull needs before anything is fetched.
+fn repo_info(api: &Api, name: &ModelName, revision: &str, endpoint: &str) -> Result<RepoInfo> {
+    let repo = api.repo(Repo::with_revision(name.repo.clone(), RepoType::Model, revision.to_owned()));
+    let what = || format!("reading its file list from {endpoint}");
+    let metadata = |reason: String| Error::HubMetadata { name: name.to_string(), reason };
+    let response = repo.info_request().query("blobs", "true").call().map_err(|e| match e {
+        ureq::Error::Status(status @ (401 | 403), _) => metadata(format!(
+            "{endpoint} refused access (HTTP {status}): a gated or private repository needs an access token in HF_TOKEN"
+        )),
+        ureq::Error::Status(404, _) => {
+            metadata(format!("no repository {name} on {endpoint} (HTTP 404): check the name and the revision"))
+        }
+        e => hub_error(name, what())(ApiError::from(Box::new(e))),
+    })?;
+    let mut body = Vec::new();
+    response
+        .into_reader()
+        .take(REPO_INFO_BYTES_MAX + 1)
+        .read_to_end(&mut body)
+        .map_err(|e| hub_error(name, what())(ApiError::from(e)))?;
+    if body.len() as u64 > REPO_INFO_BYTES_MAX {
+        return Err(metadata(format!("the repository's description is over {REPO_INFO_BYTES_MAX} bytes")));
+    }
+    let info: RepoInfo =
+        serde_json::from_slice(&body).map_err(|e| metadata(format!("the repository's description: {e}")))?;
+    if info.siblings.len() > SIBLINGS_MAX {
+        return Err(metadata(format!("the repository lists {} files", info.siblings.len())));
+    }
+    if info.sha.len() != 40 || !info.sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(metadata(format!("commit {:?} is not a commit id", info.sha)));
+    }
+    if !info.siblings.iter().any(|s| s.rfilename == "config.json") {
+        return Err(metadata("the repository has no config.json (not a transformers checkpoint)".to_owned()));
+    }
+    Ok(info)
+}
+
+/// The safetensors files of the checkpoint: the shards its index names, or
+/// else every `.safetensors` file at the top of the repository.
+fn weight_files(name: &ModelName, info: &RepoInfo, index: Option<&Path>) -> Result<Vec<String>> {
+    let metadata = |reason: String| Error::HubMetadata { name: name.to_string(), reason };
+    let mut files: Vec<String> = match index {
+        Some(index) => {
+            #[derive(Deserialize)]
+            struct Index {
+                weight_map: std::collections::BTreeMap<String, String>,
+            }
+            let index: Index =
+                serde_json::from_slice(&read_bounded(index)?).map_err(|e| metadata(format!("{INDEX_FILE}: {e}")))?;
+            index.weight_map.into_values().collect()
+        }
+        None => info
+            .siblings
+            .iter()
+            .map(|s| s.rfilename.clone())
+            .filter(|f| f.ends_with(".safetensors") && !f.contains('/'))
+            .collect(),
+    };
+    files.sort();
+    files.dedup();
+    if files.is_empty() {
+        return Err(metadata(
+            "the repository has no safetensors weights (Strata converts safetensors checkpoints)".to_owned(),
+        ));
+    }
+    if files.len() > FILES_MAX {
+        return Err(metadata(format!("{} weight files, more than the {FILES_MAX} a pull takes", files.len())));
+    }
+    // The index is the checkpoint's own file: a name in it must stay a plain
+    // file name at the top of the snapshot.
+    if let Some(bad) = files.iter().find(|f| f.contains(['/', '\\']) || f.starts_with('.')) {
+        return Err(metadata(format!("{INDEX_FILE} names {bad:?}, not a file of the repository's top level")));
+    }
+    Ok(files)
+}
+
+fn expected_digest(sibling: &Sibling) -> Option<(Expected, u64)> {
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+    match (&sibling.lfs, &sibling.blob_id, sibling.size) {
+        (Some(lfs), ..) if hex(&lfs.sha256, 64) => Some((Expected::Sha256(lfs.sha256.to_ascii_lowercase()), lfs.size)),
+        (None, Some(blob), Some(size)) if hex(blob, 40) => {
+            Some((Expected::GitBlobSha1(blob.to_ascii_lowercase()), size))
+        }
+        _ => None,
+    }
+}
+
+/// Checks a downloaded file against the hub's digest; a mismatch removes it
+/// (blob and link), so the next pull fetches it afresh rather than trusting it.
+fn verify(path: &Path, file: &str, expected: &Expected, size_bytes: u64) -> Result<()> {
+    let actual_size = fs::metadata(path).map_err(io(path))?.len();
+    let (algorithm, expected_hex, actual_hex) = match expected {
+        Expected::Sha256(hex) => ("SHA-256", hex, hash_file(path, Sha256::new())?),
+        Expected::GitBlobSha1(hex) => {
+            let mut hasher = Sha1::new();
+            hasher.update(format!("blob {actual_size}\0"));
+            ("git blob SHA-1", hex, hash_file(path, hasher)?)
+        }
+    };
+    if actual_size == size_bytes && &actual_hex == expected_hex {
+        return Ok(());
+    }
+    if let Ok(blob) = fs::canonicalize(path) {
+        let _ = fs::remove_file(blob);
+    }
+    let _ = fs::remove_file(path);
+    Err(Error::Digest {
+        file: file.to_owned(),
+        algorithm,
+        expected: format!("{expected_hex} ({size_bytes} bytes)"),
+        actual: format!("{actual_hex} ({actual_size} bytes)"),
+    })
+}
+
+fn hash_file<D: Digest>(path: &Path, mut hasher: D) -> Result<String> {
+    let mut file = fs::File::open(path).map_err(io(path))?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(io(path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Moves `staging` to `dir`, replacing what was there; at every moment `dir`
+/// is either the old container or the new one, never a half of either.
+fn publish(staging: &Path, dir: &Path) -> Result<()> {
+    let old = staging.with_extension("old");
+    if dir.exists() {
+        fs::rename(dir, &old).map_err(io(dir))?;
+    }
+    fs::rename(staging, dir).map_err(io(dir))?;
+    if old.exists() {
+        let _ = fs::remove_dir_all(&old);
+    }
+    Ok(())
+}
+
+/// The pulled model named `name`, its last use set to now. `None` when it is
+/// not in the cache, or not at the revision `name` asks for.
+pub(crate) fn open_pulled(cache_dir: &Path, name: &ModelName) -> Result<Option<PathBuf>> {
+    let dir = name.container_dir(cache_dir);
+    if !dir.join(strata_format::container::MANIFEST_FILE).is_file() {
+        return Ok(None);
+    }
+    let mut record = read_record(&dir)?;
+    if let Some(revision) = &name.revision
+        && revision != &record.revision
+        && revision != &record.commit
+    {
+        return Ok(None);
+    }
+    record.last_used_unix_s = Some(now_unix_s());
+    // Last use is for `strata models` only: a cache the user may read but
+    // not write still runs the model.
+    let _ = write_record(&dir, &record);
+    Ok(Some(dir))
+}
+
+/// Every pulled model in `cache_dir`, by name.
+pub fn list(cache_dir: &Path) -> Result<Vec<PulledModel>> {
+    let root = cache_dir.join(PULLED_DIR);
+    let mut models = Vec::new();
+    for org in visible_dirs(&root)? {
+        for dir in visible_dirs(&org)? {
+            if dir.join(RECORD_FILE).is_file() {
+                models.push(read_model(&dir)?);
+            }
+        }
+    }
+    models.sort_by(|a, b| a.record.repo.cmp(&b.record.repo));
+    Ok(models)
+}
+
+/// Removes the pulled model `name` (and any partial download of it); returns
+/// what it was.
+pub fn remove(cache_dir: &Path, name: &ModelName) -> Result<PulledModel> {
+    let dir = name.container_dir(cache_dir);
+    if !dir.join(RECORD_FILE).is_file() {
+        return Err(Error::NotPulled { name: name.repo.clone() });
+    }
+    let model = read_model(&dir)?;
+    // Renamed first, so an interrupted removal never leaves a container
+    // that looks whole but is not.
+    // A dot name, which `list` skips, beside the model (one filesystem).
+    let leaf = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let doomed = dir.with_file_name(format!(".{leaf}.{}.removing", std::process::id()));
+    fs::rename(&dir, &doomed).map_err(io(&dir))?;
+    fs::remove_dir_all(&doomed).map_err(io(&doomed))?;
+    if let Some(org) = dir.parent() {
+        // Only succeeds when empty, which is the point.
+        let _ = fs::remove_dir(org);
+    }
+    let downloads = cache_dir.join(DOWNLOADS_DIR).join(Repo::model(name.repo.clone()).folder_name());
+    let _ = fs::remove_dir_all(downloads);
+    Ok(model)
+}
+
+fn visible_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::Io { path: dir.to_path_buf(), source: e }),
+    };
+    let mut dirs = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io(dir))?;
+        // Staging and removal directories start with a dot.
+        if !entry.file_name().to_string_lossy().starts_with('.') && entry.path().is_dir() {
+            dirs.push(entry.path());
+        }
+    }
+    dirs.sort();
+    Ok(dirs)
+}
+
+fn read_model(dir: &Path) -> Result<PulledModel> {
+    let record = read_record(dir)?;
+    let manifest_path = dir.join(strata_format::container::MANIFEST_FILE);
+    let manifest: strata_format::Manifest = serde_json::from_slice(&read_bounded(&manifest_path)?)
+        .map_err(|e| Error::ModelFile { path: manifest_path.clone(), reason: e.to_string() })?;
+    Ok(PulledModel {
+        record,
+        dir: dir.to_path_buf(),
+        family: manifest.spec.family.to_string(),
+        preset: manifest.quant.preset,
+        size_bytes: dir_bytes(dir)?,
+    })
+}
+
+fn read_record(dir: &Path) -> Result<PulledRecord> {
+    let path = dir.join(RECORD_FILE);
+    serde_json::from_slice(&read_bounded(&path)?).map_err(|e| Error::ModelFile { path, reason: e.to_string() })
+}
+
+/// Writes the record through a temporary file, so a reader never sees half.
+fn write_record(dir: &Path, record: &PulledRecord) -> Result<()> {
+    let path = dir.join(RECORD_FILE);
+    let tmp = dir.join(format!(".{RECORD_FILE}.{}.tmp", std::process::id()));
+    let text = serde_json::to_string_pretty(record)
+        .map_err(|e| Error::ModelFile { path: path.clone(), reason: e.to_string() })?;
+    fs::write(&tmp, text).map_err(io(&tmp))?;
+    fs::rename(&tmp, &path).map_err(io(&path))
+}
+
+fn read_bounded(path: &Path) -> Result<Vec<u8>> {
+    let file = fs::File::open(path).map_err(io(path))?;
+    let mut bytes = Vec::new();
+    file.take(JSON_FILE_BYTES_MAX + 1).read_to_end(&mut bytes).map_err(io(path))?;
+    if bytes.len() as u64 > JSON_FILE_BYTES_MAX {
+        return Err(Error::ModelFile { path: path.to_path_buf(), reason: format!("over {JSON_FILE_BYTES_MAX} bytes") });
+    }
+    Ok(bytes)
+}
+
+/// Bytes of the files in `dir` and its subdirectories (a container is two
+/// levels deep: `experts/`).
+fn dir_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0u64;
+    for entry in fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        let meta = entry.metadata().map_err(io(&entry.path()))?;
+        let bytes = if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
+        total = total.saturating_add(bytes);
+    }
+    Ok(total)
+}
+
+fn now_unix_s() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io { path: path.to_path_buf(), source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_are_org_slash_name_with_an_optional_revision() {
+        let name = ModelName::parse("allenai/OLMoE-1B-7B-0125@v1.0").unwrap();
+        assert_eq!(name.repo, "allenai/OLMoE-1B-7B-0125");
+        assert_eq!(name.revision.as_deref(), Some("v1.0"));
+        assert_eq!(name.to_string(), "allenai/OLMoE-1B-7B-0125@v1.0");
+        assert_eq!(ModelName::parse("org/name").unwrap().revision, None);
+        assert!(ModelName::parse("org/name@refs/pr/1").is_some());
+        for bad in [
+            "name",
+            "org/",
+            "/name",
+            "a/b/c",
+            "../x",
+            "org/..",
+            "org/.hidden",
+            "org/na me",
+            "org/name@",
+            "org/name@../x",
+        ] {
+            assert!(ModelName::parse(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_git_blob_id_is_checked_as_git_computes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        fs::write(&path, "hello\n").unwrap();
+        // `echo hello | git hash-object --stdin`
+        let expected = Expected::GitBlobSha1("ce013625030ba8dba906f756967f9e9ca394464a".to_owned());
+        verify(&path, "config.json", &expected, 6).unwrap();
+        let err = verify(&path, "config.json", &Expected::GitBlobSha1("0".repeat(40)), 6).unwrap_err().to_string();
+        assert!(err.contains("config.json") && err.contains("ce013625030b"), "{err}");
+        // A refused file is removed, so the next pull fetches it afresh.
+        assert!(!path.exists());
+    }
+}
