@@ -207,7 +207,7 @@ mod tests {
             assert_eq!(got, whole, "{family}: continuing after reopening");
 
             // Truncation and reset reach the file.
-            session.truncate(10);
+            session.truncate(10).unwrap();
             drop(session);
             let (mut session, report) = engine.open_session(&kv, family).unwrap();
             assert_eq!((report.reopened_tokens, report.rerun_tokens), (10, 1), "{family}: all 10 have rows");
