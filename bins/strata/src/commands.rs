@@ -264,7 +264,7 @@ fn replay(file: &std::path::Path, expert_cache: ByteSize) -> Result<()> {
 }
 
 fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
-    let container = strata_format::Container::open(model_dir)?;
+    let container = std::sync::Arc::new(strata_format::Container::open(model_dir)?);
     if verify {
         container.verify()?;
     }
@@ -299,6 +299,15 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     };
     let (layers, kv_bytes) = (spec.num_layers, spec.num_layers * kv_floats * 4);
     println!("kv bytes/token {kv_bytes} ({kv_parts} f32 per layer x {layers} layers)");
+    let footprint = strata_engine::kv_footprint(std::sync::Arc::clone(&container))?;
+    match footprint.state_bytes {
+        0 => println!("kv state/seq  0 (no recurrent layers)"),
+        state_bytes => println!(
+            "kv state/seq  {state_bytes} ({}; the budget holds {} per session: the state, its staged copy, snapshots)",
+            ByteSize(state_bytes),
+            ByteSize(footprint.state_bytes_max)
+        ),
+    }
     for file in &manifest.files {
         println!("sha256 {}  {}", file.sha256, file.path);
     }

@@ -81,6 +81,39 @@ fn activation_bytes_per_token(spec: &ModelSpec) -> u64 {
     4 * floats as u64
 }
 
+/// What one session's KV cache costs for a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvFootprint {
+    /// Bytes of rows one token adds, all layers.
+    pub bytes_per_token: u64,
+    /// Bytes of the recurrent state of every layer that has one (0: none).
+    pub state_bytes: u64,
+    /// Bytes of fixed state one session may hold at once (the committed
+    /// state, the copy a pass updates, the snapshots): what the budget
+    /// reserves per session besides the rows.
+    pub state_bytes_max: u64,
+}
+
+impl KvFootprint {
+    fn of(model: &dyn CausalLm) -> Self {
+        // One token of capacity: rows grow with use and a fresh state is
+        // zero pages not yet touched, so the probe costs next to nothing.
+        let probe = model.new_cache(1);
+        Self {
+            bytes_per_token: probe.bytes_per_token() as u64,
+            state_bytes: probe.state_bytes() as u64,
+            state_bytes_max: probe.state_bytes_max() as u64,
+        }
+    }
+}
+
+/// The KV footprint of the model in `container`, without opening an
+/// engine (`strata info`): the model's blocks are built and their tensors
+/// checked, nothing more.
+pub fn kv_footprint(container: Arc<Container>) -> Result<KvFootprint> {
+    Ok(KvFootprint::of(&*strata_models::load(container)?))
+}
+
 /// The usage file's name inside a model directory.
 pub const USAGE_FILE_NAME: &str = "usage.json";
 
@@ -164,10 +197,9 @@ impl Engine {
                 .unwrap_or(usize::MAX)
                 .clamp(1, PREFILL_CHUNK_TOKENS_MAX),
         };
-        let probe = model.new_cache(1);
-        let kv_bytes_per_token = probe.bytes_per_token() as u64;
-        let kv_state_bytes_per_session = probe.state_bytes_max() as u64;
-        drop(probe);
+        let footprint = KvFootprint::of(&*model);
+        let kv_bytes_per_token = footprint.bytes_per_token;
+        let kv_state_bytes_per_session = footprint.state_bytes_max;
         let sessions = options.sessions.max(1) as u64;
         // Checked: a wrapped product would let an absurd --context pass the
         // budget with a tiny KV reservation.
