@@ -116,7 +116,8 @@ impl KvCache {
             assert!(!layout.row_dims.is_empty() || layout.state_floats > 0, "layer {layer} keeps rows or a state");
             // The layouts come from a model's config: sizes past usize are
             // a broken invariant of the format's validation, not input.
-            floats_per_token = layout.row_dims.iter().try_fold(floats_per_token, |a, &d| a.checked_add(d)).expect("rows fit usize");
+            floats_per_token =
+                layout.row_dims.iter().try_fold(floats_per_token, |a, &d| a.checked_add(d)).expect("rows fit usize");
             state_floats = state_floats.checked_add(layout.state_floats).expect("states fit usize");
         }
         assert!(

@@ -668,9 +668,11 @@ fn out_of_place(
         RecordKind::State if position == 0 || position > counts.rows_tokens => {
             Some(format!("a state at length {position}, {} tokens have rows", counts.rows_tokens))
         }
-        RecordKind::State if prefix.token != tokens[position - 1] => {
-            Some(format!("a state after token {} at length {position}, the token is {}", prefix.token, tokens[position - 1]))
-        }
+        RecordKind::State if prefix.token != tokens[position - 1] => Some(format!(
+            "a state after token {} at length {position}, the token is {}",
+            prefix.token,
+            tokens[position - 1]
+        )),
         RecordKind::State if states.last().is_some_and(|s| s.len_tokens > position) => {
             Some(format!("a state at length {position} after one at a greater length"))
         }

@@ -65,12 +65,7 @@ impl SessionHeader {
         cache: &KvCache,
         created_by: impl Into<String>,
     ) -> Self {
-        Self {
-            content_hash,
-            tokenizer_hash,
-            layouts: cache.layouts().to_vec(),
-            created_by: created_by.into(),
-        }
+        Self { content_hash, tokenizer_hash, layouts: cache.layouts().to_vec(), created_by: created_by.into() }
     }
 
     /// Size of the encoded header; the first record starts here.
@@ -166,7 +161,10 @@ impl SessionHeader {
         let header_bytes = u32_at(prefix, 12) as usize;
         let (smallest, largest) = match version {
             // n_streams, then 1 to MAX_STREAMS widths for every layer.
-            1 => (HEADER_FIXED_BYTES + 8 + HEADER_TAIL_BYTES, HEADER_FIXED_BYTES + 4 + 4 * MAX_STREAMS + HEADER_TAIL_BYTES),
+            1 => (
+                HEADER_FIXED_BYTES + 8 + HEADER_TAIL_BYTES,
+                HEADER_FIXED_BYTES + 4 + 4 * MAX_STREAMS + HEADER_TAIL_BYTES,
+            ),
             // One layer without rows, to MAX_LAYERS of MAX_STREAMS each.
             SESSION_VERSION => (
                 HEADER_FIXED_BYTES + 8 + HEADER_TAIL_BYTES,
@@ -214,7 +212,10 @@ impl SessionHeader {
                 let state_floats = u32_at(bytes, at + 4) as usize;
                 at += 8;
                 if n_streams > MAX_STREAMS || at + 4 * n_streams > layouts_end {
-                    return Err(format!("layer {layer}: {n_streams} streams do not fit a header of {} bytes", bytes.len()));
+                    return Err(format!(
+                        "layer {layer}: {n_streams} streams do not fit a header of {} bytes",
+                        bytes.len()
+                    ));
                 }
                 let row_dims = (0..n_streams).map(|s| u32_at(bytes, at + 4 * s) as usize).collect();
                 at += 4 * n_streams;

@@ -530,7 +530,8 @@ fn assert_stateful(cache: &KvCache, n_tokens: usize) {
         (0..n_tokens).for_each(|p| step(&mut state, p));
         assert_eq!(cache.state(layer), state.as_slice(), "layer {layer} at {n_tokens}");
         for (stream, &dim) in cache.layout(layer).row_dims.iter().enumerate() {
-            let want: Vec<f32> = (0..n_tokens).flat_map(|p| (0..dim).map(move |c| value(layer, stream, p, c))).collect();
+            let want: Vec<f32> =
+                (0..n_tokens).flat_map(|p| (0..dim).map(move |c| value(layer, stream, p, c))).collect();
             assert_eq!(cache.rows(layer, stream, n_tokens), want.as_slice());
         }
     }
