@@ -254,7 +254,8 @@ impl<'e> Session<'e> {
     /// Keeps only the first `len_tokens` tokens of the sequence. A cache
     /// with a recurrent state resumes from the longest prefix it holds a
     /// snapshot of, and the tokens from there are run again (see
-    /// [`Self::rewind`] to feed them with more instead).
+    /// [`Self::rewind`] to feed them with more instead). On error (running
+    /// them failed) the sequence is the prefix the cache resumed from.
     pub fn truncate(&mut self, len_tokens: usize) -> Result<()> {
         if len_tokens >= self.tokens.len() {
             return Ok(());
@@ -436,6 +437,10 @@ impl<'e> Session<'e> {
             let is_eos = eos.contains(&token) || options.extra_eos_token_ids.contains(&token);
             let stop = on_token(token).is_break() || (!options.ignore_eos && is_eos);
             if stop || report.tokens.len() == options.max_new_tokens {
+                // A turn boundary: the end of an answer, before its last
+                // token (which the next feed runs). Saved before that token,
+                // so that a file cut back to here keeps the snapshot.
+                self.snapshot();
                 // The last token is part of the sequence but not yet run, so
                 // a later call can continue from it.
                 self.tokens.push(token);
@@ -444,9 +449,6 @@ impl<'e> Session<'e> {
                 // token: a later call must run it, not sample from them.
                 self.pending_logits = None;
                 self.persist_new();
-                // A turn boundary: the end of an answer (before its last
-                // token, which the next feed runs).
-                self.snapshot();
                 break;
             }
             let step_start = Snapshot::take(self.engine);

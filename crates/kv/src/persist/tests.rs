@@ -538,8 +538,8 @@ fn assert_stateful(cache: &KvCache, n_tokens: usize) {
 }
 
 /// A stateful session as `Session::generate` writes one: a 3-token prompt
-/// (snapshot at its end), 3 decoded tokens and a pending one (snapshot at
-/// the end of the answer, before the pending token).
+/// (snapshot at its end), 3 decoded tokens, a snapshot at the end of the
+/// answer, then the last, pending token.
 fn write_stateful_session(path: &Path) -> Vec<u32> {
     let mut file = SessionFile::create(path, &stateful_header()).unwrap();
     let mut cache = stateful_cache();
@@ -553,8 +553,9 @@ fn write_stateful_session(path: &Path) -> Vec<u32> {
         assert_eq!(file.sync(&tokens, &cache).unwrap(), 1);
     }
     cache.snapshot();
+    assert_eq!(file.sync(&tokens, &cache).unwrap(), 1, "a state");
     tokens.push(999);
-    assert_eq!(file.sync(&tokens, &cache).unwrap(), 2, "the pending token and a state");
+    assert_eq!(file.sync(&tokens, &cache).unwrap(), 1, "the pending token");
     tokens
 }
 
@@ -591,6 +592,12 @@ fn a_stateful_session_reopens_at_its_latest_snapshot_without_rerunning() {
     let (_, recovered, cache) = open_stateful(&path).unwrap();
     assert_eq!((recovered.rows_tokens, recovered.resumed_tokens), (7, 7));
     assert_stateful(&cache, 7);
+
+    // Ended on a token with rows and a state there (killed before sampling
+    // on): the cache goes back to the snapshot before, to run it again.
+    let (_, _, mut cache) = open_stateful(&path).unwrap();
+    assert_eq!(cache.truncate(6), 6);
+    assert_stateful(&cache, 6);
 }
 
 #[test]
@@ -599,26 +606,28 @@ fn a_torn_state_record_is_cut_and_the_session_resumes_from_the_one_before() {
     let full = dir.path().join("full.kvs");
     let tokens = write_stateful_session(&full);
     let bytes = std::fs::read(&full).unwrap();
-    let state_record = RecordKind::State.record_bytes(&stateful_header()) as u64;
-    let complete = bytes.len() as u64 - state_record;
+    let h = stateful_header();
+    let state_record = RecordKind::State.record_bytes(&h) as u64;
+    let complete = bytes.len() as u64 - RecordKind::Token.record_bytes(&h) as u64 - state_record;
     for torn in 1..state_record {
         let path = dir.path().join(format!("torn-{torn}.kvs"));
         std::fs::write(&path, &bytes[..(complete + torn) as usize]).unwrap();
         let (_, recovered, cache) = open_stateful(&path).unwrap();
-        assert_eq!(recovered.tokens, tokens, "torn at {torn}: every token record is whole");
+        assert_eq!(recovered.tokens, tokens[..6], "torn at {torn}");
         assert_eq!((recovered.rows_tokens, recovered.resumed_tokens), (6, 3), "torn at {torn}");
         assert_stateful(&cache, 3);
         let cut = recovered.cut.unwrap();
-        assert_eq!((cut.offset_bytes, cut.cut_bytes, cut.record_index), (complete, torn, 8));
+        assert_eq!((cut.offset_bytes, cut.cut_bytes, cut.record_index), (complete, torn, 7));
         assert_eq!(file_len(&path), complete);
     }
-    // A damaged state is cut like any record.
+    // A damaged state is cut like any record, with everything after it.
     let path = dir.path().join("flipped.kvs");
     let mut flipped = bytes.clone();
     flipped[complete as usize + 20] ^= 0x04;
     std::fs::write(&path, &flipped).unwrap();
     let (_, recovered, _) = open_stateful(&path).unwrap();
     assert_eq!((recovered.resumed_tokens, recovered.cut.unwrap().reason.as_str()), (3, "checksum mismatch"));
+    assert_eq!(recovered.tokens, tokens[..6]);
 }
 
 #[test]
@@ -661,8 +670,16 @@ fn truncating_a_stateful_file_keeps_the_snapshot_right_after_its_rows() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.kvs");
     write_stateful_session(&path);
-    // Keep 4 tokens: the state at 3 precedes token 3's record and stays.
+    // Keep 6 (the pending token goes): the state at 6 follows the rows of
+    // token 5, written before the pending token for this.
     let (file, _, _) = open_stateful(&path).unwrap();
+    let mut persist = Persist::new(file);
+    assert_eq!(persist.truncate(6), None);
+    drop(persist);
+    let (file, recovered, cache) = open_stateful(&path).unwrap();
+    assert_eq!((recovered.tokens.len(), recovered.resumed_tokens), (6, 6));
+    assert_stateful(&cache, 6);
+    // Keep 4 tokens: the state at 3 precedes token 3's record and stays.
     let mut persist = Persist::new(file);
     assert_eq!(persist.truncate(4), None);
     drop(persist);
@@ -679,21 +696,26 @@ fn truncating_a_stateful_file_keeps_the_snapshot_right_after_its_rows() {
 }
 
 #[test]
-fn a_snapshot_the_file_lost_to_a_truncation_is_written_again() {
+fn a_snapshot_a_file_cut_lost_is_written_again_by_the_next_sync() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.kvs");
-    let tokens = write_stateful_session(&path);
-    let (file, _, mut cache) = open_stateful(&path).unwrap();
-    let mut persist = Persist::new(file);
-    // As `Session` does on a cut to 5: the cache resumes at 3, the file
-    // keeps 3 tokens, and the gap is run again.
-    assert_eq!(cache.truncate(5), 3);
-    assert_eq!(persist.truncate(3), None);
-    run_stateful(&mut cache, 2);
+    let mut file = SessionFile::create(&path, &stateful_header()).unwrap();
+    let mut cache = stateful_cache();
+    let tokens = [100, 101, 102, 103, 104];
+    // The snapshot at 3 reaches the file after the rows of 3 and 4 (as one
+    // taken before the pieces of a long input does).
+    run_stateful(&mut cache, 3);
     cache.snapshot();
-    assert_eq!(persist.sync(&tokens[..5], &cache), None);
+    run_stateful(&mut cache, 2);
+    assert_eq!(file.sync(&tokens, &cache).unwrap(), 6);
+    let mut persist = Persist::new(file);
+    // A cut to 4: the cache resumes at 3, the file keeps 3 tokens and loses
+    // the state record after them; the next sync writes it again.
+    assert_eq!(cache.truncate(4), 3);
+    assert_eq!(persist.truncate(3), None);
+    assert_eq!(persist.sync(&tokens[..3], &cache), None);
     drop(persist);
     let (_, recovered, cache) = open_stateful(&path).unwrap();
-    assert_eq!((recovered.tokens.as_slice(), recovered.resumed_tokens), (&tokens[..5], 5));
-    assert_stateful(&cache, 5);
+    assert_eq!((recovered.tokens.as_slice(), recovered.resumed_tokens, recovered.records), (&tokens[..3], 3, 4));
+    assert_stateful(&cache, 3);
 }
