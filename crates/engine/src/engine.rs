@@ -489,3 +489,7 @@ fn trace_writer(path: &Path, container: &Container, content_hash: &str) -> Resul
     let header = TraceHeader::new(content_hash, spec.num_layers, spec.moe.num_experts, record_bytes);
     Ok(TraceWriter::create(path, header)?)
 }
+
+#[cfg(test)]
+#[path = "stateful_tests.rs"]
+mod stateful_tests;

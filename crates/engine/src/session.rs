@@ -253,9 +253,12 @@ impl<'e> Session<'e> {
 
     /// Keeps only the first `len_tokens` tokens of the sequence. A cache
     /// with a recurrent state resumes from the longest prefix it holds a
-    /// snapshot of, and the tokens from there are run again (see
-    /// [`Self::rewind`] to feed them with more instead). On error (running
-    /// them failed) the sequence is the prefix the cache resumed from.
+    /// snapshot of, and the tokens from there are run again but the last,
+    /// which is left to the next feed with a snapshot before it, as at the
+    /// end of an answer, so that a session file cut here reopens without
+    /// running anything (see [`Self::rewind`] to feed them with more
+    /// instead). On error (running them failed) the sequence is the prefix
+    /// the cache resumed from.
     pub fn truncate(&mut self, len_tokens: usize) -> Result<()> {
         if len_tokens >= self.tokens.len() {
             return Ok(());
@@ -263,10 +266,17 @@ impl<'e> Session<'e> {
         let prefix = self.tokens[..len_tokens].to_vec();
         let kept = self.rewind(len_tokens);
         if kept < len_tokens {
-            self.feed(&prefix[kept..])?;
+            let (&last, gap) = prefix[kept..].split_last().expect("a token past the kept prefix");
+            if !gap.is_empty() {
+                self.feed(gap)?;
+            }
+            self.snapshot();
+            self.tokens.push(last);
+            self.unfed = Some(last);
             // As after a cut without a gap: nothing to sample from until
             // the next feed.
             self.pending_logits = None;
+            self.persist_new();
         }
         Ok(())
     }
@@ -419,8 +429,11 @@ impl<'e> Session<'e> {
             }
             _ => {
                 let logits = self.feed(prompt)?;
-                // A turn boundary: the end of a prompt.
-                self.snapshot();
+                // A turn boundary: the end of a prompt (continuing an
+                // answer is none, and would take a snapshot's place).
+                if !prompt.is_empty() {
+                    self.snapshot();
+                }
                 logits
             }
         };
