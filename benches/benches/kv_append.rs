@@ -16,7 +16,7 @@ const TOKENS_PER_FILE: usize = 128;
 fn filled(mut cache: KvCache) -> KvCache {
     cache.reserve(TOKENS_PER_FILE).expect("capacity");
     for layer in 0..cache.n_layers() {
-        for (stream, width) in cache.row_dims().to_vec().into_iter().enumerate() {
+        for (stream, width) in cache.layout(layer).row_dims.clone().into_iter().enumerate() {
             let rows: Vec<f32> = (0..TOKENS_PER_FILE * width).map(|i| (i as f32 * 0.37).sin()).collect();
             cache.write(layer, stream, &rows);
         }

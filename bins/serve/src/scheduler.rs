@@ -159,15 +159,16 @@ struct IdlePool<'e> {
 
 impl<'e> IdlePool<'e> {
     /// The session for `prompt`: the idle one sharing the longest prefix with
-    /// it (cut back to that prefix, at least one prompt token left to feed),
-    /// or a fresh one; and how many prompt tokens it already holds.
+    /// it (cut back to that prefix, at least one prompt token left to feed,
+    /// or with a recurrent state to its latest snapshot there), or a fresh
+    /// one; and how many prompt tokens it already holds.
     fn take(&mut self, engine: &'e Engine, prompt: &[u32], room: usize) -> (Session<'e>, usize) {
         let usable = |s: &Session<'_>| s.common_prefix_len(prompt).min(prompt.len().saturating_sub(1));
         let best = (0..self.sessions.len()).max_by_key(|&i| (usable(&self.sessions[i]), i));
         if let Some(i) = best.filter(|&i| usable(&self.sessions[i]) > 0) {
             let mut session = self.sessions.remove(i);
-            let reused = usable(&session);
-            session.truncate(reused);
+            let usable = usable(&session);
+            let reused = session.rewind(usable);
             return (session, reused);
         }
         // A fresh session's KV must fit beside the active ones.
@@ -303,9 +304,15 @@ fn step(engine: &Engine, eos: &[u32], prefill_chunk: usize, active: &mut Vec<Seq
     };
     let sequences = inputs.len();
     let mut next_logits: Vec<Option<Vec<f32>>> = vec![None; active.len()];
-    for ((i, _), logits) in inputs.into_iter().zip(logits) {
+    for ((i, fed), logits) in inputs.into_iter().zip(logits) {
         // Mid-prompt logits are not sampled from.
         if active[i].to_feed.is_empty() {
+            if !fed.is_empty() {
+                // The end of a prompt: a later one sharing it (the next turn
+                // of a chat, the same system prompt) resumes here even when
+                // the sequence holds a recurrent state.
+                active[i].session.snapshot();
+            }
             next_logits[i] = Some(logits);
         }
     }
@@ -336,6 +343,9 @@ fn step(engine: &Engine, eos: &[u32], prefill_chunk: usize, active: &mut Vec<Seq
             Some(finish) => {
                 let _ = seq.events.try_send(Event::Done { finish, completion_tokens: seq.generated });
                 seq.finished = true;
+                // The end of an answer, where the next turn of a chat that
+                // repeats it resumes.
+                seq.session.snapshot();
                 true
             }
             None => true,

@@ -401,7 +401,7 @@ fn print_state(spec: &strata_format::ModelSpec) {
 }
 
 fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
-    let container = strata_format::Container::open(model_dir)?;
+    let container = std::sync::Arc::new(strata_format::Container::open(model_dir)?);
     if verify {
         container.verify()?;
     }
@@ -421,6 +421,13 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     println!("bytes experts {} ({})", expert_bytes, ByteSize(expert_bytes));
     println!("bytes total   {} ({})", total_bytes, ByteSize(total_bytes));
     print_state(spec);
+    let footprint = strata_engine::kv_footprint(std::sync::Arc::clone(&container))?;
+    if footprint.state_bytes > 0 {
+        println!(
+            "state budget/session {} (the state, its staged copy and snapshots)",
+            ByteSize(footprint.state_bytes_max)
+        );
+    }
     for file in &manifest.files {
         println!("sha256 {}  {}", file.sha256, file.path);
     }

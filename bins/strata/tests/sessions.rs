@@ -85,15 +85,19 @@ fn eight_then_eight_in_a_new_process_equals_sixteen_in_one_go() {
     }
 }
 
-/// `strata info`'s KV bytes per token and stream count give a record's size:
-/// 16 bytes of prefix, the rows, an 8-byte checksum (docs/FORMAT.md).
+/// `strata info`'s KV bytes per token, stream count and layers give the
+/// header's size and a record's: 16 bytes of prefix, the rows, an 8-byte
+/// checksum (docs/FORMAT.md).
 fn layout(model: &Path) -> (u64, u64) {
     let out = strata(&["info", path(model)]);
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let line = text.lines().find(|l| l.starts_with("kv bytes/token")).expect("kv line");
     let kv_bytes: u64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
-    let streams = if line.contains("key+value") { 2 } else { 1 };
-    let header_bytes = 132 + 4 * streams;
+    // Keys and values, or a latent and the DSA indexer keys; else a latent.
+    let streams = if line.contains("key+value") || line.contains("index-key") { 2 } else { 1 };
+    let layers: u64 = line.split(" x ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    // Version 2: each layer's stream count, state floats and row widths.
+    let header_bytes = 128 + layers * (8 + 4 * streams);
     (header_bytes, 24 + kv_bytes)
 }
 

@@ -300,9 +300,11 @@ impl<'e> Chat<'e> {
                 ids.len()
             )));
         }
-        // Feed only what the session does not already hold.
+        // Feed only what the session does not already hold: from the
+        // longest common prefix it can resume at (with a recurrent state,
+        // its latest snapshot there), the rest in the prompt's pass.
         let common = self.session.common_prefix_len(&ids).min(ids.len().saturating_sub(1));
-        self.session.truncate(common);
+        let common = self.session.rewind(common);
         let mut detok = self.text.tokenizer.detokenizer(true);
         let mut stops = StopStrings::new(options.stop.iter().cloned());
         let mut answer = String::new();

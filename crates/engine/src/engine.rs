@@ -81,6 +81,39 @@ fn activation_bytes_per_token(spec: &ModelSpec) -> u64 {
     4 * floats as u64
 }
 
+/// What one session's KV cache costs for a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvFootprint {
+    /// Bytes of rows one token adds, all layers.
+    pub bytes_per_token: u64,
+    /// Bytes of the recurrent state of every layer that has one (0: none).
+    pub state_bytes: u64,
+    /// Bytes of fixed state one session may hold at once (the committed
+    /// state, the copy a pass updates, the snapshots): what the budget
+    /// reserves per session besides the rows.
+    pub state_bytes_max: u64,
+}
+
+impl KvFootprint {
+    fn of(model: &dyn CausalLm) -> Self {
+        // One token of capacity: rows grow with use and a fresh state is
+        // zero pages not yet touched, so the probe costs next to nothing.
+        let probe = model.new_cache(1);
+        Self {
+            bytes_per_token: probe.bytes_per_token() as u64,
+            state_bytes: probe.state_bytes() as u64,
+            state_bytes_max: probe.state_bytes_max() as u64,
+        }
+    }
+}
+
+/// The KV footprint of the model in `container`, without opening an
+/// engine (`strata info`): the model's blocks are built and their tensors
+/// checked, nothing more.
+pub fn kv_footprint(container: Arc<Container>) -> Result<KvFootprint> {
+    Ok(KvFootprint::of(&*strata_models::load(container)?))
+}
+
 /// The usage file's name inside a model directory.
 pub const USAGE_FILE_NAME: &str = "usage.json";
 
@@ -164,7 +197,9 @@ impl Engine {
                 .unwrap_or(usize::MAX)
                 .clamp(1, PREFILL_CHUNK_TOKENS_MAX),
         };
-        let kv_bytes_per_token = model.new_cache(1).bytes_per_token() as u64;
+        let footprint = KvFootprint::of(&*model);
+        let kv_bytes_per_token = footprint.bytes_per_token;
+        let kv_state_bytes_per_session = footprint.state_bytes_max;
         let sessions = options.sessions.max(1) as u64;
         // Checked: a wrapped product would let an absurd --context pass the
         // budget with a tiny KV reservation.
@@ -177,7 +212,13 @@ impl Engine {
                     "{context_tokens} tokens of KV ({kv_bytes_per_token} bytes each) for {sessions} session(s) is more memory than 64 bits can count"
                 ),
             })?;
-        let plan = plan_budget(&container, &sources, options, kv_bytes)?;
+        let kv_state_bytes = kv_state_bytes_per_session.checked_mul(sessions).ok_or_else(|| Error::InvalidOption {
+            option: "sessions",
+            reason: format!(
+                "{sessions} sessions of {kv_state_bytes_per_session} bytes of fixed KV state is more memory than 64 bits can count"
+            ),
+        })?;
+        let plan = plan_budget(&container, &sources, options, kv_bytes, kv_state_bytes)?;
         let capacity_bytes =
             options.expert_cache_bytes.map_or(plan.expert_cache_bytes, |cap| cap.min(plan.expert_cache_bytes));
         let content_hash = container.content_hash().to_owned();
@@ -321,10 +362,19 @@ impl Engine {
     /// Runs `tokens` after `cache`'s, in passes of at most
     /// `prefill_chunk_tokens`: the same logits as one pass (every row is
     /// computed by the same code whatever the pass), with the activations
-    /// of one piece at a time.
+    /// of one piece at a time. All or nothing: on error the cache is as it
+    /// was.
     pub(crate) fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Vec<f32>> {
         let pieces = tokens.len().div_ceil(self.prefill_chunk_tokens).max(1);
         let start = cache.len();
+        if pieces > 1 {
+            // A recurrent state cannot be cut back to `start` after later
+            // pieces commit, so it is snapshotted there. That is free where
+            // inputs start, at 0 or at a turn boundary's snapshot; a copy of
+            // the states kept aside instead would cost one every time. (One
+            // piece needs nothing: the cache takes its last pass back.)
+            cache.snapshot();
+        }
         let mut out = Vec::new();
         let vocab = self.spec().vocab_size;
         for (i, piece) in tokens.chunks(self.prefill_chunk_tokens).enumerate() {
@@ -342,7 +392,8 @@ impl Engine {
                 Ok(_) => {}
                 Err(e) => {
                     // All or nothing: the pieces already run are taken back.
-                    cache.truncate(start);
+                    let kept = cache.truncate(start);
+                    assert_eq!(kept, start, "a pass is taken back to where it started");
                     return Err(e);
                 }
             }
@@ -410,6 +461,7 @@ fn plan_budget(
     sources: &[Option<ExpertSource>],
     options: &EngineOptions,
     kv_bytes: u64,
+    kv_state_bytes: u64,
 ) -> Result<BudgetPlan> {
     let record_bytes = sources.iter().flatten().map(|s| s.record_bytes as u64).max().unwrap_or(0);
     // The least cache that runs: the experts one token routes to in one
@@ -424,6 +476,7 @@ fn plan_budget(
     let needs = BudgetNeeds {
         dense_bytes: container.dense_file_bytes(),
         kv_bytes,
+        kv_state_bytes,
         io_buffer_bytes,
         min_expert_bytes: routed_experts_bytes,
     };
@@ -436,3 +489,7 @@ fn trace_writer(path: &Path, container: &Container, content_hash: &str) -> Resul
     let header = TraceHeader::new(content_hash, spec.num_layers, spec.moe.num_experts, record_bytes);
     Ok(TraceWriter::create(path, header)?)
 }
+
+#[cfg(test)]
+#[path = "stateful_tests.rs"]
+mod stateful_tests;

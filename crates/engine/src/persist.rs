@@ -3,14 +3,17 @@
 //!
 //! Opening a session loads its rows straight into a fresh cache: no token is
 //! re-run, except, after a crash, the last one, whose logits died with the
-//! process. Sampling depends only on the seed and the position, so a session
-//! continued in a new process yields exactly the tokens of one that never
-//! stopped.
+//! process. A recurrent state resumes from the latest snapshot in the file
+//! (taken at the end of each prompt and answer), and the tokens after it are
+//! run again. Sampling depends only on the seed and the position, so a
+//! session continued in a new process yields exactly the tokens of one that
+//! never stopped.
 
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 use strata_kv::{CutTail, HASH_BYTES, KvCache, Persist, SessionFile, SessionHeader, parse_hash};
+use strata_models::Logits;
 
 use crate::{Engine, Error, Result, Session};
 
@@ -30,9 +33,11 @@ pub struct SessionReport {
     pub created: bool,
     /// Tokens of the sequence read back from the file.
     pub reopened_tokens: usize,
-    /// Tokens that the next feed runs again (0 or 1): the file ended on a
-    /// token that had been run but whose logits were lost with the process
-    /// that ran it, as after a crash.
+    /// Tokens run again, whose rows the file held: the tokens after the
+    /// latest snapshot of a recurrent state (run when opening), and the
+    /// last token when the file ended on one that had been run but whose
+    /// logits were lost with the process that ran it, as after a crash (run
+    /// by the next feed).
     pub rerun_tokens: usize,
     /// A torn or corrupt tail cut off the file.
     pub cut: Option<CutTail>,
@@ -103,14 +108,22 @@ impl Engine {
         let tokens = recovered.tokens;
         let (unfed, rerun_tokens) = match tokens.last() {
             None => (None, 0),
-            // The last generated token: the next feed runs it, as the run
-            // that generated it would have.
-            Some(&last) if recovered.rows_tokens < tokens.len() => (Some(last), 0),
-            // Every token has rows but the logits after the last are gone:
-            // run it again (its rows stay in the file and are not rewritten).
             Some(&last) => {
-                cache.truncate(tokens.len() - 1);
-                (Some(last), 1)
+                // The last token is left to the next feed: either the last
+                // generated one, which the run that generated it would have
+                // run next, or one whose logits are gone with the process
+                // (its rows stay in the file and are not rewritten).
+                let mut kept = recovered.resumed_tokens;
+                if kept == tokens.len() {
+                    kept = cache.truncate(tokens.len() - 1);
+                }
+                // A recurrent state resumed at a snapshot before that: run
+                // the tokens after it now (their rows are in the file).
+                let gap = &tokens[kept..tokens.len() - 1];
+                if !gap.is_empty() {
+                    self.forward(gap, &mut cache, Logits::Last)?;
+                }
+                (Some(last), recovered.rows_tokens - kept)
             }
         };
         let report = SessionReport {
@@ -194,7 +207,7 @@ mod tests {
             assert_eq!(got, whole, "{family}: continuing after reopening");
 
             // Truncation and reset reach the file.
-            session.truncate(10);
+            session.truncate(10).unwrap();
             drop(session);
             let (mut session, report) = engine.open_session(&kv, family).unwrap();
             assert_eq!((report.reopened_tokens, report.rerun_tokens), (10, 1), "{family}: all 10 have rows");

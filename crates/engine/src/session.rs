@@ -226,9 +226,10 @@ impl<'e> Session<'e> {
         Ok(self.tokens.len())
     }
 
-    /// Bytes of KV cache the sequence fills now.
+    /// Bytes of KV cache the sequence fills now: its rows, and the fixed
+    /// state of recurrent layers with its copies (staged, snapshots).
     pub fn kv_bytes(&self) -> u64 {
-        (self.cache.len() * self.cache.bytes_per_token()) as u64
+        (self.cache.len() * self.cache.bytes_per_token() + self.cache.state_bytes_held()) as u64
     }
 
     /// The most tokens this session can hold.
@@ -250,18 +251,65 @@ impl<'e> Session<'e> {
         self.persist_truncate(0);
     }
 
-    /// Keeps only the first `len_tokens` tokens of the sequence, so a new
-    /// prompt that shares a prefix with the old one is fed from where they
-    /// differ instead of from scratch.
-    pub fn truncate(&mut self, len_tokens: usize) {
+    /// Keeps only the first `len_tokens` tokens of the sequence. A cache
+    /// with a recurrent state resumes from the longest prefix it holds a
+    /// snapshot of, and the tokens from there are run again but the last,
+    /// which is left to the next feed with a snapshot before it, as at the
+    /// end of an answer, so that a session file cut here reopens without
+    /// running anything (see [`Self::rewind`] to feed them with more
+    /// instead). On error (running them failed) the sequence is the prefix
+    /// the cache resumed from.
+    pub fn truncate(&mut self, len_tokens: usize) -> Result<()> {
         if len_tokens >= self.tokens.len() {
-            return;
+            return Ok(());
         }
-        self.tokens.truncate(len_tokens);
-        self.cache.truncate(len_tokens);
+        let prefix = self.tokens[..len_tokens].to_vec();
+        let kept = self.rewind(len_tokens);
+        if kept < len_tokens {
+            let (&last, gap) = prefix[kept..].split_last().expect("a token past the kept prefix");
+            if !gap.is_empty() {
+                self.feed(gap)?;
+            }
+            self.snapshot();
+            self.tokens.push(last);
+            self.unfed = Some(last);
+            // As after a cut without a gap: nothing to sample from until
+            // the next feed.
+            self.pending_logits = None;
+            self.persist_new();
+        }
+        Ok(())
+    }
+
+    /// Keeps at most the first `len_tokens` tokens of the sequence: as many
+    /// as the cache can keep without running the model (all of them, unless
+    /// it holds a recurrent state: then up to its latest snapshot at or
+    /// below `len_tokens`), and returns how many. A new prompt that shares a
+    /// prefix with the sequence is then fed from there rather than from
+    /// scratch, the re-run tokens in the same pass as its own.
+    pub fn rewind(&mut self, len_tokens: usize) -> usize {
+        if len_tokens >= self.tokens.len() {
+            return self.tokens.len();
+        }
+        // The sequence is the cache's tokens and at most one unfed one, so
+        // `len_tokens` is within the cache.
+        let kept = self.cache.truncate(len_tokens);
+        assert!(kept <= len_tokens);
+        self.tokens.truncate(kept);
         self.unfed = None;
         self.pending_logits = None;
-        self.persist_truncate(len_tokens);
+        self.persist_truncate(kept);
+        kept
+    }
+
+    /// Records the recurrent state here, so that a later prompt sharing the
+    /// sequence up to this point resumes without running it again (see
+    /// [`KvCache::snapshot`]; nothing for a cache without state), and saves
+    /// it to the session file. Taken at turn boundaries: the end of a
+    /// prompt, the end of an answer.
+    pub fn snapshot(&mut self) {
+        self.cache.snapshot();
+        self.persist_new();
     }
 
     /// The length of the common prefix of the sequence and `tokens`.
@@ -298,6 +346,10 @@ impl<'e> Session<'e> {
         if batches.iter().any(Vec::is_empty) {
             return Err(Error::InvalidRequest("no tokens to feed".into()));
         }
+        // All or nothing needs each cache back where it started on error:
+        // the batched pass alone the cache can take back itself; with the
+        // pieces run before it, a recurrent state needs a snapshot there
+        // (see `Engine::forward`).
         // A long input runs all but its last piece alone first (bounded
         // activations; its logits there are not needed), so the batched
         // pass holds at most one piece per sequence.
@@ -309,6 +361,7 @@ impl<'e> Session<'e> {
             // The pieces `feed` would make: all but the last go alone.
             let head = (batch.len() - 1) / chunk * chunk;
             if head > 0 && result.is_ok() {
+                session.cache.snapshot();
                 result = engine.forward(&batch[..head], &mut session.cache, Logits::Last).map(drop);
             }
             tails.push(&batch[head..]);
@@ -329,7 +382,8 @@ impl<'e> Session<'e> {
             Err(e) => {
                 // All or nothing: no session keeps rows of a failed step.
                 for (session, &start) in sessions.iter_mut().zip(&starts) {
-                    session.cache.truncate(start);
+                    let kept = session.cache.truncate(start);
+                    assert_eq!(kept, start, "a step is taken back to where it started");
                 }
                 return Err(e);
             }
@@ -373,7 +427,15 @@ impl<'e> Session<'e> {
             _ if prompt.is_empty() && self.unfed.is_none() => {
                 return Err(Error::InvalidRequest("empty prompt and nothing to continue from".into()));
             }
-            _ => self.feed(prompt)?,
+            _ => {
+                let logits = self.feed(prompt)?;
+                // A turn boundary: the end of a prompt (continuing an
+                // answer is none, and would take a snapshot's place).
+                if !prompt.is_empty() {
+                    self.snapshot();
+                }
+                logits
+            }
         };
         let prefill = run_start.step_since(self.engine, prompt.len());
         report.stats.prompt_tokens = prompt.len();
@@ -388,6 +450,10 @@ impl<'e> Session<'e> {
             let is_eos = eos.contains(&token) || options.extra_eos_token_ids.contains(&token);
             let stop = on_token(token).is_break() || (!options.ignore_eos && is_eos);
             if stop || report.tokens.len() == options.max_new_tokens {
+                // A turn boundary: the end of an answer, before its last
+                // token (which the next feed runs). Saved before that token,
+                // so that a file cut back to here keeps the snapshot.
+                self.snapshot();
                 // The last token is part of the sequence but not yet run, so
                 // a later call can continue from it.
                 self.tokens.push(token);

@@ -38,7 +38,11 @@ pub enum Error {
     NotASession { path: PathBuf, found: String },
 
     /// A session file of a version this build does not read.
-    #[error("KV session {path}: unsupported version {version} (this build reads version {})", crate::SESSION_VERSION)]
+    #[error(
+        "KV session {path}: unsupported version {version} (this build reads versions {} to {})",
+        crate::SESSION_VERSION_OLDEST,
+        crate::SESSION_VERSION
+    )]
     UnsupportedVersion { path: PathBuf, version: u32 },
 
     /// A header that fails its checksum or holds impossible values. Headers

@@ -1,12 +1,14 @@
 //! Named KV sessions on disk: a header binding the file to one model, then
-//! append-only records, one per token, each with a checksum (normative
-//! layout: docs/FORMAT.md, "KV session file").
+//! append-only records, one per token, and for caches with a recurrent
+//! state, snapshot records of it, each with a checksum (normative layout:
+//! docs/FORMAT.md, "KV session file").
 //!
 //! Crash safety rests on ordering: records are written, fsynced, and only
 //! then counted as committed. Opening scans the records, loads every one
 //! whose checksum and place in the sequence are right straight into a
 //! [`KvCache`], and cuts the file back to the first one that is not (a torn
 //! write from a killed process, or corruption), reporting how much was cut.
+//! A cache with state then resumes from the latest snapshot the file holds.
 //! A header for another model (content hash, tokenizer hash or dimensions)
 //! is refused, never used.
 
@@ -19,7 +21,10 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{self, BufReader, ErrorKind, Read};
 use std::path::{Path, PathBuf};
 
-pub use format::{HASH_BYTES, MAX_STREAMS, SESSION_MAGIC, SESSION_VERSION, SessionHeader, hex, parse_hash};
+pub use format::{
+    HASH_BYTES, MAX_LAYERS, MAX_STREAMS, SESSION_MAGIC, SESSION_VERSION, SESSION_VERSION_OLDEST, SessionHeader, hex,
+    parse_hash,
+};
 pub use sink::Sink;
 
 use format::{
@@ -78,13 +83,26 @@ pub struct Recovered {
     pub created: bool,
     /// The whole token sequence.
     pub tokens: Vec<u32>,
-    /// Leading tokens whose rows were loaded into the cache: `tokens.len()`,
-    /// or one less when the last token was never run through the model.
+    /// Leading tokens whose rows the file holds: `tokens.len()`, or one
+    /// less when the last token was never run through the model.
     pub rows_tokens: usize,
+    /// Leading tokens the cache holds after opening, rows and state: all of
+    /// `rows_tokens` for a cache without state; with state, those up to the
+    /// latest snapshot in the file (0 without one). The caller runs the
+    /// others again when it needs them.
+    pub resumed_tokens: usize,
     /// Complete records read.
     pub records: usize,
     /// The tail cut off, if the file did not end on a complete record.
     pub cut: Option<CutTail>,
+}
+
+/// Where a state record lies and the length it is a snapshot at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StateRecord {
+    len_tokens: usize,
+    start_bytes: u64,
+    end_bytes: u64,
 }
 
 /// An open session file, locked against other processes, positioned to
@@ -93,7 +111,8 @@ pub struct Recovered {
 pub struct SessionFile {
     path: PathBuf,
     sink: Box<dyn Sink>,
-    floats_per_token: usize,
+    /// Sizes every record.
+    header: SessionHeader,
     /// Where the records start.
     header_bytes: u64,
     /// Bytes known durable (written and fsynced).
@@ -105,6 +124,8 @@ pub struct SessionFile {
     /// `rows_end[p]`: the end of the record that gave position `p` its
     /// rows, where the file is cut to keep the first `p + 1` tokens.
     rows_end: Vec<u64>,
+    /// Every state record written, in file order (so by length, too).
+    states: Vec<StateRecord>,
     /// Set when a failed append could not be rolled back: the file may end
     /// in an uncommitted tail, so nothing more may be appended after it.
     broken: bool,
@@ -160,10 +181,7 @@ impl SessionFile {
     /// `expected`. A torn or corrupt tail is cut off the file and reported.
     pub fn open(path: &Path, expected: &SessionHeader, cache: &mut KvCache) -> Result<(SessionFile, Recovered)> {
         assert!(cache.is_empty(), "sessions load into an empty cache");
-        assert!(
-            cache.n_layers() == expected.n_layers && cache.row_dims() == expected.row_dims,
-            "the cache is shaped like the expected header"
-        );
+        assert_eq!(cache.layouts(), expected.layouts.as_slice(), "the cache is shaped like the expected header");
         let mut file = OpenOptions::new().read(true).append(true).open(path).map_err(|source| Error::Io {
             path: path.to_owned(),
             action: "opening",
@@ -196,10 +214,13 @@ impl SessionFile {
         };
         let mut session = Self::with_sink(path.to_owned(), Box::new(file), expected, scan.end_bytes, scan.counts);
         session.rows_end = scan.rows_end;
+        session.states = scan.states;
+        let resumed_tokens = cache.finish_load();
         let recovered = Recovered {
             created: false,
             tokens: scan.tokens,
             rows_tokens: scan.counts.rows_tokens,
+            resumed_tokens,
             records: scan.records,
             cut,
         };
@@ -230,13 +251,14 @@ impl SessionFile {
         Self {
             path,
             sink,
-            floats_per_token: header.floats_per_token(),
+            header: header.clone(),
             header_bytes: header.header_bytes() as u64,
             committed_bytes: end_bytes,
             written_bytes: end_bytes,
             committed: counts,
             written: counts,
             rows_end: Vec::new(),
+            states: Vec::new(),
             broken: false,
             record: Vec::new(),
         }
@@ -315,6 +337,8 @@ impl SessionFile {
         self.written_bytes = self.committed_bytes;
         self.written = self.committed;
         self.rows_end.truncate(self.committed.rows_tokens);
+        let committed_bytes = self.committed_bytes;
+        self.states.retain(|r| r.end_bytes <= committed_bytes);
     }
 
     /// Appends and commits whatever `tokens` (the whole sequence) and
@@ -330,8 +354,9 @@ impl SessionFile {
     }
 
     /// Keeps only the first `len_tokens` tokens, which must all have rows
-    /// in committed records (0: a session reset). Cuts the file at a record
-    /// boundary; durable when it returns.
+    /// in committed records (0: a session reset), and the snapshots at most
+    /// that long written before the next token's record. Cuts the file at a
+    /// record boundary; durable when it returns.
     pub fn truncate_tokens(&mut self, len_tokens: usize) -> Result<()> {
         if self.written != self.committed || len_tokens > self.committed.rows_tokens {
             let reason = format!(
@@ -340,10 +365,18 @@ impl SessionFile {
             );
             return Err(self.out_of_sequence(reason));
         }
-        let end_bytes = match len_tokens {
+        let mut end_bytes = match len_tokens {
             0 => self.header_bytes,
             n => self.rows_end[n - 1],
         };
+        // A snapshot written right after the rows it follows stays, so that
+        // reopening resumes there rather than from an older one.
+        for state in &self.states {
+            if state.start_bytes == end_bytes && state.len_tokens <= len_tokens {
+                end_bytes = state.end_bytes;
+            }
+        }
+        self.states.retain(|r| r.end_bytes <= end_bytes);
         self.sink.truncate(end_bytes).map_err(|source| self.io_error("truncating", source))?;
         self.committed_bytes = end_bytes;
         self.written_bytes = end_bytes;
@@ -368,6 +401,17 @@ impl SessionFile {
             self.append(tokens[position], position < cache.len(), cache)?;
             records += 1;
         }
+        // The cache's latest snapshot, unless the file holds it already (or
+        // a later one, which only a truncation could make the cache lack).
+        if let Some((len_tokens, _)) = cache.latest_snapshot() {
+            let persisted = self.states.last().map(|r| r.len_tokens);
+            if persisted.is_none_or(|p| p < len_tokens) && len_tokens <= self.written.rows_tokens {
+                let start_bytes = self.written_bytes;
+                self.write_record(RecordKind::State, len_tokens, tokens[len_tokens - 1], cache)?;
+                self.states.push(StateRecord { len_tokens, start_bytes, end_bytes: self.written_bytes });
+                records += 1;
+            }
+        }
         Ok(records)
     }
 
@@ -375,13 +419,13 @@ impl SessionFile {
         if self.broken {
             return Err(self.out_of_sequence("an earlier failed append could not be rolled back".to_owned()));
         }
-        debug_assert_eq!(cache.n_layers() * cache.row_dims().iter().sum::<usize>(), self.floats_per_token);
+        debug_assert_eq!(cache.layouts(), self.header.layouts.as_slice());
         if u32::try_from(position).is_err() {
             return Err(self.out_of_sequence(format!("position {position} beyond what a record can hold")));
         }
         let mut record = std::mem::take(&mut self.record);
         record.clear();
-        encode_record(&mut record, kind, position, token, cache);
+        encode_record(&mut record, kind, position, token, cache, &self.header);
         let result = self.sink.append(&record).map_err(|source| self.io_error("appending to", source));
         // Counted as written even on error: part of it may be on disk, and
         // rollback must cut it.
@@ -480,8 +524,8 @@ fn read_header(reader: &mut impl Read, path: &Path, expected: &SessionHeader, fi
     if got < prefix.len() {
         return Err(corrupt(format!("the file is {file_bytes} bytes, shorter than a header")));
     }
-    let header_bytes = match SessionHeader::decode_prefix(&prefix) {
-        Ok(n) => n,
+    let (version, header_bytes) = match SessionHeader::decode_prefix(&prefix) {
+        Ok(found) => found,
         Err(PrefixError::Magic(found)) => return Err(Error::NotASession { path: path.to_owned(), found }),
         Err(PrefixError::Version(version)) => return Err(Error::UnsupportedVersion { path: path.to_owned(), version }),
         Err(PrefixError::Corrupt(reason)) => return Err(corrupt(reason)),
@@ -492,7 +536,7 @@ fn read_header(reader: &mut impl Read, path: &Path, expected: &SessionHeader, fi
     if HEADER_PREFIX_BYTES + got < header_bytes {
         return Err(corrupt(format!("the file is {file_bytes} bytes, shorter than its {header_bytes}-byte header")));
     }
-    let found = SessionHeader::decode(&bytes).map_err(corrupt)?;
+    let found = SessionHeader::decode(version, &bytes).map_err(corrupt)?;
     let mismatches = found.mismatches(expected);
     if !mismatches.is_empty() {
         return Err(Error::ModelMismatch { path: path.to_owned(), mismatches: mismatches.join("; ") });
@@ -508,13 +552,15 @@ struct Scan {
     end_bytes: u64,
     /// See [`SessionFile::rows_end`].
     rows_end: Vec<u64>,
+    /// See [`SessionFile::states`].
+    states: Vec<StateRecord>,
     /// The first record that is not, and why.
     bad_record: Option<(usize, String)>,
 }
 
 /// Reads records until the end of the file or the first one that is torn,
 /// fails its checksum or does not continue the sequence, loading each good
-/// one's rows into `cache`.
+/// one's rows into `cache`, and the latest snapshots it holds.
 fn scan_records(
     reader: &mut impl Read,
     path: &Path,
@@ -522,16 +568,17 @@ fn scan_records(
     header_bytes: u64,
     cache: &mut KvCache,
 ) -> Result<Scan> {
-    let floats_per_token = header.floats_per_token();
     let mut scan = Scan {
         tokens: Vec::new(),
         counts: Counts::default(),
         records: 0,
         end_bytes: header_bytes,
         rows_end: Vec::new(),
+        states: Vec::new(),
         bad_record: None,
     };
-    let mut record = vec![0u8; RecordKind::TokenWithRows.record_bytes(floats_per_token)];
+    let largest = RecordKind::TokenWithRows.record_bytes(header).max(RecordKind::State.record_bytes(header));
+    let mut record = vec![0u8; largest];
     let mut row = Vec::new();
     loop {
         let offset_bytes = scan.end_bytes;
@@ -550,7 +597,7 @@ fn scan_records(
             scan.bad_record = bad(format!("unknown record kind {}", prefix.kind_byte));
             return Ok(scan);
         };
-        let expected_bytes = kind.record_bytes(floats_per_token);
+        let expected_bytes = kind.record_bytes(header);
         if prefix.record_bytes != expected_bytes || !prefix.reserved_zero {
             scan.bad_record = bad(format!(
                 "record length {} (a {kind:?} record is {expected_bytes} bytes) or reserved bytes not zero",
@@ -569,7 +616,7 @@ fn scan_records(
             scan.bad_record = bad("checksum mismatch".to_owned());
             return Ok(scan);
         }
-        if let Some(reason) = out_of_place(kind, &prefix, scan.counts, &scan.tokens) {
+        if let Some(reason) = out_of_place(kind, &prefix, scan.counts, &scan.tokens, header, &scan.states) {
             scan.bad_record = bad(reason);
             return Ok(scan);
         }
@@ -582,7 +629,13 @@ fn scan_records(
             load_rows(cache, &record[RECORD_PREFIX_BYTES..body], &mut row);
             scan.counts.rows_tokens += 1;
         }
-        if kind != RecordKind::Rows {
+        if kind == RecordKind::State {
+            let floats = record[RECORD_PREFIX_BYTES..body]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("4")))
+                .collect();
+            cache.push_loaded_snapshot(prefix.position, floats);
+        } else if kind != RecordKind::Rows {
             scan.tokens.push(prefix.token);
             scan.counts.tokens += 1;
         }
@@ -591,14 +644,38 @@ fn scan_records(
         if kind.has_rows() {
             scan.rows_end.push(scan.end_bytes);
         }
+        if kind == RecordKind::State {
+            let len_tokens = prefix.position;
+            scan.states.push(StateRecord { len_tokens, start_bytes: offset_bytes, end_bytes: scan.end_bytes });
+        }
     }
 }
 
 /// Why a record with a good checksum still cannot follow `counts`, if so.
 /// Records are written strictly in sequence, so this is corruption (or a
 /// file spliced together), never a crash.
-fn out_of_place(kind: RecordKind, prefix: &RecordPrefix, counts: Counts, tokens: &[u32]) -> Option<String> {
+fn out_of_place(
+    kind: RecordKind,
+    prefix: &RecordPrefix,
+    counts: Counts,
+    tokens: &[u32],
+    header: &SessionHeader,
+    states: &[StateRecord],
+) -> Option<String> {
+    let position = prefix.position;
     match kind {
+        RecordKind::State if header.state_floats() == 0 => Some("a state record for a cache without state".to_owned()),
+        RecordKind::State if position == 0 || position > counts.rows_tokens => {
+            Some(format!("a state at length {position}, {} tokens have rows", counts.rows_tokens))
+        }
+        RecordKind::State if prefix.token != tokens[position - 1] => Some(format!(
+            "a state after token {} at length {position}, the token is {}",
+            prefix.token,
+            tokens[position - 1]
+        )),
+        RecordKind::State if states.last().is_some_and(|s| s.len_tokens > position) => {
+            Some(format!("a state at length {position} after one at a greater length"))
+        }
         RecordKind::TokenWithRows | RecordKind::Token if counts.has_pending() => {
             Some(format!("a new token at position {} after a token without rows", prefix.position))
         }
@@ -617,19 +694,20 @@ fn out_of_place(kind: RecordKind, prefix: &RecordPrefix, counts: Counts, tokens:
 }
 
 /// Writes one token's rows (layer-major, then stream, as little-endian f32)
-/// into the cache's next position and commits it.
+/// into the cache's next position and commits them (the state follows from
+/// the snapshots when loading ends).
 fn load_rows(cache: &mut KvCache, bytes: &[u8], row: &mut Vec<f32>) {
     let mut at = 0;
     for layer in 0..cache.n_layers() {
-        for stream in 0..cache.row_dims().len() {
-            let dim = cache.row_dims()[stream];
+        for stream in 0..cache.layout(layer).row_dims.len() {
+            let dim = cache.layout(layer).row_dims[stream];
             row.clear();
             row.extend(bytes[at..at + 4 * dim].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4"))));
             cache.write(layer, stream, row);
             at += 4 * dim;
         }
     }
-    cache.advance(1);
+    cache.advance_loaded_rows(1);
 }
 
 /// Reads until `buf` is full or the end of the file; returns the bytes read.

@@ -1,5 +1,6 @@
 //! The one memory budget: resident dense weights, the expert cache, the KV
-//! arena and the I/O buffers are all carved out of it.
+//! arena (rows per token and fixed state per session) and the I/O buffers
+//! are all carved out of it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -97,8 +98,11 @@ fn parse_mem_available(meminfo: &str) -> Result<u64> {
 pub struct BudgetNeeds {
     /// Dense weights, resident for the whole run.
     pub dense_bytes: u64,
-    /// The KV arena for the whole context.
+    /// The KV rows of the whole context, for every session.
     pub kv_bytes: u64,
+    /// The fixed-size KV state of every session (recurrent layers' states,
+    /// their staged copies and snapshots), whatever its length.
+    pub kv_state_bytes: u64,
     /// Buffers of loads in flight.
     pub io_buffer_bytes: u64,
     /// The least expert cache that can run: the experts one token routes
@@ -112,6 +116,7 @@ pub struct BudgetPlan {
     pub total_bytes: u64,
     pub dense_bytes: u64,
     pub kv_bytes: u64,
+    pub kv_state_bytes: u64,
     pub io_buffer_bytes: u64,
     /// Everything left: the expert cache.
     pub expert_cache_bytes: u64,
@@ -122,7 +127,7 @@ impl BudgetPlan {
     pub fn new(total_bytes: u64, needs: BudgetNeeds) -> Result<Self> {
         // Checked: a sum past u64 is more than any budget (and shown as the
         // largest size), never a wrapped small one.
-        let needed_bytes = [needs.kv_bytes, needs.io_buffer_bytes, needs.min_expert_bytes]
+        let needed_bytes = [needs.kv_bytes, needs.kv_state_bytes, needs.io_buffer_bytes, needs.min_expert_bytes]
             .into_iter()
             .try_fold(needs.dense_bytes, u64::checked_add);
         if needed_bytes.is_none_or(|needed| needed > total_bytes) {
@@ -131,16 +136,18 @@ impl BudgetPlan {
                 have: ByteSize(total_bytes),
                 dense: ByteSize(needs.dense_bytes),
                 kv: ByteSize(needs.kv_bytes),
+                kv_state: ByteSize(needs.kv_state_bytes),
                 io: ByteSize(needs.io_buffer_bytes),
                 experts: ByteSize(needs.min_expert_bytes),
             });
         }
         // Cannot overflow: a part of the sum just checked.
-        let fixed_bytes = needs.dense_bytes + needs.kv_bytes + needs.io_buffer_bytes;
+        let fixed_bytes = needs.dense_bytes + needs.kv_bytes + needs.kv_state_bytes + needs.io_buffer_bytes;
         Ok(Self {
             total_bytes,
             dense_bytes: needs.dense_bytes,
             kv_bytes: needs.kv_bytes,
+            kv_state_bytes: needs.kv_state_bytes,
             io_buffer_bytes: needs.io_buffer_bytes,
             expert_cache_bytes: total_bytes - fixed_bytes,
         })
@@ -152,12 +159,24 @@ mod tests {
     use super::*;
 
     const NEEDS: BudgetNeeds =
-        BudgetNeeds { dense_bytes: 100, kv_bytes: 20, io_buffer_bytes: 30, min_expert_bytes: 50 };
+        BudgetNeeds { dense_bytes: 100, kv_bytes: 20, kv_state_bytes: 0, io_buffer_bytes: 30, min_expert_bytes: 50 };
 
     #[test]
     fn the_expert_cache_gets_what_is_left() {
         let plan = BudgetPlan::new(1000, NEEDS).unwrap();
         assert_eq!(plan.expert_cache_bytes, 850);
+    }
+
+    #[test]
+    fn fixed_kv_state_is_counted_beside_the_rows() {
+        let needs = BudgetNeeds { kv_state_bytes: 40, ..NEEDS };
+        let plan = BudgetPlan::new(1000, needs).unwrap();
+        assert_eq!((plan.kv_bytes, plan.kv_state_bytes, plan.expert_cache_bytes), (20, 40, 810));
+        let err = BudgetPlan::new(239, needs).unwrap_err().to_string();
+        assert!(err.contains("240 B") && err.contains("fixed KV state 40 B"), "{err}");
+        assert!(BudgetPlan::new(240, needs).is_ok());
+        let huge = BudgetNeeds { kv_state_bytes: u64::MAX - 60, ..NEEDS };
+        assert!(BudgetPlan::new(u64::MAX, huge).is_err(), "the sum wraps past u64::MAX");
     }
 
     #[test]

@@ -100,13 +100,14 @@ pub enum Error {
     },
     /// The memory budget cannot hold even the minimum.
     #[error(
-        "--ram-budget {have} is too small: this model needs at least {needed} (dense weights {dense}, KV {kv}, I/O buffers {io}, one layer's experts {experts})"
+        "--ram-budget {have} is too small: this model needs at least {needed} (dense weights {dense}, KV {kv}, fixed KV state {kv_state}, I/O buffers {io}, one layer's experts {experts})"
     )]
     BudgetTooSmall {
         needed: crate::ByteSize,
         have: crate::ByteSize,
         dense: crate::ByteSize,
         kv: crate::ByteSize,
+        kv_state: crate::ByteSize,
         io: crate::ByteSize,
         experts: crate::ByteSize,
     },

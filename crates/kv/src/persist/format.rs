@@ -4,17 +4,25 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::KvCache;
+use crate::{KvCache, LayerLayout};
 
 /// First bytes of every KV session file.
 pub const SESSION_MAGIC: [u8; 8] = *b"STRATAKV";
-/// The session file version this build reads and writes.
-pub const SESSION_VERSION: u32 = 1;
+/// The session file version this build writes. Version 2 describes each
+/// layer's rows and state; version 1 (one set of row widths for every layer,
+/// no state) is still read, and appended to as it is, since its records are
+/// version 2's without state records.
+pub const SESSION_VERSION: u32 = 2;
+/// The oldest version this build reads.
+pub const SESSION_VERSION_OLDEST: u32 = 1;
 /// Bytes of a SHA-256 digest, as held in the header.
 pub const HASH_BYTES: usize = 32;
 /// The most streams per layer a header may declare. A real cache has one to
 /// three; the bound only stops a corrupt count from sizing an allocation.
 pub const MAX_STREAMS: usize = 16;
+/// The most layers a header may declare. Models have at most a few hundred;
+/// the bound only stops a corrupt count from sizing an allocation.
+pub const MAX_LAYERS: usize = 4096;
 
 /// Checksums are the first 8 bytes of a SHA-256: sha2 is already a
 /// dependency (no CRC crate needed), SHA-NI makes it cheap next to a forward
@@ -22,8 +30,10 @@ pub const MAX_STREAMS: usize = 16;
 pub(crate) const CHECKSUM_BYTES: usize = 8;
 /// Bytes of the zero-padded `created_by` field.
 const CREATED_BY_BYTES: usize = 32;
-/// Header bytes before the `row_dims` array.
-const HEADER_FIXED_BYTES: usize = 92;
+/// Header bytes before the layouts: magic to `n_layers`.
+const HEADER_FIXED_BYTES: usize = 88;
+/// Header bytes after the layouts: `created_by` and the checksum.
+const HEADER_TAIL_BYTES: usize = CREATED_BY_BYTES + CHECKSUM_BYTES;
 /// The header bytes read before its length is known: magic, version, length.
 pub(crate) const HEADER_PREFIX_BYTES: usize = 16;
 /// Record bytes before the rows: length, kind, reserved, position, token.
@@ -40,9 +50,8 @@ pub struct SessionHeader {
     pub content_hash: [u8; HASH_BYTES],
     /// SHA-256 of the tokenizer, when the model has one.
     pub tokenizer_hash: Option<[u8; HASH_BYTES]>,
-    pub n_layers: usize,
-    /// Width of each stream's row, in f32s (see [`KvCache::row_dims`]).
-    pub row_dims: Vec<usize>,
+    /// What each layer keeps (see [`KvCache::layout`]).
+    pub layouts: Vec<LayerLayout>,
     /// The writing program, for humans; at most 32 bytes are kept and it is
     /// never compared.
     pub created_by: String,
@@ -56,43 +65,61 @@ impl SessionHeader {
         cache: &KvCache,
         created_by: impl Into<String>,
     ) -> Self {
-        Self {
-            content_hash,
-            tokenizer_hash,
-            n_layers: cache.n_layers(),
-            row_dims: cache.row_dims().to_vec(),
-            created_by: created_by.into(),
-        }
+        Self { content_hash, tokenizer_hash, layouts: cache.layouts().to_vec(), created_by: created_by.into() }
     }
 
     /// Size of the encoded header; the first record starts here.
     pub fn header_bytes(&self) -> usize {
-        HEADER_FIXED_BYTES + 4 * self.row_dims.len() + CREATED_BY_BYTES + CHECKSUM_BYTES
+        let layouts: usize = self.layouts.iter().map(|l| 8 + 4 * l.row_dims.len()).sum();
+        HEADER_FIXED_BYTES + layouts + HEADER_TAIL_BYTES
     }
 
     /// f32s of one token's rows: every stream of every layer.
     pub fn floats_per_token(&self) -> usize {
-        self.n_layers * self.row_dims.iter().sum::<usize>()
+        self.layouts.iter().flat_map(|l| &l.row_dims).sum()
+    }
+
+    /// f32s of a state record: the state of every stateful layer.
+    pub fn state_floats(&self) -> usize {
+        self.layouts.iter().map(|l| l.state_floats).sum()
     }
 
     /// Why this header cannot describe a file at all (too many streams,
     /// sizes beyond the u32 fields), if it cannot.
     pub(crate) fn invalid_reason(&self) -> Option<String> {
         let u32_max = u32::MAX as usize;
-        if self.n_layers == 0 || self.n_layers > u32_max {
-            return Some(format!("n_layers {} out of range", self.n_layers));
+        if self.layouts.is_empty() || self.layouts.len() > MAX_LAYERS {
+            return Some(format!("{} layers (1 to {MAX_LAYERS} allowed)", self.layouts.len()));
         }
-        if self.row_dims.is_empty() || self.row_dims.len() > MAX_STREAMS {
-            return Some(format!("{} streams (1 to {MAX_STREAMS} allowed)", self.row_dims.len()));
+        for (layer, layout) in self.layouts.iter().enumerate() {
+            if layout.row_dims.len() > MAX_STREAMS {
+                return Some(format!("layer {layer}: {} streams (at most {MAX_STREAMS})", layout.row_dims.len()));
+            }
+            if layout.row_dims.iter().any(|&d| d == 0 || d > u32_max) || layout.state_floats > u32_max {
+                return Some(format!("layer {layer}: row_dims {:?} or state out of range", layout.row_dims));
+            }
+            if layout.row_dims.is_empty() && layout.state_floats == 0 {
+                return Some(format!("layer {layer} keeps neither rows nor a state"));
+            }
         }
-        if self.row_dims.iter().any(|&d| d == 0 || d > u32_max) {
-            return Some(format!("row_dims {:?} out of range", self.row_dims));
+        // Checked: the sums come from a file and are at most MAX_LAYERS
+        // terms below 2^32 each, but the record sizes must fit a u32.
+        fn sum(floats: impl Iterator<Item = usize>) -> Option<usize> {
+            floats.into_iter().try_fold(0usize, usize::checked_add)
         }
-        let record = self.n_layers.checked_mul(self.row_dims.iter().sum()).and_then(|f| f.checked_mul(4));
-        match record.and_then(|r| r.checked_add(RECORD_PREFIX_BYTES + CHECKSUM_BYTES)) {
-            Some(bytes) if bytes <= u32_max => None,
-            _ => Some("one token's rows exceed the 4 GiB a record can hold".to_owned()),
+        let fits = |floats: Option<usize>| {
+            floats
+                .and_then(|f| f.checked_mul(4))
+                .and_then(|r| r.checked_add(RECORD_PREFIX_BYTES + CHECKSUM_BYTES))
+                .is_some_and(|bytes| bytes <= u32_max)
+        };
+        if !fits(sum(self.layouts.iter().flat_map(|l| l.row_dims.iter().copied()))) {
+            return Some("one token's rows exceed the 4 GiB a record can hold".to_owned());
         }
+        if !fits(sum(self.layouts.iter().map(|l| l.state_floats))) {
+            return Some("the state exceeds the 4 GiB a record can hold".to_owned());
+        }
+        None
     }
 
     /// The header's bytes, checksum included. The header must be valid.
@@ -106,10 +133,13 @@ impl SessionHeader {
         out.extend_from_slice(&self.tokenizer_hash.unwrap_or([0; HASH_BYTES]));
         out.push(if self.tokenizer_hash.is_some() { FLAG_TOKENIZER_HASH } else { 0 });
         out.extend_from_slice(&[0; 3]);
-        out.extend_from_slice(&(self.n_layers as u32).to_le_bytes());
-        out.extend_from_slice(&(self.row_dims.len() as u32).to_le_bytes());
-        for &dim in &self.row_dims {
-            out.extend_from_slice(&(dim as u32).to_le_bytes());
+        out.extend_from_slice(&(self.layouts.len() as u32).to_le_bytes());
+        for layout in &self.layouts {
+            out.extend_from_slice(&(layout.row_dims.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(layout.state_floats as u32).to_le_bytes());
+            for &dim in &layout.row_dims {
+                out.extend_from_slice(&(dim as u32).to_le_bytes());
+            }
         }
         let mut created_by = [0u8; CREATED_BY_BYTES];
         let text = truncate_utf8(&self.created_by, CREATED_BY_BYTES);
@@ -121,28 +151,36 @@ impl SessionHeader {
         out
     }
 
-    /// Reads the header length out of its first [`HEADER_PREFIX_BYTES`],
-    /// after checking magic and version.
-    pub(crate) fn decode_prefix(prefix: &[u8; HEADER_PREFIX_BYTES]) -> Result<usize, PrefixError> {
+    /// Reads the version and the header length out of its first
+    /// [`HEADER_PREFIX_BYTES`], after checking magic and version.
+    pub(crate) fn decode_prefix(prefix: &[u8; HEADER_PREFIX_BYTES]) -> Result<(u32, usize), PrefixError> {
         if prefix[..8] != SESSION_MAGIC {
             return Err(PrefixError::Magic(String::from_utf8_lossy(&prefix[..8]).into_owned()));
         }
         let version = u32_at(prefix, 8);
-        if version != SESSION_VERSION {
-            return Err(PrefixError::Version(version));
-        }
         let header_bytes = u32_at(prefix, 12) as usize;
-        let smallest = HEADER_FIXED_BYTES + 4 + CREATED_BY_BYTES + CHECKSUM_BYTES;
-        let largest = smallest + 4 * (MAX_STREAMS - 1);
+        let (smallest, largest) = match version {
+            // n_streams, then 1 to MAX_STREAMS widths for every layer.
+            1 => (
+                HEADER_FIXED_BYTES + 8 + HEADER_TAIL_BYTES,
+                HEADER_FIXED_BYTES + 4 + 4 * MAX_STREAMS + HEADER_TAIL_BYTES,
+            ),
+            // One layer without rows, to MAX_LAYERS of MAX_STREAMS each.
+            SESSION_VERSION => (
+                HEADER_FIXED_BYTES + 8 + HEADER_TAIL_BYTES,
+                HEADER_FIXED_BYTES + MAX_LAYERS * (8 + 4 * MAX_STREAMS) + HEADER_TAIL_BYTES,
+            ),
+            _ => return Err(PrefixError::Version(version)),
+        };
         if !(smallest..=largest).contains(&header_bytes) {
             return Err(PrefixError::Corrupt(format!("header length {header_bytes} outside {smallest}..={largest}")));
         }
-        Ok(header_bytes)
+        Ok((version, header_bytes))
     }
 
-    /// Parses a whole header (prefix included) whose length
+    /// Parses a whole header (prefix included) of `version` whose length
     /// [`Self::decode_prefix`] gave.
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
+    pub(crate) fn decode(version: u32, bytes: &[u8]) -> Result<Self, String> {
         let body = &bytes[..bytes.len() - CHECKSUM_BYTES];
         if checksum(body) != bytes[body.len()..] {
             return Err("header checksum mismatch".to_owned());
@@ -152,19 +190,49 @@ impl SessionHeader {
             return Err(format!("unknown header flags {flags:#04x}"));
         }
         let n_layers = u32_at(bytes, 84) as usize;
-        let n_streams = u32_at(bytes, 88) as usize;
-        if HEADER_FIXED_BYTES + 4 * n_streams + CREATED_BY_BYTES + CHECKSUM_BYTES != bytes.len() {
-            return Err(format!("{n_streams} streams do not fit a header of {} bytes", bytes.len()));
+        if n_layers == 0 || n_layers > MAX_LAYERS {
+            return Err(format!("{n_layers} layers (1 to {MAX_LAYERS} allowed)"));
         }
-        let row_dims = (0..n_streams).map(|s| u32_at(bytes, HEADER_FIXED_BYTES + 4 * s) as usize).collect();
-        let created_at = HEADER_FIXED_BYTES + 4 * n_streams;
+        let layouts_end = bytes.len() - HEADER_TAIL_BYTES;
+        let layouts = if version == 1 {
+            let n_streams = u32_at(bytes, HEADER_FIXED_BYTES) as usize;
+            if HEADER_FIXED_BYTES + 4 + 4 * n_streams.min(MAX_STREAMS + 1) != layouts_end || n_streams == 0 {
+                return Err(format!("{n_streams} streams do not fit a header of {} bytes", bytes.len()));
+            }
+            let row_dims = (0..n_streams).map(|s| u32_at(bytes, HEADER_FIXED_BYTES + 4 + 4 * s) as usize).collect();
+            vec![LayerLayout { row_dims, state_floats: 0 }; n_layers]
+        } else {
+            let mut at = HEADER_FIXED_BYTES;
+            let mut layouts = Vec::with_capacity(n_layers);
+            for layer in 0..n_layers {
+                if at + 8 > layouts_end {
+                    return Err(format!("layer {layer}'s layout runs past the header's {} bytes", bytes.len()));
+                }
+                let n_streams = u32_at(bytes, at) as usize;
+                let state_floats = u32_at(bytes, at + 4) as usize;
+                at += 8;
+                if n_streams > MAX_STREAMS || at + 4 * n_streams > layouts_end {
+                    return Err(format!(
+                        "layer {layer}: {n_streams} streams do not fit a header of {} bytes",
+                        bytes.len()
+                    ));
+                }
+                let row_dims = (0..n_streams).map(|s| u32_at(bytes, at + 4 * s) as usize).collect();
+                at += 4 * n_streams;
+                layouts.push(LayerLayout { row_dims, state_floats });
+            }
+            if at != layouts_end {
+                return Err(format!("{} bytes after the layouts of {n_layers} layers", layouts_end - at));
+            }
+            layouts
+        };
+        let created_at = layouts_end;
         let created_by = &bytes[created_at..created_at + CREATED_BY_BYTES];
         let created_by = String::from_utf8_lossy(created_by).trim_end_matches('\0').to_owned();
         let header = Self {
             content_hash: bytes[16..48].try_into().expect("32 bytes"),
             tokenizer_hash: (flags & FLAG_TOKENIZER_HASH != 0).then(|| bytes[48..80].try_into().expect("32 bytes")),
-            n_layers,
-            row_dims,
+            layouts,
             created_by,
         };
         match header.invalid_reason() {
@@ -192,11 +260,19 @@ impl SessionHeader {
                 show(&expected.tokenizer_hash)
             ));
         }
-        if self.n_layers != expected.n_layers {
-            out.push(format!("n_layers {} in the file, {} for this model", self.n_layers, expected.n_layers));
+        if self.layouts.len() != expected.layouts.len() {
+            out.push(format!("n_layers {} in the file, {} for this model", self.layouts.len(), expected.layouts.len()));
         }
-        if self.row_dims != expected.row_dims {
-            out.push(format!("row_dims {:?} in the file, {:?} for this model", self.row_dims, expected.row_dims));
+        // The first layer that differs: a model's layers come in few kinds,
+        // so one names the difference without a line per layer.
+        let differing = self.layouts.iter().zip(&expected.layouts).position(|(a, b)| a != b);
+        if let Some(layer) = differing {
+            let show = |l: &LayerLayout| format!("row_dims {:?} and {} state floats", l.row_dims, l.state_floats);
+            out.push(format!(
+                "layer {layer} keeps {} in the file, {} for this model",
+                show(&self.layouts[layer]),
+                show(&expected.layouts[layer])
+            ));
         }
         out
     }
@@ -220,6 +296,9 @@ pub(crate) enum RecordKind {
     Token = 2,
     /// The rows of the trailing row-less token, once it has been run.
     Rows = 3,
+    /// A snapshot: the state of every stateful layer after the first
+    /// `position` tokens (the record's `token` is the one at `position - 1`).
+    State = 4,
 }
 
 impl RecordKind {
@@ -228,18 +307,24 @@ impl RecordKind {
             1 => Some(Self::TokenWithRows),
             2 => Some(Self::Token),
             3 => Some(Self::Rows),
+            4 => Some(Self::State),
             _ => None,
         }
     }
 
     pub(crate) fn has_rows(self) -> bool {
-        self != Self::Token
+        matches!(self, Self::TokenWithRows | Self::Rows)
     }
 
-    /// Bytes of a whole record of this kind, prefix and checksum included.
-    pub(crate) fn record_bytes(self, floats_per_token: usize) -> usize {
-        let rows = if self.has_rows() { floats_per_token * 4 } else { 0 };
-        RECORD_PREFIX_BYTES + rows + CHECKSUM_BYTES
+    /// Bytes of a whole record of this kind in a file of `header`, prefix
+    /// and checksum included (the header is valid, so this fits a u32).
+    pub(crate) fn record_bytes(self, header: &SessionHeader) -> usize {
+        let floats = match self {
+            Self::TokenWithRows | Self::Rows => header.floats_per_token(),
+            Self::Token => 0,
+            Self::State => header.state_floats(),
+        };
+        RECORD_PREFIX_BYTES + floats * 4 + CHECKSUM_BYTES
     }
 }
 
@@ -268,28 +353,43 @@ impl RecordPrefix {
 }
 
 /// Appends one whole record to `out`: the token at `position` and, for
-/// kinds with rows, every layer's row of every stream of `cache` there.
-pub(crate) fn encode_record(out: &mut Vec<u8>, kind: RecordKind, position: usize, token: u32, cache: &KvCache) {
-    let floats = cache.n_layers() * cache.row_dims().iter().sum::<usize>();
+/// kinds with rows, every layer's row of every stream of `cache` there; for
+/// a state record, `token` is the one at `position - 1` and the body the
+/// cache's latest snapshot, which must be at `position`.
+pub(crate) fn encode_record(
+    out: &mut Vec<u8>,
+    kind: RecordKind,
+    position: usize,
+    token: u32,
+    cache: &KvCache,
+    header: &SessionHeader,
+) {
     let start = out.len();
-    out.extend_from_slice(&(kind.record_bytes(floats) as u32).to_le_bytes());
+    let record_bytes = kind.record_bytes(header);
+    out.reserve(record_bytes);
+    out.extend_from_slice(&(record_bytes as u32).to_le_bytes());
     out.extend_from_slice(&[kind as u8, 0, 0, 0]);
     out.extend_from_slice(&(position as u32).to_le_bytes());
     out.extend_from_slice(&token.to_le_bytes());
-    if kind.has_rows() {
-        out.reserve(floats * 4 + CHECKSUM_BYTES);
-        for layer in 0..cache.n_layers() {
-            for (stream, &dim) in cache.row_dims().iter().enumerate() {
-                let row = &cache.rows(layer, stream, position + 1)[position * dim..];
-                for value in row {
-                    out.extend_from_slice(&value.to_le_bytes());
+    let mut put = |values: &[f32]| values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+    match kind {
+        RecordKind::TokenWithRows | RecordKind::Rows => {
+            for (layer, layout) in cache.layouts().iter().enumerate() {
+                for (stream, &dim) in layout.row_dims.iter().enumerate() {
+                    put(&cache.rows(layer, stream, position + 1)[position * dim..]);
                 }
             }
+        }
+        RecordKind::Token => {}
+        RecordKind::State => {
+            let (len_tokens, floats) = cache.latest_snapshot().expect("a snapshot to write");
+            assert_eq!(len_tokens, position, "the state record holds the latest snapshot");
+            put(floats);
         }
     }
     let sum = checksum(&out[start..]);
     out.extend_from_slice(&sum);
-    debug_assert_eq!(out.len() - start, kind.record_bytes(floats));
+    assert_eq!(out.len() - start, record_bytes, "the record is as long as its prefix says");
 }
 
 /// The checksum of `bytes`: the first 8 bytes of their SHA-256.

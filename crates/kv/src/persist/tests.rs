@@ -2,6 +2,7 @@ use std::io;
 use std::sync::{Arc, Mutex};
 
 use super::*;
+use crate::LayerLayout;
 
 const N_LAYERS: usize = 2;
 const ROW_DIMS: [usize; 2] = [4, 3];
@@ -10,8 +11,7 @@ fn header() -> SessionHeader {
     SessionHeader {
         content_hash: [0xab; HASH_BYTES],
         tokenizer_hash: Some([0x11; HASH_BYTES]),
-        n_layers: N_LAYERS,
-        row_dims: ROW_DIMS.to_vec(),
+        layouts: vec![LayerLayout { row_dims: ROW_DIMS.to_vec(), state_floats: 0 }; N_LAYERS],
         created_by: "strata-kv tests".to_owned(),
     }
 }
@@ -54,7 +54,7 @@ fn assert_rows(cache: &KvCache, n_tokens: usize) {
 }
 
 fn record_bytes(kind: RecordKind) -> u64 {
-    kind.record_bytes(header().floats_per_token()) as u64
+    kind.record_bytes(&header()) as u64
 }
 
 /// A session of `with_rows` run tokens and, if `pending`, one more without
@@ -234,13 +234,16 @@ fn a_header_for_another_model_is_refused_naming_both_values() {
     let err = SessionFile::open(&path, &other, &mut empty_cache(8)).unwrap_err().to_string();
     assert!(err.contains("tokenizer hash") && err.contains(&"11".repeat(32)) && err.contains("none"), "{err}");
 
-    let mut other = header();
-    other.n_layers = 3;
-    other.row_dims = vec![4, 5];
     let mut cache = KvCache::new(3, vec![4, 5], 8);
+    let other = SessionHeader { layouts: cache.layouts().to_vec(), ..header() };
     let err = SessionFile::open(&path, &other, &mut cache).unwrap_err().to_string();
     assert!(err.contains("n_layers 2 in the file, 3 for this model"), "{err}");
-    assert!(err.contains("row_dims [4, 3] in the file, [4, 5] for this model"), "{err}");
+    assert!(
+        err.contains(
+            "layer 0 keeps row_dims [4, 3] and 0 state floats in the file, row_dims [4, 5] and 0 state floats for this model"
+        ),
+        "{err}"
+    );
     assert!(!err.contains('\n'), "one line: {err}");
     assert_eq!(std::fs::read(&path).unwrap(), before, "a refused file is left untouched");
 }
@@ -257,10 +260,10 @@ fn foreign_damaged_or_newer_files_are_refused() {
     write_session(&good_path, 1, false);
     let good = std::fs::read(&good_path).unwrap();
     let mut newer = good.clone();
-    newer[8] = 2;
+    newer[8] = 3;
     std::fs::write(&path, &newer).unwrap();
     let err = open(&path).unwrap_err().to_string();
-    assert!(err.contains("unsupported version 2"), "{err}");
+    assert!(err.contains("unsupported version 3 (this build reads versions 1 to 2)"), "{err}");
 
     let mut damaged = good.clone();
     damaged[20] ^= 0x80; // inside the content hash
@@ -440,4 +443,279 @@ fn hashes_round_trip_through_hex() {
     assert_eq!(parse_hash(&hex(&hash).to_uppercase()), Some(hash));
     assert_eq!(parse_hash("abc"), None);
     assert_eq!(parse_hash(&format!("+f{}", "0".repeat(62))), None);
+}
+
+#[test]
+fn a_version_1_file_is_read_and_continued() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.kvs");
+    let tokens = write_session(&path, 3, false);
+    // The same session as version 1 wrote it: one set of row widths for
+    // every layer, no state; the records are the same.
+    let bytes = std::fs::read(&path).unwrap();
+    let records = &bytes[header().header_bytes()..];
+    let mut v1 = Vec::new();
+    v1.extend_from_slice(&SESSION_MAGIC);
+    v1.extend_from_slice(&1u32.to_le_bytes());
+    v1.extend_from_slice(&(132 + 4 * ROW_DIMS.len() as u32).to_le_bytes());
+    v1.extend_from_slice(&bytes[16..84]);
+    v1.extend_from_slice(&(N_LAYERS as u32).to_le_bytes());
+    v1.extend_from_slice(&(ROW_DIMS.len() as u32).to_le_bytes());
+    ROW_DIMS.iter().for_each(|&d| v1.extend_from_slice(&(d as u32).to_le_bytes()));
+    let created_by = header().header_bytes() - 40;
+    v1.extend_from_slice(&bytes[created_by..created_by + 32]);
+    let sum = checksum(&v1);
+    v1.extend_from_slice(&sum);
+    v1.extend_from_slice(records);
+    std::fs::write(&path, &v1).unwrap();
+
+    let (mut file, recovered, mut cache) = open(&path).unwrap();
+    assert_eq!((recovered.tokens.as_slice(), recovered.resumed_tokens, recovered.cut), (tokens.as_slice(), 3, None));
+    assert_rows(&cache, 3);
+    run_tokens(&mut cache, 1);
+    let mut tokens = tokens;
+    tokens.push(103);
+    assert_eq!(file.sync(&tokens, &cache).unwrap(), 1);
+    drop(file);
+    let (_, recovered, cache) = open(&path).unwrap();
+    assert_eq!(recovered.tokens, tokens);
+    assert_rows(&cache, 4);
+}
+
+/// Attention rows, a recurrent state, and a layer with both.
+fn stateful_layouts() -> Vec<LayerLayout> {
+    vec![
+        LayerLayout { row_dims: vec![4, 3], state_floats: 0 },
+        LayerLayout { row_dims: vec![], state_floats: 5 },
+        LayerLayout { row_dims: vec![2], state_floats: 3 },
+    ]
+}
+
+fn stateful_header() -> SessionHeader {
+    SessionHeader { layouts: stateful_layouts(), ..header() }
+}
+
+fn stateful_cache() -> KvCache {
+    KvCache::with_layers(stateful_layouts(), 64)
+}
+
+/// The test recurrence: position `p` folds into every float of the state.
+fn step(state: &mut [f32], position: usize) {
+    for (i, s) in state.iter_mut().enumerate() {
+        *s = *s * 0.5 + position as f32 + i as f32 * 0.125;
+    }
+}
+
+/// Runs `n` more positions through every layer of a stateful cache.
+fn run_stateful(cache: &mut KvCache, n: usize) {
+    let start = cache.len();
+    cache.reserve(n).unwrap();
+    for layer in 0..cache.n_layers() {
+        for (stream, dim) in cache.layout(layer).row_dims.clone().into_iter().enumerate() {
+            let rows: Vec<f32> =
+                (start..start + n).flat_map(|p| (0..dim).map(move |c| value(layer, stream, p, c))).collect();
+            cache.write(layer, stream, &rows);
+        }
+        if cache.layout(layer).state_floats > 0 {
+            (start..start + n).for_each(|p| step(cache.stage_state(layer), p));
+        }
+    }
+    cache.advance(n);
+}
+
+fn assert_stateful(cache: &KvCache, n_tokens: usize) {
+    assert_eq!(cache.len(), n_tokens);
+    for layer in 0..cache.n_layers() {
+        let mut state = vec![0.0; cache.layout(layer).state_floats];
+        (0..n_tokens).for_each(|p| step(&mut state, p));
+        assert_eq!(cache.state(layer), state.as_slice(), "layer {layer} at {n_tokens}");
+        for (stream, &dim) in cache.layout(layer).row_dims.iter().enumerate() {
+            let want: Vec<f32> =
+                (0..n_tokens).flat_map(|p| (0..dim).map(move |c| value(layer, stream, p, c))).collect();
+            assert_eq!(cache.rows(layer, stream, n_tokens), want.as_slice());
+        }
+    }
+}
+
+/// A stateful session as `Session::generate` writes one: a 3-token prompt
+/// (snapshot at its end), 3 decoded tokens, a snapshot at the end of the
+/// answer, then the last, pending token.
+fn write_stateful_session(path: &Path) -> Vec<u32> {
+    let mut file = SessionFile::create(path, &stateful_header()).unwrap();
+    let mut cache = stateful_cache();
+    let mut tokens = vec![100, 101, 102];
+    run_stateful(&mut cache, 3);
+    cache.snapshot();
+    assert_eq!(file.sync(&tokens, &cache).unwrap(), 4, "three tokens and a state");
+    for t in 103..106 {
+        tokens.push(t);
+        run_stateful(&mut cache, 1);
+        assert_eq!(file.sync(&tokens, &cache).unwrap(), 1);
+    }
+    cache.snapshot();
+    assert_eq!(file.sync(&tokens, &cache).unwrap(), 1, "a state");
+    tokens.push(999);
+    assert_eq!(file.sync(&tokens, &cache).unwrap(), 1, "the pending token");
+    tokens
+}
+
+fn open_stateful(path: &Path) -> Result<(SessionFile, Recovered, KvCache)> {
+    let mut cache = stateful_cache();
+    let (file, recovered) = SessionFile::open(path, &stateful_header(), &mut cache)?;
+    Ok((file, recovered, cache))
+}
+
+#[test]
+fn a_stateful_session_reopens_at_its_latest_snapshot_without_rerunning() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.kvs");
+    let tokens = write_stateful_session(&path);
+    let h = stateful_header();
+    let state_record = RecordKind::State.record_bytes(&h) as u64;
+    assert_eq!(state_record, 16 + 4 * (5 + 3) + 8);
+    let rows_record = RecordKind::TokenWithRows.record_bytes(&h) as u64;
+    let expected_len =
+        h.header_bytes() as u64 + 6 * rows_record + RecordKind::Token.record_bytes(&h) as u64 + 2 * state_record;
+    assert_eq!(file_len(&path), expected_len);
+
+    let (mut file, recovered, mut cache) = open_stateful(&path).unwrap();
+    assert_eq!(recovered.tokens, tokens);
+    assert_eq!((recovered.rows_tokens, recovered.resumed_tokens, recovered.records), (6, 6, 9));
+    assert_stateful(&cache, 6);
+    assert_eq!(cache.snapshot_lens().collect::<Vec<_>>(), [3, 6]);
+
+    // Continuing: the pending token's rows, then a new snapshot.
+    run_stateful(&mut cache, 1);
+    cache.snapshot();
+    assert_eq!(file.sync(&tokens, &cache).unwrap(), 2, "rows of the pending token and a state");
+    drop(file);
+    let (_, recovered, cache) = open_stateful(&path).unwrap();
+    assert_eq!((recovered.rows_tokens, recovered.resumed_tokens), (7, 7));
+    assert_stateful(&cache, 7);
+
+    // Ended on a token with rows and a state there (killed before sampling
+    // on): the cache goes back to the snapshot before, to run it again.
+    let (_, _, mut cache) = open_stateful(&path).unwrap();
+    assert_eq!(cache.truncate(6), 6);
+    assert_stateful(&cache, 6);
+}
+
+#[test]
+fn a_torn_state_record_is_cut_and_the_session_resumes_from_the_one_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("full.kvs");
+    let tokens = write_stateful_session(&full);
+    let bytes = std::fs::read(&full).unwrap();
+    let h = stateful_header();
+    let state_record = RecordKind::State.record_bytes(&h) as u64;
+    let complete = bytes.len() as u64 - RecordKind::Token.record_bytes(&h) as u64 - state_record;
+    for torn in 1..state_record {
+        let path = dir.path().join(format!("torn-{torn}.kvs"));
+        std::fs::write(&path, &bytes[..(complete + torn) as usize]).unwrap();
+        let (_, recovered, cache) = open_stateful(&path).unwrap();
+        assert_eq!(recovered.tokens, tokens[..6], "torn at {torn}");
+        assert_eq!((recovered.rows_tokens, recovered.resumed_tokens), (6, 3), "torn at {torn}");
+        assert_stateful(&cache, 3);
+        let cut = recovered.cut.unwrap();
+        assert_eq!((cut.offset_bytes, cut.cut_bytes, cut.record_index), (complete, torn, 7));
+        assert_eq!(file_len(&path), complete);
+    }
+    // A damaged state is cut like any record, with everything after it.
+    let path = dir.path().join("flipped.kvs");
+    let mut flipped = bytes.clone();
+    flipped[complete as usize + 20] ^= 0x04;
+    std::fs::write(&path, &flipped).unwrap();
+    let (_, recovered, _) = open_stateful(&path).unwrap();
+    assert_eq!((recovered.resumed_tokens, recovered.cut.unwrap().reason.as_str()), (3, "checksum mismatch"));
+    assert_eq!(recovered.tokens, tokens[..6]);
+}
+
+#[test]
+fn state_records_out_of_place_are_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.kvs");
+    write_stateful_session(&path);
+    let bytes = std::fs::read(&path).unwrap();
+    let state_record = RecordKind::State.record_bytes(&stateful_header());
+    // The state at 3 again, after the one at 6: valid alone, out of order.
+    let h = stateful_header().header_bytes();
+    let rows_record = RecordKind::TokenWithRows.record_bytes(&stateful_header());
+    let first_state = bytes[h + 3 * rows_record..h + 3 * rows_record + state_record].to_vec();
+    let mut spliced = bytes.clone();
+    spliced.extend_from_slice(&first_state);
+    std::fs::write(&path, &spliced).unwrap();
+    let (_, recovered, _) = open_stateful(&path).unwrap();
+    let cut = recovered.cut.unwrap();
+    assert!(cut.reason.contains("after one at a greater length"), "{}", cut.reason);
+    assert_eq!(recovered.resumed_tokens, 6);
+
+    // In a file for a cache without state, a state record is refused.
+    let plain = dir.path().join("plain.kvs");
+    write_session(&plain, 3, false);
+    let mut plain_bytes = std::fs::read(&plain).unwrap();
+    // An empty state, as long as a state record of such a file would be.
+    let mut record = first_state[..RECORD_PREFIX_BYTES].to_vec();
+    record[..4].copy_from_slice(&((RECORD_PREFIX_BYTES + CHECKSUM_BYTES) as u32).to_le_bytes());
+    let sum = checksum(&record);
+    record.extend_from_slice(&sum);
+    plain_bytes.extend_from_slice(&record);
+    std::fs::write(&plain, &plain_bytes).unwrap();
+    let (_, recovered, cache) = open(&plain).unwrap();
+    assert_eq!(recovered.cut.unwrap().reason, "a state record for a cache without state");
+    assert_rows(&cache, 3);
+}
+
+#[test]
+fn truncating_a_stateful_file_keeps_the_snapshot_right_after_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.kvs");
+    write_stateful_session(&path);
+    // Keep 6 (the pending token goes): the state at 6 follows the rows of
+    // token 5, written before the pending token for this.
+    let (file, _, _) = open_stateful(&path).unwrap();
+    let mut persist = Persist::new(file);
+    assert_eq!(persist.truncate(6), None);
+    drop(persist);
+    let (file, recovered, cache) = open_stateful(&path).unwrap();
+    assert_eq!((recovered.tokens.len(), recovered.resumed_tokens), (6, 6));
+    assert_stateful(&cache, 6);
+    // Keep 4 tokens: the state at 3 precedes token 3's record and stays.
+    let mut persist = Persist::new(file);
+    assert_eq!(persist.truncate(4), None);
+    drop(persist);
+    let (file, recovered, cache) = open_stateful(&path).unwrap();
+    assert_eq!((recovered.tokens.len(), recovered.resumed_tokens), (4, 3));
+    assert_stateful(&cache, 3);
+    // Keep 3: the state at 3 was written right after the rows of token 2.
+    let mut persist = Persist::new(file);
+    assert_eq!(persist.truncate(3), None);
+    drop(persist);
+    let (_, recovered, cache) = open_stateful(&path).unwrap();
+    assert_eq!((recovered.tokens.len(), recovered.resumed_tokens, recovered.cut), (3, 3, None));
+    assert_stateful(&cache, 3);
+}
+
+#[test]
+fn a_snapshot_a_file_cut_lost_is_written_again_by_the_next_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.kvs");
+    let mut file = SessionFile::create(&path, &stateful_header()).unwrap();
+    let mut cache = stateful_cache();
+    let tokens = [100, 101, 102, 103, 104];
+    // The snapshot at 3 reaches the file after the rows of 3 and 4 (as one
+    // taken before the pieces of a long input does).
+    run_stateful(&mut cache, 3);
+    cache.snapshot();
+    run_stateful(&mut cache, 2);
+    assert_eq!(file.sync(&tokens, &cache).unwrap(), 6);
+    let mut persist = Persist::new(file);
+    // A cut to 4: the cache resumes at 3, the file keeps 3 tokens and loses
+    // the state record after them; the next sync writes it again.
+    assert_eq!(cache.truncate(4), 3);
+    assert_eq!(persist.truncate(3), None);
+    assert_eq!(persist.sync(&tokens[..3], &cache), None);
+    drop(persist);
+    let (_, recovered, cache) = open_stateful(&path).unwrap();
+    assert_eq!((recovered.tokens.as_slice(), recovered.resumed_tokens, recovered.records), (&tokens[..3], 3, 4));
+    assert_stateful(&cache, 3);
 }

@@ -112,7 +112,7 @@ impl LatentAttention {
                 (IndexerSlot::Shared, _) => {
                     // The stream has a row for every layer; a sharing layer
                     // has no key of its own, so its row stays zero.
-                    let width = seq.cache.row_dims()[INDEX_KEYS];
+                    let width = seq.cache.layout(l).row_dims[INDEX_KEYS];
                     seq.cache.write(l, INDEX_KEYS, &vec![0.0; m * width]);
                 }
                 _ => *selection = None,

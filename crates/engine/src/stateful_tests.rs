@@ -1,0 +1,171 @@
+//! The engine's paths over a cache with a recurrent state (truncation,
+//! reopening, all-or-nothing passes), on a toy model whose one layer keeps
+//! rows and another a state, in place of the opened model: no family here
+//! has recurrent layers yet.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use strata_format::{ConvertOptions, ModelSpec, QuantPreset};
+use strata_kv::LayerLayout;
+use strata_models::SeqBatch;
+
+use super::*;
+use crate::{EngineOptions, GenerateOptions};
+
+/// Layer 0 keeps a row per token, layer 1 a state that every token folds
+/// into; the logits depend on both, so a wrong state or a missing row
+/// changes the tokens.
+struct Toy {
+    spec: ModelSpec,
+    /// A pass that would commit past this length fails after staging its
+    /// state (a fault in the middle of a forward pass).
+    fail_past_tokens: Arc<AtomicUsize>,
+}
+
+impl Toy {
+    fn pass(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> strata_models::Result<Vec<f32>> {
+        cache.reserve(tokens.len())?;
+        let start = cache.len();
+        let rows: Vec<f32> = tokens.iter().flat_map(|&t| [t as f32 * 0.001, 1.0]).collect();
+        cache.write(0, 0, &rows);
+        let mut out = Vec::new();
+        for (i, &token) in tokens.iter().enumerate() {
+            let state = cache.stage_state(1);
+            for (j, s) in state.iter_mut().enumerate() {
+                *s = *s * 0.9 + (token as f32 + j as f32) * 0.01;
+            }
+            let state_sum: f32 = state.iter().sum();
+            if which == Logits::All || i + 1 == tokens.len() {
+                let attended: f32 = cache.rows(0, 0, start + i + 1).iter().sum();
+                out.extend((0..self.spec.vocab_size).map(|v| ((state_sum + attended) * (v as f32 + 1.0)).sin()));
+            }
+        }
+        if start + tokens.len() > self.fail_past_tokens.load(Ordering::Relaxed) {
+            return Err(strata_models::Error::Unsupported("injected fault".into()));
+        }
+        cache.advance(tokens.len());
+        Ok(out)
+    }
+}
+
+impl CausalLm for Toy {
+    fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    fn new_cache(&self, capacity_tokens: usize) -> KvCache {
+        let layouts =
+            vec![LayerLayout { row_dims: vec![2], state_floats: 0 }, LayerLayout { row_dims: vec![], state_floats: 4 }];
+        KvCache::with_layers(layouts, capacity_tokens)
+    }
+
+    fn forward(
+        &self,
+        _: &Runtime<'_>,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+    ) -> strata_models::Result<Vec<f32>> {
+        self.pass(tokens, cache, which)
+    }
+
+    fn forward_batch(&self, _: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> strata_models::Result<Vec<Vec<f32>>> {
+        seqs.iter_mut().map(|seq| self.pass(seq.tokens, seq.cache, Logits::Last)).collect()
+    }
+}
+
+/// An engine over the olmoe test checkpoint with the toy model in place of
+/// its own, feeding at most `chunk` tokens a pass, and the toy's fault
+/// threshold.
+fn toy_engine(dir: &Path, chunk: usize) -> (Engine, Arc<AtomicUsize>) {
+    let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/olmoe/hf");
+    let model = dir.join("olmoe");
+    if !model.exists() {
+        strata_format::convert(&hf, &model, &ConvertOptions::new(QuantPreset::Q8)).unwrap();
+    }
+    let options = EngineOptions { threads: 1, prefill_chunk_tokens: Some(chunk), ..EngineOptions::default() };
+    let mut engine = Engine::open(&model, &options).unwrap();
+    let spec = engine.spec().clone();
+    let fail_past_tokens = Arc::new(AtomicUsize::new(usize::MAX));
+    engine.model = Box::new(Toy { spec, fail_past_tokens: Arc::clone(&fail_past_tokens) });
+    (engine, fail_past_tokens)
+}
+
+fn greedy(session: &mut Session<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let options = GenerateOptions { max_new_tokens: n, ignore_eos: true, ..GenerateOptions::default() };
+    session.generate(prompt, &options, |_| ControlFlow::Continue(())).unwrap().tokens
+}
+
+const PROMPT: [u32; 7] = [3, 1, 4, 1, 5, 9, 2];
+
+#[test]
+fn a_stateful_sequence_split_differently_gives_the_tokens_of_one_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = greedy(&mut toy_engine(dir.path(), 64).0.session(), &PROMPT, 12);
+    // In pieces of 3 (the snapshot before them is at 0, free).
+    let (engine, _) = toy_engine(dir.path(), 3);
+    let mut session = engine.session();
+    assert_eq!(greedy(&mut session, &PROMPT, 12), whole);
+
+    // Cut back into the answer: the state resumes from the snapshot at the
+    // end of the prompt and the gap is run again.
+    session.truncate(PROMPT.len() + 4).unwrap();
+    assert_eq!(session.tokens().len(), PROMPT.len() + 4);
+    assert_eq!(greedy(&mut session, &whole[4..5], 7), whole[5..]);
+
+    // Rewinding goes back only as far as a snapshot; feeding the rest with
+    // the prompt gives the same tokens (chat's and serve's prefix reuse).
+    // The snapshots now are those of the last turn: the end of its prompt
+    // (`whole[4]`, at PROMPT.len() + 5) and of its answer.
+    let kept = session.rewind(PROMPT.len() + 7);
+    assert_eq!(kept, PROMPT.len() + 5, "the latest snapshot at or below the cut");
+    assert_eq!(greedy(&mut session, &whole[5..7], 5), whole[7..]);
+}
+
+#[test]
+fn a_stateful_session_reopens_at_its_snapshot_and_continues_as_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = dir.path().join("kv");
+    let (engine, _) = toy_engine(dir.path(), 64);
+    let whole = greedy(&mut engine.session(), &PROMPT, 10);
+    let (mut session, _) = engine.open_session(&kv, "s").unwrap();
+    let mut got = greedy(&mut session, &PROMPT, 5);
+    drop(session);
+    let (mut session, report) = engine.open_session(&kv, "s").unwrap();
+    assert_eq!((report.reopened_tokens, report.rerun_tokens), (PROMPT.len() + 5, 0), "no re-prefill");
+    got.extend(greedy(&mut session, &[], 5));
+    assert_eq!(got, whole);
+
+    // Cut inside the answer, before every snapshot the session holds (those
+    // at the ends of the two answers): the cut runs the tokens again but the
+    // last and saves a snapshot there, so reopening runs nothing.
+    session.truncate(PROMPT.len() + 3).unwrap();
+    drop(session);
+    let (mut session, report) = engine.open_session(&kv, "s").unwrap();
+    assert_eq!((report.reopened_tokens, report.rerun_tokens), (PROMPT.len() + 3, 0));
+    assert_eq!(greedy(&mut session, &[], 3), whole[3..6]);
+}
+
+#[test]
+fn a_failed_pass_over_a_stateful_cache_leaves_it_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, fail_past_tokens) = toy_engine(dir.path(), 3);
+    let mut session = engine.session();
+    greedy(&mut session, &PROMPT, 2);
+    let (tokens, kv_bytes) = (session.tokens().to_vec(), session.kv_bytes());
+    // The cache holds 8 tokens, the 9th is unfed. Pieces of 3 of which the
+    // third fails; then a one-piece pass that fails after staging.
+    for (fed, fail_past) in [(8, 14), (1, 8)] {
+        fail_past_tokens.store(fail_past, Ordering::Relaxed);
+        assert!(session.feed(&vec![7; fed]).is_err());
+        assert_eq!(session.tokens(), tokens, "fed {fed}");
+        assert!(session.kv_bytes() <= kv_bytes + 4 * 4 * 2, "fed {fed}: the rows are gone, a snapshot at most added");
+    }
+    fail_past_tokens.store(usize::MAX, Ordering::Relaxed);
+    let mut fresh = engine.session();
+    greedy(&mut fresh, &PROMPT, 2);
+    assert_eq!(greedy(&mut session, &[], 4), greedy(&mut fresh, &[], 4), "the session goes on as if nothing failed");
+}
