@@ -98,7 +98,12 @@ pub fn run(args: &[String]) -> Result<()> {
             .with_context(|| format!("cargo afl fuzz {target}"))?;
         let stats = std::fs::read_to_string(out.join("default/fuzzer_stats")).unwrap_or_default();
         let stat = |key: &str| {
-            stats.lines().find_map(|l| l.strip_prefix(key)?.trim_start().strip_prefix(':')).unwrap_or("?").trim().to_owned()
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix(key)?.trim_start().strip_prefix(':'))
+                .unwrap_or("?")
+                .trim()
+                .to_owned()
         };
         println!(
             "fuzz: {target}: {} execs, {} paths, edges {}",

@@ -42,7 +42,7 @@ const DEADLINE: Duration = Duration::from_secs(120);
 fn stream_request(i: usize) -> (&'static str, Value) {
     const PROMPTS: [&str; 4] = ["Once upon a time", "The best thing about", "A quote by Mark Twain:", "Computers are"];
     let kind = i % 6;
-    let common = json!({
+    let base = json!({
         "model": "demo",
         "max_tokens": TOKENS_PER_STREAM,
         "temperature": 0.8,
@@ -50,7 +50,7 @@ fn stream_request(i: usize) -> (&'static str, Value) {
         "ignore_eos": true,
         "stream": true,
     });
-    let mut body = common.as_object().expect("object").clone();
+    let mut body = base.as_object().expect("object").clone();
     if kind < PROMPTS.len() {
         body.insert("prompt".into(), json!(PROMPTS[kind]));
         ("/v1/completions", Value::Object(body))
