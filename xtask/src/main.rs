@@ -5,12 +5,15 @@
 //!   fixtures in testdata/ with pinned torch and transformers.
 //! - `cargo xtask bench [--only SUITES] [--reps N] ...` — speed against the physical limits
 //!   (docs/BENCHMARKS.md).
+//! - `cargo xtask fuzz [--seconds N] [--only a,b]` — every AFL++ target of fuzz/ for N seconds
+//!   (fuzz/README.md).
 
 mod bench;
 mod bench_batching;
 mod bench_peer;
 mod bench_report;
 mod fixtures;
+mod fuzz;
 mod sweep;
 #[cfg(test)]
 mod tidy;
@@ -30,6 +33,7 @@ fn main() -> Result<()> {
         "ci" => ci(),
         "bench" => bench::run(rest),
         "fixtures" => fixtures::run(rest),
+        "fuzz" => fuzz::run(rest),
         "sweep" => sweep::run(rest),
         "train-demo" => train_demo::run(rest),
         other => bail!("unknown task {other:?} (expected ci or fixtures)"),

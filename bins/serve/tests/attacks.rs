@@ -6,50 +6,12 @@
 
 mod common;
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Server, converted_demo, request, send};
+use common::{Server, Slow, converted_demo, health_seconds, request, send};
 use serde_json::json;
-
-/// A client that sends a request head one header at a time and never ends
-/// it (slowloris).
-struct Slow(TcpStream);
-
-impl Slow {
-    fn open(addr: SocketAddr) -> Option<Slow> {
-        let mut stream = TcpStream::connect(addr).ok()?;
-        stream.set_nonblocking(true).ok()?;
-        stream.write_all(format!("POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\n").as_bytes()).ok()?;
-        Some(Slow(stream))
-    }
-
-    /// One more header line (a failure means the server closed it, which
-    /// `closed` tells).
-    fn dribble(&mut self) {
-        let _ = self.0.write_all(b"X-Slow: 1\r\n");
-    }
-
-    /// Whether the server has closed this connection.
-    fn closed(&self) -> bool {
-        let mut byte = [0u8; 1];
-        match (&self.0).read(&mut byte) {
-            Ok(0) => true,
-            // hyper may answer a timed-out head with a 408 before closing.
-            Ok(_) => true,
-            Err(e) => e.kind() != ErrorKind::WouldBlock,
-        }
-    }
-}
-
-/// Seconds one `GET /health` takes on a fresh connection.
-fn health_seconds(addr: SocketAddr) -> f64 {
-    let started = Instant::now();
-    let response = request(addr, "GET", "/health", &[], None);
-    assert_eq!(response.status, 200, "{}", response.text());
-    started.elapsed().as_secs_f64()
-}
 
 /// Holds 200 slowloris connections against a server allowed 64 connections
 /// and 96 file descriptors: `/health` must answer within a second all along,

@@ -54,6 +54,39 @@ struct TensorLoc {
     end_bytes: usize,
 }
 
+/// One tensor as a safetensors header describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Byte range inside the whole file (the header is before it).
+    pub start_bytes: usize,
+    pub end_bytes: usize,
+}
+
+/// Parses the header of the safetensors file `bytes` (the whole file, as
+/// mapped) named `path` for errors: every tensor's dtype, shape and byte
+/// range. `read_metadata` checks that the ranges tile the data after the
+/// header exactly, so each lies inside `bytes`. Its own function so that it
+/// is fuzzed on bytes (fuzz/), without a file.
+pub fn read_safetensors_header(bytes: &[u8], path: &Path) -> Result<Vec<HeaderTensor>> {
+    let (header_bytes, metadata) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| Error::Safetensors { path: path.to_owned(), reason: e.to_string() })?;
+    let data_start = 8 + header_bytes;
+    let tensors = metadata.tensors().into_iter().map(|(name, info)| {
+        let (start, end) = info.data_offsets;
+        HeaderTensor {
+            name,
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+            start_bytes: data_start + start,
+            end_bytes: data_start + end,
+        }
+    });
+    Ok(tensors.collect())
+}
+
 struct Shard {
     path: PathBuf,
     map: Mmap,
@@ -118,19 +151,10 @@ impl Checkpoint {
             // hint only, so failure is ignored.
             #[cfg(unix)]
             let _ = map.advise(memmap2::Advice::Sequential);
-            let (header_bytes, metadata) = SafeTensors::read_metadata(&map)
-                .map_err(|e| Error::Safetensors { path: path.clone(), reason: e.to_string() })?;
-            let data_start = 8 + header_bytes;
             let shard = shards.len();
-            for (name, info) in metadata.tensors() {
-                let (start, end) = info.data_offsets;
-                let loc = TensorLoc {
-                    shard,
-                    dtype: info.dtype,
-                    shape: info.shape.clone(),
-                    start_bytes: data_start + start,
-                    end_bytes: data_start + end,
-                };
+            for header in read_safetensors_header(&map, &path)? {
+                let HeaderTensor { name, dtype, shape, start_bytes, end_bytes } = header;
+                let loc = TensorLoc { shard, dtype, shape, start_bytes, end_bytes };
                 if tensors.insert(name.clone(), loc).is_some() {
                     return Err(Error::Checkpoint {
                         path: path.clone(),

@@ -5,7 +5,7 @@
 
 #![allow(dead_code)] // Each test file uses a different part.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -307,4 +307,42 @@ pub fn chat_stream_text(response: &Response) -> (String, Option<String>, Option<
         }
     }
     (text, finish, usage)
+}
+
+/// A client that sends a request head one header at a time and never ends
+/// it (slowloris).
+pub struct Slow(TcpStream);
+
+impl Slow {
+    pub fn open(addr: SocketAddr) -> Option<Slow> {
+        let mut stream = TcpStream::connect(addr).ok()?;
+        stream.set_nonblocking(true).ok()?;
+        stream.write_all(format!("POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\n").as_bytes()).ok()?;
+        Some(Slow(stream))
+    }
+
+    /// One more header line (a failure means the server closed it, which
+    /// `closed` tells).
+    pub fn dribble(&mut self) {
+        let _ = self.0.write_all(b"X-Slow: 1\r\n");
+    }
+
+    /// Whether the server has closed this connection.
+    pub fn closed(&self) -> bool {
+        let mut byte = [0u8; 1];
+        match (&self.0).read(&mut byte) {
+            Ok(0) => true,
+            // hyper may answer a timed-out head with a 408 before closing.
+            Ok(_) => true,
+            Err(e) => e.kind() != ErrorKind::WouldBlock,
+        }
+    }
+}
+
+/// Seconds one `GET /health` takes on a fresh connection.
+pub fn health_seconds(addr: SocketAddr) -> f64 {
+    let started = Instant::now();
+    let response = request(addr, "GET", "/health", &[], None);
+    assert_eq!(response.status, 200, "{}", response.text());
+    started.elapsed().as_secs_f64()
 }

@@ -44,9 +44,15 @@ impl Tokenizer {
     /// A tokenizer from the bytes of a `tokenizer.json`; `path` names it in
     /// errors.
     pub fn from_bytes(bytes: &[u8], path: PathBuf) -> Result<Tokenizer> {
-        let inner = tokenizers::Tokenizer::from_bytes(bytes)
+        let inner = unpanic(&path, "load", || tokenizers::Tokenizer::from_bytes(bytes))?
             .map_err(|e| Error::Tokenizer { path: path.clone(), reason: format!("cannot load: {e}") })?;
-        Ok(Tokenizer { inner: Arc::new(inner), path })
+        let tokenizer = Tokenizer { inner: Arc::new(inner), path };
+        // A post-processor whose template names a special token it does not
+        // define loads, then panics on every encode that adds special tokens
+        // (found by fuzz/'s tokenizer_json): refuse it now, not per request.
+        // Only a panic refuses it: an encode error is the text's, not the file's.
+        let _ = unpanic(&tokenizer.path, "encode", || tokenizer.inner.encode_fast("a", true))?;
+        Ok(tokenizer)
     }
 
     /// Where this tokenizer was read from.
@@ -62,7 +68,8 @@ impl Tokenizer {
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
         // `encode_fast` skips the character offsets we never use; the ids are
         // the same as `encode`'s.
-        let encoding = self.inner.encode_fast(text, add_special_tokens).map_err(|e| self.error("encode", e))?;
+        let encoding = unpanic(&self.path, "encode", || self.inner.encode_fast(text, add_special_tokens))?
+            .map_err(|e| self.error("encode", e))?;
         Ok(encoding.get_ids().to_vec())
     }
 
@@ -72,7 +79,8 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         // transformers 5 applies no `clean_up_tokenization_spaces` to BPE
         // tokenizers (every supported family's): the plain decode is its text.
-        self.inner.decode(ids, skip_special_tokens).map_err(|e| self.error("decode", e))
+        unpanic(&self.path, "decode", || self.inner.decode(ids, skip_special_tokens))?
+            .map_err(|e| self.error("decode", e))
     }
 
     /// A streaming decoder over this tokenizer.
@@ -101,6 +109,24 @@ impl Tokenizer {
     }
 }
 
+/// Runs `call` into the tokenizers crate, turning a panic into an error:
+/// it panics on some malformed tokenizer.json files instead of refusing them
+/// (a JSON syntax error inside `decoder` hits an `expect` there, found by
+/// fuzz/'s tokenizer_json), and a tokenizer file is outside input.
+fn unpanic<T>(path: &Path, action: &str, call: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).map_err(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|m| (*m).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Error::Tokenizer {
+            path: path.to_path_buf(),
+            reason: format!("cannot {action}: the tokenizers crate panicked: {message}"),
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +138,34 @@ mod tests {
         std::fs::write(dir.path().join(TOKENIZER_FILE), "{\"model\": 3}").unwrap();
         let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
         assert!(err.contains(TOKENIZER_FILE), "{err}");
+    }
+
+    /// A tokenizer.json as fuzz/'s tokenizer_json mutated it, `replace`d
+    /// into a minimal valid one.
+    fn minimal_with(from: &str, to: &str) -> String {
+        let valid = r#"{"version": "1.0", "added_tokens": [], "normalizer": null, "pre_tokenizer": null,
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"a": 0, "<s>": 1}, "unk_token": "a"}}"#;
+        assert!(Tokenizer::from_bytes(valid.as_bytes(), PathBuf::from("valid.json")).is_ok());
+        assert!(valid.contains(from));
+        valid.replace(from, to)
+    }
+
+    #[test]
+    fn a_syntax_error_inside_the_decoder_is_an_error_not_a_panic() {
+        let broken = minimal_with(r#""decoder": null"#, r#""decoder": {"type": "ByteLevel", "add_prefix_space": tru}"#);
+        let err = Tokenizer::from_bytes(broken.as_bytes(), PathBuf::from("broken.json")).unwrap_err().to_string();
+        assert!(err.contains("broken.json") && err.contains("cannot load"), "{err}");
+    }
+
+    #[test]
+    fn a_post_processor_naming_an_undefined_special_token_is_refused_at_load() {
+        let template = r#""post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {}}"#;
+        let broken = minimal_with(r#""post_processor": null"#, template);
+        let err = Tokenizer::from_bytes(broken.as_bytes(), PathBuf::from("broken.json")).unwrap_err().to_string();
+        assert!(err.contains("broken.json") && err.contains("panicked"), "{err}");
     }
 }
