@@ -34,7 +34,7 @@ mod session;
 pub mod text;
 
 pub use chat::{Chat, ChatSnapshot, FinishReason, Reply, ReplyOptions, TextModel};
-pub use engine::{CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, MemoryUse, USAGE_FILE_NAME};
+pub use engine::{CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, MemoryUse, Prefetch, USAGE_FILE_NAME};
 pub use error::{Error, Result};
 pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport, session_path, validate_session_name};
 pub use resolve::{AUTO_CONVERT_PRESET, ResolvedModel, default_cache_dir, resolve_model};
