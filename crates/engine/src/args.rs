@@ -45,7 +45,9 @@ pub struct EngineArgs {
     pub mirrors: Vec<MirrorSpec>,
     /// Read the next layer's predicted experts while a layer computes: on,
     /// off, or auto (on when the expert cache cannot hold every expert).
-    #[arg(long, default_value = "auto")]
+    /// Off by default: it measured faster on the demo model's real routes
+    /// but slower on a random-weight streaming model (docs/BENCHMARKS.md).
+    #[arg(long, default_value = "off")]
     pub prefetch: Prefetch,
 }
 

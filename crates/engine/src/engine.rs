@@ -144,8 +144,8 @@ impl Default for EngineOptions {
             usage_file: None,
             trace_file: None,
             mirrors: Vec::new(),
-            // The library runs what it is asked to; the binaries default to
-            // `auto`.
+            // As `--prefetch`'s default: not yet measured faster everywhere
+            // it would turn on (docs/BENCHMARKS.md, "Prefetch").
             prefetch: Prefetch::Off,
         }
     }
