@@ -11,8 +11,8 @@ use strata_kv::KvCache;
 use strata_models::{CausalLm, Logits, Runtime};
 use strata_sched::LayerStats;
 use strata_tier::{
-    BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, MirrorSpec, PolicyKind, RamBudget, RecordCheck,
-    PREFETCH_IN_FLIGHT, StoreOptions, StoreStats, TraceHeader, TraceWriter, Usage,
+    BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, MirrorSpec, PREFETCH_IN_FLIGHT, PolicyKind,
+    RamBudget, RecordCheck, StoreOptions, StoreStats, TraceHeader, TraceWriter, Usage,
 };
 
 use crate::{Error, Result, Session};

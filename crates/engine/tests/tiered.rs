@@ -225,7 +225,8 @@ fn tokens_are_identical_with_prefetch_on_and_off_for_every_family_and_io() {
                 let opts = EngineOptions { io, expert_cache_bytes: Some(16 << 10), prefetch, ..options(&dir) };
                 let engine = open(&dir, &opts);
                 let logits = engine.logits(&prompt).unwrap();
-                let report = engine.session().generate(&prompt, &generate, |_| std::ops::ControlFlow::Continue(())).unwrap();
+                let report =
+                    engine.session().generate(&prompt, &generate, |_| std::ops::ControlFlow::Continue(())).unwrap();
                 (logits.iter().map(|l| l.to_bits()).collect::<Vec<_>>(), report.tokens, engine.store_stats())
             };
             let (logits_off, tokens_off, off) = run(Prefetch::Off);

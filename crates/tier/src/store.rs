@@ -645,15 +645,18 @@ mod tests {
 
     const RECORD: usize = 4096;
 
-    fn store_with(records: usize, capacity_bytes: usize, policy: PolicyKind) -> (tempfile::TempDir, ExpertStore) {
+    fn open_store(records: usize, options: StoreOptions) -> (tempfile::TempDir, ExpertStore) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("layer_000.bin");
         let bytes: Vec<u8> = (0..records * RECORD).map(|i| (i / RECORD) as u8).collect();
         std::fs::write(&path, bytes).unwrap();
         let source = ExpertSource { path, record_bytes: RECORD, num_experts: records, check: None };
-        let options = StoreOptions { capacity_bytes, policy, ..StoreOptions::default() };
         let store = ExpertStore::open(vec![Some(source)], options, Usage::default()).unwrap();
         (dir, store)
+    }
+
+    fn store_with(records: usize, capacity_bytes: usize, policy: PolicyKind) -> (tempfile::TempDir, ExpertStore) {
+        open_store(records, StoreOptions { capacity_bytes, policy, ..StoreOptions::default() })
     }
 
     fn key(expert: usize) -> ExpertKey {
@@ -661,14 +664,7 @@ mod tests {
     }
 
     fn prefetching_store(records: usize, capacity_bytes: usize, in_flight: usize) -> (tempfile::TempDir, ExpertStore) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("layer_000.bin");
-        let bytes: Vec<u8> = (0..records * RECORD).map(|i| (i / RECORD) as u8).collect();
-        std::fs::write(&path, bytes).unwrap();
-        let source = ExpertSource { path, record_bytes: RECORD, num_experts: records, check: None };
-        let options = StoreOptions { capacity_bytes, prefetch_in_flight: in_flight, ..StoreOptions::default() };
-        let store = ExpertStore::open(vec![Some(source)], options, Usage::default()).unwrap();
-        (dir, store)
+        open_store(records, StoreOptions { capacity_bytes, prefetch_in_flight: in_flight, ..StoreOptions::default() })
     }
 
     /// Demands `expert` the way the MoE pipeline does: lookup, then fetch.
@@ -729,7 +725,8 @@ mod tests {
             let (_dir, store) = prefetching_store(8, 8 * RECORD, 8);
             let experts: Vec<usize> = (0..8).collect();
             store.prefetch(0, &experts).unwrap();
-            let keys: Vec<ExpertKey> = experts.iter().map(|&e| key(e)).filter(|&k| store.lookup(k).unwrap().is_none()).collect();
+            let keys: Vec<ExpertKey> =
+                experts.iter().map(|&e| key(e)).filter(|&k| store.lookup(k).unwrap().is_none()).collect();
             for (k, buf) in store.fetch(keys).unwrap() {
                 assert!(buf.unwrap().as_slice().iter().all(|&b| b == k.expert as u8));
             }
