@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use strata_engine::{ChatTemplate, Message, Tokenizer};
-use strata_kv::{HASH_BYTES, KvCache, SessionFile, SessionHeader};
+use strata_kv::{HASH_BYTES, KvCache, LayerLayout, SessionFile, SessionHeader};
 
 /// A directory private to this process for the parsers that read files;
 /// each input overwrites the last one's file.
@@ -56,16 +56,19 @@ pub fn manifest(data: &[u8]) {
     let _ = strata_format::Container::open(dir);
 }
 
-const KV_LAYERS: usize = 2;
-const KV_ROW_DIMS: [usize; 2] = [4, 3];
 const KV_CAPACITY_TOKENS: usize = 64;
+
+/// A hybrid model's shape: a layer of rows per token (two streams) and a
+/// recurrent layer of fixed state, so state records are fuzzed too.
+fn kv_layouts() -> Vec<LayerLayout> {
+    vec![LayerLayout { row_dims: vec![4, 3], state_floats: 0 }, LayerLayout { row_dims: vec![], state_floats: 6 }]
+}
 
 fn kv_header() -> SessionHeader {
     SessionHeader {
         content_hash: [0xab; HASH_BYTES],
         tokenizer_hash: Some([0x11; HASH_BYTES]),
-        n_layers: KV_LAYERS,
-        row_dims: KV_ROW_DIMS.to_vec(),
+        layouts: kv_layouts(),
         created_by: "strata-fuzz".to_owned(),
     }
 }
@@ -87,7 +90,7 @@ pub fn kv_session(data: &[u8]) {
     });
     let file = if mode % 2 == 1 { rest.to_vec() } else { [valid_header.as_slice(), rest].concat() };
     let path = scratch_file("session.kv", &file);
-    let mut cache = KvCache::new(KV_LAYERS, KV_ROW_DIMS.to_vec(), KV_CAPACITY_TOKENS);
+    let mut cache = KvCache::with_layers(kv_layouts(), KV_CAPACITY_TOKENS);
     let _ = SessionFile::open(&path, &header, &mut cache);
 }
 

@@ -1,4 +1,4 @@
-//! `cargo xtask fuzz [--seconds N] [--only a,b]`: builds the AFL++ targets of
+//! `cargo xtask fuzz [--seconds N] [--only a,b] [--debug]`: builds the AFL++ targets of
 //! fuzz/ (cargo-afl, stable toolchain) and runs each for a bounded time on
 //! its committed corpus. Fails if any run found a crash or a hang, naming
 //! the inputs, which then become regression tests in the crate that owns the
@@ -33,12 +33,17 @@ const MEMORY_LIMIT_MIB: u64 = 2048;
 pub fn run(args: &[String]) -> Result<()> {
     let mut seconds = SECONDS_DEFAULT;
     let mut only: Option<Vec<String>> = None;
+    // Release by default (more executions per second); `--debug` builds in
+    // a fraction of the time, with overflow checks on, which is what a
+    // bounded CI run wants.
+    let mut profile = "release";
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--seconds" => seconds = args.next().context("--seconds N")?.parse().context("--seconds N")?,
             "--only" => only = Some(args.next().context("--only a,b")?.split(',').map(str::to_owned).collect()),
-            other => bail!("unknown argument {other:?} (expected --seconds N, --only a,b)"),
+            "--debug" => profile = "debug",
+            other => bail!("unknown argument {other:?} (expected --seconds N, --only a,b, --debug)"),
         }
     }
     let targets: Vec<&str> = match &only {
@@ -63,8 +68,13 @@ pub fn run(args: &[String]) -> Result<()> {
     if !afl.is_ok_and(|o| o.status.success()) {
         bail!("cargo-afl is missing: `cargo install cargo-afl --locked && cargo afl config --build` (fuzz/README.md)");
     }
-    let status = Command::new(&cargo)
-        .args(["afl", "build", "--release", "--manifest-path"])
+    let mut build = Command::new(&cargo);
+    build.args(["afl", "build"]);
+    if profile == "release" {
+        build.arg("--release");
+    }
+    let status = build
+        .arg("--manifest-path")
         .arg(fuzz_dir.join("Cargo.toml"))
         .env("CARGO_TARGET_DIR", &build_dir)
         .status()
@@ -86,7 +96,7 @@ pub fn run(args: &[String]) -> Result<()> {
             .arg("-o")
             .arg(&out)
             .arg("--")
-            .arg(build_dir.join("release").join(target))
+            .arg(build_dir.join(profile).join(target))
             .env("AFL_NO_UI", "1")
             // Shared CI machines: no CPU pinning or frequency scaling checks, and
             // crashes are seen by waiting on the child whatever core_pattern says.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget};
 
-use crate::EngineOptions;
+use crate::{EngineOptions, Prefetch};
 
 /// Flags of every command that runs a model.
 #[derive(Debug, Clone, Args)]
@@ -43,6 +43,12 @@ pub struct EngineArgs {
     /// of reads, measured at open if not given. Repeatable.
     #[arg(long = "mirror", value_name = "DIR[=RATE]")]
     pub mirrors: Vec<MirrorSpec>,
+    /// Read the next layer's predicted experts while a layer computes: on,
+    /// off, or auto (on when the expert cache cannot hold every expert).
+    /// Off by default: it measured faster on the demo model's real routes
+    /// but slower on a random-weight streaming model (docs/BENCHMARKS.md).
+    #[arg(long, default_value = "off")]
+    pub prefetch: Prefetch,
 }
 
 impl EngineArgs {
@@ -58,6 +64,7 @@ impl EngineArgs {
             trace_file: self.trace.clone(),
             usage_file: self.usage_file.clone(),
             mirrors: self.mirrors.clone(),
+            prefetch: self.prefetch,
             ..EngineOptions::default()
         }
     }

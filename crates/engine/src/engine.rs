@@ -11,8 +11,8 @@ use strata_kv::KvCache;
 use strata_models::{CausalLm, Logits, Runtime};
 use strata_sched::LayerStats;
 use strata_tier::{
-    BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, MirrorSpec, PolicyKind, RamBudget, RecordCheck,
-    StoreOptions, StoreStats, TraceHeader, TraceWriter, Usage,
+    BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, MirrorSpec, PREFETCH_IN_FLIGHT, PolicyKind,
+    RamBudget, RecordCheck, StoreOptions, StoreStats, TraceHeader, TraceWriter, Usage,
 };
 
 use crate::{Error, Result, Session};
@@ -51,6 +51,50 @@ pub struct EngineOptions {
     /// Directories holding copies of expert files on other drives
     /// (`--mirror`), read beside the container.
     pub mirrors: Vec<MirrorSpec>,
+    /// Whether to read the next layer's predicted experts ahead of demand.
+    pub prefetch: Prefetch,
+}
+
+/// Look-ahead prefetch (`--prefetch`): while a layer computes, the next
+/// layer's router applied to this layer's input guesses its experts, and
+/// their reads start. A guess costs bytes and I/O buffers, never results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefetch {
+    On,
+    Off,
+    /// On when the expert cache cannot hold every expert (streaming): with
+    /// everything resident there is nothing to read ahead.
+    Auto,
+}
+
+impl Prefetch {
+    pub const ALL: [Prefetch; 3] = [Prefetch::On, Prefetch::Off, Prefetch::Auto];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Prefetch::On => "on",
+            Prefetch::Off => "off",
+            Prefetch::Auto => "auto",
+        }
+    }
+}
+
+impl std::fmt::Display for Prefetch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Prefetch {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        let wanted = text.trim().to_ascii_lowercase();
+        Prefetch::ALL
+            .into_iter()
+            .find(|p| p.name() == wanted)
+            .ok_or_else(|| format!("unknown prefetch mode {text:?} (expected on, off or auto)"))
+    }
 }
 
 /// The default context is the model's, but no more than this, so that a
@@ -133,6 +177,9 @@ impl Default for EngineOptions {
             usage_file: None,
             trace_file: None,
             mirrors: Vec::new(),
+            // As `--prefetch`'s default: not yet measured faster everywhere
+            // it would turn on (docs/BENCHMARKS.md, "Prefetch").
+            prefetch: Prefetch::Off,
         }
     }
 }
@@ -218,9 +265,21 @@ impl Engine {
                 "{sessions} sessions of {kv_state_bytes_per_session} bytes of fixed KV state is more memory than 64 bits can count"
             ),
         })?;
-        let plan = plan_budget(&container, &sources, options, kv_bytes, kv_state_bytes)?;
-        let capacity_bytes =
-            options.expert_cache_bytes.map_or(plan.expert_cache_bytes, |cap| cap.min(plan.expert_cache_bytes));
+        let capacity = |plan: &BudgetPlan| {
+            options.expert_cache_bytes.map_or(plan.expert_cache_bytes, |cap| cap.min(plan.expert_cache_bytes))
+        };
+        let prefetch = match options.prefetch {
+            Prefetch::On => true,
+            Prefetch::Off => false,
+            Prefetch::Auto => {
+                let all_experts_bytes: u64 =
+                    sources.iter().flatten().map(|s| s.record_bytes as u64 * s.num_experts as u64).sum();
+                capacity(&plan_budget(&container, &sources, options, kv_bytes, kv_state_bytes, false)?)
+                    < all_experts_bytes
+            }
+        };
+        let plan = plan_budget(&container, &sources, options, kv_bytes, kv_state_bytes, prefetch)?;
+        let capacity_bytes = capacity(&plan);
         let content_hash = container.content_hash().to_owned();
         let usage_file = options.usage_file.clone().unwrap_or_else(|| dir.join(USAGE_FILE_NAME));
         let (usage, warning) = Usage::load(&usage_file, &content_hash)?;
@@ -230,6 +289,7 @@ impl Engine {
             io: options.io,
             io_workers: options.io_workers,
             max_in_flight: options.max_in_flight,
+            prefetch_in_flight: if prefetch { PREFETCH_IN_FLIGHT } else { 0 },
             ..StoreOptions::default()
         };
         let mirrors = crate::mirror::mirror_options(&container, &options.mirrors)?;
@@ -269,6 +329,11 @@ impl Engine {
     /// How the memory budget was shared out.
     pub fn budget(&self) -> BudgetPlan {
         self.plan
+    }
+
+    /// Whether experts are prefetched (`Prefetch::Auto` resolved).
+    pub fn prefetching(&self) -> bool {
+        self.store.prefetching()
     }
 
     /// The expert cache's capacity in bytes.
@@ -462,6 +527,7 @@ fn plan_budget(
     options: &EngineOptions,
     kv_bytes: u64,
     kv_state_bytes: u64,
+    prefetch: bool,
 ) -> Result<BudgetPlan> {
     let record_bytes = sources.iter().flatten().map(|s| s.record_bytes as u64).max().unwrap_or(0);
     // The least cache that runs: the experts one token routes to in one
@@ -471,7 +537,10 @@ fn plan_budget(
     // Loads in flight, as many reusable spare buffers, and the one record
     // being computed uncached. Saturating: a product past u64 is more than
     // any budget, which then refuses it naming the I/O buffers.
-    let io_buffers = (options.max_in_flight.max(1) as u64).saturating_mul(2).saturating_add(1);
+    // With prefetch, its reads in flight too.
+    let prefetch_buffers = if prefetch { PREFETCH_IN_FLIGHT as u64 } else { 0 };
+    let io_buffers =
+        (options.max_in_flight.max(1) as u64).saturating_mul(2).saturating_add(1).saturating_add(prefetch_buffers);
     let io_buffer_bytes = io_buffers.saturating_mul(record_bytes);
     let needs = BudgetNeeds {
         dense_bytes: container.dense_file_bytes(),

@@ -36,7 +36,7 @@ pub mod text;
 
 pub use chat::{Chat, ChatSnapshot, FinishReason, Reply, ReplyOptions, TextModel};
 pub use engine::{
-    CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, KvFootprint, MemoryUse, USAGE_FILE_NAME, kv_footprint,
+    CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch, USAGE_FILE_NAME, kv_footprint,
 };
 pub use error::{Error, Result};
 pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport, session_path, validate_session_name};

@@ -61,6 +61,16 @@ pub struct RunStats {
     /// (`VmHWM`) at the end of the run.
     pub ram_budget_bytes: u64,
     pub peak_rss_bytes: Option<u64>,
+    /// Look-ahead prefetch: whether it ran, reads started, prefetched
+    /// records a demand then used, bytes of those dropped unused.
+    pub prefetch: bool,
+    pub prefetch_issued: u64,
+    pub prefetch_used: u64,
+    pub prefetch_wasted_bytes: u64,
+    /// Per decoder layer, the share of its demanded experts that the
+    /// look-ahead guess (made one layer earlier) named (`null` where no
+    /// guess was made).
+    pub layer_prefetch_recall: Vec<Option<f64>>,
     /// One entry per forward pass: the prompt's prefill, then each decoded token.
     pub per_token: Vec<StepStats>,
 }
@@ -74,6 +84,8 @@ pub struct StepStats {
     pub expert_misses: u64,
     pub bytes_read: u64,
     pub stall_ms: f64,
+    pub prefetch_issued: u64,
+    pub prefetch_used: u64,
 }
 
 impl RunStats {
@@ -109,6 +121,8 @@ impl Snapshot {
             expert_misses: now.store.misses - self.store.misses,
             bytes_read: now.store.bytes_read - self.store.bytes_read,
             stall_ms: (now.pipeline.stall_ns - self.pipeline.stall_ns) as f64 / 1e6,
+            prefetch_issued: now.store.prefetch_issued - self.store.prefetch_issued,
+            prefetch_used: now.store.prefetch_used - self.store.prefetch_used,
         }
     }
 
@@ -127,6 +141,17 @@ impl Snapshot {
                 let hits = now.store.layer_hits[l] - self.store.layer_hits[l];
                 let misses = now.store.layer_misses[l] - self.store.layer_misses[l];
                 (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64)
+            })
+            .collect();
+        stats.prefetch = engine.prefetching();
+        stats.prefetch_issued = now.store.prefetch_issued - self.store.prefetch_issued;
+        stats.prefetch_used = now.store.prefetch_used - self.store.prefetch_used;
+        stats.prefetch_wasted_bytes = now.store.prefetch_wasted_bytes - self.store.prefetch_wasted_bytes;
+        stats.layer_prefetch_recall = (0..now.store.layer_predicted_lookups.len())
+            .map(|l| {
+                let lookups = now.store.layer_predicted_lookups[l] - self.store.layer_predicted_lookups[l];
+                let hits = now.store.layer_predicted_hits[l] - self.store.layer_predicted_hits[l];
+                (lookups > 0).then(|| hits as f64 / lookups as f64)
             })
             .collect();
         stats.ram_budget_bytes = engine.budget().total_bytes;

@@ -205,3 +205,43 @@ fn an_expert_file_that_is_missing_or_unreadable_fails_at_open() {
     let err = Engine::open(&dir.path().join("model"), &options(&dir)).err().unwrap().to_string();
     assert!(err.contains(file.file_name().unwrap().to_str().unwrap()), "{err}");
 }
+
+/// Every family, the MLA ones included.
+const ALL_FAMILIES: [&str; 8] =
+    ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe"];
+
+/// A look-ahead guess moves bytes, never results: with a 16 KiB cache, so
+/// that guesses really are read, evicted and waited for, the logits (bit
+/// for bit) and the generated tokens are those of a run without prefetch.
+#[test]
+fn tokens_are_identical_with_prefetch_on_and_off_for_every_family_and_io() {
+    use strata_engine::{GenerateOptions, Prefetch};
+    let generate = GenerateOptions { max_new_tokens: 6, ignore_eos: true, ..GenerateOptions::default() };
+    for family in ALL_FAMILIES {
+        let prompt = prompt(family);
+        let dir = convert(family, QuantPreset::Q4);
+        for io in [IoBackend::Pread, IoBackend::Direct, IoBackend::Uring, IoBackend::Mmap] {
+            let run = |prefetch| {
+                let opts = EngineOptions { io, expert_cache_bytes: Some(16 << 10), prefetch, ..options(&dir) };
+                let engine = open(&dir, &opts);
+                let logits = engine.logits(&prompt).unwrap();
+                let report =
+                    engine.session().generate(&prompt, &generate, |_| std::ops::ControlFlow::Continue(())).unwrap();
+                (logits.iter().map(|l| l.to_bits()).collect::<Vec<_>>(), report.tokens, engine.store_stats())
+            };
+            let (logits_off, tokens_off, off) = run(Prefetch::Off);
+            let (logits_on, tokens_on, on) = run(Prefetch::On);
+            assert!(logits_on == logits_off, "{family} {io}: logits differ with prefetch");
+            assert_eq!(tokens_on, tokens_off, "{family} {io}: tokens differ with prefetch");
+            assert_eq!(off.prefetch_issued, 0, "{family} {io}");
+            assert!(on.prefetch_issued > 0, "{family} {io}: no prefetch was read: {on:?}");
+            assert!(on.prefetch_used <= on.prefetch_issued, "{family} {io}: {on:?}");
+            // `auto` reads ahead only when the cache cannot hold every expert.
+            let auto = |expert_cache_bytes| {
+                let opts = EngineOptions { io, expert_cache_bytes, prefetch: Prefetch::Auto, ..options(&dir) };
+                open(&dir, &opts).prefetching()
+            };
+            assert!(auto(Some(16 << 10)) && !auto(None), "{family} {io}: auto");
+        }
+    }
+}

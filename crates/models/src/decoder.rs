@@ -14,6 +14,7 @@ use std::sync::Arc;
 use strata_format::{Container, ModelSpec, names};
 use strata_kernels::Matrix;
 use strata_kv::{KvCache, LayerLayout};
+use strata_sched::Guess;
 
 use crate::attention::{Attention, Pass};
 use crate::ffn::Ffn;
@@ -95,7 +96,15 @@ impl Decoder {
             let attn = layer.attention.forward(rt, c, l, &normed, &mut pass, seqs)?;
             x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
             layer.post_attn_norm.apply(rt, c, &x, &mut normed)?;
-            layer.ffn.add_to(rt, c, l, &positions, &normed, &mut x)?;
+            // Look-ahead: the next layer's router on this layer's FFN input
+            // guesses what it will read; the store starts those reads while
+            // this layer computes. Only bytes move on a guess, never results.
+            let predicted = match self.layers.get(l + 1) {
+                Some(next) if rt.store.prefetching() => next.ffn.predict(rt, c, &normed)?,
+                _ => None,
+            };
+            let guess = predicted.as_deref().map(|experts| Guess { layer: l + 1, experts });
+            layer.ffn.add_to(rt, c, l, &positions, &normed, &mut x, guess)?;
         }
         for seq in seqs.iter_mut() {
             seq.cache.advance(seq.tokens.len());

@@ -24,6 +24,19 @@ pub struct MoeBatch<'a> {
     pub routes: &'a [Route],
     /// Experts per token.
     pub top_k: usize,
+    /// A later layer's predicted experts, prefetched once this layer's
+    /// resident experts are leased, so that a guess never evicts a record
+    /// this layer is about to use. A guess moves bytes only: it never
+    /// changes which records this or any layer computes with.
+    pub prefetch: Option<Guess<'a>>,
+}
+
+/// Experts predicted for a layer not yet run.
+#[derive(Debug, Clone, Copy)]
+pub struct Guess<'a> {
+    pub layer: usize,
+    /// Distinct experts, most likely first where the predictor knows.
+    pub experts: &'a [usize],
 }
 
 /// Adds the weighted routed-expert outputs of every token to `out`
@@ -56,8 +69,12 @@ pub fn run_moe_layer(
             None => missing.push(key(expert)),
         }
     }
-    // overlap: the loads run while the resident experts are computed.
+    // overlap: the loads run while the resident experts are computed, and
+    // the next layer's guessed records are read behind them.
     let mut loads = store.fetch(missing)?;
+    if let Some(guess) = batch.prefetch {
+        store.prefetch(guess.layer, guess.experts)?;
+    }
     let mut slot_out = vec![0.0f32; batch.routes.len() * hidden];
     // Resident experts are independent: they run side by side across the
     // pool (a decode step's experts are each too small to split by rows).

@@ -34,6 +34,6 @@ pub use mirror::{LayerFile, MirrorOptions, MirrorSpec, Mirrors};
 pub use policy::{Policy, PolicyKind, new_policy};
 pub use replay::{HitRate, ReplayReport, replay, simulate};
 pub use size::ByteSize;
-pub use store::{ExpertKey, ExpertSource, ExpertStore, Loads, StoreOptions, StoreStats};
+pub use store::{ExpertKey, ExpertSource, ExpertStore, Loads, PREFETCH_IN_FLIGHT, StoreOptions, StoreStats};
 pub use trace::{TRACE_FORMAT, TRACE_VERSION, TraceEvent, TraceHeader, TraceWriter, read_trace};
 pub use usage::{USAGE_FORMAT, USAGE_VERSION, Usage};

@@ -6,8 +6,17 @@
 //! cached (the cache is full of leased records, or smaller than one record)
 //! are still served, from a buffer that is freed once the caller drops it, so
 //! a tiny cache changes speed, never results.
+//!
+//! Records may also be *prefetched*: read ahead of demand on a guess (the
+//! next layer's predicted experts), through a second pool of their own so
+//! that a guess never waits behind, or holds up, a batch of demand loads. A
+//! prefetched record enters the cache as a demand load would; the first
+//! demand for it counts it used, and evicting it unused counts its bytes
+//! wasted. A demand for a record whose prefetch is in flight waits for that
+//! read instead of reading it twice. A guess only moves bytes: what a
+//! computation receives is always the record it asked for.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -60,7 +69,15 @@ pub struct StoreOptions {
     pub max_in_flight: usize,
     /// Share of the cache (in records) the `pinned` policy may pin.
     pub pinned_percent: usize,
+    /// Prefetch loads queued or running at once, each holding one record
+    /// buffer beside the cache (0: no prefetching).
+    pub prefetch_in_flight: usize,
 }
+
+/// Prefetch loads in flight at once when prefetching is on: enough to cover
+/// one decode step's predicted experts of one layer (top-k is 8 in most
+/// families) without letting guesses crowd the drive.
+pub const PREFETCH_IN_FLIGHT: usize = 8;
 
 impl Default for StoreOptions {
     fn default() -> Self {
@@ -71,6 +88,7 @@ impl Default for StoreOptions {
             io_workers: 2,
             max_in_flight: 4,
             pinned_percent: 50,
+            prefetch_in_flight: 0,
         }
     }
 }
@@ -89,6 +107,18 @@ pub struct StoreStats {
     /// Bytes each mirror served, in `--mirror` order (the container's drive
     /// served the rest of `bytes_read`).
     pub mirror_bytes_read: Vec<u64>,
+    /// Prefetch reads started.
+    pub prefetch_issued: u64,
+    /// Prefetched records a demand then asked for (each counted once).
+    pub prefetch_used: u64,
+    /// Bytes of prefetched records dropped before any demand asked for them
+    /// (evicted, refused by the cache, or already there).
+    pub prefetch_wasted_bytes: u64,
+    /// Per decoder layer: demand lookups made while a prediction for the
+    /// layer stood, and how many of them the prediction named (recall =
+    /// hits / lookups).
+    pub layer_predicted_lookups: Vec<u64>,
+    pub layer_predicted_hits: Vec<u64>,
 }
 
 struct Cache {
@@ -98,7 +128,30 @@ struct Cache {
     /// Buffers of evicted records, reused for loads: first-touching fresh
     /// memory is several times slower than reading into warm pages.
     free: Vec<AlignedBuf>,
+    /// Resident records read by a prefetch and not yet asked for.
+    unused_prefetches: HashSet<ExpertKey>,
+    /// Per layer: the experts its latest prediction named.
+    predicted: Vec<Option<HashSet<usize>>>,
     stats: StoreStats,
+}
+
+/// The prefetch reads in flight: received only under this lock, so each
+/// completion is matched to its key by exactly one receiver.
+struct Prefetches {
+    pool: IoPool,
+    /// Tag → key of each read submitted and not yet received.
+    in_flight: HashMap<u64, ExpertKey>,
+    next_tag: u64,
+}
+
+/// What waiting for a demanded record's prefetch gave.
+enum Awaited {
+    /// It landed (or had landed): the record, or the read's error.
+    Landed(ExpertKey, Result<Arc<AlignedBuf>>),
+    /// It landed and was evicted before the demand leased it: read it again.
+    Lost(ExpertKey),
+    /// Still in flight (only when not blocking).
+    Pending,
 }
 
 /// Routed experts, read from disk on demand and kept in RAM within a byte
@@ -112,9 +165,12 @@ pub struct ExpertStore {
     options: StoreOptions,
     cache: Mutex<Cache>,
     pool: IoPool,
-    /// Held by the one batch of loads in progress: completions are matched
-    /// to keys by tag, so two batches must not share the pool at once.
+    /// Held by the one batch of demand loads in progress: completions are
+    /// matched to keys by tag, so two batches must not share the pool at
+    /// once. Prefetches have their own pool and never take it.
     loading: Mutex<()>,
+    /// `None` when prefetching is off.
+    prefetches: Option<Mutex<Prefetches>>,
     usage: Mutex<Usage>,
 }
 
@@ -165,13 +221,25 @@ impl ExpertStore {
             policy: new_policy(options.policy, &usage, pinned_max, experts_max),
             held_bytes: 0,
             free: Vec::new(),
+            unused_prefetches: HashSet::new(),
+            predicted: vec![None; n_layers],
             stats: StoreStats {
                 layer_hits: vec![0; n_layers],
                 layer_misses: vec![0; n_layers],
+                layer_predicted_lookups: vec![0; n_layers],
+                layer_predicted_hits: vec![0; n_layers],
                 ..StoreStats::default()
             },
         };
         let pool = IoPool::new(options.io_workers.max(1), options.max_in_flight.max(1))?;
+        let prefetches = match options.prefetch_in_flight {
+            0 => None,
+            max_in_flight => Some(Mutex::new(Prefetches {
+                pool: IoPool::new(options.io_workers.max(1), max_in_flight)?,
+                in_flight: HashMap::new(),
+                next_tag: 0,
+            })),
+        };
         Ok(Self {
             files,
             sources,
@@ -180,6 +248,7 @@ impl ExpertStore {
             cache: Mutex::new(cache),
             pool,
             loading: Mutex::new(()),
+            prefetches,
             usage: Mutex::new(usage),
         })
     }
@@ -245,18 +314,138 @@ impl ExpertStore {
         Ok(file)
     }
 
+    fn lock_prefetches(&self) -> Option<MutexGuard<'_, Prefetches>> {
+        // The map is updated only after a completion is taken, in code that
+        // does not panic; a poisoned lock still guards consistent state.
+        self.prefetches.as_ref().map(|p| p.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    /// Whether prefetching is on ([`StoreOptions::prefetch_in_flight`] > 0).
+    pub fn prefetching(&self) -> bool {
+        self.prefetches.is_some()
+    }
+
+    /// Starts reading the records of `experts` of `layer` that are neither
+    /// resident nor already being prefetched, without blocking, and notes
+    /// the guess for the layer's recall. Reads beyond the in-flight bound, or
+    /// that together with those in flight would exceed the cache capacity,
+    /// are not started. Returns the reads started (0 when prefetching is off).
+    pub fn prefetch(&self, layer: usize, experts: &[usize]) -> Result<usize> {
+        for &expert in experts {
+            self.file(ExpertKey { layer, expert })?;
+        }
+        let Some(mut prefetches) = self.lock_prefetches() else { return Ok(0) };
+        self.drain_prefetches(&mut prefetches);
+        let mut cache = self.lock();
+        cache.predicted[layer] = Some(experts.iter().copied().collect());
+        let mut started = 0;
+        for &expert in experts {
+            let key = ExpertKey { layer, expert };
+            let record_bytes = self.file(key)?.record_bytes();
+            let in_flight_bytes = (prefetches.in_flight.len() + 1) * record_bytes;
+            // Submit never blocks: a full pool means the guess is dropped.
+            if prefetches.in_flight.len() >= prefetches.pool.max_in_flight()
+                || in_flight_bytes > self.options.capacity_bytes
+            {
+                break;
+            }
+            if cache.entries.contains_key(&key) || prefetches.in_flight.values().any(|&k| k == key) {
+                continue;
+            }
+            let buf = match cache.free.iter().position(|b| b.len() == record_bytes) {
+                Some(i) => cache.free.swap_remove(i),
+                None => AlignedBuf::zeroed(record_bytes),
+            };
+            let source = Arc::clone(self.sources[layer].as_ref().expect("a layer with a file has a source"));
+            let tag = prefetches.next_tag;
+            prefetches.next_tag += 1;
+            prefetches.pool.submit(source, expert, buf, tag);
+            prefetches.in_flight.insert(tag, key);
+            cache.stats.prefetch_issued += 1;
+            started += 1;
+        }
+        assert!(prefetches.in_flight.len() <= prefetches.pool.max_in_flight(), "prefetches within their bound");
+        Ok(started)
+    }
+
+    /// Admits every prefetch that has landed, without blocking. A failed
+    /// prefetch is forgotten: a demand for the record reads it again and
+    /// meets the error itself.
+    fn drain_prefetches(&self, prefetches: &mut Prefetches) {
+        while let Some((tag, result)) = prefetches.pool.try_recv() {
+            let key = prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
+            if let Ok(buf) = result {
+                self.admit(key, buf, true);
+            }
+        }
+    }
+
+    /// Waits (if `block`, else only checks) for the prefetch of one of the
+    /// demanded `awaited` keys, admitting others that land meanwhile; the
+    /// key it returns is removed from `awaited`.
+    fn await_prefetch(&self, awaited: &mut Vec<ExpertKey>, block: bool) -> Awaited {
+        let mut prefetches = self.lock_prefetches().expect("only prefetches are awaited");
+        // One another thread admitted since the demand was placed.
+        if let Some(i) = awaited.iter().position(|key| !prefetches.in_flight.values().any(|k| k == key)) {
+            let key = awaited.swap_remove(i);
+            return match self.take_prefetched(key) {
+                Some(buf) => Awaited::Landed(key, Ok(buf)),
+                None => Awaited::Lost(key),
+            };
+        }
+        loop {
+            let completion = if block { Some(prefetches.pool.recv()) } else { prefetches.pool.try_recv() };
+            let Some((tag, result)) = completion else { return Awaited::Pending };
+            let key = prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
+            match awaited.iter().position(|&k| k == key) {
+                Some(i) => {
+                    awaited.swap_remove(i);
+                    self.lock().stats.prefetch_used += 1;
+                    return Awaited::Landed(key, result.map(|buf| self.admit(key, buf, false)));
+                }
+                None => {
+                    if let Ok(buf) = result {
+                        self.admit(key, buf, true);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A lease on `key` if resident, counting a prefetched record used; no
+    /// hit or miss is counted (the demand's lookup counted it).
+    fn take_prefetched(&self, key: ExpertKey) -> Option<Arc<AlignedBuf>> {
+        let mut cache = self.lock();
+        let buf = Arc::clone(cache.entries.get(&key)?);
+        if cache.unused_prefetches.remove(&key) {
+            cache.stats.prefetch_used += 1;
+        }
+        cache.policy.on_hit(key);
+        Some(buf)
+    }
+
     /// The record of `key` if it is resident (a hit, and a lease on it);
     /// `None` counts a miss.
     pub fn lookup(&self, key: ExpertKey) -> Result<Option<Arc<AlignedBuf>>> {
         self.file(key)?;
+        if let Some(mut prefetches) = self.lock_prefetches() {
+            self.drain_prefetches(&mut prefetches);
+        }
         let mut guard = self.lock();
         let cache = &mut *guard;
+        if let Some(predicted) = &cache.predicted[key.layer] {
+            cache.stats.layer_predicted_lookups[key.layer] += 1;
+            cache.stats.layer_predicted_hits[key.layer] += u64::from(predicted.contains(&key.expert));
+        }
         match cache.entries.get(&key) {
             Some(buf) => {
                 let buf = Arc::clone(buf);
                 cache.policy.on_hit(key);
                 cache.stats.hits += 1;
                 cache.stats.layer_hits[key.layer] += 1;
+                if cache.unused_prefetches.remove(&key) {
+                    cache.stats.prefetch_used += 1;
+                }
                 Ok(Some(buf))
             }
             None => {
@@ -268,14 +457,33 @@ impl ExpertStore {
         }
     }
 
-    /// Starts loading `keys` (all missing) and yields each as it arrives,
-    /// in completion order.
+    /// Starts loading `keys` (all missing at their lookup) and yields each
+    /// as it arrives, in completion order. A key whose prefetch is in flight
+    /// waits for that read; one whose prefetch landed since is served from
+    /// the cache.
     pub fn fetch(&self, keys: Vec<ExpertKey>) -> Result<Loads<'_>> {
         for &key in &keys {
             self.file(key)?;
         }
         let guard = self.loading.lock().unwrap_or_else(|p| p.into_inner());
-        let mut loads = Loads { store: self, _guard: guard, keys, next_submit: 0, in_flight: 0 };
+        let (mut demand, mut awaited, mut ready) = (Vec::new(), Vec::new(), Vec::new());
+        match self.lock_prefetches() {
+            None => demand = keys,
+            Some(mut prefetches) => {
+                self.drain_prefetches(&mut prefetches);
+                for key in keys {
+                    if prefetches.in_flight.values().any(|&k| k == key) {
+                        awaited.push(key);
+                    } else if let Some(buf) = self.take_prefetched(key) {
+                        ready.push((key, Ok(buf)));
+                    } else {
+                        demand.push(key);
+                    }
+                }
+            }
+        }
+        let mut loads =
+            Loads { store: self, _guard: guard, keys: demand, next_submit: 0, in_flight: 0, awaited, ready };
         loads.fill();
         Ok(loads)
     }
@@ -299,18 +507,24 @@ impl ExpertStore {
     }
 
     /// Caches a freshly read record if room can be made without evicting a
-    /// leased one, and returns the lease.
-    fn admit(&self, key: ExpertKey, buf: AlignedBuf) -> Arc<AlignedBuf> {
+    /// leased one, and returns the lease. `unused_prefetch`: read on a guess
+    /// that no demand has asked for yet.
+    fn admit(&self, key: ExpertKey, buf: AlignedBuf, unused_prefetch: bool) -> Arc<AlignedBuf> {
         let mut guard = self.lock();
         let cache = &mut *guard;
         let len = buf.len();
         cache.stats.bytes_read += len as u64;
         let buf = Arc::new(buf);
+        // An unused prefetch that is not cached is wasted on every path out
+        // but the last.
+        let wasted = if unused_prefetch { len as u64 } else { 0 };
         if cache.entries.contains_key(&key) {
+            cache.stats.prefetch_wasted_bytes += wasted;
             return buf;
         }
         if len > self.options.capacity_bytes {
             cache.policy.on_bypass(key);
+            cache.stats.prefetch_wasted_bytes += wasted;
             return buf;
         }
         while cache.held_bytes + len > self.options.capacity_bytes {
@@ -319,16 +533,21 @@ impl ExpertStore {
             let Some(victim) = cache.policy.victim(&leased) else {
                 // Everything resident is in use: serve this one uncached.
                 cache.policy.on_bypass(key);
+                cache.stats.prefetch_wasted_bytes += wasted;
                 return buf;
             };
             if !cache.policy.admits(key, victim) {
                 cache.policy.on_bypass(key);
+                cache.stats.prefetch_wasted_bytes += wasted;
                 return buf;
             }
             cache.policy.on_remove(victim);
             let evicted = cache.entries.remove(&victim).expect("the policy names resident keys");
             cache.held_bytes -= evicted.len();
             cache.stats.evictions += 1;
+            if cache.unused_prefetches.remove(&victim) {
+                cache.stats.prefetch_wasted_bytes += evicted.len() as u64;
+            }
             if let Ok(spare) = Arc::try_unwrap(evicted)
                 && cache.free.len() < self.options.max_in_flight
             {
@@ -336,6 +555,9 @@ impl ExpertStore {
             }
         }
         cache.entries.insert(key, Arc::clone(&buf));
+        if unused_prefetch {
+            cache.unused_prefetches.insert(key);
+        }
         cache.policy.on_insert(key);
         cache.held_bytes += len;
         assert!(cache.held_bytes <= self.options.capacity_bytes, "cache within capacity");
@@ -348,9 +570,14 @@ impl ExpertStore {
 pub struct Loads<'s> {
     store: &'s ExpertStore,
     _guard: MutexGuard<'s, ()>,
+    /// Demand reads: submitted up to `next_submit`.
     keys: Vec<ExpertKey>,
     next_submit: usize,
     in_flight: usize,
+    /// Keys whose prefetch is in flight, not read again.
+    awaited: Vec<ExpertKey>,
+    /// Keys whose prefetch had landed when the batch was placed.
+    ready: Vec<(ExpertKey, Result<Arc<AlignedBuf>>)>,
 }
 
 impl Loads<'_> {
@@ -371,15 +598,35 @@ impl Iterator for Loads<'_> {
     type Item = (ExpertKey, Result<Arc<AlignedBuf>>);
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.in_flight == 0 {
-            return None;
+        if let Some(ready) = self.ready.pop() {
+            return Some(ready);
         }
-        let (tag, result) = self.store.pool.recv();
-        self.in_flight -= 1;
-        let key = self.keys[tag as usize];
-        let result = result.map(|buf| self.store.admit(key, buf));
-        self.fill();
-        Some((key, result))
+        loop {
+            if !self.awaited.is_empty() {
+                // Block on the prefetch pool only when no demand read could
+                // come first.
+                let block = self.in_flight == 0;
+                match self.store.await_prefetch(&mut self.awaited, block) {
+                    Awaited::Landed(key, result) => return Some((key, result)),
+                    Awaited::Lost(key) => {
+                        self.keys.push(key);
+                        self.fill();
+                        continue;
+                    }
+                    Awaited::Pending => assert!(!block, "a blocking wait returns a prefetch"),
+                }
+            }
+            if self.in_flight == 0 {
+                assert!(self.awaited.is_empty(), "awaited prefetches are waited for first");
+                return None;
+            }
+            let (tag, result) = self.store.pool.recv();
+            self.in_flight -= 1;
+            let key = self.keys[tag as usize];
+            let result = result.map(|buf| self.store.admit(key, buf, false));
+            self.fill();
+            return Some((key, result));
+        }
     }
 }
 
@@ -398,19 +645,95 @@ mod tests {
 
     const RECORD: usize = 4096;
 
-    fn store_with(records: usize, capacity_bytes: usize, policy: PolicyKind) -> (tempfile::TempDir, ExpertStore) {
+    fn open_store(records: usize, options: StoreOptions) -> (tempfile::TempDir, ExpertStore) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("layer_000.bin");
         let bytes: Vec<u8> = (0..records * RECORD).map(|i| (i / RECORD) as u8).collect();
         std::fs::write(&path, bytes).unwrap();
         let source = ExpertSource { path, record_bytes: RECORD, num_experts: records, check: None };
-        let options = StoreOptions { capacity_bytes, policy, ..StoreOptions::default() };
         let store = ExpertStore::open(vec![Some(source)], options, Usage::default()).unwrap();
         (dir, store)
     }
 
+    fn store_with(records: usize, capacity_bytes: usize, policy: PolicyKind) -> (tempfile::TempDir, ExpertStore) {
+        open_store(records, StoreOptions { capacity_bytes, policy, ..StoreOptions::default() })
+    }
+
     fn key(expert: usize) -> ExpertKey {
         ExpertKey { layer: 0, expert }
+    }
+
+    fn prefetching_store(records: usize, capacity_bytes: usize, in_flight: usize) -> (tempfile::TempDir, ExpertStore) {
+        open_store(records, StoreOptions { capacity_bytes, prefetch_in_flight: in_flight, ..StoreOptions::default() })
+    }
+
+    /// Demands `expert` the way the MoE pipeline does: lookup, then fetch.
+    fn demand(store: &ExpertStore, expert: usize) -> Arc<AlignedBuf> {
+        if let Some(buf) = store.lookup(key(expert)).unwrap() {
+            return buf;
+        }
+        let mut loads = store.fetch(vec![key(expert)]).unwrap();
+        let (got, buf) = loads.next().unwrap();
+        assert_eq!(got, key(expert));
+        assert!(loads.next().is_none());
+        buf.unwrap()
+    }
+
+    #[test]
+    fn a_prefetched_record_is_counted_used_once_or_wasted_when_evicted_unused() {
+        let (_dir, store) = prefetching_store(8, 2 * RECORD, 4);
+        assert_eq!(store.prefetch(0, &[1, 2]).unwrap(), 2);
+        // Demanded whether or not its read has landed: one read, counted used.
+        for _ in 0..2 {
+            assert!(demand(&store, 1).as_slice().iter().all(|&b| b == 1));
+        }
+        let stats = store.stats();
+        assert_eq!((stats.prefetch_issued, stats.prefetch_used), (2, 1));
+        // Expert 2 (unused) and then 1 give way to 3 and 4, read on demand.
+        demand(&store, 3);
+        demand(&store, 4);
+        let stats = store.stats();
+        assert_eq!((stats.prefetch_used, stats.prefetch_wasted_bytes), (1, RECORD as u64));
+        assert_eq!(stats.bytes_read, 4 * RECORD as u64, "no record was read twice");
+        // The guess named 1 and 2: of the demands 1, 1, 3, 4, two were named.
+        assert_eq!((stats.layer_predicted_lookups[0], stats.layer_predicted_hits[0]), (4, 2));
+        assert!(store.held_bytes() <= store.capacity_bytes());
+    }
+
+    #[test]
+    fn prefetches_in_flight_are_bounded_in_records_and_by_the_cache() {
+        let (_dir, store) = prefetching_store(32, 1 << 20, 3);
+        let started = store.prefetch(0, &(0..32).collect::<Vec<_>>()).unwrap();
+        assert!(started <= 3, "{started} prefetches in flight");
+        // Already resident or in flight: not read again.
+        let again = store.prefetch(0, &(0..started).collect::<Vec<_>>()).unwrap();
+        assert_eq!(again, 0);
+        // A cache of two records holds at most two prefetches in flight.
+        let (_dir, store) = prefetching_store(32, 2 * RECORD, 8);
+        assert!(store.prefetch(0, &(0..32).collect::<Vec<_>>()).unwrap() <= 2);
+        // Prefetching off: nothing starts, nothing is noted.
+        let (_dir, store) = prefetching_store(4, 1 << 20, 0);
+        assert_eq!(store.prefetch(0, &[0, 1]).unwrap(), 0);
+        demand(&store, 0);
+        assert_eq!(store.stats().layer_predicted_lookups[0], 0);
+        assert!(store.prefetch(0, &[4]).is_err(), "an expert out of range is an error");
+    }
+
+    #[test]
+    fn a_demand_waits_for_an_in_flight_prefetch_instead_of_reading_twice() {
+        for _ in 0..20 {
+            let (_dir, store) = prefetching_store(8, 8 * RECORD, 8);
+            let experts: Vec<usize> = (0..8).collect();
+            store.prefetch(0, &experts).unwrap();
+            let keys: Vec<ExpertKey> =
+                experts.iter().map(|&e| key(e)).filter(|&k| store.lookup(k).unwrap().is_none()).collect();
+            for (k, buf) in store.fetch(keys).unwrap() {
+                assert!(buf.unwrap().as_slice().iter().all(|&b| b == k.expert as u8));
+            }
+            let stats = store.stats();
+            assert_eq!(stats.bytes_read, 8 * RECORD as u64);
+            assert_eq!((stats.prefetch_used, stats.prefetch_wasted_bytes), (8, 0));
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod moe;
 mod router;
 
 use strata_format::{Container, FfnKind, ModelSpec, names};
+use strata_sched::Guess;
 
 use crate::weights::swiglu_names;
 use crate::{Result, Runtime};
@@ -27,8 +28,20 @@ impl Ffn {
         })
     }
 
+    /// The distinct experts this block's router would pick for the rows of
+    /// `xs`, in route order (`None` for a dense block): applied to an
+    /// earlier layer's input, a guess at what this layer will read.
+    pub fn predict(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32]) -> Result<Option<Vec<usize>>> {
+        match self {
+            Ffn::Dense(_) => Ok(None),
+            Ffn::Moe(moe) => moe.predict(rt, c, xs).map(Some),
+        }
+    }
+
     /// Adds the block's output for `xs` (`[n, hidden]`, row `i` at sequence
-    /// position `positions[i]`) to the residual stream `out`.
+    /// position `positions[i]`) to the residual stream `out`, prefetching
+    /// `guess` while it runs.
+    #[allow(clippy::too_many_arguments)]
     pub fn add_to(
         &self,
         rt: &Runtime<'_>,
@@ -37,15 +50,19 @@ impl Ffn {
         positions: &[usize],
         xs: &[f32],
         out: &mut [f32],
+        guess: Option<Guess<'_>>,
     ) -> Result<()> {
         match self {
             Ffn::Dense(mlp) => {
+                if let Some(guess) = guess {
+                    rt.store.prefetch(guess.layer, guess.experts)?;
+                }
                 let mut ys = vec![0.0f32; out.len()];
                 dense_swiglu(rt, c, mlp, xs, &mut ys)?;
                 out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
                 Ok(())
             }
-            Ffn::Moe(moe) => moe.add_to(rt, c, layer, positions, xs, out),
+            Ffn::Moe(moe) => moe.add_to(rt, c, layer, positions, xs, out, guess),
         }
     }
 }

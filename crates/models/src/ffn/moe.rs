@@ -3,7 +3,7 @@
 //! and shared experts, if any, run resident beside them.
 
 use strata_format::{Container, ExpertLayout, ModelSpec, MoeBlock, SharedExperts, names};
-use strata_sched::{LayerStats, MoeBatch, Route};
+use strata_sched::{Guess, LayerStats, MoeBatch, Route};
 use strata_tier::TraceWriter;
 
 use super::dense_swiglu;
@@ -46,7 +46,21 @@ impl Moe {
         Ok(Self { router, top_k: block.top_k, hidden: h, shared, shared_gate })
     }
 
-    /// Adds the block's output for `xs` to the residual stream `out`.
+    /// The distinct experts the router picks for the rows of `xs`, in
+    /// route order (each row's heaviest first).
+    pub fn predict(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32]) -> Result<Vec<usize>> {
+        let mut experts = Vec::new();
+        for route in self.router.route(rt, c, xs)? {
+            if !experts.contains(&route.expert) {
+                experts.push(route.expert);
+            }
+        }
+        Ok(experts)
+    }
+
+    /// Adds the block's output for `xs` to the residual stream `out`,
+    /// prefetching `guess` once this layer's resident experts are leased.
+    #[allow(clippy::too_many_arguments)]
     pub fn add_to(
         &self,
         rt: &Runtime<'_>,
@@ -55,18 +69,19 @@ impl Moe {
         positions: &[usize],
         xs: &[f32],
         out: &mut [f32],
+        guess: Option<Guess<'_>>,
     ) -> Result<()> {
         let routes = self.router.route(rt, c, xs)?;
         let layout = c.expert_layout(layer)?;
         let Some(shared) = &self.shared else {
             // Without shared experts the routed outputs go straight into the
             // residual stream.
-            return self.run_routed(rt, layout, layer, positions, xs, &routes, out);
+            return self.run_routed(rt, layout, layer, positions, xs, &routes, out, guess);
         };
         // transformers adds the shared experts to the routed sum before the
         // residual; keep that order.
         let mut ys = vec![0.0f32; out.len()];
-        self.run_routed(rt, layout, layer, positions, xs, &routes, &mut ys)?;
+        self.run_routed(rt, layout, layer, positions, xs, &routes, &mut ys, guess)?;
         let mut shared_out = vec![0.0f32; ys.len()];
         dense_swiglu(rt, c, shared, xs, &mut shared_out)?;
         if let Some(gate) = &self.shared_gate {
@@ -94,11 +109,12 @@ impl Moe {
         xs: &[f32],
         routes: &[Route],
         out: &mut [f32],
+        guess: Option<Guess<'_>>,
     ) -> Result<()> {
         if let Some(trace) = rt.trace {
             record_routes(&mut trace.lock().unwrap_or_else(|p| p.into_inner()), layer, positions, routes, self.top_k)?;
         }
-        let batch = MoeBatch { layer, layout, xs, hidden: self.hidden, routes, top_k: self.top_k };
+        let batch = MoeBatch { layer, layout, xs, hidden: self.hidden, routes, top_k: self.top_k, prefetch: guess };
         let mut layer_stats = LayerStats::default();
         let result = rt.ops().moe_layer(rt.store, &batch, out, &mut layer_stats);
         rt.stats.lock().unwrap_or_else(|p| p.into_inner()).add(layer_stats);
