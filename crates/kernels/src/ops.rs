@@ -48,6 +48,12 @@ pub fn l2norm(x: &mut [f32], eps: f32) {
     isa.scale(inv_norm, x);
 }
 
+/// `1 / (1 + exp(-x))`, as torch's `sigmoid` on f32 (routers, output and
+/// shared-expert gates, the delta rule's write strength).
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
 /// Numerically stable softmax in place (see [`scalar::softmax_inplace`]).
 pub fn softmax_inplace(x: &mut [f32]) {
     scalar::softmax_inplace(x);

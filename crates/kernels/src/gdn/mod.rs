@@ -50,7 +50,7 @@ pub fn log_decay(a: f32, dt_bias: f32, a_log: f32) -> f32 {
 
 /// The write strength of one value head for one token: `sigmoid(b)`.
 pub fn write_strength(b: f32) -> f32 {
-    1.0 / (1.0 + (-b).exp())
+    crate::ops::sigmoid(b)
 }
 
 /// Bytes of one value head's f32 state: a decode step reads all of them and

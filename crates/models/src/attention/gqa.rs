@@ -7,6 +7,7 @@
 //! [`GqaSpec`], none a family branch.
 
 use strata_format::{Container, GqaSpec, ModelSpec, NormKind, QkNorm, names};
+use strata_kernels::ops;
 use strata_kv::{KEYS, VALUES};
 
 use super::grouped::AttnShape;
@@ -146,7 +147,7 @@ impl Gqa {
         }
         rt.ops().attend(shape, jobs);
         if let Some(gate) = gate {
-            attn.iter_mut().zip(&gate).for_each(|(x, g)| *x *= 1.0 / (1.0 + (-g).exp()));
+            attn.iter_mut().zip(&gate).for_each(|(x, g)| *x *= ops::sigmoid(*g));
         }
         project(rt, c, &self.o.weight, self.o.bias.as_deref(), &attn)
     }

@@ -3,6 +3,7 @@
 //! and shared experts, if any, run resident beside them.
 
 use strata_format::{Container, ExpertLayout, ModelSpec, MoeBlock, SharedExperts, names};
+use strata_kernels::ops;
 use strata_sched::{Guess, LayerStats, MoeBatch, Route};
 use strata_tier::TraceWriter;
 
@@ -88,7 +89,7 @@ impl Moe {
             // sigmoid(w · x) per row scales that row's shared output.
             let logits = project(rt, c, gate, None, xs)?;
             for (row, logit) in shared_out.chunks_exact_mut(self.hidden).zip(&logits) {
-                let scale = 1.0 / (1.0 + (-logit).exp());
+                let scale = ops::sigmoid(*logit);
                 row.iter_mut().for_each(|y| *y *= scale);
             }
         }

@@ -128,7 +128,7 @@ pub fn grouped_sigmoid_top_k(logits: &[f32], n_experts: usize, cfg: &GroupedSigm
     let mut group_scores = vec![0.0f32; cfg.n_group];
     for row in logits.chunks_exact(n_experts) {
         for ((s, c), (&logit, &b)) in scores.iter_mut().zip(choice.iter_mut()).zip(row.iter().zip(cfg.bias)) {
-            *s = 1.0 / (1.0 + (-logit).exp());
+            *s = ops::sigmoid(logit);
             *c = *s + b;
         }
         for (g, group) in group_scores.iter_mut().zip(choice.chunks_exact(per_group)) {
