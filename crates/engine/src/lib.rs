@@ -23,6 +23,7 @@
 #[cfg(feature = "clap")]
 pub mod args;
 mod chat;
+mod constraint;
 mod demo;
 mod engine;
 mod error;
@@ -35,6 +36,7 @@ mod session;
 pub mod text;
 
 pub use chat::{Chat, ChatSnapshot, FinishReason, Reply, ReplyOptions, TextModel};
+pub use constraint::Constraint;
 pub use engine::{
     CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch, USAGE_FILE_NAME, kv_footprint,
 };

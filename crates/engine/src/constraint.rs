@@ -1,0 +1,23 @@
+//! The seam through which structured outputs steer decoding: a per-sequence
+//! constraint on which tokens may come next (a JSON schema, a forced tool
+//! call). The decode step asks it for the tokens allowed before sampling and
+//! tells it the token chosen after; a sequence without one samples exactly
+//! as before (same logits, same draws).
+
+use crate::Result;
+
+/// Which tokens may come next in one sequence.
+pub trait Constraint: Send {
+    /// Sets the logit of every token not allowed next to `-inf`. `logits` is
+    /// the model's row (`[vocab]`); tokens past the constraint's own
+    /// vocabulary are disallowed. Errs when nothing is allowed (the grammar
+    /// cannot continue), never leaving a row without a finite logit.
+    fn mask(&mut self, logits: &mut [f32]) -> Result<()>;
+
+    /// Advances past `token`, which `mask` allowed.
+    fn accept(&mut self, token: u32) -> Result<()>;
+
+    /// Whether the constrained output is complete: generation ends here
+    /// (finish reason stop), as at an end-of-sequence token.
+    fn is_finished(&self) -> bool;
+}
