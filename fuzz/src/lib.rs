@@ -97,7 +97,8 @@ pub fn kv_session(data: &[u8]) {
 /// usage.json (learned expert usage).
 pub fn usage_json(data: &[u8]) {
     let path = scratch_file("usage.json", data);
-    let _ = strata_tier::Usage::load(&path, "0123abcd");
+    // Eight layers of 64 experts: keys in and out of range both reachable.
+    let _ = strata_tier::Usage::load(&path, "0123abcd", &[64; 8]);
 }
 
 /// A routing trace (JSON lines).

@@ -686,7 +686,33 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
         }
         report.curves.push((format!("--io {io}"), p.curve.clone()));
     }
-    report.raw.push(json!({ "suite": "streaming", "model": model, "budget": budget, "direct_gbs": disk, "runs": raw }));
+    // The integrity check every record read from disk passes (CRC32C and the
+    // finite-float scan), as time per decode step: its rate over records in
+    // memory times the record bytes a step reads, against 3% of the step (the
+    // most it may cost). An upper bound: the I/O threads check a record while
+    // the other reads of the layer are still in flight.
+    eprintln!("streaming: record check rate");
+    let check = run_json(&bins.probe, &args(&["check", "--model", &model.to_string_lossy(), "--reps", "5"]))?;
+    let check_gbs = num(&check, "check_gbs_median")?;
+    let direct = STREAM_IO.iter().position(|io| *io == "direct").context("direct backend")?;
+    let check_ms = median(&per_io[direct].logical_per_token) / (check_gbs * 1e9) * 1e3;
+    let step_ms = percentile(&per_io[direct].step_ms, 50.0);
+    report.rows.push(Row {
+        suite: "streaming".into(),
+        name: "record check (CRC32C + finite scan) per decode step, --io direct".into(),
+        measured: check_ms,
+        unit: "ms".into(),
+        limit_name: format!("3% of the median step ({step_ms:.1} ms); check rate {check_gbs:.1} GB/s"),
+        limit: 0.03,
+        limit_unit: "of a step".into(),
+        bound: 0.03 * step_ms,
+        ratio: 0.03 * step_ms / check_ms,
+        goal: Some(1.0),
+        note: format!("{:.2}% of the step if not overlapped at all", 100.0 * check_ms / step_ms),
+    });
+    report.raw.push(json!({
+        "suite": "streaming", "model": model, "budget": budget, "direct_gbs": disk, "runs": raw, "check": check,
+    }));
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 //! strata-probe prefill --format q4|q8 --rows R --cols C --tokens T --threads N --reps R
 //! strata-probe disk    --file PATH:RECORD_BYTES:NUM_EXPERTS ... --readers N --max-bytes B
 //! strata-probe evict   --file PATH ...
+//! strata-probe check   --model DIR --max-bytes B --reps R
 //! strata-probe batch   [--model DIR] --streams N --prompt-tokens P --steps S --threads T
 //!                      [--io BACKEND] [--expert-cache BYTES] [--evict 1] [--warm 1]
 //!                      [--prefill-chunk TOKENS] [--context TOKENS]
@@ -54,7 +55,7 @@ impl Args {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((what, rest)) = args.split_first() else {
-        bail!("usage: strata-probe <limits|matvec|prefill|disk|evict|batch> [--flag value ...]");
+        bail!("usage: strata-probe <limits|matvec|prefill|disk|evict|batch|check> [--flag value ...]");
     };
     let a = Args::parse(rest)?;
     let out = match what.as_str() {
@@ -127,10 +128,46 @@ fn main() -> Result<()> {
             json!({ "evicted": files.len() })
         }
         "batch" => batch_decode(&a)?,
-        other => bail!("unknown probe {other:?} (limits, matvec, prefill, disk, evict, batch)"),
+        "check" => record_check(&a)?,
+        other => bail!("unknown probe {other:?} (limits, matvec, prefill, disk, evict, batch, check)"),
     };
     println!("{out}");
     Ok(())
+}
+
+/// The rate of the check every expert record read from disk passes (its
+/// CRC32C and the finite-float scan, `ExpertLayout::check_record`), over
+/// records already in memory: what the check adds to a read, were it not
+/// overlapped with anything.
+fn record_check(a: &Args) -> Result<serde_json::Value> {
+    let model: String = a.get("model", String::new())?;
+    let container = strata_format::Container::open(&model)?;
+    let max_bytes = a.get("max-bytes", 1u64 << 30)?;
+    let mut records: Vec<(&strata_format::ExpertLayout, Vec<Vec<u8>>)> = Vec::new();
+    let mut bytes_loaded = 0u64;
+    for layer in 0..container.spec().layers.len() {
+        let Ok(layout) = container.expert_layout(layer) else { continue };
+        if bytes_loaded >= max_bytes {
+            break;
+        }
+        let file = std::fs::read(&layout.path).with_context(|| format!("reading {}", layout.path.display()))?;
+        let record_bytes = usize::try_from(layout.record_bytes)?;
+        let held: Vec<Vec<u8>> = file.chunks_exact(record_bytes).map(<[u8]>::to_vec).collect();
+        bytes_loaded += (held.len() * record_bytes) as u64;
+        records.push((layout, held));
+    }
+    anyhow::ensure!(bytes_loaded > 0, "{model}: no expert records");
+    let mut gbs = Vec::new();
+    for _ in 0..a.get("reps", 3usize)?.max(1) {
+        let started = std::time::Instant::now();
+        for (layout, held) in &records {
+            for (expert, record) in held.iter().enumerate() {
+                layout.check_record(expert, record)?;
+            }
+        }
+        gbs.push(bytes_loaded as f64 / started.elapsed().as_secs_f64() / 1e9);
+    }
+    Ok(json!({ "bytes": bytes_loaded, "check_gbs": gbs, "check_gbs_median": median(&gbs) }))
 }
 
 /// Decode steps of `--streams` sequences fed together (one forward pass per

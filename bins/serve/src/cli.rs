@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::Parser;
 use strata_engine::ByteSize;
 use strata_engine::args::EngineArgs;
@@ -44,8 +45,14 @@ pub struct Cli {
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
     /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on the API.
-    #[arg(long)]
+    /// A flag's value is visible to every user in `ps`: prefer the
+    /// environment variable or `--api-key-file`.
+    #[arg(long, env = "STRATA_API_KEY", hide_env_values = true, conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
+    /// Read the API key from this file (its first line, surrounding
+    /// whitespace removed).
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
     /// A further Host header name to accept (repeatable). Requests naming any
     /// other host are refused, against DNS rebinding; `localhost` and IP
     /// addresses are always accepted.
@@ -93,4 +100,29 @@ pub struct Cli {
     /// `--cache-policy`, `--io`, `--threads`, `--context`, `--trace`, `--usage-file`).
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+/// The longest API key file read: a key is a line, not a document.
+const API_KEY_FILE_MAX_BYTES: u64 = 4096;
+
+impl Cli {
+    /// The API key: `--api-key` or `STRATA_API_KEY`, else the first line of
+    /// `--api-key-file`; none when neither is given. An empty key is refused
+    /// (it would look like protection and be none).
+    pub fn api_key(&self) -> anyhow::Result<Option<String>> {
+        let key = match (&self.api_key, &self.api_key_file) {
+            (Some(key), _) => key.trim().to_owned(),
+            (None, Some(path)) => {
+                use std::io::Read;
+                let mut text = String::new();
+                std::fs::File::open(path)
+                    .and_then(|file| file.take(API_KEY_FILE_MAX_BYTES).read_to_string(&mut text))
+                    .with_context(|| format!("--api-key-file {}", path.display()))?;
+                text.lines().next().unwrap_or_default().trim().to_owned()
+            }
+            (None, None) => return Ok(None),
+        };
+        anyhow::ensure!(!key.is_empty(), "the API key is empty");
+        Ok(Some(key))
+    }
 }

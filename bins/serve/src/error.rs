@@ -50,9 +50,13 @@ impl ApiError {
         ApiError { param: Some(param), ..ApiError::invalid(message) }
     }
 
-    /// 500: our fault.
+    /// 500: our fault. The whole message goes to the server's log; the
+    /// client's copy names no file of the server (a damaged expert file's
+    /// path says where models live and who runs them).
     pub fn internal(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+        let message = message.into();
+        eprintln!("serve: error: {message}");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, without_paths(&message))
     }
 
     pub fn code(self, code: &'static str) -> ApiError {
@@ -121,6 +125,27 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// `message` with every absolute or home- or dot-relative path replaced by
+/// `<path>` (punctuation around it kept).
+fn without_paths(message: &str) -> String {
+    let is_path = |word: &str| {
+        let word = word.trim_start_matches(['(', '[', '"', '\'', '`']);
+        (word.starts_with('/') && word.len() > 1) || word.starts_with("~/") || word.starts_with("./")
+    };
+    message
+        .split(' ')
+        .map(|word| {
+            if !is_path(word) {
+                return word.to_owned();
+            }
+            let start = word.find(['/', '~', '.']).expect("a path starts with one of these");
+            let end = word.trim_end_matches([':', ',', ';', ')', ']', '"', '\'', '`']).len().max(start);
+            format!("{}<path>{}", &word[..start], &word[end..])
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl From<strata_engine::Error> for ApiError {
     /// Engine errors met while preparing a request are the request's fault
     /// (a template refusing the conversation, text the tokenizer cannot
@@ -132,6 +157,28 @@ impl From<strata_engine::Error> for ApiError {
             strata_engine::Error::Tokenizer { reason, .. } => ApiError::invalid(format!("tokenizer: {reason}")),
             strata_engine::Error::InvalidRequest(reason) => ApiError::invalid(reason),
             other => ApiError::internal(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_errors_show_clients_no_server_paths() {
+        let cases = [
+            (
+                "/srv/models/m/experts/layer-003.bin: expert 7 of layer 3: CRC32C mismatch",
+                "<path>: expert 7 of layer 3: CRC32C mismatch",
+            ),
+            ("reading (/home/me/.cache/strata/x) failed", "reading (<path>) failed"),
+            ("opening '~/models/a b': denied", "opening '<path> b': denied"),
+            ("cannot open ./dense.bin, retried", "cannot open <path>, retried"),
+            ("1/2 of the experts; a / b", "1/2 of the experts; a / b"),
+        ];
+        for (message, shown) in cases {
+            assert_eq!(ApiError::internal(message).message, shown, "{message}");
         }
     }
 }

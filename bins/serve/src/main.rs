@@ -57,6 +57,8 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    // Before the model loads: a bad key file fails in a moment, not minutes.
+    let api_key = cli.api_key()?;
     let cache_dir = cli.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let resolved = resolve_model(cli.model.as_deref(), &cache_dir, true).context("finding the model")?;
     if resolved.converted {
@@ -121,7 +123,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         info,
         scheduler: handle,
         metrics,
-        api_key: cli.api_key.clone(),
+        api_key,
         allowed_hosts,
         body_timeout: Duration::from_secs(cli.body_timeout_secs),
         tokenize_bytes_in_flight,

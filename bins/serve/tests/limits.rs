@@ -182,3 +182,29 @@ fn a_client_that_disconnects_cancels_its_generation() {
     let ok = server.post("/v1/completions", &json!({ "model": "demo", "prompt": "hi", "max_tokens": 3 }));
     assert_eq!(ok.status, 200);
 }
+
+/// `--api-key` puts the key in `ps` for every user of the machine:
+/// `STRATA_API_KEY` and `--api-key-file` keep it out of the command line.
+#[test]
+fn api_key_from_the_environment_or_a_file_stays_out_of_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, "fi1e-key\n").unwrap();
+    let key_file = key_file.to_str().unwrap();
+    let chat =
+        json!({ "model": "demo", "messages": [{ "role": "user", "content": "hi" }], "max_tokens": 1 }).to_string();
+    for (server, key) in [
+        (Server::start_with_env(&[("STRATA_API_KEY", "env-key")], &[]), "env-key"),
+        (Server::start(&["--api-key-file", key_file]), "fi1e-key"),
+    ] {
+        let post = |headers: &[(&str, &str)]| {
+            let mut all = vec![("Content-Type", "application/json")];
+            all.extend_from_slice(headers);
+            request(server.addr, "POST", "/v1/chat/completions", &all, Some(chat.as_bytes())).status
+        };
+        assert_eq!(post(&[]), 401, "{key}");
+        assert_eq!(post(&[("Authorization", &format!("Bearer {key}"))]), 200, "{key}");
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", server.pid())).unwrap();
+        assert!(!String::from_utf8_lossy(&cmdline).contains(key), "{key} is not on the command line");
+    }
+}

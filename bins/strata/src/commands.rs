@@ -105,6 +105,16 @@ pub fn run(cli: Cli) -> Result<()> {
             if prompt.is_empty() && session.tokens().is_empty() {
                 anyhow::bail!("no tokens and no session to continue (the session is empty: give --tokens or --prompt)");
             }
+            // Up front, not after generating up to the context's end.
+            let context = engine.context_tokens();
+            let held = session.tokens().len().saturating_add(prompt.len());
+            if held.saturating_add(max_new_tokens) > context {
+                anyhow::bail!(
+                    "the prompt ({held} tokens) and --max-new-tokens {max_new_tokens} do not fit the context of \
+                     {context} tokens: give --max-new-tokens {} or less, or a larger --context",
+                    context.saturating_sub(held)
+                );
+            }
             let sampling = SamplingOptions { temperature, top_k, top_p, seed };
             let options = GenerateOptions { max_new_tokens, sampling, ignore_eos, ..GenerateOptions::default() };
             let mut detok = text.as_ref().map(|t| t.tokenizer.detokenizer(true));

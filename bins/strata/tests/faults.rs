@@ -214,6 +214,25 @@ fn an_overflowing_context_is_refused_not_wrapped() {
     assert_clean_failure(&run(&u64::MAX.to_string()), &["context"]);
 }
 
+/// `--max-new-tokens` past the context is refused before generating, with
+/// the largest value that fits, not after filling the context.
+#[test]
+fn max_new_tokens_past_the_context_is_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let model = dir.path().join("demo");
+    let done = strata(&["convert", path(&demo), path(&model), "--quant", "q8"]);
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let run = |max_new: &str| {
+        let args = ["--tokens", "1,2,3", "--max-new-tokens", max_new, "--context", "16", "--json"];
+        strata(&[&["generate", path(&model)][..], &args].concat())
+    };
+    let refused = run("14");
+    assert_clean_failure(&refused, &["--max-new-tokens 13 or less", "context of 16"]);
+    assert!(refused.stdout.is_empty(), "nothing was generated");
+    assert!(run("13").status.success());
+}
+
 /// The manifest entry of dense tensor `name` in `model`.
 fn tensor_entry(model: &Path, name: &str) -> Value {
     let manifest: Value = serde_json::from_slice(&std::fs::read(model.join("manifest.json")).unwrap()).unwrap();

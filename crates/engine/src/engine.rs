@@ -282,7 +282,8 @@ impl Engine {
         let capacity_bytes = capacity(&plan);
         let content_hash = container.content_hash().to_owned();
         let usage_file = options.usage_file.clone().unwrap_or_else(|| dir.join(USAGE_FILE_NAME));
-        let (usage, warning) = Usage::load(&usage_file, &content_hash)?;
+        let experts_per_layer: Vec<usize> = sources.iter().map(|s| s.as_ref().map_or(0, |s| s.num_experts)).collect();
+        let (usage, warning) = Usage::load(&usage_file, &content_hash, &experts_per_layer)?;
         let store_options = StoreOptions {
             capacity_bytes: usize::try_from(capacity_bytes).unwrap_or(usize::MAX),
             policy: options.cache_policy,

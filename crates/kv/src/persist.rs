@@ -64,14 +64,22 @@ pub struct CutTail {
     pub record_index: usize,
     /// What was wrong with it (torn, checksum mismatch, ...).
     pub reason: String,
+    /// Where the bytes cut were set aside (a sibling file): good records
+    /// after a damaged one are never destroyed, only no longer part of the
+    /// session.
+    pub kept_in: PathBuf,
 }
 
 impl std::fmt::Display for CutTail {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "cut {} bytes at byte {} (record {}: {})",
-            self.cut_bytes, self.offset_bytes, self.record_index, self.reason
+            "cut {} bytes at byte {} (record {}: {}); they are kept in {}",
+            self.cut_bytes,
+            self.offset_bytes,
+            self.record_index,
+            self.reason,
+            self.kept_in.display()
         )
     }
 }
@@ -198,6 +206,8 @@ impl SessionFile {
         drop(reader);
         let cut = match scan.bad_record {
             Some((record_index, reason)) => {
+                // Set aside first: if that fails the file is left as it was.
+                let kept_in = set_tail_aside(&file, path, scan.end_bytes)?;
                 file.truncate(scan.end_bytes).map_err(|source| Error::Io {
                     path: path.to_owned(),
                     action: "cutting the torn tail of",
@@ -208,6 +218,7 @@ impl SessionFile {
                     cut_bytes: file_bytes - scan.end_bytes,
                     record_index,
                     reason,
+                    kept_in,
                 })
             }
             None => None,
@@ -745,6 +756,45 @@ fn sync_parent_dir(path: &Path) -> Result<()> {
         action: "syncing the directory",
         source,
     })
+}
+
+/// Copies the bytes of `file` (the session at `path`) from `offset_bytes` to
+/// its end into a new sibling, `NAME.tail-OFFSET` (`-N` added if taken),
+/// fsynced, and returns its path. On failure nothing is left behind.
+fn set_tail_aside(file: &File, path: &Path, offset_bytes: u64) -> Result<PathBuf> {
+    use std::io::{Seek, SeekFrom};
+    const NAMES_MAX: u32 = 1000;
+    let io_error = |path: &Path, action: &'static str| {
+        let path = path.to_owned();
+        move |source| Error::Io { path, action, source }
+    };
+    for attempt in 0..NAMES_MAX {
+        let suffix = match attempt {
+            0 => format!("tail-{offset_bytes}"),
+            n => format!("tail-{offset_bytes}-{n}"),
+        };
+        let aside = sibling(path, &suffix);
+        let mut out = match OpenOptions::new().write(true).create_new(true).open(&aside) {
+            Ok(out) => out,
+            Err(err) if err.kind() == ErrorKind::AlreadyExists => continue,
+            Err(source) => return Err(io_error(&aside, "setting aside the damaged tail in")(source)),
+        };
+        let mut reader = file;
+        let copied = reader
+            .seek(SeekFrom::Start(offset_bytes))
+            .and_then(|_| io::copy(&mut reader, &mut out))
+            .and_then(|_| out.sync_all());
+        if let Err(source) = copied {
+            // Best effort: the copy already failed with the error that matters.
+            let _ = std::fs::remove_file(&aside);
+            return Err(io_error(&aside, "setting aside the damaged tail in")(source));
+        }
+        sync_parent_dir(&aside)?;
+        return Ok(aside);
+    }
+    Err(io_error(path, "setting aside the damaged tail of")(io::Error::other(format!(
+        "{NAMES_MAX} earlier tails set aside at byte {offset_bytes}; remove some"
+    ))))
 }
 
 /// `path` with `.suffix` added to its file name.

@@ -129,11 +129,23 @@ impl Usage {
     /// warning naming the file (and both hashes, for another container).
     /// The `Result` is kept so that a future version may report errors that
     /// must stop a run.
-    pub fn load(path: impl AsRef<Path>, container_hash: &str) -> Result<(Usage, Option<String>)> {
+    ///
+    /// `experts_per_layer[l]` is the number of routed experts of layer `l`
+    /// (0 for a layer without any): a file larger than the most those keys
+    /// can take is not read (a forged file cannot make loading use more
+    /// memory than the model's usage can), and a key outside them is a
+    /// corrupt file, not a count kept forever.
+    pub fn load(
+        path: impl AsRef<Path>,
+        container_hash: &str,
+        experts_per_layer: &[usize],
+    ) -> Result<(Usage, Option<String>)> {
         let path = path.as_ref();
         let ignored = |why: String| Ok((Usage::new(), Some(format!("ignoring usage file {}: {why}", path.display()))));
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
+        let max_bytes = usage_file_max_bytes(experts_per_layer);
+        let text = match read_bounded(path, max_bytes) {
+            Ok(Some(text)) => text,
+            Ok(None) => return ignored(format!("it is larger than the {max_bytes} bytes this model's usage can take")),
             Err(err) if err.kind() == ErrorKind::NotFound => return Ok((Usage::new(), None)),
             Err(err) => return ignored(format!("cannot read it: {err}")),
         };
@@ -163,6 +175,12 @@ impl Usage {
         }
         let mut usage = Usage::new();
         for (layer, expert, count) in file.counts {
+            if experts_per_layer.get(layer).is_none_or(|&experts| expert >= experts) {
+                return ignored(format!(
+                    "corrupt: expert {expert} of layer {layer} is not in this model ({} layers)",
+                    experts_per_layer.len()
+                ));
+            }
             let key = ExpertKey { layer, expert };
             match usage.counts.entry(key) {
                 Entry::Occupied(_) => {
@@ -205,6 +223,25 @@ impl FromIterator<ExpertKey> for Usage {
     }
 }
 
+/// The largest usage file a model with `experts_per_layer` can have: one
+/// `[layer,expert,count]` entry per expert (at most 64 bytes with a 20-digit
+/// count) and the fixed fields.
+fn usage_file_max_bytes(experts_per_layer: &[usize]) -> u64 {
+    const ENTRY_MAX_BYTES: u64 = 64;
+    const FIXED_MAX_BYTES: u64 = 4096;
+    let keys = experts_per_layer.iter().fold(0u64, |sum, &n| sum.saturating_add(n as u64));
+    keys.saturating_mul(ENTRY_MAX_BYTES).saturating_add(FIXED_MAX_BYTES)
+}
+
+/// The text of `path` when it holds at most `max_bytes` (`None` when more):
+/// read through a limit, so a file that grows while read is bounded too.
+fn read_bounded(path: &Path, max_bytes: u64) -> std::io::Result<Option<String>> {
+    use std::io::Read;
+    let mut text = String::new();
+    File::open(path)?.take(max_bytes.saturating_add(1)).read_to_string(&mut text)?;
+    Ok((text.len() as u64 <= max_bytes).then_some(text))
+}
+
 /// Makes temporary names unique among threads of one process; the pid makes
 /// them unique among processes.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -238,6 +275,9 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Four layers of four experts: room for every key `sample` uses.
+    const SHAPE: &[usize] = &[4, 4, 4, 4];
 
     fn key(layer: usize, expert: usize) -> ExpertKey {
         ExpertKey { layer, expert }
@@ -280,7 +320,7 @@ mod tests {
         let path = dir.path().join("usage.json");
         let usage = sample();
         usage.save(&path, "abc123").unwrap();
-        let (loaded, warning) = Usage::load(&path, "abc123").unwrap();
+        let (loaded, warning) = Usage::load(&path, "abc123", SHAPE).unwrap();
         assert_eq!(loaded, usage);
         assert_eq!(warning, None);
         let text = std::fs::read_to_string(&path).unwrap();
@@ -290,7 +330,7 @@ mod tests {
         );
         // Saving again replaces the file and leaves no temporary behind.
         Usage::new().save(&path, "abc123").unwrap();
-        assert!(Usage::load(&path, "abc123").unwrap().0.is_empty());
+        assert!(Usage::load(&path, "abc123", SHAPE).unwrap().0.is_empty());
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, ["usage.json"]);
     }
@@ -298,7 +338,7 @@ mod tests {
     #[test]
     fn missing_file_is_empty_without_warning() {
         let dir = tempfile::tempdir().unwrap();
-        let (usage, warning) = Usage::load(dir.path().join("none.json"), "h").unwrap();
+        let (usage, warning) = Usage::load(dir.path().join("none.json"), "h", SHAPE).unwrap();
         assert!(usage.is_empty() && warning.is_none());
     }
 
@@ -307,7 +347,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("usage.json");
         sample().save(&path, "oldhash").unwrap();
-        let (usage, warning) = Usage::load(&path, "newhash").unwrap();
+        let (usage, warning) = Usage::load(&path, "newhash", SHAPE).unwrap();
         assert!(usage.is_empty());
         let warning = warning.unwrap();
         assert!(warning.contains("oldhash") && warning.contains("newhash"), "{warning}");
@@ -331,7 +371,7 @@ mod tests {
         ];
         for (text, why) in cases {
             std::fs::write(&path, text).unwrap();
-            let (usage, warning) = Usage::load(&path, "h").unwrap();
+            let (usage, warning) = Usage::load(&path, "h", SHAPE).unwrap();
             assert!(usage.is_empty(), "{text}");
             let warning = warning.unwrap_or_else(|| panic!("no warning for {text}"));
             assert!(warning.contains(why) && warning.contains("usage.json"), "{text}: {warning}");
@@ -339,9 +379,44 @@ mod tests {
     }
 
     #[test]
+    fn usage_keys_outside_the_model_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("usage.json");
+        for counts in ["[[4,0,1]]", "[[0,4,1]]", "[[1,1,1],[18446744073709551615,0,1]]"] {
+            let text = format!(r#"{{"format":"strata-usage","version":1,"container_hash":"h","counts":{counts}}}"#);
+            std::fs::write(&path, text).unwrap();
+            let (usage, warning) = Usage::load(&path, "h", SHAPE).unwrap();
+            assert!(usage.is_empty(), "{counts}");
+            assert!(warning.unwrap().contains("not in this model"), "{counts}");
+        }
+    }
+
+    #[test]
+    fn oversized_usage_file_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("usage.json");
+        // Valid JSON padded past what 16 keys can take.
+        let padding = " ".repeat(usize::try_from(usage_file_max_bytes(SHAPE)).unwrap());
+        let text = format!(r#"{{"format":"strata-usage","version":1,"container_hash":"h",{padding}"counts":[]}}"#);
+        std::fs::write(&path, text).unwrap();
+        let (usage, warning) = Usage::load(&path, "h", SHAPE).unwrap();
+        assert!(usage.is_empty());
+        assert!(warning.unwrap().contains("larger than"));
+        // The largest real file fits: every key with the largest count.
+        let mut full = Usage::new();
+        for layer in 0..SHAPE.len() {
+            for expert in 0..SHAPE[layer] {
+                full.add(key(layer, expert), u64::MAX);
+            }
+        }
+        full.save(&path, "h").unwrap();
+        assert_eq!(Usage::load(&path, "h", SHAPE).unwrap(), (full, None));
+    }
+
+    #[test]
     fn unreadable_path_is_a_warning_not_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        let (usage, warning) = Usage::load(dir.path(), "h").unwrap();
+        let (usage, warning) = Usage::load(dir.path(), "h", SHAPE).unwrap();
         assert!(usage.is_empty());
         assert!(warning.unwrap().contains("cannot read"));
     }

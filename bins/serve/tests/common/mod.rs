@@ -58,6 +58,13 @@ impl Server {
         Self::launch(Command::new(env!("CARGO_BIN_EXE_serve")), model, args)
     }
 
+    /// `serve --model models/demo` with `args` added and `env` set.
+    pub fn start_with_env(env: &[(&str, &str)], args: &[&str]) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_serve"));
+        command.envs(env.iter().copied());
+        Self::launch(command, &demo_model(), args)
+    }
+
     /// `serve` with at most `files` open file descriptors (soft and hard
     /// limit, as `ulimit -n` sets them), as on a host with a low limit.
     pub fn start_with_fd_limit(files: u32, args: &[&str]) -> Server {

@@ -30,6 +30,10 @@ pub const MAX_HEAD_DIM: usize = 4096;
 /// Positions (`max_position_embeddings`, `sliding_window`, `index_topk`).
 pub const MAX_POSITIONS: usize = 1 << 24;
 
+/// End-of-sequence token ids (`eos_token_id` as a list; published models
+/// list at most a handful).
+pub const MAX_EOS_TOKENS: usize = 64;
+
 /// Refuses `value` of `field` above `max`, naming both.
 pub(crate) fn at_most(field: &str, value: usize, max: usize) -> Result<usize> {
     if value > max {
@@ -73,6 +77,14 @@ pub(super) fn check(spec: &ModelSpec) -> Result<()> {
     }
     for (field, value, max) in sizes {
         at_most(field, value, max)?;
+    }
+    at_most("eos_token_id (number of ids)", spec.eos_token_ids.len(), MAX_EOS_TOKENS)?;
+    // Ids at or above vocab_size are accepted as transformers accepts them
+    // (class defaults such as OLMoE's eos 50279 outlive a smaller vocabulary
+    // in saved configs): such an id is never sampled, and the engine does not
+    // insert bos itself. Only ids no vocabulary can have are refused.
+    for &id in spec.bos_token_id.iter().chain(&spec.eos_token_ids) {
+        at_most("bos_token_id / eos_token_id", id as usize, MAX_VOCAB - 1)?;
     }
     Ok(())
 }

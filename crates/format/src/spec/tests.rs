@@ -487,3 +487,23 @@ fn absurd_sizes_are_refused_at_once_naming_the_field() {
     config["num_hidden_layers"] = json!(MAX_LAYERS);
     assert_eq!(ModelSpec::from_config_value(&config).unwrap().layers.len(), MAX_LAYERS);
 }
+
+/// A manifest's or config's special token ids are bounded: a list of 10^5
+/// end-of-sequence ids, or an id no vocabulary can have, is refused; an id
+/// past this model's vocabulary is accepted (transformers accepts it).
+#[test]
+fn special_token_ids_are_bounded() {
+    for (field, value) in [
+        ("eos_token_id", json!(vec![1; MAX_EOS_TOKENS + 1])),
+        ("eos_token_id", json!(MAX_VOCAB)),
+        ("bos_token_id", json!(u32::MAX)),
+    ] {
+        let mut config: Value = serde_json::from_str(OLMOE_4X).unwrap();
+        config[field] = value;
+        let err = ModelSpec::from_config_value(&config).unwrap_err().to_string();
+        assert!(err.contains("token_id") && err.contains("at most"), "{field}: {err}");
+    }
+    let mut config: Value = serde_json::from_str(OLMOE_4X).unwrap();
+    config["eos_token_id"] = json!([1, 50279]);
+    assert_eq!(ModelSpec::from_config_value(&config).unwrap().eos_token_ids, [1, 50279]);
+}

@@ -185,6 +185,29 @@ fn a_bad_checksum_cuts_that_record_and_everything_after() {
 }
 
 #[test]
+fn a_corrupt_record_sets_the_tail_aside_instead_of_destroying_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.kvs");
+    write_session(&path, 6, true);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let second = header().header_bytes() + record_bytes(RecordKind::TokenWithRows) as usize;
+    bytes[second + 40] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    let cut = open(&path).unwrap().1.cut.unwrap();
+    assert_eq!(cut.kept_in, dir.path().join(format!("s.kvs.tail-{second}")));
+    assert_eq!(std::fs::read(&cut.kept_in).unwrap(), bytes[second..], "the good records after it are all kept");
+    assert!(cut.to_string().contains("kept in"), "{cut}");
+    // Damage at the same place again: the first tail set aside stays.
+    let mut again = std::fs::read(&path).unwrap();
+    again.extend_from_slice(&[0xAB; 37]);
+    std::fs::write(&path, &again).unwrap();
+    let cut_again = open(&path).unwrap().1.cut.unwrap();
+    assert_eq!(cut_again.kept_in, dir.path().join(format!("s.kvs.tail-{second}-1")));
+    assert_eq!(std::fs::read(&cut.kept_in).unwrap(), bytes[second..]);
+    assert_eq!(std::fs::read(&cut_again.kept_in).unwrap(), [0xAB; 37]);
+}
+
+#[test]
 fn records_with_good_checksums_out_of_sequence_are_cut() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.kvs");
