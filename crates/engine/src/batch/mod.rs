@@ -24,6 +24,32 @@
 //! logits it would get alone, and the sampler draws from (seed, position)
 //! only. A panic in the engine or a constraint fails the jobs it touched,
 //! never the thread.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use strata_engine::{BatchLimits, Batcher, Engine, EngineOptions, Event, GenerateOptions, Job};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // The budget reserves KV for every session the batch holds.
+//! let options = EngineOptions { sessions: 4, ..EngineOptions::default() };
+//! let engine = Arc::new(Engine::open("path/to/container".as_ref(), &options)?);
+//! let limits = BatchLimits { max_batch: 4, prefill_chunk_tokens: 512, queue_jobs_max: 16 };
+//! let (batcher, thread) = Batcher::spawn(engine, limits, Arc::new(()))?;
+//! let job = |prompt: Vec<u32>| Job { prompt, options: GenerateOptions::default(), constraint: None };
+//! // Decoded together; each gets the tokens it would get alone.
+//! let (a, b) = (batcher.submit(job(vec![1, 2, 3]))?, batcher.submit(job(vec![4, 5]))?);
+//! while let Some(Event::Token(token)) = a.recv() {
+//!     println!("a: {token}");
+//! }
+//! while let Some(Event::Token(token)) = b.recv() {
+//!     println!("b: {token}");
+//! }
+//! drop(batcher);
+//! thread.join().expect("the batcher thread ends once its handles are gone");
+//! # Ok(())
+//! # }
+//! ```
 
 mod idle;
 mod run;
