@@ -67,9 +67,9 @@ pub struct Generation {
 /// The channel holds every event the job can send (one per token, one for
 /// the end), so the batcher never waits on a slow client; when the request
 /// drops its receiver (client gone, stop string), the job is cancelled.
-struct Events(mpsc::Sender<Event>);
+struct RequestSink(mpsc::Sender<Event>);
 
-impl EventSink for Events {
+impl EventSink for RequestSink {
     fn send(&mut self, event: Event) -> bool {
         self.0.try_send(event).is_ok()
     }
@@ -211,7 +211,7 @@ impl App {
         let (events, rx) = mpsc::channel(max_tokens + 1);
         let job = Job { prompt: request.prompt, options, constraint: None };
         // Checked above as the APIs word it; the batcher's own check agrees.
-        admission.send(job, Box::new(Events(events))).map_err(|e| match e {
+        admission.send(job, Box::new(RequestSink(events))).map_err(|e| match e {
             EngineError::BatcherStopped => shutting_down(),
             e => ApiError::invalid(e.to_string()),
         })?;

@@ -159,6 +159,44 @@ fn a_constrained_job_emits_only_allowed_tokens_and_leaves_its_neighbour_alone() 
     thread.join().unwrap();
 }
 
+/// Panics when asked for its mask: a bug in a constraint.
+struct Broken;
+
+impl Constraint for Broken {
+    fn mask(&mut self, _logits: &mut [f32]) -> strata_engine::Result<()> {
+        panic!("a broken constraint");
+    }
+
+    fn accept(&mut self, _token: u32) -> strata_engine::Result<()> {
+        Ok(())
+    }
+
+    fn is_finished(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_panicking_constraint_fails_its_own_job_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(&dir, "olmoe", 2);
+    let prompt = vec![101u32, 3, 17];
+    let want = alone(&engine, &prompt, &options(6, 2));
+    let limits = BatchLimits { max_batch: 2, prefill_chunk_tokens: 64, queue_jobs_max: 2 };
+    let (batcher, thread) = Batcher::spawn(Arc::new(engine), limits, Arc::new(())).unwrap();
+    let broken = Job { prompt: vec![5, 9], options: options(6, 1), constraint: Some(Box::new(Broken)) };
+    let broken = batcher.submit(broken).unwrap();
+    let fine = batcher.submit(Job { prompt, options: options(6, 2), constraint: None }).unwrap();
+    match broken.recv() {
+        Some(Event::Failed(message)) => assert!(message.contains("a broken constraint"), "{message}"),
+        other => panic!("the broken job failed, not {other:?}"),
+    }
+    assert_eq!(collect(&fine).0, want, "its neighbour went on");
+    assert!(batcher.is_running());
+    drop(batcher);
+    thread.join().unwrap();
+}
+
 #[test]
 fn a_full_queue_refuses_and_a_dropped_place_is_given_back() {
     let dir = tempfile::tempdir().unwrap();
