@@ -102,7 +102,7 @@ fn answer(chat: &mut Chat<'_>, line: &str, options: &ReplyOptions, interrupted: 
             chat.session().context_tokens()
         );
     }
-    if reply.finish == strata_engine::FinishReason::Cancelled {
+    if reply.finish == strata_engine::Finish::Cancelled {
         println!("(stopped)");
     }
     Ok(reply)

@@ -10,11 +10,11 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use strata_engine::Message;
+use strata_engine::{Finish, Message};
 
 use crate::body::JsonBody;
 use crate::error::{ApiError, Style};
-use crate::generate::{EndReason, GenRequest, Piece};
+use crate::generate::{GenRequest, Piece};
 use crate::metrics::Endpoint;
 use crate::openai::{new_id, parse, sse};
 use crate::state::SharedApp;
@@ -86,11 +86,12 @@ struct MessagesRequest {
     seed: Option<u64>,
 }
 
-fn stop_reason(reason: EndReason) -> &'static str {
-    match reason {
-        EndReason::Eos => "end_turn",
-        EndReason::Length => "max_tokens",
-        EndReason::Stop(_) => "stop_sequence",
+fn stop_reason(finish: Finish) -> &'static str {
+    match finish {
+        // A cancelled generation has nobody to tell.
+        Finish::Stop | Finish::Cancelled => "end_turn",
+        Finish::Length => "max_tokens",
+        Finish::StopString(_) => "stop_sequence",
     }
 }
 
@@ -152,8 +153,8 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     let model = app.model_name.clone();
     let input_tokens = generation.prompt_tokens;
     let stops = generation.stop.clone();
-    let stop_sequence = move |reason: EndReason| match reason {
-        EndReason::Stop(i) => Value::from(stops[i].clone()),
+    let stop_sequence = move |finish: Finish| match finish {
+        Finish::StopString(i) => Value::from(stops[i].clone()),
         _ => Value::Null,
     };
     if !request.stream.unwrap_or(false) {

@@ -1,6 +1,6 @@
 //! What every generation endpoint shares: checking a request against the
-//! limits, queueing it, and turning the scheduler's tokens into text pieces
-//! (streamed detokenization, stop strings).
+//! limits, queueing it in the engine's batcher, and turning its tokens into
+//! text pieces (streamed detokenization, stop strings).
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
@@ -8,12 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use axum::http::StatusCode;
-use strata_engine::{Detokenizer, SamplingOptions, StopStrings};
+use strata_engine::{
+    Admission, Detokenizer, Error as EngineError, Event, EventSink, Finish, GenerateOptions, Job, SamplingOptions,
+    StopStrings,
+};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::metrics::Endpoint;
-use crate::scheduler::{Admission, Event, Finish, Job, Rejected};
 use crate::state::App;
 
 /// Stop strings one request may give (OpenAI allows 4).
@@ -43,20 +45,11 @@ pub struct GenRequest {
     pub cap_max_tokens: bool,
 }
 
-/// Why generation ended, as the APIs tell it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EndReason {
-    Eos,
-    Length,
-    /// The stop string at this index matched.
-    Stop(usize),
-}
-
 /// One piece of a reply.
 #[derive(Debug)]
 pub enum Piece {
     Text(String),
-    End { reason: EndReason, completion_tokens: usize },
+    End { reason: Finish, completion_tokens: usize },
 }
 
 /// A queued generation: its pieces as they come.
@@ -70,13 +63,29 @@ pub struct Generation {
     ready: VecDeque<Result<Piece, ApiError>>,
 }
 
+/// A job's events, handed from the batcher's thread to its request's task.
+/// The channel holds every event the job can send (one per token, one for
+/// the end), so the batcher never waits on a slow client; when the request
+/// drops its receiver (client gone, stop string), the job is cancelled.
+struct RequestSink(mpsc::Sender<Event>);
+
+impl EventSink for RequestSink {
+    fn send(&mut self, event: Event) -> bool {
+        self.0.try_send(event).is_ok()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
 impl App {
-    /// A place in the scheduler's queue, taken before anything is done with
+    /// A place in the batcher's queue, taken before anything is done with
     /// a request's body; 429 when the queue is full.
     pub fn admit(&self) -> Result<Admission, ApiError> {
-        match self.scheduler.reserve() {
+        match self.batcher.reserve() {
             Ok(admission) => Ok(admission),
-            Err(Rejected::QueueFull) => {
+            Err(EngineError::QueueFull { .. }) => {
                 self.metrics.rejected_queue_full.fetch_add(1, Relaxed);
                 Err(ApiError {
                     retry_after: Some(1),
@@ -84,15 +93,13 @@ impl App {
                         StatusCode::TOO_MANY_REQUESTS,
                         format!(
                             "the server is busy ({} requests waiting); retry shortly",
-                            self.scheduler.queue_capacity()
+                            self.batcher.queue_capacity()
                         ),
                     )
                     .code("queue_full")
                 })
             }
-            Err(Rejected::ShutDown) => {
-                Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"))
-            }
+            Err(_) => Err(shutting_down()),
         }
     }
 
@@ -115,7 +122,7 @@ impl App {
             .tokenizing
             .acquire_many(u32::try_from(weight).unwrap_or(u32::MAX))
             .await
-            .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"))?;
+            .map_err(|_| shutting_down())?;
         let app = Arc::clone(self);
         tokio::task::spawn_blocking(move || work(&app))
             .await
@@ -195,9 +202,19 @@ impl App {
         // No seed: a fresh one, so replies vary as clients expect.
         let seed = request.seed.unwrap_or_else(|| std::hash::RandomState::new().hash_one(prompt_tokens));
         let sampling = SamplingOptions { temperature, top_k, top_p, seed };
-        let (events, rx) = Job::channel(max_tokens);
-        let job = Job { prompt: request.prompt, max_tokens, sampling, ignore_eos: request.ignore_eos, events };
-        admission.send(job);
+        let options = GenerateOptions {
+            max_new_tokens: max_tokens,
+            sampling,
+            ignore_eos: request.ignore_eos,
+            extra_eos_token_ids: self.eos_token_ids.clone(),
+        };
+        let (events, rx) = mpsc::channel(max_tokens + 1);
+        let job = Job { prompt: request.prompt, options, constraint: None };
+        // Checked above as the APIs word it; the batcher's own check agrees.
+        admission.send(job, Box::new(RequestSink(events))).map_err(|e| match e {
+            EngineError::BatcherStopped => shutting_down(),
+            e => ApiError::invalid(e.to_string()),
+        })?;
         self.metrics.request(endpoint);
         Ok(Generation {
             prompt_tokens,
@@ -213,7 +230,7 @@ impl App {
 
 impl Generation {
     /// The next piece; `None` after the end. Dropping the generation (or
-    /// reaching a stop string) cancels it in the scheduler.
+    /// reaching a stop string) cancels it in the batcher.
     pub async fn next(&mut self) -> Option<Result<Piece, ApiError>> {
         loop {
             if let Some(piece) = self.ready.pop_front() {
@@ -233,13 +250,13 @@ impl Generation {
                     Err(e) => self.fail(ApiError::internal(e.to_string())),
                 },
                 Some(Event::Failed(message)) => self.fail(ApiError::internal(message)),
-                None => self.fail(ApiError::internal("generation ended without finishing (the scheduler stopped)")),
+                None => self.fail(ApiError::internal("generation ended without finishing (the batcher stopped)")),
             }
         }
     }
 
     /// Collects the whole reply.
-    pub async fn collect(mut self) -> Result<(String, EndReason, usize), ApiError> {
+    pub async fn collect(mut self) -> Result<(String, Finish, usize), ApiError> {
         let mut text = String::new();
         while let Some(piece) = self.next().await {
             match piece? {
@@ -262,8 +279,8 @@ impl Generation {
                 self.ready.push_back(Ok(Piece::Text(out.text)));
             }
             let completion_tokens = end.map_or(self.tokens, |(_, n)| n);
-            self.ready.push_back(Ok(Piece::End { reason: EndReason::Stop(index), completion_tokens }));
-            // Dropping the receiver tells the scheduler to stop.
+            self.ready.push_back(Ok(Piece::End { reason: Finish::StopString(index), completion_tokens }));
+            // Dropping the receiver tells the batcher to stop.
             self.rx = None;
             return;
         }
@@ -273,11 +290,7 @@ impl Generation {
             if !text.is_empty() {
                 self.ready.push_back(Ok(Piece::Text(text)));
             }
-            let reason = match finish {
-                Finish::Eos => EndReason::Eos,
-                Finish::Length => EndReason::Length,
-            };
-            self.ready.push_back(Ok(Piece::End { reason, completion_tokens }));
+            self.ready.push_back(Ok(Piece::End { reason: finish, completion_tokens }));
             self.rx = None;
         } else if !text.is_empty() {
             self.ready.push_back(Ok(Piece::Text(text)));
@@ -288,4 +301,8 @@ impl Generation {
         self.ready.push_back(Err(error));
         self.rx = None;
     }
+}
+
+fn shutting_down() -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down")
 }

@@ -3,8 +3,9 @@
 //! concurrent requests decoded together by continuous batching.
 //!
 //! A thin binary: flags in, the engine does the work, errors become HTTP
-//! answers. The engine and every session live on one scheduler thread
-//! (`scheduler`); the async side only parses, tokenizes, queues and streams.
+//! answers. The engine's batcher (`strata_engine::Batcher`) owns every
+//! session on its own thread and batches the requests; the async side only
+//! parses, tokenizes, queues and streams.
 
 mod anthropic;
 mod body;
@@ -15,7 +16,6 @@ mod listen;
 mod metrics;
 mod openai;
 mod page;
-mod scheduler;
 mod server;
 mod state;
 
@@ -28,7 +28,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use strata_engine::{
-    ChatTemplate, Engine, EngineOptions, Tokenizer, default_cache_dir, eos_ids_from_dir, resolve_model,
+    BatchLimits, Batcher, ChatTemplate, Engine, EngineOptions, Tokenizer, default_cache_dir, eos_ids_from_dir,
+    resolve_model,
 };
 use tokio::sync::Semaphore;
 
@@ -77,29 +78,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
     // Every sequence of a full batch holds its own KV arena.
     let options = EngineOptions { sessions: cli.max_batch as usize, ..cli.engine.options() };
-    let metrics = Arc::new(Metrics::default());
-    let (handle, jobs) = scheduler::queue(cli.queue as usize);
-    let (opened_tx, opened_rx) = std::sync::mpsc::sync_channel(1);
-    let container_dir = resolved.container_dir.clone();
-    let limits = scheduler::Limits { max_batch: cli.max_batch as usize, prefill_chunk: cli.prefill_chunk as usize };
-    let scheduler_thread = scheduler::spawn(
-        move || {
-            let engine = Engine::open(&container_dir, &options)
-                .with_context(|| format!("opening {}", container_dir.display()))?;
-            let eos = eos_ids_from_dir(&container_dir, &engine.spec().eos_token_ids)?;
-            Ok((engine, eos))
-        },
-        limits,
-        jobs,
-        Arc::clone(&metrics),
-        move |opened| {
-            let _ = opened_tx.send(opened.map(|e| (ModelInfo::of(e), e.warnings().to_vec())));
-        },
-    )?;
-    let (info, warnings) = opened_rx.recv().context("the scheduler thread died while opening the model")??;
-    for warning in warnings {
+    let container_dir = &resolved.container_dir;
+    let engine =
+        Engine::open(container_dir, &options).with_context(|| format!("opening {}", container_dir.display()))?;
+    let eos_token_ids = eos_ids_from_dir(container_dir, &engine.spec().eos_token_ids)?;
+    let info = ModelInfo::of(&engine);
+    for warning in engine.warnings() {
         eprintln!("serve: warning: {warning}");
     }
+    let metrics = Arc::new(Metrics::default());
+    let limits = BatchLimits {
+        max_batch: cli.max_batch as usize,
+        prefill_chunk_tokens: cli.prefill_chunk as usize,
+        queue_jobs_max: cli.queue as usize,
+    };
+    let (batcher, batcher_thread) = Batcher::spawn(Arc::new(engine), limits, Arc::clone(&metrics) as _)?;
 
     let mut allowed_hosts: Vec<String> = cli.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
     // A name given to --host is one the server answers to.
@@ -121,7 +114,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         max_tokens_limit: cli.max_tokens.unwrap_or(context_tokens).clamp(1, context_tokens),
         max_batch: limits.max_batch,
         info,
-        scheduler: handle,
+        batcher,
+        eos_token_ids,
         metrics,
         api_key,
         allowed_hosts,
@@ -162,9 +156,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // Connections the deadline gave up on are dropped with the runtime
     // (cancelling their generations); blocking work gets a moment to end.
     runtime.shutdown_timeout(RUNTIME_STOP_WAIT);
-    // The router (and with it every queue handle) is gone: the scheduler
+    // The router (and with it every batcher handle) is gone: the batcher
     // finishes what it holds, saves what it learned and returns.
-    scheduler_thread.join().map_err(|_| anyhow::anyhow!("the scheduler thread panicked"))?;
+    batcher_thread.join().map_err(|_| anyhow::anyhow!("the batcher thread panicked"))?;
     Ok(())
 }
 

@@ -1,12 +1,15 @@
-//! Counters shared by the scheduler thread (which writes them) and the HTTP
-//! side (which reads them for `/metrics` and the chat page), as atomics so
-//! neither side ever waits on the other.
+//! Counters shared by the engine's batcher thread (which writes them, as
+//! its [`BatchObserver`]) and the HTTP side (which reads them for
+//! `/metrics` and the chat page), as atomics so neither side ever waits on
+//! the other.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
+
+use strata_engine::{BatchObserver, Engine};
 
 /// The window over which the live tokens/s is measured.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
@@ -49,6 +52,42 @@ pub struct Metrics {
     pub kv_bytes: AtomicU64,
     /// (when, tokens generated) of recent steps.
     recent: Mutex<VecDeque<(Instant, u64)>>,
+}
+
+impl BatchObserver for Metrics {
+    fn admitted(&self, prompt_tokens: usize, reused_tokens: usize) {
+        self.prompt_tokens.fetch_add(prompt_tokens as u64, Relaxed);
+        self.prompt_tokens_reused.fetch_add(reused_tokens as u64, Relaxed);
+    }
+
+    fn cancelled(&self, jobs: usize) {
+        self.cancelled.fetch_add(jobs as u64, Relaxed);
+    }
+
+    fn stepped(&self, sequences: usize, sampled_tokens: usize, elapsed: Duration) {
+        self.step(sequences, sampled_tokens as u64, elapsed);
+    }
+
+    fn settled(&self, engine: &Engine, active_sequences: usize, kv_bytes: u64) {
+        self.active_sequences.store(active_sequences as u64, Relaxed);
+        self.kv_bytes.store(kv_bytes, Relaxed);
+        let store = engine.store_stats();
+        self.expert_hits.store(store.hits, Relaxed);
+        self.expert_misses.store(store.misses, Relaxed);
+        self.expert_bytes_read.store(store.bytes_read, Relaxed);
+        self.expert_evictions.store(store.evictions, Relaxed);
+        self.expert_stall_ns.store(engine.pipeline_stats().stall_ns, Relaxed);
+        self.expert_cache_used_bytes.store(engine.memory_use().expert_cache_used_bytes, Relaxed);
+    }
+
+    // The batcher's news goes to stderr, as every other line of the server's.
+    fn failed(&self, sequences: usize, message: &str) {
+        eprintln!("serve: error: {sequences} generation(s) failed: {message}");
+    }
+
+    fn warning(&self, message: &str) {
+        eprintln!("serve: warning: {message}");
+    }
 }
 
 /// What the chat page shows, read in one go.

@@ -16,11 +16,11 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use strata_engine::Message;
+use strata_engine::{Finish, Message};
 
 use crate::body::JsonBody;
 use crate::error::ApiError;
-use crate::generate::{EndReason, GenRequest, Piece};
+use crate::generate::{GenRequest, Piece};
 use crate::metrics::Endpoint;
 use crate::state::{App, SharedApp};
 
@@ -177,10 +177,11 @@ impl Common {
     }
 }
 
-fn finish_reason(reason: EndReason) -> &'static str {
-    match reason {
-        EndReason::Length => "length",
-        EndReason::Eos | EndReason::Stop(_) => "stop",
+fn finish_reason(finish: Finish) -> &'static str {
+    match finish {
+        Finish::Length => "length",
+        // A cancelled generation has nobody to tell.
+        Finish::Stop | Finish::StopString(_) | Finish::Cancelled => "stop",
     }
 }
 

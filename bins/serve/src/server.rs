@@ -161,7 +161,7 @@ async fn method_not_allowed(request: Request) -> Response {
 }
 
 async fn health(State(app): State<SharedApp>) -> Response {
-    if app.scheduler.is_running() {
+    if app.batcher.is_running() {
         Json(json!({ "status": "ok", "model": app.model_name })).into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "stopped", "model": app.model_name }))).into_response()
@@ -169,8 +169,11 @@ async fn health(State(app): State<SharedApp>) -> Response {
 }
 
 async fn metrics(State(app): State<SharedApp>) -> Response {
-    let text =
-        app.metrics.render(app.scheduler.queue_depth(), app.scheduler.queue_capacity(), app.info.expert_cache_bytes);
+    let text = app.metrics.render(
+        app.batcher.queue_depth() as u64,
+        app.batcher.queue_capacity() as u64,
+        app.info.expert_cache_bytes,
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
@@ -182,13 +185,13 @@ async fn info(State(app): State<SharedApp>) -> Response {
         "info": app.info,
         "limits": {
             "max_batch": app.max_batch,
-            "queue": app.scheduler.queue_capacity(),
+            "queue": app.batcher.queue_capacity(),
             "context_tokens": app.context_tokens,
             "max_tokens": app.max_tokens_limit,
         },
         "defaults": app.defaults,
         "chat_template": app.template.is_some(),
-        "live": app.metrics.live(app.scheduler.queue_depth()),
+        "live": app.metrics.live(app.batcher.queue_depth() as u64),
     }))
     .into_response()
 }

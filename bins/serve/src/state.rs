@@ -1,17 +1,16 @@
 //! What the HTTP handlers share: the model's text side (tokenizer, chat
-//! template), the limits, and the scheduler's handle.
+//! template), the limits, and the engine's batcher.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use strata_engine::{ChatTemplate, Engine, Message, Tokenizer};
+use strata_engine::{Batcher, ChatTemplate, Engine, Message, Tokenizer};
 use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
 use crate::generate::Defaults;
 use crate::metrics::Metrics;
-use crate::scheduler::Handle;
 
 /// The model as the info panel and `/info` describe it.
 #[derive(Debug, Clone, Serialize)]
@@ -67,7 +66,9 @@ pub struct App {
     pub max_tokens_limit: usize,
     pub max_batch: usize,
     pub info: ModelInfo,
-    pub scheduler: Handle,
+    pub batcher: Batcher,
+    /// Every id that ends generation (config.json and generation_config.json).
+    pub eos_token_ids: Vec<u32>,
     pub metrics: Arc<Metrics>,
     pub api_key: Option<String>,
     /// Host names accepted besides `localhost` and IP addresses, lowercase.

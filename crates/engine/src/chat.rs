@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::persist::{SESSION_FILE_EXTENSION, validate_session_name};
 use crate::text::{ChatTemplate, Message, StopStrings, Tokenizer, eos_ids_from_dir};
-use crate::{Engine, Error, GenerateOptions, Result, RunStats, SamplingOptions, Session};
+use crate::{Engine, Error, Finish, GenerateOptions, Result, RunStats, SamplingOptions, Session};
 
 /// The suffix of a saved conversation's record: `<kv_dir>/NAME.chat.json`.
 const SAVED_CHAT_SUFFIX: &str = ".chat.json";
@@ -127,22 +127,11 @@ pub struct ReplyOptions {
     pub stop: Vec<String>,
 }
 
-/// Why an answer ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// An end-of-sequence token or a stop string.
-    Stop,
-    /// `max_new_tokens` reached.
-    Length,
-    /// The caller broke off.
-    Cancelled,
-}
-
 /// One answer.
 #[derive(Debug, Clone)]
 pub struct Reply {
     pub text: String,
-    pub finish: FinishReason,
+    pub finish: Finish,
     /// The oldest messages dropped so the conversation fits the context.
     pub dropped_messages: usize,
     pub stats: RunStats,
@@ -343,21 +332,19 @@ impl<'e> Chat<'e> {
                 return Err(err);
             }
         };
-        let stopped_by_string = stops.stopped().is_some();
-        if !stopped_by_string {
+        if stops.stopped().is_none() {
             let tail = stops.push(&detok.finish()?).text + &stops.finish();
             if !tail.is_empty() {
                 answer.push_str(&tail);
                 let _ = on_text(&tail);
             }
         }
-        let hit_eos = report.tokens.last().is_some_and(|t| eos.contains(t));
-        let finish = if cancelled {
-            FinishReason::Cancelled
-        } else if hit_eos || stopped_by_string {
-            FinishReason::Stop
-        } else {
-            FinishReason::Length
+        // A stop string or the caller broke off, which the session saw as
+        // a cancel; the model's own end or the length limit it saw itself.
+        let finish = match (cancelled, stops.stopped()) {
+            (true, _) => Finish::Cancelled,
+            (false, Some(index)) => Finish::StopString(index),
+            (false, None) => report.finish,
         };
         self.messages.push(Message::assistant(answer.clone()));
         Ok(Reply { text: answer, finish, dropped_messages, stats: report.stats })

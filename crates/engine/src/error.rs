@@ -70,4 +70,10 @@ pub enum Error {
     /// A request the engine cannot serve (e.g. an empty prompt).
     #[error("{0}")]
     InvalidRequest(String),
+    /// A batcher's queue holds `jobs` jobs already; retry shortly.
+    #[error("busy: {jobs} jobs are waiting already")]
+    QueueFull { jobs: usize },
+    /// The batcher's thread has ended (shut down, or killed by a bug).
+    #[error("the batcher has stopped")]
+    BatcherStopped,
 }

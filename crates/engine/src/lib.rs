@@ -22,8 +22,10 @@
 
 #[cfg(feature = "clap")]
 pub mod args;
+mod batch;
 mod chat;
 mod constraint;
+mod decode;
 mod demo;
 mod engine;
 mod error;
@@ -35,8 +37,10 @@ mod sampler;
 mod session;
 pub mod text;
 
-pub use chat::{Chat, ChatSnapshot, FinishReason, Reply, ReplyOptions, TextModel};
+pub use batch::{Admission, BatchLimits, BatchObserver, Batcher, Event, EventSink, Events, Job};
+pub use chat::{Chat, ChatSnapshot, Reply, ReplyOptions, TextModel};
 pub use constraint::Constraint;
+pub use decode::{Decoder, Finish, Step};
 pub use engine::{
     CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch, USAGE_FILE_NAME, kv_footprint,
 };

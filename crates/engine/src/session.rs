@@ -10,8 +10,9 @@ use strata_models::{Logits, SeqBatch};
 use strata_sched::LayerStats;
 use strata_tier::StoreStats;
 
+use crate::decode::Decoder;
 use crate::engine::check_logits;
-use crate::{Engine, Error, Result, Sampler, SamplingOptions};
+use crate::{Constraint, Engine, Error, Finish, Result, Sampler, SamplingOptions};
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -166,10 +167,12 @@ fn ms(d: std::time::Duration) -> f64 {
 }
 
 /// The outcome of [`Session::generate`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct GenerateReport {
     /// Generated ids only, in order.
     pub tokens: Vec<u32>,
+    /// Why generation ended ([`Finish::Length`] when no token was asked for).
+    pub finish: Finish,
     pub stats: RunStats,
 }
 
@@ -427,12 +430,24 @@ impl<'e> Session<'e> {
     /// other half of a continuous-batching step.
     pub fn push_sampled(&mut self, sampler: &mut Sampler, logits: &[f32]) -> u32 {
         let token = sampler.sample(logits, self.tokens.len());
+        self.push_unfed(token, true);
+        token
+    }
+
+    /// Makes `token` the next of the sequence, not yet run (the next feed
+    /// runs it). `persist`: save it now, as the last token of an answer;
+    /// otherwise the feed that runs it saves it with its rows, in one
+    /// record.
+    pub(crate) fn push_unfed(&mut self, token: u32, persist: bool) {
         assert!(self.unfed.is_none(), "the previous token was fed");
         self.tokens.push(token);
         self.unfed = Some(token);
+        // The logits of the last feed are not those after this token: a
+        // later call must run it, not sample from them.
         self.pending_logits = None;
-        self.persist_new();
-        token
+        if persist {
+            self.persist_new();
+        }
     }
 
     /// Feeds `prompt` (may be empty if the session already holds tokens),
@@ -442,10 +457,21 @@ impl<'e> Session<'e> {
         &mut self,
         prompt: &[u32],
         options: &GenerateOptions,
+        on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<GenerateReport> {
+        self.generate_constrained(prompt, options, None, on_token)
+    }
+
+    /// [`Self::generate`], with `constraint` (if any) choosing which tokens
+    /// may come next; a finished constraint ends generation ([`Finish::Stop`]).
+    pub fn generate_constrained(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        mut constraint: Option<&mut (dyn Constraint + '_)>,
         mut on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerateReport> {
         options.sampling.check()?;
-        let mut report = GenerateReport::default();
         let run_start = Snapshot::take(self.engine);
         let mut logits = match self.pending_logits.take() {
             Some(logits) if prompt.is_empty() => logits,
@@ -462,36 +488,25 @@ impl<'e> Session<'e> {
                 logits
             }
         };
+        let mut report = GenerateReport { tokens: Vec::new(), finish: Finish::Length, stats: RunStats::default() };
         let prefill = run_start.step_since(self.engine, prompt.len());
         report.stats.prompt_tokens = prompt.len();
         report.stats.prefill_ms = prefill.ms;
         report.stats.per_token.push(prefill);
         let decode_started = Instant::now();
-        let mut sampler = Sampler::new(options.sampling);
-        let eos = &self.engine.spec().eos_token_ids;
-        while report.tokens.len() < options.max_new_tokens {
-            let token = sampler.sample(&logits, self.tokens.len());
-            report.tokens.push(token);
-            let is_eos = eos.contains(&token) || options.extra_eos_token_ids.contains(&token);
-            let stop = on_token(token).is_break() || (!options.ignore_eos && is_eos);
-            if stop || report.tokens.len() == options.max_new_tokens {
-                // A turn boundary: the end of an answer, before its last
-                // token (which the next feed runs). Saved before that token,
-                // so that a file cut back to here keeps the snapshot.
-                self.snapshot();
-                // The last token is part of the sequence but not yet run, so
-                // a later call can continue from it.
-                self.tokens.push(token);
-                self.unfed = Some(token);
-                // The logits of the last feed are not those after this
-                // token: a later call must run it, not sample from them.
-                self.pending_logits = None;
-                self.persist_new();
-                break;
+        let mut decoder = Decoder::new(options, &self.engine.spec().eos_token_ids);
+        if options.max_new_tokens > 0 {
+            loop {
+                let step = decoder.step(self, &mut logits, constraint.as_deref_mut(), |token, _| on_token(token))?;
+                report.tokens.push(step.token);
+                if let Some(finish) = step.finish {
+                    report.finish = finish;
+                    break;
+                }
+                let step_start = Snapshot::take(self.engine);
+                logits = self.feed(&[])?;
+                report.stats.per_token.push(step_start.step_since(self.engine, 1));
             }
-            let step_start = Snapshot::take(self.engine);
-            logits = self.feed(&[token])?;
-            report.stats.per_token.push(step_start.step_since(self.engine, 1));
         }
         report.stats.generated_tokens = report.tokens.len();
         report.stats.decode_ms = ms(decode_started.elapsed());

@@ -1,0 +1,113 @@
+//! One decode step, the one every generation loop stands on
+//! ([`Session::generate`], `Chat::say` through it, and the [`crate::Batcher`]):
+//! sample the next token of a sequence from its logits (through its
+//! [`Constraint`], if any), append it, and say whether generation ends
+//! there, and why ([`Finish`]).
+
+use std::ops::ControlFlow;
+
+use crate::{Constraint, GenerateOptions, Result, Sampler, Session};
+
+/// Why generation ended: the one answer of every loop (the CLI's, chat's,
+/// the batcher's); serve maps it to OpenAI's and Anthropic's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The model ended its answer: an end-of-sequence token, or the
+    /// sequence's constraint is complete.
+    Stop,
+    /// The stop string at this index (of those asked for) matched. Stop
+    /// strings are text, matched where the text is (chat, serve).
+    StopString(usize),
+    /// `max_new_tokens` were generated.
+    Length,
+    /// The caller broke off, or nobody listens any more.
+    Cancelled,
+}
+
+/// What one [`Decoder::step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// The token appended to the sequence (not yet run through the model).
+    pub token: u32,
+    /// `Some` when generation ends at this token.
+    pub finish: Option<Finish>,
+}
+
+/// The decoding state of one sequence: its sampler, its end-of-sequence
+/// ids and how far it is from its length limit.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    sampler: Sampler,
+    /// Ids that end generation (the model's and the caller's); empty when
+    /// end-of-sequence tokens are to be generated through.
+    eos_token_ids: Vec<u32>,
+    max_new_tokens: usize,
+    generated_tokens: usize,
+}
+
+impl Decoder {
+    /// The decoder of `options` for a model whose own end-of-sequence ids
+    /// are `model_eos_token_ids`.
+    pub fn new(options: &GenerateOptions, model_eos_token_ids: &[u32]) -> Self {
+        let eos_token_ids = if options.ignore_eos {
+            Vec::new()
+        } else {
+            model_eos_token_ids.iter().chain(&options.extra_eos_token_ids).copied().collect()
+        };
+        Self {
+            sampler: Sampler::new(options.sampling),
+            eos_token_ids,
+            max_new_tokens: options.max_new_tokens,
+            generated_tokens: 0,
+        }
+    }
+
+    /// Tokens generated so far, the end-of-sequence one included.
+    pub fn generated_tokens(&self) -> usize {
+        self.generated_tokens
+    }
+
+    /// Samples the token after `session`'s sequence from `logits` (the row
+    /// after its last token; masked by `constraint` first, which then
+    /// accepts the token), hands it to `emit` with whether it is an
+    /// end-of-sequence token that ends generation (`ControlFlow::Break`
+    /// there cancels), and appends it to the sequence, unfed: the next feed
+    /// runs it. At the end of generation the session takes a snapshot
+    /// before that last token (a turn boundary; saved before it, so that a
+    /// session file cut back to here keeps the snapshot).
+    ///
+    /// The draw depends on the sampler's seed and the token's position
+    /// only, so a sequence decodes the same alone, batched or resumed.
+    pub fn step(
+        &mut self,
+        session: &mut Session<'_>,
+        logits: &mut [f32],
+        mut constraint: Option<&mut (dyn Constraint + '_)>,
+        emit: impl FnOnce(u32, bool) -> ControlFlow<()>,
+    ) -> Result<Step> {
+        assert!(self.generated_tokens < self.max_new_tokens, "a step past the length limit");
+        if let Some(constraint) = constraint.as_deref_mut() {
+            constraint.mask(logits)?;
+        }
+        let token = self.sampler.sample(logits, session.tokens().len());
+        if let Some(constraint) = constraint.as_deref_mut() {
+            constraint.accept(token)?;
+        }
+        self.generated_tokens += 1;
+        let is_eos = self.eos_token_ids.contains(&token);
+        let finish = if emit(token, is_eos).is_break() {
+            Some(Finish::Cancelled)
+        } else if is_eos || constraint.is_some_and(|c| c.is_finished()) {
+            Some(Finish::Stop)
+        } else if self.generated_tokens == self.max_new_tokens {
+            Some(Finish::Length)
+        } else {
+            None
+        };
+        if finish.is_some() {
+            session.snapshot();
+        }
+        session.push_unfed(token, finish.is_some());
+        Ok(Step { token, finish })
+    }
+}
