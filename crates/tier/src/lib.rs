@@ -32,7 +32,7 @@ pub use error::{Error, Result};
 pub use io::{IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
 pub use mirror::{LayerFile, MirrorOptions, MirrorSpec, Mirrors};
 pub use policy::{Policy, PolicyKind, new_policy};
-pub use replay::{HitRate, ReplayReport, replay, simulate};
+pub use replay::{HitRate, ReplayReport, replay, replay_learned, simulate};
 pub use size::ByteSize;
 pub use store::{ExpertKey, ExpertSource, ExpertStore, Loads, PREFETCH_IN_FLIGHT, StoreOptions, StoreStats};
 pub use trace::{TRACE_FORMAT, TRACE_VERSION, TraceEvent, TraceHeader, TraceWriter, read_trace};
