@@ -80,6 +80,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let (opened_tx, opened_rx) = std::sync::mpsc::sync_channel(1);
     let container_dir = resolved.container_dir.clone();
     let limits = scheduler::Limits { max_batch: cli.max_batch as usize, prefill_chunk: cli.prefill_chunk as usize };
+    let max_batch = limits.max_batch;
     let scheduler_thread = scheduler::spawn(
         move || {
             let engine = Engine::open(&container_dir, &options)
@@ -91,7 +92,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         jobs,
         Arc::clone(&metrics),
         move |opened| {
-            let _ = opened_tx.send(opened.map(|e| (ModelInfo::of(e), e.warnings().to_vec())));
+            let _ = opened_tx.send(opened.map(|e| {
+                let mut warnings = e.warnings().to_vec();
+                // Past what the cache holds, streams that share few experts
+                // evict each other's before their next tokens: more reads.
+                if e.batch_capacity() < max_batch {
+                    warnings.push(format!(
+                        "the expert cache holds the experts of {} stream(s) per token; batches of up to --max-batch {max_batch} may read more per token than one stream (raise --ram-budget or --expert-cache, or lower --max-batch)",
+                        e.batch_capacity()
+                    ));
+                }
+                (ModelInfo::of(e), warnings)
+            }));
         },
     )?;
     let (info, warnings) = opened_rx.recv().context("the scheduler thread died while opening the model")??;

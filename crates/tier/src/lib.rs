@@ -25,8 +25,8 @@ mod usage;
 
 pub use aligned::AlignedBuf;
 pub use budget::{
-    AUTO_SHARE_PERCENT, BudgetNeeds, BudgetPlan, RamBudget, SLACK_BYTES, mem_available_bytes, peak_rss_bytes,
-    resident_bytes,
+    AUTO_SHARE_PERCENT, BudgetNeeds, BudgetPlan, RamBudget, SLACK_BYTES, batch_capacity, mem_available_bytes,
+    peak_rss_bytes, resident_bytes,
 };
 pub use error::{Error, Result};
 pub use io::{IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
