@@ -47,7 +47,7 @@
 //! the memory budget's plan; the budget's slack covers it up to about 256
 //! experts per layer. Time: `on_hit`/`on_insert`/`on_remove` are O(1) except at an
 //! event's end, which adds `LAGS × k²` counts. A layer's estimates are
-//! recomputed (O(experts × k × LAGS)) and its resident keys re-sorted only
+//! recomputed (O(experts × k × (LAGS + 1))) and its resident keys re-sorted only
 //! when its history changed; `victim` then looks at one candidate per layer
 //! (plus the leased keys it skips). Both are small next to the read of a
 //! whole expert that every miss costs.
@@ -193,6 +193,8 @@ impl Layer {
             // Visits until the next use, each visit used with its own
             // chance: the next, the one after, then every later one at `tail`.
             self.visits[y] = 1.0 + (1.0 - next) + (1.0 - next) * (1.0 - after) / tail;
+            // Every chance is clamped away from 0, so the estimate is finite.
+            debug_assert!(self.visits[y].is_finite() && self.visits[y] >= 1.0, "visits {}", self.visits[y]);
         }
         self.fresh = true;
         self.sorted = false;
