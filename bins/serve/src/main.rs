@@ -83,7 +83,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Engine::open(container_dir, &options).with_context(|| format!("opening {}", container_dir.display()))?;
     let eos_token_ids = eos_ids_from_dir(container_dir, &engine.spec().eos_token_ids)?;
     let info = ModelInfo::of(&engine);
-    for warning in engine.warnings() {
+    let mut warnings = engine.warnings().to_vec();
+    // Past what the cache holds, streams that share few experts evict each
+    // other's before their next tokens: more reads.
+    if engine.batch_capacity() < cli.max_batch as usize {
+        warnings.push(format!(
+            "the expert cache holds the experts of {} stream(s) per token; batches of up to --max-batch {} may read \
+             more per token than one stream (raise --ram-budget or --expert-cache, or lower --max-batch)",
+            engine.batch_capacity(),
+            cli.max_batch
+        ));
+    }
+    for warning in warnings {
         eprintln!("serve: warning: {warning}");
     }
     let metrics = Arc::new(Metrics::default());
