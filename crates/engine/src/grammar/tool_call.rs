@@ -83,7 +83,7 @@ pub(super) fn lark(
                 marker("<tool_call>"),
                 literal(&format!("\n<function={fname}>\n")),
                 parameters_rules(&mut grammar, i, parameters, |key| {
-                    (literal(&format!("<parameter={key}>\n")), literal("\n</parameter>\n"), "/[^<\\n]+/")
+                    (literal(&format!("<parameter={key}>\n")), literal("\n</parameter>\n"), "[^<\\n]")
                 }),
                 format_args!("{} {}", literal("</function>\n"), marker("</tool_call>"))
             ),
@@ -92,7 +92,7 @@ pub(super) fn lark(
                 marker("<tool_call>"),
                 literal(&format!("{fname}\n")),
                 parameters_rules(&mut grammar, i, parameters, |key| {
-                    (literal(&format!("<arg_key>{key}</arg_key>\n<arg_value>")), literal("</arg_value>\n"), "/[^<]+/")
+                    (literal(&format!("<arg_key>{key}</arg_key>\n<arg_value>")), literal("</arg_value>\n"), "[^<]")
                 }),
                 marker("</tool_call>")
             ),
@@ -104,8 +104,10 @@ pub(super) fn lark(
 
 /// The XML syntaxes write each argument as text between tags: one rule per
 /// property of the schema, in its order, optional unless required; strings
-/// as plain text (no markup), everything else as the JSON its own schema
-/// allows. Returns the sequence of rules for the call.
+/// as plain text (characters of `text_char`, which keeps markup out, within
+/// the schema's length bounds, or one of its `enum`), everything else as
+/// the JSON its own schema allows. Returns the sequence of rules for the
+/// call.
 fn parameters_rules(
     grammar: &mut String,
     call: usize,
@@ -117,16 +119,32 @@ fn parameters_rules(
     let mut sequence = Vec::new();
     let properties = parameters.get("properties").and_then(Value::as_object).into_iter().flatten();
     for (k, (key, schema)) in properties.enumerate() {
-        let (open, close, text) = tags(key);
-        let value = match schema.get("type").and_then(Value::as_str) {
-            Some("string") if schema.get("enum").is_none() => text.to_owned(),
-            _ => format!("%json {}", with_json_options(schema)),
-        };
+        let (open, close, text_char) = tags(key);
+        let value = text_value(schema, text_char).unwrap_or_else(|| format!("%json {}", with_json_options(schema)));
         let _ = writeln!(grammar, "arg_{call}_{k}: {open} {value} {close}");
         let optional = if required.contains(&key.as_str()) { "" } else { "?" };
         sequence.push(format!("arg_{call}_{k}{optional}"));
     }
     sequence.join(" ")
+}
+
+/// A string parameter as the XML syntaxes write it, bare: one of its enum's
+/// strings, or `text_char`s within its length bounds. `None` for anything
+/// else (written as JSON).
+fn text_value(schema: &Value, text_char: &str) -> Option<String> {
+    if let Some(choices) = schema.get("enum").and_then(Value::as_array) {
+        let strings: Option<Vec<String>> = choices.iter().map(|c| c.as_str().map(literal)).collect();
+        return strings.filter(|s| !s.is_empty()).map(|s| format!("({})", s.join(" | ")));
+    }
+    if schema.get("type").and_then(Value::as_str) != Some("string") {
+        return None;
+    }
+    let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(1).max(1);
+    let max = schema.get("maxLength").and_then(Value::as_u64);
+    Some(match max {
+        Some(max) => format!("/{text_char}{{{min},{}}}/", max.max(min)),
+        None => format!("/{text_char}{{{min},}}/"),
+    })
 }
 
 /// `text` as a Lark string literal (JSON's escapes, which Lark reads).
@@ -163,7 +181,7 @@ mod tests {
     fn xml_syntax_has_a_rule_per_parameter() {
         let grammar = lark(ToolSyntax::XmlFunction, &tools(), None, |_| None).unwrap();
         assert!(grammar.starts_with("start: call_0 | call_1\n"), "{grammar}");
-        assert!(grammar.contains("arg_0_0: \"<parameter=city>\\n\" /[^<\\n]+/"), "{grammar}");
+        assert!(grammar.contains("arg_0_0: \"<parameter=city>\\n\" /[^<\\n]{1,}/"), "{grammar}");
         assert!(grammar.contains("arg_0_0 arg_0_1?"), "{grammar}");
     }
 
