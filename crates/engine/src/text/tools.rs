@@ -379,6 +379,8 @@ fn parse_mistral_calls(text: &str) -> Option<Vec<ParsedCall>> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn tools() -> Vec<Value> {
@@ -520,6 +522,64 @@ mod tests {
             (ToolSyntax::JsonTags, "a < b and <tool_ not a call"),
         ] {
             check(syntax, output, &[text(output)]);
+        }
+    }
+
+    /// Pieces of the syntaxes' markup, so that random answers often come
+    /// close to calls.
+    const FRAGMENTS: [&str; 16] = [
+        "<tool_call>",
+        "</tool_call>",
+        "{\"name\": \"f\", \"arguments\": {}}",
+        "<function=f>",
+        "<parameter=x>",
+        "</parameter>",
+        "</function>",
+        "<arg_key>",
+        "</arg_value>",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁sep｜>",
+        "<|tool_calls_section_begin|>",
+        "[TOOL_CALLS]",
+        "<",
+        "\n",
+    ];
+
+    const SYNTAXES: [ToolSyntax; 6] = [
+        ToolSyntax::JsonTags,
+        ToolSyntax::XmlFunction,
+        ToolSyntax::GlmArgs,
+        ToolSyntax::DeepSeek,
+        ToolSyntax::Kimi,
+        ToolSyntax::Mistral,
+    ];
+
+    proptest! {
+        /// Whatever the model writes and however it is streamed: the same
+        /// events as in one piece, and an answer without calls comes back
+        /// as exactly its text.
+        #[test]
+        fn any_answer_streams_as_it_parses_whole(
+            parts in proptest::collection::vec(
+                prop_oneof![
+                    proptest::sample::select(FRAGMENTS.to_vec()).prop_map(str::to_owned),
+                    "[a-z é🙂{}\":,]{0,6}",
+                ],
+                0..12,
+            ),
+            syntax in proptest::sample::select(SYNTAXES.to_vec()),
+            cut in 0usize..64,
+        ) {
+            let output: String = parts.concat();
+            let whole = parse(syntax, &[&output]);
+            let at = (0..=cut.min(output.len())).rev().find(|&i| output.is_char_boundary(i)).unwrap_or(0);
+            let (a, b) = output.split_at(at);
+            prop_assert_eq!(&parse(syntax, &[a, b]), &whole);
+            if !whole.iter().any(|e| matches!(e, ToolEvent::Call(_))) {
+                let text: String = whole.iter().map(|e| match e { ToolEvent::Text(t) => t.as_str(), _ => "" }).collect();
+                prop_assert_eq!(text, output);
+            }
         }
     }
 
