@@ -181,6 +181,7 @@ fn forced_tool_calls_parse_in_every_syntax() {
         (ToolSyntax::XmlFunction, 10),
         (ToolSyntax::GlmArgs, 10),
         (ToolSyntax::DeepSeek, 10),
+        (ToolSyntax::DeepSeekFenced, 10),
         (ToolSyntax::Kimi, 10),
         (ToolSyntax::Mistral, 10),
     ];

@@ -63,6 +63,17 @@ pub(super) fn lark(
                 marker("<｜tool▁call▁end｜>"),
                 marker("<｜tool▁calls▁end｜>")
             ),
+            ToolSyntax::DeepSeekFenced => format!(
+                "{} {} {} {} {} {args} {} {} {}",
+                marker("<｜tool▁calls▁begin｜>"),
+                marker("<｜tool▁call▁begin｜>"),
+                literal("function"),
+                marker("<｜tool▁sep｜>"),
+                literal(&format!("{fname}\n```json\n")),
+                literal("\n```"),
+                marker("<｜tool▁call▁end｜>"),
+                marker("<｜tool▁calls▁end｜>")
+            ),
             ToolSyntax::Kimi => format!(
                 "{} {} {} {} {args} {} {}",
                 marker("<|tool_calls_section_begin|>"),

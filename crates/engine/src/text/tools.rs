@@ -19,9 +19,12 @@ pub enum ToolSyntax {
     XmlFunction,
     /// GLM-4.5 / 4.6 / 5: `<tool_call>N\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>`.
     GlmArgs,
-    /// DeepSeek-V3 / R1 (`function<｜tool▁sep｜>N\n```json\n{…}\n```` per call)
-    /// and V3.1 (`N<｜tool▁sep｜>{…}`), inside `<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>`.
+    /// DeepSeek-V3.1: `N<｜tool▁sep｜>{…}` per call, inside
+    /// `<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>` (either DeepSeek form parses).
     DeepSeek,
+    /// DeepSeek-V3 / R1: `function<｜tool▁sep｜>N\n```json\n{…}\n```` per call,
+    /// in the same section.
+    DeepSeekFenced,
     /// Kimi K2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.N:0<|tool_call_argument_begin|>{…}<|tool_call_end|>…<|tool_calls_section_end|>`.
     Kimi,
     /// Mistral: `[TOOL_CALLS][{"name": N, "arguments": {…}, "id": …}]`, to the end of the answer.
@@ -51,7 +54,9 @@ impl ToolSyntax {
     pub fn detect(template: &str, has_token: impl Fn(&str) -> bool) -> Option<ToolSyntax> {
         // The specific markers first: GLM's and Qwen3.5's calls are also
         // wrapped in `<tool_call>`.
-        if template.contains(DEEPSEEK_CALLS_BEGIN) {
+        if template.contains(DEEPSEEK_CALLS_BEGIN) && template.contains("```json") {
+            Some(ToolSyntax::DeepSeekFenced)
+        } else if template.contains(DEEPSEEK_CALLS_BEGIN) {
             Some(ToolSyntax::DeepSeek)
         } else if template.contains(KIMI_SECTION_BEGIN) || has_token(KIMI_SECTION_BEGIN) {
             Some(ToolSyntax::Kimi)
@@ -72,7 +77,7 @@ impl ToolSyntax {
     pub fn open_marker(self) -> &'static str {
         match self {
             ToolSyntax::JsonTags | ToolSyntax::XmlFunction | ToolSyntax::GlmArgs => TOOL_CALL_OPEN,
-            ToolSyntax::DeepSeek => DEEPSEEK_CALLS_BEGIN,
+            ToolSyntax::DeepSeek | ToolSyntax::DeepSeekFenced => DEEPSEEK_CALLS_BEGIN,
             ToolSyntax::Kimi => KIMI_SECTION_BEGIN,
             ToolSyntax::Mistral => MISTRAL_CALLS,
         }
@@ -83,7 +88,7 @@ impl ToolSyntax {
     pub fn close_marker(self) -> Option<&'static str> {
         match self {
             ToolSyntax::JsonTags | ToolSyntax::XmlFunction | ToolSyntax::GlmArgs => Some(TOOL_CALL_CLOSE),
-            ToolSyntax::DeepSeek => Some(DEEPSEEK_CALLS_END),
+            ToolSyntax::DeepSeek | ToolSyntax::DeepSeekFenced => Some(DEEPSEEK_CALLS_END),
             ToolSyntax::Kimi => Some(KIMI_SECTION_END),
             ToolSyntax::Mistral => None,
         }
@@ -96,7 +101,7 @@ impl ToolSyntax {
             ToolSyntax::JsonTags => vec![parse_json_call(block.trim())?],
             ToolSyntax::XmlFunction => vec![parse_xml_function(block.trim(), tools)?],
             ToolSyntax::GlmArgs => vec![parse_glm_call(block.trim(), tools)?],
-            ToolSyntax::DeepSeek => parse_deepseek_calls(block)?,
+            ToolSyntax::DeepSeek | ToolSyntax::DeepSeekFenced => parse_deepseek_calls(block)?,
             ToolSyntax::Kimi => parse_kimi_calls(block)?,
             ToolSyntax::Mistral => parse_mistral_calls(block.trim())?,
         };
@@ -474,9 +479,9 @@ mod tests {
             &[text("Checking."), call("get_weather", r#"{"city":"Paris"}"#), call("get_weather", r#"{"city":"Rome"}"#)],
         );
         check(
-            ToolSyntax::DeepSeek,
-            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
-            &[call("get_weather", r#"{"city":"Paris"}"#)],
+            ToolSyntax::DeepSeekFenced,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>noop\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            &[call("get_weather", r#"{"city":"Paris"}"#), call("noop", "{}")],
         );
     }
 
@@ -546,11 +551,12 @@ mod tests {
         "\n",
     ];
 
-    const SYNTAXES: [ToolSyntax; 6] = [
+    const SYNTAXES: [ToolSyntax; 7] = [
         ToolSyntax::JsonTags,
         ToolSyntax::XmlFunction,
         ToolSyntax::GlmArgs,
         ToolSyntax::DeepSeek,
+        ToolSyntax::DeepSeekFenced,
         ToolSyntax::Kimi,
         ToolSyntax::Mistral,
     ];
@@ -608,6 +614,9 @@ mod tests {
             let source = std::fs::read_to_string(dir.join(file)).unwrap();
             assert_eq!(ToolSyntax::detect(&source, no_tokens), want, "{file}");
         }
+        // DeepSeek-V3's first template (its calls in fenced JSON).
+        let v3 = "{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' + '\\n' + tool['function']['arguments'] + '\\n' + '```' + '<｜tool▁call▁end｜>'}}";
+        assert_eq!(ToolSyntax::detect(v3, no_tokens), Some(ToolSyntax::DeepSeekFenced));
         // Kimi K2's template prints no calls; its vocabulary has the markers.
         let kimi = std::fs::read_to_string(dir.join("kimi-k2.jinja")).unwrap();
         assert_eq!(ToolSyntax::detect(&kimi, |t| t == KIMI_SECTION_BEGIN), Some(ToolSyntax::Kimi));
