@@ -51,7 +51,7 @@ pub(crate) fn suite_batching(bins: &Bins, opts: &Options, report: &mut Report) -
 }
 
 /// Bytes of all of `model`'s expert records.
-fn expert_bytes(model: &Path) -> Result<f64> {
+pub(crate) fn expert_bytes(model: &Path) -> Result<f64> {
     let m: Value = serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json"))?)?;
     Ok(m["expert_layers"]
         .as_array()
