@@ -20,7 +20,7 @@ use crate::generate::{GenRequest, Piece, Reply};
 use crate::metrics::Endpoint;
 use crate::openai::{new_id, parse, sse};
 use crate::state::SharedApp;
-use crate::tools::{Structure, ToolChoice};
+use crate::tools::{Structure, ToolChoice, called_function};
 
 /// Content: a string, or blocks: text, and the tool blocks of the turns
 /// around a call (`tool_use` in the assistant's, `tool_result` in the user's).
@@ -109,10 +109,8 @@ impl InputMessage {
                         ));
                     };
                     let result = block.content.map(|c| c.text("messages")).transpose()?.unwrap_or_default();
-                    // The function's name, from the call answered.
-                    let name =
-                        conversation.iter().flat_map(|m| &m.tool_calls).find(|c| c.id == id).map(|c| c.name.clone());
-                    conversation.push(Message::tool_result(id, name.unwrap_or_default(), result));
+                    let name = called_function(conversation, &id);
+                    conversation.push(Message::tool_result(id, name, result));
                     results += 1;
                 }
                 kind => {

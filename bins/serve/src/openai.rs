@@ -24,7 +24,7 @@ use crate::error::ApiError;
 use crate::generate::{GenRequest, Piece, Reply};
 use crate::metrics::Endpoint;
 use crate::state::{App, SharedApp};
-use crate::tools::{Format, Structure, ToolChoice};
+use crate::tools::{Format, Structure, ToolChoice, called_function};
 
 /// A JSON body as `T`, or the 400 saying what is wrong with it.
 pub fn parse<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
@@ -291,11 +291,8 @@ fn messages(list: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
                 let Some(id) = m.tool_call_id else {
                     return Err(ApiError::invalid_param("messages", "a `tool` message needs its `tool_call_id`"));
                 };
-                // The function's name, from the call answered, when not given.
-                let name = m.name.or_else(|| {
-                    conversation.iter().flat_map(|m| &m.tool_calls).find(|c| c.id == id).map(|c| c.name.clone())
-                });
-                Message::tool_result(id, name.unwrap_or_default(), content)
+                let name = m.name.unwrap_or_else(|| called_function(&conversation, &id));
+                Message::tool_result(id, name, content)
             }
             _ => match m.tool_calls {
                 Some(calls) if !calls.is_empty() => {

@@ -4,7 +4,7 @@
 //! the reply to them.
 
 use serde_json::Value;
-use strata_engine::{Constraint, Error as EngineError, GrammarCompiler, ToolCallParser};
+use strata_engine::{Constraint, Error as EngineError, GrammarCompiler, Message, ToolCallParser};
 
 use crate::error::ApiError;
 use crate::state::App;
@@ -43,6 +43,12 @@ pub struct Structure {
 /// A tool object's function name, if it has one.
 pub fn tool_name(tool: &Value) -> Option<&str> {
     tool["function"]["name"].as_str()
+}
+
+/// The function of the call `id` made earlier in `conversation` (a result
+/// names it for templates that print it; neither API's result carries it).
+pub fn called_function(conversation: &[Message], id: &str) -> String {
+    conversation.iter().flat_map(|m| &m.tool_calls).find(|c| c.id == id).map(|c| c.name.clone()).unwrap_or_default()
 }
 
 impl Structure {
