@@ -296,3 +296,21 @@ fn free_requests_batched_with_constrained_ones_get_the_tokens_they_get_alone() {
     }
     assert_eq!(batched, alone, "free requests batched with constrained ones");
 }
+
+#[test]
+fn a_call_cut_by_the_length_limit_is_text_not_an_error() {
+    let server = Server::start(&[]);
+    let forced = json!({ "tools": openai_tools(), "tool_choice": "required", "max_tokens": 8 });
+    let choice =
+        server.post("/v1/chat/completions", &chat(ask_weather(), 1, forced.clone())).json()["choices"][0].clone();
+    assert_eq!(choice["finish_reason"], "length", "{choice}");
+    assert!(choice["message"]["tool_calls"].is_null(), "{choice}");
+    let text = choice["message"]["content"].as_str().expect("content").to_owned();
+    assert!(text.starts_with("<tool_call>"), "{text:?}");
+
+    let mut streamed = forced;
+    streamed["stream"] = json!(true);
+    let response = server.post("/v1/chat/completions", &chat(ask_weather(), 1, streamed));
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(chat_stream_text(&response), (text, Some("length".to_owned()), None));
+}
