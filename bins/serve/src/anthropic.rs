@@ -318,10 +318,7 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
                 },
             }),
         ),
-        event(
-            "content_block_start",
-            json!({ "type": "content_block_start", "index": 0, "content_block": { "type": "text", "text": "" } }),
-        ),
+        text_block_start(0),
         event("ping", json!({ "type": "ping" })),
     ];
     // The block being written, and whether it is an open text block (the
@@ -334,10 +331,7 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
             Ok(Piece::Text(text)) => {
                 let mut events = Vec::new();
                 if !text_open {
-                    events.push(event(
-                        "content_block_start",
-                        json!({ "type": "content_block_start", "index": index, "content_block": { "type": "text", "text": "" } }),
-                    ));
+                    events.push(text_block_start(index));
                     text_open = true;
                 }
                 events.push(event(
@@ -393,6 +387,13 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
         futures_util::stream::iter(events)
     });
     Ok(sse(futures_util::stream::iter(start).chain(events)))
+}
+
+fn text_block_start(index: usize) -> Result<Event, std::convert::Infallible> {
+    event(
+        "content_block_start",
+        json!({ "type": "content_block_start", "index": index, "content_block": { "type": "text", "text": "" } }),
+    )
 }
 
 fn block_stop(index: usize) -> Result<Event, std::convert::Infallible> {
