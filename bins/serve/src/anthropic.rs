@@ -421,3 +421,37 @@ fn stop_reason_of(finish: Finish, called: bool) -> &'static str {
 fn event(name: &str, data: Value) -> Result<Event, std::convert::Infallible> {
     Ok(Event::default().event(name).data(data.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_use_and_tool_result_blocks_become_calls_and_tool_messages() {
+        let turns: Vec<InputMessage> = serde_json::from_value(json!([
+            { "role": "user", "content": "Weather in Paris?" },
+            { "role": "assistant", "content": [
+                { "type": "text", "text": "Checking." },
+                { "type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": { "city": "Paris" } },
+            ] },
+            { "role": "user", "content": [
+                { "type": "tool_result", "tool_use_id": "toolu_1", "content": [{ "type": "text", "text": "18 degrees" }] },
+            ] },
+        ]))
+        .expect("turns");
+        let mut conversation = Vec::new();
+        for turn in turns {
+            turn.into_messages(&mut conversation).expect("converts");
+        }
+        let call =
+            ToolCall { id: "toolu_1".into(), name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() };
+        assert_eq!(
+            conversation,
+            [
+                Message::user("Weather in Paris?"),
+                Message::assistant_calls("Checking.", vec![call]),
+                Message::tool_result("toolu_1", "get_weather", "18 degrees"),
+            ]
+        );
+    }
+}

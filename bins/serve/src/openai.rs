@@ -545,3 +545,31 @@ pub async fn get_model(State(app): State<SharedApp>, Path(id): Path<String>) -> 
         Err(e) => e.into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_messages_take_the_function_name_of_the_call_they_answer() {
+        let list: Vec<ChatMessage> = serde_json::from_value(json!([
+            { "role": "user", "content": "Weather in Paris?" },
+            { "role": "assistant", "content": null, "tool_calls": [
+                { "id": "call_1", "type": "function", "function": { "name": "get_weather", "arguments": "{\"city\":\"Paris\"}" } },
+            ] },
+            { "role": "tool", "tool_call_id": "call_1", "content": "18 degrees" },
+        ]))
+        .expect("messages");
+        let conversation = messages(list).expect("converts");
+        let call =
+            ToolCall { id: "call_1".into(), name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() };
+        assert_eq!(
+            conversation,
+            [
+                Message::user("Weather in Paris?"),
+                Message::assistant_calls("", vec![call]),
+                Message::tool_result("call_1", "get_weather", "18 degrees"),
+            ]
+        );
+    }
+}
