@@ -18,18 +18,19 @@ mod openai;
 mod page;
 mod server;
 mod state;
+mod tools;
 
 use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
 use strata_engine::{
-    BatchLimits, Batcher, ChatTemplate, Engine, EngineOptions, Tokenizer, default_cache_dir, eos_ids_from_dir,
-    resolve_model,
+    BatchLimits, Batcher, ChatTemplate, Engine, EngineOptions, Tokenizer, ToolSyntax, default_cache_dir,
+    eos_ids_from_dir, resolve_model,
 };
 use tokio::sync::Semaphore;
 
@@ -75,6 +76,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         eprintln!("serve: warning: {} has no chat template; only /v1/completions will work", text_dir.display());
     }
     let defaults = Defaults::from_dir(&text_dir);
+    let tool_syntax = template
+        .as_ref()
+        .and_then(|t| ToolSyntax::detect(t.source(), |token| tokenizer.token_to_id(token).is_some()))
+        .unwrap_or(ToolSyntax::JsonTags);
 
     // Every sequence of a full batch holds its own KV arena.
     let options = EngineOptions { sessions: cli.max_batch as usize, ..cli.engine.options() };
@@ -119,6 +124,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         created: openai::unix_now(),
         tokenizer,
         template,
+        tool_syntax,
+        grammars: OnceLock::new(),
         defaults,
         vocab_size: info.vocab_size,
         context_tokens,
