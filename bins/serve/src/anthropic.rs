@@ -201,20 +201,21 @@ fn stop_reason(finish: Finish) -> &'static str {
     }
 }
 
-pub async fn messages(State(app): State<SharedApp>, body: JsonBody) -> Response {
-    match run(app, body).await {
-        Ok(response) => response,
-        Err(e) => e.style(Style::Anthropic).into_response(),
-    }
+/// A Messages body decoded as far as the body alone allows (the model
+/// name and the limits are checked against the server after): the request's
+/// other fields, the conversation, the start of the reply if the last turn
+/// is the assistant's, and the tools with their forced choice.
+pub struct MessagesBody {
+    request: MessagesRequest,
+    pub conversation: Vec<Message>,
+    pub continuation: Option<String>,
+    pub structure: Structure,
 }
 
-async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
-    let body = body.0?;
-    // A queue slot before any work on the body: a full server answers 429
-    // without parsing, templating or tokenizing.
-    let admission = app.admit()?;
-    let request: MessagesRequest = parse(&body)?;
-    app.check_model(&request.model)?;
+/// Decodes a Messages body; every check that needs no server (the fuzz
+/// target's entry too).
+pub fn parse_messages(body: &[u8]) -> Result<MessagesBody, ApiError> {
+    let mut request: MessagesRequest = parse(body)?;
     if request.temperature.is_some_and(|t| !(0.0..=1.0).contains(&t)) {
         return Err(ApiError::invalid_param("temperature", "temperature must be between 0 and 1"));
     }
@@ -222,10 +223,10 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
         return Err(ApiError::invalid_param("messages", "messages must not be empty"));
     }
     let mut conversation = Vec::with_capacity(request.messages.len() + 1);
-    if let Some(system) = request.system {
+    if let Some(system) = request.system.take() {
         conversation.push(Message::system(system.text("system")?));
     }
-    for message in request.messages {
+    for message in std::mem::take(&mut request.messages) {
         if message.role != "user" && message.role != "assistant" {
             return Err(ApiError::invalid_param(
                 "messages",
@@ -240,8 +241,8 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
         _ => None,
     };
     let structure = Structure {
-        tools: request.tools.unwrap_or_default().into_iter().map(Tool::function).collect(),
-        choice: match request.tool_choice {
+        tools: request.tools.take().unwrap_or_default().into_iter().map(Tool::function).collect(),
+        choice: match request.tool_choice.take() {
             None | Some(AnthropicToolChoice::Auto) => ToolChoice::Auto,
             Some(AnthropicToolChoice::Any) => ToolChoice::Required,
             Some(AnthropicToolChoice::None) => ToolChoice::None,
@@ -250,6 +251,23 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
         ..Structure::default()
     };
     structure.check()?;
+    Ok(MessagesBody { request, conversation, continuation, structure })
+}
+
+pub async fn messages(State(app): State<SharedApp>, body: JsonBody) -> Response {
+    match run(app, body).await {
+        Ok(response) => response,
+        Err(e) => e.style(Style::Anthropic).into_response(),
+    }
+}
+
+async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
+    let body = body.0?;
+    // A queue slot before any work on the body: a full server answers 429
+    // without parsing, templating or tokenizing.
+    let admission = app.admit()?;
+    let MessagesBody { request, conversation, continuation, structure } = parse_messages(&body)?;
+    app.check_model(&request.model)?;
     let (prompt, structure, constraint) = app
         .prepare(body.len(), move |app| {
             let prompt = app.chat_prompt(&conversation, &structure.tools, continuation.as_deref())?;

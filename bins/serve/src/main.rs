@@ -7,19 +7,6 @@
 //! session on its own thread and batches the requests; the async side only
 //! parses, tokenizes, queues and streams.
 
-mod anthropic;
-mod body;
-mod cli;
-mod error;
-mod generate;
-mod listen;
-mod metrics;
-mod openai;
-mod page;
-mod server;
-mod state;
-mod tools;
-
 use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
@@ -34,10 +21,11 @@ use strata_engine::{
 };
 use tokio::sync::Semaphore;
 
-use crate::cli::Cli;
-use crate::generate::Defaults;
-use crate::metrics::Metrics;
-use crate::state::{App, ModelInfo};
+use strata_serve::cli::Cli;
+use strata_serve::generate::Defaults;
+use strata_serve::metrics::Metrics;
+use strata_serve::state::{App, ModelInfo};
+use strata_serve::{listen, openai, server, state};
 
 /// The least tokenizing budget (see `App::prepare`), so that a small
 /// `--max-body` still lets several small requests prepare at once.

@@ -9,7 +9,6 @@ use std::convert::Infallible;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -27,7 +26,7 @@ use crate::state::{App, SharedApp};
 use crate::tools::{Format, Structure, ToolChoice, called_function};
 
 /// A JSON body as `T`, or the 400 saying what is wrong with it.
-pub fn parse<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| match e.classify() {
         serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
             ApiError::invalid(format!("the body is not valid JSON: {e}"))
@@ -306,6 +305,35 @@ fn messages(list: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
     Ok(conversation)
 }
 
+/// A chat completion body decoded as far as the body alone allows (the
+/// model name and the limits are checked against the server after).
+pub struct ChatBody {
+    common: Common,
+    max_completion_tokens: Option<u64>,
+    /// The tools, the forced choice and the output format.
+    pub structure: Structure,
+    pub conversation: Vec<Message>,
+}
+
+/// Decodes a chat completion body; every check that needs no server (the
+/// fuzz target's entry too).
+pub fn parse_chat(body: &[u8]) -> Result<ChatBody, ApiError> {
+    let request: ChatRequest = parse(body)?;
+    let structure = Structure {
+        tools: request.tools.unwrap_or_default(),
+        choice: tool_choice(request.tool_choice.as_ref())?,
+        format: response_format(request.response_format.as_ref())?,
+    };
+    structure.check()?;
+    let conversation = messages(request.messages)?;
+    Ok(ChatBody {
+        common: request.common,
+        max_completion_tokens: request.max_completion_tokens,
+        structure,
+        conversation,
+    })
+}
+
 pub async fn chat_completions(State(app): State<SharedApp>, body: JsonBody) -> Response {
     match chat(app, body).await {
         Ok(response) => response,
@@ -318,15 +346,8 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     // A queue slot before any work on the body: a full server answers 429
     // without parsing, templating or tokenizing.
     let admission = app.admit()?;
-    let request: ChatRequest = parse(&body)?;
-    request.common.check(&app)?;
-    let structure = Structure {
-        tools: request.tools.unwrap_or_default(),
-        choice: tool_choice(request.tool_choice.as_ref())?,
-        format: response_format(request.response_format.as_ref())?,
-    };
-    structure.check()?;
-    let conversation = messages(request.messages)?;
+    let ChatBody { common, max_completion_tokens, structure, conversation } = parse_chat(&body)?;
+    common.check(&app)?;
     let (prompt, structure, constraint) = app
         .prepare(body.len(), move |app| {
             let prompt = app.chat_prompt(&conversation, &structure.tools, None)?;
@@ -334,15 +355,11 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
             Ok((prompt, structure, constraint))
         })
         .await?;
-    let stream = request.common.stream.unwrap_or(false);
-    let include_usage = request.common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+    let stream = common.stream.unwrap_or(false);
+    let include_usage = common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
     let generation = app.generate(
         admission,
-        GenRequest {
-            constraint,
-            calls: app.call_parser(&structure),
-            ..request.common.request(prompt, request.max_completion_tokens)
-        },
+        GenRequest { constraint, calls: app.call_parser(&structure), ..common.request(prompt, max_completion_tokens) },
         Endpoint::Chat,
     )?;
     let id = new_id("chatcmpl");
