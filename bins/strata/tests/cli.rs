@@ -124,7 +124,7 @@ fn out_of_vocabulary_token_is_an_error_not_garbage() {
     assert!(
         strata(&["convert", path(&fixture("qwen3_moe").join("hf")), path(&model), "--quant", "f32"]).status.success()
     );
-    let out = strata(&["generate", path(&model), "--tokens", "1,999999", "--max-new-tokens", "2"]);
+    let out = strata(&["generate", path(&model), "--tokens", "1,999999", "--max-new-tokens", "2", "--temperature", "0"]);
     assert_clean_failure(&out, "999999");
 }
 
@@ -137,7 +137,18 @@ fn truncated_expert_file_is_an_error_naming_it() {
     );
     let experts = std::fs::read_dir(model.join("experts")).unwrap().next().unwrap().unwrap().path();
     std::fs::OpenOptions::new().write(true).open(&experts).unwrap().set_len(100).unwrap();
-    let out = strata(&["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "2", "--expert-cache", "0"]);
+    let out = strata(&[
+        "generate",
+        path(&model),
+        "--tokens",
+        "1,2,3",
+        "--max-new-tokens",
+        "2",
+        "--expert-cache",
+        "0",
+        "--temperature",
+        "0",
+    ]);
     assert_clean_failure(&out, experts.file_name().unwrap().to_str().unwrap());
 }
 
@@ -219,7 +230,7 @@ fn a_staged_mirror_serves_reads_and_changes_no_token() {
 
     let run = |extra: &[&str]| -> serde_json::Value {
         let mut args = vec!["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "6", "--json"];
-        args.extend_from_slice(&["--expert-cache", "0B"]);
+        args.extend_from_slice(&["--expert-cache", "0B", "--temperature", "0"]);
         args.extend_from_slice(extra);
         let out = strata(&args);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
