@@ -17,9 +17,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 use strata_engine::args::{EngineArgs, SamplingArgs};
-use strata_engine::{
-    Chat, Engine, ReplyOptions, SamplingDefaults, TextModel, default_cache_dir, resolve_model,
-};
+use strata_engine::{Chat, Engine, ReplyOptions, SamplingDefaults, TextModel, default_cache_dir, resolve_model};
 
 #[derive(Debug, Parser)]
 #[command(

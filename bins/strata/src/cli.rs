@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use strata_engine::ByteSize;
+use strata_engine::args::SamplingArgs;
 use strata_engine::hub::ModelName;
 
 #[derive(Debug, Parser)]

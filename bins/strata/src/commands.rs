@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use strata_engine::hub::{self, ModelName};
-use strata_engine::{
-    ByteSize, Engine, GenerateOptions, SamplingDefaults, TextModel, default_cache_dir, resolve_model,
-};
+use strata_engine::{ByteSize, Engine, GenerateOptions, SamplingDefaults, TextModel, default_cache_dir, resolve_model};
 use strata_format::{ConvertOptions, QuantPreset, SynthOptions};
 
 use crate::cli::{Cli, Command, RunArgs, TraceCommand};
@@ -123,8 +121,12 @@ pub fn run(cli: Cli) -> Result<()> {
             if sampling.seed_drawn && sampling.options.temperature > 0.0 {
                 eprintln!("strata: seed {seed} (--seed {seed} repeats this)");
             }
-            let options =
-                GenerateOptions { max_new_tokens, sampling: sampling.options, ignore_eos, ..GenerateOptions::default() };
+            let options = GenerateOptions {
+                max_new_tokens,
+                sampling: sampling.options,
+                ignore_eos,
+                ..GenerateOptions::default()
+            };
             let mut detok = text.as_ref().map(|t| t.tokenizer.detokenizer(true));
             let mut stdout = std::io::stdout();
             if let (Some(prompt), false) = (&prompt_text, json) {
