@@ -110,14 +110,39 @@ pub fn trace(data: &[u8]) {
 /// Messages (as the JSON list clients send) rendered by a real chat
 /// template: Qwen3's, the most elaborate one in testdata/.
 pub fn chat_template(data: &[u8]) {
+    if let Ok(messages) = serde_json::from_slice::<Vec<Message>>(data) {
+        let _ = qwen3_template().render(&messages, true);
+    }
+}
+
+fn qwen3_template() -> &'static ChatTemplate {
     static TEMPLATE: OnceLock<ChatTemplate> = OnceLock::new();
-    let template = TEMPLATE.get_or_init(|| {
+    TEMPLATE.get_or_init(|| {
         let source = include_str!("../../testdata/templates/qwen3.jinja");
         ChatTemplate::new(source, [("eos_token".to_owned(), "<|im_end|>".to_owned())].into()).expect("qwen3.jinja")
-    });
-    if let Ok(messages) = serde_json::from_slice::<Vec<Message>>(data) {
-        let _ = template.render(&messages, true);
-    }
+    })
+}
+
+/// An HTTP request body as `serve` decodes it: the first byte picks the
+/// endpoint (even: OpenAI's chat completions, odd: Anthropic's Messages),
+/// the rest is the body; a body that decodes is then templated, with its
+/// tools, through Qwen3's template (the server's next step).
+pub fn http_body(data: &[u8]) {
+    let Some((&endpoint, body)) = data.split_first() else { return };
+    let (conversation, tools) = if endpoint % 2 == 0 {
+        match strata_serve::openai::parse_chat(body) {
+            Ok(chat) => (chat.conversation, chat.structure.tools),
+            Err(_) => return,
+        }
+    } else {
+        match strata_serve::anthropic::parse_messages(body) {
+            Ok(messages) => (messages.conversation, messages.structure.tools),
+            Err(_) => return,
+        }
+    };
+    let mut variables = serde_json::Map::new();
+    variables.insert("tools".to_owned(), serde_json::Value::from(tools));
+    let _ = qwen3_template().render_with(&conversation, true, &variables);
 }
 
 /// tokenizer.json, then a round trip through what it loaded.

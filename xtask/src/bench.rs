@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Suites, in order: `limits`, `kernels`, `prefill`, `resident`,
-//! `streaming`, `demo`, `batching` (bench_batching.rs). Measurements that need optimized code run in the
+//! `streaming`, `demo`, `batching` (bench_batching.rs), `agent` (bench_agent.rs). Measurements that need
+//! optimized code run in the
 //! release-built `strata-probe` (package `strata-benches`) and `strata`
 //! binaries; this file only orchestrates them, since xtask itself is built
 //! without optimization. Results go to `OUT/report.json`, `OUT/report.md`
@@ -26,7 +27,7 @@ use crate::bench_report::{Report, Row};
 use crate::fixtures::{non_empty, parse_cli};
 
 /// Every suite, in the order they run.
-const SUITES: [&str; 7] = ["limits", "kernels", "prefill", "resident", "streaming", "demo", "batching"];
+const SUITES: [&str; 8] = ["limits", "kernels", "prefill", "resident", "streaming", "demo", "batching", "agent"];
 
 /// I/O backends compared on the streaming model.
 const STREAM_IO: [&str; 3] = ["pread", "direct", "uring"];
@@ -47,7 +48,7 @@ const PROMPT: &str = "1,2,3,4,5,6,7,8";
     disable_help_flag = true
 )]
 struct Cli {
-    /// run only these suites: limits, kernels, prefill, resident, streaming, demo, batching
+    /// run only these suites: limits, kernels, prefill, resident, streaming, demo, batching, agent
     #[arg(long, value_name = "SUITE[,SUITE]", value_delimiter = ',')]
     only: Vec<String>,
     /// skip these suites
@@ -181,7 +182,7 @@ fn args(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
 
-fn num(v: &Value, key: &str) -> Result<f64> {
+pub(crate) fn num(v: &Value, key: &str) -> Result<f64> {
     v.get(key).and_then(Value::as_f64).with_context(|| format!("missing number {key:?} in {v}"))
 }
 
@@ -207,9 +208,9 @@ pub(crate) fn percentile(values: &[f64], p: f64) -> f64 {
 
 /// The limits every other row is read against.
 #[derive(Debug, Default, Clone, Copy)]
-struct Limits {
-    dram_gbs: [f64; 2],
-    fma_gflops: [f64; 2],
+pub(crate) struct Limits {
+    pub(crate) dram_gbs: [f64; 2],
+    pub(crate) fma_gflops: [f64; 2],
 }
 
 pub fn run(rest: &[String]) -> Result<()> {
@@ -245,6 +246,9 @@ pub fn run(rest: &[String]) -> Result<()> {
     }
     if opts.wants("batching") {
         crate::bench_batching::suite_batching(&bins, &opts, &mut report)?;
+    }
+    if opts.wants("agent") {
+        crate::bench_agent::suite_agent(&bins, &opts, &limits, &mut report)?;
     }
     report.elapsed_s = started.elapsed().as_secs_f64();
     report.write(&opts.out)?;
@@ -376,19 +380,19 @@ pub(crate) fn synth(bins: &Bins, opts: &Options, like: &str, layers: usize) -> R
 
 /// What one token touches and computes, from a container's manifest.
 #[derive(Debug, Clone, Copy)]
-struct Footprint {
+pub(crate) struct Footprint {
     /// Bytes of weights (and scales) a decoded token reads when everything
     /// is resident: every dense tensor but the embedding table (one row of
     /// it), and `top_k` expert records' matrices per MoE layer; plus the
     /// recurrent layers' state, read and written back once per step.
-    bytes_per_token: f64,
+    pub(crate) bytes_per_token: f64,
     /// Multiply-adds per token in the weight matrices (active parameters).
-    macs_per_token: f64,
+    pub(crate) macs_per_token: f64,
     /// Bytes of all files of the model.
-    total_bytes: f64,
+    pub(crate) total_bytes: f64,
 }
 
-fn footprint(model: &Path) -> Result<Footprint> {
+pub(crate) fn footprint(model: &Path) -> Result<Footprint> {
     let text = std::fs::read_to_string(model.join("manifest.json")).context("reading manifest.json")?;
     let m: Value = serde_json::from_str(&text).context("parsing manifest.json")?;
     let top_k = m["spec"]["moe"]["top_k"].as_f64().context("spec.moe.top_k")?;
@@ -437,6 +441,30 @@ fn recurrent_state_bytes(spec: &Value) -> f64 {
     let conv_dim = 2.0 * n("num_k_heads") * n("head_k_dim") + n("num_v_heads") * n("head_v_dim");
     let floats = n("num_v_heads") * n("head_k_dim") * n("head_v_dim") + conv_dim * (n("conv_kernel") - 1.0).max(0.0);
     linear_layers * floats * 4.0
+}
+
+/// The O_DIRECT read bandwidth of `model`'s expert files, GB/s: the best
+/// that 1, 2 or 4 readers of whole records got (a limit is what the device
+/// can do at best).
+pub(crate) fn direct_read_gbs(bins: &Bins, model: &Path) -> Result<f64> {
+    let m: Value = serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json"))?)?;
+    let mut disk_args = vec!["disk".to_string(), "--max-bytes".into(), (2u64 << 30).to_string()];
+    for layer in m["expert_layers"].as_array().context("expert_layers")? {
+        disk_args.push("--file".into());
+        disk_args.push(format!(
+            "{}:{}:{}",
+            model.join(layer["file"].as_str().context("file")?).display(),
+            layer["record_bytes"],
+            layer["num_experts"]
+        ));
+    }
+    let mut best_gbs: f64 = 0.0;
+    for readers in ["1", "2", "4"] {
+        let mut a = disk_args.clone();
+        a.extend(["--readers".to_string(), readers.to_string()]);
+        best_gbs = best_gbs.max(num(&run_json(&bins.probe, &a)?, "direct_gbs")?);
+    }
+    Ok(best_gbs)
 }
 
 /// Every data file of a container (for page-cache eviction).
@@ -545,31 +573,8 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
     // (dense part + KV + I/O buffers + one layer's routed experts).
     let budget_bytes = (fp.total_bytes / 4.0).max(1.2 * (1u64 << 30) as f64);
     let budget = format!("{}MiB", (budget_bytes / (1u64 << 20) as f64).round());
-    let m: Value = serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json"))?)?;
-    let mut disk_args = vec!["disk".to_string(), "--max-bytes".into(), (2u64 << 30).to_string()];
-    for layer in m["expert_layers"].as_array().context("expert_layers")? {
-        disk_args.push("--file".into());
-        disk_args.push(format!(
-            "{}:{}:{}",
-            model.join(layer["file"].as_str().context("file")?).display(),
-            layer["record_bytes"],
-            layer["num_experts"]
-        ));
-    }
-    // The disk limit: the best that 1, 2 or 4 O_DIRECT readers of whole
-    // records of these very files got, before and after the runs (a limit
-    // is what the device can do at best).
-    let mut disk = Vec::new();
-    let measure_disk = |disk: &mut Vec<f64>| -> Result<()> {
-        for readers in ["1", "2", "4"] {
-            let mut a = disk_args.clone();
-            a.extend(["--readers".to_string(), readers.to_string()]);
-            disk.push(num(&run_json(&bins.probe, &a)?, "direct_gbs")?);
-        }
-        Ok(())
-    };
     eprintln!("streaming: O_DIRECT bandwidth of the expert files");
-    measure_disk(&mut disk)?;
+    let mut disk = vec![direct_read_gbs(bins, &model)?];
 
     #[derive(Default)]
     struct PerIo {
@@ -624,7 +629,7 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
         }
     }
     eprintln!("streaming: O_DIRECT bandwidth again");
-    measure_disk(&mut disk)?;
+    disk.push(direct_read_gbs(bins, &model)?);
     let disk_gbs = disk.iter().copied().fold(0.0, f64::max);
     let per_second = |bytes: f64| bytes / (disk_gbs * 1e9);
     for (k, io) in STREAM_IO.iter().enumerate() {

@@ -10,7 +10,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 /// Every target: `fuzz/src/bin/<name>.rs`, seeded from `fuzz/corpus/<name>/`.
-const TARGETS: [&str; 9] = [
+const TARGETS: [&str; 10] = [
     "config_json",
     "safetensors_header",
     "manifest",
@@ -20,6 +20,7 @@ const TARGETS: [&str; 9] = [
     "chat_template",
     "tokenizer_json",
     "npy",
+    "http_body",
 ];
 /// What CI gives each target.
 const SECONDS_DEFAULT: u64 = 20;

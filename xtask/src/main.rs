@@ -9,6 +9,7 @@
 //!   (fuzz/README.md).
 
 mod bench;
+mod bench_agent;
 mod bench_batching;
 mod bench_peer;
 mod bench_report;

@@ -187,6 +187,7 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
             0 => None,
             n => Some(n),
         },
+        cache_policy: a.get("cache-policy", strata_engine::PolicyKind::Lru)?,
         ..Default::default()
     };
     let cache: String = a.get("expert-cache", String::new())?;
@@ -235,7 +236,7 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
     let tokens = (streams * steps) as f64;
     let step_median = median(&step_s);
     Ok(json!({
-        "streams": streams, "steps": steps, "step_s": step_s, "step_s_median": step_median,
+        "streams": streams, "batch_capacity": engine.batch_capacity(), "steps": steps, "step_s": step_s, "step_s_median": step_median,
         "prefill_tokens_per_s": (streams * prompt_tokens) as f64 / prefill_s,
         "tokens_per_s": streams as f64 / step_median, "tokens_per_s_overall": tokens / decode_s,
         "expert_bytes_read": after.bytes_read - before.bytes_read,

@@ -1,7 +1,9 @@
 //! Anthropic's Messages API: `POST /v1/messages`, streamed with its event
 //! sequence (`message_start`, `content_block_start`, `ping`,
 //! `content_block_delta`..., `content_block_stop`, `message_delta`,
-//! `message_stop`) or not. Errors use Anthropic's body.
+//! `message_stop`) or not. Errors use Anthropic's body. Tools (`tools`,
+//! `tool_choice`, `tool_use` and `tool_result` blocks) as OpenAI's tools
+//! underneath (see `tools`).
 
 use axum::Json;
 use axum::extract::State;
@@ -10,16 +12,18 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use strata_engine::{Finish, Message};
+use strata_engine::{Finish, Message, ParsedCall, ToolCall};
 
 use crate::body::JsonBody;
 use crate::error::{ApiError, Style};
-use crate::generate::{GenRequest, Piece};
+use crate::generate::{GenRequest, Piece, Reply};
 use crate::metrics::Endpoint;
 use crate::openai::{new_id, parse, sse};
 use crate::state::SharedApp;
+use crate::tools::{Structure, ToolChoice, called_function};
 
-/// Content: a string, or blocks of which only text is understood.
+/// Content: a string, or blocks: text, and the tool blocks of the turns
+/// around a call (`tool_use` in the assistant's, `tool_result` in the user's).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum Content {
@@ -33,6 +37,18 @@ struct Block {
     kind: String,
     #[serde(default)]
     text: Option<String>,
+    /// `tool_use`: the call's id, function and arguments.
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    input: Option<Value>,
+    /// `tool_result`: the call answered, and its result (text or text blocks).
+    #[serde(default)]
+    tool_use_id: Option<String>,
+    #[serde(default)]
+    content: Option<Content>,
 }
 
 impl Content {
@@ -56,6 +72,92 @@ impl Content {
             }
         }
     }
+}
+
+impl InputMessage {
+    /// The conversation's messages this turn is: its text (and calls), and
+    /// one `tool` message per result it carries.
+    fn into_messages(self, conversation: &mut Vec<Message>) -> Result<(), ApiError> {
+        let blocks = match self.content {
+            Content::Text(text) => {
+                conversation.push(Message::new(self.role, text));
+                return Ok(());
+            }
+            Content::Blocks(blocks) => blocks,
+        };
+        let mut text = String::new();
+        let mut calls = Vec::new();
+        let mut results = 0;
+        for block in blocks {
+            match block.kind.as_str() {
+                "text" => text.push_str(&block.text.unwrap_or_default()),
+                "tool_use" => {
+                    let (Some(id), Some(name)) = (block.id, block.name) else {
+                        return Err(ApiError::invalid_param(
+                            "messages",
+                            "a `tool_use` block needs its `id` and `name`",
+                        ));
+                    };
+                    let arguments = block.input.unwrap_or_else(|| json!({})).to_string();
+                    calls.push(ToolCall { id, name, arguments });
+                }
+                "tool_result" => {
+                    let Some(id) = block.tool_use_id else {
+                        return Err(ApiError::invalid_param(
+                            "messages",
+                            "a `tool_result` block needs its `tool_use_id`",
+                        ));
+                    };
+                    let result = block.content.map(|c| c.text("messages")).transpose()?.unwrap_or_default();
+                    let name = called_function(conversation, &id);
+                    conversation.push(Message::tool_result(id, name, result));
+                    results += 1;
+                }
+                kind => {
+                    return Err(ApiError::invalid_param(
+                        "messages",
+                        format!("content blocks of type `{kind}` are not supported (text, tool_use, tool_result)"),
+                    ));
+                }
+            }
+        }
+        // A turn of results alone is those `tool` messages.
+        if !text.is_empty() || !calls.is_empty() || results == 0 {
+            conversation.push(Message { role: self.role, ..Message::assistant_calls(text, calls) });
+        }
+        Ok(())
+    }
+}
+
+/// A tool as Anthropic describes it.
+#[derive(Debug, Deserialize)]
+struct Tool {
+    name: String,
+    #[serde(default)]
+    description: Option<String>,
+    input_schema: Value,
+}
+
+impl Tool {
+    /// The same tool as an OpenAI tool object.
+    fn function(self) -> Value {
+        let mut function = json!({ "name": self.name });
+        if let Some(description) = self.description {
+            function["description"] = description.into();
+        }
+        function["parameters"] = self.input_schema;
+        json!({ "type": "function", "function": function })
+    }
+}
+
+/// `tool_choice`: `{"type": "auto" | "any" | "none"}` or `{"type": "tool", "name": N}`.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum AnthropicToolChoice {
+    Auto,
+    Any,
+    None,
+    Tool { name: String },
 }
 
 #[derive(Debug, Deserialize)]
@@ -84,6 +186,10 @@ struct MessagesRequest {
     /// Not Anthropic's: the same seed gives the same reply, as on the OpenAI endpoints.
     #[serde(default)]
     seed: Option<u64>,
+    #[serde(default)]
+    tools: Option<Vec<Tool>>,
+    #[serde(default)]
+    tool_choice: Option<AnthropicToolChoice>,
 }
 
 fn stop_reason(finish: Finish) -> &'static str {
@@ -93,6 +199,59 @@ fn stop_reason(finish: Finish) -> &'static str {
         Finish::Length => "max_tokens",
         Finish::StopString(_) => "stop_sequence",
     }
+}
+
+/// A Messages body decoded as far as the body alone allows (the model
+/// name and the limits are checked against the server after): the request's
+/// other fields, the conversation, the start of the reply if the last turn
+/// is the assistant's, and the tools with their forced choice.
+pub struct MessagesBody {
+    request: MessagesRequest,
+    pub conversation: Vec<Message>,
+    pub continuation: Option<String>,
+    pub structure: Structure,
+}
+
+/// Decodes a Messages body; every check that needs no server (the fuzz
+/// target's entry too).
+pub fn parse_messages(body: &[u8]) -> Result<MessagesBody, ApiError> {
+    let mut request: MessagesRequest = parse(body)?;
+    if request.temperature.is_some_and(|t| !(0.0..=1.0).contains(&t)) {
+        return Err(ApiError::invalid_param("temperature", "temperature must be between 0 and 1"));
+    }
+    if request.messages.is_empty() {
+        return Err(ApiError::invalid_param("messages", "messages must not be empty"));
+    }
+    let mut conversation = Vec::with_capacity(request.messages.len() + 1);
+    if let Some(system) = request.system.take() {
+        conversation.push(Message::system(system.text("system")?));
+    }
+    for message in std::mem::take(&mut request.messages) {
+        if message.role != "user" && message.role != "assistant" {
+            return Err(ApiError::invalid_param(
+                "messages",
+                format!("roles are `user` or `assistant`, not `{}`", message.role),
+            ));
+        }
+        message.into_messages(&mut conversation)?;
+    }
+    // A last assistant turn is the start of the reply, for the model to continue.
+    let continuation = match conversation.last() {
+        Some(last) if last.role == "assistant" && last.tool_calls.is_empty() => conversation.pop().map(|m| m.content),
+        _ => None,
+    };
+    let structure = Structure {
+        tools: request.tools.take().unwrap_or_default().into_iter().map(Tool::function).collect(),
+        choice: match request.tool_choice.take() {
+            None | Some(AnthropicToolChoice::Auto) => ToolChoice::Auto,
+            Some(AnthropicToolChoice::Any) => ToolChoice::Required,
+            Some(AnthropicToolChoice::None) => ToolChoice::None,
+            Some(AnthropicToolChoice::Tool { name }) => ToolChoice::Named(name),
+        },
+        ..Structure::default()
+    };
+    structure.check()?;
+    Ok(MessagesBody { request, conversation, continuation, structure })
 }
 
 pub async fn messages(State(app): State<SharedApp>, body: JsonBody) -> Response {
@@ -107,33 +266,15 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     // A queue slot before any work on the body: a full server answers 429
     // without parsing, templating or tokenizing.
     let admission = app.admit()?;
-    let request: MessagesRequest = parse(&body)?;
+    let MessagesBody { request, conversation, continuation, structure } = parse_messages(&body)?;
     app.check_model(&request.model)?;
-    if request.temperature.is_some_and(|t| !(0.0..=1.0).contains(&t)) {
-        return Err(ApiError::invalid_param("temperature", "temperature must be between 0 and 1"));
-    }
-    if request.messages.is_empty() {
-        return Err(ApiError::invalid_param("messages", "messages must not be empty"));
-    }
-    let mut conversation = Vec::with_capacity(request.messages.len() + 1);
-    if let Some(system) = request.system {
-        conversation.push(Message::system(system.text("system")?));
-    }
-    for message in request.messages {
-        if message.role != "user" && message.role != "assistant" {
-            return Err(ApiError::invalid_param(
-                "messages",
-                format!("roles are `user` or `assistant`, not `{}`", message.role),
-            ));
-        }
-        conversation.push(Message::new(message.role, message.content.text("messages")?));
-    }
-    // A last assistant turn is the start of the reply, for the model to continue.
-    let continuation = match conversation.last() {
-        Some(last) if last.role == "assistant" => conversation.pop().map(|m| m.content),
-        _ => None,
-    };
-    let prompt = app.prepare(body.len(), move |app| app.chat_prompt(&conversation, continuation.as_deref())).await?;
+    let (prompt, structure, constraint) = app
+        .prepare(body.len(), move |app| {
+            let prompt = app.chat_prompt(&conversation, &structure.tools, continuation.as_deref())?;
+            let constraint = app.constraint(&structure)?;
+            Ok((prompt, structure, constraint))
+        })
+        .await?;
     let generation = app.generate(
         admission,
         GenRequest {
@@ -146,6 +287,8 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
             stop: request.stop_sequences.unwrap_or_default(),
             ignore_eos: false,
             cap_max_tokens: true,
+            calls: app.call_parser(&structure),
+            constraint,
         },
         Endpoint::Messages,
     )?;
@@ -158,14 +301,19 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
         _ => Value::Null,
     };
     if !request.stream.unwrap_or(false) {
-        let (text, reason, output_tokens) = generation.collect().await?;
+        let Reply { text, calls, reason, completion_tokens: output_tokens } = generation.collect().await?;
+        let mut content = Vec::new();
+        if !text.is_empty() || calls.is_empty() {
+            content.push(json!({ "type": "text", "text": text }));
+        }
+        content.extend(calls.iter().map(tool_use));
         return Ok(Json(json!({
             "id": id,
             "type": "message",
             "role": "assistant",
             "model": model,
-            "content": [{ "type": "text", "text": text }],
-            "stop_reason": stop_reason(reason),
+            "content": content,
+            "stop_reason": stop_reason_of(reason, !calls.is_empty()),
             "stop_sequence": stop_sequence(reason),
             "usage": { "input_tokens": input_tokens, "output_tokens": output_tokens },
         }))
@@ -188,30 +336,70 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
                 },
             }),
         ),
-        event(
-            "content_block_start",
-            json!({ "type": "content_block_start", "index": 0, "content_block": { "type": "text", "text": "" } }),
-        ),
+        text_block_start(0),
         event("ping", json!({ "type": "ping" })),
     ];
+    // The block being written, and whether it is an open text block (the
+    // first always is; a call closes it, and text after a call opens another).
+    let mut index = 0;
+    let mut text_open = true;
+    let mut called = false;
     let events = generation.into_stream().flat_map(move |piece| {
         let events = match piece {
-            Ok(Piece::Text(text)) => vec![event(
-                "content_block_delta",
-                json!({ "type": "content_block_delta", "index": 0, "delta": { "type": "text_delta", "text": text } }),
-            )],
-            Ok(Piece::End { reason, completion_tokens }) => vec![
-                event("content_block_stop", json!({ "type": "content_block_stop", "index": 0 })),
-                event(
+            Ok(Piece::Text(text)) => {
+                let mut events = Vec::new();
+                if !text_open {
+                    events.push(text_block_start(index));
+                    text_open = true;
+                }
+                events.push(event(
+                    "content_block_delta",
+                    json!({ "type": "content_block_delta", "index": index, "delta": { "type": "text_delta", "text": text } }),
+                ));
+                events
+            }
+            Ok(Piece::Call(call)) => {
+                let mut events = Vec::new();
+                if text_open {
+                    events.push(block_stop(index));
+                    index += 1;
+                    text_open = false;
+                }
+                called = true;
+                let mut block = tool_use(&call);
+                let input = std::mem::replace(&mut block["input"], json!({}));
+                events.push(event(
+                    "content_block_start",
+                    json!({ "type": "content_block_start", "index": index, "content_block": block }),
+                ));
+                events.push(event(
+                    "content_block_delta",
+                    json!({
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": { "type": "input_json_delta", "partial_json": input.to_string() },
+                    }),
+                ));
+                events.push(block_stop(index));
+                index += 1;
+                events
+            }
+            Ok(Piece::End { reason, completion_tokens }) => {
+                let mut events = Vec::new();
+                if text_open {
+                    events.push(block_stop(index));
+                }
+                events.push(event(
                     "message_delta",
                     json!({
                         "type": "message_delta",
-                        "delta": { "stop_reason": stop_reason(reason), "stop_sequence": stop_sequence(reason) },
+                        "delta": { "stop_reason": stop_reason_of(reason, called), "stop_sequence": stop_sequence(reason) },
                         "usage": { "output_tokens": completion_tokens },
                     }),
-                ),
-                event("message_stop", json!({ "type": "message_stop" })),
-            ],
+                ));
+                events.push(event("message_stop", json!({ "type": "message_stop" })));
+                events
+            }
             Err(e) => vec![event("error", e.style(Style::Anthropic).body())],
         };
         futures_util::stream::iter(events)
@@ -219,6 +407,69 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     Ok(sse(futures_util::stream::iter(start).chain(events)))
 }
 
+fn text_block_start(index: usize) -> Result<Event, std::convert::Infallible> {
+    event(
+        "content_block_start",
+        json!({ "type": "content_block_start", "index": index, "content_block": { "type": "text", "text": "" } }),
+    )
+}
+
+fn block_stop(index: usize) -> Result<Event, std::convert::Infallible> {
+    event("content_block_stop", json!({ "type": "content_block_stop", "index": index }))
+}
+
+/// A call as a `tool_use` block; arguments that are no JSON object (the
+/// parsers hand out objects) become an empty input.
+fn tool_use(call: &ParsedCall) -> Value {
+    let input =
+        serde_json::from_str::<Value>(&call.arguments).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
+    json!({
+        "type": "tool_use",
+        "id": call.id.clone().unwrap_or_else(|| new_id("toolu")),
+        "name": call.name,
+        "input": input,
+    })
+}
+
+/// The reason a reply ended: its calls, if it made any, else how it stopped.
+fn stop_reason_of(finish: Finish, called: bool) -> &'static str {
+    if called { "tool_use" } else { stop_reason(finish) }
+}
+
 fn event(name: &str, data: Value) -> Result<Event, std::convert::Infallible> {
     Ok(Event::default().event(name).data(data.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_use_and_tool_result_blocks_become_calls_and_tool_messages() {
+        let turns: Vec<InputMessage> = serde_json::from_value(json!([
+            { "role": "user", "content": "Weather in Paris?" },
+            { "role": "assistant", "content": [
+                { "type": "text", "text": "Checking." },
+                { "type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": { "city": "Paris" } },
+            ] },
+            { "role": "user", "content": [
+                { "type": "tool_result", "tool_use_id": "toolu_1", "content": [{ "type": "text", "text": "18 degrees" }] },
+            ] },
+        ]))
+        .expect("turns");
+        let mut conversation = Vec::new();
+        for turn in turns {
+            turn.into_messages(&mut conversation).expect("converts");
+        }
+        let call =
+            ToolCall { id: "toolu_1".into(), name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() };
+        assert_eq!(
+            conversation,
+            [
+                Message::user("Weather in Paris?"),
+                Message::assistant_calls("Checking.", vec![call]),
+                Message::tool_result("toolu_1", "get_weather", "18 degrees"),
+            ]
+        );
+    }
 }

@@ -1,6 +1,6 @@
 //! What every generation endpoint shares: checking a request against the
 //! limits, queueing it in the engine's batcher, and turning its tokens into
-//! text pieces (streamed detokenization, stop strings).
+//! text pieces (streamed detokenization, stop strings) and tool calls.
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use axum::http::StatusCode;
 use strata_engine::{
-    Admission, Detokenizer, Error as EngineError, Event, EventSink, Finish, GenerateOptions, Job, SamplingOptions,
-    StopStrings,
+    Admission, Constraint, Detokenizer, Error as EngineError, Event, EventSink, Finish, GenerateOptions, Job,
+    ParsedCall, SamplingOptions, StopStrings, ToolCallParser, ToolEvent,
 };
 use tokio::sync::mpsc;
 
@@ -29,7 +29,7 @@ pub const TOKENIZE_MAX_CONCURRENT: usize = 4;
 pub use strata_engine::SamplingDefaults as Defaults;
 
 /// A generation request in the terms every API shares.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct GenRequest {
     pub prompt: Vec<u32>,
     pub max_tokens: Option<u64>,
@@ -43,13 +43,27 @@ pub struct GenRequest {
     /// server allow, instead of refusing a request that asks for more
     /// (Anthropic's clients send large fixed values, e.g. 4096).
     pub cap_max_tokens: bool,
+    /// The grammar the reply is held to (`App::constraint`).
+    pub constraint: Option<Box<dyn Constraint>>,
+    /// Reads the reply's tool calls, when tools may be called.
+    pub calls: Option<ToolCallParser>,
 }
 
 /// One piece of a reply.
 #[derive(Debug)]
 pub enum Piece {
     Text(String),
+    Call(ParsedCall),
     End { reason: Finish, completion_tokens: usize },
+}
+
+/// A whole reply, collected.
+#[derive(Debug)]
+pub struct Reply {
+    pub text: String,
+    pub calls: Vec<ParsedCall>,
+    pub reason: Finish,
+    pub completion_tokens: usize,
 }
 
 /// A queued generation: its pieces as they come.
@@ -59,6 +73,9 @@ pub struct Generation {
     rx: Option<mpsc::Receiver<Event>>,
     detok: Detokenizer,
     stops: StopStrings,
+    calls: Option<ToolCallParser>,
+    /// Left out of the text even where special tokens are kept.
+    eos_token_ids: Vec<u32>,
     tokens: usize,
     ready: VecDeque<Result<Piece, ApiError>>,
 }
@@ -209,7 +226,7 @@ impl App {
             extra_eos_token_ids: self.eos_token_ids.clone(),
         };
         let (events, rx) = mpsc::channel(max_tokens + 1);
-        let job = Job { prompt: request.prompt, options, constraint: None };
+        let job = Job { prompt: request.prompt, options, constraint: request.constraint };
         // Checked above as the APIs word it; the batcher's own check agrees.
         admission.send(job, Box::new(RequestSink(events))).map_err(|e| match e {
             EngineError::BatcherStopped => shutting_down(),
@@ -221,7 +238,11 @@ impl App {
             stops: StopStrings::new(request.stop.iter().cloned()),
             stop: request.stop,
             rx: Some(rx),
-            detok: self.tokenizer.detokenizer(true),
+            // Some families write their call markers as special tokens
+            // (DeepSeek, Kimi): kept where calls are read.
+            detok: self.tokenizer.detokenizer(request.calls.is_none()),
+            calls: request.calls,
+            eos_token_ids: self.eos_token_ids.clone(),
             tokens: 0,
             ready: VecDeque::new(),
         })
@@ -240,6 +261,10 @@ impl Generation {
             match event {
                 Some(Event::Token(id)) => {
                     self.tokens += 1;
+                    // Only with `ignore_eos` does an end-of-sequence token arrive.
+                    if self.eos_token_ids.contains(&id) {
+                        continue;
+                    }
                     match self.detok.push(id) {
                         Ok(text) => self.text(text, None),
                         Err(e) => self.fail(ApiError::internal(e.to_string())),
@@ -256,12 +281,16 @@ impl Generation {
     }
 
     /// Collects the whole reply.
-    pub async fn collect(mut self) -> Result<(String, Finish, usize), ApiError> {
+    pub async fn collect(mut self) -> Result<Reply, ApiError> {
         let mut text = String::new();
+        let mut calls = Vec::new();
         while let Some(piece) = self.next().await {
             match piece? {
                 Piece::Text(t) => text.push_str(&t),
-                Piece::End { reason, completion_tokens } => return Ok((text, reason, completion_tokens)),
+                Piece::Call(call) => calls.push(call),
+                Piece::End { reason, completion_tokens } => {
+                    return Ok(Reply { text, calls, reason, completion_tokens });
+                }
             }
         }
         Err(ApiError::internal("generation ended without finishing"))
@@ -275,9 +304,8 @@ impl Generation {
     fn text(&mut self, text: String, end: Option<(Finish, usize)>) {
         let out = self.stops.push(&text);
         if let Some(index) = out.stopped {
-            if !out.text.is_empty() {
-                self.ready.push_back(Ok(Piece::Text(out.text)));
-            }
+            self.answer(out.text);
+            self.finish_calls();
             let completion_tokens = end.map_or(self.tokens, |(_, n)| n);
             self.ready.push_back(Ok(Piece::End { reason: Finish::StopString(index), completion_tokens }));
             // Dropping the receiver tells the batcher to stop.
@@ -287,19 +315,45 @@ impl Generation {
         let mut text = out.text;
         if let Some((finish, completion_tokens)) = end {
             text.push_str(&self.stops.finish());
-            if !text.is_empty() {
-                self.ready.push_back(Ok(Piece::Text(text)));
-            }
+            self.answer(text);
+            self.finish_calls();
             self.ready.push_back(Ok(Piece::End { reason: finish, completion_tokens }));
             self.rx = None;
-        } else if !text.is_empty() {
-            self.ready.push_back(Ok(Piece::Text(text)));
+        } else {
+            self.answer(text);
+        }
+    }
+
+    /// Hands out `text` of the answer: as it is, or through the call parser.
+    fn answer(&mut self, text: String) {
+        match &mut self.calls {
+            None if text.is_empty() => {}
+            None => self.ready.push_back(Ok(Piece::Text(text))),
+            Some(parser) => {
+                let events = parser.push(&text);
+                self.ready.extend(events.into_iter().map(|e| Ok(tool_piece(e))));
+            }
+        }
+    }
+
+    /// What the call parser held back at the end of the answer.
+    fn finish_calls(&mut self) {
+        if let Some(parser) = &mut self.calls {
+            let events = parser.finish();
+            self.ready.extend(events.into_iter().map(|e| Ok(tool_piece(e))));
         }
     }
 
     fn fail(&mut self, error: ApiError) {
         self.ready.push_back(Err(error));
         self.rx = None;
+    }
+}
+
+fn tool_piece(event: ToolEvent) -> Piece {
+    match event {
+        ToolEvent::Text(text) => Piece::Text(text),
+        ToolEvent::Call(call) => Piece::Call(call),
     }
 }
 

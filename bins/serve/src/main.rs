@@ -7,36 +7,25 @@
 //! session on its own thread and batches the requests; the async side only
 //! parses, tokenizes, queues and streams.
 
-mod anthropic;
-mod body;
-mod cli;
-mod error;
-mod generate;
-mod listen;
-mod metrics;
-mod openai;
-mod page;
-mod server;
-mod state;
-
 use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
 use strata_engine::{
-    BatchLimits, Batcher, ChatTemplate, Engine, EngineOptions, Tokenizer, default_cache_dir, eos_ids_from_dir,
-    resolve_model,
+    BatchLimits, Batcher, ChatTemplate, Engine, EngineOptions, Tokenizer, ToolSyntax, default_cache_dir,
+    eos_ids_from_dir, resolve_model,
 };
 use tokio::sync::Semaphore;
 
-use crate::cli::Cli;
-use crate::generate::Defaults;
-use crate::metrics::Metrics;
-use crate::state::{App, ModelInfo};
+use strata_serve::cli::Cli;
+use strata_serve::generate::Defaults;
+use strata_serve::metrics::Metrics;
+use strata_serve::state::{App, ModelInfo};
+use strata_serve::{listen, openai, server, state};
 
 /// The least tokenizing budget (see `App::prepare`), so that a small
 /// `--max-body` still lets several small requests prepare at once.
@@ -75,6 +64,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         eprintln!("serve: warning: {} has no chat template; only /v1/completions will work", text_dir.display());
     }
     let defaults = Defaults::from_dir(&text_dir);
+    let tool_syntax = template
+        .as_ref()
+        .and_then(|t| ToolSyntax::detect(t.source(), |token| tokenizer.token_to_id(token).is_some()))
+        .unwrap_or(ToolSyntax::JsonTags);
 
     // Every sequence of a full batch holds its own KV arena.
     let options = EngineOptions { sessions: cli.max_batch as usize, ..cli.engine.options() };
@@ -83,7 +76,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Engine::open(container_dir, &options).with_context(|| format!("opening {}", container_dir.display()))?;
     let eos_token_ids = eos_ids_from_dir(container_dir, &engine.spec().eos_token_ids)?;
     let info = ModelInfo::of(&engine);
-    for warning in engine.warnings() {
+    let mut warnings = engine.warnings().to_vec();
+    // Past what the cache holds, streams that share few experts evict each
+    // other's before their next tokens: more reads.
+    if engine.batch_capacity() < cli.max_batch as usize {
+        warnings.push(format!(
+            "the expert cache holds the experts of {} stream(s) per token; batches of up to --max-batch {} may read \
+             more per token than one stream (raise --ram-budget or --expert-cache, or lower --max-batch)",
+            engine.batch_capacity(),
+            cli.max_batch
+        ));
+    }
+    for warning in warnings {
         eprintln!("serve: warning: {warning}");
     }
     let metrics = Arc::new(Metrics::default());
@@ -108,6 +112,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         created: openai::unix_now(),
         tokenizer,
         template,
+        tool_syntax,
+        grammars: OnceLock::new(),
         defaults,
         vocab_size: info.vocab_size,
         context_tokens,

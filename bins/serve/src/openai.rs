@@ -2,13 +2,13 @@
 //! `GET /v1/models`, `GET /v1/models/{id}`. Request fields outside what is
 //! honoured are accepted and ignored, as other OpenAI-compatible servers do,
 //! except those whose meaning would silently change the answer (`n > 1`,
-//! `echo`, `logprobs`), which are refused.
+//! `echo`, `logprobs`), which are refused. Chat honours `tools`,
+//! `tool_choice` and `response_format` (see `tools`).
 
 use std::convert::Infallible;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -16,16 +16,17 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use strata_engine::{Finish, Message};
+use strata_engine::{Finish, Message, ParsedCall, ToolCall};
 
 use crate::body::JsonBody;
 use crate::error::ApiError;
-use crate::generate::{GenRequest, Piece};
+use crate::generate::{GenRequest, Piece, Reply};
 use crate::metrics::Endpoint;
 use crate::state::{App, SharedApp};
+use crate::tools::{Format, Structure, ToolChoice, called_function};
 
 /// A JSON body as `T`, or the 400 saying what is wrong with it.
-pub fn parse<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| match e.classify() {
         serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
             ApiError::invalid(format!("the body is not valid JSON: {e}"))
@@ -38,11 +39,12 @@ pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// A fresh response id in each API's spelling: `chatcmpl-…`, `cmpl-…`, `msg_…`.
+/// A fresh id in each API's spelling: `chatcmpl-…`, `cmpl-…`, `call_…`,
+/// `msg_…`, `toolu_…`.
 pub fn new_id(prefix: &str) -> String {
     use std::hash::BuildHasher;
     let n = std::hash::RandomState::new().hash_one(SystemTime::now());
-    let separator = if prefix == "msg" { '_' } else { '-' };
+    let separator = if matches!(prefix, "msg" | "call" | "toolu") { '_' } else { '-' };
     format!("{prefix}{separator}{n:016x}")
 }
 
@@ -89,6 +91,14 @@ struct ChatMessage {
     role: String,
     #[serde(default)]
     content: Option<Content>,
+    /// An assistant turn's calls.
+    #[serde(default)]
+    tool_calls: Option<Vec<ToolCall>>,
+    /// A `tool` turn's call answered.
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
 }
 
 /// Fields honoured by both OpenAI endpoints.
@@ -124,6 +134,12 @@ struct ChatRequest {
     messages: Vec<ChatMessage>,
     #[serde(default)]
     max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    response_format: Option<Value>,
     #[serde(flatten)]
     common: Common,
 }
@@ -173,8 +189,57 @@ impl Common {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             // As OpenAI: asking for more than fits is an error.
             cap_max_tokens: false,
+            constraint: None,
+            calls: None,
         }
     }
+}
+
+/// `tool_choice`: `"none"`, `"auto"`, `"required"` or `{"type": "function", "function": {"name": N}}`.
+fn tool_choice(choice: Option<&Value>) -> Result<ToolChoice, ApiError> {
+    let Some(choice) = choice else { return Ok(ToolChoice::Auto) };
+    match (choice.as_str(), choice["function"]["name"].as_str()) {
+        (Some("none"), _) => Ok(ToolChoice::None),
+        (Some("auto"), _) => Ok(ToolChoice::Auto),
+        (Some("required"), _) => Ok(ToolChoice::Required),
+        (None, Some(name)) if choice["type"] == "function" => Ok(ToolChoice::Named(name.to_owned())),
+        _ => Err(ApiError::invalid_param(
+            "tool_choice",
+            "tool_choice is \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+        )),
+    }
+}
+
+/// `response_format`: `{"type": "text" | "json_object"}` or `{"type": "json_schema", "json_schema": {"schema": ...}}`.
+fn response_format(format: Option<&Value>) -> Result<Format, ApiError> {
+    let Some(format) = format else { return Ok(Format::Text) };
+    match format["type"].as_str() {
+        Some("text") => Ok(Format::Text),
+        Some("json_object") => Ok(Format::JsonObject),
+        Some("json_schema") => match &format["json_schema"]["schema"] {
+            // OpenAI's default: any JSON object.
+            Value::Null => Ok(Format::JsonObject),
+            schema => Ok(Format::JsonSchema(schema.clone())),
+        },
+        _ => Err(ApiError::invalid_param(
+            "response_format",
+            "response_format's type is \"text\", \"json_object\" or \"json_schema\"",
+        )),
+    }
+}
+
+/// The reason a reply ended: its calls, if it made any, else how it stopped.
+fn finish_reason_of(finish: Finish, called: bool) -> &'static str {
+    if called { "tool_calls" } else { finish_reason(finish) }
+}
+
+/// A call as `message.tool_calls` and stream deltas carry it.
+fn tool_call(call: &ParsedCall) -> Value {
+    json!({
+        "id": call.id.clone().unwrap_or_else(|| new_id("call")),
+        "type": "function",
+        "function": { "name": call.name, "arguments": call.arguments },
+    })
 }
 
 fn finish_reason(finish: Finish) -> &'static str {
@@ -197,32 +262,76 @@ fn messages(list: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
     if list.is_empty() {
         return Err(ApiError::invalid_param("messages", "messages must not be empty"));
     }
-    list.into_iter()
-        .map(|m| {
-            let content = match m.content {
-                None => String::new(),
-                Some(Content::Text(text)) => text,
-                Some(Content::Parts(parts)) => {
-                    let mut text = String::new();
-                    for part in parts {
-                        match (part.kind.as_str(), part.text) {
-                            ("text", Some(t)) => text.push_str(&t),
-                            (kind, _) => {
-                                return Err(ApiError::invalid_param(
-                                    "messages",
-                                    format!("content parts of type `{kind}` are not supported (text only)"),
-                                ));
-                            }
+    let mut conversation: Vec<Message> = Vec::with_capacity(list.len());
+    for m in list {
+        let content = match m.content {
+            None => String::new(),
+            Some(Content::Text(text)) => text,
+            Some(Content::Parts(parts)) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (part.kind.as_str(), part.text) {
+                        ("text", Some(t)) => text.push_str(&t),
+                        (kind, _) => {
+                            return Err(ApiError::invalid_param(
+                                "messages",
+                                format!("content parts of type `{kind}` are not supported (text only)"),
+                            ));
                         }
                     }
-                    text
                 }
-            };
+                text
+            }
+        };
+        let message = match m.role.as_str() {
             // OpenAI's newer name for the system role.
-            let role = if m.role == "developer" { "system".to_owned() } else { m.role };
-            Ok(Message::new(role, content))
-        })
-        .collect()
+            "developer" => Message::system(content),
+            "tool" => {
+                let Some(id) = m.tool_call_id else {
+                    return Err(ApiError::invalid_param("messages", "a `tool` message needs its `tool_call_id`"));
+                };
+                let name = m.name.unwrap_or_else(|| called_function(&conversation, &id));
+                Message::tool_result(id, name, content)
+            }
+            _ => match m.tool_calls {
+                Some(calls) if !calls.is_empty() => {
+                    Message { role: m.role, ..Message::assistant_calls(content, calls) }
+                }
+                _ => Message::new(m.role, content),
+            },
+        };
+        conversation.push(message);
+    }
+    Ok(conversation)
+}
+
+/// A chat completion body decoded as far as the body alone allows (the
+/// model name and the limits are checked against the server after).
+pub struct ChatBody {
+    common: Common,
+    max_completion_tokens: Option<u64>,
+    /// The tools, the forced choice and the output format.
+    pub structure: Structure,
+    pub conversation: Vec<Message>,
+}
+
+/// Decodes a chat completion body; every check that needs no server (the
+/// fuzz target's entry too).
+pub fn parse_chat(body: &[u8]) -> Result<ChatBody, ApiError> {
+    let request: ChatRequest = parse(body)?;
+    let structure = Structure {
+        tools: request.tools.unwrap_or_default(),
+        choice: tool_choice(request.tool_choice.as_ref())?,
+        format: response_format(request.response_format.as_ref())?,
+    };
+    structure.check()?;
+    let conversation = messages(request.messages)?;
+    Ok(ChatBody {
+        common: request.common,
+        max_completion_tokens: request.max_completion_tokens,
+        structure,
+        conversation,
+    })
 }
 
 pub async fn chat_completions(State(app): State<SharedApp>, body: JsonBody) -> Response {
@@ -237,20 +346,35 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     // A queue slot before any work on the body: a full server answers 429
     // without parsing, templating or tokenizing.
     let admission = app.admit()?;
-    let request: ChatRequest = parse(&body)?;
-    request.common.check(&app)?;
-    let conversation = messages(request.messages)?;
-    let prompt = app.prepare(body.len(), move |app| app.chat_prompt(&conversation, None)).await?;
-    let stream = request.common.stream.unwrap_or(false);
-    let include_usage = request.common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
-    let generation =
-        app.generate(admission, request.common.request(prompt, request.max_completion_tokens), Endpoint::Chat)?;
+    let ChatBody { common, max_completion_tokens, structure, conversation } = parse_chat(&body)?;
+    common.check(&app)?;
+    let (prompt, structure, constraint) = app
+        .prepare(body.len(), move |app| {
+            let prompt = app.chat_prompt(&conversation, &structure.tools, None)?;
+            let constraint = app.constraint(&structure)?;
+            Ok((prompt, structure, constraint))
+        })
+        .await?;
+    let stream = common.stream.unwrap_or(false);
+    let include_usage = common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+    let generation = app.generate(
+        admission,
+        GenRequest { constraint, calls: app.call_parser(&structure), ..common.request(prompt, max_completion_tokens) },
+        Endpoint::Chat,
+    )?;
     let id = new_id("chatcmpl");
     let created = unix_now();
     let model = app.model_name.clone();
     let prompt_tokens = generation.prompt_tokens;
     if !stream {
-        let (text, reason, completion_tokens) = generation.collect().await?;
+        let Reply { text, calls, reason, completion_tokens } = generation.collect().await?;
+        let mut message = json!({ "role": "assistant", "content": text, "refusal": null });
+        if !calls.is_empty() {
+            message["tool_calls"] = calls.iter().map(tool_call).collect();
+            if text.is_empty() {
+                message["content"] = Value::Null;
+            }
+        }
         return Ok(Json(json!({
             "id": id,
             "object": "chat.completion",
@@ -259,18 +383,23 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
             "system_fingerprint": fingerprint(),
             "choices": [{
                 "index": 0,
-                "message": { "role": "assistant", "content": text, "refusal": null },
+                "message": message,
                 "logprobs": null,
-                "finish_reason": finish_reason(reason),
+                "finish_reason": finish_reason_of(reason, !calls.is_empty()),
             }],
             "usage": usage(prompt_tokens, completion_tokens),
         }))
         .into_response());
     }
-    let chunk = move |text: Option<&str>, finish: Option<&str>| {
-        let delta = match text {
-            Some(text) => json!({ "content": text }),
-            None => json!({}),
+    let chunk = move |delta: Delta<'_>, finish: Option<&str>| {
+        let delta = match delta {
+            Delta::Text(text) => json!({ "content": text }),
+            Delta::Call(index, call) => {
+                let mut call = tool_call(call);
+                call["index"] = index.into();
+                json!({ "tool_calls": [call] })
+            }
+            Delta::None => json!({}),
         };
         json!({
             "id": id,
@@ -281,29 +410,41 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
             "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }],
         })
     };
-    let mut first = chunk(None, None);
+    let mut first = chunk(Delta::None, None);
     first["choices"][0]["delta"] = json!({ "role": "assistant", "content": "" });
     let events = chunk_events(generation.into_stream(), include_usage, prompt_tokens, chunk);
     Ok(sse(futures_util::stream::once(async move { data(&first) }).chain(events)))
 }
 
-/// An OpenAI stream's events: a chunk per piece of text, the chunk with the
-/// finish reason, the usage chunk when asked for, and `[DONE]`.
-/// `chunk(text, finish)` builds one chunk of the endpoint's kind (`text` is
-/// `None` for the chunks that carry no text).
+/// What one stream chunk carries.
+enum Delta<'a> {
+    None,
+    Text(&'a str),
+    /// The `index`th call of the reply, whole (name and all its arguments).
+    Call(usize, &'a ParsedCall),
+}
+
+/// An OpenAI stream's events: a chunk per piece of text or call, the chunk
+/// with the finish reason, the usage chunk when asked for, and `[DONE]`.
+/// `chunk(delta, finish)` builds one chunk of the endpoint's kind.
 fn chunk_events(
     pieces: impl futures_util::Stream<Item = Result<Piece, ApiError>> + Send + 'static,
     include_usage: bool,
     prompt_tokens: usize,
-    chunk: impl Fn(Option<&str>, Option<&str>) -> Value + Send + 'static,
+    chunk: impl Fn(Delta<'_>, Option<&str>) -> Value + Send + 'static,
 ) -> impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static {
+    let mut calls = 0;
     pieces.flat_map(move |piece| {
         let events = match piece {
-            Ok(Piece::Text(text)) => vec![data(&chunk(Some(&text), None))],
+            Ok(Piece::Text(text)) => vec![data(&chunk(Delta::Text(&text), None))],
+            Ok(Piece::Call(call)) => {
+                calls += 1;
+                vec![data(&chunk(Delta::Call(calls - 1, &call), None))]
+            }
             Ok(Piece::End { reason, completion_tokens }) => {
-                let mut last = vec![data(&chunk(None, Some(finish_reason(reason))))];
+                let mut last = vec![data(&chunk(Delta::None, Some(finish_reason_of(reason, calls > 0))))];
                 if include_usage {
-                    let mut tail = chunk(None, None);
+                    let mut tail = chunk(Delta::None, None);
                     tail["choices"] = json!([]);
                     tail["usage"] = usage(prompt_tokens, completion_tokens);
                     last.push(data(&tail));
@@ -363,7 +504,7 @@ async fn completion(app: SharedApp, body: JsonBody) -> Result<Response, ApiError
     let model = app.model_name.clone();
     let prompt_tokens = generation.prompt_tokens;
     if !stream {
-        let (text, reason, completion_tokens) = generation.collect().await?;
+        let Reply { text, reason, completion_tokens, .. } = generation.collect().await?;
         return Ok(Json(json!({
             "id": id,
             "object": "text_completion",
@@ -375,14 +516,19 @@ async fn completion(app: SharedApp, body: JsonBody) -> Result<Response, ApiError
         }))
         .into_response());
     }
-    let chunk = move |text: Option<&str>, finish: Option<&str>| {
+    // Completions read no calls: their deltas are text or nothing.
+    let chunk = move |delta: Delta<'_>, finish: Option<&str>| {
+        let text = match delta {
+            Delta::Text(text) => text,
+            Delta::Call(..) | Delta::None => "",
+        };
         json!({
             "id": id,
             "object": "text_completion",
             "created": created,
             "model": model,
             "system_fingerprint": fingerprint(),
-            "choices": [{ "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish }],
+            "choices": [{ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }],
         })
     };
     Ok(sse(chunk_events(generation.into_stream(), include_usage, prompt_tokens, chunk)))
@@ -414,5 +560,33 @@ pub async fn get_model(State(app): State<SharedApp>, Path(id): Path<String>) -> 
     match app.check_model(&id) {
         Ok(()) => Json(model_object(&app)).into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_messages_take_the_function_name_of_the_call_they_answer() {
+        let list: Vec<ChatMessage> = serde_json::from_value(json!([
+            { "role": "user", "content": "Weather in Paris?" },
+            { "role": "assistant", "content": null, "tool_calls": [
+                { "id": "call_1", "type": "function", "function": { "name": "get_weather", "arguments": "{\"city\":\"Paris\"}" } },
+            ] },
+            { "role": "tool", "tool_call_id": "call_1", "content": "18 degrees" },
+        ]))
+        .expect("messages");
+        let conversation = messages(list).expect("converts");
+        let call =
+            ToolCall { id: "call_1".into(), name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() };
+        assert_eq!(
+            conversation,
+            [
+                Message::user("Weather in Paris?"),
+                Message::assistant_calls("", vec![call]),
+                Message::tool_result("call_1", "get_weather", "18 degrees"),
+            ]
+        );
     }
 }

@@ -1,11 +1,12 @@
 //! What the HTTP handlers share: the model's text side (tokenizer, chat
 //! template), the limits, and the engine's batcher.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::Serialize;
-use strata_engine::{Batcher, ChatTemplate, Engine, Message, Tokenizer};
+use serde_json::Value;
+use strata_engine::{Batcher, ChatTemplate, Engine, GrammarCompiler, Message, Tokenizer, ToolSyntax};
 use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
@@ -60,6 +61,12 @@ pub struct App {
     pub created: u64,
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
+    /// How the model writes tool calls (its template's syntax; Qwen3's
+    /// JSON in `<tool_call>` for a template that shows none).
+    pub tool_syntax: ToolSyntax,
+    /// Built on first use by a request with a grammar (see `App::constraint`);
+    /// the error, if building failed, as text.
+    pub grammars: OnceLock<Result<GrammarCompiler, String>>,
     pub defaults: Defaults,
     pub vocab_size: usize,
     pub context_tokens: usize,
@@ -115,14 +122,24 @@ impl App {
         .code("model_not_found"))
     }
 
-    /// The prompt ids of a conversation, through the model's chat template;
+    /// The prompt ids of a conversation, through the model's chat template,
+    /// which is shown `tools` (OpenAI tool objects) when there are any;
     /// `continuation` is appended after the assistant's opening (a reply
     /// the model is to continue).
-    pub fn chat_prompt(&self, messages: &[Message], continuation: Option<&str>) -> Result<Vec<u32>, ApiError> {
+    pub fn chat_prompt(
+        &self,
+        messages: &[Message],
+        tools: &[Value],
+        continuation: Option<&str>,
+    ) -> Result<Vec<u32>, ApiError> {
         let Some(template) = &self.template else {
             return Err(ApiError::invalid("this model has no chat template; use /v1/completions with a plain prompt"));
         };
-        let mut text = template.render(messages, true)?;
+        let mut variables = serde_json::Map::new();
+        if !tools.is_empty() {
+            variables.insert("tools".to_owned(), Value::from(tools.to_vec()));
+        }
+        let mut text = template.render_with(messages, true, &variables)?;
         if let Some(rest) = continuation {
             text.push_str(rest);
         }

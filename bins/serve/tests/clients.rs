@@ -1,8 +1,9 @@
-//! Real clients against `serve`: the official `openai` Python package, and
-//! the chat page in headless Chromium driven by playwright-core.
+//! Real clients against `serve`: the official `openai` and `anthropic`
+//! Python packages (tools and structured outputs too), and the chat page in
+//! headless Chromium driven by playwright-core.
 //!
 //! `.ci/run` installs what they need (Debian's chromium, a venv with the
-//! pinned openai, playwright-core from npm) and sets
+//! pinned Python clients, playwright-core from npm) and sets
 //! `STRATA_SERVE_E2E=require`, so there a missing tool fails the test. On a
 //! machine without them the tests install the Python and npm parts into
 //! target/ themselves, and skip, saying why, only if that is impossible.
@@ -33,41 +34,55 @@ fn run(command: &mut Command) -> Result<String, String> {
     if output.status.success() { Ok(text) } else { Err(format!("{shown} failed ({}):\n{text}", output.status)) }
 }
 
-/// A Python with the pinned `openai`: target/serve-py, made if missing.
-fn python_with_openai() -> Result<PathBuf, String> {
+/// A Python with every package requirements.txt pins (the official
+/// `openai` and `anthropic` clients, jsonschema): target/serve-py, made if
+/// missing.
+fn python_with_clients() -> Result<PathBuf, String> {
     let requirements = repo_root().join("bins/serve/tests/py/requirements.txt");
     let venv = target_dir().join("serve-py");
     let python = venv.join("bin/python");
-    let pinned = std::fs::read_to_string(&requirements)
-        .map_err(|e| format!("{}: {e}", requirements.display()))?
-        .lines()
-        .find_map(|l| l.strip_prefix("openai==").map(str::to_owned))
-        .ok_or("no openai== line in requirements.txt")?;
-    let has_it = |python: &Path| {
-        run(Command::new(python).args(["-c", "import openai; print(openai.__version__)"]))
-            .is_ok_and(|v| v.trim() == pinned)
+    let text = std::fs::read_to_string(&requirements).map_err(|e| format!("{}: {e}", requirements.display()))?;
+    let pinned: Vec<&str> = text.lines().filter(|l| l.contains("==")).collect();
+    let has_them = |python: &Path| {
+        run(Command::new(python).args(["-m", "pip", "freeze", "--disable-pip-version-check"]))
+            .is_ok_and(|frozen| pinned.iter().all(|pin| frozen.lines().any(|l| l == *pin)))
     };
-    if python.exists() && has_it(&python) {
+    if python.exists() && has_them(&python) {
         return Ok(python);
     }
     run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
     run(Command::new(&python).args(["-m", "pip", "install", "-q", "-r"]).arg(&requirements))?;
-    if has_it(&python) { Ok(python) } else { Err(format!("openai=={pinned} did not install into {}", venv.display())) }
+    if has_them(&python) {
+        Ok(python)
+    } else {
+        Err(format!("{} did not install into {}", requirements.display(), venv.display()))
+    }
+}
+
+/// Runs `script` (in tests/py) with the pinned clients against a fresh
+/// server, at `base` (`/v1` for OpenAI's client, the root for Anthropic's).
+fn client_script_passes(test: &str, script: &str, base: &str) {
+    let python = match python_with_clients() {
+        Ok(python) => python,
+        Err(why) => return unavailable(test, &why),
+    };
+    let server = Server::start(&["--api-key", "test-key"]);
+    let script = repo_root().join("bins/serve/tests/py").join(script);
+    let base = format!("http://{}{base}", server.addr);
+    let output = Command::new(python).arg(&script).args([base.as_str(), "demo", "test-key"]).output().expect("python");
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    println!("{text}");
+    assert!(output.status.success(), "{test}: client checks failed:\n{text}\nserver:\n{}", server.stderr());
 }
 
 #[test]
 fn the_official_openai_python_client_works() {
-    let python = match python_with_openai() {
-        Ok(python) => python,
-        Err(why) => return unavailable("the_official_openai_python_client_works", &why),
-    };
-    let server = Server::start(&["--api-key", "test-key"]);
-    let script = repo_root().join("bins/serve/tests/py/openai_client.py");
-    let base = format!("http://{}/v1", server.addr);
-    let output = Command::new(python).arg(&script).args([base.as_str(), "demo", "test-key"]).output().expect("python");
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    println!("{text}");
-    assert!(output.status.success(), "openai client checks failed:\n{text}\nserver:\n{}", server.stderr());
+    client_script_passes("the_official_openai_python_client_works", "openai_client.py", "/v1");
+}
+
+#[test]
+fn the_official_anthropic_python_clients_tool_use_works() {
+    client_script_passes("the_official_anthropic_python_clients_tool_use_works", "anthropic_client.py", "");
 }
 
 /// playwright-core from npm in target/serve-node, at the version

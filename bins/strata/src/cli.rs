@@ -265,6 +265,10 @@ pub enum TraceCommand {
         /// The expert cache to simulate.
         #[arg(long)]
         expert_cache: ByteSize,
+        /// A trace of the same model on other text, whose routing `predict`
+        /// learns before the replay (as a run that had learned it would).
+        #[arg(long, value_name = "TRACE")]
+        learn: Option<PathBuf>,
     },
 }
 

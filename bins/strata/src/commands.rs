@@ -194,7 +194,9 @@ pub fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Trace { command: TraceCommand::Replay { file, expert_cache } } => replay(&file, expert_cache),
+        Command::Trace { command: TraceCommand::Replay { file, expert_cache, learn } } => {
+            replay(&file, expert_cache, learn.as_deref())
+        }
         Command::Pull { name, endpoint, quant } => pull(&name, endpoint, &quant, &cache_dir),
         Command::Models => models(&cache_dir),
         Command::Rm { name } => {
@@ -349,12 +351,26 @@ fn open_with(model_dir: &std::path::Path, options: &strata_engine::EngineOptions
     Ok(engine)
 }
 
-fn replay(file: &std::path::Path, expert_cache: ByteSize) -> Result<()> {
+fn replay(file: &std::path::Path, expert_cache: ByteSize, learn: Option<&std::path::Path>) -> Result<()> {
     let (header, events) =
         strata_tier::read_trace(file).with_context(|| format!("reading trace {}", file.display()))?;
+    let learned = match learn {
+        Some(path) => {
+            let (learned_header, learned) =
+                strata_tier::read_trace(path).with_context(|| format!("reading trace {}", path.display()))?;
+            // Transitions learned on another model would steer this one blind.
+            if learned_header.container_hash != header.container_hash
+                || learned_header.num_experts != header.num_experts
+            {
+                anyhow::bail!("{} was recorded on another container than {}", path.display(), file.display());
+            }
+            learned
+        }
+        None => Vec::new(),
+    };
     let record_bytes = header.record_bytes.max(1);
     let capacity_records = usize::try_from(expert_cache.bytes() / record_bytes).unwrap_or(usize::MAX);
-    let report = strata_tier::replay(&header, &events, capacity_records);
+    let report = strata_tier::replay_learned(&header, &events, capacity_records, &learned);
     println!(
         "trace {}: {} routing events, cache {} = {} records of {}",
         file.display(),

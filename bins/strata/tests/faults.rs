@@ -191,15 +191,21 @@ fn fill(file: &Path) {
     }
 }
 
+/// The demo model converted to q8 under `dir`.
+fn demo_q8(dir: &Path) -> std::path::PathBuf {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let model = dir.join("demo");
+    let done = strata(&["convert", path(&demo), path(&model), "--quant", "q8"]);
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    model
+}
+
 /// `kv_bytes_per_token × context × sessions` is checked: a product that
 /// wrapped let `--context 2^51` run at 175 MiB against a 4 MiB budget.
 #[test]
 fn an_overflowing_context_is_refused_not_wrapped() {
     let dir = tempfile::tempdir().unwrap();
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
-    let model = dir.path().join("demo");
-    let done = strata(&["convert", path(&demo), path(&model), "--quant", "q8"]);
-    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let model = demo_q8(dir.path());
     let run = |context: &str| {
         strata(&[
             "generate",
@@ -223,10 +229,7 @@ fn an_overflowing_context_is_refused_not_wrapped() {
 #[test]
 fn max_new_tokens_past_the_context_is_refused_up_front() {
     let dir = tempfile::tempdir().unwrap();
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
-    let model = dir.path().join("demo");
-    let done = strata(&["convert", path(&demo), path(&model), "--quant", "q8"]);
-    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let model = demo_q8(dir.path());
     let run = |max_new: &str| {
         let args = ["--tokens", "1,2,3", "--max-new-tokens", max_new, "--context", "16", "--json"];
         strata(&[&["generate", path(&model)][..], &args].concat())

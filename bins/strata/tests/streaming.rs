@@ -92,4 +92,23 @@ fn trace_replay_prints_every_policy_and_belady_is_highest() {
     for policy in ["lru", "lfru", "pinned", "predict"] {
         assert!(rate(policy) <= belady, "{policy} beats Belady?\n{text}");
     }
+    // `--learn` takes a trace of the same container; another container's
+    // routing would steer the policy blind, so it is refused.
+    let learned = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["trace", "replay", t, "--expert-cache", "64KiB", "--learn", t])
+        .output()
+        .unwrap();
+    assert!(learned.status.success(), "{}", String::from_utf8_lossy(&learned.stderr));
+    let other = dir.path().join("other.jsonl");
+    std::fs::write(
+        &other,
+        std::fs::read_to_string(&trace).unwrap().replacen("\"container_hash\":\"", "\"container_hash\":\"0", 1),
+    )
+    .unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["trace", "replay", t, "--expert-cache", "64KiB", "--learn", other.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("another container"), "{err}");
 }

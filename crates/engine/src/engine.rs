@@ -202,6 +202,8 @@ pub struct Engine {
     threads: Threads,
     store: ExpertStore,
     plan: BudgetPlan,
+    /// The expert bytes one token routes to over every MoE layer.
+    stream_working_set_bytes: u64,
     context_tokens: usize,
     prefill_chunk_tokens: usize,
     content_hash: String,
@@ -279,6 +281,8 @@ impl Engine {
             }
         };
         let plan = plan_budget(&container, &sources, options, kv_bytes, kv_state_bytes, prefetch)?;
+        let stream_working_set_bytes =
+            sources.iter().flatten().map(|s| s.record_bytes as u64).sum::<u64>() * container.spec().moe.top_k as u64;
         let capacity_bytes = capacity(&plan);
         let content_hash = container.content_hash().to_owned();
         let usage_file = options.usage_file.clone().unwrap_or_else(|| dir.join(USAGE_FILE_NAME));
@@ -306,6 +310,7 @@ impl Engine {
             threads: Threads::new(threads)?,
             store,
             plan,
+            stream_working_set_bytes,
             context_tokens,
             prefill_chunk_tokens,
             content_hash,
@@ -340,6 +345,16 @@ impl Engine {
     /// The expert cache's capacity in bytes.
     pub fn expert_cache_bytes(&self) -> usize {
         self.store.capacity_bytes()
+    }
+
+    /// How many streams' per-token working sets the expert cache holds at
+    /// once ([`strata_tier::batch_capacity`]). Streams that share no experts
+    /// read more per token when more than this decode together; a trained
+    /// router's streams share many, and on the demo model 4 streams past it
+    /// still read less per token than 1 (docs/BENCHMARKS.md, "A cache sized
+    /// for the batch"), so callers warn rather than refuse.
+    pub fn batch_capacity(&self) -> usize {
+        strata_tier::batch_capacity(self.store.capacity_bytes() as u64, self.stream_working_set_bytes)
     }
 
     /// Memory in use now, beside the capacities the budget planned.

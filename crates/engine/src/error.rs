@@ -67,6 +67,11 @@ pub enum Error {
     /// An option outside what the engine accepts.
     #[error("invalid option {option}: {reason}")]
     InvalidOption { option: &'static str, reason: String },
+    /// A structured-output grammar that cannot go on (nothing the model's
+    /// vocabulary spells is allowed next), or that could not be built over
+    /// the model's tokenizer.
+    #[error("grammar: {0}")]
+    Grammar(String),
     /// A request the engine cannot serve (e.g. an empty prompt).
     #[error("{0}")]
     InvalidRequest(String),

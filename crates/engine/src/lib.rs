@@ -29,6 +29,7 @@ mod decode;
 mod demo;
 mod engine;
 mod error;
+mod grammar;
 pub mod hub;
 pub mod mirror;
 mod persist;
@@ -45,6 +46,7 @@ pub use engine::{
     CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch, USAGE_FILE_NAME, kv_footprint,
 };
 pub use error::{Error, Result};
+pub use grammar::{Grammar, GrammarCompiler};
 pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport, session_path, validate_session_name};
 pub use resolve::{AUTO_CONVERT_PRESET, ResolvedModel, default_cache_dir, resolve_model};
 pub use sampler::{Sampler, SamplingDefaults, SamplingOptions};
@@ -52,4 +54,7 @@ pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
 pub use strata_format::ModelSpec;
 pub use strata_kv::CutTail;
 pub use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget, StoreStats, resident_bytes};
-pub use text::{ChatTemplate, Detokenizer, Message, StopOutput, StopStrings, Tokenizer, eos_ids_from_dir};
+pub use text::{
+    ChatTemplate, Detokenizer, Message, ParsedCall, StopOutput, StopStrings, Tokenizer, ToolCall, ToolCallParser,
+    ToolEvent, ToolSyntax, eos_ids_from_dir,
+};

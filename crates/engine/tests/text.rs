@@ -1,10 +1,12 @@
 //! Text in, text out, against Hugging Face's own code: fixtures written by
 //! `xtask/fixtures/templates.py` with the pinned transformers/tokenizers.
 //!
-//! - chat templates (three published models' and our own feature template,
-//!   plus model directories read with `ChatTemplate::from_dir`) render
-//!   exactly as transformers' `apply_chat_template(..., tokenize=False)`, or
-//!   fail where it raises;
+//! - chat templates (published models' and our own feature template, plus
+//!   model directories read with `ChatTemplate::from_dir`) render exactly as
+//!   transformers' `apply_chat_template(..., tokenize=False)`, or fail where
+//!   it raises; with `tools=`, assistant tool calls and tool results for the
+//!   families that have tool templates (Qwen3, Qwen3.5, DeepSeek-V3.1, Kimi
+//!   K2, GLM-4.6, Mistral);
 //! - tokenizers encode and decode as the Python `tokenizers` library;
 //! - streaming detokenization hands out whole characters only, and its
 //!   pieces add up to the full decode, however the ids are chunked;
@@ -62,7 +64,7 @@ fn messages(case: &Value) -> Vec<Message> {
 fn templates_render_as_transformers() {
     let expected = read_json(&testdata().join("templates/expected.json"));
     let cases = expected["cases"].as_array().unwrap();
-    assert!(cases.len() >= 40, "{} cases", cases.len());
+    assert!(cases.len() >= 70, "{} cases", cases.len());
     let mut checked = BTreeMap::<String, usize>::new();
     for case in cases {
         let (label, template) = if let Some(name) = case["template"].as_str() {
@@ -90,12 +92,22 @@ fn templates_render_as_transformers() {
             _ => panic!("{what}: case has neither output nor error"),
         }
         *checked.entry(label).or_default() += 1;
+        if let Some(calls) = case["messages"].as_array().and_then(|m| m.iter().find_map(|m| m.get("tool_calls"))) {
+            // The fixture passed arguments as the template reads them; the
+            // template's probe must have found the same form.
+            let as_mapping = calls[0]["function"]["arguments"].is_object();
+            assert_eq!(template.arguments_as_mapping(), as_mapping, "{what}");
+        }
     }
     for must in [
         "qwen3.jinja",
         "mixtral-instruct.jinja",
         "mistral-nemo-instruct.jinja",
         "features.jinja",
+        "qwen3.5.jinja",
+        "deepseek-v3.1.jinja",
+        "kimi-k2.jinja",
+        "glm-4.6.jinja",
         "tokenizer/bpe",
         "tokenizer/spm",
         "tokenizer/jinja",

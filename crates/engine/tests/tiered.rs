@@ -181,6 +181,25 @@ fn the_budget_reserves_kv_for_every_session_held_at_once() {
 }
 
 #[test]
+fn batch_capacity_counts_the_per_token_working_sets_the_cache_holds() {
+    let dir = convert("qwen3_moe", QuantPreset::F32);
+    let engine = open(&dir, &options(&dir));
+    let container = engine.container();
+    let spec = engine.spec();
+    let moe_layers: Vec<usize> =
+        (0..spec.num_layers).filter(|&layer| spec.layers[layer] == strata_format::LayerKind::Moe).collect();
+    let working_set_bytes: u64 = moe_layers
+        .iter()
+        .map(|&layer| container.expert_layout(layer).unwrap().record_bytes * spec.moe.top_k as u64)
+        .sum();
+    assert!(working_set_bytes > 0);
+    for (cache_bytes, streams) in [(0, 1), (working_set_bytes - 1, 1), (3 * working_set_bytes, 3)] {
+        let opts = EngineOptions { expert_cache_bytes: Some(cache_bytes), ..options(&dir) };
+        assert_eq!(open(&dir, &opts).batch_capacity(), streams, "cache of {cache_bytes} bytes");
+    }
+}
+
+#[test]
 fn an_expert_file_truncated_while_running_is_an_error_not_garbage() {
     let dir = convert("mixtral", QuantPreset::F32);
     let opts = EngineOptions { expert_cache_bytes: Some(0), ..options(&dir) };

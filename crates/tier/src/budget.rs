@@ -154,6 +154,21 @@ impl BudgetPlan {
     }
 }
 
+/// How many streams decoded together the expert cache can serve without
+/// thrashing: how many streams' per-token working sets (the experts one
+/// token routes to in every MoE layer, `stream_working_set_bytes`) it holds
+/// at once. At least 1, since one stream always runs (a cache below one
+/// working set streams through the I/O buffers). Past this, streams that
+/// share no experts evict each other's before their next tokens can reuse
+/// them, so a batch reads more per token than one stream does.
+pub fn batch_capacity(expert_cache_bytes: u64, stream_working_set_bytes: u64) -> usize {
+    if stream_working_set_bytes == 0 {
+        // No routed experts: nothing to thrash.
+        return usize::MAX;
+    }
+    usize::try_from(expert_cache_bytes / stream_working_set_bytes).unwrap_or(usize::MAX).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +207,15 @@ mod tests {
         let err = BudgetPlan::new(4 << 20, huge).unwrap_err().to_string();
         assert!(err.contains("too small") && err.contains("TiB"), "{err}");
         assert!(BudgetPlan::new(u64::MAX, huge).is_err(), "the sum wraps past u64::MAX");
+    }
+
+    #[test]
+    fn batch_capacity_counts_whole_working_sets_and_is_at_least_one() {
+        assert_eq!(batch_capacity(1000, 250), 4);
+        assert_eq!(batch_capacity(999, 250), 3);
+        assert_eq!(batch_capacity(100, 250), 1, "one stream always runs");
+        assert_eq!(batch_capacity(0, 250), 1);
+        assert_eq!(batch_capacity(1000, 0), usize::MAX, "a dense model has nothing to thrash");
     }
 
     #[test]

@@ -25,14 +25,14 @@ mod usage;
 
 pub use aligned::AlignedBuf;
 pub use budget::{
-    AUTO_SHARE_PERCENT, BudgetNeeds, BudgetPlan, RamBudget, SLACK_BYTES, mem_available_bytes, peak_rss_bytes,
-    resident_bytes,
+    AUTO_SHARE_PERCENT, BudgetNeeds, BudgetPlan, RamBudget, SLACK_BYTES, batch_capacity, mem_available_bytes,
+    peak_rss_bytes, resident_bytes,
 };
 pub use error::{Error, Result};
 pub use io::{IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
 pub use mirror::{LayerFile, MirrorOptions, MirrorSpec, Mirrors};
 pub use policy::{Policy, PolicyKind, new_policy};
-pub use replay::{HitRate, ReplayReport, replay, simulate};
+pub use replay::{HitRate, ReplayReport, replay, replay_learned, simulate};
 pub use size::ByteSize;
 pub use store::{ExpertKey, ExpertSource, ExpertStore, Loads, PREFETCH_IN_FLIGHT, StoreOptions, StoreStats};
 pub use trace::{TRACE_FORMAT, TRACE_VERSION, TraceEvent, TraceHeader, TraceWriter, read_trace};

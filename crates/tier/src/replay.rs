@@ -55,7 +55,8 @@ pub struct ReplayReport {
     /// usage from other runs can give it. Its hot set holds up to half the
     /// capacity.
     pub pinned: HitRate,
-    /// Learned routing transitions (`predict`), starting from nothing.
+    /// Learned routing transitions (`predict`), starting from nothing or
+    /// from another trace's ([`replay_learned`]).
     pub predict: HitRate,
     /// Belady's optimal policy.
     pub belady: HitRate,
@@ -92,10 +93,23 @@ impl fmt::Display for ReplayReport {
 }
 
 /// Replays `events` through a cache of `capacity_records` records under
-/// each policy.
+/// each policy, `predict` starting from nothing.
 pub fn replay(header: &TraceHeader, events: &[TraceEvent], capacity_records: usize) -> ReplayReport {
+    replay_learned(header, events, capacity_records, &[])
+}
+
+/// [`replay`], with `predict` first learning the transitions of `learned`:
+/// a trace recorded on other text, as a run that had learned them would.
+pub fn replay_learned(
+    header: &TraceHeader,
+    events: &[TraceEvent],
+    capacity_records: usize,
+    learned: &[TraceEvent],
+) -> ReplayReport {
     // The pinned policy learns from a first pass over the same trace.
     let usage: Usage = accesses(events).collect();
+    let mut predict = Predict::new(header.num_experts);
+    predict.learn(learned);
     let pinned_max = capacity_records / 2;
     let mut belady = Belady::new(
         events.iter().filter(|event| fits(event, capacity_records)).map(|event| accesses([event]).collect()),
@@ -108,7 +122,7 @@ pub fn replay(header: &TraceHeader, events: &[TraceEvent], capacity_records: usi
         lru: simulate(&mut Lru::new(), events, capacity_records),
         lfru: simulate(&mut Lfru::new(), events, capacity_records),
         pinned: simulate(&mut Pinned::new(usage.top(pinned_max)), events, capacity_records),
-        predict: simulate(&mut Predict::new(header.num_experts), events, capacity_records),
+        predict: simulate(&mut predict, events, capacity_records),
         belady: simulate_admitting(&mut belady, events, capacity_records, Belady::admits),
     }
 }
@@ -545,27 +559,39 @@ mod demo_trace {
     use super::*;
     use crate::read_trace;
 
-    fn demo_report(capacity_records: usize) -> ReplayReport {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/demo/trace-heldout-decode.jsonl");
-        let (header, events) = read_trace(&path).unwrap();
-        replay(&header, &events, capacity_records)
+    fn demo_trace(name: &str) -> (TraceHeader, Vec<TraceEvent>) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/demo").join(name);
+        read_trace(&path).unwrap()
     }
 
-    /// Issue 15 asks for half the gap from LRU to Belady at a quarter and
-    /// at half of the demo model's 128 experts. Measured: 47% of it at a
-    /// quarter (62.2% against LRU 50.3%, Belady 75.8%) and 49% at half
-    /// (87.8% against 82.5% and 93.4%); this guards those shares, so a
-    /// change that loses ground fails here.
+    /// The share of the gap from LRU to Belady that `predict` closes, in
+    /// percent (rounded down).
+    fn gap_closed_percent(report: &ReplayReport) -> u64 {
+        let gap = report.belady.hits - report.lru.hits;
+        100 * report.predict.hits.saturating_sub(report.lru.hits) / gap
+    }
+
+    /// Issue 15 asks for half the gap from LRU to Belady at a quarter and at
+    /// half of the demo model's 128 experts, on held-out text. Learning from
+    /// the six windows of held-out text that follow the judged trace
+    /// (`trace-heldout-learn.jsonl`), `predict` closes 50% at a quarter
+    /// (63.07% against LRU 50.30%, Belady 75.75%) and 56% at half (88.65%
+    /// against 82.54% and 93.36%); starting from nothing, 49% and 54%. This
+    /// guards those shares, so a change that loses ground fails here.
     #[test]
-    fn predict_closes_the_lru_to_belady_gap_on_the_demo_trace() {
-        for (capacity_records, gap_share_percent) in [(32, 46), (64, 48)] {
-            let report = demo_report(capacity_records);
-            println!("{report}");
-            let gap = report.belady.hits - report.lru.hits;
-            let closed = report.predict.hits.saturating_sub(report.lru.hits);
-            assert!(100 * closed >= gap_share_percent * gap, "{report}");
-            assert!(report.rows().iter().all(|(_, rate)| rate.hits <= report.belady.hits), "{report}");
+    fn predict_closes_half_the_lru_to_belady_gap_on_held_out_demo_text() {
+        let (header, events) = demo_trace("trace-heldout-decode.jsonl");
+        let (learn_header, learned) = demo_trace("trace-heldout-learn.jsonl");
+        assert_eq!(learn_header, header, "both traces come from the same container");
+        for (capacity_records, learned_percent, cold_percent) in [(32, 50, 49), (64, 56, 54)] {
+            let warm = replay_learned(&header, &events, capacity_records, &learned);
+            let cold = replay(&header, &events, capacity_records);
+            println!("{warm}{cold}");
+            assert!(gap_closed_percent(&warm) >= learned_percent, "{warm}");
+            assert!(gap_closed_percent(&cold) >= cold_percent, "{cold}");
+            for report in [warm, cold] {
+                assert!(report.rows().iter().all(|(_, rate)| rate.hits <= report.belady.hits), "{report}");
+            }
         }
     }
 }

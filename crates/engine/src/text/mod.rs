@@ -9,6 +9,8 @@
 //! - [`Detokenizer`]: streaming decode that only ever hands out complete
 //!   characters, and whose pieces add up to a full decode.
 //! - [`StopStrings`]: stop sequences matched across streamed chunks.
+//! - [`ToolCallParser`]: tool calls out of a streamed answer, in the
+//!   [`ToolSyntax`] the model's template shows.
 //! - [`eos_ids_from_dir`]: every id that ends generation.
 //!
 //! Nothing here downloads anything: every file is read from the directory.
@@ -17,6 +19,7 @@ mod detok;
 mod stop;
 mod template;
 mod tokenizer;
+mod tools;
 
 use std::path::Path;
 
@@ -24,8 +27,11 @@ use serde_json::Value;
 
 pub use detok::Detokenizer;
 pub use stop::{StopOutput, StopStrings};
-pub use template::{CHAT_TEMPLATE_FILE, ChatTemplate, Message, SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE};
+pub use template::{
+    CHAT_TEMPLATE_FILE, ChatTemplate, Message, SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE, ToolCall,
+};
 pub use tokenizer::{TOKENIZER_FILE, Tokenizer};
+pub use tools::{ParsedCall, ToolCallParser, ToolEvent, ToolSyntax};
 
 use crate::{Error, Result};
 

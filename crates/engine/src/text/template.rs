@@ -35,17 +35,29 @@ type JinjaResult<T> = std::result::Result<T, minijinja::Error>;
 /// locations (`chat_template:12`).
 const TEMPLATE_NAME: &str = "chat_template";
 
-/// One turn of a conversation.
+/// One turn of a conversation, in the shape transformers' templates read:
+/// OpenAI's chat messages (`role`, `content`, an assistant's `tool_calls`,
+/// a tool result's `tool_call_id` and `name`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
-    /// `system`, `user`, `assistant` (templates decide what they accept).
+    /// `system`, `user`, `assistant`, `tool` (templates decide what they accept).
     pub role: String,
     pub content: String,
+    /// The calls an assistant turn made (empty: none, and the key is left out,
+    /// as templates test `message.tool_calls is defined`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Which call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The function a `tool` message is the result of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
-        Message { role: role.into(), content: content.into() }
+        Message { role: role.into(), content: content.into(), tool_calls: Vec::new(), tool_call_id: None, name: None }
     }
 
     pub fn system(content: impl Into<String>) -> Message {
@@ -59,6 +71,74 @@ impl Message {
     pub fn assistant(content: impl Into<String>) -> Message {
         Message::new("assistant", content)
     }
+
+    /// An assistant turn that called tools (with whatever text came first).
+    pub fn assistant_calls(content: impl Into<String>, tool_calls: Vec<ToolCall>) -> Message {
+        Message { tool_calls, ..Message::new("assistant", content) }
+    }
+
+    /// The result of the call `tool_call_id` to the function `name`.
+    pub fn tool_result(
+        tool_call_id: impl Into<String>,
+        name: impl Into<String>,
+        content: impl Into<String>,
+    ) -> Message {
+        Message { tool_call_id: Some(tool_call_id.into()), name: Some(name.into()), ..Message::new("tool", content) }
+    }
+}
+
+/// One call of a function, as OpenAI's `tool_calls` carry it: `{"id",
+/// "type": "function", "function": {"name", "arguments"}}`. `arguments` is
+/// JSON text; read from a mapping (as transformers' users often write it),
+/// it is that mapping's JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "WireToolCall", into = "WireToolCall")]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireToolCall {
+    #[serde(default)]
+    id: String,
+    #[serde(rename = "type", default = "function_type")]
+    kind: String,
+    function: WireFunction,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireFunction {
+    name: String,
+    arguments: serde_json::Value,
+}
+
+fn function_type() -> String {
+    "function".to_owned()
+}
+
+impl TryFrom<WireToolCall> for ToolCall {
+    type Error = String;
+
+    fn try_from(wire: WireToolCall) -> std::result::Result<ToolCall, String> {
+        let arguments = match wire.function.arguments {
+            serde_json::Value::String(text) => text,
+            serde_json::Value::Object(map) => serde_json::Value::Object(map).to_string(),
+            other => return Err(format!("tool call arguments must be a string or an object, not {other}")),
+        };
+        Ok(ToolCall { id: wire.id, name: wire.function.name, arguments })
+    }
+}
+
+impl From<ToolCall> for WireToolCall {
+    fn from(call: ToolCall) -> WireToolCall {
+        WireToolCall {
+            id: call.id,
+            kind: function_type(),
+            function: WireFunction { name: call.name, arguments: serde_json::Value::String(call.arguments) },
+        }
+    }
 }
 
 /// A compiled chat template with the special tokens it may refer to.
@@ -67,6 +147,9 @@ pub struct ChatTemplate {
     source: String,
     special_tokens: BTreeMap<String, String>,
     path: PathBuf,
+    /// Whether calls' arguments reach the template as a mapping rather than
+    /// JSON text (see [`ChatTemplate::arguments_as_mapping`]).
+    arguments_as_mapping: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -128,7 +211,39 @@ impl ChatTemplate {
         let jinja = generation_blocks_as_plain_blocks(&source);
         env.add_template_owned(TEMPLATE_NAME, jinja)
             .map_err(|e| Error::Template { path: path.clone(), reason: describe(&e) })?;
-        Ok(ChatTemplate { env, source, special_tokens, path })
+        let mut template = ChatTemplate { env, source, special_tokens, path, arguments_as_mapping: false };
+        template.arguments_as_mapping = template.probe_arguments_as_mapping();
+        Ok(template)
+    }
+
+    /// Templates disagree on what a call's `arguments` is: Qwen3.5's and
+    /// GLM's iterate a mapping (`arguments.items()`), DeepSeek's concatenate
+    /// a string (`name + '<｜tool▁sep｜>' + arguments`), Qwen3's take either.
+    /// transformers passes what the caller gave; the caller picks what the
+    /// template reads, and so do we: a probe call with mapping arguments must
+    /// render and show its argument's name, or arguments stay JSON text.
+    fn probe_arguments_as_mapping(&self) -> bool {
+        const ARGUMENT: &str = "probe_argument_7f3a";
+        let call = ToolCall {
+            // Nine characters: Mistral's templates refuse other ids.
+            id: "probe0001".to_owned(),
+            name: "probe_function".to_owned(),
+            arguments: format!("{{\"{ARGUMENT}\": \"value\"}}"),
+        };
+        let messages = [
+            Message::user("probe"),
+            Message::assistant_calls("", vec![call.clone()]),
+            Message::tool_result(call.id, call.name, "result"),
+        ];
+        self.render_messages(&messages, true, true, &serde_json::Map::new())
+            .is_ok_and(|prompt| prompt.contains(ARGUMENT))
+    }
+
+    /// Whether this template reads a call's `arguments` as a mapping (the
+    /// JSON object) rather than as JSON text; [`ChatTemplate::render`] passes
+    /// them so.
+    pub fn arguments_as_mapping(&self) -> bool {
+        self.arguments_as_mapping
     }
 
     /// The template's Jinja source, as written.
@@ -156,13 +271,24 @@ impl ChatTemplate {
 
     /// [`ChatTemplate::render`] with extra template variables, as keyword
     /// arguments to `apply_chat_template` (e.g. `enable_thinking: false`, or
-    /// `tools`). They override special tokens of the same name, as there.
-    /// Objects inside them reach the template with serde_json's key order
-    /// (sorted), where Python would keep insertion order.
+    /// `tools`: the list of OpenAI tool objects, `{"type": "function",
+    /// "function": {"name", "description", "parameters"}}`). They override
+    /// special tokens of the same name, as there. Objects keep their key
+    /// order, as Python dicts do (templates print tools with `tojson`).
     pub fn render_with(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
+        variables: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        self.render_messages(messages, add_generation_prompt, self.arguments_as_mapping, variables)
+    }
+
+    fn render_messages(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        arguments_as_mapping: bool,
         variables: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String> {
         let mut context: BTreeMap<String, Value> =
@@ -174,16 +300,43 @@ impl ChatTemplate {
         for (key, value) in variables {
             context.insert(key.clone(), Value::from_serialize(value));
         }
-        context.insert("messages".to_owned(), Value::from_serialize(messages));
+        context.insert("messages".to_owned(), messages_value(messages, arguments_as_mapping));
         context.insert("add_generation_prompt".to_owned(), Value::from(add_generation_prompt));
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::Template { path: self.path.clone(), reason: describe(&e) })?;
-        template
-            .render(Value::from(context))
-            .map_err(|e| Error::Template { path: self.path.clone(), reason: describe(&e) })
+        // minijinja 2.24 panics on some inputs Python renders (a backward
+        // slice of an empty string, `''[::-1]`, indexes past its end): a
+        // conversation is outside input, so that is the template's error.
+        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| template.render(Value::from(context))))
+            .map_err(|_| Error::Template {
+                path: self.path.clone(),
+                reason: "the template engine panicked on this conversation".to_owned(),
+            })?;
+        rendered.map_err(|e| Error::Template { path: self.path.clone(), reason: describe(&e) })
     }
+}
+
+/// `messages` as the template sees them: each a mapping in transformers'
+/// shape, calls' arguments as JSON text, or as the object it holds when
+/// `arguments_as_mapping` (arguments that are no JSON object stay text).
+fn messages_value(messages: &[Message], arguments_as_mapping: bool) -> Value {
+    if !arguments_as_mapping || messages.iter().all(|m| m.tool_calls.is_empty()) {
+        return Value::from_serialize(messages);
+    }
+    let mut json = serde_json::to_value(messages).unwrap_or(serde_json::Value::Null);
+    for message in json.as_array_mut().into_iter().flatten() {
+        let calls = message.get_mut("tool_calls").and_then(serde_json::Value::as_array_mut);
+        for call in calls.into_iter().flatten() {
+            let Some(arguments) = call.pointer_mut("/function/arguments") else { continue };
+            let parsed = arguments.as_str().and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok());
+            if let Some(object @ serde_json::Value::Object(_)) = parsed {
+                *arguments = object;
+            }
+        }
+    }
+    Value::from_serialize(json)
 }
 
 /// The Jinja environment transformers builds (`_compile_jinja_template`).
@@ -834,6 +987,14 @@ mod tests {
         assert!(err.contains(TOKENIZER_CONFIG_FILE) && err.contains("default"), "{err}");
         std::fs::write(dir.path().join(TOKENIZER_CONFIG_FILE), r#"{"eos_token": "</s>"}"#).unwrap();
         assert!(ChatTemplate::from_dir(dir.path()).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_minijinja_panic_is_the_templates_error() {
+        let template = ChatTemplate::new("{{ messages[0].content[::-1] }}", BTreeMap::new()).unwrap();
+        let err = template.render(&[Message::user("")], false).unwrap_err().to_string();
+        assert!(err.contains("panicked"), "{err}");
+        assert_eq!(template.render(&[Message::user("ab")], false).unwrap(), "ba");
     }
 
     #[test]

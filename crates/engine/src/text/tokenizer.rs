@@ -104,6 +104,12 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The `tokenizers` crate's tokenizer, for what reads its vocabulary's
+    /// spelling (the grammar's token trie).
+    pub(crate) fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
     fn error(&self, what: &str, e: tokenizers::Error) -> Error {
         Error::Tokenizer { path: self.path.clone(), reason: format!("{what}: {e}") }
     }

@@ -1,0 +1,160 @@
+//! Structured outputs: grammars applied to the logits at each step, so that
+//! what a sequence samples is always a prefix of something the grammar
+//! accepts (`response_format` JSON, a forced tool call). Built on llguidance
+//! (the grammar engine llama.cpp, vLLM and SGLang use): it compiles a JSON
+//! schema or a Lark grammar lazily and computes each step's token mask over
+//! the model's own vocabulary in tens of microseconds.
+//!
+//! [`GrammarCompiler`] is built once per model (the token trie of its
+//! vocabulary); each request gets its own [`Grammar`], a
+//! [`Constraint`](crate::Constraint) that the decode step asks for the mask
+//! before sampling and tells the token chosen after.
+
+mod tool_call;
+mod vocab;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::Value;
+
+use crate::text::{Tokenizer, ToolSyntax};
+use crate::{Constraint, Error, Result};
+use vocab::Vocab;
+
+/// JSON as llguidance writes it under our grammars: Python's `json.dumps`
+/// separators, no free whitespace. Fixed separators keep a small model from
+/// spending its tokens on whitespace, and match how chat templates print
+/// JSON to the model.
+fn json_options() -> Value {
+    serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+/// `schema` with our JSON options, unless it sets its own.
+fn with_json_options(schema: &Value) -> Value {
+    let mut schema = schema.clone();
+    if let Value::Object(map) = &mut schema {
+        map.entry("x-guidance").or_insert_with(json_options);
+    }
+    schema
+}
+
+/// Compiles grammars over one model's vocabulary.
+pub struct GrammarCompiler {
+    vocab: Arc<Vocab>,
+    factory: Arc<ParserFactory>,
+}
+
+impl std::fmt::Debug for GrammarCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarCompiler").finish_non_exhaustive()
+    }
+}
+
+impl GrammarCompiler {
+    /// The compiler for a model with `tokenizer`, whose generation ends at
+    /// `eos_ids` (a complete grammar allows exactly these next).
+    pub fn new(tokenizer: &Tokenizer, eos_ids: &[u32]) -> Result<GrammarCompiler> {
+        let vocab = Arc::new(Vocab::new(tokenizer, eos_ids)?);
+        let env: toktrie::TokEnv = vocab.clone();
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Grammar(e.to_string()))?;
+        // Warnings and errors come back as values; nothing is printed.
+        factory.quiet();
+        Ok(GrammarCompiler { vocab, factory: Arc::new(factory) })
+    }
+
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    pub fn json_object(&self) -> Result<Grammar> {
+        self.json_schema(&serde_json::json!({"type": "object"}))
+    }
+
+    /// A JSON value valid under `schema` (`response_format: {"type":
+    /// "json_schema"}`). A schema llguidance cannot compile is the request's
+    /// error.
+    pub fn json_schema(&self, schema: &Value) -> Result<Grammar> {
+        if !schema.is_object() && !schema.is_boolean() {
+            return Err(Error::InvalidRequest("a JSON schema must be an object".to_owned()));
+        }
+        self.compile(TopLevelGrammar::from_json_schema(with_json_options(schema)))
+    }
+
+    /// One call, in the model's `syntax`, of the function `name` (or of any
+    /// of `tools` when `None`: `tool_choice: "required"`), its arguments
+    /// valid under the function's `parameters` schema. `tools` are OpenAI
+    /// tool objects (`{"type": "function", "function": {...}}`).
+    pub fn tool_call(&self, syntax: ToolSyntax, tools: &[Value], name: Option<&str>) -> Result<Grammar> {
+        let lark = tool_call::lark(syntax, tools, name, |marker| self.vocab.special_id(marker))?;
+        self.compile(TopLevelGrammar::from_lark(lark))
+    }
+
+    fn compile(&self, grammar: TopLevelGrammar) -> Result<Grammar> {
+        let parser = self.factory.create_parser(grammar).map_err(|e| Error::InvalidRequest(format!("grammar: {e}")))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(error) = matcher.get_error() {
+            return Err(Error::InvalidRequest(format!("grammar: {error}")));
+        }
+        Ok(Grammar { matcher, mask_time: Duration::ZERO, masks: 0 })
+    }
+}
+
+/// One sequence's grammar and where it stands.
+pub struct Grammar {
+    matcher: Matcher,
+    /// Time spent computing masks, and how many: the grammar's cost per token.
+    mask_time: Duration,
+    masks: u64,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar").field("masks", &self.masks).field("mask_time", &self.mask_time).finish()
+    }
+}
+
+impl Grammar {
+    /// Total time spent in [`Constraint::mask`] and the number of masks.
+    pub fn mask_stats(&self) -> (Duration, u64) {
+        (self.mask_time, self.masks)
+    }
+
+    fn error(&self, what: &str, e: impl std::fmt::Display) -> Error {
+        Error::Grammar(format!("{what}: {e}"))
+    }
+}
+
+impl Constraint for Grammar {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
+        let start = Instant::now();
+        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| self.error("mask", e))?;
+        let words = allowed.as_slice();
+        let is_allowed = |token: usize| words.get(token / 32).is_some_and(|w| w >> (token % 32) & 1 == 1);
+        // Refuse before touching the row: an error leaves the logits as they were.
+        if !logits.iter().enumerate().any(|(token, logit)| logit.is_finite() && is_allowed(token)) {
+            return Err(self.error("mask", "no token the model can sample is allowed"));
+        }
+        for (chunk_index, chunk) in logits.chunks_mut(32).enumerate() {
+            let word = words.get(chunk_index).copied().unwrap_or(0);
+            if word == u32::MAX && chunk.len() == 32 {
+                continue;
+            }
+            for (bit, logit) in chunk.iter_mut().enumerate() {
+                if word >> bit & 1 == 0 {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+        self.mask_time += start.elapsed();
+        self.masks += 1;
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> Result<()> {
+        self.matcher.consume_token(token).map_err(|e| self.error("accept", e))
+    }
+
+    fn is_finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}

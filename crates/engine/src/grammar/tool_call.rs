@@ -1,0 +1,205 @@
+//! A forced tool call as a Lark grammar (llguidance's dialect): the model's
+//! own call syntax around arguments held to the function's `parameters`
+//! schema, so that what the model writes is what its parser reads.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use super::with_json_options;
+use crate::text::ToolSyntax;
+use crate::{Error, Result};
+
+/// The grammar of one call of `name` (any of `tools` when `None`) in
+/// `syntax`. `special_id` gives the id of a marker that is a special token
+/// (named `<[id]>` in the grammar, as no text spells it).
+pub(super) fn lark(
+    syntax: ToolSyntax,
+    tools: &[Value],
+    name: Option<&str>,
+    special_id: impl Fn(&str) -> Option<u32>,
+) -> Result<String> {
+    let functions: Vec<(&str, Value)> = tools
+        .iter()
+        .map(|tool| {
+            let function = tool.get("function").unwrap_or(tool);
+            let fname = function.get("name").and_then(Value::as_str).filter(|n| !n.is_empty());
+            let fname = fname.ok_or_else(|| Error::InvalidRequest("a tool has no function name".to_owned()))?;
+            let parameters =
+                function.get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}));
+            Ok((fname, parameters))
+        })
+        .collect::<Result<_>>()?;
+    let chosen: Vec<&(&str, Value)> = functions.iter().filter(|(fname, _)| name.is_none_or(|n| n == *fname)).collect();
+    if chosen.is_empty() {
+        return Err(Error::InvalidRequest(match name {
+            Some(name) => format!("tool_choice names {name:?}, which is not among the tools"),
+            None => "tool_choice requires a tool call but no tools were given".to_owned(),
+        }));
+    }
+    let marker = |text: &str| match special_id(text) {
+        Some(id) => format!("<[{id}]>"),
+        None => literal(text),
+    };
+    let mut grammar = String::new();
+    let alternatives: Vec<String> = (0..chosen.len()).map(|i| format!("call_{i}")).collect();
+    let _ = writeln!(grammar, "start: {}", alternatives.join(" | "));
+    for (i, (fname, parameters)) in chosen.iter().enumerate() {
+        let args = format!("%json {}", with_json_options(parameters));
+        let rule = match syntax {
+            ToolSyntax::JsonTags => format!(
+                "{} {} {args} {} {}",
+                marker("<tool_call>"),
+                literal(&format!("\n{{\"name\": \"{fname}\", \"arguments\": ")),
+                literal("}\n"),
+                marker("</tool_call>")
+            ),
+            ToolSyntax::DeepSeek => format!(
+                "{} {} {} {} {args} {} {}",
+                marker("<｜tool▁calls▁begin｜>"),
+                marker("<｜tool▁call▁begin｜>"),
+                literal(fname),
+                marker("<｜tool▁sep｜>"),
+                marker("<｜tool▁call▁end｜>"),
+                marker("<｜tool▁calls▁end｜>")
+            ),
+            ToolSyntax::DeepSeekFenced => format!(
+                "{} {} {} {} {} {args} {} {} {}",
+                marker("<｜tool▁calls▁begin｜>"),
+                marker("<｜tool▁call▁begin｜>"),
+                literal("function"),
+                marker("<｜tool▁sep｜>"),
+                literal(&format!("{fname}\n```json\n")),
+                literal("\n```"),
+                marker("<｜tool▁call▁end｜>"),
+                marker("<｜tool▁calls▁end｜>")
+            ),
+            ToolSyntax::Kimi => format!(
+                "{} {} {} {} {args} {} {}",
+                marker("<|tool_calls_section_begin|>"),
+                marker("<|tool_call_begin|>"),
+                literal(&format!("functions.{fname}:0")),
+                marker("<|tool_call_argument_begin|>"),
+                marker("<|tool_call_end|>"),
+                marker("<|tool_calls_section_end|>")
+            ),
+            ToolSyntax::Mistral => format!(
+                "{} {} {args} {}",
+                marker("[TOOL_CALLS]"),
+                literal(&format!("[{{\"name\": \"{fname}\", \"arguments\": ")),
+                literal("}]")
+            ),
+            ToolSyntax::XmlFunction => format!(
+                "{} {} {} {}",
+                marker("<tool_call>"),
+                literal(&format!("\n<function={fname}>\n")),
+                parameters_rules(&mut grammar, i, parameters, |key| {
+                    (literal(&format!("<parameter={key}>\n")), literal("\n</parameter>\n"), "[^<\\n]")
+                }),
+                format_args!("{} {}", literal("</function>\n"), marker("</tool_call>"))
+            ),
+            ToolSyntax::GlmArgs => format!(
+                "{} {} {} {}",
+                marker("<tool_call>"),
+                literal(&format!("{fname}\n")),
+                parameters_rules(&mut grammar, i, parameters, |key| {
+                    (literal(&format!("<arg_key>{key}</arg_key>\n<arg_value>")), literal("</arg_value>\n"), "[^<]")
+                }),
+                marker("</tool_call>")
+            ),
+        };
+        let _ = writeln!(grammar, "call_{i}: {rule}");
+    }
+    Ok(grammar)
+}
+
+/// The XML syntaxes write each argument as text between tags: one rule per
+/// property of the schema, in its order, optional unless required; strings
+/// as plain text (characters of `text_char`, which keeps markup out, within
+/// the schema's length bounds, or one of its `enum`), everything else as
+/// the JSON its own schema allows. Returns the sequence of rules for the
+/// call.
+fn parameters_rules(
+    grammar: &mut String,
+    call: usize,
+    parameters: &Value,
+    tags: impl Fn(&str) -> (String, String, &'static str),
+) -> String {
+    let required: Vec<&str> =
+        parameters.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+    let mut sequence = Vec::new();
+    let properties = parameters.get("properties").and_then(Value::as_object).into_iter().flatten();
+    for (k, (key, schema)) in properties.enumerate() {
+        let (open, close, text_char) = tags(key);
+        let value = text_value(schema, text_char).unwrap_or_else(|| format!("%json {}", with_json_options(schema)));
+        let _ = writeln!(grammar, "arg_{call}_{k}: {open} {value} {close}");
+        let optional = if required.contains(&key.as_str()) { "" } else { "?" };
+        sequence.push(format!("arg_{call}_{k}{optional}"));
+    }
+    sequence.join(" ")
+}
+
+/// A string parameter as the XML syntaxes write it, bare: one of its enum's
+/// strings, or `text_char`s within its length bounds. `None` for anything
+/// else (written as JSON).
+fn text_value(schema: &Value, text_char: &str) -> Option<String> {
+    if let Some(choices) = schema.get("enum").and_then(Value::as_array) {
+        let strings: Option<Vec<String>> = choices.iter().map(|c| c.as_str().map(literal)).collect();
+        return strings.filter(|s| !s.is_empty()).map(|s| format!("({})", s.join(" | ")));
+    }
+    if schema.get("type").and_then(Value::as_str) != Some("string") {
+        return None;
+    }
+    let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(1).max(1);
+    let max = schema.get("maxLength").and_then(Value::as_u64);
+    Some(match max {
+        Some(max) => format!("/{text_char}{{{min},{}}}/", max.max(min)),
+        None => format!("/{text_char}{{{min},}}/"),
+    })
+}
+
+/// `text` as a Lark string literal (JSON's escapes, which Lark reads).
+fn literal(text: &str) -> String {
+    serde_json::to_string(text).expect("a string serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools() -> Vec<Value> {
+        serde_json::from_str(
+            r#"[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}},
+                {"type": "function", "function": {"name": "noop"}}]"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn named_call_in_qwen_syntax_uses_special_ids_for_markers() {
+        let ids = |m: &str| (m == "<tool_call>").then_some(7).or((m == "</tool_call>").then_some(8));
+        let grammar = lark(ToolSyntax::JsonTags, &tools(), Some("get_weather"), ids).unwrap();
+        assert!(grammar.starts_with("start: call_0\n"), "{grammar}");
+        assert!(
+            grammar.contains("<[7]> \"\\n{\\\"name\\\": \\\"get_weather\\\", \\\"arguments\\\": \" %json"),
+            "{grammar}"
+        );
+        assert!(grammar.contains("<[8]>"), "{grammar}");
+    }
+
+    #[test]
+    fn xml_syntax_has_a_rule_per_parameter() {
+        let grammar = lark(ToolSyntax::XmlFunction, &tools(), None, |_| None).unwrap();
+        assert!(grammar.starts_with("start: call_0 | call_1\n"), "{grammar}");
+        assert!(grammar.contains("arg_0_0: \"<parameter=city>\\n\" /[^<\\n]{1,}/"), "{grammar}");
+        assert!(grammar.contains("arg_0_0 arg_0_1?"), "{grammar}");
+    }
+
+    #[test]
+    fn unknown_or_missing_tools_are_the_request_error() {
+        let err = lark(ToolSyntax::JsonTags, &tools(), Some("nope"), |_| None).unwrap_err().to_string();
+        assert!(err.contains("nope"), "{err}");
+        assert!(lark(ToolSyntax::JsonTags, &[], None, |_| None).is_err());
+    }
+}

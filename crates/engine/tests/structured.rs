@@ -1,0 +1,233 @@
+//! Structured outputs on the demo model, sampled (not greedy) as a client's
+//! request would be: under a JSON schema, 50 seeded generations all parse
+//! and validate; forced tool calls in every syntax parse, with the model's
+//! own parser, to a call of the named function with valid arguments. Prints
+//! the grammar's mask time per token.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use strata_engine::{
+    Constraint, Engine, EngineOptions, Grammar, GrammarCompiler, Message, Sampler, SamplingOptions, TextModel,
+    ToolCallParser, ToolEvent, ToolSyntax,
+};
+use strata_format::{ConvertOptions, QuantPreset};
+
+const DEMO_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/demo");
+const SEEDS: u64 = 50;
+const MAX_NEW_TOKENS: usize = 200;
+
+fn container(dir: &tempfile::TempDir) -> PathBuf {
+    let out = dir.path().join("demo-f32");
+    strata_format::convert(DEMO_MODEL_DIR, &out, &ConvertOptions::new(QuantPreset::F32)).unwrap();
+    out
+}
+
+/// The answer to `prompt` sampled with `seed` under `grammar`: the text up
+/// to the end-of-sequence token or the grammar's end, and whether it got
+/// there within [`MAX_NEW_TOKENS`].
+fn generate_until(
+    engine: &Engine,
+    text: &TextModel,
+    prompt: &[u32],
+    grammar: &mut Grammar,
+    seed: u64,
+) -> (String, bool) {
+    let mut session = engine.session();
+    let mut sampler = Sampler::new(SamplingOptions { temperature: 1.0, top_k: 0, top_p: 1.0, seed });
+    let mut logits = session.feed(prompt).unwrap();
+    let mut answer = Vec::new();
+    let mut finished = false;
+    for _ in 0..MAX_NEW_TOKENS {
+        grammar.mask(&mut logits).unwrap();
+        let token = session.push_sampled(&mut sampler, &logits);
+        grammar.accept(token).unwrap();
+        if text.eos_token_ids.contains(&token) {
+            finished = true;
+            break;
+        }
+        answer.push(token);
+        if grammar.is_finished() {
+            finished = true;
+            break;
+        }
+        logits = session.feed(&[]).unwrap();
+    }
+    (text.tokenizer.decode(&answer, false).unwrap(), finished)
+}
+
+/// [`generate_until`] that must finish: the grammars under test bound every
+/// string, so the model cannot run past the token limit inside one.
+fn generate(engine: &Engine, text: &TextModel, prompt: &[u32], grammar: &mut Grammar, seed: u64) -> String {
+    let (answer, finished) = generate_until(engine, text, prompt, grammar, seed);
+    assert!(finished, "seed {seed}: no end within {MAX_NEW_TOKENS} tokens: {answer:?}");
+    answer
+}
+
+fn prompt(text: &TextModel, request: &str) -> Vec<u32> {
+    let template = text.template.as_ref().expect("the demo model has a chat template");
+    let rendered = template.render(&[Message::user(request)], true).unwrap();
+    text.tokenizer.encode(&rendered, false).unwrap()
+}
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "mood": {"enum": ["happy", "sad", "calm"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3}
+        },
+        "required": ["name", "age", "mood"],
+        "additionalProperties": false
+    })
+}
+
+/// `value` against [`schema`], keyword by keyword (no validator crate for
+/// one schema).
+fn validate(value: &Value) -> Result<(), String> {
+    let object = value.as_object().ok_or("not an object")?;
+    for key in object.keys() {
+        if !["name", "age", "mood", "tags"].contains(&key.as_str()) {
+            return Err(format!("unexpected property {key}"));
+        }
+    }
+    let name = object.get("name").and_then(Value::as_str).ok_or("name is not a string")?;
+    if name.chars().count() > 12 {
+        return Err(format!("name {name:?} is longer than 12"));
+    }
+    let age = object.get("age").and_then(Value::as_i64).ok_or("age is not an integer")?;
+    if !(0..=120).contains(&age) {
+        return Err(format!("age {age} is out of range"));
+    }
+    let mood = object.get("mood").and_then(Value::as_str).ok_or("mood is not a string")?;
+    if !["happy", "sad", "calm"].contains(&mood) {
+        return Err(format!("mood {mood:?} is not in the enum"));
+    }
+    if let Some(tags) = object.get("tags") {
+        let tags = tags.as_array().ok_or("tags is not an array")?;
+        if tags.len() > 3 || tags.iter().any(|t| t.as_str().is_none_or(|t| t.chars().count() > 8)) {
+            return Err(format!("tags {tags:?} break the schema"));
+        }
+    }
+    Ok(())
+}
+
+fn per_token(total: Duration, masks: u64) -> Duration {
+    total / u32::try_from(masks.max(1)).unwrap()
+}
+
+#[test]
+fn schema_constrained_sampling_always_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = EngineOptions { usage_file: Some(dir.path().join("usage.json")), ..EngineOptions::default() };
+    let engine = Engine::open(&container(&dir), &options).unwrap();
+    let text = TextModel::load(&engine).unwrap();
+    let compiler = GrammarCompiler::new(&text.tokenizer, &text.eos_token_ids).unwrap();
+    let prompt = prompt(&text, "Describe a person as JSON.");
+    let (mut mask_time, mut masks) = (Duration::ZERO, 0);
+    for seed in 0..SEEDS {
+        let mut grammar = compiler.json_schema(&schema()).unwrap();
+        let answer = generate(&engine, &text, &prompt, &mut grammar, seed);
+        let value: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("seed {seed}: {answer:?}: {e}"));
+        validate(&value).unwrap_or_else(|e| panic!("seed {seed}: {answer}: {e}"));
+        let (time, count) = grammar.mask_stats();
+        (mask_time, masks) = (mask_time + time, masks + count);
+    }
+    eprintln!(
+        "json_schema: {masks} masks over {} tokens of vocabulary, {:?} per token",
+        text.tokenizer.vocab_size(),
+        per_token(mask_time, masks)
+    );
+
+    // Any JSON object: unbounded, so the demo model may ramble in a string
+    // past the token limit; what ends is an object.
+    let mut ended = 0;
+    for seed in 0..10 {
+        let mut grammar = compiler.json_object().unwrap();
+        let (answer, finished) = generate_until(&engine, &text, &prompt, &mut grammar, seed);
+        assert!(answer.starts_with('{'), "seed {seed}: {answer:?}");
+        if finished {
+            let value: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("seed {seed}: {answer:?}: {e}"));
+            assert!(value.is_object(), "seed {seed}: {answer}");
+            ended += 1;
+        }
+    }
+    eprintln!("json_object: {ended} of 10 ended within {MAX_NEW_TOKENS} tokens");
+}
+
+#[test]
+fn forced_tool_calls_parse_in_every_syntax() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = EngineOptions { usage_file: Some(dir.path().join("usage.json")), ..EngineOptions::default() };
+    let engine = Engine::open(&container(&dir), &options).unwrap();
+    let text = TextModel::load(&engine).unwrap();
+    let compiler = GrammarCompiler::new(&text.tokenizer, &text.eos_token_ids).unwrap();
+    let tools: Vec<Value> = vec![
+        json!({"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 16},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "units": {"type": "string", "enum": ["metric", "imperial"]}},
+            "required": ["city", "days"], "additionalProperties": false}}}),
+        json!({"type": "function", "function": {"name": "noop",
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": false}}}),
+    ];
+    let prompt = prompt(&text, "What is the weather in Paris?");
+    let syntaxes = [
+        (ToolSyntax::JsonTags, SEEDS),
+        (ToolSyntax::XmlFunction, 10),
+        (ToolSyntax::GlmArgs, 10),
+        (ToolSyntax::DeepSeek, 10),
+        (ToolSyntax::DeepSeekFenced, 10),
+        (ToolSyntax::Kimi, 10),
+        (ToolSyntax::Mistral, 10),
+    ];
+    for (syntax, seeds) in syntaxes {
+        let (mut mask_time, mut masks) = (Duration::ZERO, 0);
+        for seed in 0..seeds {
+            let mut grammar = compiler.tool_call(syntax, &tools, Some("get_weather")).unwrap();
+            let answer = generate(&engine, &text, &prompt, &mut grammar, seed);
+            let mut parser = ToolCallParser::new(syntax, &tools);
+            let mut events = parser.push(&answer);
+            events.extend(parser.finish());
+            let [ToolEvent::Call(call)] = events.as_slice() else {
+                panic!("{syntax:?} seed {seed}: {answer:?} parsed to {events:?}");
+            };
+            assert_eq!(call.name, "get_weather", "{syntax:?} seed {seed}: {answer:?}");
+            let arguments: Value = serde_json::from_str(&call.arguments).unwrap();
+            let city = arguments["city"].as_str().unwrap_or_else(|| panic!("{syntax:?} seed {seed}: {answer:?}"));
+            assert!(city.chars().count() <= 16, "{syntax:?} seed {seed}: {answer:?}");
+            let days = arguments["days"].as_i64().unwrap_or_else(|| panic!("{syntax:?} seed {seed}: {answer:?}"));
+            assert!((1..=7).contains(&days), "{syntax:?} seed {seed}: {answer:?}");
+            if let Some(units) = arguments.get("units") {
+                assert!(units == "metric" || units == "imperial", "{syntax:?} seed {seed}: {answer:?}");
+            }
+            let (time, count) = grammar.mask_stats();
+            (mask_time, masks) = (mask_time + time, masks + count);
+        }
+        eprintln!("tool call {syntax:?}: {masks} masks, {:?} per token", per_token(mask_time, masks));
+    }
+    // `tool_choice: "required"`: any of the tools.
+    for seed in 0..10 {
+        let mut grammar = compiler.tool_call(ToolSyntax::JsonTags, &tools, None).unwrap();
+        let answer = generate(&engine, &text, &prompt, &mut grammar, seed);
+        let mut parser = ToolCallParser::new(ToolSyntax::JsonTags, &tools);
+        let mut events = parser.push(&answer);
+        events.extend(parser.finish());
+        assert!(matches!(events.as_slice(), [ToolEvent::Call(_)]), "seed {seed}: {answer:?} → {events:?}");
+    }
+}
+
+#[test]
+fn an_unsatisfiable_or_malformed_schema_is_the_requests_error() {
+    let tokenizer = strata_engine::Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
+    let eos = tokenizer.token_to_id("<|end|>").unwrap();
+    let compiler = GrammarCompiler::new(&tokenizer, &[eos]).unwrap();
+    for schema in [json!("not a schema"), json!({"type": "nonsense"})] {
+        let err = compiler.json_schema(&schema).unwrap_err();
+        assert!(matches!(err, strata_engine::Error::InvalidRequest(_)), "{schema}: {err}");
+    }
+}
