@@ -507,6 +507,8 @@ fn generate(bins: &Bins, model: &Path, extra: &[&str], max_new: usize) -> Result
         max_new.to_string(),
         "--ignore-eos".into(),
         "--json".into(),
+        "--temperature".into(),
+        "0".into(),
     ];
     a.extend(extra.iter().map(|s| s.to_string()));
     let (started, device_before) = (Instant::now(), children_device_read_bytes());
@@ -766,6 +768,8 @@ fn suite_demo(bins: &Bins, opts: &Options, limits: &Limits, report: &mut Report)
             &opts.tokens.to_string(),
             "--ignore-eos",
             "--json",
+            "--temperature",
+            "0",
         ]);
         let v = run_json(&bins.strata, &a)?;
         prefill.push(num(&v["stats"], "prefill_tokens_per_s")?);

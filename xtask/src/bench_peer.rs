@@ -223,6 +223,8 @@ fn strata(
         max_new.to_string(),
         "--ignore-eos".into(),
         "--json".into(),
+        "--temperature".into(),
+        "0".into(),
         "--threads".into(),
         "2".into(),
     ];

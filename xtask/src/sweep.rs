@@ -206,6 +206,8 @@ fn run_strata_case(strata: &Path, tmp: &Path, case: &Case, root: &Path) -> Resul
             &new_tokens,
             "--ignore-eos",
             "--json",
+            "--temperature",
+            "0",
         ];
         strata_step_to(strata, &dir, "generate", &generate_args, root, Some(&dir.join("greedy.json")))?;
     }

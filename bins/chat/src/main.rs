@@ -16,10 +16,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use strata_engine::args::EngineArgs;
-use strata_engine::{
-    Chat, Engine, ReplyOptions, SamplingDefaults, SamplingOptions, TextModel, default_cache_dir, resolve_model,
-};
+use strata_engine::args::{EngineArgs, SamplingArgs};
+use strata_engine::{Chat, Engine, ReplyOptions, SamplingDefaults, TextModel, default_cache_dir, resolve_model};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -49,18 +47,8 @@ pub struct Cli {
     /// Most tokens per answer.
     #[arg(long, visible_alias = "max-tokens", default_value_t = 200)]
     max_new_tokens: usize,
-    /// 0 means greedy (default: the model's generation_config.json, else 1).
-    #[arg(long)]
-    temperature: Option<f32>,
-    /// 0 means no limit (default: the model's generation_config.json, else 0).
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Default: the model's generation_config.json, else 1.
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Sampling seed (default: a random one, shown in the banner and /stats).
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Where `/save` and `/load` keep conversations (default: a `sessions` folder next to the cache).
     #[arg(long)]
     kv_dir: Option<PathBuf>,
@@ -101,13 +89,7 @@ fn run(cli: Cli) -> Result<()> {
     }
     let text_dir = cli.tokenizer.clone().unwrap_or_else(|| engine.container().dir().to_path_buf());
     let text = TextModel::from_dir(&engine, &text_dir)?;
-    let defaults = SamplingDefaults::from_dir(&text_dir);
-    let sampling = SamplingOptions {
-        temperature: cli.temperature.unwrap_or(defaults.temperature as f32),
-        top_k: cli.top_k.unwrap_or(defaults.top_k),
-        top_p: cli.top_p.unwrap_or(defaults.top_p as f32),
-        seed: cli.seed.unwrap_or_else(rand::random),
-    };
+    let sampling = cli.sampling.resolve(&SamplingDefaults::from_dir(&text_dir))?.options;
     let options = ReplyOptions { max_new_tokens: cli.max_new_tokens, sampling, stop: Vec::new() };
     let mut chat = Chat::new(&engine, text, cli.system.as_deref());
     if !interactive {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use strata_engine::ByteSize;
+use strata_engine::args::SamplingArgs;
 use strata_engine::hub::ModelName;
 
 #[derive(Debug, Parser)]
@@ -89,20 +90,13 @@ pub enum Command {
         /// Most tokens to generate.
         #[arg(long, visible_alias = "max-tokens", default_value_t = 32)]
         max_new_tokens: usize,
-        /// 0 means greedy.
-        #[arg(long, default_value_t = 0.0)]
-        temperature: f32,
-        /// 0 means no limit.
-        #[arg(long, default_value_t = 0)]
-        top_k: usize,
-        #[arg(long, default_value_t = 1.0)]
-        top_p: f32,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
+        #[command(flatten)]
+        sampling: SamplingArgs,
         /// Keep generating past end-of-sequence tokens.
         #[arg(long)]
         ignore_eos: bool,
-        /// Print one JSON object `{"tokens": [...], "stats": {...}}` as the last line.
+        /// Print one JSON object `{"tokens": [...], "sampling": {...}, "seed": N, "stats": {...}}`
+        /// as the last line.
         #[arg(long)]
         json: bool,
         /// Where named sessions are kept (with `--session`).

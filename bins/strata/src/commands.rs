@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use strata_engine::hub::{self, ModelName};
-use strata_engine::{ByteSize, Engine, GenerateOptions, SamplingOptions, TextModel, default_cache_dir, resolve_model};
+use strata_engine::{ByteSize, Engine, GenerateOptions, SamplingDefaults, TextModel, default_cache_dir, resolve_model};
 use strata_format::{ConvertOptions, QuantPreset, SynthOptions};
 
 use crate::cli::{Cli, Command, RunArgs, TraceCommand};
@@ -60,10 +60,7 @@ pub fn run(cli: Cli) -> Result<()> {
             tokens,
             prompt: prompt_text,
             max_new_tokens,
-            temperature,
-            top_k,
-            top_p,
-            seed,
+            sampling,
             ignore_eos,
             json,
             kv_dir,
@@ -85,6 +82,9 @@ pub fn run(cli: Cli) -> Result<()> {
                 anyhow::bail!("no tokens and no session to continue (give --tokens or --prompt)");
             }
             let model_dir = model(model_dir.dir())?;
+            // The same defaults as `chat` and `serve`: generation_config.json
+            // next to the tokenizer, which `generate` takes from the container.
+            let sampling = sampling.resolve(&SamplingDefaults::from_dir(&model_dir))?;
             let engine = open(&model_dir, &run)?;
             let text = prompt_text.as_ref().map(|_| TextModel::load(&engine)).transpose()?;
             let prompt = match (&text, &prompt_text) {
@@ -115,8 +115,18 @@ pub fn run(cli: Cli) -> Result<()> {
                     context.saturating_sub(held)
                 );
             }
-            let sampling = SamplingOptions { temperature, top_k, top_p, seed };
-            let options = GenerateOptions { max_new_tokens, sampling, ignore_eos, ..GenerateOptions::default() };
+            let seed = sampling.options.seed;
+            // A greedy run ignores the seed; a sampled one is repeatable
+            // only if its seed is known.
+            if sampling.seed_drawn && sampling.options.temperature > 0.0 {
+                eprintln!("strata: seed {seed} (--seed {seed} repeats this)");
+            }
+            let options = GenerateOptions {
+                max_new_tokens,
+                sampling: sampling.options,
+                ignore_eos,
+                ..GenerateOptions::default()
+            };
             let mut detok = text.as_ref().map(|t| t.tokenizer.detokenizer(true));
             let mut stdout = std::io::stdout();
             if let (Some(prompt), false) = (&prompt_text, json) {
@@ -153,7 +163,14 @@ pub fn run(cli: Cli) -> Result<()> {
                     stats["session_tokens"] = session.tokens().len().into();
                     stats["session_saved"] = session.is_persisted().into();
                 }
-                let mut line = serde_json::json!({ "tokens": report.tokens, "stats": stats });
+                let used = &sampling.options;
+                let sampling = serde_json::json!({
+                    "temperature": shortest_f64(used.temperature),
+                    "top_k": used.top_k,
+                    "top_p": shortest_f64(used.top_p),
+                });
+                let mut line =
+                    serde_json::json!({ "tokens": report.tokens, "sampling": sampling, "seed": seed, "stats": stats });
                 if let Some(text) = &text {
                     line["text"] = text.tokenizer.decode(&report.tokens, true)?.into();
                 }
@@ -461,4 +478,10 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
         println!("verified: every file matches its SHA-256");
     }
     Ok(())
+}
+
+/// An f32 as the f64 its shortest decimal names, so JSON shows the 0.8
+/// given, not the 0.800000011920929 a widening cast gives.
+fn shortest_f64(value: f32) -> f64 {
+    value.to_string().parse().unwrap_or(f64::from(value))
 }

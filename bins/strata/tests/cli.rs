@@ -92,6 +92,48 @@ fn sampled_generation_is_reproducible_with_a_seed() {
     assert_eq!(first, run());
 }
 
+/// `strata generate` samples as `chat` and `serve` do: the model's
+/// generation_config.json (the demo's: temperature 0.8, top-k 40, top-p
+/// 0.95) unless a flag says otherwise, a random seed printed once so the
+/// run can be repeated, and greedy (`--temperature 0`) with no seed at all.
+#[test]
+fn generate_samples_like_chat_with_a_random_printed_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let model = dir.path().join("demo");
+    let out = strata(&["convert", path(&demo), path(&model), "--quant", "q8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run = |extra: &[&str]| -> (serde_json::Value, String) {
+        let args = ["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "12", "--ignore-eos", "--json"];
+        let out = strata(&[&args[..], extra].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let line = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+        (line, stderr)
+    };
+
+    let (first, first_stderr) = run(&[]);
+    let (second, second_stderr) = run(&[]);
+    assert_eq!(first["sampling"], serde_json::json!({ "temperature": 0.8, "top_k": 40, "top_p": 0.95 }));
+    for (line, stderr) in [(&first, &first_stderr), (&second, &second_stderr)] {
+        let seed = line["seed"].as_u64().unwrap();
+        assert_eq!(stderr, &format!("strata: seed {seed} (--seed {seed} repeats this)\n"), "one line, the seed");
+    }
+    assert_ne!(first["seed"], second["seed"], "a fresh seed each run");
+
+    let seed = first["seed"].to_string();
+    let (repeated, stderr) = run(&["--seed", &seed]);
+    assert_eq!(repeated["tokens"], first["tokens"], "the printed seed repeats the run");
+    assert_eq!(repeated["seed"], first["seed"]);
+    assert_eq!(stderr, "", "a given seed is not printed again");
+
+    let (greedy, stderr) = run(&["--temperature", "0"]);
+    assert_eq!(greedy["sampling"]["temperature"], 0.0);
+    assert_eq!(stderr, "", "a greedy run needs no seed");
+    let (flags, _) = run(&["--temperature", "0.5", "--top-k", "5", "--top-p", "1", "--seed", "1"]);
+    assert_eq!(flags["sampling"], serde_json::json!({ "temperature": 0.5, "top_k": 5, "top_p": 1.0 }));
+}
+
 #[test]
 fn missing_model_directory_is_one_clear_line() {
     let out = strata(&["info", "/nonexistent/strata-model"]);
@@ -124,7 +166,8 @@ fn out_of_vocabulary_token_is_an_error_not_garbage() {
     assert!(
         strata(&["convert", path(&fixture("qwen3_moe").join("hf")), path(&model), "--quant", "f32"]).status.success()
     );
-    let out = strata(&["generate", path(&model), "--tokens", "1,999999", "--max-new-tokens", "2"]);
+    let out =
+        strata(&["generate", path(&model), "--tokens", "1,999999", "--max-new-tokens", "2", "--temperature", "0"]);
     assert_clean_failure(&out, "999999");
 }
 
@@ -137,7 +180,18 @@ fn truncated_expert_file_is_an_error_naming_it() {
     );
     let experts = std::fs::read_dir(model.join("experts")).unwrap().next().unwrap().unwrap().path();
     std::fs::OpenOptions::new().write(true).open(&experts).unwrap().set_len(100).unwrap();
-    let out = strata(&["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "2", "--expert-cache", "0"]);
+    let out = strata(&[
+        "generate",
+        path(&model),
+        "--tokens",
+        "1,2,3",
+        "--max-new-tokens",
+        "2",
+        "--expert-cache",
+        "0",
+        "--temperature",
+        "0",
+    ]);
     assert_clean_failure(&out, experts.file_name().unwrap().to_str().unwrap());
 }
 
@@ -219,7 +273,7 @@ fn a_staged_mirror_serves_reads_and_changes_no_token() {
 
     let run = |extra: &[&str]| -> serde_json::Value {
         let mut args = vec!["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "6", "--json"];
-        args.extend_from_slice(&["--expert-cache", "0B"]);
+        args.extend_from_slice(&["--expert-cache", "0B", "--temperature", "0"]);
         args.extend_from_slice(extra);
         let out = strata(&args);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -42,11 +42,15 @@ fn assert_clean_failure(out: &Output, needles: &[&str]) {
 }
 
 const GENERATE: [&str; 6] = ["--tokens", "1,2,3", "--max-new-tokens", "6", "--ignore-eos", "--json"];
+/// Greedy, so runs compare token for token and no drawn seed is printed to
+/// the stderr a test counts lines of.
+const GREEDY: [&str; 2] = ["--temperature", "0"];
 
 /// `strata generate --json` that must succeed: its tokens, and its stderr.
 fn generate_json(model: &Path, extra: &[&str]) -> (Vec<u64>, String) {
     let mut args = vec!["generate", path(model)];
     args.extend(GENERATE);
+    args.extend(GREEDY);
     args.extend(extra);
     let out = strata(&args);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -120,7 +124,7 @@ fn an_unwritable_usage_file_costs_no_answer() {
 
     // Without --json the streamed answer is printed and the exit is 0 too.
     let plain = ["--tokens", "1,2,3", "--max-new-tokens", "6", "--ignore-eos", "--usage-file", path(&gone)];
-    let out = strata(&[&["generate", path(&model)], &plain[..]].concat());
+    let out = strata(&[&["generate", path(&model)], &plain[..], &GREEDY].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let printed: Vec<u64> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().unwrap()).collect();
     assert_eq!(printed, reference);
@@ -266,6 +270,7 @@ fn a_non_finite_scale_is_an_error_naming_where_not_a_token() {
     let generate = |model: &Path| {
         let mut args = vec!["generate", path(model), "--expert-cache", "0"];
         args.extend(GENERATE);
+        args.extend(GREEDY);
         strata(&args)
     };
 
@@ -309,7 +314,7 @@ fn a_non_finite_logit_is_an_error_not_a_sample() {
     poke_f32s(&model.join("dense.bin"), norm["offset_bytes"].as_u64().unwrap(), &vec![f32::MAX; count]);
     let mut args = vec!["generate", path(&model)];
     args.extend(GENERATE);
-    let out = strata(&args);
+    let out = strata(&[&args[..], &GREEDY].concat());
     assert_clean_failure(&out, &["non-finite logit", "position 2"]);
     assert!(out.stdout.is_empty(), "no tokens: {}", String::from_utf8_lossy(&out.stdout));
     // Sampled too (the NaN compared false with everything).
@@ -372,6 +377,7 @@ fn a_flipped_bit_is_an_error_naming_where() {
     for io in ["pread", "mmap"] {
         let mut args = vec!["generate", path(&model), "--expert-cache", "0", "--io", io];
         args.extend(GENERATE);
+        args.extend(GREEDY);
         assert_clean_failure(&strata(&args), &["CRC32C mismatch", "of layer 0", "layer_000.bin"]);
     }
 
@@ -381,6 +387,7 @@ fn a_flipped_bit_is_an_error_naming_where() {
     flip(&model.join("dense.bin"), o["offset_bytes"].as_u64().unwrap() + 5);
     let mut args = vec!["generate", path(&model)];
     args.extend(GENERATE);
+    args.extend(GREEDY);
     assert_clean_failure(&strata(&args), &["CRC32C mismatch", "model.layers.0.self_attn.o_proj.weight", "dense.bin"]);
 
     // Undamaged, the checks change nothing.

@@ -296,7 +296,7 @@ fn generated_tokens(cache: &Path, endpoint: &str, model: &str) -> serde_json::Va
     let out = strata(
         cache,
         endpoint,
-        &["generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens", "6", "--json"],
+        &["generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens", "6", "--json", "--temperature", "0"],
     );
     let stdout = ok(&out);
     let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();

@@ -48,6 +48,8 @@ fn assert_clean_failure(out: &Output, needles: &[&str]) {
 
 const PROMPT: &str = "5,17,42";
 const PROMPT_TOKENS: usize = 3;
+/// Greedy, so that runs in different processes compare token for token.
+const GREEDY: [&str; 2] = ["--temperature", "0"];
 
 /// olmoe (GQA: keys and values), deepseek_v3 (MLA: one latent stream) and
 /// glm_moe_dsa (MLA with the DSA indexer-key stream).
@@ -59,7 +61,7 @@ fn eight_then_eight_in_a_new_process_equals_sixteen_in_one_go() {
         convert(family, &model);
         let kv = dir.path().join(format!("kv-{family}"));
         let sampled = ["--temperature", "0.9", "--top-k", "40", "--top-p", "0.95", "--seed", "7"];
-        for (label, sampling) in [("greedy", &[][..]), ("sampled", &sampled[..])] {
+        for (label, sampling) in [("greedy", &GREEDY[..]), ("sampled", &sampled[..])] {
             let run = |n: &str, extra: &[&str]| {
                 let mut args = vec!["generate", path(&model), "--max-new-tokens", n, "--ignore-eos", "--json"];
                 args.extend_from_slice(sampling);
@@ -109,7 +111,7 @@ fn reopen_and_check(model: &Path, kv: &Path, name: &str, layout: (u64, u64), ref
     let records = (file_bytes - header_bytes) / record_bytes;
     let torn_bytes = (file_bytes - header_bytes) % record_bytes;
     let args = ["generate", path(model), "--kv-dir", path(kv), "--session", name, "--max-new-tokens", "1"];
-    let out = strata(&[&args[..], &["--ignore-eos", "--json"]].concat());
+    let out = strata(&[&args[..], &["--ignore-eos", "--json"], &GREEDY].concat());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
@@ -136,6 +138,7 @@ fn a_process_killed_while_appending_reopens_at_its_last_complete_token() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["generate", path(&model), "--tokens", PROMPT, "--kv-dir", path(&kv), "--session", "s"])
         .args(["--max-new-tokens", "4000", "--ignore-eos", "--json"])
+        .args(GREEDY)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -165,6 +168,8 @@ fn a_process_killed_while_appending_reopens_at_its_last_complete_token() {
         &most.to_string(),
         "--ignore-eos",
         "--json",
+        "--temperature",
+        "0",
     ]));
     let killed = reopen_and_check(&model, &kv, "s", layout, &reference);
     assert!(killed >= PROMPT_TOKENS as u64 + 20);
@@ -173,7 +178,7 @@ fn a_process_killed_while_appending_reopens_at_its_last_complete_token() {
     // The cut file is whole again (now ending in the one generated token,
     // not yet run): reopening finds nothing to cut and goes on.
     let args = ["generate", path(&model), "--kv-dir", path(&kv), "--session", "torn", "--max-new-tokens", "1"];
-    let v = strata_json(&[&args[..], &["--ignore-eos", "--json"]].concat());
+    let v = strata_json(&[&args[..], &["--ignore-eos", "--json"], &GREEDY].concat());
     assert_eq!(
         (&v["stats"]["session_reopened_tokens"], &v["stats"]["session_cut_bytes"]),
         (&(torn + 1).into(), &0.into())

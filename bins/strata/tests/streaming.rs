@@ -41,7 +41,7 @@ fn qwen3_30b_shaped_model_streams_under_a_quarter_budget_with_identical_tokens()
     let run = |extra: &[&str]| {
         let mut args =
             vec!["generate", model_str, "--tokens", "1,2,3,4,5,6,7,8", "--max-new-tokens", "4", "--ignore-eos"];
-        args.extend_from_slice(&["--context", "512", "--json"]);
+        args.extend_from_slice(&["--context", "512", "--json", "--temperature", "0"]);
         args.extend_from_slice(extra);
         strata(&args)
     };
@@ -76,7 +76,8 @@ fn trace_replay_prints_every_policy_and_belady_is_highest() {
     let trace = dir.path().join("trace.jsonl");
     let m = model.to_str().unwrap();
     let t = trace.to_str().unwrap();
-    strata(&["generate", m, "--tokens", "5,6,7,8", "--max-new-tokens", "48", "--ignore-eos", "--trace", t, "--json"]);
+    let args = ["--max-new-tokens", "48", "--ignore-eos", "--trace", t, "--json", "--temperature", "0"];
+    strata(&[&["generate", m, "--tokens", "5,6,7,8"][..], &args].concat());
     let out = Command::new(env!("CARGO_BIN_EXE_strata"))
         .args(["trace", "replay", t, "--expert-cache", "64KiB"])
         .output()

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget};
 
-use crate::{EngineOptions, Prefetch};
+use crate::{EngineOptions, Prefetch, SamplingDefaults, SamplingOptions};
 
 /// Flags of every command that runs a model.
 #[derive(Debug, Clone, Args)]
@@ -70,6 +70,49 @@ impl EngineArgs {
     }
 }
 
+/// Sampling flags of every command that generates, so `strata generate`
+/// and `chat` sample alike from the same flags (as `serve` does per request).
+#[derive(Debug, Clone, Args)]
+pub struct SamplingArgs {
+    /// 0 means greedy (default: the model's generation_config.json, else 1).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Keep only the K most likely tokens, 0 meaning all (default: the
+    /// model's generation_config.json, else 0).
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// Keep the fewest tokens whose probability reaches P (default: the
+    /// model's generation_config.json, else 1).
+    #[arg(long, value_name = "P")]
+    pub top_p: Option<f32>,
+    /// Sampling seed (default: a random one, printed so the run can be repeated).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// The sampling a run uses, and whether its seed was drawn at random (and
+/// so must be printed for the run to be repeatable).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResolvedSampling {
+    pub options: SamplingOptions,
+    pub seed_drawn: bool,
+}
+
+impl SamplingArgs {
+    /// These flags over the model's defaults, checked: a flag not given
+    /// takes the default, a seed not given is drawn at random.
+    pub fn resolve(&self, defaults: &SamplingDefaults) -> crate::Result<ResolvedSampling> {
+        let options = SamplingOptions {
+            temperature: self.temperature.unwrap_or(defaults.temperature as f32),
+            top_k: self.top_k.unwrap_or(defaults.top_k),
+            top_p: self.top_p.unwrap_or(defaults.top_p as f32),
+            seed: self.seed.unwrap_or_else(rand::random),
+        };
+        options.check()?;
+        Ok(ResolvedSampling { options, seed_drawn: self.seed.is_none() })
+    }
+}
+
 /// An error and its causes as one line, each said once. The library errors
 /// put their cause in their own message (so that they read whole shown
 /// alone) and give it as `source()` too, which anyhow's `{:#}` would then
@@ -86,4 +129,33 @@ pub fn error_line(err: &(dyn std::error::Error + 'static)) -> String {
         cause = c.source();
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEFAULTS: SamplingDefaults = SamplingDefaults { temperature: 0.8, top_p: 0.95, top_k: 40 };
+
+    #[test]
+    fn sampling_flags_not_given_take_the_models_defaults_and_a_drawn_seed() {
+        let args = SamplingArgs { temperature: None, top_k: None, top_p: None, seed: None };
+        let resolved = args.resolve(&DEFAULTS).unwrap();
+        assert_eq!((resolved.options.temperature, resolved.options.top_k, resolved.options.top_p), (0.8, 40, 0.95));
+        assert!(resolved.seed_drawn);
+    }
+
+    #[test]
+    fn sampling_flags_given_override_the_defaults_and_a_given_seed_is_not_drawn() {
+        let args = SamplingArgs { temperature: Some(0.0), top_k: Some(0), top_p: Some(1.0), seed: Some(7) };
+        let resolved = args.resolve(&DEFAULTS).unwrap();
+        assert_eq!(resolved.options, SamplingOptions { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 7 });
+        assert!(!resolved.seed_drawn);
+    }
+
+    #[test]
+    fn sampling_flags_out_of_range_are_refused_up_front() {
+        let args = SamplingArgs { temperature: None, top_k: None, top_p: Some(1.5), seed: None };
+        assert!(args.resolve(&DEFAULTS).is_err());
+    }
 }
