@@ -27,13 +27,14 @@ use crate::bench_report::{Report, Row};
 use crate::fixtures::{non_empty, parse_cli};
 
 /// Every suite, in the order they run.
-const SUITES: [&str; 8] = ["limits", "kernels", "prefill", "resident", "streaming", "demo", "batching", "agent"];
+const SUITES: [&str; 9] =
+    ["limits", "kernels", "prefill", "resident", "streaming", "demo", "batching", "agent", "drives"];
 
 /// I/O backends compared on the streaming model.
 const STREAM_IO: [&str; 3] = ["pread", "direct", "uring"];
 
 /// A prompt of token ids valid in every synthetic vocabulary.
-const PROMPT: &str = "1,2,3,4,5,6,7,8";
+pub(crate) const PROMPT: &str = "1,2,3,4,5,6,7,8";
 
 /// The options of `cargo xtask bench`.
 #[derive(Debug, Parser)]
@@ -48,7 +49,7 @@ const PROMPT: &str = "1,2,3,4,5,6,7,8";
     disable_help_flag = true
 )]
 struct Cli {
-    /// run only these suites: limits, kernels, prefill, resident, streaming, demo, batching, agent
+    /// run only these suites: limits, kernels, prefill, resident, streaming, demo, batching, agent, drives
     #[arg(long, value_name = "SUITE[,SUITE]", value_delimiter = ',')]
     only: Vec<String>,
     /// skip these suites
@@ -86,7 +87,7 @@ pub(crate) struct Options {
     pub(crate) reps: usize,
     pub(crate) tokens: usize,
     pub(crate) stream_layers: usize,
-    stream_like: String,
+    pub(crate) stream_like: String,
     resident_layers: usize,
     pub(crate) out: PathBuf,
     peer: Option<String>,
@@ -225,7 +226,7 @@ pub fn run(rest: &[String]) -> Result<()> {
     std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let mut report = Report::new(machine_info());
     let mut limits = Limits::default();
-    let need_limits = opts.suites.iter().any(|s| !matches!(s.as_str(), "prefill" | "kernels" | "batching"));
+    let need_limits = opts.suites.iter().any(|s| !matches!(s.as_str(), "prefill" | "kernels" | "batching" | "drives"));
     if opts.wants("limits") || need_limits {
         limits = suite_limits(&bins, &opts, &mut report)?;
     }
@@ -249,6 +250,9 @@ pub fn run(rest: &[String]) -> Result<()> {
     }
     if opts.wants("agent") {
         crate::bench_agent::suite_agent(&bins, &opts, &limits, &mut report)?;
+    }
+    if opts.wants("drives") {
+        crate::bench_drives::suite_drives(&bins, &opts, &mut report)?;
     }
     report.elapsed_s = started.elapsed().as_secs_f64();
     report.write(&opts.out)?;
@@ -717,8 +721,73 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
         goal: Some(1.0),
         note: format!("{:.2}% of the step if not overlapped at all", 100.0 * check_ms / step_ms),
     });
+    // The same check as an A/B: decode with it and without, alternated in
+    // pairs from an emptied page cache so both see the same disk; the ratio
+    // is the median of the pairs' ratios, each pair's runs a minute apart at
+    // most.
+    let pairs = (2 * opts.reps).max(5);
+    let (mut with_check, mut pair_ratios) = (Vec::new(), Vec::new());
+    let mut ab_raw = Vec::new();
+    for pair in 0..pairs {
+        let mut rates = [0.0f64; 2];
+        // Which goes first alternates, so neither always meets a warmer disk.
+        let order: [u8; 2] = if pair % 2 == 0 { [1, 0] } else { [0, 1] };
+        for check_records in order {
+            eprintln!("streaming: record check A/B, pair {}/{pairs}, check {}", pair + 1, check_records);
+            let run = run_json(
+                &bins.probe,
+                &args(&[
+                    "batch",
+                    "--model",
+                    &model.to_string_lossy(),
+                    "--streams",
+                    "1",
+                    "--prompt-tokens",
+                    "8",
+                    "--steps",
+                    &opts.tokens.to_string(),
+                    "--io",
+                    "direct",
+                    "--ram-budget",
+                    &budget,
+                    "--evict",
+                    "1",
+                    "--threads",
+                    "0",
+                    "--context",
+                    "256",
+                    "--check-records",
+                    &check_records.to_string(),
+                ]),
+            )?;
+            rates[usize::from(check_records)] = num(&run, "tokens_per_s_overall")?;
+            ab_raw.push(json!({ "pair": pair, "check_records": check_records, "run": run }));
+        }
+        with_check.push(rates[1]);
+        pair_ratios.push(rates[1] / rates[0]);
+    }
+    let ratio = median(&pair_ratios);
+    report.rows.push(Row {
+        suite: "streaming".into(),
+        name: "streaming decode with the record check ÷ without, --io direct".into(),
+        measured: median(&with_check),
+        unit: "tok/s".into(),
+        limit_name: format!(
+            "the same decode without the check, alternated in {pairs} pairs (ratio: median of the pairs')"
+        ),
+        limit: 1.0,
+        limit_unit: "x".into(),
+        bound: median(&with_check) / ratio,
+        ratio,
+        goal: Some(0.97),
+        note: format!(
+            "pair ratios {}; every decode step counted",
+            pair_ratios.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(" ")
+        ),
+    });
     report.raw.push(json!({
         "suite": "streaming", "model": model, "budget": budget, "direct_gbs": disk, "runs": raw, "check": check,
+        "check_ab": ab_raw,
     }));
     Ok(())
 }

@@ -11,6 +11,7 @@
 mod bench;
 mod bench_agent;
 mod bench_batching;
+mod bench_drives;
 mod bench_peer;
 mod bench_report;
 mod fixtures;

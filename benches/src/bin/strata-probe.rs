@@ -10,7 +10,8 @@
 //! strata-probe check   --model DIR --max-bytes B --reps R
 //! strata-probe batch   [--model DIR] --streams N --prompt-tokens P --steps S --threads T
 //!                      [--io BACKEND] [--expert-cache BYTES] [--evict 1] [--warm 1]
-//!                      [--prefill-chunk TOKENS] [--context TOKENS]
+//!                      [--prefill-chunk TOKENS] [--context TOKENS] [--ram-budget SIZE]
+//!                      [--check-records 0|1]
 //! ```
 
 use std::collections::HashMap;
@@ -188,6 +189,9 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
             n => Some(n),
         },
         cache_policy: a.get("cache-policy", strata_engine::PolicyKind::Lru)?,
+        ram_budget: a.get("ram-budget", strata_engine::RamBudget::Auto)?,
+        // Off only to measure what the check on every read costs.
+        check_records: a.get("check-records", 1u8)? == 1,
         ..Default::default()
     };
     let cache: String = a.get("expert-cache", String::new())?;

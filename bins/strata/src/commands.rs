@@ -155,7 +155,9 @@ pub fn run(cli: Cli) -> Result<()> {
             if json {
                 let mut stats = serde_json::to_value(&report.stats)?;
                 // The engine was opened for this run, so its counters are the run's.
-                stats["mirror_bytes_read"] = engine.store_stats().mirror_bytes_read.into();
+                let store = engine.store_stats();
+                stats["mirror_bytes_read"] = store.mirror_bytes_read.into();
+                stats["mirror_rates_bytes_per_s"] = store.mirror_rates_bytes_per_s.into();
                 if let Some(opened) = &opened {
                     // Documented in docs/FORMAT.md, "strata generate --json".
                     stats["session_reopened_tokens"] = opened.reopened_tokens.into();

@@ -28,9 +28,9 @@ pub struct EngineOptions {
     pub expert_cache_bytes: Option<u64>,
     pub cache_policy: PolicyKind,
     pub io: IoBackend,
-    /// I/O worker threads.
+    /// I/O worker threads per drive (the container's and each mirror's).
     pub io_workers: usize,
-    /// Expert loads in flight at once.
+    /// Expert loads in flight at once, per drive.
     pub max_in_flight: usize,
     /// The most tokens a session may hold (`None`: the model's
     /// `max_position_embeddings`, capped at [`CONTEXT_TOKENS_DEFAULT_MAX`]).
@@ -53,6 +53,10 @@ pub struct EngineOptions {
     pub mirrors: Vec<MirrorSpec>,
     /// Whether to read the next layer's predicted experts ahead of demand.
     pub prefetch: Prefetch,
+    /// Whether each expert record read from disk is checked (CRC32C, finite
+    /// floats) before use. Always on in the programs; off only so that
+    /// `cargo xtask bench` can measure what the check costs a decode step.
+    pub check_records: bool,
 }
 
 /// Look-ahead prefetch (`--prefetch`): while a layer computes, the next
@@ -180,6 +184,7 @@ impl Default for EngineOptions {
             // As `--prefetch`'s default: not yet measured faster everywhere
             // it would turn on (docs/BENCHMARKS.md, "Prefetch").
             prefetch: Prefetch::Off,
+            check_records: true,
         }
     }
 }
@@ -232,7 +237,9 @@ impl Engine {
             Some(n) => n,
             None => spec.max_position_embeddings.clamp(1, CONTEXT_TOKENS_DEFAULT_MAX),
         };
-        let sources = (0..spec.num_layers).map(|layer| expert_source(&container, layer)).collect::<Result<Vec<_>>>()?;
+        let sources = (0..spec.num_layers)
+            .map(|layer| expert_source(&container, layer, options.check_records))
+            .collect::<Result<Vec<_>>>()?;
         let model = strata_models::load(Arc::clone(&container))?;
         let prefill_chunk_tokens = match options.prefill_chunk_tokens {
             Some(0) => {
@@ -292,8 +299,8 @@ impl Engine {
             capacity_bytes: usize::try_from(capacity_bytes).unwrap_or(usize::MAX),
             policy: options.cache_policy,
             io: options.io,
-            io_workers: options.io_workers,
-            max_in_flight: options.max_in_flight,
+            io_workers: options.io_workers.max(1).saturating_mul(drives(options)),
+            max_in_flight: max_in_flight(options),
             prefetch_in_flight: if prefetch { PREFETCH_IN_FLIGHT } else { 0 },
             ..StoreOptions::default()
         };
@@ -517,7 +524,7 @@ pub(crate) fn check_logits(logits: &[f32], vocab: usize, first_position: usize) 
     })
 }
 
-fn expert_source(container: &Container, layer: usize) -> Result<Option<ExpertSource>> {
+fn expert_source(container: &Container, layer: usize, check_records: bool) -> Result<Option<ExpertSource>> {
     if container.spec().layers[layer] != LayerKind::Moe {
         return Ok(None);
     }
@@ -533,8 +540,20 @@ fn expert_source(container: &Container, layer: usize) -> Result<Option<ExpertSou
         path: layout.path.clone(),
         record_bytes,
         num_experts: layout.num_experts,
-        check: Some(check),
+        check: check_records.then_some(check),
     }))
+}
+
+/// Drives the experts are read from: the container's and each mirror's.
+fn drives(options: &EngineOptions) -> usize {
+    1 + options.mirrors.len()
+}
+
+/// Expert loads in flight at once: `max_in_flight` for each drive, so that
+/// a fast drive never idles while the loads in flight all wait on a slow
+/// one (measured: two throttled drives, docs/BENCHMARKS.md).
+fn max_in_flight(options: &EngineOptions) -> usize {
+    options.max_in_flight.max(1).saturating_mul(drives(options))
 }
 
 fn plan_budget(
@@ -556,7 +575,7 @@ fn plan_budget(
     // With prefetch, its reads in flight too.
     let prefetch_buffers = if prefetch { PREFETCH_IN_FLIGHT as u64 } else { 0 };
     let io_buffers =
-        (options.max_in_flight.max(1) as u64).saturating_mul(2).saturating_add(1).saturating_add(prefetch_buffers);
+        (max_in_flight(options) as u64).saturating_mul(2).saturating_add(1).saturating_add(prefetch_buffers);
     let io_buffer_bytes = io_buffers.saturating_mul(record_bytes);
     let needs = BudgetNeeds {
         dense_bytes: container.dense_file_bytes(),

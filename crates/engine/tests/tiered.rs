@@ -264,3 +264,29 @@ fn tokens_are_identical_with_prefetch_on_and_off_for_every_family_and_io() {
         }
     }
 }
+
+/// `check_records: false` exists only so the bench can measure what the
+/// check costs: it must really skip the check (else the A/B measures
+/// nothing), and the default must really check.
+#[test]
+fn record_check_is_on_by_default_and_off_only_when_asked() {
+    let prompt = prompt("olmoe");
+    let dir = convert("olmoe", QuantPreset::Q4);
+    let model = dir.path().join("model");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(model.join("manifest.json")).unwrap()).unwrap();
+    let layer = &manifest["expert_layers"][0];
+    let record_bytes = layer["record_bytes"].as_u64().unwrap() as usize;
+    let file = model.join(layer["file"].as_str().unwrap());
+    let mut bytes = std::fs::read(&file).unwrap();
+    // One bit in every record's first weights: a quantized code, so the
+    // floats stay finite and only the CRC32C can see it.
+    for expert in 0..layer["num_experts"].as_u64().unwrap() as usize {
+        bytes[expert * record_bytes] ^= 0x10;
+    }
+    std::fs::write(&file, bytes).unwrap();
+    let err = open(&dir, &options(&dir)).logits(&prompt).unwrap_err().to_string();
+    assert!(err.contains("CRC32C mismatch"), "{err}");
+    let unchecked = EngineOptions { check_records: false, ..options(&dir) };
+    open(&dir, &unchecked).logits(&prompt).unwrap();
+}

@@ -107,6 +107,9 @@ pub struct StoreStats {
     /// Bytes each mirror served, in `--mirror` order (the container's drive
     /// served the rest of `bytes_read`).
     pub mirror_bytes_read: Vec<u64>,
+    /// The read rate each mirror's share was weighed by, then the
+    /// container's drive's (empty without mirrors).
+    pub mirror_rates_bytes_per_s: Vec<u64>,
     /// Prefetch reads started.
     pub prefetch_issued: u64,
     /// Prefetched records a demand then asked for (each counted once).
@@ -262,6 +265,7 @@ impl ExpertStore {
     pub fn stats(&self) -> StoreStats {
         let mut stats = self.lock().stats.clone();
         stats.mirror_bytes_read = self.mirrors.bytes_read();
+        stats.mirror_rates_bytes_per_s = self.mirrors.rates_bytes_per_s().to_vec();
         stats
     }
 
