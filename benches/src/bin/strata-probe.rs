@@ -190,6 +190,7 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
         },
         cache_policy: a.get("cache-policy", strata_engine::PolicyKind::Lru)?,
         ram_budget: a.get("ram-budget", strata_engine::RamBudget::Auto)?,
+        io_workers: a.get("io-workers", strata_engine::EngineOptions::default().io_workers)?,
         // Off only to measure what the check on every read costs.
         check_records: a.get("check-records", 1u8)? == 1,
         ..Default::default()

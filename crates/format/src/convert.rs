@@ -404,7 +404,7 @@ fn write_expert_file(
             record[s..s + scales.len()].copy_from_slice(scales);
         }
         out.write(&record)?;
-        record_crc32c.push(crc32c::crc32c(&record));
+        record_crc32c.push(crate::checksum::crc32c(&record));
         bar.inc(1);
     }
     let entry = out.finish(rel_path)?;
@@ -436,7 +436,7 @@ fn write_matrix(
     out.pad_to(TENSOR_ALIGN_BYTES)?;
     let offset_bytes = out.pos;
     let mut scales: Vec<f32> = Vec::new();
-    let mut crc = 0u32;
+    let mut crc = crate::checksum::Crc32c::new();
     let chunk_rows = (CHUNK_ELEMS / cols.max(1)).max(1);
     let mut row = 0;
     while row < rows {
@@ -447,7 +447,7 @@ fn write_matrix(
         // concatenating equals encoding the whole matrix.
         let enc = encode(format, n, cols, group, &data);
         out.write(&enc.weights)?;
-        crc = crc32c::crc32c_append(crc, &enc.weights);
+        crc.update(&enc.weights);
         scales.extend_from_slice(&enc.scales);
         row += n;
     }
@@ -461,7 +461,10 @@ fn write_matrix(
         length_bytes,
         scale_offset_bytes,
         scale_length_bytes: out.pos - scale_offset_bytes,
-        crc32c: crc32c::crc32c_append(crc, scale_bytes),
+        crc32c: {
+            crc.update(scale_bytes);
+            crc.finish()
+        },
     })
 }
 

@@ -27,6 +27,7 @@
 compile_error!("strata-format supports little-endian targets only");
 
 pub mod checkpoint;
+mod checksum;
 pub mod container;
 mod convert;
 mod error;

@@ -163,7 +163,7 @@ impl ExpertLayout {
             });
         }
         if let Some(&expected) = self.record_crc32c.as_ref().and_then(|crcs| crcs.get(expert)) {
-            let actual = crc32c::crc32c(record);
+            let actual = crate::checksum::crc32c(record);
             if actual != expected {
                 return Err(Error::Crc32c {
                     path: self.path.clone(),

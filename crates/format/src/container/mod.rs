@@ -95,7 +95,10 @@ impl Container {
             let weights = self.bytes(entry.offset_bytes, entry.length_bytes);
             let scales = self.bytes(entry.scale_offset_bytes, entry.scale_length_bytes);
             if let Some(expected) = entry.crc32c {
-                let actual = crc32c::crc32c_append(crc32c::crc32c(weights), scales);
+                let mut crc = crate::checksum::Crc32c::new();
+                crc.update(weights);
+                crc.update(scales);
+                let actual = crc.finish();
                 if actual != expected {
                     return Err(Error::Crc32c {
                         path: dense_path.to_path_buf(),
