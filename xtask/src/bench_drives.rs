@@ -10,6 +10,9 @@
 //! runs (and the rate probes) are moved into that cgroup; everything else in
 //! this process reads unthrottled. Needs root, loop devices and cgroup v1's
 //! blkio controller: skipped with a note where any is missing.
+//!
+//! [`Throttle`] also gives the streaming suite's record-check A/B a drive of
+//! fixed speed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -139,14 +142,22 @@ pub(crate) fn suite_drives(bins: &Bins, opts: &Options, report: &mut Report) -> 
     Ok(())
 }
 
-/// Why two throttled drives cannot be made here, if they cannot.
-fn cannot_emulate() -> Option<String> {
+/// Why reads cannot be throttled here, if they cannot.
+pub(crate) fn cannot_throttle() -> Option<String> {
     // SAFETY: geteuid has no preconditions and no effect.
     if unsafe { libc::geteuid() } != 0 {
-        return Some("emulating two drives needs root (loop devices, mounts, the blkio cgroup)".into());
+        return Some("throttling a drive needs root (the blkio cgroup)".into());
     }
     if !Path::new(BLKIO_ROOT).join("blkio.throttle.read_bps_device").exists() {
         return Some(format!("no cgroup v1 blkio throttle at {BLKIO_ROOT}"));
+    }
+    None
+}
+
+/// Why two throttled drives cannot be made here, if they cannot.
+fn cannot_emulate() -> Option<String> {
+    if let Some(reason) = cannot_throttle() {
+        return Some(reason);
     }
     for tool in ["losetup", "mkfs.ext4", "mount", "umount"] {
         let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output();
@@ -157,6 +168,63 @@ fn cannot_emulate() -> Option<String> {
     None
 }
 
+/// A blkio cgroup (v1) capping the read rate of whole disks for the
+/// programs run in it; removed on drop.
+pub(crate) struct Throttle {
+    cgroup: PathBuf,
+}
+
+impl Throttle {
+    pub(crate) fn new(name: &str) -> Result<Throttle> {
+        let cgroup = Path::new(BLKIO_ROOT).join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&cgroup).with_context(|| format!("creating the cgroup {}", cgroup.display()))?;
+        Ok(Throttle { cgroup })
+    }
+
+    /// Caps reads from the disk `device` ("MAJOR:MINOR", a whole disk).
+    pub(crate) fn cap(&self, device: &str, bytes_per_s: u64) -> Result<()> {
+        let rule = format!("{device} {bytes_per_s}");
+        std::fs::write(self.cgroup.join("blkio.throttle.read_bps_device"), &rule)
+            .with_context(|| format!("throttling {rule}"))
+    }
+
+    /// `bin args` run inside the cgroup; its last line as JSON.
+    pub(crate) fn run_json(&self, bin: &Path, args: &[String]) -> Result<Value> {
+        let mut a = vec![
+            "-c".to_string(),
+            r#"echo $$ > "$0/cgroup.procs" && exec "$@""#.to_string(),
+            self.cgroup.display().to_string(),
+            bin.display().to_string(),
+        ];
+        a.extend(args.iter().cloned());
+        run_json(Path::new("/bin/sh"), &a)
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        // Empty by now: every process run in it has exited.
+        let _ = std::fs::remove_dir(&self.cgroup);
+    }
+}
+
+/// "MAJOR:MINOR" of the whole disk holding `path` (blkio throttles disks,
+/// not partitions).
+pub(crate) fn disk_of(path: &Path) -> Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.dev();
+    // The kernel's encoding of dev_t (glibc's gnu_dev_major/minor).
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    if sys.join("partition").exists() {
+        let parent = std::fs::read_to_string(sys.join("..").join("dev"))
+            .with_context(|| format!("finding the disk of partition {major}:{minor}"))?;
+        return Ok(parent.trim().to_owned());
+    }
+    Ok(format!("{major}:{minor}"))
+}
+
 /// Two loop-device drives, mounted, with a blkio cgroup capping each one's
 /// reads; all of it undone on drop.
 struct Drives {
@@ -164,21 +232,19 @@ struct Drives {
     images: Vec<PathBuf>,
     loops: Vec<String>,
     mounted: Vec<PathBuf>,
-    cgroup: PathBuf,
+    throttle: Throttle,
 }
 
 impl Drives {
     fn create(root: &Path, sizes_bytes: [u64; 2]) -> Result<Drives> {
         std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
-        let cgroup = Path::new(BLKIO_ROOT).join(format!("strata-bench-drives-{}", std::process::id()));
         let mut drives = Drives {
             dirs: [root.join("a"), root.join("b")],
             images: Vec::new(),
             loops: Vec::new(),
             mounted: Vec::new(),
-            cgroup: cgroup.clone(),
+            throttle: Throttle::new("strata-bench-drives")?,
         };
-        std::fs::create_dir_all(&cgroup).with_context(|| format!("creating the cgroup {}", cgroup.display()))?;
         for (k, size_bytes) in sizes_bytes.into_iter().enumerate() {
             let image = root.join(format!("drive-{k}.img"));
             // Sparse: only what is written takes space on the real disk.
@@ -199,23 +265,9 @@ impl Drives {
             let name = device.trim_start_matches("/dev/");
             let dev = std::fs::read_to_string(format!("/sys/block/{name}/dev"))
                 .with_context(|| format!("reading the device number of {device}"))?;
-            let rule = format!("{} {}", dev.trim(), DRIVE_RATES_BYTES_PER_S[k]);
-            std::fs::write(cgroup.join("blkio.throttle.read_bps_device"), &rule)
-                .with_context(|| format!("throttling {device}: {rule}"))?;
+            drives.throttle.cap(dev.trim(), DRIVE_RATES_BYTES_PER_S[k])?;
         }
         Ok(drives)
-    }
-
-    /// `bin args` run inside the throttling cgroup; its last line as JSON.
-    fn run_json(&self, bin: &Path, args: &[String]) -> Result<Value> {
-        let mut a = vec![
-            "-c".to_string(),
-            r#"echo $$ > "$0/cgroup.procs" && exec "$@""#.to_string(),
-            self.cgroup.display().to_string(),
-            bin.display().to_string(),
-        ];
-        a.extend(args.iter().cloned());
-        run_json(Path::new("/bin/sh"), &a)
     }
 
     /// The best O_DIRECT rate of 1, 2 or 4 readers over the expert files of
@@ -234,7 +286,7 @@ impl Drives {
         for readers in ["1", "2", "4"] {
             let mut a = disk.clone();
             a.extend(["--readers".to_string(), readers.to_string()]);
-            best_gbs = best_gbs.max(num(&self.run_json(bins.probe(), &a)?, "direct_gbs")?);
+            best_gbs = best_gbs.max(num(&self.throttle.run_json(bins.probe(), &a)?, "direct_gbs")?);
         }
         Ok(best_gbs)
     }
@@ -248,7 +300,7 @@ impl Drives {
         a.extend(["--max-new-tokens".into(), max_new.to_string()]);
         a.extend(["--ignore-eos", "--json", "--temperature", "0"].iter().map(|s| s.to_string()));
         a.extend(extra.iter().map(|s| s.to_string()));
-        Ok(self.run_json(&bins.strata, &a)?["stats"].clone())
+        Ok(self.throttle.run_json(&bins.strata, &a)?["stats"].clone())
     }
 }
 
@@ -264,7 +316,7 @@ impl Drop for Drives {
         for image in self.images.drain(..) {
             let _ = std::fs::remove_file(&image);
         }
-        let _ = std::fs::remove_dir(&self.cgroup);
+        // The cgroup goes with `throttle`, dropped after this.
     }
 }
 
