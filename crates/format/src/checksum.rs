@@ -3,24 +3,23 @@
 
 /// CRC32C of `bytes`.
 pub(crate) fn crc32c(bytes: &[u8]) -> u32 {
-    crc_fast::crc32_iscsi(bytes)
+    crc32c::crc32c(bytes)
 }
 
 /// CRC32C of bytes given piece by piece.
-pub(crate) struct Crc32c(crc_fast::Digest);
+pub(crate) struct Crc32c(u32);
 
 impl Crc32c {
     pub(crate) fn new() -> Self {
-        Crc32c(crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi))
+        Crc32c(0)
     }
 
     pub(crate) fn update(&mut self, bytes: &[u8]) {
-        self.0.update(bytes);
+        self.0 = crc32c::crc32c_append(self.0, bytes);
     }
 
     pub(crate) fn finish(&self) -> u32 {
-        // CRC-32/ISCSI is CRC32C; its 32 bits are the low half.
-        self.0.finalize() as u32
+        self.0
     }
 }
 
