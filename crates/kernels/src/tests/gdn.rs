@@ -18,19 +18,21 @@ fn head_dim() -> impl Strategy<Value = usize> {
 /// these kernels is relative to the largest state or output value, not to
 /// each (possibly cancelled) element.
 pub(crate) fn assert_all_close(got: &[f32], want: &[f32], rel: f32, what: &str) {
+    assert_within(got, want, rel * inf_norm(want), what);
+}
+
+fn inf_norm(x: &[f32]) -> f32 {
+    x.iter().fold(f32::MIN_POSITIVE, |m, v| m.max(v.abs()))
+}
+
+/// Asserts `|got - want| <= tol` element-wise.
+fn assert_within(got: &[f32], want: &[f32], tol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
-    let scale = want.iter().fold(f32::MIN_POSITIVE, |m, v| m.max(v.abs()));
     let (worst, at) = got.iter().zip(want).enumerate().fold((0.0f32, 0), |(w, at), (i, (g, v))| {
         let d = (g - v).abs();
         if d > w || d.is_nan() { (d, i) } else { (w, at) }
     });
-    assert!(
-        worst <= rel * scale,
-        "{what}: element {at}: got {}, want {} (diff {worst}, tol {})",
-        got[at],
-        want[at],
-        rel * scale
-    );
+    assert!(worst <= tol, "{what}: element {at}: got {}, want {} (diff {worst}, tol {tol})", got[at], want[at]);
 }
 
 /// A deterministic pseudo-random stream in `[-1, 1)` (xorshift), for the
@@ -90,6 +92,15 @@ impl Run {
         self.tokens().token(t, self.d_k, self.d_v)
     }
 
+    /// The largest value a run passes through. The kernels round relative
+    /// to it, not to the final state, which a few tokens can cancel to far
+    /// below it (d_k = d_v = 1, 3 tokens: a final state of 0.0102 from values
+    /// near 1, the chunked form 2.4e-7 = 1.5e-8 of the values away; the test
+    /// `chunked_tolerance_is_relative_to_the_values_not_a_cancelled_state`).
+    fn value_scale(&self, want_out: &[f32], want_state: &[f32]) -> f32 {
+        [want_out, want_state, &self.state, &self.v].into_iter().map(inf_norm).fold(0.0, f32::max)
+    }
+
     /// Outputs `[tokens, d_v]` and final state of the scalar reference.
     fn reference(&self) -> (Vec<f32>, Vec<f32>) {
         let mut state = self.state.clone();
@@ -102,7 +113,8 @@ impl Run {
 }
 
 /// Chunked and recurrent prefill agree to this, relative to the largest
-/// output or state value (worst seen over 3000 random cases: 5e-6).
+/// value they pass through (worst seen over 300 000 random short runs:
+/// 1.5e-8; over 3000 of the proptest's cases: 5e-6).
 const CHUNK_REL_TOL: f32 = 1e-5;
 
 /// The vector tiers agree with the scalar reference step to this.
@@ -123,8 +135,9 @@ proptest! {
             for (t, out_t) in out.chunks_exact_mut(d_v).enumerate() {
                 gdn::delta_rule_step(isa, &mut state, &run.token(t), out_t);
             }
-            assert_all_close(&out, &want_out, STEP_REL_TOL, &format!("{isa:?} out"));
-            assert_all_close(&state, &want_state, STEP_REL_TOL, &format!("{isa:?} state"));
+            let tol = STEP_REL_TOL * run.value_scale(&want_out, &want_state);
+            assert_within(&out, &want_out, tol, &format!("{isa:?} out"));
+            assert_within(&state, &want_state, tol, &format!("{isa:?} state"));
         }
     }
 
@@ -200,17 +213,27 @@ fn bits(x: &[f32]) -> Vec<u32> {
 /// Chunked prefill on every tier against the scalar recurrence.
 fn check_chunked(run: &Run) {
     let (want_out, want_state) = run.reference();
+    let scale = run.value_scale(&want_out, &want_state);
     for isa in Isa::all_supported() {
         let mut state = run.state.clone();
         let mut out = vec![f32::NAN; want_out.len()];
         gdn::delta_rule_chunked(isa, &mut state, run.d_v, &run.tokens(), &mut out);
-        assert_all_close(&out, &want_out, CHUNK_REL_TOL, &format!("{isa:?} chunked out, {} tokens", run.g.len()));
-        assert_all_close(&state, &want_state, CHUNK_REL_TOL, &format!("{isa:?} chunked state"));
+        let tol = CHUNK_REL_TOL * scale;
+        assert_within(&out, &want_out, tol, &format!("{isa:?} chunked out, {} tokens", run.g.len()));
+        assert_within(&state, &want_state, tol, &format!("{isa:?} chunked state"));
         let mut state = run.state.clone();
         gdn::delta_rule_recurrent(isa, &mut state, run.d_v, &run.tokens(), &mut out);
-        assert_all_close(&out, &want_out, STEP_REL_TOL, &format!("{isa:?} recurrent out"));
-        assert_all_close(&state, &want_state, STEP_REL_TOL, &format!("{isa:?} recurrent state"));
+        let tol = STEP_REL_TOL * scale;
+        assert_within(&out, &want_out, tol, &format!("{isa:?} recurrent out"));
+        assert_within(&state, &want_state, tol, &format!("{isa:?} recurrent state"));
     }
+}
+
+/// A final state cancelled far below the values that made it is judged
+/// against those values (this case failed CI when judged against itself).
+#[test]
+fn chunked_tolerance_is_relative_to_the_values_not_a_cancelled_state() {
+    check_chunked(&Run::random(55298, 3, 1, 1));
 }
 
 /// The lengths of the brief around the chunk size, at the models' head size.
@@ -265,3 +288,4 @@ fn step_asserts_state_shape() {
 fn conv_asserts_state_shape() {
     gdn::causal_conv1d_silu_step(&mut [0.0; 2], &[0.0; 8], &mut [0.0; 4]);
 }
+
