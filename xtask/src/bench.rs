@@ -187,13 +187,19 @@ pub(crate) fn num(v: &Value, key: &str) -> Result<f64> {
     v.get(key).and_then(Value::as_f64).with_context(|| format!("missing number {key:?} in {v}"))
 }
 
+/// The median of the finite `values`: for an even count the mean of the two
+/// middle ones (the upper one alone favoured every even-count ratio).
 pub(crate) fn median(values: &[f64]) -> f64 {
     let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
     if sorted.is_empty() {
         return f64::NAN;
     }
     sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
+    let middle = sorted.len() / 2;
+    match sorted.len() % 2 {
+        1 => sorted[middle],
+        _ => (sorted[middle - 1] + sorted[middle]) / 2.0,
+    }
 }
 
 /// The `p`-th percentile (nearest rank) of `values`.
@@ -709,8 +715,8 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
     // The integrity check every record read from disk passes (CRC32C and the
     // finite-float scan), as time per decode step: its rate over records in
     // memory times the record bytes a step reads, against 3% of the step (the
-    // most it may cost). An upper bound: the I/O threads check a record while
-    // the other reads of the layer are still in flight.
+    // most it may cost). An upper bound: each record is checked while the
+    // other reads of the layer are still in flight.
     eprintln!("streaming: record check rate");
     let check = run_json(&bins.probe, &args(&["check", "--model", &model.to_string_lossy(), "--reps", "5"]))?;
     let check_gbs = num(&check, "check_gbs_median")?;
@@ -732,53 +738,49 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
         goal: None,
         note: format!("{:.2}% of the step if not overlapped at all", 100.0 * check_ms / step_ms),
     });
-    // The same check as an A/B: decode with it and without, alternated in
-    // pairs from an emptied page cache; the ratio is the median of the
-    // pairs' ratios. The engine as `strata generate` opens it (its context,
-    // its cache policy), so the steps read what the rows above read. On the
-    // bare disk (the bar), and, where the blkio cgroup allows, once more on
-    // the disk capped at a fixed rate: the shared disk moves ±10% between
-    // seconds, a capped one repeats within 0.5%, but the cap also changes how
-    // reads and the check overlap (there the check cost nothing), so it is
-    // shown beside the bar, not as it.
+    // The same check as an A/B inside each decode run: odd steps checked,
+    // even ones not, so that both meet the same disk seconds apart (whole
+    // runs alternated in pairs scattered ±10% with the shared disk, more
+    // than the effect). A step's time is fitted as `a + b × its bytes read
+    // + c × checked` (routing moves the bytes from step to step), and the
+    // ratio is the fitted unchecked step over the checked one at the mean
+    // bytes. On the bare disk (the bar), and, where the blkio cgroup allows,
+    // once more on the disk capped at a fixed rate (shown beside the bar).
     let mut ab_raw = Vec::new();
     for capped in [false, true] {
-        let Some((ab_pairs, ab_throttle)) = record_check_ab(bins, opts, &model, &budget, &disk, capped)? else {
+        let Some((ab, ab_throttle)) = record_check_ab(bins, opts, &model, &budget, &disk, capped)? else {
             continue;
         };
-        let pairs = ab_pairs.len();
-        let with_check: Vec<f64> = ab_pairs.iter().map(|p| p.with).collect();
-        let pair_ratios: Vec<f64> = ab_pairs.iter().map(|p| p.with / p.without).collect();
-        let ratio = median(&pair_ratios);
-        let step_ms = |rates: &[f64]| 1e3 / median(rates);
-        let without: Vec<f64> = ab_pairs.iter().map(|p| p.without).collect();
+        let base_ms = ab.fit.base_ms;
+        let ratio = base_ms / (base_ms + ab.fit.checked_ms);
         report.rows.push(Row {
             suite: "streaming".into(),
             name: match ab_throttle {
-                None => "streaming decode with the record check ÷ without, --io direct".into(),
+                None => "streaming decode step with the record check ÷ without, --io direct".into(),
                 Some(rate) => format!("the same on the disk capped at {:.2} GB/s (a drive of fixed speed)", rate / 1e9),
             },
-            measured: median(&with_check),
-            unit: "tok/s".into(),
+            measured: base_ms + ab.fit.checked_ms,
+            unit: "ms".into(),
             limit_name: format!(
-                "the same decode without the check, alternated in {pairs} pairs (ratio: median of the pairs')"
+                "the same step without the check, alternated step by step over {} steps in {} runs (fitted for bytes read)",
+                ab.steps, ab.runs
             ),
             limit: 1.0,
             limit_unit: "x".into(),
-            bound: median(&with_check) / ratio,
+            bound: base_ms,
             ratio,
             goal: ab_throttle.is_none().then_some(0.97),
             note: format!(
-                "step {:.1} ms with, {:.1} ms without; pair ratios {}; every decode step counted",
-                step_ms(&with_check),
-                step_ms(&without),
-                pair_ratios.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(" ")
+                "the check adds {:.2} ms ± {:.2} (1 s.e.) to a {base_ms:.1} ms step at {:.0} MB read; \
+                 ms per MB read: {:.3} with, {:.3} without; every decode step counted but each run's first pair",
+                ab.fit.checked_ms,
+                ab.fit.checked_se_ms,
+                ab.fit.mean_bytes / 1e6,
+                ab.ms_per_mb[1],
+                ab.ms_per_mb[0],
             ),
         });
-        ab_raw.push(json!({
-            "throttle_bytes_per_s": ab_throttle,
-            "pairs": ab_pairs.iter().map(|p| p.raw.clone()).collect::<Vec<_>>(),
-        }));
+        ab_raw.push(json!({ "throttle_bytes_per_s": ab_throttle, "runs": ab.raw }));
     }
     report.raw.push(json!({
         "suite": "streaming", "model": model, "budget": budget, "direct_gbs": disk, "runs": raw, "check": check,
@@ -787,15 +789,97 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
     Ok(())
 }
 
-/// One pair of the record check's A/B: decode rates with and without it.
-struct CheckPair {
-    with: f64,
-    without: f64,
-    raw: Value,
+/// The record check's A/B over steps alternated within runs.
+struct CheckAb {
+    fit: CheckFit,
+    steps: usize,
+    runs: usize,
+    /// Milliseconds per MB read, over the unchecked and the checked steps.
+    ms_per_mb: [f64; 2],
+    raw: Vec<Value>,
 }
 
-/// The record check's A/B pairs, and the rate the disk was capped at for
-/// them (`None`: the bare disk); `None` when `capped` and no cap can be set.
+/// Least squares of `step_ms = a + b × (bytes - mean bytes) + c × checked`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct CheckFit {
+    /// `a`: the unchecked step at the mean bytes read.
+    pub(crate) base_ms: f64,
+    pub(crate) ms_per_byte: f64,
+    /// `c`: what the check adds to a step.
+    pub(crate) checked_ms: f64,
+    /// Its standard error.
+    pub(crate) checked_se_ms: f64,
+    pub(crate) mean_bytes: f64,
+}
+
+impl CheckFit {
+    /// Fits `(bytes, checked, step_ms)` samples; `None` when the samples
+    /// cannot separate the three terms (fewer than 4, or collinear).
+    pub(crate) fn fit(samples: &[(f64, bool, f64)]) -> Option<CheckFit> {
+        let n = samples.len();
+        if n < 4 {
+            return None;
+        }
+        let mean_bytes = samples.iter().map(|s| s.0).sum::<f64>() / n as f64;
+        // Bytes centred and in MB, so that the three columns are of one scale.
+        let rows: Vec<[f64; 3]> = samples
+            .iter()
+            .map(|&(bytes, checked, _)| [1.0, (bytes - mean_bytes) / 1e6, f64::from(u8::from(checked))])
+            .collect();
+        let mut xtx = [[0.0f64; 3]; 3];
+        let mut xty = [0.0f64; 3];
+        for (row, &(_, _, y)) in rows.iter().zip(samples) {
+            for i in 0..3 {
+                xty[i] += row[i] * y;
+                for j in 0..3 {
+                    xtx[i][j] += row[i] * row[j];
+                }
+            }
+        }
+        let inverse = invert3(&xtx)?;
+        let beta: Vec<f64> = (0..3).map(|i| (0..3).map(|j| inverse[i][j] * xty[j]).sum()).collect();
+        let residual_ss: f64 = rows
+            .iter()
+            .zip(samples)
+            .map(|(row, &(_, _, y))| (y - (0..3).map(|i| row[i] * beta[i]).sum::<f64>()).powi(2))
+            .sum();
+        let sigma2 = residual_ss / (n - 3) as f64;
+        Some(CheckFit {
+            base_ms: beta[0],
+            ms_per_byte: beta[1] / 1e6,
+            checked_ms: beta[2],
+            checked_se_ms: (sigma2 * inverse[2][2]).sqrt(),
+            mean_bytes,
+        })
+    }
+}
+
+/// The inverse of a 3×3 matrix by cofactors; `None` when it is singular
+/// (its determinant a negligible share of its diagonal's product, which
+/// bounds it for the positive semi-definite matrices fitted here).
+fn invert3(m: &[[f64; 3]; 3]) -> Option<[[f64; 3]; 3]> {
+    let cofactor = |i: usize, j: usize| {
+        let (r0, r1) = ((i + 1) % 3, (i + 2) % 3);
+        let (c0, c1) = ((j + 1) % 3, (j + 2) % 3);
+        m[r0][c0] * m[r1][c1] - m[r0][c1] * m[r1][c0]
+    };
+    let det: f64 = (0..3).map(|j| m[0][j] * cofactor(0, j)).sum();
+    if det.abs() <= 1e-12 * (m[0][0] * m[1][1] * m[2][2]).abs() {
+        return None;
+    }
+    let mut inverse = [[0.0f64; 3]; 3];
+    for (i, row) in inverse.iter_mut().enumerate() {
+        for (j, v) in row.iter_mut().enumerate() {
+            // The adjugate is the transposed cofactor matrix.
+            *v = cofactor(j, i) / det;
+        }
+    }
+    Some(inverse)
+}
+
+/// The record check's A/B (decode runs whose odd steps are checked), and
+/// the rate the disk was capped at for them (`None`: the bare disk); `None`
+/// when `capped` and no cap can be set.
 fn record_check_ab(
     bins: &Bins,
     opts: &Options,
@@ -803,7 +887,7 @@ fn record_check_ab(
     budget: &str,
     disk_gbs: &[f64],
     capped: bool,
-) -> Result<Option<(Vec<CheckPair>, Option<f64>)>> {
+) -> Result<Option<(CheckAb, Option<f64>)>> {
     // 90% of the worst O_DIRECT rate the suite measured: steps about as
     // long as the bare disk's (a slower cap would hide more of the check
     // behind longer reads), with some room for the disk's dips under it.
@@ -821,54 +905,66 @@ fn record_check_ab(
             Some((throttle, rate as f64))
         }
     };
-    let pairs = (4 * opts.reps).max(10);
-    let mut out = Vec::with_capacity(pairs);
-    for pair in 0..pairs {
-        let mut rates = [0.0f64; 2];
-        let mut runs = Vec::new();
-        // Which goes first alternates, so neither always meets a warmer disk.
-        let order: [u8; 2] = if pair % 2 == 0 { [1, 0] } else { [0, 1] };
-        for check_records in order {
-            eprintln!(
-                "streaming: record check A/B{}, pair {}/{pairs}, check {check_records}",
-                if capped { " (capped disk)" } else { "" },
-                pair + 1
-            );
-            let a = args(&[
-                "batch",
-                "--model",
-                &model.to_string_lossy(),
-                "--streams",
-                "1",
-                "--prompt-tokens",
-                "8",
-                "--steps",
-                &opts.tokens.to_string(),
-                "--io",
-                "direct",
-                "--ram-budget",
-                budget,
-                "--evict",
-                "1",
-                "--threads",
-                "0",
-                "--context",
-                "4096",
-                "--cache-policy",
-                "predict",
-                "--check-records",
-                &check_records.to_string(),
-            ]);
-            let run = match &throttle {
-                Some((throttle, _)) => throttle.run_json(&bins.probe, &a)?,
-                None => run_json(&bins.probe, &a)?,
-            };
-            rates[usize::from(check_records)] = num(&run, "tokens_per_s_overall")?;
-            runs.push(json!({ "check_records": check_records, "run": run }));
+    let runs = (2 * opts.reps).max(4);
+    let steps = 4 * opts.tokens;
+    let mut samples = Vec::new();
+    let mut raw = Vec::with_capacity(runs);
+    for run_index in 0..runs {
+        eprintln!(
+            "streaming: record check A/B{}, run {}/{runs} ({steps} steps, odd ones checked)",
+            if capped { " (capped disk)" } else { "" },
+            run_index + 1
+        );
+        let a = args(&[
+            "batch",
+            "--model",
+            &model.to_string_lossy(),
+            "--streams",
+            "1",
+            "--prompt-tokens",
+            "8",
+            "--steps",
+            &steps.to_string(),
+            "--io",
+            "direct",
+            "--ram-budget",
+            budget,
+            "--evict",
+            "1",
+            "--threads",
+            "0",
+            "--context",
+            "4096",
+            "--cache-policy",
+            "predict",
+            "--check-records",
+            "alternate",
+        ]);
+        let run = match &throttle {
+            Some((throttle, _)) => throttle.run_json(&bins.probe, &a)?,
+            None => run_json(&bins.probe, &a)?,
+        };
+        let column = |key: &str| -> Result<Vec<Value>> {
+            run.get(key).and_then(Value::as_array).cloned().with_context(|| format!("missing {key:?} in {run}"))
+        };
+        let (step_s, bytes, checked) = (column("step_s")?, column("step_expert_bytes")?, column("step_checked")?);
+        // The first pair of steps follows the prompt's prefill: not a
+        // steady decode step.
+        for ((s, b), c) in step_s.iter().zip(&bytes).zip(&checked).skip(2) {
+            let sample = (b.as_f64(), c.as_bool(), s.as_f64());
+            let (Some(b), Some(c), Some(s)) = sample else { bail!("a step of {run} is not a number") };
+            samples.push((b, c, s * 1e3));
         }
-        out.push(CheckPair { with: rates[1], without: rates[0], raw: json!({ "pair": pair, "runs": runs }) });
+        raw.push(run);
     }
-    Ok(Some((out, throttle.map(|(_, rate)| rate))))
+    let fit = CheckFit::fit(&samples).context("the record check's steps cannot be fitted")?;
+    let ms_per_mb = [false, true].map(|arm| {
+        let (ms, bytes) =
+            samples.iter().filter(|s| s.1 == arm).fold((0.0, 0.0), |(ms, bytes), s| (ms + s.2, bytes + s.0));
+        ms / (bytes / 1e6)
+    });
+    let ab = CheckAb { fit, steps: samples.len(), runs, ms_per_mb, raw };
+    Ok(Some((ab, throttle.map(|(_, rate)| rate))))
 }
 
 /// The demo checkpoint converted to q8 (the preset a checkpoint is
@@ -961,4 +1057,36 @@ fn suite_demo(bins: &Bins, opts: &Options, limits: &Limits, report: &mut Report)
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[3.0, f64::NAN, 1.0, 2.0]), 2.0);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn check_fit_recovers_the_check_from_steps_of_any_bytes() {
+        // 20 ms + 1 ms per 5 MB, the check 3 ms, with a small wobble.
+        let samples: Vec<(f64, bool, f64)> = (0..200)
+            .map(|i| {
+                let bytes = 1e8 + 7e6 * f64::from((i * 37) % 23);
+                let checked = i % 2 == 1;
+                let wobble = 0.05 * f64::from((i * 13) % 7) - 0.15;
+                (bytes, checked, 20.0 + bytes / 5e6 + if checked { 3.0 } else { 0.0 } + wobble)
+            })
+            .collect();
+        let fit = CheckFit::fit(&samples).unwrap();
+        assert!((fit.checked_ms - 3.0).abs() < 0.05, "{fit:?}");
+        assert!((fit.ms_per_byte - 2e-7).abs() < 1e-9, "{fit:?}");
+        assert!(fit.checked_se_ms > 0.0 && fit.checked_se_ms < 0.05, "{fit:?}");
+        // Every step checked: the check cannot be told from the intercept.
+        let all: Vec<_> = samples.iter().map(|&(b, _, ms)| (b, true, ms)).collect();
+        assert_eq!(CheckFit::fit(&all), None);
+    }
 }

@@ -11,7 +11,7 @@
 //! strata-probe batch   [--model DIR] --streams N --prompt-tokens P --steps S --threads T
 //!                      [--io BACKEND] [--expert-cache BYTES] [--evict 1] [--warm 1]
 //!                      [--prefill-chunk TOKENS] [--context TOKENS] [--ram-budget SIZE]
-//!                      [--check-records 0|1]
+//!                      [--check-records 0|1|alternate]
 //! ```
 
 use std::collections::HashMap;
@@ -191,8 +191,6 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
         cache_policy: a.get("cache-policy", strata_engine::PolicyKind::Lru)?,
         ram_budget: a.get("ram-budget", strata_engine::RamBudget::Auto)?,
         io_workers: a.get("io-workers", strata_engine::EngineOptions::default().io_workers)?,
-        // Off only to measure what the check on every read costs.
-        check_records: a.get("check-records", 1u8)? == 1,
         ..Default::default()
     };
     let cache: String = a.get("expert-cache", String::new())?;
@@ -201,6 +199,17 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
         options.expert_cache_bytes = Some(bytes.0);
     }
     let engine = strata_engine::Engine::open(&resolved.container_dir, &options)?;
+    // Off or alternating only to measure what the check on every read
+    // costs: `alternate` checks the odd decode steps, so that checked and
+    // unchecked steps meet the same disk, seconds apart at most.
+    let check: String = a.get("check-records", "1".to_owned())?;
+    let step_checked = |step: usize| match check.as_str() {
+        "1" => Ok(true),
+        "0" => Ok(false),
+        "alternate" => Ok(step % 2 == 1),
+        other => Err(anyhow::anyhow!("--check-records: {other:?} is not 0, 1 or alternate")),
+    };
+    step_checked(0)?;
     if a.get("evict", 0u8)? == 1 {
         engine.evict_page_cache()?;
     }
@@ -226,14 +235,18 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
     let prefill_s = prefill_started.elapsed().as_secs_f64();
     let before = engine.store_stats();
     let mut step_s = Vec::with_capacity(steps);
+    let mut step_bytes = Vec::with_capacity(steps);
     let decode_started = std::time::Instant::now();
-    for _ in 0..steps {
+    for step in 0..steps {
+        engine.set_record_check(step_checked(step)?);
+        let bytes_before = engine.store_stats().bytes_read;
         let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
         let token_refs: Vec<&[u32]> = tokens.iter().map(|t| &t[..]).collect();
         let mut refs: Vec<&mut strata_engine::Session<'_>> = sessions.iter_mut().collect();
         let started = std::time::Instant::now();
         let logits = strata_engine::Session::feed_batch(&mut refs, &token_refs)?;
         step_s.push(started.elapsed().as_secs_f64());
+        step_bytes.push(engine.store_stats().bytes_read - bytes_before);
         next = logits.iter().map(|l| argmax(l)).collect();
     }
     let decode_s = decode_started.elapsed().as_secs_f64();
@@ -242,6 +255,7 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
     let step_median = median(&step_s);
     Ok(json!({
         "streams": streams, "batch_capacity": engine.batch_capacity(), "steps": steps, "step_s": step_s, "step_s_median": step_median,
+        "step_expert_bytes": step_bytes, "step_checked": (0..steps).map(step_checked).collect::<Result<Vec<_>>>()?,
         "prefill_tokens_per_s": (streams * prompt_tokens) as f64 / prefill_s,
         "tokens_per_s": streams as f64 / step_median, "tokens_per_s_overall": tokens / decode_s,
         "expert_bytes_read": after.bytes_read - before.bytes_read,

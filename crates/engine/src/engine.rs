@@ -53,10 +53,6 @@ pub struct EngineOptions {
     pub mirrors: Vec<MirrorSpec>,
     /// Whether to read the next layer's predicted experts ahead of demand.
     pub prefetch: Prefetch,
-    /// Whether each expert record read from disk is checked (CRC32C, finite
-    /// floats) before use. Always on in the programs; off only so that
-    /// `cargo xtask bench` can measure what the check costs a decode step.
-    pub check_records: bool,
 }
 
 /// Look-ahead prefetch (`--prefetch`): while a layer computes, the next
@@ -184,7 +180,6 @@ impl Default for EngineOptions {
             // As `--prefetch`'s default: not yet measured faster everywhere
             // it would turn on (docs/BENCHMARKS.md, "Prefetch").
             prefetch: Prefetch::Off,
-            check_records: true,
         }
     }
 }
@@ -237,9 +232,7 @@ impl Engine {
             Some(n) => n,
             None => spec.max_position_embeddings.clamp(1, CONTEXT_TOKENS_DEFAULT_MAX),
         };
-        let sources = (0..spec.num_layers)
-            .map(|layer| expert_source(&container, layer, options.check_records))
-            .collect::<Result<Vec<_>>>()?;
+        let sources = (0..spec.num_layers).map(|layer| expert_source(&container, layer)).collect::<Result<Vec<_>>>()?;
         let model = strata_models::load(Arc::clone(&container))?;
         let prefill_chunk_tokens = match options.prefill_chunk_tokens {
             Some(0) => {
@@ -405,6 +398,14 @@ impl Engine {
         Ok(self.store.evict_page_cache()?)
     }
 
+    /// Turns the check of each expert record read from disk (CRC32C, finite
+    /// floats) off or back on. It is on from open in every program; off
+    /// exists only so that `cargo xtask bench` can measure what the check
+    /// costs a decode step, step by step in one run.
+    pub fn set_record_check(&self, on: bool) {
+        self.store.set_checking(on);
+    }
+
     /// Writes what the store has learned to the usage file (atomically) and
     /// flushes the routing trace.
     pub fn persist_learning(&self) -> Result<()> {
@@ -524,7 +525,7 @@ pub(crate) fn check_logits(logits: &[f32], vocab: usize, first_position: usize) 
     })
 }
 
-fn expert_source(container: &Container, layer: usize, check_records: bool) -> Result<Option<ExpertSource>> {
+fn expert_source(container: &Container, layer: usize) -> Result<Option<ExpertSource>> {
     if container.spec().layers[layer] != LayerKind::Moe {
         return Ok(None);
     }
@@ -540,7 +541,7 @@ fn expert_source(container: &Container, layer: usize, check_records: bool) -> Re
         path: layout.path.clone(),
         record_bytes,
         num_experts: layout.num_experts,
-        check: check_records.then_some(check),
+        check: Some(check),
     }))
 }
 

@@ -18,6 +18,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::io::{IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
@@ -40,8 +41,8 @@ pub struct ExpertSource {
     pub path: PathBuf,
     pub record_bytes: usize,
     pub num_experts: usize,
-    /// Run on every record read from disk (`None`: records are handed out
-    /// as read).
+    /// Run on every record read from disk, on the thread that takes it from
+    /// the I/O pool (`None`: records are handed out as read).
     pub check: Option<RecordCheck>,
 }
 
@@ -161,6 +162,14 @@ enum Awaited {
 /// capacity, under a replacement policy.
 pub struct ExpertStore {
     files: Vec<Option<Arc<RecordFile>>>,
+    /// Per layer: what every record read from disk must pass before it is
+    /// cached or handed out. Run by the thread that takes the completed
+    /// read, never by an I/O worker: a worker goes straight on to its next
+    /// read, and the check warms the caches for the expert product that
+    /// follows (measured: docs/BENCHMARKS.md, "record check").
+    checks: Vec<Option<RecordCheck>>,
+    /// Whether `checks` run (off only to measure them: `set_checking`).
+    checking: AtomicBool,
     /// Where each layer's records are read from: its file, or its file and
     /// the mirrors' copies of it.
     sources: Vec<Option<Arc<dyn RecordSource>>>,
@@ -192,18 +201,13 @@ impl ExpertStore {
         usage: Usage,
         mirrors: &MirrorOptions,
     ) -> Result<Self> {
+        let checks = sources.iter().map(|s| s.as_ref().and_then(|s| s.check.clone())).collect();
         let files = sources
             .into_iter()
             .enumerate()
             .map(|(layer, source)| {
                 source
-                    .map(|s| {
-                        let file = RecordFile::open(options.io, &s.path, layer, s.record_bytes, s.num_experts)?;
-                        Ok(Arc::new(match s.check {
-                            Some(check) => file.with_check(check),
-                            None => file,
-                        }))
-                    })
+                    .map(|s| RecordFile::open(options.io, &s.path, layer, s.record_bytes, s.num_experts).map(Arc::new))
                     .transpose()
             })
             .collect::<Result<Vec<_>>>()?;
@@ -245,6 +249,8 @@ impl ExpertStore {
         };
         Ok(Self {
             files,
+            checks,
+            checking: AtomicBool::new(true),
             sources,
             mirrors,
             options,
@@ -318,6 +324,28 @@ impl ExpertStore {
         Ok(file)
     }
 
+    /// A completed read of `key` once the layer's check passed it: a record
+    /// the check refuses is [`Error::RecordRejected`], never handed out.
+    fn checked(&self, key: ExpertKey, read: Result<AlignedBuf>) -> Result<AlignedBuf> {
+        let buf = read?;
+        let Some(check) = self.checks[key.layer].as_ref().filter(|_| self.checking.load(Ordering::Relaxed)) else {
+            return Ok(buf);
+        };
+        check(key.expert, buf.as_slice()).map_err(|reason| Error::RecordRejected {
+            path: self.file(key).map(|f| f.path().to_owned()).unwrap_or_default(),
+            layer: key.layer,
+            expert: key.expert,
+            reason,
+        })?;
+        Ok(buf)
+    }
+
+    /// Stops (or resumes) running the sources' checks on records read from
+    /// now on: only for measuring what the checks cost.
+    pub fn set_checking(&self, on: bool) {
+        self.checking.store(on, Ordering::Relaxed);
+    }
+
     fn lock_prefetches(&self) -> Option<MutexGuard<'_, Prefetches>> {
         // The map is updated only after a completion is taken, in code that
         // does not panic; a poisoned lock still guards consistent state.
@@ -378,7 +406,7 @@ impl ExpertStore {
     fn drain_prefetches(&self, prefetches: &mut Prefetches) {
         while let Some((tag, result)) = prefetches.pool.try_recv() {
             let key = prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
-            if let Ok(buf) = result {
+            if let Ok(buf) = self.checked(key, result) {
                 self.admit(key, buf, true);
             }
         }
@@ -392,7 +420,7 @@ impl ExpertStore {
         while !prefetches.in_flight.is_empty() {
             let (tag, result) = prefetches.pool.recv();
             let key = prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
-            if let Ok(buf) = result {
+            if let Ok(buf) = self.checked(key, result) {
                 self.admit(key, buf, true);
             }
         }
@@ -419,10 +447,10 @@ impl ExpertStore {
                 Some(i) => {
                     awaited.swap_remove(i);
                     self.lock().stats.prefetch_used += 1;
-                    return Awaited::Landed(key, result.map(|buf| self.admit(key, buf, false)));
+                    return Awaited::Landed(key, self.checked(key, result).map(|buf| self.admit(key, buf, false)));
                 }
                 None => {
-                    if let Ok(buf) = result {
+                    if let Ok(buf) = self.checked(key, result) {
                         self.admit(key, buf, true);
                     }
                 }
@@ -641,8 +669,9 @@ impl Iterator for Loads<'_> {
             let (tag, result) = self.store.pool.recv();
             self.in_flight -= 1;
             let key = self.keys[tag as usize];
-            let result = result.map(|buf| self.store.admit(key, buf, false));
+            // The next read starts before this one is checked.
             self.fill();
+            let result = self.store.checked(key, result).map(|buf| self.store.admit(key, buf, false));
             return Some((key, result));
         }
     }
@@ -845,6 +874,30 @@ mod tests {
         // A refused record is never cached.
         assert!(store.lookup(key(1)).unwrap().is_none());
         assert_eq!(store.stats().bytes_read, RECORD as u64);
+    }
+
+    #[test]
+    fn a_prefetched_record_its_check_refuses_is_never_cached_or_handed_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("layer_000.bin");
+        let bytes: Vec<u8> = (0..2 * RECORD).map(|i| (i / RECORD) as u8).collect();
+        std::fs::write(&path, bytes).unwrap();
+        let check: RecordCheck = Arc::new(|expert, record| match record[0] {
+            0 => Ok(()),
+            _ => Err(format!("expert {expert} is bad")),
+        });
+        let source = ExpertSource { path, record_bytes: RECORD, num_experts: 2, check: Some(check) };
+        let options = StoreOptions { prefetch_in_flight: 2, ..StoreOptions::default() };
+        let store = ExpertStore::open(vec![Some(source)], options, Usage::default()).unwrap();
+        // Demanded while in flight, and after landing: both meet the check.
+        assert_eq!(store.prefetch(0, &[0, 1]).unwrap(), 2);
+        let err = store.fetch(vec![key(1)]).unwrap().next().unwrap().1.unwrap_err();
+        assert!(matches!(err, Error::RecordRejected { layer: 0, expert: 1, .. }), "{err}");
+        store.prefetch(0, &[1]).unwrap();
+        store.settle_prefetches();
+        assert!(store.lookup(key(1)).unwrap().is_none(), "a refused prefetch is not cached");
+        assert!(matches!(store.get(key(1)), Err(Error::RecordRejected { .. })));
+        assert_eq!(store.get(key(0)).unwrap().as_slice()[0], 0);
     }
 
     #[test]

@@ -288,4 +288,3 @@ fn step_asserts_state_shape() {
 fn conv_asserts_state_shape() {
     gdn::causal_conv1d_silu_step(&mut [0.0; 2], &[0.0; 8], &mut [0.0; 4]);
 }
-

@@ -12,8 +12,9 @@
 //! resumed until the record is complete, `EINTR` is retried, the end of the
 //! file before the end of the record is [`Error::ShortRead`], and any other
 //! failure is [`Error::Read`] naming the file, layer and expert. A record is
-//! only ever handed out complete and passing the file's [`RecordCheck`]; on
-//! error the caller gets `Err`, never the partly filled buffer as data.
+//! only ever handed out complete; on error the caller gets `Err`, never the
+//! partly filled buffer as data. (What the bytes must say is checked by the
+//! store, on the thread that takes the record: see [`RecordCheck`].)
 
 mod direct;
 mod mmap;
@@ -95,7 +96,9 @@ impl FromStr for IoBackend {
 /// A check of each record as it is read from disk (never of a cached one),
 /// given the expert index and the complete record: the layers above know
 /// what the bytes mean. `Err` holds the reason, naming the file, layer and
-/// expert, and the record is not handed out.
+/// expert, and the record is not handed out. The store runs it on the
+/// thread that takes the record from the I/O pool, not on an I/O worker, so
+/// that a worker goes straight on to its next read.
 pub type RecordCheck = Arc<dyn Fn(usize, &[u8]) -> std::result::Result<(), String> + Send + Sync>;
 
 /// Anything the I/O pool can read a record from: an expert file, or one
@@ -136,7 +139,6 @@ pub struct RecordFile {
     record_bytes: usize,
     num_experts: usize,
     handle: Handle,
-    check: Option<RecordCheck>,
 }
 
 impl fmt::Debug for RecordFile {
@@ -148,7 +150,6 @@ impl fmt::Debug for RecordFile {
             .field("record_bytes", &self.record_bytes)
             .field("num_experts", &self.num_experts)
             .field("handle", &self.handle)
-            .field("checked", &self.check.is_some())
             .finish()
     }
 }
@@ -182,12 +183,7 @@ impl RecordFile {
             }
             IoBackend::Mmap => Handle::Mapped(mmap::Mapped::open(path)?),
         };
-        Ok(RecordFile { backend, path: path.to_owned(), layer, record_bytes, num_experts, handle, check: None })
-    }
-
-    /// Runs `check` on every record this file reads.
-    pub fn with_check(self, check: RecordCheck) -> RecordFile {
-        RecordFile { check: Some(check), ..self }
+        Ok(RecordFile { backend, path: path.to_owned(), layer, record_bytes, num_experts, handle })
     }
 
     /// Reads record `expert` completely into `buf`, which must be exactly
@@ -195,10 +191,9 @@ impl RecordFile {
     ///
     /// Short reads and `EINTR` are retried until the record is complete. The
     /// end of the file before the end of the record is [`Error::ShortRead`];
-    /// any other failure is [`Error::Read`] naming the path, layer and expert,
-    /// and a complete record the file's check refuses is
-    /// [`Error::RecordRejected`]. On error the contents of `buf` are
-    /// unspecified and must not be used.
+    /// any other failure is [`Error::Read`] naming the path, layer and
+    /// expert. On error the contents of `buf` are unspecified and must not be
+    /// used.
     pub fn read_into(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()> {
         if expert >= self.num_experts {
             return Err(Error::NoSuchExpert { layer: self.layer, expert });
@@ -218,15 +213,6 @@ impl RecordFile {
             (Handle::Direct(file), IoBackend::Uring) => uring::read(&ctx, file, buf),
             (Handle::Direct(file), _) => direct::read(&ctx, file, buf),
             (Handle::Mapped(mapped), _) => mapped.read(&ctx, buf),
-        }?;
-        match &self.check {
-            Some(check) => check(expert, buf.as_slice()).map_err(|reason| Error::RecordRejected {
-                path: self.path.clone(),
-                layer: self.layer,
-                expert,
-                reason,
-            }),
-            None => Ok(()),
         }
     }
 
