@@ -739,45 +739,41 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
         note: format!("{:.2}% of the step if not overlapped at all", 100.0 * check_ms / step_ms),
     });
     // The same check as an A/B inside each decode run: odd steps checked,
-    // even ones not, so that both meet the same disk seconds apart (whole
-    // runs alternated in pairs scattered ±10% with the shared disk, more
-    // than the effect). A step's time is fitted as `a + b × its bytes read
-    // + c × checked` (routing moves the bytes from step to step), and the
-    // ratio is the fitted unchecked step over the checked one at the mean
-    // bytes. On the bare disk (the bar), and, where the blkio cgroup allows,
-    // once more on the disk capped at a fixed rate (shown beside the bar).
+    // even ones not. Each checked step's milliseconds per byte read is set
+    // against its two unchecked neighbours' (mean of logs), which cancels
+    // the shared disk's drift: whole runs alternated in pairs scattered ±10%
+    // with it, more than the effect. On the bare disk (the bar), and, where
+    // the blkio cgroup allows, once more on the disk capped at a fixed rate
+    // (shown beside the bar).
     let mut ab_raw = Vec::new();
     for capped in [false, true] {
         let Some((ab, ab_throttle)) = record_check_ab(bins, opts, &model, &budget, &disk, capped)? else {
             continue;
         };
-        let base_ms = ab.fit.base_ms;
-        let ratio = base_ms / (base_ms + ab.fit.checked_ms);
+        let ratio = (-ab.cost.mean).exp();
         report.rows.push(Row {
             suite: "streaming".into(),
             name: match ab_throttle {
                 None => "streaming decode step with the record check ÷ without, --io direct".into(),
                 Some(rate) => format!("the same on the disk capped at {:.2} GB/s (a drive of fixed speed)", rate / 1e9),
             },
-            measured: base_ms + ab.fit.checked_ms,
+            measured: ab.unchecked_ms / ratio,
             unit: "ms".into(),
             limit_name: format!(
-                "the same step without the check, alternated step by step over {} steps in {} runs (fitted for bytes read)",
-                ab.steps, ab.runs
+                "the same step without the check: {} checked steps against their neighbours, in {} runs",
+                ab.cost.steps, ab.cost.runs
             ),
             limit: 1.0,
             limit_unit: "x".into(),
-            bound: base_ms,
+            bound: ab.unchecked_ms,
             ratio,
             goal: ab_throttle.is_none().then_some(0.97),
             note: format!(
-                "the check adds {:.2} ms ± {:.2} (1 s.e.) to a {base_ms:.1} ms step at {:.0} MB read; \
-                 ms per MB read: {:.3} with, {:.3} without; every decode step counted but each run's first pair",
-                ab.fit.checked_ms,
-                ab.fit.checked_se_ms,
-                ab.fit.mean_bytes / 1e6,
-                ab.ms_per_mb[1],
-                ab.ms_per_mb[0],
+                "the check adds {:.2}% ± {:.2}% (1 s.e., from the runs' means: {}) to a step; \
+                 every decode step counted but each run's first pair",
+                100.0 * ab.cost.mean,
+                100.0 * ab.cost.se,
+                ab.cost.run_means.iter().map(|m| format!("{:.2}%", 100.0 * m)).collect::<Vec<_>>().join(" "),
             ),
         });
         ab_raw.push(json!({ "throttle_bytes_per_s": ab_throttle, "runs": ab.raw }));
@@ -791,90 +787,58 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
 
 /// The record check's A/B over steps alternated within runs.
 struct CheckAb {
-    fit: CheckFit,
-    steps: usize,
-    runs: usize,
-    /// Milliseconds per MB read, over the unchecked and the checked steps.
-    ms_per_mb: [f64; 2],
+    cost: CheckCost,
+    /// Median unchecked step.
+    unchecked_ms: f64,
     raw: Vec<Value>,
 }
 
-/// Least squares of `step_ms = a + b × (bytes - mean bytes) + c × checked`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct CheckFit {
-    /// `a`: the unchecked step at the mean bytes read.
-    pub(crate) base_ms: f64,
-    pub(crate) ms_per_byte: f64,
-    /// `c`: what the check adds to a step.
-    pub(crate) checked_ms: f64,
-    /// Its standard error.
-    pub(crate) checked_se_ms: f64,
-    pub(crate) mean_bytes: f64,
+/// What the check adds to a step, as the log of a ratio (0.02: 2%).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CheckCost {
+    pub(crate) mean: f64,
+    /// Standard error, from the spread of the runs' means (steps of one run
+    /// share its disk and are not independent).
+    pub(crate) se: f64,
+    pub(crate) run_means: Vec<f64>,
+    pub(crate) steps: usize,
+    pub(crate) runs: usize,
 }
 
-impl CheckFit {
-    /// Fits `(bytes, checked, step_ms)` samples; `None` when the samples
-    /// cannot separate the three terms (fewer than 4, or collinear).
-    pub(crate) fn fit(samples: &[(f64, bool, f64)]) -> Option<CheckFit> {
-        let n = samples.len();
-        if n < 4 {
+impl CheckCost {
+    /// From each run's steps `(seconds, bytes read, checked)`: every checked
+    /// step whose neighbours are both unchecked gives `ln(its ms per byte)`
+    /// minus the mean of theirs. Steps that read nothing carry no rate and
+    /// are left out. `None` with fewer than two runs of such steps.
+    pub(crate) fn of_runs(runs: &[Vec<(f64, u64, bool)>]) -> Option<CheckCost> {
+        let per_run: Vec<Vec<f64>> = runs
+            .iter()
+            .map(|steps| {
+                let log_rate = |(s, bytes, _): (f64, u64, bool)| (bytes > 0).then(|| (s / bytes as f64).ln());
+                steps
+                    .windows(3)
+                    .filter(|w| w[1].2 && !w[0].2 && !w[2].2)
+                    .filter_map(|w| Some(log_rate(w[1])? - (log_rate(w[0])? + log_rate(w[2])?) / 2.0))
+                    .collect()
+            })
+            .filter(|d: &Vec<f64>| !d.is_empty())
+            .collect();
+        if per_run.len() < 2 {
             return None;
         }
-        let mean_bytes = samples.iter().map(|s| s.0).sum::<f64>() / n as f64;
-        // Bytes centred and in MB, so that the three columns are of one scale.
-        let rows: Vec<[f64; 3]> = samples
-            .iter()
-            .map(|&(bytes, checked, _)| [1.0, (bytes - mean_bytes) / 1e6, f64::from(u8::from(checked))])
-            .collect();
-        let mut xtx = [[0.0f64; 3]; 3];
-        let mut xty = [0.0f64; 3];
-        for (row, &(_, _, y)) in rows.iter().zip(samples) {
-            for i in 0..3 {
-                xty[i] += row[i] * y;
-                for j in 0..3 {
-                    xtx[i][j] += row[i] * row[j];
-                }
-            }
-        }
-        let inverse = invert3(&xtx)?;
-        let beta: Vec<f64> = (0..3).map(|i| (0..3).map(|j| inverse[i][j] * xty[j]).sum()).collect();
-        let residual_ss: f64 = rows
-            .iter()
-            .zip(samples)
-            .map(|(row, &(_, _, y))| (y - (0..3).map(|i| row[i] * beta[i]).sum::<f64>()).powi(2))
-            .sum();
-        let sigma2 = residual_ss / (n - 3) as f64;
-        Some(CheckFit {
-            base_ms: beta[0],
-            ms_per_byte: beta[1] / 1e6,
-            checked_ms: beta[2],
-            checked_se_ms: (sigma2 * inverse[2][2]).sqrt(),
-            mean_bytes,
+        let mean_of = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let all: Vec<f64> = per_run.iter().flatten().copied().collect();
+        let run_means: Vec<f64> = per_run.iter().map(|d| mean_of(d)).collect();
+        let spread = mean_of(&run_means.iter().map(|m| (m - mean_of(&run_means)).powi(2)).collect::<Vec<_>>());
+        let runs = run_means.len();
+        Some(CheckCost {
+            mean: mean_of(&all),
+            se: (spread * runs as f64 / (runs - 1) as f64 / runs as f64).sqrt(),
+            run_means,
+            steps: all.len(),
+            runs,
         })
     }
-}
-
-/// The inverse of a 3×3 matrix by cofactors; `None` when it is singular
-/// (its determinant a negligible share of its diagonal's product, which
-/// bounds it for the positive semi-definite matrices fitted here).
-fn invert3(m: &[[f64; 3]; 3]) -> Option<[[f64; 3]; 3]> {
-    let cofactor = |i: usize, j: usize| {
-        let (r0, r1) = ((i + 1) % 3, (i + 2) % 3);
-        let (c0, c1) = ((j + 1) % 3, (j + 2) % 3);
-        m[r0][c0] * m[r1][c1] - m[r0][c1] * m[r1][c0]
-    };
-    let det: f64 = (0..3).map(|j| m[0][j] * cofactor(0, j)).sum();
-    if det.abs() <= 1e-12 * (m[0][0] * m[1][1] * m[2][2]).abs() {
-        return None;
-    }
-    let mut inverse = [[0.0f64; 3]; 3];
-    for (i, row) in inverse.iter_mut().enumerate() {
-        for (j, v) in row.iter_mut().enumerate() {
-            // The adjugate is the transposed cofactor matrix.
-            *v = cofactor(j, i) / det;
-        }
-    }
-    Some(inverse)
 }
 
 /// The record check's A/B (decode runs whose odd steps are checked), and
@@ -907,7 +871,8 @@ fn record_check_ab(
     };
     let runs = (2 * opts.reps).max(4);
     let steps = 4 * opts.tokens;
-    let mut samples = Vec::new();
+    let mut steps_of_runs = Vec::with_capacity(runs);
+    let mut unchecked_s = Vec::new();
     let mut raw = Vec::with_capacity(runs);
     for run_index in 0..runs {
         eprintln!(
@@ -950,20 +915,21 @@ fn record_check_ab(
         let (step_s, bytes, checked) = (column("step_s")?, column("step_expert_bytes")?, column("step_checked")?);
         // The first pair of steps follows the prompt's prefill: not a
         // steady decode step.
+        let mut run_steps = Vec::with_capacity(steps);
         for ((s, b), c) in step_s.iter().zip(&bytes).zip(&checked).skip(2) {
-            let sample = (b.as_f64(), c.as_bool(), s.as_f64());
-            let (Some(b), Some(c), Some(s)) = sample else { bail!("a step of {run} is not a number") };
-            samples.push((b, c, s * 1e3));
+            let (Some(s), Some(b), Some(c)) = (s.as_f64(), b.as_u64(), c.as_bool()) else {
+                bail!("a step of {run} is not a number")
+            };
+            if !c {
+                unchecked_s.push(s);
+            }
+            run_steps.push((s, b, c));
         }
+        steps_of_runs.push(run_steps);
         raw.push(run);
     }
-    let fit = CheckFit::fit(&samples).context("the record check's steps cannot be fitted")?;
-    let ms_per_mb = [false, true].map(|arm| {
-        let (ms, bytes) =
-            samples.iter().filter(|s| s.1 == arm).fold((0.0, 0.0), |(ms, bytes), s| (ms + s.2, bytes + s.0));
-        ms / (bytes / 1e6)
-    });
-    let ab = CheckAb { fit, steps: samples.len(), runs, ms_per_mb, raw };
+    let cost = CheckCost::of_runs(&steps_of_runs).context("too few checked steps between unchecked ones")?;
+    let ab = CheckAb { cost, unchecked_ms: 1e3 * median(&unchecked_s), raw };
     Ok(Some((ab, throttle.map(|(_, rate)| rate))))
 }
 
@@ -1071,22 +1037,28 @@ mod tests {
     }
 
     #[test]
-    fn check_fit_recovers_the_check_from_steps_of_any_bytes() {
-        // 20 ms + 1 ms per 5 MB, the check 3 ms, with a small wobble.
-        let samples: Vec<(f64, bool, f64)> = (0..200)
-            .map(|i| {
-                let bytes = 1e8 + 7e6 * f64::from((i * 37) % 23);
-                let checked = i % 2 == 1;
-                let wobble = 0.05 * f64::from((i * 13) % 7) - 0.15;
-                (bytes, checked, 20.0 + bytes / 5e6 + if checked { 3.0 } else { 0.0 } + wobble)
+    fn check_cost_is_found_under_a_drifting_disk() {
+        // The disk slows 40% over each run and wobbles step to step; the
+        // check costs 3% of a step; bytes read vary, and one step read
+        // nothing.
+        let runs: Vec<Vec<(f64, u64, bool)>> = (0..4)
+            .map(|run| {
+                (0..96u64)
+                    .map(|i| {
+                        let bytes = if i == 40 { 0 } else { 150_000_000 + 3_000_000 * ((i * 7 + run) % 11) };
+                        let checked = i % 2 == 1;
+                        let drift = 1.0 + 0.4 * i as f64 / 96.0 + 0.002 * ((i * 5 + run) % 3) as f64;
+                        let s = bytes as f64 / 1e9 * drift * if checked { 1.03 } else { 1.0 };
+                        (s, bytes, checked)
+                    })
+                    .collect()
             })
             .collect();
-        let fit = CheckFit::fit(&samples).unwrap();
-        assert!((fit.checked_ms - 3.0).abs() < 0.05, "{fit:?}");
-        assert!((fit.ms_per_byte - 2e-7).abs() < 1e-9, "{fit:?}");
-        assert!(fit.checked_se_ms > 0.0 && fit.checked_se_ms < 0.05, "{fit:?}");
-        // Every step checked: the check cannot be told from the intercept.
-        let all: Vec<_> = samples.iter().map(|&(b, _, ms)| (b, true, ms)).collect();
-        assert_eq!(CheckFit::fit(&all), None);
+        let cost = CheckCost::of_runs(&runs).unwrap();
+        assert!((cost.mean - 1.03f64.ln()).abs() < 0.002, "{cost:?}");
+        assert!(cost.se < 0.002 && cost.runs == 4, "{cost:?}");
+        // Every step checked: nothing to compare.
+        let all: Vec<Vec<_>> = runs.iter().map(|r| r.iter().map(|&(s, b, _)| (s, b, true)).collect()).collect();
+        assert_eq!(CheckCost::of_runs(&all), None);
     }
 }
