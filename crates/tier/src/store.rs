@@ -853,8 +853,9 @@ mod tests {
         assert!(store.lookup(key(1)).unwrap().is_none());
     }
 
-    #[test]
-    fn a_record_its_check_refuses_is_an_error_read_again_each_time() {
+    /// A store of two records whose check refuses expert 1 (every record
+    /// but expert 0's starts with a nonzero byte).
+    fn store_refusing_expert_1(options: StoreOptions) -> (tempfile::TempDir, ExpertStore) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("layer_000.bin");
         let bytes: Vec<u8> = (0..2 * RECORD).map(|i| (i / RECORD) as u8).collect();
@@ -864,7 +865,12 @@ mod tests {
             _ => Err(format!("expert {expert} is bad")),
         });
         let source = ExpertSource { path, record_bytes: RECORD, num_experts: 2, check: Some(check) };
-        let store = ExpertStore::open(vec![Some(source)], StoreOptions::default(), Usage::default()).unwrap();
+        (dir, ExpertStore::open(vec![Some(source)], options, Usage::default()).unwrap())
+    }
+
+    #[test]
+    fn a_record_its_check_refuses_is_an_error_read_again_each_time() {
+        let (_dir, store) = store_refusing_expert_1(StoreOptions::default());
         assert_eq!(store.get(key(0)).unwrap().as_slice()[0], 0);
         for _ in 0..2 {
             let err = store.get(key(1)).unwrap_err();
@@ -878,17 +884,7 @@ mod tests {
 
     #[test]
     fn a_prefetched_record_its_check_refuses_is_never_cached_or_handed_out() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("layer_000.bin");
-        let bytes: Vec<u8> = (0..2 * RECORD).map(|i| (i / RECORD) as u8).collect();
-        std::fs::write(&path, bytes).unwrap();
-        let check: RecordCheck = Arc::new(|expert, record| match record[0] {
-            0 => Ok(()),
-            _ => Err(format!("expert {expert} is bad")),
-        });
-        let source = ExpertSource { path, record_bytes: RECORD, num_experts: 2, check: Some(check) };
-        let options = StoreOptions { prefetch_in_flight: 2, ..StoreOptions::default() };
-        let store = ExpertStore::open(vec![Some(source)], options, Usage::default()).unwrap();
+        let (_dir, store) = store_refusing_expert_1(StoreOptions { prefetch_in_flight: 2, ..StoreOptions::default() });
         // Demanded while in flight, and after landing: both meet the check.
         assert_eq!(store.prefetch(0, &[0, 1]).unwrap(), 2);
         let err = store.fetch(vec![key(1)]).unwrap().next().unwrap().1.unwrap_err();
