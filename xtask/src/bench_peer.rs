@@ -262,8 +262,13 @@ fn resident(
     let (mut ours, mut theirs, mut ours_pp, mut theirs_pp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // Every decode step of the same runs, cold expert-cache fills included.
     let mut ours_all = Vec::new();
-    // Warm both files into the page cache.
-    std::fs::read(gguf).map(drop)?;
+    // Warm both models into the page cache, as a model run before is: the
+    // bigger-than-RAM runs of an earlier bench leave them evicted. (Only the
+    // GGUF was read until 2026-12-02, so Strata's first run read its
+    // container from disk.)
+    for file in std::iter::once(gguf.to_path_buf()).chain(crate::bench::model_files(model)?) {
+        std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+    }
     for rep in 0..opts.reps {
         eprintln!("peer: resident, run {}/{}", rep + 1, opts.reps);
         theirs.push(llama_bench_ts(bench, gguf, 0, 32, &[], false)?);
