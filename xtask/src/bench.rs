@@ -829,15 +829,12 @@ impl CheckCost {
         let mean_of = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let all: Vec<f64> = per_run.iter().flatten().copied().collect();
         let run_means: Vec<f64> = per_run.iter().map(|d| mean_of(d)).collect();
-        let spread = mean_of(&run_means.iter().map(|m| (m - mean_of(&run_means)).powi(2)).collect::<Vec<_>>());
         let runs = run_means.len();
-        Some(CheckCost {
-            mean: mean_of(&all),
-            se: (spread * runs as f64 / (runs - 1) as f64 / runs as f64).sqrt(),
-            run_means,
-            steps: all.len(),
-            runs,
-        })
+        // The standard error of a mean of `runs` means: their sample
+        // variance over `runs`.
+        let grand_mean = mean_of(&run_means);
+        let variance = run_means.iter().map(|m| (m - grand_mean).powi(2)).sum::<f64>() / (runs - 1) as f64;
+        Some(CheckCost { mean: mean_of(&all), se: (variance / runs as f64).sqrt(), run_means, steps: all.len(), runs })
     }
 }
 

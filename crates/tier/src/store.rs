@@ -164,9 +164,8 @@ pub struct ExpertStore {
     files: Vec<Option<Arc<RecordFile>>>,
     /// Per layer: what every record read from disk must pass before it is
     /// cached or handed out. Run by the thread that takes the completed
-    /// read, never by an I/O worker: a worker goes straight on to its next
-    /// read, and the check warms the caches for the expert product that
-    /// follows (measured: docs/BENCHMARKS.md, "record check").
+    /// read, never by an I/O worker, so that a worker goes straight on to
+    /// its next read (docs/BENCHMARKS.md, "The record check on reads").
     checks: Vec<Option<RecordCheck>>,
     /// Whether `checks` run (off only to measure them: `set_checking`).
     checking: AtomicBool,
@@ -332,7 +331,7 @@ impl ExpertStore {
             return Ok(buf);
         };
         check(key.expert, buf.as_slice()).map_err(|reason| Error::RecordRejected {
-            path: self.file(key).map(|f| f.path().to_owned()).unwrap_or_default(),
+            path: self.files[key.layer].as_ref().map(|f| f.path().to_owned()).unwrap_or_default(),
             layer: key.layer,
             expert: key.expert,
             reason,
