@@ -168,7 +168,7 @@ impl Default for EngineOptions {
             ram_budget: RamBudget::Auto,
             expert_cache_bytes: None,
             cache_policy: PolicyKind::Lru,
-            io: IoBackend::Pread,
+            io: IoBackend::Auto,
             io_workers: 2,
             max_in_flight: 4,
             context_tokens: None,
@@ -340,6 +340,17 @@ impl Engine {
     /// Whether experts are prefetched (`Prefetch::Auto` resolved).
     pub fn prefetching(&self) -> bool {
         self.store.prefetching()
+    }
+
+    /// How experts are read (`--io auto` resolved at open).
+    pub fn io(&self) -> IoBackend {
+        self.store.io()
+    }
+
+    /// Whether experts are served in place from the page cache: `--io auto`
+    /// or `mmap` with a budget that holds every expert.
+    pub fn experts_in_place(&self) -> bool {
+        self.store.in_place()
     }
 
     /// The expert cache's capacity in bytes.

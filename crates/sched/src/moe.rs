@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use strata_format::ExpertLayout;
 use strata_kernels::Threads;
-use strata_tier::{AlignedBuf, ExpertKey, ExpertStore};
+use strata_tier::{ExpertKey, ExpertStore, Record};
 
 use crate::{Error, LayerStats, Result, Route, swiglu, union};
 
@@ -112,7 +112,7 @@ fn apply_expert(
     threads: &Threads,
     batch: &MoeBatch<'_>,
     expert: usize,
-    record: &AlignedBuf,
+    record: &Record,
     members: &[(usize, usize)],
 ) -> Result<Vec<f32>> {
     let hidden = batch.hidden;

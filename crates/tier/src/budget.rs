@@ -8,7 +8,8 @@ use std::str::FromStr;
 use crate::{ByteSize, Error, Result};
 
 /// Share of `MemAvailable` that `--ram-budget auto` takes. The rest is left
-/// to the page cache (which serves expert reads with `--io pread`), the
+/// to the page cache (which serves expert reads with `--io pread` and holds
+/// the experts served in place with `auto`), the
 /// desktop, and the documented slack of the process itself.
 pub const AUTO_SHARE_PERCENT: u64 = 75;
 

@@ -43,7 +43,7 @@ pub enum Error {
     NoSuchExpert { layer: usize, expert: usize },
     // Disk I/O backends (`io`).
     /// `--io` named no known backend.
-    #[error("unknown I/O backend {text:?}: expected one of pread, direct, uring, mmap")]
+    #[error("unknown I/O backend {text:?}: expected one of auto, pread, direct, uring, mmap")]
     UnknownIoBackend { text: String },
     /// The expert file path names a directory, device or pipe, not a file.
     #[error("expert file {} is not a regular file", path.display())]

@@ -7,7 +7,7 @@
 //! `strata-format`'s `ExpertLayout` in the layers above.
 //!
 //! **Architecture invariant:** the bytes handed out for an expert are always the
-//! complete record as read from disk, and passed the record check the layers
+//! complete record as read from disk (or mapped in place from it), and passed the record check the layers
 //! above gave (finite scales, checksum). A short, failed or refused read is an
 //! error, never a partly filled or damaged buffer.
 
@@ -17,6 +17,7 @@ mod error;
 pub mod io;
 pub mod mirror;
 pub mod policy;
+mod record;
 mod replay;
 mod size;
 mod store;
@@ -32,6 +33,7 @@ pub use error::{Error, Result};
 pub use io::{IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
 pub use mirror::{LayerFile, MirrorOptions, MirrorSpec, Mirrors};
 pub use policy::{Policy, PolicyKind, new_policy};
+pub use record::Record;
 pub use replay::{HitRate, ReplayReport, replay, replay_learned, simulate};
 pub use size::ByteSize;
 pub use store::{ExpertKey, ExpertSource, ExpertStore, Loads, PREFETCH_IN_FLIGHT, StoreOptions, StoreStats};

@@ -15,17 +15,26 @@
 //! wasted. A demand for a record whose prefetch is in flight waits for that
 //! read instead of reading it twice. A guess only moves bytes: what a
 //! computation receives is always the record it asked for.
+//!
+//! When the cache can hold every record and records come through the page
+//! cache (`--io auto`, `mmap`), nothing is read into buffers at all: a miss
+//! maps the record in place from the file ([`Record`]), checks it, and
+//! caches the view. A fresh process on a model already in the page cache
+//! then pays no copy for its first use of each expert, and the expert bytes
+//! are in RAM once (the page cache), not twice. There is nothing to read
+//! ahead then, so prefetching is off.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::aligned::ALIGN_BYTES;
 use crate::io::{IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
 use crate::mirror::{MirrorOptions, Mirrors};
 use crate::policy::{Policy, PolicyKind, new_policy};
 use crate::usage::Usage;
-use crate::{AlignedBuf, Error, Result};
+use crate::{AlignedBuf, Error, Record, Result};
 
 /// One routed expert: `(layer, expert)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -63,6 +72,7 @@ pub struct StoreOptions {
     /// Bytes of records the cache may hold.
     pub capacity_bytes: usize,
     pub policy: PolicyKind,
+    /// `Auto` is resolved at open ([`IoBackend::resolve`]).
     pub io: IoBackend,
     /// I/O worker threads.
     pub io_workers: usize,
@@ -85,7 +95,7 @@ impl Default for StoreOptions {
         Self {
             capacity_bytes: 1 << 30,
             policy: PolicyKind::Lru,
-            io: IoBackend::Pread,
+            io: IoBackend::Auto,
             io_workers: 2,
             max_in_flight: 4,
             pinned_percent: 50,
@@ -126,7 +136,7 @@ pub struct StoreStats {
 }
 
 struct Cache {
-    entries: HashMap<ExpertKey, Arc<AlignedBuf>>,
+    entries: HashMap<ExpertKey, Arc<Record>>,
     policy: Box<dyn Policy>,
     held_bytes: usize,
     /// Buffers of evicted records, reused for loads: first-touching fresh
@@ -151,7 +161,7 @@ struct Prefetches {
 /// What waiting for a demanded record's prefetch gave.
 enum Awaited {
     /// It landed (or had landed): the record, or the read's error.
-    Landed(ExpertKey, Result<Arc<AlignedBuf>>),
+    Landed(ExpertKey, Result<Arc<Record>>),
     /// It landed and was evicted before the demand leased it: read it again.
     Lost(ExpertKey),
     /// Still in flight (only when not blocking).
@@ -173,7 +183,11 @@ pub struct ExpertStore {
     /// the mirrors' copies of it.
     sources: Vec<Option<Arc<dyn RecordSource>>>,
     mirrors: Mirrors,
+    /// With `io` resolved and prefetching off when `in_place`.
     options: StoreOptions,
+    /// Whether misses map records in place instead of reading them (the
+    /// module docs).
+    in_place: bool,
     cache: Mutex<Cache>,
     pool: IoPool,
     /// Held by the one batch of demand loads in progress: completions are
@@ -200,6 +214,21 @@ impl ExpertStore {
         usage: Usage,
         mirrors: &MirrorOptions,
     ) -> Result<Self> {
+        let mut options = options;
+        let all_records_bytes = sources
+            .iter()
+            .flatten()
+            .try_fold(0usize, |sum, s| s.record_bytes.checked_mul(s.num_experts).and_then(|b| sum.checked_add(b)));
+        let resident = all_records_bytes.is_some_and(|bytes| bytes <= options.capacity_bytes);
+        let mirrored = !mirrors.mirrors.is_empty();
+        options.io = options.io.resolve(resident, mirrored);
+        // Records must start on page boundaries to be viewed in place (every
+        // container's do).
+        let aligned = sources.iter().flatten().all(|s| s.record_bytes % ALIGN_BYTES == 0);
+        let in_place = options.io == IoBackend::Mmap && resident && !mirrored && aligned;
+        if in_place {
+            options.prefetch_in_flight = 0;
+        }
         let checks = sources.iter().map(|s| s.as_ref().and_then(|s| s.check.clone())).collect();
         let files = sources
             .into_iter()
@@ -253,6 +282,7 @@ impl ExpertStore {
             sources,
             mirrors,
             options,
+            in_place,
             cache: Mutex::new(cache),
             pool,
             loading: Mutex::new(()),
@@ -264,6 +294,16 @@ impl ExpertStore {
     /// The byte bound on cached records.
     pub fn capacity_bytes(&self) -> usize {
         self.options.capacity_bytes
+    }
+
+    /// The backend records are read with (`auto` resolved).
+    pub fn io(&self) -> IoBackend {
+        self.options.io
+    }
+
+    /// Whether records are served in place from the page cache (module docs).
+    pub fn in_place(&self) -> bool {
+        self.in_place
     }
 
     /// Counters since the store was opened.
@@ -325,7 +365,7 @@ impl ExpertStore {
 
     /// A completed read of `key` once the layer's check passed it: a record
     /// the check refuses is [`Error::RecordRejected`], never handed out.
-    fn checked(&self, key: ExpertKey, read: Result<AlignedBuf>) -> Result<AlignedBuf> {
+    fn checked(&self, key: ExpertKey, read: Result<Record>) -> Result<Record> {
         let buf = read?;
         let Some(check) = self.checks[key.layer].as_ref().filter(|_| self.checking.load(Ordering::Relaxed)) else {
             return Ok(buf);
@@ -405,7 +445,7 @@ impl ExpertStore {
     fn drain_prefetches(&self, prefetches: &mut Prefetches) {
         while let Some((tag, result)) = prefetches.pool.try_recv() {
             let key = prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
-            if let Ok(buf) = self.checked(key, result) {
+            if let Ok(buf) = self.checked(key, result.map(Record::read)) {
                 self.admit(key, buf, true);
             }
         }
@@ -419,7 +459,7 @@ impl ExpertStore {
         while !prefetches.in_flight.is_empty() {
             let (tag, result) = prefetches.pool.recv();
             let key = prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
-            if let Ok(buf) = self.checked(key, result) {
+            if let Ok(buf) = self.checked(key, result.map(Record::read)) {
                 self.admit(key, buf, true);
             }
         }
@@ -446,10 +486,13 @@ impl ExpertStore {
                 Some(i) => {
                     awaited.swap_remove(i);
                     self.lock().stats.prefetch_used += 1;
-                    return Awaited::Landed(key, self.checked(key, result).map(|buf| self.admit(key, buf, false)));
+                    return Awaited::Landed(
+                        key,
+                        self.checked(key, result.map(Record::read)).map(|buf| self.admit(key, buf, false)),
+                    );
                 }
                 None => {
-                    if let Ok(buf) = self.checked(key, result) {
+                    if let Ok(buf) = self.checked(key, result.map(Record::read)) {
                         self.admit(key, buf, true);
                     }
                 }
@@ -459,7 +502,7 @@ impl ExpertStore {
 
     /// A lease on `key` if resident, counting a prefetched record used; no
     /// hit or miss is counted (the demand's lookup counted it).
-    fn take_prefetched(&self, key: ExpertKey) -> Option<Arc<AlignedBuf>> {
+    fn take_prefetched(&self, key: ExpertKey) -> Option<Arc<Record>> {
         let mut cache = self.lock();
         let buf = Arc::clone(cache.entries.get(&key)?);
         if cache.unused_prefetches.remove(&key) {
@@ -471,7 +514,7 @@ impl ExpertStore {
 
     /// The record of `key` if it is resident (a hit, and a lease on it);
     /// `None` counts a miss.
-    pub fn lookup(&self, key: ExpertKey) -> Result<Option<Arc<AlignedBuf>>> {
+    pub fn lookup(&self, key: ExpertKey) -> Result<Option<Arc<Record>>> {
         self.file(key)?;
         if let Some(mut prefetches) = self.lock_prefetches() {
             self.drain_prefetches(&mut prefetches);
@@ -534,7 +577,7 @@ impl ExpertStore {
     }
 
     /// The record of `key`, from the cache or from disk.
-    pub fn get(&self, key: ExpertKey) -> Result<Arc<AlignedBuf>> {
+    pub fn get(&self, key: ExpertKey) -> Result<Arc<Record>> {
         if let Some(buf) = self.lookup(key)? {
             return Ok(buf);
         }
@@ -554,7 +597,7 @@ impl ExpertStore {
     /// Caches a freshly read record if room can be made without evicting a
     /// leased one, and returns the lease. `unused_prefetch`: read on a guess
     /// that no demand has asked for yet.
-    fn admit(&self, key: ExpertKey, buf: AlignedBuf, unused_prefetch: bool) -> Arc<AlignedBuf> {
+    fn admit(&self, key: ExpertKey, buf: Record, unused_prefetch: bool) -> Arc<Record> {
         let mut guard = self.lock();
         let cache = &mut *guard;
         let len = buf.len();
@@ -593,7 +636,7 @@ impl ExpertStore {
             if cache.unused_prefetches.remove(&victim) {
                 cache.stats.prefetch_wasted_bytes += evicted.len() as u64;
             }
-            if let Ok(spare) = Arc::try_unwrap(evicted)
+            if let Some(spare) = Arc::try_unwrap(evicted).ok().and_then(Record::into_buffer)
                 && cache.free.len() < self.options.max_in_flight
             {
                 cache.free.push(spare);
@@ -622,11 +665,14 @@ pub struct Loads<'s> {
     /// Keys whose prefetch is in flight, not read again.
     awaited: Vec<ExpertKey>,
     /// Keys whose prefetch had landed when the batch was placed.
-    ready: Vec<(ExpertKey, Result<Arc<AlignedBuf>>)>,
+    ready: Vec<(ExpertKey, Result<Arc<Record>>)>,
 }
 
 impl Loads<'_> {
     fn fill(&mut self) {
+        if self.store.in_place {
+            return;
+        }
         while self.in_flight < self.store.options.max_in_flight.max(1) && self.next_submit < self.keys.len() {
             let key = self.keys[self.next_submit];
             let record_bytes = self.store.file(key).expect("keys checked in fetch").record_bytes();
@@ -640,11 +686,19 @@ impl Loads<'_> {
 }
 
 impl Iterator for Loads<'_> {
-    type Item = (ExpertKey, Result<Arc<AlignedBuf>>);
+    type Item = (ExpertKey, Result<Arc<Record>>);
 
     fn next(&mut self) -> Option<Self::Item> {
         if let Some(ready) = self.ready.pop() {
             return Some(ready);
+        }
+        if self.store.in_place {
+            let key = *self.keys.get(self.next_submit)?;
+            self.next_submit += 1;
+            let file = self.store.file(key).expect("keys checked in fetch");
+            let mapped = file.mapped_record(key.expert).expect("in place: every file is mapped");
+            let result = self.store.checked(key, mapped).map(|record| self.store.admit(key, record, false));
+            return Some((key, result));
         }
         loop {
             if !self.awaited.is_empty() {
@@ -670,7 +724,7 @@ impl Iterator for Loads<'_> {
             let key = self.keys[tag as usize];
             // The next read starts before this one is checked.
             self.fill();
-            let result = self.store.checked(key, result).map(|buf| self.store.admit(key, buf, false));
+            let result = self.store.checked(key, result.map(Record::read)).map(|buf| self.store.admit(key, buf, false));
             return Some((key, result));
         }
     }
@@ -710,11 +764,17 @@ mod tests {
     }
 
     fn prefetching_store(records: usize, capacity_bytes: usize, in_flight: usize) -> (tempfile::TempDir, ExpertStore) {
-        open_store(records, StoreOptions { capacity_bytes, prefetch_in_flight: in_flight, ..StoreOptions::default() })
+        // pread: a cache holding every record would otherwise serve them in
+        // place, with nothing to prefetch.
+        let io = IoBackend::Pread;
+        open_store(
+            records,
+            StoreOptions { capacity_bytes, prefetch_in_flight: in_flight, io, ..StoreOptions::default() },
+        )
     }
 
     /// Demands `expert` the way the MoE pipeline does: lookup, then fetch.
-    fn demand(store: &ExpertStore, expert: usize) -> Arc<AlignedBuf> {
+    fn demand(store: &ExpertStore, expert: usize) -> Arc<Record> {
         if let Some(buf) = store.lookup(key(expert)).unwrap() {
             return buf;
         }
@@ -869,7 +929,7 @@ mod tests {
 
     #[test]
     fn a_record_its_check_refuses_is_an_error_read_again_each_time() {
-        let (_dir, store) = store_refusing_expert_1(StoreOptions::default());
+        let (_dir, store) = store_refusing_expert_1(StoreOptions { io: IoBackend::Pread, ..StoreOptions::default() });
         assert_eq!(store.get(key(0)).unwrap().as_slice()[0], 0);
         for _ in 0..2 {
             let err = store.get(key(1)).unwrap_err();
@@ -883,7 +943,11 @@ mod tests {
 
     #[test]
     fn a_prefetched_record_its_check_refuses_is_never_cached_or_handed_out() {
-        let (_dir, store) = store_refusing_expert_1(StoreOptions { prefetch_in_flight: 2, ..StoreOptions::default() });
+        let (_dir, store) = store_refusing_expert_1(StoreOptions {
+            prefetch_in_flight: 2,
+            io: IoBackend::Pread,
+            ..StoreOptions::default()
+        });
         // Demanded while in flight, and after landing: both meet the check.
         assert_eq!(store.prefetch(0, &[0, 1]).unwrap(), 2);
         let err = store.fetch(vec![key(1)]).unwrap().next().unwrap().1.unwrap_err();
@@ -892,6 +956,65 @@ mod tests {
         store.settle_prefetches();
         assert!(store.lookup(key(1)).unwrap().is_none(), "a refused prefetch is not cached");
         assert!(matches!(store.get(key(1)), Err(Error::RecordRejected { .. })));
+        assert_eq!(store.get(key(0)).unwrap().as_slice()[0], 0);
+    }
+
+    #[test]
+    fn a_cache_holding_every_record_serves_them_in_place_under_auto_and_mmap() {
+        for io in [IoBackend::Auto, IoBackend::Mmap] {
+            let (_dir, store) =
+                open_store(4, StoreOptions { capacity_bytes: 4 * RECORD, io, ..StoreOptions::default() });
+            assert!(store.in_place() && store.io() == IoBackend::Mmap, "{io}");
+            for expert in [2, 0, 2, 3] {
+                let record = store.get(key(expert)).unwrap();
+                assert!(record.is_mapped(), "{io}: served in place");
+                assert!(record.as_slice().iter().all(|&b| b == expert as u8), "{io}: expert {expert}");
+                assert_eq!(record.as_slice().as_ptr() as usize % ALIGN_BYTES, 0);
+            }
+            let stats = store.stats();
+            assert_eq!((stats.hits, stats.misses, stats.bytes_read), (1, 3, 3 * RECORD as u64), "{io}");
+            assert_eq!(store.held_bytes(), 3 * RECORD);
+        }
+    }
+
+    #[test]
+    fn a_cache_short_of_every_record_reads_them_and_auto_means_pread() {
+        for (io, resolved) in [(IoBackend::Auto, IoBackend::Pread), (IoBackend::Mmap, IoBackend::Mmap)] {
+            let (_dir, store) =
+                open_store(4, StoreOptions { capacity_bytes: 4 * RECORD - 1, io, ..StoreOptions::default() });
+            assert!(!store.in_place() && store.io() == resolved, "{io}");
+            let record = store.get(key(1)).unwrap();
+            assert!(!record.is_mapped() && record.as_slice().iter().all(|&b| b == 1), "{io}");
+        }
+        // Explicit pread reads even when everything fits.
+        let (_dir, store) =
+            open_store(4, StoreOptions { capacity_bytes: 1 << 20, io: IoBackend::Pread, ..StoreOptions::default() });
+        assert!(!store.in_place() && !store.get(key(0)).unwrap().is_mapped());
+    }
+
+    #[test]
+    fn a_record_in_place_its_check_refuses_is_never_cached_or_handed_out() {
+        let (_dir, store) =
+            store_refusing_expert_1(StoreOptions { capacity_bytes: 1 << 20, ..StoreOptions::default() });
+        assert!(store.in_place());
+        assert!(store.get(key(0)).unwrap().is_mapped());
+        for _ in 0..2 {
+            assert!(matches!(store.get(key(1)), Err(Error::RecordRejected { layer: 0, expert: 1, .. })));
+        }
+        assert!(store.lookup(key(1)).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_truncated_file_served_in_place_is_a_short_read_not_a_fault() {
+        let (dir, store) = store_with(2, 1 << 20, PolicyKind::Lru);
+        assert!(store.in_place());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("layer_000.bin"))
+            .unwrap()
+            .set_len(RECORD as u64 + 10)
+            .unwrap();
+        assert!(matches!(store.get(key(1)), Err(Error::ShortRead { layer: 0, expert: 1, .. })));
         assert_eq!(store.get(key(0)).unwrap().as_slice()[0], 0);
     }
 

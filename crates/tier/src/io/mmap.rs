@@ -1,22 +1,28 @@
-//! `--io mmap`: copy records out of a read-only memory map of the file, for
-//! comparison with the read-based backends.
+//! `--io mmap`: records through a read-only shared mapping of the file.
 //!
-//! The whole file is mapped once at open. After each copy the record's pages
-//! are dropped from this process's mapping (`MADV_DONTNEED`), so resident
-//! memory holds the cached copies only, not every expert ever touched; the
-//! page cache may keep them, as with `pread`.
+//! The whole file is mapped once at open. When the store's cache can hold
+//! every record it serves each one in place ([`Mapped::record`]): the
+//! computation reads the page cache's own pages, nothing is copied, and a
+//! process started on a model already in the page cache has its experts at
+//! once (what `--io auto` picks then). Otherwise each record is copied out
+//! ([`Mapped::read`]) and its pages dropped from this process's mapping
+//! (`MADV_DONTNEED`), so resident memory holds the cached copies only, not
+//! every expert ever touched; the page cache may keep them, as with `pread`.
 //!
 //! Touching a mapped page past the end of the file raises SIGBUS, so every
 //! read first checks the file's current length (`fstat`) and turns a record
 //! that does not fit into [`Error::ShortRead`](crate::Error::ShortRead). A
 //! file truncated by another process *between* that check and the copy can
-//! still fault; expert files are written once and never shrink in place.
+//! still fault; expert files are written once and never shrink in place
+//! (a new conversion writes new files and renames them over the old names,
+//! which leaves a mapped file's pages as they were).
 
 use std::fs::File;
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 
-use memmap2::{Mmap, UncheckedAdvice};
+use memmap2::{Advice, Mmap, UncheckedAdvice};
 
 use super::{ReadContext, check_regular_file};
 use crate::{AlignedBuf, Error, Result};
@@ -25,7 +31,28 @@ use crate::{AlignedBuf, Error, Result};
 #[derive(Debug)]
 pub(super) struct Mapped {
     file: File,
-    map: Mmap,
+    /// Shared with every record served in place, which keeps it mapped.
+    map: Arc<Mmap>,
+}
+
+/// One record's bytes inside a file's mapping.
+pub(crate) struct MappedRecord {
+    map: Arc<Mmap>,
+    start: usize,
+    len_bytes: usize,
+}
+
+impl MappedRecord {
+    /// The bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        &self.map[self.start..self.start + self.len_bytes]
+    }
+}
+
+impl std::fmt::Debug for MappedRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedRecord").field("start", &self.start).field("len_bytes", &self.len_bytes).finish()
+    }
 }
 
 impl Mapped {
@@ -38,7 +65,7 @@ impl Mapped {
         // length (checked before every copy, see the module docs); expert
         // files are not modified while a model runs.
         let map = unsafe { Mmap::map(&file) }.map_err(open_err)?;
-        Ok(Mapped { file, map })
+        Ok(Mapped { file, map: Arc::new(map) })
     }
 
     /// The mapped file.
@@ -46,18 +73,33 @@ impl Mapped {
         &self.file
     }
 
-    /// Copies one record into `buf`, then drops its pages from the mapping.
-    pub(super) fn read(&self, ctx: &ReadContext<'_>, buf: &mut AlignedBuf) -> Result<()> {
-        let record_bytes = buf.len();
+    /// The start of a record of `record_bytes` at `ctx.offset_bytes`, once
+    /// it is known to lie inside both the file as it is now and the mapping
+    /// made at open (a file grown since is not remapped).
+    fn record_start(&self, ctx: &ReadContext<'_>, record_bytes: usize) -> Result<usize> {
         let file_bytes = self.file.metadata().map_err(|err| ctx.read_error(err))?.len();
-        // Bytes of the record that exist both in the file now and in the map
-        // made at open (a file grown since is not remapped).
         let end_bytes = file_bytes.min(self.map.len() as u64);
         let available_bytes = end_bytes.saturating_sub(ctx.offset_bytes).min(record_bytes as u64) as usize;
         if available_bytes < record_bytes {
             return Err(ctx.short_read(record_bytes, available_bytes));
         }
-        let start = ctx.offset_bytes as usize;
+        Ok(ctx.offset_bytes as usize)
+    }
+
+    /// One record in place: a view of the mapping, no byte copied. Its pages
+    /// are asked for at once (`MADV_WILLNEED`), so that on a cold page cache
+    /// the whole record is read ahead rather than faulted in page by page.
+    pub(super) fn record(&self, ctx: &ReadContext<'_>, record_bytes: usize) -> Result<MappedRecord> {
+        let start = self.record_start(ctx, record_bytes)?;
+        // A hint: without it the record is still complete, only read slower.
+        let _ = self.map.advise_range(Advice::WillNeed, start, record_bytes);
+        Ok(MappedRecord { map: Arc::clone(&self.map), start, len_bytes: record_bytes })
+    }
+
+    /// Copies one record into `buf`, then drops its pages from the mapping.
+    pub(super) fn read(&self, ctx: &ReadContext<'_>, buf: &mut AlignedBuf) -> Result<()> {
+        let record_bytes = buf.len();
+        let start = self.record_start(ctx, record_bytes)?;
         buf.as_mut_slice().copy_from_slice(&self.map[start..start + record_bytes]);
         // SAFETY: no reference into this range outlives the copy above.
         // DONTNEED on a shared read-only file mapping only unmaps the pages;
@@ -75,8 +117,9 @@ impl Mapped {
         if self.map.is_empty() {
             return Ok(());
         }
-        // SAFETY: as in `read`: the mapping is shared and read-only, and no
-        // reference into it is held across this call.
+        // SAFETY: as in `read`: the mapping is shared and read-only, so the
+        // next access faults the same file contents back in; a record served
+        // in place that is read meanwhile sees the same bytes.
         unsafe { self.map.unchecked_advise(UncheckedAdvice::DontNeed) }
     }
 }

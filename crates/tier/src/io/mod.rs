@@ -6,7 +6,8 @@
 //! | `pread`  | buffered positioned reads (`read_at`), through the page cache |
 //! | `direct` | one O_DIRECT positioned read per record, straight into the aligned buffer |
 //! | `uring`  | one io_uring `Read` per record on an O_DIRECT descriptor, a ring per thread |
-//! | `mmap`   | copy out of a read-only mapping, then `MADV_DONTNEED` the range (for comparison) |
+//! | `mmap`   | a read-only mapping: records served in place when the cache holds every one, else copied out and `MADV_DONTNEED` |
+//! | `auto`   | the default: `mmap` when the cache holds every record (and no mirror is read), else `pread` |
 //!
 //! Every backend shares one completion loop (`read_fully`): short reads are
 //! resumed until the record is complete, `EINTR` is retried, the end of the
@@ -31,9 +32,11 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
+pub(crate) use mmap::MappedRecord;
 pub use pool::IoPool;
 
-use crate::{AlignedBuf, Error, Result};
+use crate::aligned::ALIGN_BYTES;
+use crate::{AlignedBuf, Error, Record, Result};
 
 /// The most bytes Linux moves in one read call (`MAX_RW_COUNT`); longer
 /// requests come back short anyway, so each call asks for at most this. A
@@ -44,24 +47,42 @@ const MAX_READ_BYTES: usize = 0x7fff_f000;
 /// How expert records are read from disk (`--io`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub enum IoBackend {
-    /// Buffered positioned reads through the page cache.
+    /// The store chooses ([`IoBackend::resolve`]); a file opened alone with
+    /// it reads with `pread`.
     #[default]
+    Auto,
+    /// Buffered positioned reads through the page cache.
     Pread,
     /// O_DIRECT reads into aligned buffers, one per record.
     Direct,
     /// io_uring reads on an O_DIRECT descriptor.
     Uring,
-    /// Copies out of a read-only memory map (for comparison).
+    /// A read-only memory map: records in place when the cache holds them
+    /// all, else copied out.
     Mmap,
 }
 
 impl IoBackend {
-    /// Every backend, in the order `--help` lists them.
+    /// Every backend that reads (`auto` picks one of them), in the order
+    /// `--help` lists them.
     pub const ALL: [IoBackend; 4] = [IoBackend::Pread, IoBackend::Direct, IoBackend::Uring, IoBackend::Mmap];
+
+    /// The backend `auto` stands for: records served in place from the
+    /// page cache (`mmap`) when the cache can hold every record (`resident`)
+    /// and no mirror is read (a mirror is there to spread reads over
+    /// drives), else `pread`. Any other backend is itself.
+    pub fn resolve(self, resident: bool, mirrored: bool) -> IoBackend {
+        match self {
+            IoBackend::Auto if resident && !mirrored => IoBackend::Mmap,
+            IoBackend::Auto => IoBackend::Pread,
+            backend => backend,
+        }
+    }
 
     /// The `--io` spelling.
     pub fn name(self) -> &'static str {
         match self {
+            IoBackend::Auto => "auto",
             IoBackend::Pread => "pread",
             IoBackend::Direct => "direct",
             IoBackend::Uring => "uring",
@@ -86,8 +107,8 @@ impl FromStr for IoBackend {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<Self> {
-        IoBackend::ALL
-            .into_iter()
+        std::iter::once(IoBackend::Auto)
+            .chain(IoBackend::ALL)
             .find(|backend| backend.name() == text)
             .ok_or_else(|| Error::UnknownIoBackend { text: text.to_owned() })
     }
@@ -171,7 +192,9 @@ impl RecordFile {
         record_bytes: usize,
         num_experts: usize,
     ) -> Result<RecordFile> {
+        let backend = backend.resolve(false, false);
         let handle = match backend {
+            IoBackend::Auto => unreachable!("resolved above"),
             IoBackend::Pread => Handle::Buffered(pread::open(path)?),
             IoBackend::Direct => Handle::Direct(direct::open(backend, path, record_bytes)?),
             IoBackend::Uring => {
@@ -214,6 +237,21 @@ impl RecordFile {
             (Handle::Direct(file), _) => direct::read(&ctx, file, buf),
             (Handle::Mapped(mapped), _) => mapped.read(&ctx, buf),
         }
+    }
+
+    /// Record `expert` in place, when the file is mapped (`--io mmap`) and
+    /// records start on page boundaries (`record_bytes` a multiple of 4096,
+    /// as in every container); `None` otherwise. Errors as [`read_into`](Self::read_into)'s.
+    pub fn mapped_record(&self, expert: usize) -> Option<Result<Record>> {
+        let Handle::Mapped(mapped) = &self.handle else { return None };
+        if self.record_bytes % ALIGN_BYTES != 0 {
+            return None;
+        }
+        if expert >= self.num_experts {
+            return Some(Err(Error::NoSuchExpert { layer: self.layer, expert }));
+        }
+        let ctx = ReadContext { path: &self.path, layer: self.layer, expert, offset_bytes: self.offset_bytes(expert) };
+        Some(mapped.record(&ctx, self.record_bytes).map(Record::mapped))
     }
 
     /// Byte offset of record `expert` in the file.
@@ -373,9 +411,10 @@ pub(crate) mod tests {
         for backend in IoBackend::ALL {
             assert_eq!(backend.to_string().parse::<IoBackend>().unwrap(), backend);
         }
-        assert_eq!(IoBackend::default(), IoBackend::Pread);
+        assert_eq!(IoBackend::default(), IoBackend::Auto);
+        assert_eq!("auto".parse::<IoBackend>().unwrap(), IoBackend::Auto);
         let err = "aio".parse::<IoBackend>().unwrap_err().to_string();
-        for name in ["aio", "pread", "direct", "uring", "mmap"] {
+        for name in ["aio", "auto", "pread", "direct", "uring", "mmap"] {
             assert!(err.contains(name), "{err}");
         }
     }
