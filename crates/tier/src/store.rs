@@ -224,7 +224,7 @@ impl ExpertStore {
         options.io = options.io.resolve(resident, mirrored);
         // Records must start on page boundaries to be viewed in place (every
         // container's do).
-        let aligned = sources.iter().flatten().all(|s| s.record_bytes % ALIGN_BYTES == 0);
+        let aligned = sources.iter().flatten().all(|s| s.record_bytes.is_multiple_of(ALIGN_BYTES));
         let in_place = options.io == IoBackend::Mmap && resident && !mirrored && aligned;
         if in_place {
             options.prefetch_in_flight = 0;

@@ -244,7 +244,7 @@ impl RecordFile {
     /// as in every container); `None` otherwise. Errors as [`read_into`](Self::read_into)'s.
     pub fn mapped_record(&self, expert: usize) -> Option<Result<Record>> {
         let Handle::Mapped(mapped) = &self.handle else { return None };
-        if self.record_bytes % ALIGN_BYTES != 0 {
+        if !self.record_bytes.is_multiple_of(ALIGN_BYTES) {
             return None;
         }
         if expert >= self.num_experts {
