@@ -54,6 +54,9 @@ pub(crate) struct IntWeights<'a> {
     pub(crate) qs: &'a [u8],
     /// `rows * groups_per_row` scales.
     pub(crate) scales: &'a [f32],
+    /// Rows that span at least [`PREFETCH_LEAD_BYTES`]: worked out once per
+    /// product, not by a division per tile (`next_tile_rows`).
+    lead_rows: usize,
 }
 
 impl<'a> IntWeights<'a> {
@@ -63,7 +66,8 @@ impl<'a> IntWeights<'a> {
     /// On a length mismatch or an unsupported group.
     pub(crate) fn new(layout: Layout, rows: usize, cols: usize, group: usize, qs: &'a [u8], scales: &'a [f32]) -> Self {
         assert!(layout.supports_group(group), "integer path does not support group {group} for {layout:?}");
-        let w = IntWeights { layout, rows, cols, group, qs, scales };
+        let mut w = IntWeights { layout, rows, cols, group, qs, scales, lead_rows: 0 };
+        w.lead_rows = PREFETCH_LEAD_BYTES.div_ceil(w.row_bytes().max(1));
         assert_eq!(qs.len(), rows * w.row_bytes(), "integer path: weight bytes do not match the shape");
         assert_eq!(scales.len(), rows * w.groups_per_row(), "integer path: scale count does not match the shape");
         w
@@ -109,10 +113,10 @@ impl<'a> IntWeights<'a> {
     /// DRAM busy: without this a 1 GiB q4 matvec ran at about the harmonic
     /// mean of compute and read speed, with it close to the read speed.
     pub(crate) fn next_tile_rows<const R: usize>(&self, row0: usize) -> [*const u8; R] {
-        let tile_bytes = (R * self.row_bytes()).max(1);
-        let tiles_ahead = PREFETCH_LEAD_BYTES.div_ceil(tile_bytes);
+        // Whole tiles ahead: the first tile start at least `lead_rows` on.
+        let ahead = self.lead_rows.next_multiple_of(R);
         std::array::from_fn(|i| {
-            let next = row0 + tiles_ahead * R + i;
+            let next = row0 + ahead + i;
             self.row_qs(if next < self.rows { next } else { row0 + i }).as_ptr()
         })
     }
