@@ -101,8 +101,10 @@ pub fn run_moe_layer(
         stats.compute_ns += started.elapsed().as_nanos() as u64;
     }
     drop(loads);
-    // learn: what this batch used.
-    store.learn(groups.keys().map(|&e| key(e)));
+    // learn: what this batch used, token by token.
+    let token_experts: Vec<Vec<usize>> =
+        batch.routes.chunks(batch.top_k.max(1)).map(|token| token.iter().map(|route| route.expert).collect()).collect();
+    store.learn(batch.layer, token_experts.iter().map(Vec::as_slice));
     combine(batch, &slot_out, out);
     Ok(())
 }

@@ -109,7 +109,7 @@ pub fn replay_learned(
     // The pinned policy learns from a first pass over the same trace.
     let usage: Usage = accesses(events).collect();
     let mut predict = Predict::new(header.num_experts);
-    predict.learn(learned);
+    predict.learn(learned.iter().map(|event| (event.layer, event.experts.as_slice())));
     let pinned_max = capacity_records / 2;
     let mut belady = Belady::new(
         events.iter().filter(|event| fits(event, capacity_records)).map(|event| accesses([event]).collect()),

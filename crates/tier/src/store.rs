@@ -335,11 +335,18 @@ impl ExpertStore {
         self.usage.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Counts one use of each key (the **learn** step).
-    pub fn learn(&self, keys: impl IntoIterator<Item = ExpertKey>) {
+    /// The **learn** step for one batch at `layer`: counts one use of each
+    /// distinct expert its tokens routed to, and keeps each token's experts
+    /// as a routing event (what `predict` learns from in later runs).
+    pub fn learn<'t>(&self, layer: usize, tokens: impl IntoIterator<Item = &'t [usize]>) {
         let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
-        for key in keys {
-            usage.record(key);
+        let mut used = HashSet::new();
+        for experts in tokens {
+            usage.record_routing(layer, experts);
+            used.extend(experts.iter().copied());
+        }
+        for expert in used {
+            usage.record(ExpertKey { layer, expert });
         }
     }
 
@@ -1036,7 +1043,11 @@ mod tests {
     #[test]
     fn learning_counts_uses() {
         let (_dir, store) = store_with(2, 0, PolicyKind::Lru);
-        store.learn([key(1), key(1), key(0)]);
-        assert_eq!(store.usage().count(key(1)), 2);
+        // One batch: once per distinct expert, each token an event.
+        store.learn(0, [&[1, 0][..], &[1]]);
+        store.learn(0, [&[1][..]]);
+        let usage = store.usage();
+        assert_eq!((usage.count(key(1)), usage.count(key(0))), (2, 1));
+        assert_eq!(usage.routing().collect::<Vec<_>>(), [(0, &[1, 0][..]), (0, &[1]), (0, &[1])]);
     }
 }

@@ -120,17 +120,23 @@ pub trait Policy: Send {
 
 /// The online policy `kind`.
 ///
-/// `usage` is the learned usage; only `pinned` reads it, taking the top
+/// `usage` is what earlier runs learned: `pinned` takes the top
 /// `pinned_max` keys by count (ties: lower layer, then lower expert) as its
-/// hot set. `pinned_max` is how many records the hot set may hold; the caller
+/// hot set, and `predict` learns the transitions of its routing events.
+/// `pinned_max` is how many records the hot set may hold; the caller
 /// gives e.g. half the cache capacity in records. `experts` is the most
-/// routed experts any layer has; `predict` sizes its tables by it.
+/// routed experts any layer has; `predict` sizes its tables by it (and
+/// skips events naming an expert past it).
 pub fn new_policy(kind: PolicyKind, usage: &Usage, pinned_max: usize, experts: usize) -> Box<dyn Policy> {
     match kind {
         PolicyKind::Lru => Box::new(Lru::new()),
         PolicyKind::Lfru => Box::new(Lfru::new()),
         PolicyKind::Pinned => Box::new(Pinned::new(usage.top(pinned_max))),
-        PolicyKind::Predict => Box::new(Predict::new(experts)),
+        PolicyKind::Predict => {
+            let mut predict = Predict::new(experts);
+            predict.learn(usage.routing().filter(|(_, event)| event.iter().all(|&expert| expert < experts)));
+            Box::new(predict)
+        }
     }
 }
 
@@ -155,6 +161,25 @@ pub(crate) mod tests {
         assert_eq!(PolicyKind::default(), PolicyKind::Lru);
         let err = "mru".parse::<PolicyKind>().unwrap_err().to_string();
         assert!(err.contains("\"mru\"") && err.contains("lru, lfru, pinned, predict"), "{err}");
+    }
+
+    #[test]
+    fn predict_starts_from_the_routing_a_usage_kept() {
+        // Earlier runs: at layer 0, expert 1 always followed expert 0.
+        let mut usage = Usage::default();
+        for token in 0..40 {
+            usage.record_routing(0, &[token % 2]);
+        }
+        let mut policy = new_policy(PolicyKind::Predict, &usage, 0, 4);
+        for expert in [1, 3, 0] {
+            policy.on_miss(key(0, expert));
+            policy.on_insert(key(0, expert));
+        }
+        // The event in progress used 0, so 1 comes next: 3 goes first.
+        assert_eq!(policy.victim(&|k| k.expert == 0), Some(key(0, 3)));
+        // An event naming an expert past the policy's tables is skipped.
+        usage.record_routing(0, &[9]);
+        new_policy(PolicyKind::Predict, &usage, 0, 4);
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! Predict: evict the expert whose next use is expected farthest ahead,
-//! from routing transitions learned while running (or beforehand, from a
-//! trace of other text: [`Predict::learn`]).
+//! from routing transitions learned while running, and beforehand
+//! ([`Predict::learn`]) from the routing events earlier runs kept in the
+//! usage file (`Usage::routing`) or from a trace of other text. A run that
+//! starts from earlier runs' events closes much more of the gap to Belady
+//! than a cold one (docs/BENCHMARKS.md, "A real run").
 //!
 //! # Algorithm
 //!
@@ -55,7 +58,7 @@
 use std::collections::VecDeque;
 
 use super::Policy;
-use crate::{ExpertKey, TraceEvent};
+use crate::ExpertKey;
 
 /// Earlier events of a layer whose experts predict its next event.
 const LAGS: usize = 2;
@@ -248,12 +251,21 @@ impl Predict {
     /// Learns the routing transitions of `events` (a trace recorded on
     /// other text) as if they had been run, and starts the next event
     /// afresh. Residency is untouched.
-    pub fn learn(&mut self, events: &[TraceEvent]) {
-        for event in events {
-            for &expert in &event.experts {
-                self.observe(ExpertKey { layer: event.layer, expert }, true);
+    ///
+    /// Each `(layer, experts)` is one event, however the events are ordered
+    /// (a prefill's are layer by layer, a decode's token by token).
+    pub fn learn<'e>(&mut self, events: impl IntoIterator<Item = (usize, &'e [usize])>) {
+        for (layer, experts) in events {
+            self.end_event();
+            for &expert in experts {
+                self.observe(ExpertKey { layer, expert }, false);
             }
         }
+        self.end_event();
+    }
+
+    /// Learns from the event in progress, if any, and starts none.
+    fn end_event(&mut self) {
         if let Some((layer, used)) = self.current.take() {
             self.layer_mut(layer).learn(used);
         }
@@ -296,9 +308,7 @@ impl Predict {
             None => false,
         };
         if !continues {
-            if let Some((layer, used)) = self.current.take() {
-                self.layer_mut(layer).learn(used);
-            }
+            self.end_event();
             self.current = Some((key.layer, Vec::new()));
         }
         let (layer, used) = self.current.as_mut().expect("an event is in progress");
@@ -391,6 +401,7 @@ impl Policy for Predict {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TraceEvent;
     use crate::policy::tests::{key, no_lease};
 
     #[test]
@@ -423,12 +434,26 @@ mod tests {
     }
 
     #[test]
+    fn learned_events_of_one_layer_in_a_row_stay_apart() {
+        // A prefill's order: every token of layer 0, then of layer 1. Read
+        // as accesses, 0 then 1 at layer 0 would be one event; given as
+        // events they are two, and 1 follows 0.
+        let events: [(usize, &[usize]); 4] = [(0, &[0]), (0, &[1]), (1, &[2]), (1, &[3])];
+        let mut policy = Predict::new(4);
+        policy.learn(events);
+        let layer = policy.layers[0].as_ref().unwrap();
+        assert_eq!(layer.events, 2);
+        assert_eq!(layer.transitions[0][1], 1, "0 then 1: one transition");
+        assert_eq!(policy.layers[1].as_ref().unwrap().events, 2);
+    }
+
+    #[test]
     fn learned_transitions_steer_the_first_choices() {
         // Learned elsewhere: at layer 0, expert 1 always follows expert 0.
         let learned: Vec<TraceEvent> =
             (0..40).map(|token| TraceEvent { layer: 0, token, experts: vec![(token % 2) as usize] }).collect();
         let mut policy = Predict::new(4);
-        policy.learn(&learned);
+        policy.learn(learned.iter().map(|event| (event.layer, event.experts.as_slice())));
         assert!(policy.is_empty(), "learning caches nothing");
         for expert in [1, 3, 0] {
             policy.on_miss(key(0, expert));
