@@ -678,6 +678,14 @@ pub struct Loads<'s> {
 impl Loads<'_> {
     fn fill(&mut self) {
         if self.store.in_place {
+            // Every record of the batch is asked for at once, so that the
+            // disk reads them side by side while the first are checked and
+            // computed (they are only mapped, one by one, in `next`).
+            if self.next_submit == 0 {
+                for key in &self.keys {
+                    self.store.file(*key).expect("keys checked in fetch").will_need(key.expert);
+                }
+            }
             return;
         }
         while self.in_flight < self.store.options.max_in_flight.max(1) && self.next_submit < self.keys.len() {

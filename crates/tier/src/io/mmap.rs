@@ -86,14 +86,22 @@ impl Mapped {
         Ok(ctx.offset_bytes as usize)
     }
 
-    /// One record in place: a view of the mapping, no byte copied. Its pages
-    /// are asked for at once (`MADV_WILLNEED`), so that on a cold page cache
-    /// the whole record is read ahead rather than faulted in page by page.
+    /// One record in place: a view of the mapping, no byte copied.
     pub(super) fn record(&self, ctx: &ReadContext<'_>, record_bytes: usize) -> Result<MappedRecord> {
         let start = self.record_start(ctx, record_bytes)?;
-        // A hint: without it the record is still complete, only read slower.
-        let _ = self.map.advise_range(Advice::WillNeed, start, record_bytes);
         Ok(MappedRecord { map: Arc::clone(&self.map), start, len_bytes: record_bytes })
+    }
+
+    /// Asks the kernel to read a record's pages ahead (`MADV_WILLNEED`), so
+    /// that on a cold page cache the records a layer is about to use are
+    /// read side by side, each in one sweep, rather than faulted in page by
+    /// page when first touched. A hint: without it a record is still
+    /// complete, only read slower; a range past the end is left alone.
+    pub(super) fn will_need(&self, offset_bytes: u64, record_bytes: usize) {
+        let Ok(start) = usize::try_from(offset_bytes) else { return };
+        if start.checked_add(record_bytes).is_some_and(|end| end <= self.map.len()) {
+            let _ = self.map.advise_range(Advice::WillNeed, start, record_bytes);
+        }
     }
 
     /// Copies one record into `buf`, then drops its pages from the mapping.

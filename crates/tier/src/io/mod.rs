@@ -254,6 +254,16 @@ impl RecordFile {
         Some(mapped.record(&ctx, self.record_bytes).map(Record::mapped))
     }
 
+    /// Starts reading record `expert` into the page cache without waiting,
+    /// when the file is mapped (a hint; nothing otherwise).
+    pub fn will_need(&self, expert: usize) {
+        if let Handle::Mapped(mapped) = &self.handle
+            && expert < self.num_experts
+        {
+            mapped.will_need(self.offset_bytes(expert), self.record_bytes);
+        }
+    }
+
     /// Byte offset of record `expert` in the file.
     fn offset_bytes(&self, expert: usize) -> u64 {
         expert as u64 * self.record_bytes as u64
