@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use strata_format::{Container, LayerKind, ModelSpec};
+use strata_format::{Container, Embedding, LayerKind, ModelSpec};
 use strata_kernels::Threads;
 use strata_kv::KvCache;
 use strata_models::{CausalLm, Logits, Runtime};
@@ -219,7 +219,7 @@ pub struct Engine {
 impl Engine {
     /// Opens the container in `dir`, refusing if the budget cannot hold it.
     pub fn open(dir: &Path, options: &EngineOptions) -> Result<Self> {
-        let container = Arc::new(Container::open(dir)?);
+        let container = Arc::new(Container::open_with(dir, Embedding::ReadByRow)?);
         let spec = container.spec();
         let threads = match options.threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -590,7 +590,7 @@ fn plan_budget(
         (max_in_flight(options) as u64).saturating_mul(2).saturating_add(1).saturating_add(prefetch_buffers);
     let io_buffer_bytes = io_buffers.saturating_mul(record_bytes);
     let needs = BudgetNeeds {
-        dense_bytes: container.dense_file_bytes(),
+        dense_bytes: container.dense_resident_bytes(),
         kv_bytes,
         kv_state_bytes,
         io_buffer_bytes,

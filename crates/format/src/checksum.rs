@@ -17,7 +17,12 @@ pub(crate) fn crc32c(bytes: &[u8]) -> u32 {
     }
     let (head, tail) = bytes.split_at(bytes.len() / 2);
     let (crc_head, crc_tail) = rayon::join(|| crc32c(head), || crc32c(tail));
-    crc32c::crc32c_combine(crc_head, crc_tail, tail.len())
+    combine(crc_head, crc_tail, tail.len())
+}
+
+/// CRC32C of `a` followed by `b`, from each one's CRC32C and `b`'s length.
+pub(crate) fn combine(crc_a: u32, crc_b: u32, len_b_bytes: usize) -> u32 {
+    crc32c::crc32c_combine(crc_a, crc_b, len_b_bytes)
 }
 
 /// CRC32C of bytes given piece by piece.

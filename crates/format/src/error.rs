@@ -85,6 +85,15 @@ pub enum Error {
     )]
     Crc32c { path: PathBuf, what: String, expected: u32, actual: u32 },
 
+    /// A dense tensor kept on disk and read by rows
+    /// (`Embedding::ReadByRow`) was asked for whole.
+    #[error("tensor {name:?} is read a row at a time (the container was opened with the embedding on disk)")]
+    ReadByRow { name: String },
+
+    /// A row past the end of a tensor read by rows.
+    #[error("tensor {name:?}: row {row} out of range ({rows} rows)")]
+    RowOutOfRange { name: String, row: usize, rows: usize },
+
     /// The kernels crate rejected a buffer (length/alignment/format).
     #[error("{context}: {source}")]
     Kernels {

@@ -41,7 +41,7 @@ pub mod spec;
 mod synth;
 
 pub use checkpoint::Checkpoint;
-pub use container::{ComponentLayout, Container, ExpertLayout, Manifest};
+pub use container::{ComponentLayout, Container, Embedding, ExpertLayout, Manifest};
 pub use convert::{CHUNK_ELEMS, ConvertOptions, ConvertReport, convert};
 pub use error::{Error, Result};
 pub use export::export;

@@ -8,7 +8,7 @@ use std::path::Path;
 use common::{Layout, Store, TinyModel, olmoe_config, read_record};
 use safetensors::tensor::Dtype;
 use serde_json::Value;
-use strata_format::{Container, ConvertOptions, Error, QuantPreset, convert, export};
+use strata_format::{Container, ConvertOptions, Embedding, Error, QuantPreset, convert, export};
 
 fn converted(tmp: &Path, preset: QuantPreset) -> (TinyModel, std::path::PathBuf) {
     let model = TinyModel::new(olmoe_config(), Store::F32, 11);
@@ -366,6 +366,63 @@ fn non_finite_stored_floats_are_refused_naming_the_tensor_or_expert() {
     assert!(text.contains("expert 2 of layer 1") && text.contains("down") && text.contains("layer_001.bin"), "{text}");
     // The other records are fine.
     layout.check_record(1, bytemuck::cast_slice(&read_record(layout, 1))).unwrap();
+}
+
+/// Writes `bytes` at `offset_bytes` of `file`, in place.
+fn poke(file: &Path, offset_bytes: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new().write(true).open(file).unwrap().write_all_at(bytes, offset_bytes).unwrap();
+}
+
+/// An embedding table read by rows is checked at open like every dense
+/// tensor, and each row again when it is read: a row changed or cut off
+/// after open is an error naming it, never a wrong value.
+#[test]
+fn an_embedding_read_by_rows_is_checked_at_open_and_at_every_row() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, good) = converted(tmp.path(), QuantPreset::Q8);
+    let bad = tmp.path().join("bad");
+    let name = "model.embed_tokens.weight";
+    let entry = Container::open(&good).unwrap().dense_entry(name).unwrap().clone();
+    let (rows, cols) = (entry.shape[0], entry.shape[1]);
+    let row_bytes = entry.length_bytes / rows as u64;
+    let mut out = vec![0f32; cols];
+
+    // A flipped bit: refused at open.
+    copy_dir(&good, &bad);
+    poke(&bad.join("dense.bin"), entry.offset_bytes + 5 * row_bytes + 1, &[0x5a]);
+    let err = Container::open_with(&bad, Embedding::ReadByRow).unwrap_err();
+    assert!(matches!(&err, Error::Crc32c { what, .. } if what.contains(name)), "{err}");
+
+    // Changed after open: that row is refused, the others still read.
+    copy_dir(&good, &bad);
+    let c = Container::open_with(&bad, Embedding::ReadByRow).unwrap();
+    poke(&bad.join("dense.bin"), entry.offset_bytes + 7 * row_bytes + 3, &[0xa5]);
+    c.dense_rows(name, &[6], &mut out).unwrap();
+    let err = c.dense_rows(name, &[7], &mut out).unwrap_err();
+    assert!(matches!(&err, Error::Crc32c { what, .. } if what.contains("row 7")), "{err}");
+    assert!(err.to_string().contains("dense.bin"), "{err}");
+
+    // Cut off after open: a size error, not a fault.
+    copy_dir(&good, &bad);
+    let c = Container::open_with(&bad, Embedding::ReadByRow).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(bad.join("dense.bin")).unwrap();
+    // Into the last row's scales, which follow the weights.
+    assert!(entry.scale_offset_bytes > entry.offset_bytes);
+    file.set_len(entry.scale_offset_bytes + entry.scale_length_bytes - 1).unwrap();
+    c.dense_rows(name, &[0], &mut out).unwrap_or_else(|e| panic!("row 0 is whole: {e}"));
+    let err = c.dense_rows(name, &[rows - 1], &mut out).unwrap_err();
+    assert!(matches!(&err, Error::FileSize { path, .. } if path.ends_with("dense.bin")), "{err}");
+
+    // Without checksums a non-finite scale is still refused at open, at its
+    // index in the tensor.
+    copy_dir(&good, &bad);
+    strip_checksums(&bad);
+    let scales_per_row = entry.scale_length_bytes / rows as u64 / 4;
+    poke_f32(&bad.join("dense.bin"), entry.scale_offset_bytes, 2 * scales_per_row + 1, f32::NAN);
+    let err = Container::open_with(&bad, Embedding::ReadByRow).unwrap_err();
+    let index = 2 * scales_per_row as usize + 1;
+    assert!(matches!(&err, Error::NonFiniteStored { kind: "scale", index: i, .. } if *i == index), "{err}");
 }
 
 #[test]

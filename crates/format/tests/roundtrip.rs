@@ -9,7 +9,8 @@ use std::path::Path;
 use common::{Layout, Store, TinyModel, assert_within_bound, mixtral_config, olmoe_config, qwen_config, read_record};
 use strata_format::container::{RECORD_ALIGN_BYTES, TENSOR_ALIGN_BYTES};
 use strata_format::{
-    Checkpoint, Container, ConvertOptions, ExpertProj, ModelSpec, QuantPreset, TensorKind, convert, export, names,
+    Checkpoint, Container, ConvertOptions, Embedding, Error, ExpertProj, ModelSpec, QuantPreset, TensorKind, convert,
+    export, names,
 };
 use strata_kernels::QuantFormat;
 
@@ -117,6 +118,35 @@ fn check_export(container: &Container, out: &Path) {
     assert_eq!(ckpt.names().count(), expected, "no extra tensors");
 }
 
+/// Opened with the embedding read by rows, every row reads bit for bit as
+/// the resident table's, and an untied table takes no memory (a tied one is
+/// the lm head too, and stays resident).
+fn check_embedding_by_row(dir: &Path, resident: &Container) {
+    let by_row = Container::open_with(dir, Embedding::ReadByRow).unwrap();
+    let name = names::embedding_name(resident.spec());
+    let table = resident.dense(&name).unwrap();
+    let rows: Vec<usize> = (0..table.rows).rev().chain([0, 0]).collect();
+    let read = |c: &Container| {
+        let mut out = vec![0f32; rows.len() * table.cols];
+        c.dense_rows(&name, &rows, &mut out).unwrap();
+        out.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+    };
+    assert_eq!(read(&by_row), read(resident), "{name}");
+    let entry = resident.dense_entry(&name).unwrap();
+    if resident.spec().tie_word_embeddings {
+        assert_eq!(by_row.dense_resident_bytes(), resident.dense_resident_bytes());
+        assert_eq!(by_row.dense(&name).unwrap(), table);
+    } else {
+        let table_bytes = entry.length_bytes + entry.scale_length_bytes;
+        let row_checksum_bytes = 4 * table.rows as u64;
+        assert_eq!(by_row.dense_resident_bytes(), resident.dense_resident_bytes() - table_bytes + row_checksum_bytes);
+        assert!(matches!(by_row.dense(&name), Err(Error::ReadByRow { .. })));
+    }
+    let mut out = vec![0f32; table.cols];
+    let err = by_row.dense_rows(&name, &[table.rows], &mut out).unwrap_err();
+    assert!(matches!(err, Error::RowOutOfRange { row, rows, .. } if row == rows), "{err}");
+}
+
 #[test]
 fn olmoe_every_preset_round_trips() {
     let tmp = tempfile::tempdir().unwrap();
@@ -139,6 +169,7 @@ fn olmoe_every_preset_round_trips() {
         let container = Container::open(&out).unwrap();
         container.verify().unwrap();
         check_container(&model, &container, preset, 64);
+        check_embedding_by_row(&out, &container);
         for aux in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
             let p = container.aux_file(aux).unwrap_or_else(|| panic!("{aux} not carried"));
             assert_eq!(std::fs::read(p).unwrap(), std::fs::read(hf.join(aux)).unwrap());
@@ -184,6 +215,7 @@ fn qwen3_moe_dense_layers_tied_embeddings_biases() {
         assert_eq!(container.dense_vec("model.layers.0.self_attn.q_norm.weight").unwrap().len(), 24);
         assert!(container.expert_layout(1).is_err());
         check_container(&model, &container, preset, group);
+        check_embedding_by_row(&out, &container);
         check_export(&container, &tmp.path().join(format!("export-{preset}")));
     }
 }
@@ -207,6 +239,7 @@ fn mixtral_names_and_odd_width() {
         "model.layers.0.block_sparse_moe.experts.{expert}.w1.weight"
     );
     check_container(&model, &container, QuantPreset::Q4, 64);
+    check_embedding_by_row(&out, &container);
     check_export(&container, &tmp.path().join("export"));
 }
 

@@ -12,7 +12,6 @@
 use std::sync::Arc;
 
 use strata_format::{Container, ModelSpec, names};
-use strata_kernels::Matrix;
 use strata_kv::{KvCache, LayerLayout};
 use strata_sched::Guess;
 
@@ -20,7 +19,7 @@ use crate::attention::{Attention, Pass};
 use crate::ffn::Ffn;
 use crate::norm::Norm;
 use crate::rope::{Angles, Rope};
-use crate::weights::matrix;
+use crate::weights::{matrix, matrix_shape};
 use crate::{CausalLm, Error, Logits, Result, Runtime, SeqBatch};
 
 /// A loaded model: its layers' blocks over the container's tensors.
@@ -76,7 +75,7 @@ impl Decoder {
             return Err(Error::Unsupported("a model needs at least one layer".into()));
         }
         let (embed, lm_head) = (names::embedding_name(&spec), names::lm_head_name(&spec));
-        matrix(c, &embed, spec.vocab_size, h)?;
+        matrix_shape(c, &embed, spec.vocab_size, h)?;
         matrix(c, &lm_head, spec.vocab_size, h)?;
         let final_norm = Norm::load(c, names::final_norm_name(&spec), spec.norm_kind(), h)?;
         Ok(Self { container, spec, layers, ropes, cache_layouts, embed, final_norm, lm_head })
@@ -113,16 +112,18 @@ impl Decoder {
     }
 
     /// Rows of the embedding table for `tokens`, `[n, hidden]`.
+    /// (The table may be on disk: `strata_format::Embedding::ReadByRow`.)
     fn embed(&self, c: &Container, tokens: &[u32]) -> Result<Vec<f32>> {
         let (h, vocab_size) = (self.spec.hidden_size, self.spec.vocab_size);
-        let table: Matrix<'_> = c.dense(&self.embed)?;
+        let rows = tokens
+            .iter()
+            .map(|&token| match token as usize {
+                row if row < vocab_size => Ok(row),
+                _ => Err(Error::TokenOutOfRange { token, vocab_size }),
+            })
+            .collect::<Result<Vec<usize>>>()?;
         let mut x = vec![0.0f32; tokens.len() * h];
-        for (row, &token) in x.chunks_exact_mut(h).zip(tokens) {
-            if token as usize >= vocab_size {
-                return Err(Error::TokenOutOfRange { token, vocab_size });
-            }
-            table.row_to_f32(token as usize, row);
-        }
+        c.dense_rows(&self.embed, &rows, &mut x)?;
         Ok(x)
     }
 

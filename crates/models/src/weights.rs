@@ -15,6 +15,16 @@ pub fn matrix<'c>(container: &'c Container, name: &str, rows: usize, cols: usize
     Ok(m)
 }
 
+/// Checks that the matrix `name` is `[rows, cols]` without viewing its bytes,
+/// which may be on disk (`strata_format::Embedding::ReadByRow`).
+pub fn matrix_shape(container: &Container, name: &str, rows: usize, cols: usize) -> Result<()> {
+    let found = &container.dense_entry(name)?.shape;
+    if found[..] != [rows, cols] {
+        return Err(Error::Shape { name: name.to_owned(), expected: vec![rows, cols], found: found.clone() });
+    }
+    Ok(())
+}
+
 /// The f32 vector `name`, checked to hold `len` values.
 pub fn vector<'c>(container: &'c Container, name: &str, len: usize) -> Result<&'c [f32]> {
     let v = container.dense_vec(name)?;

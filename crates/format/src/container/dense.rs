@@ -1,65 +1,72 @@
 //! `dense.bin` in the process's own memory.
 //!
-//! The dense weights are read once at open into an anonymous, page-aligned
-//! allocation instead of being memory-mapped: a mapped file that someone
+//! The dense weights are read once at open into an anonymous mapping instead
+//! of being memory-mapped from the file: a mapped file that someone
 //! truncates or rewrites in place (`cp`, `rsync --inplace`) while the model
 //! runs kills the process with SIGBUS, with no message. A copy cannot be
 //! changed from outside. It costs nothing in the memory budget, which counts
 //! dense.bin as resident either way, and the read is at disk speed.
+//!
+//! Ranges a caller reads another way (the embedding table, `rows.rs`) are
+//! left unread: their pages of the anonymous mapping are never touched, so
+//! they take no memory.
 
-use std::alloc::{self, Layout};
 use std::fs::File;
-use std::io::Read;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::ptr::NonNull;
+
+use memmap2::{Mmap, MmapMut};
 
 use crate::error::{Error, Result};
 
-/// Alignment of the copy: a page, as the mapping had, so every 64-byte
-/// aligned offset of the file is 64-byte aligned in memory too.
-const DENSE_ALIGN_BYTES: usize = 4096;
-
-/// The bytes of `dense.bin`, owned and immutable.
+/// The bytes of `dense.bin`, owned and immutable; a page-aligned mapping, so
+/// every 64-byte aligned offset of the file is 64-byte aligned in memory.
 pub(super) struct DenseBytes {
-    ptr: NonNull<u8>,
-    len: usize,
-    layout: Layout,
+    /// `None` for an empty file (a mapping cannot be empty).
+    map: Option<Mmap>,
+    /// Bytes read into memory: the file less the ranges left unread.
+    resident_bytes: u64,
 }
 
-// SAFETY: the allocation is owned by this value alone and never written after
-// `read` returns, so sharing `&[u8]` views across threads is sound.
-unsafe impl Send for DenseBytes {}
-// SAFETY: as above: immutable after construction.
-unsafe impl Sync for DenseBytes {}
-
 impl DenseBytes {
-    /// Reads all of `path`, which the manifest says holds `expected_bytes`.
-    pub(super) fn read(path: &Path, expected_bytes: u64) -> Result<DenseBytes> {
-        let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    /// Reads `file` (`path`), which the manifest says holds
+    /// `expected_bytes`, except the `unread` ranges (inside the file, not
+    /// overlapping), which read as zeros and occupy no memory.
+    pub(super) fn read(path: &Path, file: &File, expected_bytes: u64, unread: &[Range<u64>]) -> Result<DenseBytes> {
         let actual_bytes = file.metadata().map_err(|e| Error::io(path, e))?.len();
         let too_short = |actual_bytes| Error::FileSize { path: path.to_path_buf(), expected_bytes, actual_bytes };
         if actual_bytes != expected_bytes {
             return Err(too_short(actual_bytes));
         }
         let len = usize::try_from(expected_bytes).map_err(|_| too_short(actual_bytes))?;
-        // A zero-sized allocation is not allowed; one byte stands in.
-        let layout = Layout::from_size_align(len.max(1), DENSE_ALIGN_BYTES)
-            .map_err(|e| Error::io(path, std::io::Error::other(format!("{len} bytes cannot be allocated: {e}"))))?;
-        // SAFETY: `layout` has a non-zero size. Zeroed memory from the
-        // allocator is untouched anonymous pages for large sizes, so the
-        // zeroing costs no pass over the bytes.
-        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })
-            .ok_or_else(|| Error::io(path, std::io::Error::from(std::io::ErrorKind::OutOfMemory)))?;
-        let dense = DenseBytes { ptr, len, layout };
-        // SAFETY: `ptr` is valid for `len` initialised (zeroed) bytes and
-        // nothing else refers to it yet.
-        let buf = unsafe { std::slice::from_raw_parts_mut(dense.ptr.as_ptr(), len) };
-        file.read_exact(buf).map_err(|e| match e.kind() {
-            // Truncated between the size check and the read.
-            std::io::ErrorKind::UnexpectedEof => too_short(file.metadata().map_or(0, |m| m.len())),
-            _ => Error::io(path, e),
-        })?;
-        Ok(dense)
+        if len == 0 {
+            return Ok(DenseBytes { map: None, resident_bytes: 0 });
+        }
+        // Anonymous pages are zero and take no memory until written.
+        let mut map = MmapMut::map_anon(len).map_err(|e| Error::io(path, e))?;
+        let mut unread: Vec<Range<u64>> = unread.iter().filter(|r| !r.is_empty()).cloned().collect();
+        unread.sort_by_key(|r| r.start);
+        let mut resident_bytes = 0;
+        let mut at = 0u64;
+        for gap in unread.iter().chain(std::iter::once(&(expected_bytes..expected_bytes))) {
+            assert!(at <= gap.start && gap.end <= expected_bytes, "unread ranges inside the file, apart");
+            let bytes = &mut map[at as usize..gap.start as usize];
+            file.read_exact_at(bytes, at).map_err(|e| match e.kind() {
+                // Truncated between the size check and the read.
+                std::io::ErrorKind::UnexpectedEof => too_short(file.metadata().map_or(0, |m| m.len())),
+                _ => Error::io(path, e),
+            })?;
+            resident_bytes += gap.start - at;
+            at = gap.end;
+        }
+        let map = map.make_read_only().map_err(|e| Error::io(path, e))?;
+        Ok(DenseBytes { map: Some(map), resident_bytes })
+    }
+
+    /// Bytes held in memory.
+    pub(super) fn resident_bytes(&self) -> u64 {
+        self.resident_bytes
     }
 }
 
@@ -67,16 +74,7 @@ impl std::ops::Deref for DenseBytes {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` bytes, initialised by `read`, for
-        // as long as `self` lives.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for DenseBytes {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `read` with exactly this layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        self.map.as_deref().unwrap_or(&[])
     }
 }
 
@@ -90,8 +88,8 @@ mod tests {
         let path = dir.path().join("dense.bin");
         let bytes: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
         std::fs::write(&path, &bytes).unwrap();
-        let dense = DenseBytes::read(&path, bytes.len() as u64).unwrap();
-        assert_eq!(dense.as_ptr() as usize % DENSE_ALIGN_BYTES, 0);
+        let dense = DenseBytes::read(&path, &File::open(&path).unwrap(), bytes.len() as u64, &[]).unwrap();
+        assert_eq!(dense.as_ptr() as usize % 4096, 0);
         // Truncated and rewritten in place, as `cp` onto it does.
         std::fs::write(&path, b"other").unwrap();
         assert_eq!(&dense[..], &bytes[..]);
@@ -103,10 +101,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("dense.bin");
         std::fs::write(&path, [0u8; 100]).unwrap();
-        let err = DenseBytes::read(&path, 128).err().unwrap().to_string();
+        let read = |expected_bytes| DenseBytes::read(&path, &File::open(&path).unwrap(), expected_bytes, &[]);
+        let err = read(128).err().unwrap().to_string();
         assert!(err.contains("dense.bin") && err.contains("128") && err.contains("100"), "{err}");
-        assert_eq!(DenseBytes::read(&path, 100).unwrap().len(), 100);
+        assert_eq!(read(100).unwrap().len(), 100);
         std::fs::write(&path, []).unwrap();
-        assert!(DenseBytes::read(&path, 0).unwrap().is_empty());
+        assert!(read(0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn ranges_left_unread_are_zeros_outside_the_resident_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dense.bin");
+        let bytes: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8 + 1).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let unread = [70_000..90_000, 100..8292, 5..5];
+        let dense = DenseBytes::read(&path, &File::open(&path).unwrap(), bytes.len() as u64, &unread).unwrap();
+        assert_eq!(dense.resident_bytes(), 100_000 - 20_000 - 8192);
+        for (i, (&held, &written)) in dense.iter().zip(&bytes).enumerate() {
+            let skipped = unread.iter().any(|r| r.contains(&(i as u64)));
+            assert_eq!(held, if skipped { 0 } else { written }, "byte {i}");
+        }
     }
 }

@@ -5,7 +5,9 @@
 //! memory and refuses a tensor whose CRC32C differs from the manifest's or
 //! that holds a non-finite float. It never reads expert files
 //! (another crate streams them; [`ExpertLayout::check_record`] checks each
-//! record read) and never hashes whole files: hashing a 60 GB container on
+//! record read); opened with [`Embedding::ReadByRow`] it keeps the embedding
+//! table on disk too and reads the rows tokens ask for (`rows.rs`). It
+//! never hashes whole files: hashing a 60 GB container on
 //! every start would dominate start-up time, so that is the explicit
 //! [`Container::verify`].
 
@@ -13,6 +15,7 @@ mod dense;
 mod finite;
 mod layout;
 mod manifest;
+mod rows;
 mod validate;
 mod verify;
 
@@ -25,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::preset::QuantPreset;
 use crate::spec::ModelSpec;
 use dense::DenseBytes;
+use rows::RowTable;
 
 pub use layout::{ComponentLayout, ExpertLayout, RECORD_ALIGN_BYTES, TENSOR_ALIGN_BYTES, align_up, matrix_bytes};
 pub use manifest::{
@@ -39,8 +43,10 @@ pub use verify::sha256_file;
 pub struct Container {
     dir: PathBuf,
     manifest: Manifest,
-    /// All of dense.bin, in this process's memory (see `dense`).
+    /// dense.bin in this process's memory (see `dense`), but for `by_row`.
     dense: DenseBytes,
+    /// The embedding table, when opened with `Embedding::ReadByRow`.
+    by_row: Option<RowTable>,
     /// Tensor name -> index into `manifest.tensors`.
     dense_index: HashMap<String, usize>,
     /// Indexed by layer; `None` for dense layers.
@@ -59,6 +65,19 @@ impl std::fmt::Debug for Container {
     }
 }
 
+/// Where [`Container::open_with`] keeps the embedding table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Embedding {
+    /// In memory with the rest of dense.bin.
+    Resident,
+    /// On disk, each row read when a token asks for it
+    /// ([`Container::dense_rows`]): a token reads one row of it, so in
+    /// memory it would only take room from the expert cache. A tied table is
+    /// the lm head as well, which reads all of it every token, and stays
+    /// resident.
+    ReadByRow,
+}
+
 impl Container {
     /// Opens the container in `dir`, validating the manifest (magic, version,
     /// spec, every tensor's format/shape/length/alignment, expert record
@@ -66,17 +85,34 @@ impl Container {
     /// tensor's CRC32C (where recorded) and that every float in it is
     /// finite. Expert data is not read.
     pub fn open(dir: impl AsRef<Path>) -> Result<Container> {
+        Self::open_with(dir, Embedding::Resident)
+    }
+
+    /// [`Container::open`], keeping the embedding table where `embedding`
+    /// says. Its bytes are checked at open either way.
+    pub fn open_with(dir: impl AsRef<Path>, embedding: Embedding) -> Result<Container> {
         let dir = dir.as_ref().to_path_buf();
         let manifest = validate::read_manifest(&dir)?;
         let checked = validate::validate(&dir, &manifest)?;
         let dense_path = dir.join(DENSE_FILE);
-        let dense = DenseBytes::read(&dense_path, checked.dense_file_bytes)?;
+        let file = std::fs::File::open(&dense_path).map_err(|e| Error::io(&dense_path, e))?;
+        let table_name = crate::names::embedding_name(&manifest.spec);
+        let by_row_entry = match embedding {
+            Embedding::ReadByRow if !manifest.spec.tie_word_embeddings => {
+                checked.dense_index.get(&table_name).map(|&i| &manifest.tensors[i])
+            }
+            _ => None,
+        };
+        let unread = by_row_entry.map(RowTable::byte_ranges).unwrap_or_default();
+        let dense = DenseBytes::read(&dense_path, &file, checked.dense_file_bytes, &unread)?;
+        let by_row = by_row_entry.map(|entry| RowTable::open(&dense_path, file, entry)).transpose()?;
         let (content_hash, _) = sha256_file(&dir.join(MANIFEST_FILE))?;
         let container = Container {
             content_hash,
             dir,
             manifest,
             dense,
+            by_row,
             dense_index: checked.dense_index,
             expert_layouts: checked.expert_layouts,
         };
@@ -88,7 +124,8 @@ impl Container {
     /// NaN or infinity anywhere in the dense tensors (weights of f32/bf16
     /// tensors, scales of q8/q4 ones), naming the tensor.
     fn check_dense(&self, dense_path: &Path) -> Result<()> {
-        for entry in &self.manifest.tensors {
+        // The table read by rows was checked when it was opened.
+        for entry in self.manifest.tensors.iter().filter(|entry| !self.is_read_by_row(&entry.name)) {
             // Formats were validated by `validate`.
             let format = QuantFormat::from_ordinal(entry.format)
                 .map_err(|e| Error::kernels(format!("tensor {:?}", entry.name), e))?;
@@ -128,9 +165,14 @@ impl Container {
         &self.content_hash
     }
 
-    /// Size of dense.bin, all of which stays resident while the model runs.
-    pub fn dense_file_bytes(&self) -> u64 {
-        self.dense.len() as u64
+    /// Memory dense.bin takes while the model runs: all of it, less an
+    /// embedding table read by rows (plus that table's row checksums).
+    pub fn dense_resident_bytes(&self) -> u64 {
+        self.dense.resident_bytes() + self.by_row.as_ref().map_or(0, RowTable::resident_bytes)
+    }
+
+    fn is_read_by_row(&self, name: &str) -> bool {
+        self.by_row.as_ref().is_some_and(|table| table.name() == name)
     }
 
     /// The container directory.
@@ -166,10 +208,37 @@ impl Container {
         })
     }
 
+    /// The entry of a tensor whose bytes are in memory.
+    fn resident_entry(&self, name: &str) -> Result<&TensorEntry> {
+        if self.is_read_by_row(name) {
+            return Err(Error::ReadByRow { name: name.to_owned() });
+        }
+        self.dense_entry(name)
+    }
+
+    /// Rows `rows` of the non-expert matrix `name` as f32, one after another
+    /// in `out` (`rows.len() × cols`), from memory or, for a table read by
+    /// rows, from dense.bin (each row checked against its CRC32C kept at
+    /// open).
+    pub fn dense_rows(&self, name: &str, rows: &[usize], out: &mut [f32]) -> Result<()> {
+        if let Some(table) = self.by_row.as_ref().filter(|table| table.name() == name) {
+            return table.rows_to_f32(rows, out);
+        }
+        let matrix = self.dense(name)?;
+        assert_eq!(out.len(), rows.len() * matrix.cols, "one output row per row asked for");
+        for (&row, out) in rows.iter().zip(out.chunks_exact_mut(matrix.cols.max(1))) {
+            if row >= matrix.rows {
+                return Err(Error::RowOutOfRange { name: name.to_owned(), row, rows: matrix.rows });
+            }
+            matrix.row_to_f32(row, out);
+        }
+        Ok(())
+    }
+
     /// A non-expert tensor as a matrix over the dense bytes (1-D tensors are
     /// one row). Zero-copy.
     pub fn dense(&self, name: &str) -> Result<Matrix<'_>> {
-        let entry = self.dense_entry(name)?;
+        let entry = self.resident_entry(name)?;
         let (rows, cols) = validate::matrix_dims(&entry.shape).unwrap_or((0, 0));
         // Ranges and format were validated on open.
         let format =
@@ -188,7 +257,7 @@ impl Container {
     /// An f32 tensor (norms, biases, routers: never quantized by any preset)
     /// as a slice of the dense bytes.
     pub fn dense_vec(&self, name: &str) -> Result<&[f32]> {
-        let entry = self.dense_entry(name)?;
+        let entry = self.resident_entry(name)?;
         if entry.format != QuantFormat::F32.ordinal() {
             let format = QuantFormat::from_ordinal(entry.format).map(QuantFormat::name).unwrap_or("an unknown format");
             return Err(Error::WrongFormat { name: name.to_owned(), format, needed: "f32" });
