@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use strata_engine::{Engine, EngineOptions, IoBackend, PolicyKind, RamBudget};
-use strata_format::{ConvertOptions, QuantPreset};
+use strata_format::{Container, ConvertOptions, QuantPreset, names};
 
 /// The GQA families and the hybrid ones (recurrent state beside the streamed experts).
 const FAMILIES: [&str; 5] = ["olmoe", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_moe"];
@@ -197,6 +197,43 @@ fn batch_capacity_counts_the_per_token_working_sets_the_cache_holds() {
         let opts = EngineOptions { expert_cache_bytes: Some(cache_bytes), ..options(&dir) };
         assert_eq!(open(&dir, &opts).batch_capacity(), streams, "cache of {cache_bytes} bytes");
     }
+}
+
+#[test]
+fn the_embedding_table_stays_on_disk_out_of_the_budget() {
+    for family in FAMILIES {
+        let dir = convert(family, QuantPreset::Q8);
+        let engine = open(&dir, &options(&dir));
+        let container = Container::open(dir.path().join("model")).unwrap();
+        let spec = container.spec();
+        let file_bytes = std::fs::metadata(dir.path().join("model/dense.bin")).unwrap().len();
+        let table = container.dense_entry(&names::embedding_name(spec)).unwrap();
+        let resident_bytes = if spec.tie_word_embeddings {
+            file_bytes
+        } else {
+            // The table's bytes leave; a CRC32C per row stays.
+            file_bytes - table.length_bytes - table.scale_length_bytes + 4 * spec.vocab_size as u64
+        };
+        assert_eq!(engine.budget().dense_bytes, resident_bytes, "{family}");
+    }
+}
+
+#[test]
+fn an_embedding_row_changed_while_running_is_an_error_not_garbage() {
+    let dir = convert("olmoe", QuantPreset::Q8);
+    let engine = open(&dir, &options(&dir));
+    let container = Container::open(dir.path().join("model")).unwrap();
+    let table = container.dense_entry(&names::embedding_name(container.spec())).unwrap();
+    let row_bytes = table.length_bytes / container.spec().vocab_size as u64;
+    let token = prompt("olmoe")[0];
+    let at = table.offset_bytes + u64::from(token) * row_bytes;
+    use std::os::unix::fs::FileExt;
+    let dense = std::fs::OpenOptions::new().read(true).write(true).open(dir.path().join("model/dense.bin")).unwrap();
+    let mut byte = [0u8];
+    dense.read_exact_at(&mut byte, at).unwrap();
+    dense.write_all_at(&[byte[0] ^ 0x40], at).unwrap();
+    let err = engine.logits(&prompt("olmoe")).unwrap_err().to_string();
+    assert!(err.contains(&format!("row {token}")) && err.contains("dense.bin"), "{err}");
 }
 
 #[test]
