@@ -5,8 +5,9 @@
 //! Everything it needs is installed under `OUT/peer` (default
 //! `target/bench/peer`) on first use and reused: a Python venv with cmake,
 //! numpy and pyyaml from PyPI; the llama-cpp-python sdist (which vendors
-//! llama.cpp), from which `llama-bench` is built with `-DGGML_NATIVE=ON`; an
-//! OLMoE-1B-7B-shaped synthetic q4 container, and its GGUF at the nearest
+//! llama.cpp), from which `llama-bench` is built with `-DGGML_NATIVE=ON`
+//! less AMX (see `build_llama_cpp`); an OLMoE-1B-7B-shaped synthetic q4
+//! container, and its GGUF at the nearest
 //! quantization (`xtask/bench/strata_to_gguf.py`: Q4_0 experts, Q8_0 other
 //! matrices; the same bytes per weight as Strata's q4 preset).
 //!
@@ -30,6 +31,10 @@ use crate::bench::{Options, median, workspace_root};
 use crate::bench_report::{Report, Row};
 
 const SDIST: &str = "llama_cpp_python-0.3.36";
+
+/// llama.cpp's build directory, named for its flags so that a build made
+/// with other flags is not reused.
+const BUILD_DIR: &str = "build-noamx";
 
 /// The cgroup (v1 memory controller) both engines run in for the
 /// bigger-than-RAM rows.
@@ -76,7 +81,7 @@ pub(crate) fn run(peer: &str, opts: &Options) -> Result<()> {
     resident(&bins, &llama_bench, &model, &gguf, opts, &mut report)?;
     bigger_than_ram(&bins, &llama_bench, &model, &gguf, opts, &mut report)?;
     report.notes.push(format!(
-        "Peer: llama.cpp from the {SDIST} sdist (vendored llama.cpp), built with -DGGML_NATIVE=ON; model: \
+        "Peer: llama.cpp from the {SDIST} sdist (vendored llama.cpp), built with -DGGML_NATIVE=ON less AMX; model: \
          OLMoE-1B-7B shapes, 4 layers, random weights; GGUF at the nearest quantization."
     ));
     report.elapsed_s = started.elapsed().as_secs_f64();
@@ -125,14 +130,22 @@ fn build_llama_cpp(dir: &Path) -> Result<PathBuf> {
     if !llama.join("CMakeLists.txt").exists() {
         check(Command::new("tar").arg("xzf").arg(&tarball).arg("-C").arg(dir).status(), "tar")?;
     }
-    let bench = llama.join("build/bin/llama-bench");
+    let bench = llama.join(BUILD_DIR).join("bin/llama-bench");
     if !bench.exists() {
         eprintln!("peer: building llama-bench (several minutes on 2 cores)");
         let cmake = venv.join("bin/cmake");
+        // Without AMX: on a CPU with AMX, llama-bench built with it died
+        // of SIGSEGV at its first `ldtilecfg` whenever this program started
+        // it (never from a shell; 2026-12-02), and the two builds ran at the
+        // same speed from a shell there (tg32 41.1 / 40.8 tok/s, pp64 285 /
+        // 287): AMX serves batched products only.
+        let no_amx = if cfg!(target_arch = "x86_64") { "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" } else { "" };
         check(
             Command::new(&cmake)
                 .current_dir(&llama)
-                .args(["-S", ".", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON"])
+                .args(["-S", ".", "-B", BUILD_DIR, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON"])
+                .arg(format!("-DCMAKE_C_FLAGS={no_amx}"))
+                .arg(format!("-DCMAKE_CXX_FLAGS={no_amx}"))
                 .args([
                     "-DLLAMA_CURL=OFF",
                     "-DLLAMA_OPENSSL=OFF",
@@ -147,7 +160,7 @@ fn build_llama_cpp(dir: &Path) -> Result<PathBuf> {
         check(
             Command::new(&cmake)
                 .current_dir(&llama)
-                .args(["--build", "build", "-j2", "--target", "llama-bench"])
+                .args(["--build", BUILD_DIR, "-j2", "--target", "llama-bench"])
                 .status(),
             "cmake --build",
         )?;
@@ -200,13 +213,7 @@ fn llama_bench_ts(
         "json".into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    // llama-bench once died of SIGSEGV on its first run after the build
-    // (2026-12-02, not reproduced in 11 runs since): a crash of the peer is
-    // retried once rather than ending the whole comparison.
-    let text = output(bench, &args, cgroup).or_else(|e| {
-        eprintln!("peer: llama-bench failed ({e}); running it again");
-        output(bench, &args, cgroup)
-    })?;
+    let text = output(bench, &args, cgroup)?;
     let start = text.find('[').context("llama-bench printed no JSON")?;
     let v: Value = serde_json::from_str(&text[start..]).context("parsing llama-bench JSON")?;
     v[0]["avg_ts"].as_f64().context("llama-bench avg_ts")
