@@ -49,8 +49,8 @@ impl RowTable {
     /// on open: a 2-D matrix whose ranges lie inside the file.
     pub(super) fn open(path: &Path, file: File, entry: &TensorEntry) -> Result<RowTable> {
         let (rows, cols) = super::matrix_dims(&entry.shape).unwrap_or((0, 0));
-        let format =
-            QuantFormat::from_ordinal(entry.format).map_err(|e| Error::kernels(format!("tensor {:?}", entry.name), e))?;
+        let format = QuantFormat::from_ordinal(entry.format)
+            .map_err(|e| Error::kernels(format!("tensor {:?}", entry.name), e))?;
         // Every format stores whole rows contiguously, weights and scales
         // alike (`Matrix::row_range`), so a row is a slice of each.
         let row_weight_bytes = (entry.length_bytes as usize).checked_div(rows).unwrap_or(0);
