@@ -42,6 +42,7 @@ pub(crate) fn suite_drives(bins: &Bins, opts: &Options, report: &mut Report) -> 
     let fp = footprint(&model)?;
     let budget_bytes = (fp.total_bytes / 4.0).max(1.2 * (1u64 << 30) as f64);
     let budget = format!("{}MiB", (budget_bytes / (1u64 << 20) as f64).round());
+    let expert_cache = crate::bench::streaming_expert_cache(&fp);
     let headroom = |bytes: f64| (bytes * 1.1) as u64 + (256 << 20);
     let drives = Drives::create(&opts.out.join("drives"), [headroom(fp.total_bytes), headroom(fp.total_bytes)])?;
     eprintln!("drives: copying the container onto drive A and staging a full mirror on drive B");
@@ -76,7 +77,7 @@ pub(crate) fn suite_drives(bins: &Bins, opts: &Options, report: &mut Report) -> 
     for rep in 0..opts.reps {
         for (k, with_mirror) in [false, true].into_iter().enumerate() {
             eprintln!("drives: {}, run {}/{}", if with_mirror { "A + B" } else { "A alone" }, rep + 1, opts.reps);
-            let mut extra = vec!["--ram-budget", budget.as_str(), "--io", "direct"];
+            let mut extra = vec!["--ram-budget", budget.as_str(), "--expert-cache", expert_cache.as_str(), "--io", "direct"];
             if with_mirror {
                 extra.extend(["--mirror", mirror_arg.as_str()]);
             }

@@ -284,6 +284,14 @@ fn a_non_finite_scale_is_an_error_naming_where_not_a_token() {
         &["model.layers.0.self_attn.q_proj.weight", "non-finite scale", "dense.bin"],
     );
 
+    // A scale of the embedding table, which stays on disk while the model
+    // runs and is checked when it opens.
+    let model = dir.path().join("embedding-nan");
+    copy_dir(&good, &model);
+    let table = tensor_entry(&model, "model.embed_tokens.weight");
+    poke_f32s(&model.join("dense.bin"), table["scale_offset_bytes"].as_u64().unwrap() + 4 * 70, &[f32::NAN]);
+    assert_clean_failure(&generate(&model), &["model.embed_tokens.weight", "non-finite scale", "dense.bin"]);
+
     // The first scale of every expert's down matrix in layer 1: whichever
     // expert is routed, its read is refused.
     let model = dir.path().join("expert-inf");
@@ -389,6 +397,16 @@ fn a_flipped_bit_is_an_error_naming_where() {
     args.extend(GENERATE);
     args.extend(GREEDY);
     assert_clean_failure(&strata(&args), &["CRC32C mismatch", "model.layers.0.self_attn.o_proj.weight", "dense.bin"]);
+
+    // The embedding table stays on disk, and is checked at open all the same.
+    let model = dir.path().join("embedding-bit");
+    copy_dir(&good, &model);
+    let table = tensor_entry(&model, "model.embed_tokens.weight");
+    flip(&model.join("dense.bin"), table["offset_bytes"].as_u64().unwrap() + 333);
+    let mut args = vec!["generate", path(&model)];
+    args.extend(GENERATE);
+    args.extend(GREEDY);
+    assert_clean_failure(&strata(&args), &["CRC32C mismatch", "model.embed_tokens.weight", "dense.bin"]);
 
     // Undamaged, the checks change nothing.
     let (tokens, stderr) = generate_json(&good, &["--expert-cache", "0"]);
