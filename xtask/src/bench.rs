@@ -771,7 +771,8 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
     // (shown beside the bar).
     let mut ab_raw = Vec::new();
     for capped in [false, true] {
-        let Some((ab, ab_throttle)) = record_check_ab(bins, opts, &model, [&budget, &expert_cache], &disk, capped)? else {
+        let Some((ab, ab_throttle)) = record_check_ab(bins, opts, &model, [&budget, &expert_cache], &disk, capped)?
+        else {
             continue;
         };
         let ratio = (-ab.cost.mean).exp();

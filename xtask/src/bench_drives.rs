@@ -77,7 +77,8 @@ pub(crate) fn suite_drives(bins: &Bins, opts: &Options, report: &mut Report) -> 
     for rep in 0..opts.reps {
         for (k, with_mirror) in [false, true].into_iter().enumerate() {
             eprintln!("drives: {}, run {}/{}", if with_mirror { "A + B" } else { "A alone" }, rep + 1, opts.reps);
-            let mut extra = vec!["--ram-budget", budget.as_str(), "--expert-cache", expert_cache.as_str(), "--io", "direct"];
+            let mut extra =
+                vec!["--ram-budget", budget.as_str(), "--expert-cache", expert_cache.as_str(), "--io", "direct"];
             if with_mirror {
                 extra.extend(["--mirror", mirror_arg.as_str()]);
             }
