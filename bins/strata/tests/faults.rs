@@ -389,24 +389,17 @@ fn a_flipped_bit_is_an_error_naming_where() {
         assert_clean_failure(&strata(&args), &["CRC32C mismatch", "of layer 0", "layer_000.bin"]);
     }
 
-    let model = dir.path().join("dense-bit");
-    copy_dir(&good, &model);
-    let o = tensor_entry(&model, "model.layers.0.self_attn.o_proj.weight");
-    flip(&model.join("dense.bin"), o["offset_bytes"].as_u64().unwrap() + 5);
-    let mut args = vec!["generate", path(&model)];
-    args.extend(GENERATE);
-    args.extend(GREEDY);
-    assert_clean_failure(&strata(&args), &["CRC32C mismatch", "model.layers.0.self_attn.o_proj.weight", "dense.bin"]);
-
-    // The embedding table stays on disk, and is checked at open all the same.
-    let model = dir.path().join("embedding-bit");
-    copy_dir(&good, &model);
-    let table = tensor_entry(&model, "model.embed_tokens.weight");
-    flip(&model.join("dense.bin"), table["offset_bytes"].as_u64().unwrap() + 333);
-    let mut args = vec!["generate", path(&model)];
-    args.extend(GENERATE);
-    args.extend(GREEDY);
-    assert_clean_failure(&strata(&args), &["CRC32C mismatch", "model.embed_tokens.weight", "dense.bin"]);
+    // A dense tensor, and the embedding table, which stays on disk while
+    // the model runs and is checked at open all the same.
+    for (name, at) in [("model.layers.0.self_attn.o_proj.weight", 5), ("model.embed_tokens.weight", 333)] {
+        let model = dir.path().join(format!("dense-bit-{at}"));
+        copy_dir(&good, &model);
+        flip(&model.join("dense.bin"), tensor_entry(&model, name)["offset_bytes"].as_u64().unwrap() + at);
+        let mut args = vec!["generate", path(&model)];
+        args.extend(GENERATE);
+        args.extend(GREEDY);
+        assert_clean_failure(&strata(&args), &["CRC32C mismatch", name, "dense.bin"]);
+    }
 
     // Undamaged, the checks change nothing.
     let (tokens, stderr) = generate_json(&good, &["--expert-cache", "0"]);
