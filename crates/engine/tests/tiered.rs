@@ -267,8 +267,11 @@ const ALL_FAMILIES: [&str; 8] =
     ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe"];
 
 /// A look-ahead guess moves bytes, never results: with a 16 KiB cache, so
-/// that guesses really are read, evicted and waited for, the logits (bit
-/// for bit) and the generated tokens are those of a run without prefetch.
+/// that guesses are made for every layer and read, cancelled, dropped or
+/// waited for as the timing falls, the logits (bit for bit) and the
+/// generated tokens are those of a run without prefetch. (Whether a guess's
+/// read starts before its demand cancels it is timing; the store's tests
+/// pin each case down.)
 #[test]
 fn tokens_are_identical_with_prefetch_on_and_off_for_every_family_and_io() {
     use strata_engine::{GenerateOptions, Prefetch};
@@ -290,7 +293,7 @@ fn tokens_are_identical_with_prefetch_on_and_off_for_every_family_and_io() {
             assert!(logits_on == logits_off, "{family} {io}: logits differ with prefetch");
             assert_eq!(tokens_on, tokens_off, "{family} {io}: tokens differ with prefetch");
             assert_eq!(off.prefetch_issued, 0, "{family} {io}");
-            assert!(on.prefetch_issued > 0, "{family} {io}: no prefetch was read: {on:?}");
+            assert!(on.layer_predicted_lookups.iter().sum::<u64>() > 0, "{family} {io}: no guess was made: {on:?}");
             assert!(on.prefetch_used <= on.prefetch_issued, "{family} {io}: {on:?}");
             // `auto` reads ahead only when the cache cannot hold every expert.
             let auto = |expert_cache_bytes| {

@@ -30,7 +30,7 @@ pub use budget::{
     peak_rss_bytes, resident_bytes,
 };
 pub use error::{Error, Result};
-pub use io::{IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
+pub use io::{Gate, GateHold, IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
 pub use mirror::{LayerFile, MirrorOptions, MirrorSpec, Mirrors};
 pub use policy::{Policy, PolicyKind, new_policy};
 pub use record::Record;

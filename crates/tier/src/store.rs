@@ -8,13 +8,21 @@
 //! a tiny cache changes speed, never results.
 //!
 //! Records may also be *prefetched*: read ahead of demand on a guess (the
-//! next layer's predicted experts), through a second pool of their own so
-//! that a guess never waits behind, or holds up, a batch of demand loads. A
-//! prefetched record enters the cache as a demand load would; the first
-//! demand for it counts it used, and evicting it unused counts its bytes
-//! wasted. A demand for a record whose prefetch is in flight waits for that
-//! read instead of reading it twice. A guess only moves bytes: what a
-//! computation receives is always the record it asked for.
+//! next layer's predicted experts), through a second pool of their own that
+//! defers to the demand reads: while a batch of demand loads is being read
+//! it holds a [`Gate`], and no guess starts reading until the batch's last
+//! record is in, so guesses fill the drive's idle time (the rest of the
+//! layer's compute, the next layer's attention and router) instead of
+//! competing with demand. When the next batch of demand is placed, guesses
+//! no read has started for are cancelled: the route is known, and a right
+//! guess not yet read is read as demand. A prefetched record waits in its
+//! prefetch buffer, unchecked and outside the cache, until that placement:
+//! a demanded one is checked, cached as a demand load would be and counted
+//! used; the others are dropped and their bytes counted wasted, having cost
+//! neither a check nor a cached record. A demand for a record whose prefetch
+//! is being read waits for that read instead of reading it twice. A guess
+//! only moves bytes: what a computation receives is always the record it
+//! asked for, checked.
 //!
 //! When the cache can hold every record and records come through the page
 //! cache (`--io auto`, `mmap`), nothing is read into buffers at all: a miss
@@ -30,7 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::aligned::ALIGN_BYTES;
-use crate::io::{IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
+use crate::io::{Gate, GateHold, IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
 use crate::mirror::{MirrorOptions, Mirrors};
 use crate::policy::{Policy, PolicyKind, new_policy};
 use crate::usage::Usage;
@@ -121,7 +129,8 @@ pub struct StoreStats {
     /// The read rate each mirror's share was weighed by, then the
     /// container's drive's (empty without mirrors).
     pub mirror_rates_bytes_per_s: Vec<u64>,
-    /// Prefetch reads started.
+    /// Prefetch reads done (counted as each completes; a guess cancelled
+    /// before its read started is not counted).
     pub prefetch_issued: u64,
     /// Prefetched records a demand then asked for (each counted once).
     pub prefetch_used: u64,
@@ -142,8 +151,6 @@ struct Cache {
     /// Buffers of evicted records, reused for loads: first-touching fresh
     /// memory is several times slower than reading into warm pages.
     free: Vec<AlignedBuf>,
-    /// Resident records read by a prefetch and not yet asked for.
-    unused_prefetches: HashSet<ExpertKey>,
     /// Per layer: the experts its latest prediction named.
     predicted: Vec<Option<HashSet<usize>>>,
     stats: StoreStats,
@@ -155,6 +162,10 @@ struct Prefetches {
     pool: IoPool,
     /// Tag → key of each read submitted and not yet received.
     in_flight: HashMap<u64, ExpertKey>,
+    /// Records read and not yet asked for, unchecked; dropped (wasted) when
+    /// the next demand is placed. With `in_flight`, at most the pool's
+    /// `max_in_flight` buffers.
+    landed: HashMap<ExpertKey, AlignedBuf>,
     next_tag: u64,
 }
 
@@ -162,7 +173,7 @@ struct Prefetches {
 enum Awaited {
     /// It landed (or had landed): the record, or the read's error.
     Landed(ExpertKey, Result<Arc<Record>>),
-    /// It landed and was evicted before the demand leased it: read it again.
+    /// Its read failed and was forgotten: read it again as demand.
     Lost(ExpertKey),
     /// Still in flight (only when not blocking).
     Pending,
@@ -194,6 +205,9 @@ pub struct ExpertStore {
     /// matched to keys by tag, so two batches must not share the pool at
     /// once. Prefetches have their own pool and never take it.
     loading: Mutex<()>,
+    /// Held while a batch's demand reads are in progress; the prefetch
+    /// pool starts no read meanwhile.
+    demand: Arc<Gate>,
     /// `None` when prefetching is off.
     prefetches: Option<Mutex<Prefetches>>,
     usage: Mutex<Usage>,
@@ -256,7 +270,6 @@ impl ExpertStore {
             policy: new_policy(options.policy, &usage, pinned_max, experts_max),
             held_bytes: 0,
             free: Vec::new(),
-            unused_prefetches: HashSet::new(),
             predicted: vec![None; n_layers],
             stats: StoreStats {
                 layer_hits: vec![0; n_layers],
@@ -267,11 +280,13 @@ impl ExpertStore {
             },
         };
         let pool = IoPool::new(options.io_workers.max(1), options.max_in_flight.max(1))?;
+        let demand = Gate::new();
         let prefetches = match options.prefetch_in_flight {
             0 => None,
             max_in_flight => Some(Mutex::new(Prefetches {
-                pool: IoPool::new(options.io_workers.max(1), max_in_flight)?,
+                pool: IoPool::deferring(options.io_workers.max(1), max_in_flight, Arc::clone(&demand))?,
                 in_flight: HashMap::new(),
+                landed: HashMap::new(),
                 next_tag: 0,
             })),
         };
@@ -286,6 +301,7 @@ impl ExpertStore {
             cache: Mutex::new(cache),
             pool,
             loading: Mutex::new(()),
+            demand,
             prefetches,
             usage: Mutex::new(usage),
         })
@@ -403,11 +419,12 @@ impl ExpertStore {
         self.prefetches.is_some()
     }
 
-    /// Starts reading the records of `experts` of `layer` that are neither
-    /// resident nor already being prefetched, without blocking, and notes
-    /// the guess for the layer's recall. Reads beyond the in-flight bound, or
-    /// that together with those in flight would exceed the cache capacity,
-    /// are not started. Returns the reads started (0 when prefetching is off).
+    /// Queues reads of the records of `experts` of `layer` that are neither
+    /// resident nor already prefetched, without blocking, and notes the
+    /// guess for the layer's recall. They start once no demand is being read
+    /// (the module docs). Reads beyond the prefetch buffers (in flight and
+    /// landed), or that with them would exceed the cache capacity, are not
+    /// queued. Returns the reads queued (0 when prefetching is off).
     pub fn prefetch(&self, layer: usize, experts: &[usize]) -> Result<usize> {
         for &expert in experts {
             self.file(ExpertKey { layer, expert })?;
@@ -420,14 +437,16 @@ impl ExpertStore {
         for &expert in experts {
             let key = ExpertKey { layer, expert };
             let record_bytes = self.file(key)?.record_bytes();
-            let in_flight_bytes = (prefetches.in_flight.len() + 1) * record_bytes;
-            // Submit never blocks: a full pool means the guess is dropped.
-            if prefetches.in_flight.len() >= prefetches.pool.max_in_flight()
-                || in_flight_bytes > self.options.capacity_bytes
-            {
+            let held = prefetches.in_flight.len() + prefetches.landed.len();
+            // Submit never blocks: with every prefetch buffer taken the guess
+            // is dropped.
+            if held >= prefetches.pool.max_in_flight() || (held + 1) * record_bytes > self.options.capacity_bytes {
                 break;
             }
-            if cache.entries.contains_key(&key) || prefetches.in_flight.values().any(|&k| k == key) {
+            if cache.entries.contains_key(&key)
+                || prefetches.landed.contains_key(&key)
+                || prefetches.in_flight.values().any(|&k| k == key)
+            {
                 continue;
             }
             let buf = match cache.free.iter().position(|b| b.len() == record_bytes) {
@@ -439,84 +458,98 @@ impl ExpertStore {
             prefetches.next_tag += 1;
             prefetches.pool.submit(source, expert, buf, tag);
             prefetches.in_flight.insert(tag, key);
-            cache.stats.prefetch_issued += 1;
             started += 1;
         }
-        assert!(prefetches.in_flight.len() <= prefetches.pool.max_in_flight(), "prefetches within their bound");
+        assert!(
+            prefetches.in_flight.len() + prefetches.landed.len() <= prefetches.pool.max_in_flight(),
+            "prefetches within their bound"
+        );
         Ok(started)
     }
 
-    /// Admits every prefetch that has landed, without blocking. A failed
-    /// prefetch is forgotten: a demand for the record reads it again and
-    /// meets the error itself.
-    fn drain_prefetches(&self, prefetches: &mut Prefetches) {
-        while let Some((tag, result)) = prefetches.pool.try_recv() {
-            let key = prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
-            if let Ok(buf) = self.checked(key, result.map(Record::read)) {
-                self.admit(key, buf, true);
+    /// Takes back the guesses whose read has not started: the demand they
+    /// guessed is being placed, so a right one is read as demand and a wrong
+    /// one costs nothing.
+    fn cancel_prefetches(&self, prefetches: &mut Prefetches) {
+        let cancelled = prefetches.pool.cancel_pending();
+        if cancelled.is_empty() {
+            return;
+        }
+        let mut cache = self.lock();
+        for (tag, buf) in cancelled {
+            prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
+            if cache.free.len() < self.options.max_in_flight {
+                cache.free.push(buf);
             }
         }
     }
 
-    /// Waits until every prefetch in flight has landed, admitting each: tests
-    /// that count what a prefetch became must not race its read.
+    /// Moves every prefetch read that has completed to `landed`, without
+    /// blocking. A failed prefetch is forgotten: a demand for the record
+    /// reads it again and meets the error itself.
+    fn drain_prefetches(&self, prefetches: &mut Prefetches) {
+        while let Some((tag, result)) = prefetches.pool.try_recv() {
+            self.land(prefetches, tag, result);
+        }
+    }
+
+    fn land(&self, prefetches: &mut Prefetches, tag: u64, result: Result<AlignedBuf>) {
+        let key = prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
+        let mut cache = self.lock();
+        cache.stats.prefetch_issued += 1;
+        if let Ok(buf) = result {
+            cache.stats.bytes_read += buf.len() as u64;
+            prefetches.landed.insert(key, buf);
+        }
+    }
+
+    /// Drops the prefetched records no demand took; their bytes were wasted.
+    fn drop_landed(&self, prefetches: &mut Prefetches) {
+        let mut cache = self.lock();
+        for (_, buf) in prefetches.landed.drain() {
+            cache.stats.prefetch_wasted_bytes += buf.len() as u64;
+            if cache.free.len() < self.options.max_in_flight {
+                cache.free.push(buf);
+            }
+        }
+    }
+
+    /// Checks and caches a prefetched record a demand asked for.
+    fn use_prefetched(&self, key: ExpertKey, buf: AlignedBuf) -> Result<Arc<Record>> {
+        self.lock().stats.prefetch_used += 1;
+        self.checked(key, Ok(Record::read(buf))).map(|record| self.admit(key, record, false))
+    }
+
+    /// Waits until every prefetch in flight has landed: tests that count
+    /// what a prefetch became must not race its read.
     #[cfg(test)]
     fn settle_prefetches(&self) {
         let Some(mut prefetches) = self.lock_prefetches() else { return };
         while !prefetches.in_flight.is_empty() {
             let (tag, result) = prefetches.pool.recv();
-            let key = prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
-            if let Ok(buf) = self.checked(key, result.map(Record::read)) {
-                self.admit(key, buf, true);
-            }
+            self.land(&mut prefetches, tag, result);
         }
     }
 
     /// Waits (if `block`, else only checks) for the prefetch of one of the
-    /// demanded `awaited` keys, admitting others that land meanwhile; the
-    /// key it returns is removed from `awaited`.
+    /// demanded `awaited` keys, keeping others that land meanwhile; the key
+    /// it returns is removed from `awaited`.
     fn await_prefetch(&self, awaited: &mut Vec<ExpertKey>, block: bool) -> Awaited {
         let mut prefetches = self.lock_prefetches().expect("only prefetches are awaited");
-        // One another thread admitted since the demand was placed.
-        if let Some(i) = awaited.iter().position(|key| !prefetches.in_flight.values().any(|k| k == key)) {
-            let key = awaited.swap_remove(i);
-            return match self.take_prefetched(key) {
-                Some(buf) => Awaited::Landed(key, Ok(buf)),
-                None => Awaited::Lost(key),
-            };
-        }
         loop {
+            // One that landed (here or by another thread's drain), or whose
+            // read failed and was forgotten.
+            if let Some(i) = awaited.iter().position(|key| !prefetches.in_flight.values().any(|k| k == key)) {
+                let key = awaited.swap_remove(i);
+                return match prefetches.landed.remove(&key) {
+                    Some(buf) => Awaited::Landed(key, self.use_prefetched(key, buf)),
+                    None => Awaited::Lost(key),
+                };
+            }
             let completion = if block { Some(prefetches.pool.recv()) } else { prefetches.pool.try_recv() };
             let Some((tag, result)) = completion else { return Awaited::Pending };
-            let key = prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
-            match awaited.iter().position(|&k| k == key) {
-                Some(i) => {
-                    awaited.swap_remove(i);
-                    self.lock().stats.prefetch_used += 1;
-                    return Awaited::Landed(
-                        key,
-                        self.checked(key, result.map(Record::read)).map(|buf| self.admit(key, buf, false)),
-                    );
-                }
-                None => {
-                    if let Ok(buf) = self.checked(key, result.map(Record::read)) {
-                        self.admit(key, buf, true);
-                    }
-                }
-            }
+            self.land(&mut prefetches, tag, result);
         }
-    }
-
-    /// A lease on `key` if resident, counting a prefetched record used; no
-    /// hit or miss is counted (the demand's lookup counted it).
-    fn take_prefetched(&self, key: ExpertKey) -> Option<Arc<Record>> {
-        let mut cache = self.lock();
-        let buf = Arc::clone(cache.entries.get(&key)?);
-        if cache.unused_prefetches.remove(&key) {
-            cache.stats.prefetch_used += 1;
-        }
-        cache.policy.on_hit(key);
-        Some(buf)
     }
 
     /// The record of `key` if it is resident (a hit, and a lease on it);
@@ -538,9 +571,6 @@ impl ExpertStore {
                 cache.policy.on_hit(key);
                 cache.stats.hits += 1;
                 cache.stats.layer_hits[key.layer] += 1;
-                if cache.unused_prefetches.remove(&key) {
-                    cache.stats.prefetch_used += 1;
-                }
                 Ok(Some(buf))
             }
             None => {
@@ -565,20 +595,31 @@ impl ExpertStore {
         match self.lock_prefetches() {
             None => demand = keys,
             Some(mut prefetches) => {
+                self.cancel_prefetches(&mut prefetches);
                 self.drain_prefetches(&mut prefetches);
                 for key in keys {
-                    if prefetches.in_flight.values().any(|&k| k == key) {
+                    if let Some(buf) = prefetches.landed.remove(&key) {
+                        ready.push((key, self.use_prefetched(key, buf)));
+                    } else if prefetches.in_flight.values().any(|&k| k == key) {
                         awaited.push(key);
-                    } else if let Some(buf) = self.take_prefetched(key) {
-                        ready.push((key, Ok(buf)));
                     } else {
                         demand.push(key);
                     }
                 }
+                // The guesses for this placement that were wrong.
+                self.drop_landed(&mut prefetches);
             }
         }
-        let mut loads =
-            Loads { store: self, _guard: guard, keys: demand, next_submit: 0, in_flight: 0, awaited, ready };
+        let mut loads = Loads {
+            store: self,
+            _guard: guard,
+            keys: demand,
+            next_submit: 0,
+            in_flight: 0,
+            awaited,
+            ready,
+            demand_hold: None,
+        };
         loads.fill();
         Ok(loads)
     }
@@ -601,25 +642,22 @@ impl ExpertStore {
         }
     }
 
-    /// Caches a freshly read record if room can be made without evicting a
-    /// leased one, and returns the lease. `unused_prefetch`: read on a guess
-    /// that no demand has asked for yet.
-    fn admit(&self, key: ExpertKey, buf: Record, unused_prefetch: bool) -> Arc<Record> {
+    /// Caches a record a demand asked for if room can be made without
+    /// evicting a leased one, and returns the lease. `count_read`: its
+    /// bytes were read for this demand (a prefetch counted them on landing).
+    fn admit(&self, key: ExpertKey, buf: Record, count_read: bool) -> Arc<Record> {
         let mut guard = self.lock();
         let cache = &mut *guard;
         let len = buf.len();
-        cache.stats.bytes_read += len as u64;
+        if count_read {
+            cache.stats.bytes_read += len as u64;
+        }
         let buf = Arc::new(buf);
-        // An unused prefetch that is not cached is wasted on every path out
-        // but the last.
-        let wasted = if unused_prefetch { len as u64 } else { 0 };
         if cache.entries.contains_key(&key) {
-            cache.stats.prefetch_wasted_bytes += wasted;
             return buf;
         }
         if len > self.options.capacity_bytes {
             cache.policy.on_bypass(key);
-            cache.stats.prefetch_wasted_bytes += wasted;
             return buf;
         }
         while cache.held_bytes + len > self.options.capacity_bytes {
@@ -628,21 +666,16 @@ impl ExpertStore {
             let Some(victim) = cache.policy.victim(&leased) else {
                 // Everything resident is in use: serve this one uncached.
                 cache.policy.on_bypass(key);
-                cache.stats.prefetch_wasted_bytes += wasted;
                 return buf;
             };
             if !cache.policy.admits(key, victim) {
                 cache.policy.on_bypass(key);
-                cache.stats.prefetch_wasted_bytes += wasted;
                 return buf;
             }
             cache.policy.on_remove(victim);
             let evicted = cache.entries.remove(&victim).expect("the policy names resident keys");
             cache.held_bytes -= evicted.len();
             cache.stats.evictions += 1;
-            if cache.unused_prefetches.remove(&victim) {
-                cache.stats.prefetch_wasted_bytes += evicted.len() as u64;
-            }
             if let Some(spare) = Arc::try_unwrap(evicted).ok().and_then(Record::into_buffer)
                 && cache.free.len() < self.options.max_in_flight
             {
@@ -650,9 +683,6 @@ impl ExpertStore {
             }
         }
         cache.entries.insert(key, Arc::clone(&buf));
-        if unused_prefetch {
-            cache.unused_prefetches.insert(key);
-        }
         cache.policy.on_insert(key);
         cache.held_bytes += len;
         assert!(cache.held_bytes <= self.options.capacity_bytes, "cache within capacity");
@@ -673,6 +703,9 @@ pub struct Loads<'s> {
     awaited: Vec<ExpertKey>,
     /// Keys whose prefetch had landed when the batch was placed.
     ready: Vec<(ExpertKey, Result<Arc<Record>>)>,
+    /// Closes the store's demand gate from the first demand read submitted
+    /// until the last one is received.
+    demand_hold: Option<GateHold>,
 }
 
 impl Loads<'_> {
@@ -693,6 +726,7 @@ impl Loads<'_> {
             let record_bytes = self.store.file(key).expect("keys checked in fetch").record_bytes();
             let source = Arc::clone(self.store.sources[key.layer].as_ref().expect("a layer with a file has a source"));
             let buf = self.store.take_buffer(record_bytes);
+            self.demand_hold.get_or_insert_with(|| self.store.demand.hold());
             self.store.pool.submit(source, key.expert, buf, self.next_submit as u64);
             self.next_submit += 1;
             self.in_flight += 1;
@@ -712,7 +746,7 @@ impl Iterator for Loads<'_> {
             self.next_submit += 1;
             let file = self.store.file(key).expect("keys checked in fetch");
             let mapped = file.mapped_record(key.expert).expect("in place: every file is mapped");
-            let result = self.store.checked(key, mapped).map(|record| self.store.admit(key, record, false));
+            let result = self.store.checked(key, mapped).map(|record| self.store.admit(key, record, true));
             return Some((key, result));
         }
         loop {
@@ -739,7 +773,12 @@ impl Iterator for Loads<'_> {
             let key = self.keys[tag as usize];
             // The next read starts before this one is checked.
             self.fill();
-            let result = self.store.checked(key, result.map(Record::read)).map(|buf| self.store.admit(key, buf, false));
+            if self.in_flight == 0 {
+                // The batch's last demand read is in: the drive is free for
+                // guesses while it is checked and computed.
+                self.demand_hold = None;
+            }
+            let result = self.store.checked(key, result.map(Record::read)).map(|buf| self.store.admit(key, buf, true));
             return Some((key, result));
         }
     }
@@ -801,19 +840,23 @@ mod tests {
     }
 
     #[test]
-    fn a_prefetched_record_is_counted_used_once_or_wasted_when_evicted_unused() {
+    fn a_prefetched_record_is_counted_used_once_or_wasted_when_its_demand_is_placed_without_it() {
         let (_dir, store) = prefetching_store(8, 2 * RECORD, 4);
         assert_eq!(store.prefetch(0, &[1, 2]).unwrap(), 2);
-        // Demanded whether or not its read has landed: one read, counted used.
+        // Both land before any demand (one not yet started would be
+        // cancelled by the demand: the next test).
+        store.settle_prefetches();
+        // Read, but neither checked nor cached before a demand asks.
+        assert_eq!(store.stats().bytes_read, 2 * RECORD as u64);
+        assert_eq!(store.held_bytes(), 0);
+        // Demanded twice: one read, counted used once; expert 2, guessed for
+        // the same placement and not asked for, is dropped as wasted.
         for _ in 0..2 {
             assert!(demand(&store, 1).as_slice().iter().all(|&b| b == 1));
         }
         let stats = store.stats();
         assert_eq!((stats.prefetch_issued, stats.prefetch_used), (2, 1));
-        // Expert 2's read may still be in flight on a busy machine: it must be
-        // resident before the demands below can evict it unused.
-        store.settle_prefetches();
-        // Expert 2 (unused) and then 1 give way to 3 and 4, read on demand.
+        assert_eq!((stats.prefetch_wasted_bytes, store.held_bytes()), (RECORD as u64, RECORD));
         demand(&store, 3);
         demand(&store, 4);
         let stats = store.stats();
@@ -822,6 +865,31 @@ mod tests {
         // The guess named 1 and 2: of the demands 1, 1, 3, 4, two were named.
         assert_eq!((stats.layer_predicted_lookups[0], stats.layer_predicted_hits[0]), (4, 2));
         assert!(store.held_bytes() <= store.capacity_bytes());
+    }
+
+    #[test]
+    fn guesses_wait_while_demand_reads_and_those_not_started_are_cancelled_by_the_next_demand() {
+        let (_dir, store) = prefetching_store(8, 8 * RECORD, 4);
+        // Demand reads in progress (held here for as long as the test needs).
+        let demand_reading = store.demand.hold();
+        assert_eq!(store.prefetch(0, &[1, 2, 3]).unwrap(), 3);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(store.prefetches.as_ref().unwrap().lock().unwrap().pool.in_flight(), 3);
+        assert_eq!(store.stats().bytes_read, 0, "no guess is read while demand reads");
+        // The route is known: 1 was guessed right and is read as demand, 2
+        // and 3 were wrong and are never read.
+        assert!(demand(&store, 1).as_slice().iter().all(|&b| b == 1));
+        let stats = store.stats();
+        assert_eq!(stats.bytes_read, RECORD as u64);
+        assert_eq!((stats.prefetch_issued, stats.prefetch_used, stats.prefetch_wasted_bytes), (0, 0, 0));
+        assert_eq!(store.prefetches.as_ref().unwrap().lock().unwrap().pool.in_flight(), 0);
+        drop(demand_reading);
+        // With the gate open a guess is read at once.
+        assert_eq!(store.prefetch(0, &[4]).unwrap(), 1);
+        store.settle_prefetches();
+        assert_eq!(store.stats().bytes_read, 2 * RECORD as u64);
+        assert!(demand(&store, 4).as_slice().iter().all(|&b| b == 4));
+        assert_eq!(store.stats().prefetch_used, 1);
     }
 
     #[test]
@@ -854,9 +922,11 @@ mod tests {
             for (k, buf) in store.fetch(keys).unwrap() {
                 assert!(buf.unwrap().as_slice().iter().all(|&b| b == k.expert as u8));
             }
+            // Each record read once: by its guess, or (a guess not started
+            // when the demand came is cancelled) by the demand.
             let stats = store.stats();
             assert_eq!(stats.bytes_read, 8 * RECORD as u64);
-            assert_eq!((stats.prefetch_used, stats.prefetch_wasted_bytes), (8, 0));
+            assert_eq!((stats.prefetch_used, stats.prefetch_wasted_bytes), (stats.prefetch_issued, 0));
         }
     }
 

@@ -33,7 +33,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 pub(crate) use mmap::MappedRecord;
-pub use pool::IoPool;
+pub use pool::{Gate, GateHold, IoPool};
 
 use crate::aligned::ALIGN_BYTES;
 use crate::{AlignedBuf, Error, Record, Result};

@@ -9,9 +9,16 @@
 //! blocks while the pool is full, so neither pending loads nor unclaimed
 //! completions (each holding a record-sized buffer) can pile up. A caller
 //! that submits more than `max_in_flight` loads must receive concurrently.
+//!
+//! A pool may *defer* to a [`Gate`] ([`IoPool::deferring`]): its workers
+//! start a read only while nobody holds the gate. The store's prefetch pool
+//! defers to the demand reads this way, so a guess is read only while the
+//! drive would otherwise idle, and guesses not yet started can be taken
+//! back ([`IoPool::cancel_pending`]) once the demand they guessed is known.
 
 use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 
@@ -51,6 +58,66 @@ struct Shared {
     /// Signalled when a load completes: wakes `recv`.
     completion_ready: Condvar,
     max_in_flight: usize,
+    /// Reads start only while this gate is open (`IoPool::deferring`).
+    gate: Option<Arc<Gate>>,
+    /// Set (under the gate's lock) when the pool shuts down, so a worker
+    /// waiting on the gate stops waiting.
+    stopping: AtomicBool,
+}
+
+/// Held while reads that must go first are in progress; a deferring pool
+/// starts no read while anyone holds it. A read it started just before the
+/// gate closed runs on: at most one per worker shares the drive with the
+/// reads that go first.
+#[derive(Debug, Default)]
+pub struct Gate {
+    holders: Mutex<usize>,
+    opened: Condvar,
+}
+
+/// One hold on a [`Gate`]; the gate opens when the last hold drops.
+#[derive(Debug)]
+pub struct GateHold(Arc<Gate>);
+
+impl Gate {
+    pub fn new() -> Arc<Gate> {
+        Arc::new(Gate::default())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, usize> {
+        // Only counts change under this lock; a poisoned one is consistent.
+        self.holders.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Closes the gate until the returned hold drops.
+    pub fn hold(self: &Arc<Self>) -> GateHold {
+        *self.lock() += 1;
+        GateHold(Arc::clone(self))
+    }
+
+    /// Whether nobody holds the gate.
+    pub fn is_open(&self) -> bool {
+        *self.lock() == 0
+    }
+
+    /// Blocks until the gate is open or `stopping` is set.
+    fn wait_open(&self, stopping: &AtomicBool) {
+        let mut holders = self.lock();
+        while *holders > 0 && !stopping.load(Ordering::Relaxed) {
+            holders = self.opened.wait(holders).unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+}
+
+impl Drop for GateHold {
+    fn drop(&mut self) {
+        let mut holders = self.0.lock();
+        assert!(*holders > 0, "a hold is counted until it drops");
+        *holders -= 1;
+        if *holders == 0 {
+            self.0.opened.notify_all();
+        }
+    }
 }
 
 impl Shared {
@@ -77,6 +144,16 @@ impl IoPool {
     /// being read, or completed and not yet received (`submit` blocks when
     /// full — every queue has a limit).
     pub fn new(workers: usize, max_in_flight: usize) -> Result<IoPool> {
+        Self::build(workers, max_in_flight, None)
+    }
+
+    /// [`new`](Self::new), but a worker starts a read only while `gate` is
+    /// open; loads wait (and may be cancelled) meanwhile.
+    pub fn deferring(workers: usize, max_in_flight: usize, gate: Arc<Gate>) -> Result<IoPool> {
+        Self::build(workers, max_in_flight, Some(gate))
+    }
+
+    fn build(workers: usize, max_in_flight: usize, gate: Option<Arc<Gate>>) -> Result<IoPool> {
         if workers == 0 || max_in_flight == 0 {
             return Err(Error::IoPoolSize { workers, max_in_flight });
         }
@@ -86,6 +163,8 @@ impl IoPool {
             slot_free: Condvar::new(),
             completion_ready: Condvar::new(),
             max_in_flight,
+            gate,
+            stopping: AtomicBool::new(false),
         });
         let mut pool = IoPool { shared, workers: Vec::with_capacity(workers) };
         for index in 0..workers {
@@ -147,6 +226,19 @@ impl IoPool {
         }
     }
 
+    /// Takes back every load no worker has started, with its tag and
+    /// buffer; they no longer count in flight and never complete.
+    pub fn cancel_pending(&self) -> Vec<(u64, AlignedBuf)> {
+        let mut state = self.shared.lock();
+        let cancelled: Vec<(u64, AlignedBuf)> = state.pending.drain(..).map(|load| (load.tag, load.buf)).collect();
+        state.in_flight -= cancelled.len();
+        drop(state);
+        if !cancelled.is_empty() {
+            self.shared.slot_free.notify_all();
+        }
+        cancelled
+    }
+
     /// Loads submitted and not yet received.
     pub fn in_flight(&self) -> usize {
         self.shared.lock().in_flight
@@ -172,6 +264,12 @@ impl Drop for IoPool {
         state.pending.clear();
         drop(state);
         self.shared.load_ready.notify_all();
+        if let Some(gate) = &self.shared.gate {
+            // Under the gate's lock, so a worker about to wait sees it.
+            let _holders = gate.lock();
+            self.shared.stopping.store(true, Ordering::Relaxed);
+            gate.opened.notify_all();
+        }
         for worker in self.workers.drain(..) {
             // A worker never panics outside `catch_unwind`; nothing to report.
             let _ = worker.join();
@@ -189,8 +287,8 @@ impl std::fmt::Debug for IoPool {
     }
 }
 
-/// A worker: take the oldest pending load, read it outside the lock, post the
-/// completion; until shutdown.
+/// A worker: take the oldest pending load (once the gate, if any, is open),
+/// read it outside the lock, post the completion; until shutdown.
 fn work(shared: &Shared) {
     loop {
         let mut state = shared.lock();
@@ -198,8 +296,17 @@ fn work(shared: &Shared) {
             if state.shutting_down {
                 return;
             }
-            if let Some(load) = state.pending.pop_front() {
-                break load;
+            if !state.pending.is_empty() {
+                match &shared.gate {
+                    Some(gate) if !gate.is_open() => {
+                        drop(state);
+                        gate.wait_open(&shared.stopping);
+                        // The load may have been cancelled meanwhile.
+                        state = shared.lock();
+                        continue;
+                    }
+                    _ => break state.pending.pop_front().expect("checked non-empty"),
+                }
             }
             state = shared.wait(&shared.load_ready, state);
         };
@@ -341,6 +448,47 @@ mod tests {
     fn empty_pool_is_an_error() {
         assert!(matches!(IoPool::new(0, 1), Err(Error::IoPoolSize { workers: 0, .. })));
         assert!(matches!(IoPool::new(1, 0), Err(Error::IoPoolSize { max_in_flight: 0, .. })));
+    }
+
+    #[test]
+    fn a_deferring_pool_reads_only_while_its_gate_is_open_and_cancels_what_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("layer.bin");
+        write_records(&path, NUM_EXPERTS, RECORD_BYTES);
+        let file = Arc::new(RecordFile::open(IoBackend::Pread, &path, 0, RECORD_BYTES, NUM_EXPERTS).unwrap());
+        let gate = Gate::new();
+        let pool = IoPool::deferring(2, 4, Arc::clone(&gate)).unwrap();
+        let hold = gate.hold();
+        assert!(!gate.is_open());
+        for tag in 0..3 {
+            pool.submit(file.clone(), tag as usize, AlignedBuf::zeroed(RECORD_BYTES), tag);
+        }
+        thread::sleep(std::time::Duration::from_millis(50));
+        assert!(pool.try_recv().is_none(), "no read starts while the gate is held");
+        let mut cancelled: Vec<u64> = pool.cancel_pending().into_iter().map(|(tag, _)| tag).collect();
+        cancelled.sort_unstable();
+        assert_eq!(cancelled, [0, 1, 2]);
+        assert_eq!(pool.in_flight(), 0);
+        // Loads submitted while held start once the gate opens.
+        for tag in 3..5 {
+            pool.submit(file.clone(), tag as usize, AlignedBuf::zeroed(RECORD_BYTES), tag);
+        }
+        drop(hold);
+        assert!(gate.is_open());
+        let mut tags: Vec<u64> = (0..2)
+            .map(|_| {
+                let (tag, buf) = pool.recv();
+                assert!(buf.unwrap().as_slice() == record_pattern(tag as usize, RECORD_BYTES));
+                tag
+            })
+            .collect();
+        tags.sort_unstable();
+        assert_eq!(tags, [3, 4]);
+        assert!(pool.cancel_pending().is_empty());
+        // A pool dropped while its gate is held and loads wait still stops.
+        let _hold = gate.hold();
+        pool.submit(file.clone(), 0, AlignedBuf::zeroed(RECORD_BYTES), 9);
+        drop(pool);
     }
 
     #[test]
