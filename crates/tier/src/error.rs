@@ -33,6 +33,10 @@ pub enum Error {
         path.display()
     )]
     ShortRead { path: PathBuf, layer: usize, expert: usize, offset_bytes: u64, wanted_bytes: usize, got_bytes: usize },
+    /// A read stopped part-way because its caller no longer wanted it (a
+    /// prefetch its demand overtook); never reported to a user.
+    #[error("reading expert {expert} of layer {layer} from {} was stopped after {done_bytes} bytes", path.display())]
+    ReadStopped { path: PathBuf, layer: usize, expert: usize, done_bytes: usize },
     /// A complete record that its [`RecordCheck`](crate::io::RecordCheck)
     /// refused (a non-finite scale, a checksum mismatch); `reason` comes from
     /// the check and names the file, layer and expert.

@@ -15,7 +15,8 @@
 //! layer's compute, the next layer's attention and router) instead of
 //! competing with demand. When the next batch of demand is placed, guesses
 //! no read has started for are cancelled: the route is known, and a right
-//! guess not yet read is read as demand. A prefetched record waits in its
+//! guess not yet read is read as demand; wrong ones being read are stopped
+//! at their next request (`IoPool::stop_running`). A prefetched record waits in its
 //! prefetch buffer, unchecked and outside the cache, until that placement:
 //! a demanded one is checked, cached as a demand load would be and counted
 //! used; the others are dropped and their bytes counted wasted, having cost
@@ -166,6 +167,10 @@ struct Prefetches {
     /// the next demand is placed. With `in_flight`, at most the pool's
     /// `max_in_flight` buffers.
     landed: HashMap<ExpertKey, AlignedBuf>,
+    /// Buffers of guesses cancelled or dropped, reused for the next ones
+    /// (fresh pages cost a fault each). With `in_flight` and `landed`, at
+    /// most the pool's `max_in_flight`.
+    spare: Vec<AlignedBuf>,
     next_tag: u64,
 }
 
@@ -287,6 +292,7 @@ impl ExpertStore {
                 pool: IoPool::deferring(options.io_workers.max(1), max_in_flight, Arc::clone(&demand))?,
                 in_flight: HashMap::new(),
                 landed: HashMap::new(),
+                spare: Vec::new(),
                 next_tag: 0,
             })),
         };
@@ -449,8 +455,8 @@ impl ExpertStore {
             {
                 continue;
             }
-            let buf = match cache.free.iter().position(|b| b.len() == record_bytes) {
-                Some(i) => cache.free.swap_remove(i),
+            let buf = match prefetches.spare.iter().position(|b| b.len() == record_bytes) {
+                Some(i) => prefetches.spare.swap_remove(i),
                 None => AlignedBuf::zeroed(record_bytes),
             };
             let source = Arc::clone(self.sources[layer].as_ref().expect("a layer with a file has a source"));
@@ -461,8 +467,9 @@ impl ExpertStore {
             started += 1;
         }
         assert!(
-            prefetches.in_flight.len() + prefetches.landed.len() <= prefetches.pool.max_in_flight(),
-            "prefetches within their bound"
+            prefetches.in_flight.len() + prefetches.landed.len() + prefetches.spare.len()
+                <= prefetches.pool.max_in_flight(),
+            "prefetch buffers within their bound"
         );
         Ok(started)
     }
@@ -471,16 +478,9 @@ impl ExpertStore {
     /// guessed is being placed, so a right one is read as demand and a wrong
     /// one costs nothing.
     fn cancel_prefetches(&self, prefetches: &mut Prefetches) {
-        let cancelled = prefetches.pool.cancel_pending();
-        if cancelled.is_empty() {
-            return;
-        }
-        let mut cache = self.lock();
-        for (tag, buf) in cancelled {
+        for (tag, buf) in prefetches.pool.cancel_pending() {
             prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
-            if cache.free.len() < self.options.max_in_flight {
-                cache.free.push(buf);
-            }
+            prefetches.spare.push(buf);
         }
     }
 
@@ -497,9 +497,17 @@ impl ExpertStore {
         let key = prefetches.in_flight.remove(&tag).expect("every prefetch tag is in flight");
         let mut cache = self.lock();
         cache.stats.prefetch_issued += 1;
-        if let Ok(buf) = result {
-            cache.stats.bytes_read += buf.len() as u64;
-            prefetches.landed.insert(key, buf);
+        match result {
+            Ok(buf) => {
+                cache.stats.bytes_read += buf.len() as u64;
+                prefetches.landed.insert(key, buf);
+            }
+            // A wrong guess stopped part-way: what it read was wasted.
+            Err(Error::ReadStopped { done_bytes, .. }) => {
+                cache.stats.bytes_read += done_bytes as u64;
+                cache.stats.prefetch_wasted_bytes += done_bytes as u64;
+            }
+            Err(_) => {}
         }
     }
 
@@ -508,9 +516,7 @@ impl ExpertStore {
         let mut cache = self.lock();
         for (_, buf) in prefetches.landed.drain() {
             cache.stats.prefetch_wasted_bytes += buf.len() as u64;
-            if cache.free.len() < self.options.max_in_flight {
-                cache.free.push(buf);
-            }
+            prefetches.spare.push(buf);
         }
     }
 
@@ -606,8 +612,11 @@ impl ExpertStore {
                         demand.push(key);
                     }
                 }
-                // The guesses for this placement that were wrong.
+                // The guesses for this placement that were wrong: those read
+                // are dropped, those being read stopped.
                 self.drop_landed(&mut prefetches);
+                let Prefetches { pool, in_flight, .. } = &*prefetches;
+                pool.stop_running(|tag| in_flight.get(&tag).is_some_and(|key| awaited.contains(key)));
             }
         }
         let mut loads = Loads {

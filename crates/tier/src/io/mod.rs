@@ -44,6 +44,12 @@ use crate::{AlignedBuf, Error, Record, Result};
 /// chunks stay aligned.
 const MAX_READ_BYTES: usize = 0x7fff_f000;
 
+/// The longest request of a read that may be stopped
+/// ([`RecordSource::read_record_until`]): whether to stop is asked between
+/// requests, so a stopped read holds the drive for at most one of these
+/// (0.3 ms at 2 GB/s, under 1 ms at 0.6). Aligned for O_DIRECT.
+const STOPPABLE_REQUEST_BYTES: usize = 512 << 10;
+
 /// How expert records are read from disk (`--io`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub enum IoBackend {
@@ -128,11 +134,21 @@ pub trait RecordSource: Send + Sync {
     /// Reads record `expert` completely into `buf` (exactly one record
     /// long); on error the contents of `buf` must not be used.
     fn read_record(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()>;
+
+    /// [`read_record`](Self::read_record) in requests of at most
+    /// `STOPPABLE_REQUEST_BYTES`, asking `stop` before each: once it says
+    /// true the read ends with [`Error::ReadStopped`] (a guess its demand
+    /// overtook), which says nothing about the source's health.
+    fn read_record_until(&self, expert: usize, buf: &mut AlignedBuf, stop: &dyn Fn() -> bool) -> Result<()>;
 }
 
 impl RecordSource for RecordFile {
     fn read_record(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()> {
         self.read_into(expert, buf)
+    }
+
+    fn read_record_until(&self, expert: usize, buf: &mut AlignedBuf, stop: &dyn Fn() -> bool) -> Result<()> {
+        self.read_into_until(expert, buf, stop)
     }
 }
 
@@ -218,6 +234,17 @@ impl RecordFile {
     /// expert. On error the contents of `buf` are unspecified and must not be
     /// used.
     pub fn read_into(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()> {
+        self.read(expert, buf, None)
+    }
+
+    /// [`read_into`](Self::read_into), stopped with [`Error::ReadStopped`]
+    /// once `stop` says so (asked between requests of at most
+    /// `STOPPABLE_REQUEST_BYTES`; a mapped file copies whole records).
+    pub fn read_into_until(&self, expert: usize, buf: &mut AlignedBuf, stop: &dyn Fn() -> bool) -> Result<()> {
+        self.read(expert, buf, Some(stop))
+    }
+
+    fn read(&self, expert: usize, buf: &mut AlignedBuf, stop: Option<&dyn Fn() -> bool>) -> Result<()> {
         if expert >= self.num_experts {
             return Err(Error::NoSuchExpert { layer: self.layer, expert });
         }
@@ -230,7 +257,7 @@ impl RecordFile {
                 got_bytes: buf.len(),
             });
         }
-        let ctx = ReadContext { path: &self.path, layer: self.layer, expert, offset_bytes: self.offset_bytes(expert) };
+        let ctx = ReadContext { stop, ..self.context(expert) };
         match (&self.handle, self.backend) {
             (Handle::Buffered(file), _) => pread::read(&ctx, file, buf),
             (Handle::Direct(file), IoBackend::Uring) => uring::read(&ctx, file, buf),
@@ -250,8 +277,7 @@ impl RecordFile {
         if expert >= self.num_experts {
             return Some(Err(Error::NoSuchExpert { layer: self.layer, expert }));
         }
-        let ctx = ReadContext { path: &self.path, layer: self.layer, expert, offset_bytes: self.offset_bytes(expert) };
-        Some(mapped.record(&ctx, self.record_bytes).map(Record::mapped))
+        Some(mapped.record(&self.context(expert), self.record_bytes).map(Record::mapped))
     }
 
     /// Starts reading record `expert` into the page cache without waiting,
@@ -267,6 +293,10 @@ impl RecordFile {
     /// Byte offset of record `expert` in the file.
     fn offset_bytes(&self, expert: usize) -> u64 {
         expert as u64 * self.record_bytes as u64
+    }
+
+    fn context(&self, expert: usize) -> ReadContext<'_> {
+        ReadContext { path: &self.path, layer: self.layer, expert, offset_bytes: self.offset_bytes(expert), stop: None }
     }
 
     /// Bytes per record.
@@ -326,9 +356,15 @@ struct ReadContext<'a> {
     layer: usize,
     expert: usize,
     offset_bytes: u64,
+    /// Asked between requests: true ends the read ([`Error::ReadStopped`]).
+    stop: Option<&'a dyn Fn() -> bool>,
 }
 
 impl ReadContext<'_> {
+    fn stopped(&self, done_bytes: usize) -> Error {
+        Error::ReadStopped { path: self.path.to_owned(), layer: self.layer, expert: self.expert, done_bytes }
+    }
+
     fn read_error(&self, source: io::Error) -> Error {
         Error::Read { path: self.path.to_owned(), layer: self.layer, expert: self.expert, source }
     }
@@ -366,10 +402,14 @@ fn read_fully(
 ) -> Result<()> {
     debug_assert!(align_bytes.is_power_of_two());
     let record_bytes = buf.len();
+    let max_request_bytes = if ctx.stop.is_some() { STOPPABLE_REQUEST_BYTES } else { MAX_READ_BYTES };
     let mut done_bytes = 0;
     while done_bytes < record_bytes {
+        if ctx.stop.is_some_and(|stop| stop()) {
+            return Err(ctx.stopped(done_bytes));
+        }
         let start = done_bytes & !(align_bytes - 1);
-        let end = record_bytes.min(start + MAX_READ_BYTES);
+        let end = record_bytes.min(start + max_request_bytes);
         match read_at(buf, start..end, ctx.offset_bytes + start as u64) {
             Ok(0) => return Err(ctx.short_read(record_bytes, done_bytes)),
             Ok(got_bytes) => {
@@ -569,7 +609,48 @@ pub(crate) mod tests {
     }
 
     fn ctx() -> ReadContext<'static> {
-        ReadContext { path: Path::new("/models/m/experts/layer_002.bin"), layer: 2, expert: 5, offset_bytes: 5 * 8192 }
+        ReadContext {
+            path: Path::new("/models/m/experts/layer_002.bin"),
+            layer: 2,
+            expert: 5,
+            offset_bytes: 5 * 8192,
+            stop: None,
+        }
+    }
+
+    /// A read that may be stopped asks before every request, and requests
+    /// are short enough that a stop takes effect within one of them.
+    #[test]
+    fn a_stoppable_read_ends_at_the_request_its_stop_is_asked_before() {
+        let record_bytes = 3 * STOPPABLE_REQUEST_BYTES;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("layer.bin");
+        write_records(&path, 2, record_bytes);
+        for backend in [IoBackend::Pread, IoBackend::Direct, IoBackend::Uring] {
+            let file = RecordFile::open(backend, &path, 4, record_bytes, 2).unwrap();
+            let mut buf = AlignedBuf::zeroed(record_bytes);
+            let asked = std::cell::Cell::new(0);
+            let stop_after_one = || {
+                asked.set(asked.get() + 1);
+                asked.get() > 1
+            };
+            let err = file.read_into_until(1, &mut buf, &stop_after_one).unwrap_err();
+            let stopped_at = STOPPABLE_REQUEST_BYTES;
+            assert!(
+                matches!(err, Error::ReadStopped { layer: 4, expert: 1, done_bytes, .. } if done_bytes == stopped_at),
+                "{backend}: {err}"
+            );
+            assert_eq!(asked.get(), 2, "{backend}");
+            // Never stopped: the whole record, in three requests.
+            asked.set(0);
+            file.read_into_until(1, &mut buf, &|| {
+                asked.set(asked.get() + 1);
+                false
+            })
+            .unwrap();
+            assert!(buf.as_slice() == record_pattern(1, record_bytes), "{backend}");
+            assert_eq!(asked.get(), 3, "{backend}");
+        }
     }
 
     /// A fake device that hands out the record in dribbles, interleaved with

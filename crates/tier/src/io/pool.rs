@@ -15,8 +15,11 @@
 //! defers to the demand reads this way, so a guess is read only while the
 //! drive would otherwise idle, and guesses not yet started can be taken
 //! back ([`IoPool::cancel_pending`]) once the demand they guessed is known.
+//! A deferring pool reads in short requests, so a read already started can
+//! be stopped too ([`IoPool::stop_running`]): a wrong guess then holds the
+//! drive for at most one request after its demand arrives.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -46,6 +49,8 @@ struct State {
     completed: VecDeque<(u64, Completion)>,
     /// Submitted and not yet received: pending + being read + completed.
     in_flight: usize,
+    /// A deferring pool's loads being read, by tag: set a flag to stop one.
+    running: HashMap<u64, Arc<AtomicBool>>,
     shutting_down: bool,
 }
 
@@ -239,6 +244,22 @@ impl IoPool {
         cancelled
     }
 
+    /// Stops the reads in progress whose tag `keep` refuses (a deferring
+    /// pool's only; others read whole records unstoppably). Each completes
+    /// soon after with [`Error::ReadStopped`](crate::Error::ReadStopped),
+    /// unless it finishes first. Returns how many were asked to stop.
+    pub fn stop_running(&self, keep: impl Fn(u64) -> bool) -> usize {
+        let state = self.shared.lock();
+        let mut stopped = 0;
+        for (&tag, stop) in &state.running {
+            if !keep(tag) {
+                stop.store(true, Ordering::Relaxed);
+                stopped += 1;
+            }
+        }
+        stopped
+    }
+
     /// Loads submitted and not yet received.
     pub fn in_flight(&self) -> usize {
         self.shared.lock().in_flight
@@ -310,17 +331,29 @@ fn work(shared: &Shared) {
             }
             state = shared.wait(&shared.load_ready, state);
         };
+        // A deferring pool's reads can be stopped (`stop_running`).
+        let stop = shared.gate.as_ref().map(|_| {
+            let stop = Arc::new(AtomicBool::new(false));
+            state.running.insert(load.tag, Arc::clone(&stop));
+            stop
+        });
         drop(state);
 
         let Load { file, expert, mut buf, tag } = load;
-        let read = panic::catch_unwind(AssertUnwindSafe(|| file.read_record(expert, &mut buf)));
+        let read = panic::catch_unwind(AssertUnwindSafe(|| match &stop {
+            Some(stop) => file.read_record_until(expert, &mut buf, &|| stop.load(Ordering::Relaxed)),
+            None => file.read_record(expert, &mut buf),
+        }));
         let completion = match read {
             Ok(Ok(())) => Completion::Done(Ok(buf)),
             // The partly read buffer is dropped here, never handed back.
             Ok(Err(err)) => Completion::Done(Err(err)),
             Err(payload) => Completion::Panicked(payload),
         };
-        shared.lock().completed.push_back((tag, completion));
+        let mut state = shared.lock();
+        state.running.remove(&tag);
+        state.completed.push_back((tag, completion));
+        drop(state);
         shared.completion_ready.notify_one();
     }
 }
@@ -489,6 +522,47 @@ mod tests {
         let _hold = gate.hold();
         pool.submit(file.clone(), 0, AlignedBuf::zeroed(RECORD_BYTES), 9);
         drop(pool);
+    }
+
+    /// A source whose reads run until stopped (or 10 s pass), as a long
+    /// read of a wrong guess would.
+    struct Endless;
+
+    impl RecordSource for Endless {
+        fn read_record(&self, _: usize, _: &mut AlignedBuf) -> Result<()> {
+            unreachable!("a deferring pool reads stoppably")
+        }
+
+        fn read_record_until(&self, expert: usize, _: &mut AlignedBuf, stop: &dyn Fn() -> bool) -> Result<()> {
+            let started = std::time::Instant::now();
+            while started.elapsed() < std::time::Duration::from_secs(10) {
+                if stop() {
+                    return Err(Error::ReadStopped { path: "endless".into(), layer: 0, expert, done_bytes: 4096 });
+                }
+                thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_deferring_pool_stops_the_reads_in_progress_it_is_told_to() {
+        let pool = IoPool::deferring(2, 4, Gate::new()).unwrap();
+        let source: Arc<dyn RecordSource> = Arc::new(Endless);
+        pool.submit(Arc::clone(&source), 0, AlignedBuf::zeroed(RECORD_BYTES), 7);
+        pool.submit(source, 1, AlignedBuf::zeroed(RECORD_BYTES), 8);
+        while pool.shared.lock().running.len() < 2 {
+            thread::yield_now();
+        }
+        // Kept reads run on; the others stop at their next request.
+        assert_eq!(pool.stop_running(|tag| tag == 8), 1);
+        let (tag, result) = pool.recv();
+        assert_eq!(tag, 7);
+        assert!(matches!(result, Err(Error::ReadStopped { expert: 0, .. })));
+        assert!(pool.try_recv().is_none(), "the kept read still runs");
+        assert_eq!(pool.stop_running(|_| false), 1);
+        assert!(matches!(pool.recv(), (8, Err(Error::ReadStopped { expert: 1, .. }))));
+        assert!(pool.shared.lock().running.is_empty());
     }
 
     #[test]

@@ -110,9 +110,13 @@ struct Copy {
 }
 
 impl Copy {
-    /// Reads record `expert` and checks it against the receipt's digest.
-    fn read_verified(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()> {
-        self.file.read_into(expert, buf)?;
+    /// Reads record `expert` (stopped when `stop` says so, if given) and
+    /// checks it against the receipt's digest.
+    fn read_verified(&self, expert: usize, buf: &mut AlignedBuf, stop: Option<&dyn Fn() -> bool>) -> Result<()> {
+        match stop {
+            Some(stop) => self.file.read_into_until(expert, buf, stop)?,
+            None => self.file.read_into(expert, buf)?,
+        }
         if record_digest(buf.as_slice()) != self.record_digests[expert] {
             return Err(Error::MirrorInvalid {
                 dir: self.file.path().to_owned(),
@@ -340,14 +344,27 @@ impl MirroredLayer {
 
 impl RecordSource for MirroredLayer {
     fn read_record(&self, expert: usize, buf: &mut AlignedBuf) -> Result<()> {
+        self.read(expert, buf, None)
+    }
+
+    fn read_record_until(&self, expert: usize, buf: &mut AlignedBuf, stop: &dyn Fn() -> bool) -> Result<()> {
+        self.read(expert, buf, Some(stop))
+    }
+}
+
+impl MirroredLayer {
+    /// Reads from the chosen copy, falling back to the container (for good,
+    /// with one warning) on any failure but a stop, which is the caller's.
+    fn read(&self, expert: usize, buf: &mut AlignedBuf, stop: Option<&dyn Fn() -> bool>) -> Result<()> {
         if let Some(copy) = self.chosen(expert)
             && !copy.failed.load(Ordering::Relaxed)
         {
-            match copy.read_verified(expert, buf) {
+            match copy.read_verified(expert, buf, stop) {
                 Ok(()) => {
                     self.counters.bytes_read[copy.mirror].fetch_add(buf.len() as u64, Ordering::Relaxed);
                     return Ok(());
                 }
+                Err(err @ Error::ReadStopped { .. }) => return Err(err),
                 Err(err) => {
                     if !copy.failed.swap(true, Ordering::Relaxed) {
                         let warning = format!("{err}; reading layer {} from the container from now on", self.layer);
@@ -356,7 +373,10 @@ impl RecordSource for MirroredLayer {
                 }
             }
         }
-        self.primary.read_into(expert, buf)
+        match stop {
+            Some(stop) => self.primary.read_into_until(expert, buf, stop),
+            None => self.primary.read_into(expert, buf),
+        }
     }
 }
 

@@ -151,6 +151,28 @@ fn a_fast_drive_serves_more() {
 }
 
 #[test]
+fn a_read_its_caller_stops_is_no_failure_of_the_mirror() {
+    let fx = fixture();
+    fx.stage(&[0]);
+    let options = fx.options(Some(1 << 40));
+    let primary = Arc::new(RecordFile::open(IoBackend::Pread, &fx.primary(0), 0, RECORD_BYTES, NUM_EXPERTS).unwrap());
+    let mirrors = Mirrors::open(&options, IoBackend::Pread, &[Some(Arc::clone(&primary))]).unwrap();
+    let source = mirrors.source(0, primary);
+    let mut buf = AlignedBuf::zeroed(RECORD_BYTES);
+    for expert in 0..NUM_EXPERTS {
+        let err = source.read_record_until(expert, &mut buf, &|| true).unwrap_err();
+        assert!(matches!(err, Error::ReadStopped { done_bytes: 0, .. }), "{err}");
+    }
+    // No warning, and the mirror still serves (the fast one serves nearly all).
+    assert!(mirrors.take_warnings().is_empty());
+    for expert in 0..NUM_EXPERTS {
+        source.read_record_until(expert, &mut buf, &|| false).unwrap();
+        assert!(buf.as_slice() == record_pattern(expert, RECORD_BYTES));
+    }
+    assert!(mirrors.bytes_read()[0] > 0);
+}
+
+#[test]
 fn a_copy_corrupted_or_truncated_after_open_falls_back_with_one_warning() {
     let fx = fixture();
     fx.stage(&[0, 1]);
