@@ -294,6 +294,9 @@ fn tokens_are_identical_with_prefetch_on_and_off_for_every_family_and_io() {
             assert_eq!(tokens_on, tokens_off, "{family} {io}: tokens differ with prefetch");
             assert_eq!(off.prefetch_issued, 0, "{family} {io}");
             assert!(on.layer_predicted_lookups.iter().sum::<u64>() > 0, "{family} {io}: no guess was made: {on:?}");
+            // Layer 0, which no layer runs before, is guessed too when it has experts.
+            let layer0_routed = off.layer_hits[0] + off.layer_misses[0] > 0;
+            assert_eq!(on.layer_predicted_lookups[0] > 0, layer0_routed, "{family} {io}: layer 0's guess");
             assert!(on.prefetch_used <= on.prefetch_issued, "{family} {io}: {on:?}");
             // `auto` reads ahead only when the cache cannot hold every expert.
             let auto = |expert_cache_bytes| {

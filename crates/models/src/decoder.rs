@@ -90,6 +90,7 @@ impl Decoder {
         let mut pass = Pass::new(angles, seqs.len());
         let mut x = self.embed(c, &tokens)?;
         let mut normed = vec![0.0f32; x.len()];
+        self.guess_first_layer(rt, &x, &mut normed)?;
         for (l, layer) in self.layers.iter().enumerate() {
             layer.input_norm.apply(rt, c, &x, &mut normed)?;
             let attn = layer.attention.forward(rt, c, l, &normed, &mut pass, seqs)?;
@@ -109,6 +110,23 @@ impl Decoder {
             seq.cache.advance(seq.tokens.len());
         }
         Ok(x)
+    }
+
+    /// Look-ahead for layer 0, which no layer runs before: its router on its
+    /// FFN norm of the embeddings alone (the attention output not yet added)
+    /// guesses its experts, read while its attention runs. Only bytes move
+    /// on a guess. `scratch` is `[n, hidden]` of any contents.
+    fn guess_first_layer(&self, rt: &Runtime<'_>, x: &[f32], scratch: &mut [f32]) -> Result<()> {
+        let first = &self.layers[0];
+        if !rt.store.prefetching() {
+            return Ok(());
+        }
+        let c = &*self.container;
+        first.post_attn_norm.apply(rt, c, x, scratch)?;
+        if let Some(experts) = first.ffn.predict(rt, c, scratch)? {
+            rt.store.prefetch(0, &experts)?;
+        }
+        Ok(())
     }
 
     /// Rows of the embedding table for `tokens`, `[n, hidden]`.
