@@ -550,6 +550,61 @@ fn generate(bins: &Bins, model: &Path, extra: &[&str], max_new: usize) -> Result
     Ok((v["stats"].clone(), started.elapsed().as_secs_f64(), device_bytes))
 }
 
+/// Look-ahead prefetch against none on the streaming model (`--io direct`,
+/// page cache emptied before each run, `off` and `on` alternated): whether
+/// `--prefetch` pays here, with how its guesses fared. It is on by default
+/// only where it measures faster (issue 15).
+fn prefetch_ab(
+    bins: &Bins,
+    opts: &Options,
+    model: &Path,
+    files: &[PathBuf],
+    [budget, expert_cache]: [&str; 2],
+    report: &mut Report,
+) -> Result<()> {
+    let (mut rates, mut used, mut read, mut wasted, mut steps) = ([vec![], vec![]], 0.0, 0.0, 0.0, 0.0);
+    let mut recall = Vec::new();
+    for rep in 0..opts.reps {
+        for (k, prefetch) in ["off", "on"].into_iter().enumerate() {
+            eprintln!("streaming: --prefetch {prefetch}, run {}/{}", rep + 1, opts.reps);
+            evict(bins, files)?;
+            let extra =
+                ["--ram-budget", budget, "--expert-cache", expert_cache, "--io", "direct", "--prefetch", prefetch];
+            let (stats, _, _) = generate(bins, model, &extra, opts.tokens)?;
+            rates[k].push(num(&stats, "decode_tokens_per_s")?);
+            if k == 1 {
+                used += num(&stats, "prefetch_used")?;
+                read += num(&stats, "prefetch_issued")?;
+                wasted += num(&stats, "prefetch_wasted_bytes")?;
+                steps += decode_steps(&stats).len() as f64;
+                recall = stats["layer_prefetch_recall"].as_array().cloned().unwrap_or_default();
+            }
+        }
+    }
+    let recall: Vec<String> =
+        recall.iter().map(|r| r.as_f64().map_or("-".into(), |r| format!("{:.0}%", 100.0 * r))).collect();
+    let (on, off) = (median(&rates[1]), median(&rates[0]));
+    report.rows.push(Row {
+        suite: "streaming".into(),
+        name: "streaming decode --io direct, look-ahead prefetch on ÷ off".into(),
+        measured: on,
+        unit: "tok/s".into(),
+        limit_name: "the same runs without prefetch, alternated".into(),
+        limit: off,
+        limit_unit: "tok/s".into(),
+        bound: off,
+        ratio: on / off,
+        goal: None,
+        note: format!(
+            "guesses used {:.0}% of those read, {:.0} MB wasted a step; recall by layer {}",
+            100.0 * used / read.max(1.0),
+            wasted / steps.max(1.0) / 1e6,
+            recall.join(" ")
+        ),
+    });
+    Ok(())
+}
+
 /// Per-token entries of the decode steps (the first entry is the prefill).
 fn decode_steps(stats: &Value) -> Vec<&Value> {
     stats["per_token"].as_array().map(|a| a.iter().skip(1).collect()).unwrap_or_default()
@@ -736,6 +791,7 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
         }
         report.curves.push((format!("--io {io}"), p.curve.clone()));
     }
+    prefetch_ab(bins, opts, &model, &files, [&budget, &expert_cache], report)?;
     // The integrity check every record read from disk passes (CRC32C and the
     // finite-float scan), as time per decode step: its rate over records in
     // memory times the record bytes a step reads, against 3% of the step (the
