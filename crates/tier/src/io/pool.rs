@@ -368,6 +368,14 @@ mod tests {
     const RECORD_BYTES: usize = 2 * 4096;
     const NUM_EXPERTS: usize = 16;
 
+    /// `NUM_EXPERTS` patterned records in a temporary file, read with `pread`.
+    fn pread_records() -> (tempfile::TempDir, Arc<RecordFile>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("layer.bin");
+        write_records(&path, NUM_EXPERTS, RECORD_BYTES);
+        (dir, Arc::new(RecordFile::open(IoBackend::Pread, &path, 0, RECORD_BYTES, NUM_EXPERTS).unwrap()))
+    }
+
     #[test]
     fn loads_complete_with_the_right_bytes_within_the_bound() {
         let dir = tempfile::tempdir().unwrap();
@@ -406,10 +414,7 @@ mod tests {
     /// an observer samples `in_flight` throughout.
     #[test]
     fn submit_blocks_when_full_and_in_flight_never_exceeds_the_limit() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("layer.bin");
-        write_records(&path, NUM_EXPERTS, RECORD_BYTES);
-        let file = Arc::new(RecordFile::open(IoBackend::Pread, &path, 0, RECORD_BYTES, NUM_EXPERTS).unwrap());
+        let (_dir, file) = pread_records();
         let pool = IoPool::new(4, 3).unwrap();
         let done = std::sync::atomic::AtomicBool::new(false);
         /// Stops the observer even when an assertion below fails, so a
@@ -485,10 +490,7 @@ mod tests {
 
     #[test]
     fn a_deferring_pool_reads_only_while_its_gate_is_open_and_cancels_what_waits() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("layer.bin");
-        write_records(&path, NUM_EXPERTS, RECORD_BYTES);
-        let file = Arc::new(RecordFile::open(IoBackend::Pread, &path, 0, RECORD_BYTES, NUM_EXPERTS).unwrap());
+        let (_dir, file) = pread_records();
         let gate = Gate::new();
         let pool = IoPool::deferring(2, 4, Arc::clone(&gate)).unwrap();
         let hold = gate.hold();
@@ -567,10 +569,7 @@ mod tests {
 
     #[test]
     fn dropping_a_busy_pool_stops_its_workers() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("layer.bin");
-        write_records(&path, NUM_EXPERTS, RECORD_BYTES);
-        let file = Arc::new(RecordFile::open(IoBackend::Pread, &path, 0, RECORD_BYTES, NUM_EXPERTS).unwrap());
+        let (_dir, file) = pread_records();
         let pool = IoPool::new(2, 8).unwrap();
         for tag in 0..8 {
             pool.submit(file.clone(), tag as usize, AlignedBuf::zeroed(RECORD_BYTES), tag);
