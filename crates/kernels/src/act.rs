@@ -279,18 +279,9 @@ fn quantize_lane<const N: usize>(x: &[f32; N], q: &mut [i16; N]) -> f32 {
     let inv = ACT_MAX / amax;
     for (o, &v) in q.iter_mut().zip(x) {
         // SAFETY: |v| <= amax, so |v * inv| <= 32767 plus rounding: finite and
-        // far inside i32; the rounded value is already integral.
-        *o = unsafe { round_ties_even_small(v * inv).to_int_unchecked::<i32>() } as i16;
+        // far inside i32 (and inside round_ties_even_small's range); the
+        // rounded value is already integral.
+        *o = unsafe { crate::quant::round_ties_even_small(v * inv).to_int_unchecked::<i32>() } as i16;
     }
     amax / ACT_MAX
-}
-
-/// `v.round_ties_even()` for `|v| <= 2^22`, without a libm call (x86_64's
-/// baseline has no SSE4.1 `roundss`): adding and subtracting `1.5 * 2^23`
-/// drops the fraction in the current rounding mode, IEEE's round half to
-/// even. Here `|v| <= 32767` plus rounding, so the cast never clips.
-#[inline(always)]
-fn round_ties_even_small(v: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    (v + MAGIC) - MAGIC
 }

@@ -247,5 +247,19 @@ fn quantize_value(x: f32, scale: f32, q_min: i32, q_max: i32) -> i32 {
     if scale == 0.0 {
         return 0;
     }
-    ((x / scale).round_ties_even() as i32).clamp(q_min, q_max)
+    // Clamping before rounding gives what clamping after would (rounding is
+    // monotonic and the bounds are integers), and keeps the value in
+    // `round_ties_even_small`'s range.
+    round_ties_even_small((x / scale).clamp(q_min as f32, q_max as f32)) as i32
+}
+
+/// `v.round_ties_even()` for `|v| <= 2^22`, without a libm call (x86_64's
+/// baseline has no SSE4.1 `roundss`; `rintf` was half of converting a
+/// model): adding and subtracting `1.5 * 2^23` drops the fraction in the
+/// current rounding mode, IEEE's round half to even.
+#[inline(always)]
+pub(crate) fn round_ties_even_small(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    debug_assert!(v.is_nan() || v.abs() <= 4_194_304.0, "{v} outside round_ties_even_small's range");
+    (v + MAGIC) - MAGIC
 }

@@ -3,7 +3,9 @@
 use proptest::prelude::*;
 
 use super::{CASES, cols, group};
-use crate::quant::{QuantFormat, bf16_to_f32, f32_to_bf16, f32_to_bf16_bits, q4_at, quantize_q4, quantize_q8};
+use crate::quant::{
+    QuantFormat, bf16_to_f32, f32_to_bf16, f32_to_bf16_bits, q4_at, quantize_q4, quantize_q8, round_ties_even_small,
+};
 use crate::{Error, MatData, Matrix};
 
 /// A `[rows, cols]` matrix with a wide dynamic range per row, and a group.
@@ -111,6 +113,21 @@ fn q8_layout_and_rounding() {
     let (qs, scales) = quantize_q8(&[127.0, -63.5, 0.0, 2.0], 1, 4, 3);
     assert_eq!(scales, vec![1.0, 2.0 / 127.0]);
     assert_eq!(qs, vec![127, -64, 0, 127]);
+}
+
+#[test]
+fn rounding_without_libm_is_round_ties_even_over_the_quantizers_range() {
+    // Every multiple of 2^-10 over the int16 activations' range (the widest
+    // caller; the weight quantizers stay within ±127), every tie, and the
+    // floats either side of each tie. Equal as floats: a negative value that
+    // rounds to zero gives +0.0 here, -0.0 from libm, and both cast to 0.
+    let grid = (-(32_768i32 << 10)..=(32_768 << 10)).map(|i| i as f32 / 1024.0);
+    let ties = (-32_768..32_768).map(|i| i as f32 + 0.5).flat_map(|tie| [tie, tie.next_down(), tie.next_up()]);
+    let edges = [4_194_304.0, -4_194_304.0, 4_194_303.5, f32::MIN_POSITIVE, -f32::MIN_POSITIVE, -0.0];
+    for v in grid.chain(ties).chain(edges) {
+        let (got, want) = (round_ties_even_small(v), v.round_ties_even());
+        assert!(got == want, "{v}: {got} against {want}");
+    }
 }
 
 #[test]
