@@ -1,6 +1,7 @@
-//! `cargo xtask fuzz [--seconds N] [--only a,b] [--debug]`: builds the AFL++ targets of
-//! fuzz/ (cargo-afl, stable toolchain) and runs each for a bounded time on
-//! its committed corpus. Fails if any run found a crash or a hang, naming
+//! `cargo xtask fuzz [--seconds N] [--only a,b] [--debug] [--build-only]`: builds the AFL++
+//! targets of fuzz/ (cargo-afl, stable toolchain) and runs each for a bounded time on
+//! its committed corpus (`--build-only`: builds them and stops, so that CI can build them
+//! beside its tests). Fails if any run found a crash or a hang, naming
 //! the inputs, which then become regression tests in the crate that owns the
 //! parser (fuzz/README.md).
 
@@ -38,13 +39,15 @@ pub fn run(args: &[String]) -> Result<()> {
     // a fraction of the time, with overflow checks on, which is what a
     // bounded CI run wants.
     let mut profile = "release";
+    let mut build_only = false;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--seconds" => seconds = args.next().context("--seconds N")?.parse().context("--seconds N")?,
             "--only" => only = Some(args.next().context("--only a,b")?.split(',').map(str::to_owned).collect()),
             "--debug" => profile = "debug",
-            other => bail!("unknown argument {other:?} (expected --seconds N, --only a,b, --debug)"),
+            "--build-only" => build_only = true,
+            other => bail!("unknown argument {other:?} (expected --seconds N, --only a,b, --debug, --build-only)"),
         }
     }
     let targets: Vec<&str> = match &only {
@@ -82,6 +85,9 @@ pub fn run(args: &[String]) -> Result<()> {
         .context("cargo afl build")?;
     if !status.success() {
         bail!("cargo afl build failed with {status}");
+    }
+    if build_only {
+        return Ok(());
     }
     let mut findings = Vec::new();
     for target in targets {
