@@ -72,6 +72,9 @@ struct Opts {
     /// keep target/sweep-tmp/ even when every check passes
     #[arg(long)]
     keep_tmp: bool,
+    /// only create (or check) the pinned target/fixtures-venv and stop: CI installs it while it builds
+    #[arg(long)]
+    venv_only: bool,
     /// let the Python script run with unpinned torch/transformers versions
     #[arg(long)]
     allow_other_versions: bool,
@@ -240,6 +243,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let tmp = root.join("target").join("sweep-tmp");
     let python = resolve_python(&root, opts.python.as_deref(), &opts.base_python)?;
+    if opts.venv_only {
+        return Ok(());
+    }
     let strata = match &opts.strata {
         Some(p) => p.clone(),
         None => build_strata(&root)?,
