@@ -172,8 +172,12 @@ pub(crate) fn build() -> Result<Bins> {
 }
 
 /// Runs `bin args` and parses the last line of its stdout as JSON.
+/// The run waits for a quiet machine and its load is recorded for the next
+/// row (`bench_quiet`).
 pub(crate) fn run_json(bin: &Path, args: &[String]) -> Result<Value> {
-    let output = Command::new(bin).args(args).output().with_context(|| format!("running {}", bin.display()))?;
+    let output = crate::bench_quiet::measured(|| {
+        Command::new(bin).args(args).output().with_context(|| format!("running {}", bin.display()))
+    })?;
     if !output.status.success() {
         bail!(
             "{} {} failed with {}: {}",
@@ -329,8 +333,11 @@ fn suite_kernels(bins: &Bins, opts: &Options, report: &mut Report) -> Result<()>
             )?;
             let measured = num(&v, "matvec_gbs_median")?;
             let limit = num(&v, "read_gbs_median")?;
-            report.rows.push(Row {
+            report.push(Row {
                 suite: "kernels".into(),
+                runs: Vec::new(),
+                bound_runs: Vec::new(),
+                load: None,
                 name: format!("{format} matvec, 1 GiB, {threads} thread(s)"),
                 measured,
                 unit: "GB/s".into(),
@@ -359,8 +366,11 @@ fn suite_prefill(bins: &Bins, opts: &Options, report: &mut Report) -> Result<()>
             )?;
             let measured = num(&v, "gflops_median")?;
             let limit = num(&v, "fma_peak_gflops_median")?;
-            report.rows.push(Row {
+            report.push(Row {
                 suite: "prefill".into(),
+                runs: Vec::new(),
+                bound_runs: Vec::new(),
+                load: None,
                 name: format!("{format} matmul 4096x2048 x 64 tokens, {threads} thread(s)"),
                 measured,
                 unit: "GFLOP/s".into(),
@@ -584,8 +594,11 @@ fn prefetch_ab(
     let recall: Vec<String> =
         recall.iter().map(|r| r.as_f64().map_or("-".into(), |r| format!("{:.0}%", 100.0 * r))).collect();
     let (on, off) = (median(&rates[1]), median(&rates[0]));
-    report.rows.push(Row {
+    report.push(Row {
         suite: "streaming".into(),
+        runs: Vec::new(),
+        bound_runs: Vec::new(),
+        load: None,
         name: "streaming decode --io direct, look-ahead prefetch on ÷ off".into(),
         measured: on,
         unit: "tok/s".into(),
@@ -636,8 +649,11 @@ fn suite_resident(bins: &Bins, opts: &Options, limits: &Limits, report: &mut Rep
     let measured = median(&rates);
     let dram = limits.dram_gbs[1];
     let bound = dram * 1e9 / fp.bytes_per_token;
-    report.rows.push(Row {
+    report.push(Row {
         suite: "resident".into(),
+        runs: Vec::new(),
+        bound_runs: Vec::new(),
+        load: None,
         name: format!("resident decode, olmoe-1b-7b shapes, {} layers, q4", opts.resident_layers),
         measured,
         unit: "tok/s".into(),
@@ -731,8 +747,11 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
         let logical = median(&p.logical_per_token);
         let measured = median(&p.rates);
         let bound = 1.0 / per_second(device);
-        report.rows.push(Row {
+        report.push(Row {
             suite: "streaming".into(),
+            runs: Vec::new(),
+            bound_runs: Vec::new(),
+            load: None,
             name: format!(
                 "streaming decode --io {io}, {} shapes, {} layers, budget {budget}",
                 opts.stream_like, opts.stream_layers
@@ -775,8 +794,11 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
             ("decode latency p95", percentile(&p.step_ms, 95.0), step_bound_ms, ""),
             ("decode latency p99", percentile(&p.step_ms, 99.0), step_bound_ms, ""),
         ] {
-            report.rows.push(Row {
+            report.push(Row {
                 suite: "latency".into(),
+                runs: Vec::new(),
+                bound_runs: Vec::new(),
+                load: None,
                 name: format!("{what}, --io {io}"),
                 measured: ms,
                 unit: "ms".into(),
@@ -803,8 +825,11 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
     let direct = STREAM_IO.iter().position(|io| *io == "direct").context("direct backend")?;
     let check_ms = median(&per_io[direct].logical_per_token) / (check_gbs * 1e9) * 1e3;
     let step_ms = percentile(&per_io[direct].step_ms, 50.0);
-    report.rows.push(Row {
+    report.push(Row {
         suite: "streaming".into(),
+        runs: Vec::new(),
+        bound_runs: Vec::new(),
+        load: None,
         name: "record check (CRC32C + finite scan) per decode step, --io direct".into(),
         measured: check_ms,
         unit: "ms".into(),
@@ -832,8 +857,11 @@ fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) -> Result<(
             continue;
         };
         let ratio = (-ab.cost.mean).exp();
-        report.rows.push(Row {
+        report.push(Row {
             suite: "streaming".into(),
+            runs: Vec::new(),
+            bound_runs: Vec::new(),
+            load: None,
             name: match ab_throttle {
                 None => "streaming decode step with the record check ÷ without, --io direct".into(),
                 Some(rate) => format!("the same on the disk capped at {:.2} GB/s (a drive of fixed speed)", rate / 1e9),
@@ -1085,8 +1113,11 @@ fn suite_demo(bins: &Bins, opts: &Options, limits: &Limits, report: &mut Report)
             decode_bound,
         ),
     ] {
-        report.rows.push(Row {
+        report.push(Row {
             suite: "demo".into(),
+            runs: Vec::new(),
+            bound_runs: Vec::new(),
+            load: None,
             name: name.into(),
             measured,
             unit: "tok/s".into(),

@@ -145,8 +145,11 @@ fn ttft(
             "the prompt's KV reused from the session, not prefilled again",
         ),
     ] {
-        report.rows.push(Row {
+        report.push(Row {
             suite: "agent".into(),
+            runs: Vec::new(),
+            bound_runs: Vec::new(),
+            load: None,
             name,
             measured,
             unit: "ms".into(),

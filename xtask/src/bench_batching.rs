@@ -67,8 +67,11 @@ fn cache_for_the_batch(bins: &Bins, opts: &Options, demo: &Path, report: &mut Re
     let quarter_bytes = ((expert_bytes(demo)? / 4.0) as u64).to_string();
     let extra = ["--expert-cache", quarter_bytes.as_str(), "--cache-policy", "predict"];
     let runs = compare(bins, opts, "demo, quarter cache", demo, &extra, DEMO_STEPS, None)?;
-    report.rows.push(Row {
+    report.push(Row {
         suite: "batching".into(),
+        runs: Vec::new(),
+        bound_runs: Vec::new(),
+        load: None,
         name: "demo q8, quarter expert cache: expert bytes per token, 4 streams decoded together".into(),
         measured: runs.four_bytes_per_token / 1e3,
         unit: "kB/token".into(),
@@ -141,8 +144,11 @@ fn push_rows(report: &mut Report, what: &str, runs: &Runs, bytes_matter: bool) {
             runs.four_bytes_per_token / 1e6
         );
     }
-    report.rows.push(Row {
+    report.push(Row {
         suite: "batching".into(),
+        runs: Vec::new(),
+        bound_runs: Vec::new(),
+        load: None,
         name: format!("{what}: 4 streams decoded together"),
         measured: runs.four_tps,
         unit: "tok/s".into(),

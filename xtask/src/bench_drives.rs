@@ -115,8 +115,11 @@ pub(crate) fn suite_drives(bins: &Bins, opts: &Options, report: &mut Report) -> 
         let drives_gbs = if k == 0 { rate_gbs[0] } else { rate_gbs[0] + rate_gbs[1] };
         let bound = drives_gbs * 1e9 / per_token;
         let mirror_share = median(&runs.iter().map(|r| r.2).collect::<Vec<_>>());
-        report.rows.push(Row {
+        report.push(Row {
             suite: "drives".into(),
+            runs: Vec::new(),
+            bound_runs: Vec::new(),
+            load: None,
             name: names[k].clone(),
             measured: rate,
             unit: "tok/s".into(),

@@ -14,12 +14,19 @@
 //! Rows (ratio = Strata ÷ llama.cpp, the peer being the bound here):
 //! - resident decode: llama-bench `tg` (model in the page cache, mmap)
 //!   against every decode step of `strata generate` (as a user sees it) and
-//!   against its fully cached steps; resident prefill (64 tokens);
+//!   against its fully cached steps, at least five alternations; resident
+//!   prefill (64 tokens); both engines again beside a competing process (a
+//!   busy loop on one core, a known load: a row with no goal);
 //! - bigger than RAM: both under a cgroup v1 memory limit of 40% of the
 //!   GGUF file, page caches emptied first: llama-bench `tg` with `--repack 0`
 //!   (repacking's anonymous copy is OOM-killed at 40%,
 //!   shared/research/peer-llamacpp.md) against Strata with `--io direct` and
 //!   `--ram-budget` the limit less its slack.
+//!
+//! Every run waits for a quiet machine and records what the rest of it did
+//! (`bench_quiet`): a row whose runs shared the machine is marked loaded and
+//! compared with no goal, since llama.cpp's spinning threads collapse when
+//! anything else takes a core.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -168,7 +175,8 @@ fn build_llama_cpp(dir: &Path) -> Result<PathBuf> {
     Ok(bench)
 }
 
-/// Runs `bin args`, inside the peer cgroup when `cgroup`; returns stdout.
+/// Runs `bin args`, inside the peer cgroup when `cgroup`, once the machine
+/// is quiet (its load recorded for the next row); returns stdout.
 fn output(bin: &Path, args: &[String], cgroup: bool) -> Result<String> {
     let mut cmd = if cgroup {
         let mut c = Command::new("sh");
@@ -177,7 +185,8 @@ fn output(bin: &Path, args: &[String], cgroup: bool) -> Result<String> {
     } else {
         Command::new(bin)
     };
-    let out = cmd.args(args).output().with_context(|| format!("running {}", bin.display()))?;
+    cmd.args(args);
+    let out = crate::bench_quiet::measured(|| cmd.output().with_context(|| format!("running {}", bin.display())))?;
     if !out.status.success() {
         bail!(
             "{} failed with {} (an OOM kill shows as signal 9): {}",
@@ -253,43 +262,40 @@ fn strata(
     Ok(serde_json::from_str::<Value>(last)?["stats"].clone())
 }
 
-fn row(name: &str, strata: f64, peer: f64, goal: f64, note: &str) -> Row {
+/// A row of Strata's runs against the peer's, alternated run by run.
+fn row(name: &str, strata: &[f64], peer: &[f64], goal: Option<f64>, note: &str) -> Row {
+    let (measured, bound) = (median(strata), median(peer));
     Row {
         suite: "peer".into(),
+        runs: strata.to_vec(),
+        bound_runs: peer.to_vec(),
+        load: None,
         name: name.into(),
-        measured: strata,
+        measured,
         unit: "tok/s".into(),
         limit_name: "llama.cpp on the same model, same run".into(),
-        limit: peer,
+        limit: bound,
         limit_unit: "tok/s".into(),
-        bound: peer,
-        ratio: strata / peer,
-        goal: Some(goal),
+        bound,
+        ratio: measured / bound,
+        goal,
         note: note.into(),
     }
 }
 
-fn resident(
-    bins: &crate::bench::Bins,
-    bench: &Path,
-    model: &Path,
-    gguf: &Path,
-    opts: &Options,
-    report: &mut Report,
-) -> Result<()> {
-    let (mut ours, mut theirs, mut ours_pp, mut theirs_pp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    // Every decode step of the same runs, cold expert-cache fills included.
-    let mut ours_all = Vec::new();
-    // Warm both models into the page cache, as a model run before is: the
-    // bigger-than-RAM runs of an earlier bench leave them evicted. (Only the
-    // GGUF was read until 2026-12-02, so Strata's first run read its
-    // container from disk.)
-    for file in std::iter::once(gguf.to_path_buf()).chain(crate::bench::model_files(model)?) {
-        std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
-    }
-    for rep in 0..opts.reps {
-        eprintln!("peer: resident, run {}/{}", rep + 1, opts.reps);
-        theirs.push(llama_bench_ts(bench, gguf, 0, 32, &[], false)?);
+/// Resident decode runs of `strata generate` and llama-bench `tg32`,
+/// alternated: Strata's rate over every decode step, over its fully cached
+/// steps, and llama.cpp's.
+#[derive(Default)]
+struct DecodeRuns {
+    ours_all: Vec<f64>,
+    ours_cached: Vec<f64>,
+    theirs: Vec<f64>,
+}
+
+impl DecodeRuns {
+    fn run(&mut self, bins: &crate::bench::Bins, bench: &Path, model: &Path, gguf: &Path) -> Result<()> {
+        self.theirs.push(llama_bench_ts(bench, gguf, 0, 32, &[], false)?);
         let stats = strata(&bins.strata, model, "1,2,3,4,5,6,7,8", 48, &["--ram-budget", "16GiB"], false)?;
         let steps: Vec<f64> = stats["per_token"]
             .as_array()
@@ -299,8 +305,57 @@ fn resident(
             .filter(|s| s["expert_misses"].as_u64() == Some(0))
             .filter_map(|s| s["ms"].as_f64())
             .collect();
-        ours.push(1000.0 / median(&steps));
-        ours_all.push(stats["decode_tokens_per_s"].as_f64().context("decode_tokens_per_s")?);
+        self.ours_cached.push(1000.0 / median(&steps));
+        self.ours_all.push(stats["decode_tokens_per_s"].as_f64().context("decode_tokens_per_s")?);
+        Ok(())
+    }
+}
+
+/// Alternations of the resident rows: a quiet machine varies by a tenth from
+/// run to run (2026-12-02: llama.cpp 87.9–100.8 tok/s), so a median needs
+/// more than three.
+const RESIDENT_RUNS_MIN: usize = 5;
+
+/// Alternations of the rows beside a competing process.
+const COMPETING_RUNS: usize = 3;
+
+fn resident(
+    bins: &crate::bench::Bins,
+    bench: &Path,
+    model: &Path,
+    gguf: &Path,
+    opts: &Options,
+    report: &mut Report,
+) -> Result<()> {
+    let (mut decode, mut ours_pp, mut theirs_pp) = (DecodeRuns::default(), Vec::new(), Vec::new());
+    // Warm both models into the page cache, as a model run before is: the
+    // bigger-than-RAM runs of an earlier bench leave them evicted. (Only the
+    // GGUF was read until 2026-12-02, so Strata's first run read its
+    // container from disk.)
+    for file in std::iter::once(gguf.to_path_buf()).chain(crate::bench::model_files(model)?) {
+        std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+    }
+    let reps = opts.reps.max(RESIDENT_RUNS_MIN);
+    for rep in 0..reps {
+        eprintln!("peer: resident, run {}/{reps}", rep + 1);
+        decode.run(bins, bench, model, gguf)?;
+    }
+    report.push(row(
+        "resident decode as a user runs it, Strata q4 vs llama.cpp Q4_0 (2 threads)",
+        &decode.ours_all,
+        &decode.theirs,
+        Some(1.0),
+        "Strata: every decode step of `strata generate` (48 tokens, the expert cache filling from the page cache); llama.cpp: llama-bench tg32 (mmap, repack on)",
+    ));
+    report.push(row(
+        "resident decode, warm steps, Strata q4 vs llama.cpp Q4_0 (2 threads)",
+        &decode.ours_cached,
+        &decode.theirs,
+        Some(1.3),
+        "Strata: fully cached decode steps of the same runs; llama.cpp: llama-bench tg32 (mmap, repack on)",
+    ));
+    for rep in 0..opts.reps {
+        eprintln!("peer: resident prefill, run {}/{}", rep + 1, opts.reps);
         theirs_pp.push(llama_bench_ts(bench, gguf, 64, 0, &[], false)?);
         // A warm prefill, as llama-bench's (it runs a warm-up first): the
         // experts the prompt routes to are already in the expert cache.
@@ -312,28 +367,38 @@ fn resident(
         let v = crate::bench::run_json(bins.probe(), &a)?;
         ours_pp.push(v["prefill_tokens_per_s"].as_f64().context("prefill_tokens_per_s")?);
     }
-    report.rows.push(row(
-        "resident decode as a user runs it, Strata q4 vs llama.cpp Q4_0 (2 threads)",
-        median(&ours_all),
-        median(&theirs),
-        1.0,
-        "Strata: every decode step of `strata generate` (48 tokens, the expert cache filling from the page cache); llama.cpp: llama-bench tg32 (mmap, repack on)",
-    ));
-    report.rows.push(row(
-        "resident decode, warm steps, Strata q4 vs llama.cpp Q4_0 (2 threads)",
-        median(&ours),
-        median(&theirs),
-        1.3,
-        "Strata: fully cached decode steps of the same runs; llama.cpp: llama-bench tg32 (mmap, repack on)",
-    ));
-    report.rows.push(row(
+    report.push(row(
         "resident prefill, 64 tokens",
-        median(&ours_pp),
-        median(&theirs_pp),
-        1.0,
+        &ours_pp,
+        &theirs_pp,
+        Some(1.0),
         "Strata: a 64-token prompt after a warm-up prefill (strata-probe batch --warm 1); llama-bench pp64",
     ));
-    report.raw.push(json!({ "peer": "resident", "strata_tg": ours, "strata_tg_all_steps": ours_all, "llama_tg": theirs, "strata_pp": ours_pp, "llama_pp": theirs_pp }));
+    // Both engines beside a known load: one core of the two kept busy by a
+    // shell loop. Not the resident speed (no goal), but what a user sees when
+    // a browser or a build shares the machine: spinning threads wait for the
+    // core they lost.
+    let mut competing = DecodeRuns::default();
+    {
+        let _busy = crate::bench_quiet::BusyCore::start(1)?;
+        for rep in 0..COMPETING_RUNS {
+            eprintln!("peer: resident beside a busy core, run {}/{COMPETING_RUNS}", rep + 1);
+            competing.run(bins, bench, model, gguf)?;
+        }
+    }
+    report.push(row(
+        "resident decode beside a competing process (one core busy), as a user runs it",
+        &competing.ours_all,
+        &competing.theirs,
+        None,
+        "a shell loop pinned to core 1 (taskset) for the whole run, both engines at 2 threads; a known load, so the \
+         runs count as quiet when nothing else ran",
+    ));
+    report.raw.push(json!({
+        "peer": "resident", "strata_tg": decode.ours_cached, "strata_tg_all_steps": decode.ours_all,
+        "llama_tg": decode.theirs, "strata_pp": ours_pp, "llama_pp": theirs_pp,
+        "competing": { "strata_tg_all_steps": competing.ours_all, "llama_tg": competing.theirs },
+    }));
     Ok(())
 }
 
@@ -371,11 +436,11 @@ fn bigger_than_ram(
     // Leave no cgroup behind (its processes have all exited by now).
     let _ = std::fs::remove_dir(CGROUP);
     result?;
-    report.rows.push(row(
+    report.push(row(
         &format!("bigger than RAM: decode in a cgroup of 40% of the model ({} MiB)", limit >> 20),
-        median(&ours),
-        median(&theirs),
-        10.0,
+        &ours,
+        &theirs,
+        Some(15.0),
         &format!(
             "page caches emptied; Strata --io direct --ram-budget {budget} --context {CGROUP_CONTEXT}; \
              llama-bench tg16 --repack 0 (mmap)"

@@ -9,6 +9,8 @@ use anyhow::{Context, Result};
 use plotters::prelude::*;
 use serde_json::{Value, json};
 
+use crate::bench_quiet::Load;
+
 /// One measured figure next to the limit that bounds it.
 #[derive(Debug, Clone)]
 pub(crate) struct Row {
@@ -28,11 +30,27 @@ pub(crate) struct Row {
     pub(crate) ratio: f64,
     pub(crate) goal: Option<f64>,
     pub(crate) note: String,
+    /// Every run's figure behind `measured` (empty where the row is one run
+    /// or not made of runs).
+    pub(crate) runs: Vec<f64>,
+    /// Every run's figure behind `bound`, where the bound is measured run by
+    /// run (a peer engine).
+    pub(crate) bound_runs: Vec<f64>,
+    /// The worst load the rest of the machine put on the row's runs
+    /// (`Report::push` fills it from the runs recorded since the last row).
+    pub(crate) load: Option<Load>,
 }
 
 impl Row {
+    /// Whether the row may be compared with its goal: not when any of its
+    /// runs shared the machine with other work.
+    fn is_loaded(&self) -> bool {
+        self.load.is_some_and(|l| !l.is_quiet())
+    }
+
     fn verdict(&self) -> &'static str {
         match self.goal {
+            Some(_) if self.is_loaded() => "loaded: not compared",
             Some(goal) if self.ratio >= goal => "met",
             Some(_) => "not met",
             None => "",
@@ -44,7 +62,10 @@ impl Row {
             "suite": self.suite, "name": self.name, "measured": self.measured, "unit": self.unit,
             "limit_name": self.limit_name, "limit": self.limit, "limit_unit": self.limit_unit,
             "bound": self.bound, "ratio": self.ratio, "goal": self.goal, "verdict": self.verdict(),
-            "note": self.note,
+            "note": self.note, "runs": self.runs, "bound_runs": self.bound_runs,
+            "others_cpu_cores": self.load.map(|l| l.others_cores),
+            "loadavg_1m": self.load.map(|l| l.loadavg_1m),
+            "quiet": self.load.map(|l| l.is_quiet()),
         })
     }
 }
@@ -74,6 +95,15 @@ impl Report {
             curves: Vec::new(),
             elapsed_s: 0.0,
         }
+    }
+
+    /// Adds a row, with the loads of the runs recorded since the previous
+    /// row (`bench_quiet::measured`); a row pushed with no new runs shares
+    /// the previous row's runs, and so its load.
+    pub(crate) fn push(&mut self, mut row: Row) {
+        let recorded = crate::bench_quiet::take_recorded();
+        row.load = Load::worst(&recorded).or_else(|| self.rows.last().and_then(|r| r.load));
+        self.rows.push(row);
     }
 
     pub(crate) fn write(&self, out: &Path) -> Result<()> {
@@ -126,12 +156,16 @@ impl Report {
             }
             s.push('\n');
         }
-        let _ = writeln!(s, "| figure | measured | bound (limit) | ratio | goal |\n|---|---|---|---|---|");
+        let _ = writeln!(
+            s,
+            "| figure | measured | bound (limit) | ratio | goal | runs: min / median / max | machine |\n\
+             |---|---|---|---|---|---|---|"
+        );
         for r in &self.rows {
             let goal = r.goal.map(|g| format!("≥ {g} {}", r.verdict())).unwrap_or_default();
             let _ = writeln!(
                 s,
-                "| {} | {} {} | {} {} ({}: {:.2} {}) | **{:.2}** | {} |",
+                "| {} | {} {} | {} {} ({}: {:.2} {}) | **{:.2}** | {} | {} | {} |",
                 r.name,
                 fmt_value(r.measured),
                 r.unit,
@@ -141,7 +175,9 @@ impl Report {
                 r.limit,
                 r.limit_unit,
                 r.ratio,
-                goal
+                goal,
+                spread(&r.runs, &r.bound_runs),
+                machine(r.load)
             );
         }
         for n in &self.notes {
@@ -212,6 +248,7 @@ impl Report {
                 // First row on top.
                 let y = n as f64 - 1.0 - i as f64;
                 let color = match r.goal {
+                    _ if r.is_loaded() => BLACK.mix(0.25),
                     Some(g) if r.ratio >= g => GREEN.mix(0.7),
                     Some(_) => RED.mix(0.6),
                     None => BLUE.mix(0.5),
@@ -262,6 +299,30 @@ impl Report {
     }
 }
 
+/// `min / median / max` of the runs (and of the bound's, where measured run
+/// by run), each run's figure being in report.json.
+fn spread(runs: &[f64], bound_runs: &[f64]) -> String {
+    let one = |v: &[f64]| {
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{} / {} / {}", fmt_value(min), fmt_value(crate::bench::median(v)), fmt_value(max))
+    };
+    match (runs.is_empty(), bound_runs.is_empty()) {
+        (true, _) => String::new(),
+        (false, true) => format!("{} ({} runs)", one(runs), runs.len()),
+        (false, false) => format!("{} (bound: {}; {} runs)", one(runs), one(bound_runs), runs.len()),
+    }
+}
+
+/// How quiet the machine was during the row's runs.
+fn machine(load: Option<Load>) -> String {
+    match load {
+        None => String::new(),
+        Some(l) if l.is_quiet() => format!("quiet ({:.2} cores others)", l.others_cores),
+        Some(l) => format!("**LOADED** ({:.2} cores others, load {:.1})", l.others_cores, l.loadavg_1m),
+    }
+}
+
 fn plot_err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("drawing a plot: {e}")
 }
@@ -280,5 +341,67 @@ fn fmt_value(v: f64) -> String {
         format!("{v:.2}")
     } else {
         format!("{v:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn peer_row(goal: Option<f64>) -> Row {
+        Row {
+            suite: "peer".into(),
+            runs: vec![80.0, 82.0, 79.0],
+            bound_runs: vec![16.0, 15.0, 15.5],
+            load: None,
+            name: "resident decode".into(),
+            measured: 80.0,
+            unit: "tok/s".into(),
+            limit_name: "llama.cpp".into(),
+            limit: 15.5,
+            limit_unit: "tok/s".into(),
+            bound: 15.5,
+            ratio: 80.0 / 15.5,
+            goal,
+            note: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_row_measured_beside_a_busy_process_is_marked_loaded_and_compared_with_no_goal() {
+        // An unknown process (not a `BusyCore` the bench started) spins while
+        // the row's run is measured.
+        let mut spinner = std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let measured = crate::bench_quiet::measured_within(Duration::ZERO, || {
+            std::thread::sleep(Duration::from_millis(1500));
+            Ok(())
+        });
+        let _ = spinner.kill();
+        let _ = spinner.wait();
+        measured.unwrap();
+        let mut report = Report::new(json!({}));
+        report.push(peer_row(Some(1.0)));
+        // A second row over the same runs shares their load.
+        report.push(peer_row(Some(1.0)));
+        for row in &report.rows {
+            assert!(row.is_loaded(), "{:?}", row.load);
+            assert_eq!(row.verdict(), "loaded: not compared");
+        }
+        let table = report.markdown();
+        assert!(table.contains("**LOADED**"), "{table}");
+        assert!(!table.contains(" met |"), "{table}");
+        assert!(table.contains("79.0 / 80.0 / 82.0"), "{table}");
+    }
+
+    #[test]
+    fn a_row_from_quiet_runs_is_compared_with_its_goal() {
+        let mut row = peer_row(Some(1.0));
+        row.load = Some(Load { others_cores: 0.01, loadavg_1m: 0.05 });
+        assert_eq!(row.verdict(), "met");
+        row.ratio = 0.8;
+        assert_eq!(row.verdict(), "not met");
     }
 }

@@ -13,6 +13,7 @@ mod bench_agent;
 mod bench_batching;
 mod bench_drives;
 mod bench_peer;
+mod bench_quiet;
 mod bench_report;
 mod fixtures;
 mod fuzz;
@@ -28,7 +29,7 @@ use anyhow::{Context, Result, bail};
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((task, rest)) = args.split_first() else {
-        println!("usage: cargo xtask <ci|fixtures> [args]");
+        println!("usage: cargo xtask <ci|bench|fixtures|fuzz|sweep|train-demo> [args]");
         return Ok(());
     };
     match task.as_str() {
@@ -38,7 +39,7 @@ fn main() -> Result<()> {
         "fuzz" => fuzz::run(rest),
         "sweep" => sweep::run(rest),
         "train-demo" => train_demo::run(rest),
-        other => bail!("unknown task {other:?} (expected ci or fixtures)"),
+        other => bail!("unknown task {other:?} (expected ci, bench, fixtures, fuzz, sweep or train-demo)"),
     }
 }
 
