@@ -15,6 +15,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{StatusCode, header};
 
 use crate::error::ApiError;
+use crate::listen::Progress;
 use crate::state::SharedApp;
 
 /// The body, or the 4xx saying why there is none (never axum's plain-text
@@ -40,8 +41,16 @@ async fn read(request: Request, app: &SharedApp) -> Result<Bytes, ApiError> {
             ),
         ));
     }
+    let progress = request.extensions().get::<Progress>().cloned();
     match tokio::time::timeout(app.body_timeout, Bytes::from_request(request, &())).await {
-        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Ok(bytes)) => {
+            // From now on the connection is working, never displaced to
+            // make room for a newcomer (`listen`).
+            if let Some(progress) = progress {
+                progress.body_arrived();
+            }
+            Ok(bytes)
+        }
         Ok(Err(rejection)) => {
             let status = rejection.status();
             let message = if status == StatusCode::PAYLOAD_TOO_LARGE {

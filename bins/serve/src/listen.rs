@@ -6,17 +6,23 @@
 //!   the head from the moment it waits for one).
 //! - Open connections are capped at `--max-connections`, and below the file
 //!   descriptor limit, so `accept` never fails for want of descriptors. At
-//!   the cap a new connection closes the oldest one that has not yet sent a
-//!   whole request head (a slow client, or one that sends nothing), so a
-//!   crowd of slow clients cannot lock out `/health` or real requests; only
-//!   when every open connection has a request does the newcomer close.
+//!   the cap a new connection displaces one that is not yet working: one
+//!   that has not sent a whole request head, or whose request's body has
+//!   not all arrived (a client that sends a head, then a byte a second,
+//!   would otherwise hold its slot for the whole body deadline). The victim
+//!   is taken from the peer address holding the most connections, the
+//!   oldest first, those still waiting for a head before those sending a
+//!   body; so a crowd of slow clients from one address cannot lock out
+//!   `/health`, real requests or other addresses. Only when every open
+//!   connection is working on a request does the newcomer close.
 //! - Shutdown waits for open requests only until `--shutdown-timeout-secs`,
 //!   so a half-sent request cannot hold the process forever.
 //!
 //! Bodies have their own deadline (see `body`).
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,28 +52,94 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(20);
 /// How long a newcomer waits for the connection it displaced to close.
 const EVICTION_WAIT: Duration = Duration::from_millis(200);
 
+/// Where a connection is in its current request: what displacing it costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+enum Phase {
+    /// No request head yet (a new or idle keep-alive connection).
+    AwaitingHead = 0,
+    /// A head arrived; its body (if the handler reads one) has not.
+    ReceivingBody = 1,
+    /// The whole request arrived: real work, never displaced.
+    Working = 2,
+}
+
+/// A connection's [`Phase`], shared by the accept loop and the request's
+/// handler: the loop sets `ReceivingBody` when a head arrives and hands the
+/// request this as an extension; the body reader (`body`) sets `Working`
+/// once the body is in.
+#[derive(Debug, Clone, Default)]
+pub struct Progress(Arc<AtomicU8>);
+
+impl Progress {
+    fn set(&self, phase: Phase) {
+        self.0.store(phase as u8, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Phase {
+        match self.0.load(Ordering::Relaxed) {
+            0 => Phase::AwaitingHead,
+            1 => Phase::ReceivingBody,
+            _ => Phase::Working,
+        }
+    }
+
+    /// The request's body has arrived whole.
+    pub fn body_arrived(&self) {
+        self.set(Phase::Working);
+    }
+}
+
 /// One open connection, as the accept loop sees it.
 struct Open {
-    /// Set once a whole request head has arrived: from then on the
-    /// connection is doing real work and is never displaced.
-    served: Arc<AtomicBool>,
+    peer: IpAddr,
+    progress: Progress,
     /// Closes the connection when notified.
     close: Arc<Notify>,
 }
 
-/// The open connections, oldest first.
+/// The open connections, oldest first, and how many each peer holds.
 #[derive(Default)]
 struct Registry {
     next_id: u64,
     open: BTreeMap<u64, Open>,
+    per_peer: HashMap<IpAddr, usize>,
 }
 
 impl Registry {
-    /// Closes the oldest connection still waiting for its first request
-    /// head; whether there was one.
-    fn evict_oldest_unserved(&mut self) -> bool {
-        let oldest = self.open.iter().find(|(_, c)| !c.served.load(Ordering::Relaxed)).map(|(&id, _)| id);
-        match oldest.and_then(|id| self.open.remove(&id)) {
+    fn insert(&mut self, peer: IpAddr, progress: Progress, close: Arc<Notify>) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.open.insert(id, Open { peer, progress, close });
+        *self.per_peer.entry(peer).or_default() += 1;
+        id
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Open> {
+        let conn = self.open.remove(&id)?;
+        if let Some(count) = self.per_peer.get_mut(&conn.peer) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_peer.remove(&conn.peer);
+            }
+        }
+        Some(conn)
+    }
+
+    /// Closes a connection that is not working on a request: of the peer
+    /// holding the most connections, the one waiting for a head before one
+    /// sending a body, the oldest first. Whether there was one.
+    fn evict(&mut self) -> bool {
+        let victim = self
+            .open
+            .iter()
+            .filter_map(|(&id, c)| {
+                let phase = c.progress.get();
+                (phase != Phase::Working).then(|| (std::cmp::Reverse(self.per_peer[&c.peer]), phase, id))
+            })
+            .min()
+            .map(|(_, _, id)| id);
+        match victim.and_then(|id| self.remove(id)) {
             Some(conn) => {
                 conn.close.notify_one();
                 true
@@ -94,8 +166,8 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok((stream, peer)) => (stream, peer.ip()),
             Err(e) => {
                 // Once is enough to tell (an attack repeats it thousands of
                 // times); the loop keeps serving.
@@ -112,13 +184,13 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
                 if !std::mem::replace(&mut told_full, true) {
                     eprintln!(
                         "serve: warning: {} connections are open (--max-connections); new ones displace those \
-                         that have not sent a request",
+                         that have not sent a whole request, from the address holding the most",
                         limits.max_connections
                     );
                 }
                 // Every connection busy with a request: the newcomer is
                 // closed (the client retries).
-                if !lock(&registry).evict_oldest_unserved() {
+                if !lock(&registry).evict() {
                     continue;
                 }
                 match tokio::time::timeout(EVICTION_WAIT, Arc::clone(&slots).acquire_owned()).await {
@@ -129,18 +201,13 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
         };
         // Small SSE chunks go out as they are written.
         let _ = stream.set_nodelay(true);
-        let served = Arc::new(AtomicBool::new(false));
+        let progress = Progress::default();
         let close = Arc::new(Notify::new());
-        let id = {
-            let mut registry = lock(&registry);
-            let id = registry.next_id;
-            registry.next_id += 1;
-            registry.open.insert(id, Open { served: Arc::clone(&served), close: Arc::clone(&close) });
-            id
-        };
+        let id = lock(&registry).insert(peer, progress.clone(), Arc::clone(&close));
         let router = TowerToHyperService::new(router.clone());
-        let service = hyper::service::service_fn(move |request| {
-            served.store(true, Ordering::Relaxed);
+        let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            progress.set(Phase::ReceivingBody);
+            request.extensions_mut().insert(progress.clone());
             router.call(request)
         });
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
@@ -152,7 +219,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
                 _ = connection => {}
                 () = close.notified() => {}
             }
-            lock(&registry).open.remove(&id);
+            lock(&registry).remove(id);
             drop(permit);
         });
     }

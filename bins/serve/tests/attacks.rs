@@ -37,6 +37,83 @@ fn health_answers_within_a_second_during_200_slow_connections() {
     assert!(!server.stderr().contains("panicked"), "{}", server.stderr());
 }
 
+/// A client that sends a whole POST head, then its body a byte a second,
+/// and comes back when cut off (reliability audit 3: 560 of them left
+/// `/health` answering 1 of 57 probes).
+struct SlowUpload {
+    addr: std::net::SocketAddr,
+    stream: Option<TcpStream>,
+}
+
+impl SlowUpload {
+    fn open(addr: std::net::SocketAddr) -> SlowUpload {
+        let mut upload = SlowUpload { addr, stream: None };
+        upload.reconnect();
+        upload
+    }
+
+    fn reconnect(&mut self) {
+        let addr = self.addr;
+        self.stream = TcpStream::connect(addr).ok().and_then(|mut stream| {
+            stream.set_nonblocking(true).ok()?;
+            let head = format!(
+                "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+            );
+            stream.write_all(head.as_bytes()).ok()?;
+            Some(stream)
+        });
+    }
+
+    /// One more byte of the body, or a new connection where the server
+    /// closed the old one.
+    fn dribble(&mut self) {
+        let mut byte = [0u8; 1];
+        let alive = self.stream.as_mut().is_some_and(|stream| match stream.read(&mut byte) {
+            Ok(_) => false,
+            Err(e) => e.kind() == std::io::ErrorKind::WouldBlock && stream.write_all(b" ").is_ok(),
+        });
+        if !alive {
+            self.reconnect();
+        }
+    }
+}
+
+/// `GET /health` on a fresh connection: its seconds, or `None` if the
+/// server closed it or took over 2 s.
+fn probe_health(addr: std::net::SocketAddr) -> Option<f64> {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream.write_all(format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    raw.starts_with(b"HTTP/1.1 200").then(|| started.elapsed().as_secs_f64())
+}
+
+/// 500 slow uploads from one address against a server allowed 128
+/// connections: each has sent a whole head, so the head deadline does not
+/// cut it, and its body takes the whole body deadline. `/health` must still
+/// answer nearly every probe, within a second.
+#[test]
+fn health_answers_during_500_slow_uploads_from_one_address() {
+    let server = Server::start(&["--max-connections", "128", "--body-timeout-secs", "30"]);
+    let mut uploads: Vec<SlowUpload> = (0..500).map(|_| SlowUpload::open(server.addr)).collect();
+    let (mut answered, mut probes, mut worst_seconds) = (0, 0, 0.0f64);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(8) {
+        uploads.iter_mut().for_each(SlowUpload::dribble);
+        probes += 1;
+        if let Some(seconds) = probe_health(server.addr) {
+            answered += 1;
+            worst_seconds = worst_seconds.max(seconds);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(answered * 10 >= probes * 9, "/health answered {answered} of {probes} probes during the attack");
+    assert!(worst_seconds < 1.0, "/health took {worst_seconds:.2} s during the attack");
+    assert!(!server.stderr().contains("panicked"), "{}", server.stderr());
+}
+
 /// Slow clients alone (no cap reached) are cut off by the head deadline.
 #[test]
 fn a_request_head_that_never_ends_is_cut_off() {
