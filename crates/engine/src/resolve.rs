@@ -48,6 +48,21 @@ pub fn resolve_model(model: Option<&Path>, cache_dir: &Path, progress: bool) -> 
     if dir.join(strata_format::container::MANIFEST_FILE).is_file() {
         return Ok(ResolvedModel { container_dir: dir, converted: false });
     }
+    if let Some(gguf) = gguf_in(&dir) {
+        return Err(Error::InvalidRequest(format!(
+            "{} is a GGUF file (llama.cpp's format), which Strata does not read: give the Hugging Face checkpoint \
+             it was made from (a directory with config.json and *.safetensors), or fetch that with \
+             `strata pull ORG/NAME`",
+            gguf.display()
+        )));
+    }
+    if dir.is_file() {
+        return Err(Error::InvalidRequest(format!(
+            "{} is a file: --model takes a directory (a Strata container or a Hugging Face checkpoint) or the \
+             ORG/NAME of a pulled model",
+            dir.display()
+        )));
+    }
     if !dir.join("config.json").is_file() {
         return Err(Error::InvalidRequest(format!(
             "{} is neither a Strata container (no manifest.json) nor a Hugging Face checkpoint (no config.json)",
@@ -62,6 +77,25 @@ pub fn resolve_model(model: Option<&Path>, cache_dir: &Path, progress: bool) -> 
     let options = ConvertOptions { progress, overwrite: true, ..ConvertOptions::new(AUTO_CONVERT_PRESET) };
     strata_format::convert(&dir, &container_dir, &options)?;
     Ok(ResolvedModel { container_dir, converted: true })
+}
+
+/// The GGUF file `path` is, or the first one a directory without a
+/// config.json holds: by its magic bytes, whatever its name.
+fn gguf_in(path: &Path) -> Option<PathBuf> {
+    let is_gguf = |file: &Path| {
+        let mut magic = [0u8; 4];
+        fs::File::open(file).and_then(|mut f| f.read_exact(&mut magic)).is_ok()
+            && &magic == b"GGUF"
+    };
+    if path.is_file() {
+        return is_gguf(path).then(|| path.to_path_buf());
+    }
+    if path.join("config.json").is_file() {
+        return None;
+    }
+    let mut entries: Vec<PathBuf> = fs::read_dir(path).ok()?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    entries.sort();
+    entries.into_iter().find(|file| file.is_file() && is_gguf(file))
 }
 
 /// SHA-256 (first 16 hex digits) over the names and bytes of a checkpoint's
@@ -134,6 +168,22 @@ mod tests {
             err.to_string(),
             "no-such-org/no-such-model is not pulled; run `strata pull no-such-org/no-such-model`"
         );
+    }
+
+    #[test]
+    fn a_gguf_file_or_a_folder_of_them_says_gguf_is_not_read_and_what_to_use() {
+        let dir = tempfile::tempdir().unwrap();
+        // Named as downloads often are, and not: the magic decides.
+        let gguf = dir.path().join("model-Q4_K_M.bin");
+        fs::write(&gguf, b"GGUF\x03\0\0\0rest").unwrap();
+        for given in [gguf.as_path(), dir.path()] {
+            let err = resolve_model(Some(given), dir.path(), false).unwrap_err().to_string();
+            assert!(err.contains("is a GGUF file") && err.contains("strata pull"), "{err}");
+        }
+        let other = dir.path().join("notes.txt");
+        fs::write(&other, b"hello").unwrap();
+        let err = resolve_model(Some(&other), dir.path(), false).unwrap_err().to_string();
+        assert!(err.contains("is a file: --model takes a directory"), "{err}");
     }
 
     #[test]
