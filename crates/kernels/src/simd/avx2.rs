@@ -100,24 +100,55 @@ unsafe fn load_q8(q: *const i8) -> __m256 {
 /// Requires the invariants of [`crate::scalar::check_q8_row`].
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_q8(qs: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
-    let n = x.len();
-    let mut total = _mm256_setzero_ps();
-    // Group tails shorter than a vector are summed in scalar and scaled
-    // separately, so the vector total never needs a per-group reduction.
-    let mut total_tail = 0.0f32;
-    for (g, &scale) in scales.iter().enumerate() {
-        let start = g * group;
-        let len = group.min(n - start);
-        // SAFETY: start + len <= n == qs.len() == x.len().
-        let (sum, tail_start) = unsafe { q8_group_sum(qs.as_ptr().add(start), x.as_ptr().add(start), len) };
-        total = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale), total);
-        let mut tail = 0.0f32;
-        for c in start + tail_start..start + len {
-            tail += f32::from(qs[c]) * x[c];
-        }
-        total_tail += tail * scale;
+    // SAFETY: every group's start + len <= n == qs.len() == x.len().
+    unsafe {
+        grouped_dot(
+            scales,
+            group,
+            x,
+            |start, len| q8_group_sum(qs.as_ptr().add(start), x.as_ptr().add(start), len),
+            |c| f32::from(qs[c]),
+        )
     }
-    hsum(total) + total_tail
+}
+
+/// `sum_g scales[g] * (q . x over group g)` for a quantized row of
+/// `x.len()` columns: `group_sum(start, len)` gives a group's lane-wise
+/// partial sums over its whole vectors and the first column they leave
+/// over; the columns left over are summed in scalar from `value(c)` and
+/// scaled separately, so the vector total never needs a per-group
+/// reduction.
+///
+/// # Safety
+/// The caller enables avx2 and fma, and `group_sum` must be sound for
+/// every group of the row.
+#[inline(always)]
+unsafe fn grouped_dot(
+    scales: &[f32],
+    group: usize,
+    x: &[f32],
+    group_sum: impl Fn(usize, usize) -> (__m256, usize),
+    value: impl Fn(usize) -> f32,
+) -> f32 {
+    let n = x.len();
+    // SAFETY: register-only operations of the caller's features, and
+    // `group_sum` as the caller allows.
+    unsafe {
+        let mut total = _mm256_setzero_ps();
+        let mut total_tail = 0.0f32;
+        for (g, &scale) in scales.iter().enumerate() {
+            let start = g * group;
+            let len = group.min(n - start);
+            let (sum, tail_start) = group_sum(start, len);
+            total = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale), total);
+            let mut tail = 0.0f32;
+            for c in start + tail_start..start + len {
+                tail += value(c) * x[c];
+            }
+            total_tail += tail * scale;
+        }
+        hsum(total) + total_tail
+    }
 }
 
 /// Lane-wise partial sums of `q[i] * x[i]` over the longest prefix of
@@ -161,23 +192,17 @@ fn widen_i8x16(v: __m128i) -> (__m256, __m256) {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_q4(qs: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
     debug_assert_eq!(group % 2, 0);
-    let n = x.len();
-    let mut total = _mm256_setzero_ps();
-    let mut total_tail = 0.0f32;
-    for (g, &scale) in scales.iter().enumerate() {
-        let start = g * group;
-        let len = group.min(n - start);
-        // SAFETY: start is even and the group's ceil(len / 2) bytes end at or
-        // before ceil(n / 2) == qs.len(); start + len <= n == x.len().
-        let (sum, tail_start) = unsafe { q4_group_sum(qs.as_ptr().add(start / 2), x.as_ptr().add(start), len) };
-        total = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale), total);
-        let mut tail = 0.0f32;
-        for c in start + tail_start..start + len {
-            tail += crate::quant::q4_at(qs, c) as f32 * x[c];
-        }
-        total_tail += tail * scale;
+    // SAFETY: every group's start is even and its ceil(len / 2) bytes end at
+    // or before ceil(n / 2) == qs.len(); start + len <= n == x.len().
+    unsafe {
+        grouped_dot(
+            scales,
+            group,
+            x,
+            |start, len| q4_group_sum(qs.as_ptr().add(start / 2), x.as_ptr().add(start), len),
+            |c| crate::quant::q4_at(qs, c) as f32,
+        )
     }
-    hsum(total) + total_tail
 }
 
 /// Lane-wise partial sums of `q4[i] * x[i]` over the longest prefix of
