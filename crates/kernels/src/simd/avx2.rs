@@ -41,16 +41,29 @@ pub(super) fn hsum(v: __m256) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
-    let n = a.len();
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    // SAFETY: the chains read whole vectors below n, the length of both
-    // slices.
+    let pa = a.as_ptr();
+    // SAFETY: both slices have length n.
+    unsafe { tailed_dot(b, |i| Avx2::load(pa.add(i)), |j| a[j]) }
+}
+
+/// `sum w[i] * x[i]`: whole vectors in [`dot_chains`], where `w(i)` gives
+/// the 8 weights from column `i` as `f32` lanes, then the columns left over
+/// in scalar, from `value(j)`.
+///
+/// # Safety
+/// The caller enables avx2 and fma, and `w(i)` must be sound for every `i`
+/// with `i + 8 <= x.len()`.
+#[inline(always)]
+unsafe fn tailed_dot(x: &[f32], w: impl Fn(usize) -> __m256, value: impl Fn(usize) -> f32) -> f32 {
+    let n = x.len();
+    // SAFETY: the chains read whole vectors below n == x.len(), as the
+    // caller allows.
     let (mut sum, i) = unsafe {
-        let (acc, i) = dot_chains::<Avx2>(n, |i| Avx2::load(pa.add(i)), pb);
+        let (acc, i) = dot_chains::<Avx2>(n, w, x.as_ptr());
         (hsum(sum4::<Avx2>(acc)), i)
     };
     for j in i..n {
-        sum += a[j] * b[j];
+        sum += value(j) * x[j];
     }
     sum
 }
@@ -72,17 +85,9 @@ unsafe fn load_bf16(p: *const u16) -> __m256 {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
-    let n = x.len();
-    let (pw, px) = (w.as_ptr(), x.as_ptr());
-    // SAFETY: as in `dot_f32`; both slices have length n.
-    let (mut sum, i) = unsafe {
-        let (acc, i) = dot_chains::<Avx2>(n, |i| load_bf16(pw.add(i)), px);
-        (hsum(sum4::<Avx2>(acc)), i)
-    };
-    for j in i..n {
-        sum += crate::quant::bf16_to_f32(w[j]) * x[j];
-    }
-    sum
+    let pw = w.as_ptr();
+    // SAFETY: both slices have length n.
+    unsafe { tailed_dot(x, |i| load_bf16(pw.add(i)), |j| crate::quant::bf16_to_f32(w[j])) }
 }
 
 /// Widens 8 int8 values at `q`.
