@@ -175,7 +175,7 @@ unsafe fn q8_group_sum(q: *const i8, x: *const f32, len: usize) -> (__m256, usiz
 /// 0..16 and 16..32, one byte per value.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn unpack_q4x32(bytes: __m128i) -> (__m128i, __m128i) {
+pub(super) fn unpack_q4x32(bytes: __m128i) -> (__m128i, __m128i) {
     let low_nibble = _mm_set1_epi8(0x0F);
     let lo = _mm_and_si128(bytes, low_nibble);
     // A 16-bit shift is fine: the mask drops the bits crossing byte borders.

@@ -9,7 +9,6 @@
 use std::arch::x86_64::*;
 
 use super::lanes::{Lanes, axpy_vectors, dot_chains, fma4, impl_lanes, scale_vectors, sum4};
-use crate::quant::Q4_OFFSET;
 
 /// `f32` lanes per vector.
 const W: usize = Avx512::N;
@@ -104,18 +103,35 @@ unsafe fn load_q8(m: __mmask16, q: *const i8) -> __m512 {
 /// Requires the invariants of [`crate::scalar::check_q8_row`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn dot_q8(qs: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
-    let n = x.len();
-    let mut total = _mm512_setzero_ps();
-    for (g, &scale) in scales.iter().enumerate() {
-        let start = g * group;
-        let len = group.min(n - start);
-        // SAFETY: start + len <= n == qs.len() == x.len().
-        let sum = unsafe { q8_group_sum(qs.as_ptr().add(start), x.as_ptr().add(start), len) };
-        // Scaling the vector partial sums (not a reduced scalar) keeps the
-        // horizontal reduction out of the per-group loop.
-        total = _mm512_fmadd_ps(sum, _mm512_set1_ps(scale), total);
+    // SAFETY: every group's start + len <= n == qs.len() == x.len().
+    unsafe {
+        grouped_dot(scales, group, x.len(), |start, len| {
+            q8_group_sum(qs.as_ptr().add(start), x.as_ptr().add(start), len)
+        })
     }
-    _mm512_reduce_add_ps(total)
+}
+
+/// `sum_g scales[g] * (q . x over group g)` for a quantized row of `cols`
+/// columns, `group_sum(start, len)` giving a group's lane-wise partial
+/// sums. Scaling the vector partial sums (not a reduced scalar) keeps the
+/// horizontal reduction out of the per-group loop.
+///
+/// # Safety
+/// The caller enables the features, and `group_sum` must be sound for every
+/// group of the row.
+#[inline(always)]
+unsafe fn grouped_dot(scales: &[f32], group: usize, cols: usize, group_sum: impl Fn(usize, usize) -> __m512) -> f32 {
+    // SAFETY: register-only operations of the caller's features, and
+    // `group_sum` as the caller allows.
+    unsafe {
+        let mut total = _mm512_setzero_ps();
+        for (g, &scale) in scales.iter().enumerate() {
+            let start = g * group;
+            let len = group.min(cols - start);
+            total = _mm512_fmadd_ps(group_sum(start, len), _mm512_set1_ps(scale), total);
+        }
+        _mm512_reduce_add_ps(total)
+    }
 }
 
 /// Lane-wise partial sums of `q[i] * x[i]` for `i < len`.
@@ -134,14 +150,7 @@ unsafe fn q8_group_sum(q: *const i8, x: *const f32, len: usize) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 fn decode_q4x32(bytes: __m128i) -> (__m512, __m512) {
-    let low_nibble = _mm_set1_epi8(0x0F);
-    let lo = _mm_and_si128(bytes, low_nibble);
-    // A 16-bit shift is fine: the mask drops the bits crossing byte borders.
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(bytes), low_nibble);
-    // Low nibble = even column, so interleaving lo/hi restores column order.
-    let offset = _mm_set1_epi8(Q4_OFFSET as i8);
-    let first = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), offset);
-    let second = _mm_sub_epi8(_mm_unpackhi_epi8(lo, hi), offset);
+    let (first, second) = super::avx2::unpack_q4x32(bytes);
     (_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(first)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(second)))
 }
 
@@ -150,17 +159,13 @@ fn decode_q4x32(bytes: __m128i) -> (__m512, __m512) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn dot_q4(qs: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
     debug_assert_eq!(group % 2, 0);
-    let n = x.len();
-    let mut total = _mm512_setzero_ps();
-    for (g, &scale) in scales.iter().enumerate() {
-        let start = g * group;
-        let len = group.min(n - start);
-        // SAFETY: start is even, and the group's ceil(len / 2) bytes end at
-        // or before ceil(n / 2) == qs.len(); start + len <= n == x.len().
-        let sum = unsafe { q4_group_sum(qs.as_ptr().add(start / 2), x.as_ptr().add(start), len) };
-        total = _mm512_fmadd_ps(sum, _mm512_set1_ps(scale), total);
+    // SAFETY: every group's start is even, and its ceil(len / 2) bytes end
+    // at or before ceil(n / 2) == qs.len(); start + len <= n == x.len().
+    unsafe {
+        grouped_dot(scales, group, x.len(), |start, len| {
+            q4_group_sum(qs.as_ptr().add(start / 2), x.as_ptr().add(start), len)
+        })
     }
-    _mm512_reduce_add_ps(total)
 }
 
 /// Lane-wise partial sums of `q4[i] * x[i]` for `i < len`, `q` pointing at
