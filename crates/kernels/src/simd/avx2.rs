@@ -8,53 +8,62 @@
 
 use std::arch::x86_64::*;
 
+use super::lanes::{Lanes, axpy_vectors, dot_chains, fma4, impl_lanes, scale_vectors, sum4};
 use crate::quant::Q4_OFFSET;
 
 /// `f32` lanes per vector.
-const W: usize = 8;
+const W: usize = Avx2::N;
 
+/// 8 `f32` lanes in a `__m256`.
+struct Avx2;
+
+impl_lanes!(Avx2, __m256, 8, {
+    zero: _mm256_setzero_ps,
+    load: _mm256_loadu_ps,
+    store: _mm256_storeu_ps,
+    add: _mm256_add_ps,
+    mul: _mm256_mul_ps,
+    fmadd: _mm256_fmadd_ps,
+});
+
+/// Sums the 8 lanes in the tree of [`crate::int::reduce_lanes`]'s last
+/// three levels (the AVX-512 reduction ends with it).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn hsum(v: __m256) -> f32 {
+pub(super) fn hsum(v: __m256) -> f32 {
     let halves = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let pairs = _mm_add_ps(halves, _mm_movehl_ps(halves, halves));
     let single = _mm_add_ss(pairs, _mm_shuffle_ps::<1>(pairs, pairs));
     _mm_cvtss_f32(single)
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn sum4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m256 {
-    _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d))
-}
-
 /// Requires `a.len() == b.len()`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
-    let n = a.len();
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    // Four independent accumulators hide the FMA latency.
-    let [mut acc0, mut acc1, mut acc2, mut acc3] = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    // SAFETY: every load reads lanes i..i+W with i + W <= n, the length of
-    // both slices.
-    unsafe {
-        while i + 4 * W <= n {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + W)), _mm256_loadu_ps(pb.add(i + W)), acc1);
-            acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 2 * W)), _mm256_loadu_ps(pb.add(i + 2 * W)), acc2);
-            acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 3 * W)), _mm256_loadu_ps(pb.add(i + 3 * W)), acc3);
-            i += 4 * W;
-        }
-        while i + W <= n {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
-            i += W;
-        }
-    }
-    let mut sum = hsum(sum4(acc0, acc1, acc2, acc3));
+    let pa = a.as_ptr();
+    // SAFETY: both slices have length n.
+    unsafe { tailed_dot(b, |i| Avx2::load(pa.add(i)), |j| a[j]) }
+}
+
+/// `sum w[i] * x[i]`: whole vectors in [`dot_chains`], where `w(i)` gives
+/// the 8 weights from column `i` as `f32` lanes, then the columns left over
+/// in scalar, from `value(j)`.
+///
+/// # Safety
+/// The caller enables avx2 and fma, and `w(i)` must be sound for every `i`
+/// with `i + 8 <= x.len()`.
+#[inline(always)]
+unsafe fn tailed_dot(x: &[f32], w: impl Fn(usize) -> __m256, value: impl Fn(usize) -> f32) -> f32 {
+    let n = x.len();
+    // SAFETY: the chains read whole vectors below n == x.len(), as the
+    // caller allows.
+    let (mut sum, i) = unsafe {
+        let (acc, i) = dot_chains::<Avx2>(n, w, x.as_ptr());
+        (hsum(sum4::<Avx2>(acc)), i)
+    };
     for j in i..n {
-        sum += a[j] * b[j];
+        sum += value(j) * x[j];
     }
     sum
 }
@@ -76,29 +85,9 @@ unsafe fn load_bf16(p: *const u16) -> __m256 {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
-    let n = x.len();
-    let (pw, px) = (w.as_ptr(), x.as_ptr());
-    let [mut acc0, mut acc1, mut acc2, mut acc3] = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    // SAFETY: as in `dot_f32`; both slices have length n.
-    unsafe {
-        while i + 4 * W <= n {
-            acc0 = _mm256_fmadd_ps(load_bf16(pw.add(i)), _mm256_loadu_ps(px.add(i)), acc0);
-            acc1 = _mm256_fmadd_ps(load_bf16(pw.add(i + W)), _mm256_loadu_ps(px.add(i + W)), acc1);
-            acc2 = _mm256_fmadd_ps(load_bf16(pw.add(i + 2 * W)), _mm256_loadu_ps(px.add(i + 2 * W)), acc2);
-            acc3 = _mm256_fmadd_ps(load_bf16(pw.add(i + 3 * W)), _mm256_loadu_ps(px.add(i + 3 * W)), acc3);
-            i += 4 * W;
-        }
-        while i + W <= n {
-            acc0 = _mm256_fmadd_ps(load_bf16(pw.add(i)), _mm256_loadu_ps(px.add(i)), acc0);
-            i += W;
-        }
-    }
-    let mut sum = hsum(sum4(acc0, acc1, acc2, acc3));
-    for j in i..n {
-        sum += crate::quant::bf16_to_f32(w[j]) * x[j];
-    }
-    sum
+    let pw = w.as_ptr();
+    // SAFETY: both slices have length n.
+    unsafe { tailed_dot(x, |i| load_bf16(pw.add(i)), |j| crate::quant::bf16_to_f32(w[j])) }
 }
 
 /// Widens 8 int8 values at `q`.
@@ -116,24 +105,55 @@ unsafe fn load_q8(q: *const i8) -> __m256 {
 /// Requires the invariants of [`crate::scalar::check_q8_row`].
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_q8(qs: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
-    let n = x.len();
-    let mut total = _mm256_setzero_ps();
-    // Group tails shorter than a vector are summed in scalar and scaled
-    // separately, so the vector total never needs a per-group reduction.
-    let mut total_tail = 0.0f32;
-    for (g, &scale) in scales.iter().enumerate() {
-        let start = g * group;
-        let len = group.min(n - start);
-        // SAFETY: start + len <= n == qs.len() == x.len().
-        let (sum, tail_start) = unsafe { q8_group_sum(qs.as_ptr().add(start), x.as_ptr().add(start), len) };
-        total = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale), total);
-        let mut tail = 0.0f32;
-        for c in start + tail_start..start + len {
-            tail += f32::from(qs[c]) * x[c];
-        }
-        total_tail += tail * scale;
+    // SAFETY: every group's start + len <= n == qs.len() == x.len().
+    unsafe {
+        grouped_dot(
+            scales,
+            group,
+            x,
+            |start, len| q8_group_sum(qs.as_ptr().add(start), x.as_ptr().add(start), len),
+            |c| f32::from(qs[c]),
+        )
     }
-    hsum(total) + total_tail
+}
+
+/// `sum_g scales[g] * (q . x over group g)` for a quantized row of
+/// `x.len()` columns: `group_sum(start, len)` gives a group's lane-wise
+/// partial sums over its whole vectors and the first column they leave
+/// over; the columns left over are summed in scalar from `value(c)` and
+/// scaled separately, so the vector total never needs a per-group
+/// reduction.
+///
+/// # Safety
+/// The caller enables avx2 and fma, and `group_sum` must be sound for
+/// every group of the row.
+#[inline(always)]
+unsafe fn grouped_dot(
+    scales: &[f32],
+    group: usize,
+    x: &[f32],
+    group_sum: impl Fn(usize, usize) -> (__m256, usize),
+    value: impl Fn(usize) -> f32,
+) -> f32 {
+    let n = x.len();
+    // SAFETY: register-only operations of the caller's features, and
+    // `group_sum` as the caller allows.
+    unsafe {
+        let mut total = _mm256_setzero_ps();
+        let mut total_tail = 0.0f32;
+        for (g, &scale) in scales.iter().enumerate() {
+            let start = g * group;
+            let len = group.min(n - start);
+            let (sum, tail_start) = group_sum(start, len);
+            total = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale), total);
+            let mut tail = 0.0f32;
+            for c in start + tail_start..start + len {
+                tail += value(c) * x[c];
+            }
+            total_tail += tail * scale;
+        }
+        hsum(total) + total_tail
+    }
 }
 
 /// Lane-wise partial sums of `q[i] * x[i]` over the longest prefix of
@@ -144,30 +164,18 @@ pub(crate) unsafe fn dot_q8(qs: &[i8], scales: &[f32], group: usize, x: &[f32]) 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn q8_group_sum(q: *const i8, x: *const f32, len: usize) -> (__m256, usize) {
-    let [mut acc0, mut acc1, mut acc2, mut acc3] = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
     // SAFETY: every access stays below `len`.
     unsafe {
-        while i + 4 * W <= len {
-            acc0 = _mm256_fmadd_ps(load_q8(q.add(i)), _mm256_loadu_ps(x.add(i)), acc0);
-            acc1 = _mm256_fmadd_ps(load_q8(q.add(i + W)), _mm256_loadu_ps(x.add(i + W)), acc1);
-            acc2 = _mm256_fmadd_ps(load_q8(q.add(i + 2 * W)), _mm256_loadu_ps(x.add(i + 2 * W)), acc2);
-            acc3 = _mm256_fmadd_ps(load_q8(q.add(i + 3 * W)), _mm256_loadu_ps(x.add(i + 3 * W)), acc3);
-            i += 4 * W;
-        }
-        while i + W <= len {
-            acc0 = _mm256_fmadd_ps(load_q8(q.add(i)), _mm256_loadu_ps(x.add(i)), acc0);
-            i += W;
-        }
+        let (acc, i) = dot_chains::<Avx2>(len, |i| load_q8(q.add(i)), x);
+        (sum4::<Avx2>(acc), i)
     }
-    (sum4(acc0, acc1, acc2, acc3), i)
 }
 
 /// Unpacks 16 packed q4 bytes (32 columns) into the signed values of columns
 /// 0..16 and 16..32, one byte per value.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn unpack_q4x32(bytes: __m128i) -> (__m128i, __m128i) {
+pub(super) fn unpack_q4x32(bytes: __m128i) -> (__m128i, __m128i) {
     let low_nibble = _mm_set1_epi8(0x0F);
     let lo = _mm_and_si128(bytes, low_nibble);
     // A 16-bit shift is fine: the mask drops the bits crossing byte borders.
@@ -189,23 +197,17 @@ fn widen_i8x16(v: __m128i) -> (__m256, __m256) {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_q4(qs: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
     debug_assert_eq!(group % 2, 0);
-    let n = x.len();
-    let mut total = _mm256_setzero_ps();
-    let mut total_tail = 0.0f32;
-    for (g, &scale) in scales.iter().enumerate() {
-        let start = g * group;
-        let len = group.min(n - start);
-        // SAFETY: start is even and the group's ceil(len / 2) bytes end at or
-        // before ceil(n / 2) == qs.len(); start + len <= n == x.len().
-        let (sum, tail_start) = unsafe { q4_group_sum(qs.as_ptr().add(start / 2), x.as_ptr().add(start), len) };
-        total = _mm256_fmadd_ps(sum, _mm256_set1_ps(scale), total);
-        let mut tail = 0.0f32;
-        for c in start + tail_start..start + len {
-            tail += crate::quant::q4_at(qs, c) as f32 * x[c];
-        }
-        total_tail += tail * scale;
+    // SAFETY: every group's start is even and its ceil(len / 2) bytes end at
+    // or before ceil(n / 2) == qs.len(); start + len <= n == x.len().
+    unsafe {
+        grouped_dot(
+            scales,
+            group,
+            x,
+            |start, len| q4_group_sum(qs.as_ptr().add(start / 2), x.as_ptr().add(start), len),
+            |c| crate::quant::q4_at(qs, c) as f32,
+        )
     }
-    hsum(total) + total_tail
 }
 
 /// Lane-wise partial sums of `q4[i] * x[i]` over the longest prefix of
@@ -217,7 +219,7 @@ pub(crate) unsafe fn dot_q4(qs: &[u8], scales: &[f32], group: usize, x: &[f32]) 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn q4_group_sum(q: *const u8, x: *const f32, len: usize) -> (__m256, usize) {
-    let [mut acc0, mut acc1, mut acc2, mut acc3] = [_mm256_setzero_ps(); 4];
+    let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     // SAFETY: a 32-column step reads bytes i/2..i/2+16 and values i..i+32
     // with i + 32 <= len; a 16-column step reads 8 bytes and 16 values with
@@ -227,22 +229,19 @@ unsafe fn q4_group_sum(q: *const u8, x: *const f32, len: usize) -> (__m256, usiz
             let (first, second) = unpack_q4x32(_mm_loadu_si128(q.add(i / 2).cast()));
             let (a, b) = widen_i8x16(first);
             let (c, d) = widen_i8x16(second);
-            acc0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(x.add(i)), acc0);
-            acc1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(x.add(i + W)), acc1);
-            acc2 = _mm256_fmadd_ps(c, _mm256_loadu_ps(x.add(i + 2 * W)), acc2);
-            acc3 = _mm256_fmadd_ps(d, _mm256_loadu_ps(x.add(i + 3 * W)), acc3);
+            acc = fma4::<Avx2>(acc, [a, b, c, d], x.add(i));
             i += 4 * W;
         }
         if i + 2 * W <= len {
             // Only the low 8 bytes are loaded, so only `first` is meaningful.
             let (first, _) = unpack_q4x32(_mm_loadl_epi64(q.add(i / 2).cast()));
             let (a, b) = widen_i8x16(first);
-            acc0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(x.add(i)), acc0);
-            acc1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(x.add(i + W)), acc1);
+            acc[0] = _mm256_fmadd_ps(a, _mm256_loadu_ps(x.add(i)), acc[0]);
+            acc[1] = _mm256_fmadd_ps(b, _mm256_loadu_ps(x.add(i + W)), acc[1]);
             i += 2 * W;
         }
+        (sum4::<Avx2>(acc), i)
     }
-    (sum4(acc0, acc1, acc2, acc3), i)
 }
 
 /// Requires `x.len() == y.len()`.
@@ -250,18 +249,9 @@ unsafe fn q4_group_sum(q: *const u8, x: *const f32, len: usize) -> (__m256, usiz
 pub(crate) unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     debug_assert_eq!(x.len(), y.len());
     let n = x.len();
-    let (px, py) = (x.as_ptr(), y.as_mut_ptr());
-    let alpha_v = _mm256_set1_ps(alpha);
-    let mut i = 0;
-    // SAFETY: accesses stay below n, the length of both slices; `x` and `y`
-    // cannot alias (shared vs exclusive borrow).
-    unsafe {
-        while i + W <= n {
-            let v = _mm256_fmadd_ps(alpha_v, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i)));
-            _mm256_storeu_ps(py.add(i), v);
-            i += W;
-        }
-    }
+    // SAFETY: n is the length of both slices; `x` and `y` cannot alias
+    // (shared vs exclusive borrow).
+    let i = unsafe { axpy_vectors::<Avx2>(_mm256_set1_ps(alpha), x.as_ptr(), y.as_mut_ptr(), n) };
     for j in i..n {
         y[j] = alpha.mul_add(x[j], y[j]);
     }
@@ -270,17 +260,8 @@ pub(crate) unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 /// No length invariant.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn scale(alpha: f32, x: &mut [f32]) {
-    let n = x.len();
-    let px = x.as_mut_ptr();
-    let alpha_v = _mm256_set1_ps(alpha);
-    let mut i = 0;
-    // SAFETY: accesses stay below n == x.len().
-    unsafe {
-        while i + W <= n {
-            _mm256_storeu_ps(px.add(i), _mm256_mul_ps(alpha_v, _mm256_loadu_ps(px.add(i))));
-            i += W;
-        }
-    }
+    // SAFETY: the vectors stay inside `x`.
+    let i = unsafe { scale_vectors::<Avx2>(_mm256_set1_ps(alpha), x.as_mut_ptr(), x.len()) };
     for v in &mut x[i..] {
         *v *= alpha;
     }
@@ -304,10 +285,7 @@ use crate::int::{BLOCK_BYTES, IntWeights, store_tile};
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn reduce_halves(lo: __m256, hi: __m256) -> f32 {
-    let v8 = _mm256_add_ps(lo, hi);
-    let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps::<1>(v8));
-    let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
-    _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps::<1>(v2, v2)))
+    hsum(_mm256_add_ps(lo, hi))
 }
 
 /// Expands a half block's weight scales to its 8 lanes. Groups are powers

@@ -8,10 +8,22 @@
 
 use std::arch::x86_64::*;
 
-use crate::quant::Q4_OFFSET;
+use super::lanes::{Lanes, axpy_vectors, dot_chains, fma4, impl_lanes, scale_vectors, sum4};
 
 /// `f32` lanes per vector.
-const W: usize = 16;
+const W: usize = Avx512::N;
+
+/// 16 `f32` lanes in a `__m512`.
+struct Avx512;
+
+impl_lanes!(Avx512, __m512, 16, {
+    zero: _mm512_setzero_ps,
+    load: _mm512_loadu_ps,
+    store: _mm512_storeu_ps,
+    add: _mm512_add_ps,
+    mul: _mm512_mul_ps,
+    fmadd: _mm512_fmadd_ps,
+});
 
 /// Mask of the first `n <= 16` lanes.
 #[inline]
@@ -20,41 +32,37 @@ fn first_lanes(n: usize) -> __mmask16 {
     ((1u32 << n) - 1) as __mmask16
 }
 
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn sum4(a: __m512, b: __m512, c: __m512, d: __m512) -> __m512 {
-    _mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d))
-}
-
 /// Requires `a.len() == b.len()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let n = a.len();
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    // Four independent accumulators hide the FMA latency.
-    let [mut acc0, mut acc1, mut acc2, mut acc3] = [_mm512_setzero_ps(); 4];
-    let mut i = 0;
-    // SAFETY: full loads read lanes i..i+W with i + W <= n; the masked tail
-    // only touches lanes below n. Both slices have length n.
+    let pa = a.as_ptr();
+    // SAFETY: both slices have length n.
+    unsafe { _mm512_reduce_add_ps(masked_dot(n, |m, i| _mm512_maskz_loadu_ps(m, pa.add(i)), b.as_ptr())) }
+}
+
+/// Lane-wise partial sums of `w(m, i) * x[i]` for `i < len`, where
+/// `w(m, i)` gives the lanes of `m` of the 16 weights from column `i` as
+/// `f32` (zero elsewhere): whole vectors in [`dot_chains`], then one masked
+/// step for the tail.
+///
+/// # Safety
+/// `w(m, i)` must be sound for the lanes of `m` below `len`, and `len`
+/// values must be readable at `x`.
+#[inline(always)]
+unsafe fn masked_dot(len: usize, w: impl Fn(__mmask16, usize) -> __m512, x: *const f32) -> __m512 {
+    let all = first_lanes(W);
+    // SAFETY: the chains read whole vectors below `len`; the tail only the
+    // lanes below `len`.
     unsafe {
-        while i + 4 * W <= n {
-            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i + W)), _mm512_loadu_ps(pb.add(i + W)), acc1);
-            acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i + 2 * W)), _mm512_loadu_ps(pb.add(i + 2 * W)), acc2);
-            acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i + 3 * W)), _mm512_loadu_ps(pb.add(i + 3 * W)), acc3);
-            i += 4 * W;
+        let (mut acc, i) = dot_chains::<Avx512>(len, |i| w(all, i), x);
+        if i < len {
+            let m = first_lanes(len - i);
+            acc[1] = _mm512_fmadd_ps(w(m, i), _mm512_maskz_loadu_ps(m, x.add(i)), acc[1]);
         }
-        while i + W <= n {
-            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), acc0);
-            i += W;
-        }
-        if i < n {
-            let m = first_lanes(n - i);
-            acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, pa.add(i)), _mm512_maskz_loadu_ps(m, pb.add(i)), acc1);
-        }
+        sum4::<Avx512>(acc)
     }
-    _mm512_reduce_add_ps(sum4(acc0, acc1, acc2, acc3))
 }
 
 /// Widens 16 bf16 values at `p` (masked to the first lanes of `m`).
@@ -75,29 +83,9 @@ unsafe fn load_bf16(m: __mmask16, p: *const u16) -> __m512 {
 pub(crate) unsafe fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     let n = x.len();
-    let (pw, px) = (w.as_ptr(), x.as_ptr());
-    let all = first_lanes(W);
-    let [mut acc0, mut acc1, mut acc2, mut acc3] = [_mm512_setzero_ps(); 4];
-    let mut i = 0;
-    // SAFETY: as in `dot_f32`; both slices have length n.
-    unsafe {
-        while i + 4 * W <= n {
-            acc0 = _mm512_fmadd_ps(load_bf16(all, pw.add(i)), _mm512_loadu_ps(px.add(i)), acc0);
-            acc1 = _mm512_fmadd_ps(load_bf16(all, pw.add(i + W)), _mm512_loadu_ps(px.add(i + W)), acc1);
-            acc2 = _mm512_fmadd_ps(load_bf16(all, pw.add(i + 2 * W)), _mm512_loadu_ps(px.add(i + 2 * W)), acc2);
-            acc3 = _mm512_fmadd_ps(load_bf16(all, pw.add(i + 3 * W)), _mm512_loadu_ps(px.add(i + 3 * W)), acc3);
-            i += 4 * W;
-        }
-        while i + W <= n {
-            acc0 = _mm512_fmadd_ps(load_bf16(all, pw.add(i)), _mm512_loadu_ps(px.add(i)), acc0);
-            i += W;
-        }
-        if i < n {
-            let m = first_lanes(n - i);
-            acc1 = _mm512_fmadd_ps(load_bf16(m, pw.add(i)), _mm512_maskz_loadu_ps(m, px.add(i)), acc1);
-        }
-    }
-    _mm512_reduce_add_ps(sum4(acc0, acc1, acc2, acc3))
+    let pw = w.as_ptr();
+    // SAFETY: both slices have length n.
+    unsafe { _mm512_reduce_add_ps(masked_dot(n, |m, i| load_bf16(m, pw.add(i)), x.as_ptr())) }
 }
 
 /// Widens 16 int8 values at `q` (masked to the first lanes of `m`).
@@ -115,18 +103,35 @@ unsafe fn load_q8(m: __mmask16, q: *const i8) -> __m512 {
 /// Requires the invariants of [`crate::scalar::check_q8_row`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn dot_q8(qs: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
-    let n = x.len();
-    let mut total = _mm512_setzero_ps();
-    for (g, &scale) in scales.iter().enumerate() {
-        let start = g * group;
-        let len = group.min(n - start);
-        // SAFETY: start + len <= n == qs.len() == x.len().
-        let sum = unsafe { q8_group_sum(qs.as_ptr().add(start), x.as_ptr().add(start), len) };
-        // Scaling the vector partial sums (not a reduced scalar) keeps the
-        // horizontal reduction out of the per-group loop.
-        total = _mm512_fmadd_ps(sum, _mm512_set1_ps(scale), total);
+    // SAFETY: every group's start + len <= n == qs.len() == x.len().
+    unsafe {
+        grouped_dot(scales, group, x.len(), |start, len| {
+            q8_group_sum(qs.as_ptr().add(start), x.as_ptr().add(start), len)
+        })
     }
-    _mm512_reduce_add_ps(total)
+}
+
+/// `sum_g scales[g] * (q . x over group g)` for a quantized row of `cols`
+/// columns, `group_sum(start, len)` giving a group's lane-wise partial
+/// sums. Scaling the vector partial sums (not a reduced scalar) keeps the
+/// horizontal reduction out of the per-group loop.
+///
+/// # Safety
+/// The caller enables the features, and `group_sum` must be sound for every
+/// group of the row.
+#[inline(always)]
+unsafe fn grouped_dot(scales: &[f32], group: usize, cols: usize, group_sum: impl Fn(usize, usize) -> __m512) -> f32 {
+    // SAFETY: register-only operations of the caller's features, and
+    // `group_sum` as the caller allows.
+    unsafe {
+        let mut total = _mm512_setzero_ps();
+        for (g, &scale) in scales.iter().enumerate() {
+            let start = g * group;
+            let len = group.min(cols - start);
+            total = _mm512_fmadd_ps(group_sum(start, len), _mm512_set1_ps(scale), total);
+        }
+        _mm512_reduce_add_ps(total)
+    }
 }
 
 /// Lane-wise partial sums of `q[i] * x[i]` for `i < len`.
@@ -136,28 +141,8 @@ pub(crate) unsafe fn dot_q8(qs: &[i8], scales: &[f32], group: usize, x: &[f32]) 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn q8_group_sum(q: *const i8, x: *const f32, len: usize) -> __m512 {
-    let all = first_lanes(W);
-    let [mut acc0, mut acc1, mut acc2, mut acc3] = [_mm512_setzero_ps(); 4];
-    let mut i = 0;
     // SAFETY: every access stays below `len`, which the caller guarantees.
-    unsafe {
-        while i + 4 * W <= len {
-            acc0 = _mm512_fmadd_ps(load_q8(all, q.add(i)), _mm512_loadu_ps(x.add(i)), acc0);
-            acc1 = _mm512_fmadd_ps(load_q8(all, q.add(i + W)), _mm512_loadu_ps(x.add(i + W)), acc1);
-            acc2 = _mm512_fmadd_ps(load_q8(all, q.add(i + 2 * W)), _mm512_loadu_ps(x.add(i + 2 * W)), acc2);
-            acc3 = _mm512_fmadd_ps(load_q8(all, q.add(i + 3 * W)), _mm512_loadu_ps(x.add(i + 3 * W)), acc3);
-            i += 4 * W;
-        }
-        while i + W <= len {
-            acc0 = _mm512_fmadd_ps(load_q8(all, q.add(i)), _mm512_loadu_ps(x.add(i)), acc0);
-            i += W;
-        }
-        if i < len {
-            let m = first_lanes(len - i);
-            acc1 = _mm512_fmadd_ps(load_q8(m, q.add(i)), _mm512_maskz_loadu_ps(m, x.add(i)), acc1);
-        }
-    }
-    sum4(acc0, acc1, acc2, acc3)
+    unsafe { masked_dot(len, |m, i| load_q8(m, q.add(i)), x) }
 }
 
 /// Unpacks 16 q4 bytes (32 columns) into two vectors: columns 0..16 and
@@ -165,14 +150,7 @@ unsafe fn q8_group_sum(q: *const i8, x: *const f32, len: usize) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 fn decode_q4x32(bytes: __m128i) -> (__m512, __m512) {
-    let low_nibble = _mm_set1_epi8(0x0F);
-    let lo = _mm_and_si128(bytes, low_nibble);
-    // A 16-bit shift is fine: the mask drops the bits crossing byte borders.
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(bytes), low_nibble);
-    // Low nibble = even column, so interleaving lo/hi restores column order.
-    let offset = _mm_set1_epi8(Q4_OFFSET as i8);
-    let first = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), offset);
-    let second = _mm_sub_epi8(_mm_unpackhi_epi8(lo, hi), offset);
+    let (first, second) = super::avx2::unpack_q4x32(bytes);
     (_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(first)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(second)))
 }
 
@@ -181,17 +159,13 @@ fn decode_q4x32(bytes: __m128i) -> (__m512, __m512) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn dot_q4(qs: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
     debug_assert_eq!(group % 2, 0);
-    let n = x.len();
-    let mut total = _mm512_setzero_ps();
-    for (g, &scale) in scales.iter().enumerate() {
-        let start = g * group;
-        let len = group.min(n - start);
-        // SAFETY: start is even, and the group's ceil(len / 2) bytes end at
-        // or before ceil(n / 2) == qs.len(); start + len <= n == x.len().
-        let sum = unsafe { q4_group_sum(qs.as_ptr().add(start / 2), x.as_ptr().add(start), len) };
-        total = _mm512_fmadd_ps(sum, _mm512_set1_ps(scale), total);
+    // SAFETY: every group's start is even, and its ceil(len / 2) bytes end
+    // at or before ceil(n / 2) == qs.len(); start + len <= n == x.len().
+    unsafe {
+        grouped_dot(scales, group, x.len(), |start, len| {
+            q4_group_sum(qs.as_ptr().add(start / 2), x.as_ptr().add(start), len)
+        })
     }
-    _mm512_reduce_add_ps(total)
 }
 
 /// Lane-wise partial sums of `q4[i] * x[i]` for `i < len`, `q` pointing at
@@ -202,7 +176,7 @@ pub(crate) unsafe fn dot_q4(qs: &[u8], scales: &[f32], group: usize, x: &[f32]) 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn q4_group_sum(q: *const u8, x: *const f32, len: usize) -> __m512 {
-    let [mut acc0, mut acc1, mut acc2, mut acc3] = [_mm512_setzero_ps(); 4];
+    let mut acc = [_mm512_setzero_ps(); 4];
     let mut i = 0;
     // SAFETY: full steps read bytes i/2..i/2+16 and values i..i+32 with
     // i + 32 <= len; the tail masks both to what the caller guarantees.
@@ -210,16 +184,13 @@ unsafe fn q4_group_sum(q: *const u8, x: *const f32, len: usize) -> __m512 {
         while i + 4 * W <= len {
             let (a, b) = decode_q4x32(_mm_loadu_si128(q.add(i / 2).cast()));
             let (c, d) = decode_q4x32(_mm_loadu_si128(q.add(i / 2 + W).cast()));
-            acc0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(x.add(i)), acc0);
-            acc1 = _mm512_fmadd_ps(b, _mm512_loadu_ps(x.add(i + W)), acc1);
-            acc2 = _mm512_fmadd_ps(c, _mm512_loadu_ps(x.add(i + 2 * W)), acc2);
-            acc3 = _mm512_fmadd_ps(d, _mm512_loadu_ps(x.add(i + 3 * W)), acc3);
+            acc = fma4::<Avx512>(acc, [a, b, c, d], x.add(i));
             i += 4 * W;
         }
         if i + 2 * W <= len {
             let (a, b) = decode_q4x32(_mm_loadu_si128(q.add(i / 2).cast()));
-            acc0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(x.add(i)), acc0);
-            acc1 = _mm512_fmadd_ps(b, _mm512_loadu_ps(x.add(i + W)), acc1);
+            acc[0] = _mm512_fmadd_ps(a, _mm512_loadu_ps(x.add(i)), acc[0]);
+            acc[1] = _mm512_fmadd_ps(b, _mm512_loadu_ps(x.add(i + W)), acc[1]);
             i += 2 * W;
         }
         if i < len {
@@ -230,11 +201,11 @@ unsafe fn q4_group_sum(q: *const u8, x: *const f32, len: usize) -> __m512 {
             // masked loads, contributing exactly zero.
             let m_first = first_lanes(rem.min(W));
             let m_second = first_lanes(rem.saturating_sub(W));
-            acc2 = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m_first, x.add(i)), acc2);
-            acc3 = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m_second, x.add(i + W)), acc3);
+            acc[2] = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m_first, x.add(i)), acc[2]);
+            acc[3] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m_second, x.add(i + W)), acc[3]);
         }
+        sum4::<Avx512>(acc)
     }
-    sum4(acc0, acc1, acc2, acc3)
 }
 
 /// Requires `x.len() == y.len()`.
@@ -244,15 +215,10 @@ pub(crate) unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     let n = x.len();
     let (px, py) = (x.as_ptr(), y.as_mut_ptr());
     let alpha_v = _mm512_set1_ps(alpha);
-    let mut i = 0;
     // SAFETY: accesses stay below n, the length of both slices; `x` and `y`
     // cannot alias (shared vs exclusive borrow).
     unsafe {
-        while i + W <= n {
-            let v = _mm512_fmadd_ps(alpha_v, _mm512_loadu_ps(px.add(i)), _mm512_loadu_ps(py.add(i)));
-            _mm512_storeu_ps(py.add(i), v);
-            i += W;
-        }
+        let i = axpy_vectors::<Avx512>(alpha_v, px, py, n);
         if i < n {
             let m = first_lanes(n - i);
             let v = _mm512_fmadd_ps(alpha_v, _mm512_maskz_loadu_ps(m, px.add(i)), _mm512_maskz_loadu_ps(m, py.add(i)));
@@ -456,13 +422,9 @@ pub(crate) unsafe fn scale(alpha: f32, x: &mut [f32]) {
     let n = x.len();
     let px = x.as_mut_ptr();
     let alpha_v = _mm512_set1_ps(alpha);
-    let mut i = 0;
     // SAFETY: accesses stay below n == x.len().
     unsafe {
-        while i + W <= n {
-            _mm512_storeu_ps(px.add(i), _mm512_mul_ps(alpha_v, _mm512_loadu_ps(px.add(i))));
-            i += W;
-        }
+        let i = scale_vectors::<Avx512>(alpha_v, px, n);
         if i < n {
             let m = first_lanes(n - i);
             let v = _mm512_mul_ps(alpha_v, _mm512_maskz_loadu_ps(m, px.add(i)));
@@ -540,10 +502,7 @@ fn dpwssd(mut acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
 fn reduce_lanes(v: __m512) -> f32 {
     let lo = _mm512_castps512_ps256(v);
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-    let v8 = _mm256_add_ps(lo, hi);
-    let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps::<1>(v8));
-    let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
-    _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps::<1>(v2, v2)))
+    super::avx2::hsum(_mm256_add_ps(lo, hi))
 }
 
 /// Expands one block's weight scales to its 16 lanes. Groups are powers of

@@ -5,7 +5,8 @@
 //! and then passed by value: a tiny `Copy` token instead of global state, so
 //! tests can force the scalar path next to the vector ones in one process.
 //!
-//! The `#[target_feature]` bodies live in `avx512` and `avx2` (x86_64 only).
+//! The `#[target_feature]` bodies live in `avx512` and `avx2` (x86_64 only),
+//! and the loops they share, written once over the lane width, in `lanes`.
 //! Every dispatching method asserts the length invariants those bodies rely
 //! on before entering them, which is what makes the `unsafe` calls sound.
 //! On other architectures everything runs the [`crate::scalar`] reference.
@@ -14,6 +15,8 @@
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod lanes;
 
 use crate::scalar;
 
