@@ -84,8 +84,7 @@ pub fn resolve_model(model: Option<&Path>, cache_dir: &Path, progress: bool) -> 
 fn gguf_in(path: &Path) -> Option<PathBuf> {
     let is_gguf = |file: &Path| {
         let mut magic = [0u8; 4];
-        fs::File::open(file).and_then(|mut f| f.read_exact(&mut magic)).is_ok()
-            && &magic == b"GGUF"
+        fs::File::open(file).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"GGUF"
     };
     if path.is_file() {
         return is_gguf(path).then(|| path.to_path_buf());
