@@ -182,7 +182,12 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
     let mut options = strata_engine::EngineOptions {
         threads: a.get("threads", 0usize)?,
         sessions: streams,
-        context_tokens: Some(a.get("context", 1024usize)?),
+        // 1024 by default, which the demo (256 positions) would refuse: it
+        // runs at its own context.
+        context_tokens: match a.get("context", if model.is_empty() { 0 } else { 1024usize })? {
+            0 => None,
+            n => Some(n),
+        },
         io: a.get("io", strata_engine::IoBackend::default())?,
         prefill_chunk_tokens: match a.get("prefill-chunk", 0usize)? {
             0 => None,

@@ -224,6 +224,19 @@ fn an_overflowing_context_is_refused_not_wrapped() {
     assert_clean_failure(&run(&u64::MAX.to_string()), &["context"]);
 }
 
+/// A context past the positions the model was trained for (the demo's 256)
+/// is refused, not run into text that degrades without a word.
+#[test]
+fn a_context_past_max_position_embeddings_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_q8(dir.path());
+    let run = |context: &str| {
+        strata(&["generate", path(&model), "--tokens", "1,2", "--max-new-tokens", "2", "--context", context])
+    };
+    assert_clean_failure(&run("257"), &["257 tokens is beyond the 256 positions", "max_position_embeddings"]);
+    assert!(run("256").status.success());
+}
+
 /// `--max-new-tokens` past the context is refused before generating, with
 /// the largest value that fits, not after filling the context.
 #[test]

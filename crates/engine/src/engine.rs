@@ -229,6 +229,19 @@ impl Engine {
             Some(0) => {
                 return Err(Error::InvalidOption { option: "context", reason: "must be at least 1 token".into() });
             }
+            // Positions past the trained range give text that degrades
+            // without any error; llama.cpp warns, and a library cannot be
+            // sure its caller shows a warning, so it refuses.
+            Some(n) if n > spec.max_position_embeddings => {
+                return Err(Error::InvalidOption {
+                    option: "context",
+                    reason: format!(
+                        "{n} tokens is beyond the {} positions this model was trained for (max_position_embeddings \
+                         in its config.json)",
+                        spec.max_position_embeddings
+                    ),
+                });
+            }
             Some(n) => n,
             None => spec.max_position_embeddings.clamp(1, CONTEXT_TOKENS_DEFAULT_MAX),
         };
