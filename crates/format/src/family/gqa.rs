@@ -6,9 +6,7 @@ use serde_json::{Map, Value};
 use super::{CoreDims, Family};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{
-    LayerKind, ModelSpec, MoeSpec, NormStyle, QkNorm, RouterSpec, expert_count, parse_rope, special_tokens,
-};
+use crate::spec::{CommonFields, LayerKind, ModelSpec, MoeSpec, RouterSpec, expert_count, parse_rope, special_tokens};
 
 /// A GQA family's config-class defaults for the fields all of them read.
 pub(super) struct Defaults {
@@ -91,7 +89,7 @@ pub(super) fn parse_fields<'a>(
     let dense_intermediate_size = cfg.usize("intermediate_size")?.unwrap_or(0);
     let (bos_token_id, eos_token_ids) = special_tokens(&cfg, (defaults.bos_token_id, defaults.eos_token_ids.to_vec()))?;
 
-    let spec = ModelSpec {
+    let spec = ModelSpec::from_common(CommonFields {
         family,
         vocab_size,
         hidden_size,
@@ -103,25 +101,11 @@ pub(super) fn parse_fields<'a>(
         rope,
         max_position_embeddings,
         tie_word_embeddings,
-        attention_bias: false,
-        qk_norm: QkNorm::None,
-        clip_qkv: None,
-        sliding_window: None,
         moe: MoeSpec { num_experts, top_k, intermediate_size, norm_topk_prob: false },
-        router: RouterSpec::default(),
-        shared_intermediate_size: None,
-        mla: None,
-        dsa: None,
         dense_intermediate_size,
-        layers: vec![LayerKind::Moe; num_layers],
-        mixers: Vec::new(),
-        linear_attention: None,
-        norm_style: NormStyle::Weight,
-        attn_output_gate: false,
-        shared_expert_gate: false,
         bos_token_id,
         eos_token_ids,
-    };
+    });
     Ok((spec, cfg))
 }
 

@@ -11,7 +11,7 @@ use super::{CoreDims, Family};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
-    LayerKind, MlaSpec, ModelSpec, MoeSpec, NormStyle, QkNorm, RouterSpec, ScoringFunc, expert_count, parse_rope,
+    CommonFields, LayerKind, MlaSpec, ModelSpec, MoeSpec, QkNorm, RouterSpec, ScoringFunc, expert_count, parse_rope,
     special_tokens,
 };
 
@@ -84,7 +84,7 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
     let shared_intermediate_size = (n_shared > 0).then(|| moe_intermediate_size * n_shared);
     let (bos_token_id, eos_token_ids) = special_tokens(cfg, (Some(0), vec![1]))?;
 
-    Ok(ModelSpec {
+    let mut spec = ModelSpec::from_common(CommonFields {
         family,
         vocab_size,
         hidden_size,
@@ -96,25 +96,17 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
         rope,
         max_position_embeddings,
         tie_word_embeddings: cfg.bool("tie_word_embeddings")?.unwrap_or(false),
-        attention_bias: cfg.bool("attention_bias")?.unwrap_or(false),
-        qk_norm: QkNorm::None,
-        clip_qkv: None,
-        sliding_window: None,
         moe,
-        router,
-        shared_intermediate_size,
-        mla: Some(mla),
-        dsa: None,
         dense_intermediate_size: cfg.req_usize("intermediate_size")?,
-        layers: dense_first_layer_kinds(cfg, num_layers)?,
-        mixers: Vec::new(),
-        linear_attention: None,
-        norm_style: NormStyle::Weight,
-        attn_output_gate: false,
-        shared_expert_gate: false,
         bos_token_id,
         eos_token_ids,
-    })
+    });
+    spec.attention_bias = cfg.bool("attention_bias")?.unwrap_or(false);
+    spec.router = router;
+    spec.shared_intermediate_size = shared_intermediate_size;
+    spec.mla = Some(mla);
+    spec.layers = dense_first_layer_kinds(cfg, num_layers)?;
+    Ok(spec)
 }
 
 /// DeepseekV3DecoderLayer: MoE iff `layer >= first_k_dense_replace`.
