@@ -187,7 +187,7 @@ pub fn dense_tensors(spec: &ModelSpec) -> Vec<TensorDesc> {
     let mut out = Vec::new();
     let mut push = |name: String, shape: Vec<usize>, kind: TensorKind| out.push(TensorDesc { name, shape, kind });
     push(embedding_name(spec), vec![spec.vocab_size, h], TensorKind::Embedding);
-    for (layer, blocks) in spec.arch().layers.iter().enumerate() {
+    for (layer, blocks) in spec.layer_specs().iter().enumerate() {
         let t = |suffix: &str| layer_tensor(spec, layer, suffix);
         push(t("input_layernorm.weight"), vec![h], TensorKind::Norm);
         match &blocks.attention {

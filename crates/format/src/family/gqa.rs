@@ -6,7 +6,10 @@ use serde_json::{Map, Value};
 use super::{CoreDims, Family};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{CommonFields, LayerKind, ModelSpec, MoeSpec, RouterSpec, expert_count, parse_rope, special_tokens};
+use crate::spec::{
+    AttentionKind, CommonFields, GqaSpec, LayerKind, ModelSpec, MoeSpec, RouterSpec, expert_count, parse_rope,
+    special_tokens,
+};
 
 /// A GQA family's config-class defaults for the fields all of them read.
 pub(super) struct Defaults {
@@ -127,6 +130,23 @@ pub(super) fn validate(spec: &ModelSpec, has_dense_layers: bool) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Every layer's mixer: grouped-query attention with the model's heads,
+/// rotating every layer.
+pub(super) fn attention(spec: &ModelSpec) -> AttentionKind {
+    AttentionKind::Gqa(GqaSpec {
+        num_heads: spec.num_heads,
+        num_kv_heads: spec.num_kv_heads,
+        head_dim: spec.head_dim,
+        qk_norm: spec.qk_norm,
+        clip_qkv: spec.clip_qkv,
+        bias: spec.attention_bias,
+        sliding_window: spec.sliding_window,
+        rope: Some(spec.rope),
+        sinks: false,
+        output_gate: spec.attn_output_gate,
+    })
 }
 
 /// The config.json keys every GQA family writes alike.

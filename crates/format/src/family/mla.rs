@@ -11,8 +11,8 @@ use super::{CoreDims, Family};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
-    CommonFields, LayerKind, MlaSpec, ModelSpec, MoeSpec, QkNorm, RouterSpec, ScoringFunc, expert_count, parse_rope,
-    special_tokens,
+    AttentionKind, CommonFields, IndexerSpec, LayerKind, MlaAttention, MlaSpec, ModelSpec, MoeSpec, QkNorm, RouterSpec,
+    ScoringFunc, expert_count, parse_rope, special_tokens,
 };
 
 /// A family's config-class defaults for the fields all of them read.
@@ -226,6 +226,28 @@ fn validate_router(spec: &ModelSpec) -> Result<()> {
         return Err(Error::invalid("routed_scaling_factor", "must be finite"));
     }
     Ok(())
+}
+
+/// Layer `layer`'s mixer: latent attention with its DSA indexer where the
+/// model has one.
+pub(super) fn attention(spec: &ModelSpec, layer: usize) -> AttentionKind {
+    // validate() refuses an MLA family without its dimensions; a spec not
+    // validated reads as GQA, as the flat spec always did.
+    let Some(dims) = spec.mla else {
+        return super::gqa::attention(spec);
+    };
+    AttentionKind::Mla(MlaAttention {
+        num_heads: spec.num_heads,
+        dims,
+        rope: spec.rope,
+        bias: spec.attention_bias,
+        indexer: spec.dsa.as_ref().map(|dsa| IndexerSpec {
+            kind: dsa.indexer_types[layer],
+            topk: dsa.index_topk,
+            head_dim: dsa.index_head_dim,
+            n_heads: dsa.index_n_heads,
+        }),
+    })
 }
 
 /// The config.json keys every MLA family writes alike (5.x spelling).

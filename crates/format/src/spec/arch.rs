@@ -94,3 +94,48 @@ impl ModelArch {
 fn disagreement(what: String) -> Error {
     Error::SpecDisagrees { what }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::spec::MixerKind;
+    use crate::synth::like_config;
+
+    fn like(name: &str) -> String {
+        like_config(name, None).unwrap()
+    }
+
+    /// The engine sized prefill chunks by `hidden·(4 + 2·top_k) + 2·q_dim +
+    /// experts` floats per token before the estimate moved to the layers;
+    /// a model whose layers are alike must keep that number.
+    #[test]
+    fn the_activation_estimate_of_alike_layers_is_the_engines_former_one() {
+        let spec = ModelSpec::from_config_json(&like("qwen3-30b-a3b")).unwrap();
+        let floats = spec.hidden_size * (4 + 2 * spec.moe.top_k) + 2 * spec.q_dim() + spec.moe.num_experts;
+        assert_eq!(spec.arch().activation_bytes_per_token(), 4 * floats);
+    }
+
+    #[test]
+    fn a_stored_spec_whose_mixers_differ_from_its_config_is_refused_naming_the_layer() {
+        let config = like("qwen3-next-80b-a3b");
+        let mut frozen = ModelSpec::from_config_json(&config).unwrap();
+        assert_eq!(ModelArch::from_stored(&config, &frozen).unwrap(), frozen.arch());
+        let first_linear = frozen.mixers.iter().position(|m| *m == MixerKind::Linear).unwrap();
+        frozen.mixers[first_linear] = MixerKind::Full;
+        let err = ModelArch::from_stored(&config, &frozen).unwrap_err();
+        assert!(matches!(err, Error::SpecDisagrees { .. }), "{err}");
+        assert!(err.to_string().contains(&format!("layer {first_linear}: gated deltanet")), "{err}");
+    }
+
+    #[test]
+    fn a_layer_describes_its_own_window_and_cache() {
+        let mut config: Value = serde_json::from_str(&like("mixtral-8x7b")).unwrap();
+        config["sliding_window"] = json!(4096);
+        let arch = ModelArch::from_config_value(&config).unwrap();
+        let line = arch.layers[0].describe();
+        assert!(line.starts_with("gqa 32 q / 8 kv heads x 128, rope 128, window 4096;"), "{line}");
+        assert!(line.ends_with("; moe 8 experts top-2 x 14336; 2048 f32/token"), "{line}");
+    }
+}

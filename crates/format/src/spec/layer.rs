@@ -127,11 +127,6 @@ impl AttentionKind {
         }
     }
 
-    /// Width of each head's rotated part (`None`: no positions used).
-    pub fn rotary_dim(&self) -> Option<usize> {
-        self.rope().map(|rope| rope.rotary_dim)
-    }
-
     /// Widest per-token row the block holds besides its cache: the queries
     /// (GQA), every head's query or value (MLA), the convolved q, k and v
     /// (Gated DeltaNet).

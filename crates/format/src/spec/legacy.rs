@@ -1,11 +1,12 @@
 //! The legacy conversion: the flat [`ModelSpec`] every manifest stores
 //! (frozen: no new fields, ever) → the in-memory [`ModelArch`]. It is the
-//! one place a layer's spec is derived from model-wide fields; nothing else
+//! one place a layer's spec is derived from model-wide fields, each layer's
+//! mixer as its family file says (`FamilyDef::attention`); nothing else
 //! reads a layer's dimensions from the flat spec.
 
 use super::{
-    AttentionKind, CoreSpec, FfnKind, GdnSpec, GqaSpec, IndexerSpec, LayerKind, LayerSpec, MixerKind, MlaAttention,
-    ModelArch, ModelSpec, MoeBlock, NormKind, NormStyle, ResidualKind, RouterKind, ScoringFunc, SharedExperts,
+    CoreSpec, FfnKind, LayerKind, LayerSpec, ModelArch, ModelSpec, MoeBlock, NormKind, NormStyle, ResidualKind,
+    RouterKind, ScoringFunc, SharedExperts,
 };
 
 impl ModelSpec {
@@ -25,6 +26,11 @@ impl ModelSpec {
         ModelArch { core, layers: (0..self.num_layers).map(|l| self.layer_spec(l)).collect() }
     }
 
+    /// The blocks of every decoder layer, in order.
+    pub fn layer_specs(&self) -> Vec<LayerSpec> {
+        self.arch().layers
+    }
+
     /// Bytes (f32) one token adds to a sequence's cache, over all layers.
     pub fn kv_bytes_per_token(&self) -> usize {
         self.arch().kv_bytes_per_token()
@@ -37,35 +43,7 @@ impl ModelSpec {
 
     /// The blocks of decoder layer `layer` (`layer < num_layers`).
     fn layer_spec(&self, layer: usize) -> LayerSpec {
-        let linear = self.mixers.get(layer) == Some(&MixerKind::Linear);
-        let attention = match (&self.mla, self.linear_attention) {
-            (_, Some(dims)) if linear => AttentionKind::GatedDeltaNet(GdnSpec { dims, eps: self.rms_norm_eps }),
-            (Some(dims), _) => AttentionKind::Mla(MlaAttention {
-                num_heads: self.num_heads,
-                dims: *dims,
-                rope: self.rope,
-                bias: self.attention_bias,
-                indexer: self.dsa.as_ref().map(|dsa| IndexerSpec {
-                    kind: dsa.indexer_types[layer],
-                    topk: dsa.index_topk,
-                    head_dim: dsa.index_head_dim,
-                    n_heads: dsa.index_n_heads,
-                }),
-            }),
-            (None, _) => AttentionKind::Gqa(GqaSpec {
-                num_heads: self.num_heads,
-                num_kv_heads: self.num_kv_heads,
-                head_dim: self.head_dim,
-                qk_norm: self.qk_norm,
-                clip_qkv: self.clip_qkv,
-                bias: self.attention_bias,
-                sliding_window: self.sliding_window,
-                // Every family the flat spec describes rotates every layer.
-                rope: Some(self.rope),
-                sinks: false,
-                output_gate: self.attn_output_gate,
-            }),
-        };
+        let attention = self.family.def().attention(self, layer);
         let ffn = match self.layers[layer] {
             LayerKind::Dense => FfnKind::Dense { intermediate_size: self.dense_intermediate_size },
             LayerKind::Moe => FfnKind::Moe(MoeBlock {
