@@ -79,3 +79,47 @@ fn a_model_family_is_named_only_in_its_registry() {
         );
     }
 }
+
+/// Whether `line` builds a `ModelSpec` by struct literal (rather than
+/// naming the type in a signature, a declaration or an `impl`).
+fn builds_a_model_spec(line: &str) -> bool {
+    line.match_indices("ModelSpec {").any(|(at, _)| {
+        let before = line[..at].trim_end();
+        let declares = ["struct", "impl", "for", "&", "->"].iter().any(|word| before.ends_with(word));
+        !declares
+    })
+}
+
+/// The manifest's flat `ModelSpec` is frozen, the on-disk counterpart of
+/// containers already written (docs/FORMAT.md): only the spec module and
+/// the legacy conversion build one. A family file produces the in-memory
+/// model, `CoreSpec` and a `LayerSpec` per layer.
+#[test]
+fn a_model_spec_is_built_only_by_the_spec_module() {
+    let spec_dir = root().join("crates/format/src/spec");
+    let allowed = [root().join("crates/format/src/spec.rs"), spec_dir.clone()];
+    let mut files = Vec::new();
+    for dir in ["crates", "bins"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    for file in files {
+        if allowed.iter().any(|a| file.starts_with(a)) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        if let Some((n, line)) = text.lines().enumerate().find(|(_, line)| builds_a_model_spec(line)) {
+            panic!("{}:{}: builds a ModelSpec outside crates/format/src/spec: {}", file.display(), n + 1, line.trim());
+        }
+    }
+}
+
+#[test]
+fn a_model_spec_literal_is_told_from_a_signature() {
+    assert!(builds_a_model_spec("    let spec = ModelSpec {"));
+    assert!(builds_a_model_spec("    Ok(ModelSpec {"));
+    assert!(builds_a_model_spec("        Some(x) => ModelSpec {"));
+    assert!(!builds_a_model_spec("pub struct ModelSpec {"));
+    assert!(!builds_a_model_spec("impl ModelSpec {"));
+    assert!(!builds_a_model_spec("    pub fn spec(&self) -> &ModelSpec {"));
+    assert!(!builds_a_model_spec("fn parse(text: &str) -> ModelSpec {"));
+}

@@ -401,45 +401,45 @@ fn is_config_only(dir: &Path) -> bool {
 fn info_config(dir: &Path) -> Result<()> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let spec =
-        strata_format::ModelSpec::from_config_json(&text).with_context(|| format!("reading {}", path.display()))?;
-    print_architecture(&spec);
-    print_state(&spec);
+    let arch =
+        strata_format::ModelArch::from_config_json(&text).with_context(|| format!("reading {}", path.display()))?;
+    print_architecture(&arch);
+    print_state(&arch);
     Ok(())
 }
 
-fn print_architecture(spec: &strata_format::ModelSpec) {
-    println!("family        {}", spec.family);
-    println!("layers        {} ({} MoE)", spec.num_layers, spec.moe_layers().len());
-    println!("hidden        {}", spec.hidden_size);
-    println!("heads         {} query, {} kv, head_dim {}", spec.num_heads, spec.num_kv_heads, spec.head_dim);
-    println!(
-        "experts       {} per MoE layer, top-{}, intermediate {}",
-        spec.moe.num_experts, spec.moe.top_k, spec.moe.intermediate_size
-    );
-    println!("vocab         {}", spec.vocab_size);
+/// The common part, then each distinct kind of layer once with how many
+/// layers are of it (a hybrid's 48 layers are two lines).
+fn print_architecture(arch: &strata_format::ModelArch) {
+    let core = &arch.core;
+    let moe_layers = arch.layers.iter().filter(|l| matches!(l.ffn, strata_format::FfnKind::Moe(_))).count();
+    println!("family        {}", core.family);
+    println!("layers        {} ({moe_layers} MoE)", arch.layers.len());
+    println!("hidden        {}", core.hidden_size);
+    println!("vocab         {}", core.vocab_size);
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for description in arch.layers.iter().map(strata_format::LayerSpec::describe) {
+        match kinds.iter_mut().find(|(known, _)| *known == description) {
+            Some((_, count)) => *count += 1,
+            None => kinds.push((description, 1)),
+        }
+    }
+    for (description, count) in kinds {
+        println!("{count:>4} x layer {description}");
+    }
 }
 
 /// What one sequence costs besides the weights: bytes per token of
 /// attention cache and, on recurrent layers, fixed state.
-fn print_state(spec: &strata_format::ModelSpec) {
-    let layers = spec.layer_specs();
-    let rows_layers = layers.iter().filter(|l| l.attention.cache_floats_per_token() > 0).count();
-    let kv_parts = match (&spec.mla, &spec.dsa) {
-        (Some(mla), Some(dsa)) => format!("{} latent + {} index-key", mla.latent_dim(), dsa.index_head_dim),
-        (Some(mla), None) => format!("{} latent", mla.latent_dim()),
-        (None, _) => format!("{} key+value", 2 * spec.kv_dim()),
-    };
-    let kv_bytes = spec.kv_bytes_per_token();
-    println!(
-        "kv bytes/token {kv_bytes} ({}) ({kv_parts} f32 per layer x {rows_layers} layers)",
-        ByteSize(kv_bytes as u64)
-    );
-    let state_bytes = spec.state_bytes_per_sequence();
+fn print_state(arch: &strata_format::ModelArch) {
+    let rows_layers = arch.layers.iter().filter(|l| l.cache_floats_per_token() > 0).count();
+    let kv_bytes = arch.kv_bytes_per_token();
+    println!("kv bytes/token {kv_bytes} ({}) (f32 rows of {rows_layers} layers)", ByteSize(kv_bytes as u64));
+    let state_bytes = arch.state_bytes_per_sequence();
     if state_bytes > 0 {
-        let recurrent = layers.len() - rows_layers;
+        let recurrent = arch.layers.iter().filter(|l| l.state_floats() > 0).count();
         println!(
-            "state bytes/session {state_bytes} ({}) (f32 recurrent and convolution state x {recurrent} layers)",
+            "state bytes/session {state_bytes} ({}) (f32 recurrent and convolution state of {recurrent} layers)",
             ByteSize(state_bytes as u64)
         );
     }
@@ -450,13 +450,13 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     if verify {
         container.verify()?;
     }
-    let spec = container.spec();
+    let arch = container.arch();
     let manifest = container.manifest();
     let per_expert_bytes = manifest.expert_layers.first().map_or(0, |l| l.record_bytes);
     let expert_bytes: u64 = manifest.expert_layers.iter().map(|l| l.record_bytes * l.num_experts as u64).sum();
     let total_bytes: u64 = manifest.files.iter().map(|f| f.size_bytes).sum();
     let dense_bytes: u64 = manifest.tensors.iter().map(|t| t.length_bytes + t.scale_length_bytes).sum();
-    print_architecture(spec);
+    print_architecture(arch);
     println!(
         "quant         {} (q8 group {}, q4 group {})",
         manifest.quant.preset, manifest.quant.q8_group, manifest.quant.q4_group
@@ -465,7 +465,7 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     println!("bytes/expert  {} ({})", per_expert_bytes, ByteSize(per_expert_bytes));
     println!("bytes experts {} ({})", expert_bytes, ByteSize(expert_bytes));
     println!("bytes total   {} ({})", total_bytes, ByteSize(total_bytes));
-    print_state(spec);
+    print_state(arch);
     let footprint = strata_engine::kv_footprint(std::sync::Arc::clone(&container))?;
     if footprint.state_bytes > 0 {
         println!(

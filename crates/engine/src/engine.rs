@@ -111,20 +111,6 @@ pub const ACTIVATION_BYTES_MAX: u64 = 48 << 20;
 /// bigger pass gains little.
 const PREFILL_CHUNK_TOKENS_MAX: usize = 2048;
 
-/// An upper estimate of the activation bytes one token holds at once in a
-/// forward pass: the residual and normed rows, the routed experts' output
-/// slots and the per-expert copies (2 × top_k rows), and the attention's
-/// query, output and key/value rows. Measured on a Qwen3-30B-A3B-shaped
-/// model: 133 KiB per token of prompt; this gives 197 KiB.
-fn activation_bytes_per_token(spec: &ModelSpec) -> u64 {
-    let q_width = match &spec.mla {
-        Some(mla) => spec.num_heads * mla.qk_head_dim().max(mla.v_head_dim),
-        None => spec.q_dim(),
-    };
-    let floats = spec.hidden_size * (4 + 2 * spec.moe.top_k) + 2 * q_width + spec.moe.num_experts;
-    4 * floats as u64
-}
-
 /// What one session's KV cache costs for a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvFootprint {
@@ -255,7 +241,10 @@ impl Engine {
                 });
             }
             Some(n) => n,
-            None => usize::try_from(ACTIVATION_BYTES_MAX / activation_bytes_per_token(spec))
+            // The estimate (`ModelArch::activation_bytes_per_token`) gives
+            // 197 KiB per token on a Qwen3-30B-A3B-shaped model, where 133
+            // KiB were measured; it is > 0 for any model with a layer.
+            None => usize::try_from(ACTIVATION_BYTES_MAX / container.arch().activation_bytes_per_token() as u64)
                 .unwrap_or(usize::MAX)
                 .clamp(1, PREFILL_CHUNK_TOKENS_MAX),
         };

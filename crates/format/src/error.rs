@@ -40,6 +40,13 @@ pub enum Error {
     #[error("config field `{field}`: {reason}")]
     InvalidField { field: String, reason: String },
 
+    /// A stored model whose embedded config.json derives other layers than
+    /// its frozen spec describes.
+    #[error(
+        "the stored spec disagrees with the embedded config.json: {what} (written by another build: convert the model again)"
+    )]
+    SpecDisagrees { what: String },
+
     /// A RoPE scaling scheme we do not implement (yet).
     #[error("unsupported rope_type {rope_type:?} (supported: default, linear; yarn for the MLA families)")]
     UnsupportedRope { rope_type: String },

@@ -48,8 +48,9 @@ pub use export::export;
 pub use names::{ExpertProj, TensorDesc, TensorKind};
 pub use preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset};
 pub use spec::{
-    AttentionKind, DsaSpec, Family, FfnKind, GdnDims, GdnProjections, GdnSpec, GqaSpec, IndexerKind, IndexerSpec,
-    LayerKind, LayerSpec, MixerKind, MlaAttention, MlaSpec, ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, QkNorm,
-    RopeScaling, RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts,
+    AttentionKind, CoreSpec, DsaSpec, Family, FfnKind, GdnDims, GdnProjections, GdnSpec, GqaSpec, IndexerKind,
+    IndexerSpec, LayerKind, LayerSpec, MixerKind, MlaAttention, MlaSpec, ModelArch, ModelSpec, MoeBlock, MoeSpec,
+    NormKind, NormStyle, QkNorm, ResidualKind, RopeScaling, RopeSpec, RouterKind, RouterSpec, ScoringFunc,
+    SharedExperts,
 };
 pub use synth::{LIKE, SynthOptions, like_config, synth};

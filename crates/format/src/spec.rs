@@ -261,6 +261,84 @@ pub struct ModelSpec {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// What every family reader fills in alike; [`ModelSpec::from_common`]
+/// makes the spec with every family-specific field neutral, for the family
+/// file to set the fields it owns. The flat spec is built only here, so a
+/// field added to it touches no family file.
+pub(crate) struct CommonFields {
+    pub family: Family,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope: RopeSpec,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    pub moe: MoeSpec,
+    pub dense_intermediate_size: usize,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelSpec {
+    /// The spec of `common` with no biases, q/k norms, clip, window, shared
+    /// experts, MLA, DSA or linear attention, the softmax router, plain
+    /// norms, and every layer MoE with full attention.
+    pub(crate) fn from_common(common: CommonFields) -> ModelSpec {
+        let CommonFields {
+            family,
+            vocab_size,
+            hidden_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps,
+            rope,
+            max_position_embeddings,
+            tie_word_embeddings,
+            moe,
+            dense_intermediate_size,
+            bos_token_id,
+            eos_token_ids,
+        } = common;
+        ModelSpec {
+            family,
+            vocab_size,
+            hidden_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps,
+            rope,
+            max_position_embeddings,
+            tie_word_embeddings,
+            attention_bias: false,
+            qk_norm: QkNorm::None,
+            clip_qkv: None,
+            sliding_window: None,
+            moe,
+            router: RouterSpec::default(),
+            shared_intermediate_size: None,
+            mla: None,
+            dsa: None,
+            dense_intermediate_size,
+            layers: vec![LayerKind::Moe; num_layers],
+            mixers: Vec::new(),
+            linear_attention: None,
+            norm_style: NormStyle::Weight,
+            attn_output_gate: false,
+            shared_expert_gate: false,
+            bos_token_id,
+            eos_token_ids,
+        }
+    }
+}
+
 impl ModelSpec {
     /// Parses and validates a config.json document (4.x or 5.x spelling).
     pub fn from_config_json(text: &str) -> Result<ModelSpec> {
@@ -590,8 +668,10 @@ fn parse_yarn(cfg: &Fields<'_>, p: &Fields<'_>, max_position_embeddings: usize) 
     })
 }
 
+mod arch;
 pub(crate) mod fields;
 mod layer;
+mod legacy;
 pub(crate) mod limits;
 mod linear;
 mod mla;
@@ -600,9 +680,10 @@ mod mla_tests;
 #[cfg(test)]
 mod tests;
 
+pub use arch::{CoreSpec, ModelArch};
 pub use layer::{
-    AttentionKind, FfnKind, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, MlaAttention, MoeBlock, NormKind, RouterKind,
-    SharedExperts,
+    AttentionKind, FfnKind, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, MlaAttention, MoeBlock, NormKind, ResidualKind,
+    RouterKind, SharedExperts,
 };
 pub use linear::{GdnDims, GdnProjections, MixerKind};
 pub use mla::{DsaSpec, IndexerKind, MlaSpec};

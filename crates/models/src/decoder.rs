@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use strata_format::{Container, ModelSpec, names};
+use strata_format::{Container, ModelSpec, RopeSpec, names};
 use strata_kv::{KvCache, LayerLayout};
 use strata_sched::Guess;
 
@@ -27,8 +27,8 @@ pub struct Decoder {
     container: Arc<Container>,
     spec: ModelSpec,
     layers: Vec<Layer>,
-    /// One RoPE table per rotary width the layers use.
-    ropes: Vec<(usize, Rope)>,
+    /// One RoPE table per rotary embedding the layers use.
+    ropes: Vec<(RopeSpec, Rope)>,
     /// What each layer keeps per sequence in its cache.
     cache_layouts: Vec<LayerLayout>,
     embed: String,
@@ -50,18 +50,19 @@ impl Decoder {
     /// misshapen one.
     pub fn load(container: Arc<Container>) -> Result<Self> {
         let spec = container.spec().clone();
+        let arch = container.arch();
         let c = &*container;
-        let h = spec.hidden_size;
-        let mut layers = Vec::with_capacity(spec.num_layers);
-        let mut ropes: Vec<(usize, Rope)> = Vec::new();
-        let mut cache_layouts = Vec::with_capacity(spec.num_layers);
-        for (l, layer) in spec.layer_specs().iter().enumerate() {
+        let h = arch.core.hidden_size;
+        let mut layers = Vec::with_capacity(arch.layers.len());
+        let mut ropes: Vec<(RopeSpec, Rope)> = Vec::new();
+        let mut cache_layouts = Vec::with_capacity(arch.layers.len());
+        for (l, layer) in arch.layers.iter().enumerate() {
             let norm = |suffix: &str| Norm::load(c, names::layer_tensor(&spec, l, suffix), layer.norm, h);
             let attention = Attention::load(c, &spec, &layer.attention, layer.norm, l)?;
-            if let Some(rotary_dim) = attention.rotary_dim()
-                && !ropes.iter().any(|(dim, _)| *dim == rotary_dim)
+            if let Some(rope) = layer.attention.rope()
+                && !ropes.iter().any(|(known, _)| known == rope)
             {
-                ropes.push((rotary_dim, Rope::new(&spec.rope, rotary_dim)?));
+                ropes.push((*rope, Rope::new(rope, rope.rotary_dim)?));
             }
             cache_layouts.push(attention.cache_layout());
             layers.push(Layer {
@@ -77,7 +78,7 @@ impl Decoder {
         let (embed, lm_head) = (names::embedding_name(&spec), names::lm_head_name(&spec));
         matrix_shape(c, &embed, spec.vocab_size, h)?;
         matrix(c, &lm_head, spec.vocab_size, h)?;
-        let final_norm = Norm::load(c, names::final_norm_name(&spec), spec.norm_kind(), h)?;
+        let final_norm = Norm::load(c, names::final_norm_name(&spec), arch.core.final_norm, h)?;
         Ok(Self { container, spec, layers, ropes, cache_layouts, embed, final_norm, lm_head })
     }
 
@@ -86,7 +87,7 @@ impl Decoder {
     fn hidden_states(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<f32>> {
         let c = &*self.container;
         let (tokens, positions) = batch_rows(seqs)?;
-        let angles = self.ropes.iter().map(|(dim, rope)| (*dim, Angles::new(rope, &positions))).collect();
+        let angles = self.ropes.iter().map(|(spec, rope)| (*spec, Angles::new(rope, &positions))).collect();
         let mut pass = Pass::new(angles, seqs.len());
         let mut x = self.embed(c, &tokens)?;
         let mut normed = vec![0.0f32; x.len()];

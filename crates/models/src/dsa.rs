@@ -12,7 +12,7 @@
 //! the current forward pass, later positions masked.
 
 use rayon::prelude::*;
-use strata_format::{Container, DsaSpec, ModelSpec, names};
+use strata_format::{Container, IndexerSpec, ModelSpec, names};
 use strata_kernels::ops;
 
 use crate::common::project;
@@ -43,24 +43,24 @@ pub struct Indexer {
 
 impl Indexer {
     /// The indexer tensors of layer `layer`, shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, dsa: &DsaSpec, q_lora_rank: usize, layer: usize) -> Result<Self> {
+    pub fn load(c: &Container, spec: &ModelSpec, dsa: &IndexerSpec, q_lora_rank: usize, layer: usize) -> Result<Self> {
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.indexer.{suffix}"));
         let indexer = Self {
-            heads: dsa.index_n_heads,
-            head_dim: dsa.index_head_dim,
-            topk: dsa.index_topk,
+            heads: dsa.n_heads,
+            head_dim: dsa.head_dim,
+            topk: dsa.topk,
             wq_b: t("wq_b.weight"),
             wk: t("wk.weight"),
             k_norm: t("k_norm.weight"),
             k_norm_bias: t("k_norm.bias"),
             weights_proj: t("weights_proj.weight"),
         };
-        let (h, d) = (spec.hidden_size, dsa.index_head_dim);
-        matrix(c, &indexer.wq_b, dsa.index_n_heads * d, q_lora_rank)?;
+        let (h, d) = (spec.hidden_size, dsa.head_dim);
+        matrix(c, &indexer.wq_b, dsa.n_heads * d, q_lora_rank)?;
         matrix(c, &indexer.wk, d, h)?;
         vector(c, &indexer.k_norm, d)?;
         vector(c, &indexer.k_norm_bias, d)?;
-        matrix(c, &indexer.weights_proj, dsa.index_n_heads, h)?;
+        matrix(c, &indexer.weights_proj, dsa.n_heads, h)?;
         Ok(indexer)
     }
 

@@ -17,7 +17,7 @@
 //! never expands past tokens. A long prefill chunk may expand once instead,
 //! when that is cheaper; [`Mla::attend`] picks by counting multiply-adds.
 
-use strata_format::{Container, MlaSpec, ModelSpec, names};
+use strata_format::{Container, MlaAttention, MlaSpec, ModelSpec, names};
 use strata_kernels::Matrix;
 use strata_kernels::ops;
 
@@ -71,10 +71,10 @@ pub struct Queries {
 
 impl Mla {
     /// The tensors of layer `layer`, shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, dims: MlaSpec, layer: usize) -> Result<Self> {
+    pub fn load(c: &Container, spec: &ModelSpec, kind: &MlaAttention, layer: usize) -> Result<Self> {
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.{suffix}"));
-        let bias = |name: &str| spec.attention_bias.then(|| t(&format!("{name}.bias")));
-        let heads = spec.num_heads;
+        let bias = |name: &str| kind.bias.then(|| t(&format!("{name}.bias")));
+        let (dims, heads) = (kind.dims, kind.num_heads);
         let h = spec.hidden_size;
         let query = match dims.q_lora_rank {
             None => Query::Direct(t("q_proj.weight")),
@@ -86,7 +86,7 @@ impl Mla {
             },
         };
         // transformers: qk_head_dim^-0.5, times mscale^2 under YaRN.
-        let scale = ((dims.qk_head_dim() as f64).powf(-0.5) * spec.rope.scaling.softmax_scale_factor()) as f32;
+        let scale = ((dims.qk_head_dim() as f64).powf(-0.5) * kind.rope.scaling.softmax_scale_factor()) as f32;
         let mla = Self {
             dims,
             heads,

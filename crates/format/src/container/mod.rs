@@ -26,7 +26,7 @@ use strata_kernels::{Matrix, QuantFormat};
 
 use crate::error::{Error, Result};
 use crate::preset::QuantPreset;
-use crate::spec::ModelSpec;
+use crate::spec::{ModelArch, ModelSpec};
 use dense::DenseBytes;
 use rows::RowTable;
 
@@ -43,6 +43,8 @@ pub use verify::sha256_file;
 pub struct Container {
     dir: PathBuf,
     manifest: Manifest,
+    /// The layers the manifest's config derives (checked against its spec).
+    arch: ModelArch,
     /// dense.bin in this process's memory (see `dense`), but for `by_row`.
     dense: DenseBytes,
     /// The embedding table, when opened with `Embedding::ReadByRow`.
@@ -110,6 +112,7 @@ impl Container {
         let container = Container {
             content_hash,
             dir,
+            arch: checked.arch,
             manifest,
             dense,
             by_row,
@@ -180,9 +183,14 @@ impl Container {
         &self.dir
     }
 
-    /// The model architecture.
+    /// The model's flat spec as the manifest stores it (frozen).
     pub fn spec(&self) -> &ModelSpec {
         &self.manifest.spec
+    }
+
+    /// The model architecture: the common part and every layer's spec.
+    pub fn arch(&self) -> &ModelArch {
+        &self.arch
     }
 
     /// The parsed manifest.

@@ -16,9 +16,13 @@ use super::layout::{ComponentLayout, ExpertLayout, RECORD_ALIGN_BYTES, TENSOR_AL
 use super::manifest::{DENSE_FILE, FORMAT_VERSION, MAGIC, MANIFEST_FILE, Manifest, expert_file_name};
 use crate::error::{Error, Result};
 use crate::names::{self, ExpertProj};
+use crate::spec::ModelArch;
 
 /// What `Container::open` keeps from validation.
 pub(super) struct Checked {
+    /// The layers, derived from the embedded config.json and checked
+    /// against the frozen spec.
+    pub arch: ModelArch,
     pub dense_file_bytes: u64,
     pub dense_index: HashMap<String, usize>,
     pub expert_layouts: Vec<Option<ExpertLayout>>,
@@ -136,6 +140,7 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
     let bad = |reason: String| Error::manifest(&manifest_path, reason);
     let spec = &m.spec;
     spec.validate().map_err(|e| bad(format!("spec: {e}")))?;
+    let arch = ModelArch::from_stored(m.hf_config.get(), spec).map_err(|e| bad(format!("spec: {e}")))?;
     if m.quant.q8_group == 0 || m.quant.q4_group == 0 {
         return Err(bad("quant: group sizes must be > 0".into()));
     }
@@ -299,5 +304,5 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
         });
     }
 
-    Ok(Checked { dense_file_bytes, dense_index, expert_layouts })
+    Ok(Checked { arch, dense_file_bytes, dense_index, expert_layouts })
 }

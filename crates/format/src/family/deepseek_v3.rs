@@ -7,8 +7,8 @@ use serde_json::{Map, Value, json};
 
 use super::{Family, FamilyDef, HF_NAMING, Naming, mla};
 use crate::error::Result;
-use crate::spec::ModelSpec;
 use crate::spec::fields::Fields;
+use crate::spec::{AttentionKind, ModelSpec};
 
 pub(super) struct DeepseekV3;
 
@@ -31,6 +31,10 @@ impl FamilyDef for DeepseekV3 {
 
     fn validate(&self, spec: &ModelSpec) -> Result<()> {
         mla::validate_dense_first_without_dsa(spec)
+    }
+
+    fn attention(&self, spec: &ModelSpec, layer: usize) -> AttentionKind {
+        mla::attention(spec, layer)
     }
 
     fn to_config_json(&self, spec: &ModelSpec, _source: Option<&Value>) -> Value {

@@ -9,7 +9,7 @@ use super::mla::{dsa_mismatch, string_list};
 use super::{Family, FamilyDef, HF_NAMING, Naming, mla};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{DsaSpec, IndexerKind, LayerKind, MlaSpec, ModelSpec};
+use crate::spec::{AttentionKind, DsaSpec, IndexerKind, LayerKind, MlaSpec, ModelSpec};
 
 pub(super) struct GlmMoeDsa;
 
@@ -54,6 +54,10 @@ impl FamilyDef for GlmMoeDsa {
             (Some(dims), Some(dsa)) => validate_dsa(spec, dims, dsa),
             _ => Err(dsa_mismatch(spec)),
         }
+    }
+
+    fn attention(&self, spec: &ModelSpec, layer: usize) -> AttentionKind {
+        mla::attention(spec, layer)
     }
 
     fn to_config_json(&self, spec: &ModelSpec, _source: Option<&Value>) -> Value {

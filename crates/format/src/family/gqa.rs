@@ -7,7 +7,8 @@ use super::{CoreDims, Family};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
-    LayerKind, ModelSpec, MoeSpec, NormStyle, QkNorm, RouterSpec, expert_count, parse_rope, special_tokens,
+    AttentionKind, CommonFields, GqaSpec, LayerKind, ModelSpec, MoeSpec, RouterSpec, expert_count, parse_rope,
+    special_tokens,
 };
 
 /// A GQA family's config-class defaults for the fields all of them read.
@@ -91,7 +92,7 @@ pub(super) fn parse_fields<'a>(
     let dense_intermediate_size = cfg.usize("intermediate_size")?.unwrap_or(0);
     let (bos_token_id, eos_token_ids) = special_tokens(&cfg, (defaults.bos_token_id, defaults.eos_token_ids.to_vec()))?;
 
-    let spec = ModelSpec {
+    let spec = ModelSpec::from_common(CommonFields {
         family,
         vocab_size,
         hidden_size,
@@ -103,25 +104,11 @@ pub(super) fn parse_fields<'a>(
         rope,
         max_position_embeddings,
         tie_word_embeddings,
-        attention_bias: false,
-        qk_norm: QkNorm::None,
-        clip_qkv: None,
-        sliding_window: None,
         moe: MoeSpec { num_experts, top_k, intermediate_size, norm_topk_prob: false },
-        router: RouterSpec::default(),
-        shared_intermediate_size: None,
-        mla: None,
-        dsa: None,
         dense_intermediate_size,
-        layers: vec![LayerKind::Moe; num_layers],
-        mixers: Vec::new(),
-        linear_attention: None,
-        norm_style: NormStyle::Weight,
-        attn_output_gate: false,
-        shared_expert_gate: false,
         bos_token_id,
         eos_token_ids,
-    };
+    });
     Ok((spec, cfg))
 }
 
@@ -143,6 +130,23 @@ pub(super) fn validate(spec: &ModelSpec, has_dense_layers: bool) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Every layer's mixer: grouped-query attention with the model's heads,
+/// rotating every layer.
+pub(super) fn attention(spec: &ModelSpec) -> AttentionKind {
+    AttentionKind::Gqa(GqaSpec {
+        num_heads: spec.num_heads,
+        num_kv_heads: spec.num_kv_heads,
+        head_dim: spec.head_dim,
+        qk_norm: spec.qk_norm,
+        clip_qkv: spec.clip_qkv,
+        bias: spec.attention_bias,
+        sliding_window: spec.sliding_window,
+        rope: Some(spec.rope),
+        sinks: false,
+        output_gate: spec.attn_output_gate,
+    })
 }
 
 /// The config.json keys every GQA family writes alike.

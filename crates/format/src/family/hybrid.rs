@@ -10,7 +10,7 @@ use super::{Family, gqa};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
-use crate::spec::{GdnDims, GdnProjections, MixerKind, ModelSpec, NormStyle, QkNorm};
+use crate::spec::{AttentionKind, GdnDims, GdnProjections, GdnSpec, MixerKind, ModelSpec, NormStyle, QkNorm};
 
 /// The config-class defaults both families share (transformers 5.23
 /// `Qwen3NextConfig`, `Qwen3_5MoeTextConfig`).
@@ -131,6 +131,15 @@ pub(super) fn validate(spec: &ModelSpec) -> Result<()> {
         return Err(Error::invalid("model_type", format!("{} has GQA with per-head q/k norms only", spec.family)));
     }
     Ok(())
+}
+
+/// Layer `layer`'s mixer: Gated DeltaNet where `layer_types` says linear,
+/// else gated full attention.
+pub(super) fn attention(spec: &ModelSpec, layer: usize) -> AttentionKind {
+    match (spec.mixers.get(layer), spec.linear_attention) {
+        (Some(MixerKind::Linear), Some(dims)) => AttentionKind::GatedDeltaNet(GdnSpec { dims, eps: spec.rms_norm_eps }),
+        _ => gqa::attention(spec),
+    }
 }
 
 /// The config.json keys both families write alike.

@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 use super::{Family, FamilyDef, Naming, mla};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{ModelSpec, special_tokens};
+use crate::spec::{AttentionKind, ModelSpec, special_tokens};
 
 pub(super) struct KimiK25;
 
@@ -67,6 +67,10 @@ impl FamilyDef for KimiK25 {
 
     fn validate(&self, spec: &ModelSpec) -> Result<()> {
         mla::validate_dense_first_without_dsa(spec)
+    }
+
+    fn attention(&self, spec: &ModelSpec, layer: usize) -> AttentionKind {
+        mla::attention(spec, layer)
     }
 
     fn to_config_json(&self, spec: &ModelSpec, source: Option<&Value>) -> Value {

@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Family, FamilyDef, Naming, gqa};
 use crate::error::{Error, Result};
-use crate::spec::{LayerKind, ModelSpec, QkNorm};
+use crate::spec::{AttentionKind, LayerKind, ModelSpec, QkNorm};
 
 pub(super) struct Mixtral;
 
@@ -60,6 +60,10 @@ impl FamilyDef for Mixtral {
             return Err(Error::invalid("model_type", "mixtral has neither q/k norms nor attention biases"));
         }
         gqa::validate(spec, false)
+    }
+
+    fn attention(&self, spec: &ModelSpec, _layer: usize) -> AttentionKind {
+        gqa::attention(spec)
     }
 
     fn to_config_json(&self, spec: &ModelSpec, _source: Option<&Value>) -> Value {

@@ -11,8 +11,8 @@ use super::{CoreDims, Family};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
-    LayerKind, MlaSpec, ModelSpec, MoeSpec, NormStyle, QkNorm, RouterSpec, ScoringFunc, expert_count, parse_rope,
-    special_tokens,
+    AttentionKind, CommonFields, IndexerSpec, LayerKind, MlaAttention, MlaSpec, ModelSpec, MoeSpec, QkNorm, RouterSpec,
+    ScoringFunc, expert_count, parse_rope, special_tokens,
 };
 
 /// A family's config-class defaults for the fields all of them read.
@@ -84,7 +84,7 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
     let shared_intermediate_size = (n_shared > 0).then(|| moe_intermediate_size * n_shared);
     let (bos_token_id, eos_token_ids) = special_tokens(cfg, (Some(0), vec![1]))?;
 
-    Ok(ModelSpec {
+    let mut spec = ModelSpec::from_common(CommonFields {
         family,
         vocab_size,
         hidden_size,
@@ -96,25 +96,17 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
         rope,
         max_position_embeddings,
         tie_word_embeddings: cfg.bool("tie_word_embeddings")?.unwrap_or(false),
-        attention_bias: cfg.bool("attention_bias")?.unwrap_or(false),
-        qk_norm: QkNorm::None,
-        clip_qkv: None,
-        sliding_window: None,
         moe,
-        router,
-        shared_intermediate_size,
-        mla: Some(mla),
-        dsa: None,
         dense_intermediate_size: cfg.req_usize("intermediate_size")?,
-        layers: dense_first_layer_kinds(cfg, num_layers)?,
-        mixers: Vec::new(),
-        linear_attention: None,
-        norm_style: NormStyle::Weight,
-        attn_output_gate: false,
-        shared_expert_gate: false,
         bos_token_id,
         eos_token_ids,
-    })
+    });
+    spec.attention_bias = cfg.bool("attention_bias")?.unwrap_or(false);
+    spec.router = router;
+    spec.shared_intermediate_size = shared_intermediate_size;
+    spec.mla = Some(mla);
+    spec.layers = dense_first_layer_kinds(cfg, num_layers)?;
+    Ok(spec)
 }
 
 /// DeepseekV3DecoderLayer: MoE iff `layer >= first_k_dense_replace`.
@@ -234,6 +226,28 @@ fn validate_router(spec: &ModelSpec) -> Result<()> {
         return Err(Error::invalid("routed_scaling_factor", "must be finite"));
     }
     Ok(())
+}
+
+/// Layer `layer`'s mixer: latent attention with its DSA indexer where the
+/// model has one.
+pub(super) fn attention(spec: &ModelSpec, layer: usize) -> AttentionKind {
+    // validate() refuses an MLA family without its dimensions; a spec not
+    // validated reads as GQA, as the flat spec always did.
+    let Some(dims) = spec.mla else {
+        return super::gqa::attention(spec);
+    };
+    AttentionKind::Mla(MlaAttention {
+        num_heads: spec.num_heads,
+        dims,
+        rope: spec.rope,
+        bias: spec.attention_bias,
+        indexer: spec.dsa.as_ref().map(|dsa| IndexerSpec {
+            kind: dsa.indexer_types[layer],
+            topk: dsa.index_topk,
+            head_dim: dsa.index_head_dim,
+            n_heads: dsa.index_n_heads,
+        }),
+    })
 }
 
 /// The config.json keys every MLA family writes alike (5.x spelling).

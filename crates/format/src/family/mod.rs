@@ -25,9 +25,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::spec::ModelSpec;
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_LAYERS};
+use crate::spec::{AttentionKind, ModelSpec};
 
 /// Model families this build knows, one per Hugging Face `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -82,6 +82,10 @@ pub(crate) trait FamilyDef: Sync {
 
     /// The family's own invariants, beyond those every spec keeps.
     fn validate(&self, spec: &ModelSpec) -> Result<()>;
+
+    /// The token mixer of layer `layer` of a validated spec of this family,
+    /// with that layer's own dimensions.
+    fn attention(&self, spec: &ModelSpec, layer: usize) -> AttentionKind;
 
     /// A transformers-loadable config.json (5.x spelling, `dtype: float32`)
     /// that parses back to an equal spec. `source` is the config the

@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Family, FamilyDef, HF_NAMING, Naming, gqa};
 use crate::error::{Error, Result};
-use crate::spec::{ModelSpec, QkNorm, f32_to_json};
+use crate::spec::{AttentionKind, ModelSpec, QkNorm, f32_to_json};
 
 pub(super) struct Olmoe;
 
@@ -60,6 +60,10 @@ impl FamilyDef for Olmoe {
             return Err(Error::invalid("model_type", "olmoe uses full q/k norms"));
         }
         gqa::validate(spec, false)
+    }
+
+    fn attention(&self, spec: &ModelSpec, _layer: usize) -> AttentionKind {
+        gqa::attention(spec)
     }
 
     fn to_config_json(&self, spec: &ModelSpec, _source: Option<&Value>) -> Value {

@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use super::{Family, FamilyDef, Naming, hybrid};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{GdnProjections, LayerKind, ModelSpec, special_tokens};
+use crate::spec::{AttentionKind, GdnProjections, LayerKind, ModelSpec, special_tokens};
 
 pub(super) struct Qwen35Moe;
 
@@ -78,6 +78,10 @@ impl FamilyDef for Qwen35Moe {
             return Err(Error::invalid("model_type", "qwen3_5_moe has no dense layers"));
         }
         hybrid::validate(spec)
+    }
+
+    fn attention(&self, spec: &ModelSpec, layer: usize) -> AttentionKind {
+        hybrid::attention(spec, layer)
     }
 
     fn to_config_json(&self, spec: &ModelSpec, source: Option<&Value>) -> Value {

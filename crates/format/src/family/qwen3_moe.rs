@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Family, FamilyDef, HF_NAMING, Naming, gqa};
 use crate::error::{Error, Result};
-use crate::spec::{LayerKind, ModelSpec, QkNorm};
+use crate::spec::{AttentionKind, LayerKind, ModelSpec, QkNorm};
 
 pub(super) struct Qwen3Moe;
 
@@ -77,6 +77,10 @@ impl FamilyDef for Qwen3Moe {
             return Err(Error::invalid("model_type", "qwen3_moe uses per-head q/k norms"));
         }
         gqa::validate(spec, true)
+    }
+
+    fn attention(&self, spec: &ModelSpec, _layer: usize) -> AttentionKind {
+        gqa::attention(spec)
     }
 
     fn to_config_json(&self, spec: &ModelSpec, _source: Option<&Value>) -> Value {

@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use super::{Family, FamilyDef, HF_NAMING, Naming, hybrid};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{GdnProjections, LayerKind, ModelSpec};
+use crate::spec::{AttentionKind, GdnProjections, LayerKind, ModelSpec};
 
 pub(super) struct Qwen3Next;
 
@@ -56,6 +56,10 @@ impl FamilyDef for Qwen3Next {
 
     fn validate(&self, spec: &ModelSpec) -> Result<()> {
         hybrid::validate(spec)
+    }
+
+    fn attention(&self, spec: &ModelSpec, layer: usize) -> AttentionKind {
+        hybrid::attention(spec, layer)
     }
 
     fn to_config_json(&self, spec: &ModelSpec, _source: Option<&Value>) -> Value {

@@ -1,22 +1,107 @@
-//! What one decoder layer is made of: an attention block, a feed-forward
-//! block and the kind of its norms ([`LayerSpec`]).
+//! What one decoder layer is made of: an attention block with its own
+//! dimensions, a feed-forward block, the kind of its norms and of its
+//! residual ([`LayerSpec`]).
 //!
-//! The layer, not the family, is the unit the model graph composes: a
-//! family only says which blocks each of its layers has. The list is derived
-//! from a [`ModelSpec`]'s stored fields ([`ModelSpec::layer_specs`]) rather
-//! than stored itself, so manifests written before it existed describe the
-//! same layers and the container format does not change.
+//! The layer, not the family, is the unit the model graph composes, and a
+//! model stores one spec per layer ([`super::ModelArch`]): layers with their
+//! own heads, windows or no RoPE are expressible. Every fact about a layer
+//! that more than one crate needs (cache floats per token, fixed state,
+//! activation width, what `strata info` prints) is a method here, computed
+//! in this one place.
 
-use super::{GdnDims, IndexerKind, LayerKind, MixerKind, MlaSpec, ModelSpec, NormStyle, QkNorm, ScoringFunc};
+use super::{GdnDims, IndexerKind, MlaSpec, QkNorm, RopeSpec};
 
 /// The blocks of one decoder layer: `x += attention(norm(x))`, then
-/// `x += ffn(norm(x))`.
+/// `x += ffn(norm(x))`, the additions as `residual` says.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerSpec {
     pub attention: AttentionKind,
     pub ffn: FfnKind,
     /// Both of the layer's norms (before attention and before the FFN).
     pub norm: NormKind,
+    pub residual: ResidualKind,
+}
+
+/// How a block's output joins the hidden states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResidualKind {
+    /// One stream, `x += block(norm(x))`.
+    Plain,
+}
+
+impl LayerSpec {
+    /// f32 values one token adds to this layer's cache.
+    pub fn cache_floats_per_token(&self) -> usize {
+        self.attention.cache_floats_per_token()
+    }
+
+    /// f32 values of fixed state one sequence keeps in this layer.
+    pub fn state_floats(&self) -> usize {
+        self.attention.state_floats()
+    }
+
+    /// An upper estimate of the f32 values one token of a forward pass
+    /// holds at once in this layer, for hidden states `hidden` wide: the
+    /// residual and normed rows and two more, the routed experts' output
+    /// slots and per-expert copies (2 × top-k rows) and router logits, and
+    /// twice the attention's working row (its input and its output).
+    pub fn activation_floats_per_token(&self, hidden: usize) -> usize {
+        let experts = match &self.ffn {
+            FfnKind::Dense { .. } => 0,
+            FfnKind::Moe(moe) => 2 * moe.top_k * hidden + moe.num_experts,
+        };
+        4 * hidden + experts + 2 * self.attention.working_floats_per_token()
+    }
+
+    /// One line saying what the layer is: its mixer with its dimensions, its
+    /// feed-forward block, and what a sequence keeps in it.
+    pub fn describe(&self) -> String {
+        let mixer = match &self.attention {
+            AttentionKind::Gqa(gqa) => {
+                let rope = gqa.rope.map_or("no rope".to_owned(), |r| format!("rope {}", r.rotary_dim));
+                let window = gqa.sliding_window.map(|w| format!(", window {w}")).unwrap_or_default();
+                let flags = [(gqa.bias, ", bias"), (gqa.sinks, ", sinks"), (gqa.output_gate, ", gated")];
+                let flags: String = flags.iter().filter(|(on, _)| *on).map(|(_, name)| *name).collect();
+                format!(
+                    "gqa {} q / {} kv heads x {}, {rope}{window}{flags}",
+                    gqa.num_heads, gqa.num_kv_heads, gqa.head_dim
+                )
+            }
+            AttentionKind::Mla(mla) => {
+                let index = match mla.indexer {
+                    None => String::new(),
+                    Some(ix) if ix.kind == IndexerKind::Full => format!(", {} index-key top-{}", ix.head_dim, ix.topk),
+                    Some(_) => ", shared index".to_owned(),
+                };
+                format!("mla {} heads, {} latent{index}", mla.num_heads, mla.dims.latent_dim())
+            }
+            AttentionKind::GatedDeltaNet(gdn) => format!(
+                "gated deltanet {} k / {} v heads x {}/{}, conv {}",
+                gdn.dims.num_k_heads,
+                gdn.dims.num_v_heads,
+                gdn.dims.head_k_dim,
+                gdn.dims.head_v_dim,
+                gdn.dims.conv_kernel
+            ),
+        };
+        let ffn = match &self.ffn {
+            FfnKind::Dense { intermediate_size } => format!("dense {intermediate_size}"),
+            FfnKind::Moe(moe) => {
+                let shared = match moe.shared {
+                    SharedExperts::None => String::new(),
+                    SharedExperts::Plain { intermediate_size } => format!(" + shared {intermediate_size}"),
+                    SharedExperts::Gated { intermediate_size } => format!(" + gated shared {intermediate_size}"),
+                };
+                format!("moe {} experts top-{} x {}{shared}", moe.num_experts, moe.top_k, moe.intermediate_size)
+            }
+        };
+        let state = match (self.cache_floats_per_token(), self.state_floats()) {
+            (rows, 0) => format!("{rows} f32/token"),
+            (0, fixed) => format!("{fixed} f32 state"),
+            (rows, fixed) => format!("{rows} f32/token + {fixed} f32 state"),
+        };
+        format!("{mixer}; {ffn}; {state}")
+    }
 }
 
 /// The token-mixing block of a layer.
@@ -32,13 +117,24 @@ pub enum AttentionKind {
 }
 
 impl AttentionKind {
-    /// Width of each head's rotated part, which fixes the RoPE table
+    /// The rotary embedding the block applies, which fixes its RoPE table
     /// (`None`: the block uses no positions).
-    pub fn rotary_dim(&self) -> Option<usize> {
+    pub fn rope(&self) -> Option<&RopeSpec> {
         match self {
-            AttentionKind::Gqa(gqa) => Some(gqa.rotary_dim),
-            AttentionKind::Mla(mla) => Some(mla.dims.qk_rope_head_dim),
+            AttentionKind::Gqa(gqa) => gqa.rope.as_ref(),
+            AttentionKind::Mla(mla) => Some(&mla.rope),
             AttentionKind::GatedDeltaNet(_) => None,
+        }
+    }
+
+    /// Widest per-token row the block holds besides its cache: the queries
+    /// (GQA), every head's query or value (MLA), the convolved q, k and v
+    /// (Gated DeltaNet).
+    pub fn working_floats_per_token(&self) -> usize {
+        match self {
+            AttentionKind::Gqa(gqa) => gqa.q_dim(),
+            AttentionKind::Mla(mla) => mla.num_heads * mla.dims.qk_head_dim().max(mla.dims.v_head_dim),
+            AttentionKind::GatedDeltaNet(gdn) => gdn.dims.conv_dim(),
         }
     }
 }
@@ -77,8 +173,11 @@ pub struct GqaSpec {
     pub bias: bool,
     /// Keys visible to a query, itself included (`None`: all earlier keys).
     pub sliding_window: Option<usize>,
-    /// Leading dimensions of each head that RoPE rotates.
-    pub rotary_dim: usize,
+    /// The rotary embedding of queries and keys, over each head's leading
+    /// `rope.rotary_dim` values (`None`: no positions, NoPE).
+    pub rope: Option<RopeSpec>,
+    /// Each head has a learned sink logit that joins its softmax.
+    pub sinks: bool,
     /// `q_proj` yields a gate per head after its query (`[q d | gate d]`
     /// per head) and the output is multiplied by `sigmoid(gate)`.
     pub output_gate: bool,
@@ -101,6 +200,9 @@ impl GqaSpec {
 pub struct MlaAttention {
     pub num_heads: usize,
     pub dims: MlaSpec,
+    /// The rotary embedding of the `qk_rope_head_dim` part; under YaRN it
+    /// also scales the softmax.
+    pub rope: RopeSpec,
     /// The down-projections and o_proj carry biases.
     pub bias: bool,
     /// The DSA lightning indexer, on models that have one.
@@ -183,83 +285,4 @@ pub enum NormKind {
     Weight { eps: f32 },
     /// `(1 + w) · x̂`, with this epsilon.
     OnePlusWeight { eps: f32 },
-}
-
-impl ModelSpec {
-    /// The blocks of every decoder layer, in order.
-    pub fn layer_specs(&self) -> Vec<LayerSpec> {
-        (0..self.num_layers).map(|l| self.layer_spec(l)).collect()
-    }
-
-    /// The blocks of decoder layer `layer` (`layer < num_layers`).
-    pub fn layer_spec(&self, layer: usize) -> LayerSpec {
-        let linear = self.mixers.get(layer) == Some(&MixerKind::Linear);
-        let attention = match (&self.mla, self.linear_attention) {
-            (_, Some(dims)) if linear => AttentionKind::GatedDeltaNet(GdnSpec { dims, eps: self.rms_norm_eps }),
-            (Some(dims), _) => AttentionKind::Mla(MlaAttention {
-                num_heads: self.num_heads,
-                dims: *dims,
-                bias: self.attention_bias,
-                indexer: self.dsa.as_ref().map(|dsa| IndexerSpec {
-                    kind: dsa.indexer_types[layer],
-                    topk: dsa.index_topk,
-                    head_dim: dsa.index_head_dim,
-                    n_heads: dsa.index_n_heads,
-                }),
-            }),
-            (None, _) => AttentionKind::Gqa(GqaSpec {
-                num_heads: self.num_heads,
-                num_kv_heads: self.num_kv_heads,
-                head_dim: self.head_dim,
-                qk_norm: self.qk_norm,
-                clip_qkv: self.clip_qkv,
-                bias: self.attention_bias,
-                sliding_window: self.sliding_window,
-                rotary_dim: self.rope.rotary_dim,
-                output_gate: self.attn_output_gate,
-            }),
-        };
-        let ffn = match self.layers[layer] {
-            LayerKind::Dense => FfnKind::Dense { intermediate_size: self.dense_intermediate_size },
-            LayerKind::Moe => FfnKind::Moe(MoeBlock {
-                num_experts: self.moe.num_experts,
-                top_k: self.moe.top_k,
-                intermediate_size: self.moe.intermediate_size,
-                router: match self.router.scoring {
-                    ScoringFunc::Softmax => RouterKind::SoftmaxTopK { renormalize: self.moe.norm_topk_prob },
-                    ScoringFunc::Sigmoid => RouterKind::GroupedSigmoid {
-                        n_group: self.router.n_group,
-                        topk_group: self.router.topk_group,
-                        renormalize: self.moe.norm_topk_prob,
-                        scaling: self.router.routed_scaling_factor,
-                    },
-                },
-                shared: match self.shared_intermediate_size {
-                    Some(intermediate_size) if self.shared_expert_gate => SharedExperts::Gated { intermediate_size },
-                    Some(intermediate_size) => SharedExperts::Plain { intermediate_size },
-                    None => SharedExperts::None,
-                },
-            }),
-        };
-        LayerSpec { attention, ffn, norm: self.norm_kind() }
-    }
-
-    /// Bytes (f32) one token adds to a sequence's cache, over all layers.
-    pub fn kv_bytes_per_token(&self) -> usize {
-        self.layer_specs().iter().map(|l| l.attention.cache_floats_per_token()).sum::<usize>() * size_of::<f32>()
-    }
-
-    /// Bytes (f32) of fixed state one sequence keeps, over all layers.
-    pub fn state_bytes_per_sequence(&self) -> usize {
-        self.layer_specs().iter().map(|l| l.attention.state_floats()).sum::<usize>() * size_of::<f32>()
-    }
-
-    /// The kind of every RMSNorm of the decoder stack, the final one included.
-    pub fn norm_kind(&self) -> NormKind {
-        let eps = self.rms_norm_eps;
-        match self.norm_style {
-            NormStyle::Weight => NormKind::Weight { eps },
-            NormStyle::OnePlusWeight => NormKind::OnePlusWeight { eps },
-        }
-    }
 }

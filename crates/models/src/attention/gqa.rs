@@ -6,7 +6,7 @@
 //! sigmoid output gate, and o_proj. Every refinement is data in the layer's
 //! [`GqaSpec`], none a family branch.
 
-use strata_format::{Container, GqaSpec, ModelSpec, NormKind, QkNorm, names};
+use strata_format::{Container, GqaSpec, ModelSpec, NormKind, QkNorm, RopeSpec, names};
 use strata_kernels::ops;
 use strata_kv::{KEYS, VALUES};
 
@@ -16,7 +16,7 @@ use crate::common::project;
 use crate::norm::Norm;
 use crate::rope::{Angles, rotate};
 use crate::weights::{matrix, vector};
-use crate::{Result, Runtime, SeqBatch};
+use crate::{Error, Result, Runtime, SeqBatch};
 
 /// One layer's GQA tensors and shape.
 pub struct Gqa {
@@ -40,6 +40,9 @@ impl Gqa {
     /// Layer `layer`'s tensors, shape-checked.
     /// Its q/k norms are of kind `norm`, the layer's.
     pub fn load(c: &Container, spec: &ModelSpec, dims: GqaSpec, norm: NormKind, layer: usize) -> Result<Self> {
+        if dims.sinks {
+            return Err(Error::Unsupported(format!("layer {layer}: attention sinks are not implemented")));
+        }
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.{suffix}"));
         let proj = |name: &str| Projection {
             weight: t(&format!("{name}.weight")),
@@ -81,19 +84,20 @@ impl Gqa {
         vec![self.dims.kv_dim(), self.dims.kv_dim()]
     }
 
-    /// RoPE rotates each head's leading `rotary_dim` values.
-    pub fn rotary_dim(&self) -> usize {
-        self.dims.rotary_dim
+    /// The rotary embedding of queries and keys (`None`: no positions).
+    pub fn rope(&self) -> Option<&RopeSpec> {
+        self.dims.rope.as_ref()
     }
 
-    /// See [`super::Attention::forward`]; `angles` are the rows' rope angles.
+    /// See [`super::Attention::forward`]; `angles` are the rows' rope
+    /// angles, on a layer with RoPE.
     pub fn forward(
         &self,
         rt: &Runtime<'_>,
         c: &Container,
         layer: usize,
         xs: &[f32],
-        angles: &Angles,
+        angles: Option<&Angles>,
         seqs: &mut [SeqBatch<'_>],
     ) -> Result<Vec<f32>> {
         let d = &self.dims;
@@ -111,11 +115,13 @@ impl Gqa {
                 *x = x.clamp(-clip, clip);
             }
         }
-        let rotated = angles.dim();
-        for (i, (q_row, k_row)) in q.chunks_exact_mut(q_dim).zip(k.chunks_exact_mut(kv_dim)).enumerate() {
-            let (cos, sin) = angles.at(i);
-            for head in q_row.chunks_exact_mut(d.head_dim).chain(k_row.chunks_exact_mut(d.head_dim)) {
-                rotate(&mut head[..rotated], cos, sin, false);
+        if let Some(angles) = angles {
+            let rotated = angles.dim();
+            for (i, (q_row, k_row)) in q.chunks_exact_mut(q_dim).zip(k.chunks_exact_mut(kv_dim)).enumerate() {
+                let (cos, sin) = angles.at(i);
+                for head in q_row.chunks_exact_mut(d.head_dim).chain(k_row.chunks_exact_mut(d.head_dim)) {
+                    rotate(&mut head[..rotated], cos, sin, false);
+                }
             }
         }
         let shape = AttnShape {

@@ -3,7 +3,7 @@
 //! through GLM-5's DSA indexer ([`crate::dsa`]), whose selection a sharing
 //! layer takes from the full layer before it.
 
-use strata_format::{Container, IndexerKind, MlaAttention, ModelSpec};
+use strata_format::{Container, IndexerKind, MlaAttention, ModelSpec, RopeSpec};
 use strata_kv::{INDEX_KEYS, LATENT};
 
 use crate::dsa::Indexer;
@@ -14,7 +14,7 @@ use crate::{Error, Result, Runtime, SeqBatch};
 /// One layer's MLA block.
 pub struct LatentAttention {
     attn: Mla,
-    rotary_dim: usize,
+    rope: RopeSpec,
     hidden: usize,
     indexer: IndexerSlot,
     /// Width of the indexer keys the cache holds, with DSA.
@@ -35,17 +35,17 @@ enum IndexerSlot {
 impl LatentAttention {
     /// Layer `layer`'s tensors, shape-checked.
     pub fn load(c: &Container, spec: &ModelSpec, kind: &MlaAttention, layer: usize) -> Result<Self> {
-        let indexer = match (kind.indexer, &spec.dsa, kind.dims.q_lora_rank) {
-            (None, _, _) => IndexerSlot::Absent,
-            (Some(ix), Some(dsa), Some(rank)) if ix.kind == IndexerKind::Full => {
-                IndexerSlot::Own(Indexer::load(c, spec, dsa, rank, layer)?)
+        let indexer = match (kind.indexer, kind.dims.q_lora_rank) {
+            (None, _) => IndexerSlot::Absent,
+            (Some(ix), Some(rank)) if ix.kind == IndexerKind::Full => {
+                IndexerSlot::Own(Indexer::load(c, spec, &ix, rank, layer)?)
             }
-            (Some(ix), Some(_), Some(_)) if layer > 0 && ix.kind == IndexerKind::Shared => IndexerSlot::Shared,
+            (Some(ix), Some(_)) if layer > 0 && ix.kind == IndexerKind::Shared => IndexerSlot::Shared,
             _ => return Err(Error::Unsupported(format!("layer {layer}: DSA indexer layout is inconsistent"))),
         };
         Ok(Self {
-            attn: Mla::load(c, spec, kind.dims, layer)?,
-            rotary_dim: kind.dims.qk_rope_head_dim,
+            attn: Mla::load(c, spec, kind, layer)?,
+            rope: kind.rope,
             hidden: spec.hidden_size,
             indexer,
             index_head_dim: kind.indexer.map(|ix| ix.head_dim),
@@ -59,8 +59,8 @@ impl LatentAttention {
     }
 
     /// RoPE rotates the `qk_rope_head_dim` part of each head.
-    pub fn rotary_dim(&self) -> usize {
-        self.rotary_dim
+    pub fn rope(&self) -> &RopeSpec {
+        &self.rope
     }
 
     /// See [`super::Attention::forward`]. `selections[k]` carries sequence

@@ -6,7 +6,7 @@ mod gqa;
 pub mod grouped;
 mod latent;
 
-use strata_format::{AttentionKind, Container, ModelSpec, NormKind};
+use strata_format::{AttentionKind, Container, ModelSpec, NormKind, RopeSpec};
 use strata_kv::LayerLayout;
 
 use crate::rope::Angles;
@@ -23,22 +23,22 @@ pub enum Attention {
 /// states: the rope angles of its rows, and each sequence's DSA selection,
 /// which a sharing layer takes from the full layer before it.
 pub struct Pass {
-    /// cos/sin of every row, per rotary width.
-    angles: Vec<(usize, Angles)>,
+    /// cos/sin of every row, per rotary embedding.
+    angles: Vec<(RopeSpec, Angles)>,
     /// `selections[k]`: sequence `k`'s positions per query, if chosen.
     selections: Vec<Option<Vec<Vec<usize>>>>,
 }
 
 impl Pass {
-    pub fn new(angles: Vec<(usize, Angles)>, n_seqs: usize) -> Self {
+    pub fn new(angles: Vec<(RopeSpec, Angles)>, n_seqs: usize) -> Self {
         Self { angles, selections: vec![None; n_seqs] }
     }
 
-    /// The angles for `rotary_dim`-wide rotations (built for every width a
-    /// layer uses), and the sequences' selections.
-    fn parts(&mut self, rotary_dim: usize) -> (&Angles, &mut [Option<Vec<Vec<usize>>>]) {
+    /// The angles of `rope` (built for every rotary embedding a layer
+    /// uses), and the sequences' selections.
+    fn parts(&mut self, rope: &RopeSpec) -> (&Angles, &mut [Option<Vec<Vec<usize>>>]) {
         let (_, angles) =
-            self.angles.iter().find(|(dim, _)| *dim == rotary_dim).expect("angles for every rotary width");
+            self.angles.iter().find(|(known, _)| known == rope).expect("angles for every rotary embedding");
         (angles, &mut self.selections)
     }
 }
@@ -78,21 +78,15 @@ impl Attention {
         seqs: &mut [SeqBatch<'_>],
     ) -> Result<Vec<f32>> {
         match self {
-            Attention::Gqa(gqa) => gqa.forward(rt, c, layer, xs, pass.parts(gqa.rotary_dim()).0, seqs),
+            Attention::Gqa(gqa) => {
+                let angles = gqa.rope().map(|rope| pass.parts(rope).0);
+                gqa.forward(rt, c, layer, xs, angles, seqs)
+            }
             Attention::Mla(mla) => {
-                let (angles, selections) = pass.parts(mla.rotary_dim());
+                let (angles, selections) = pass.parts(mla.rope());
                 mla.forward(rt, c, layer, xs, angles, seqs, selections)
             }
             Attention::DeltaNet(delta) => delta.forward(rt, c, layer, xs, seqs),
-        }
-    }
-
-    /// Width of each head's rotated part (`None`: no positions used).
-    pub fn rotary_dim(&self) -> Option<usize> {
-        match self {
-            Attention::Gqa(gqa) => Some(gqa.rotary_dim()),
-            Attention::Mla(mla) => Some(mla.rotary_dim()),
-            Attention::DeltaNet(_) => None,
         }
     }
 }

@@ -1,0 +1,141 @@
+//! The in-memory model: its common part ([`CoreSpec`]) and one stored
+//! [`LayerSpec`] per decoder layer ([`ModelArch`]).
+//!
+//! This is not what a manifest stores. Containers keep the flat
+//! [`ModelSpec`], frozen as the on-disk form, and the source config.json; a
+//! container opens with its layers derived from that config through the
+//! family file and checked against the frozen spec
+//! ([`ModelArch::from_stored`]), so the in-memory model can change without
+//! changing the container format.
+
+use serde_json::Value;
+
+use super::{Family, LayerSpec, ModelSpec, NormKind};
+use crate::error::{Error, Result};
+
+/// What a model has once, whatever its layers: vocabulary, hidden width,
+/// the final norm, tying and the special tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CoreSpec {
+    pub family: Family,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub max_position_embeddings: usize,
+    /// lm_head shares the embedding matrix (no `lm_head.weight` stored).
+    pub tie_word_embeddings: bool,
+    /// The norm after the last layer.
+    pub final_norm: NormKind,
+    pub bos_token_id: Option<u32>,
+    /// Every end-of-sequence id.
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// A model architecture: the common part and every layer's own spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelArch {
+    pub core: CoreSpec,
+    /// One entry per decoder layer, in order.
+    pub layers: Vec<LayerSpec>,
+}
+
+impl ModelArch {
+    /// Parses and validates a config.json document through its family file.
+    pub fn from_config_json(text: &str) -> Result<ModelArch> {
+        ModelSpec::from_config_json(text).map(|spec| spec.arch())
+    }
+
+    /// As [`ModelArch::from_config_json`], from an already parsed document.
+    pub fn from_config_value(value: &Value) -> Result<ModelArch> {
+        ModelSpec::from_config_value(value).map(|spec| spec.arch())
+    }
+
+    /// A stored model's architecture: derived from the config it was
+    /// converted from (`hf_config`), and refused unless it agrees with the
+    /// frozen spec stored beside it (`frozen`), naming the first difference.
+    pub fn from_stored(hf_config: &str, frozen: &ModelSpec) -> Result<ModelArch> {
+        let derived = ModelArch::from_config_json(hf_config)?;
+        let stored = frozen.arch();
+        if derived.core != stored.core {
+            return Err(disagreement(format!("core: {:?} != {:?}", derived.core, stored.core)));
+        }
+        if derived.layers.len() != stored.layers.len() {
+            return Err(disagreement(format!("{} layers != {}", derived.layers.len(), stored.layers.len())));
+        }
+        let differs = derived.layers.iter().zip(&stored.layers).position(|(a, b)| a != b);
+        if let Some(layer) = differs {
+            return Err(disagreement(format!(
+                "layer {layer}: {} != {}",
+                derived.layers[layer].describe(),
+                stored.layers[layer].describe()
+            )));
+        }
+        Ok(derived)
+    }
+
+    /// Bytes (f32) one token adds to a sequence's cache, over all layers.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.layers.iter().map(LayerSpec::cache_floats_per_token).sum::<usize>() * size_of::<f32>()
+    }
+
+    /// Bytes (f32) of fixed state one sequence keeps, over all layers.
+    pub fn state_bytes_per_sequence(&self) -> usize {
+        self.layers.iter().map(LayerSpec::state_floats).sum::<usize>() * size_of::<f32>()
+    }
+
+    /// An upper estimate of the activation bytes one token holds at once in
+    /// a forward pass: the widest layer's (see
+    /// [`LayerSpec::activation_floats_per_token`]).
+    pub fn activation_bytes_per_token(&self) -> usize {
+        let floats = self.layers.iter().map(|l| l.activation_floats_per_token(self.core.hidden_size)).max();
+        floats.unwrap_or(0) * size_of::<f32>()
+    }
+}
+
+fn disagreement(what: String) -> Error {
+    Error::SpecDisagrees { what }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::spec::MixerKind;
+    use crate::synth::like_config;
+
+    fn like(name: &str) -> String {
+        like_config(name, None).unwrap()
+    }
+
+    /// The engine sized prefill chunks by `hidden·(4 + 2·top_k) + 2·q_dim +
+    /// experts` floats per token before the estimate moved to the layers;
+    /// a model whose layers are alike must keep that number.
+    #[test]
+    fn the_activation_estimate_of_alike_layers_is_the_engines_former_one() {
+        let spec = ModelSpec::from_config_json(&like("qwen3-30b-a3b")).unwrap();
+        let floats = spec.hidden_size * (4 + 2 * spec.moe.top_k) + 2 * spec.q_dim() + spec.moe.num_experts;
+        assert_eq!(spec.arch().activation_bytes_per_token(), 4 * floats);
+    }
+
+    #[test]
+    fn a_stored_spec_whose_mixers_differ_from_its_config_is_refused_naming_the_layer() {
+        let config = like("qwen3-next-80b-a3b");
+        let mut frozen = ModelSpec::from_config_json(&config).unwrap();
+        assert_eq!(ModelArch::from_stored(&config, &frozen).unwrap(), frozen.arch());
+        let first_linear = frozen.mixers.iter().position(|m| *m == MixerKind::Linear).unwrap();
+        frozen.mixers[first_linear] = MixerKind::Full;
+        let err = ModelArch::from_stored(&config, &frozen).unwrap_err();
+        assert!(matches!(err, Error::SpecDisagrees { .. }), "{err}");
+        assert!(err.to_string().contains(&format!("layer {first_linear}: gated deltanet")), "{err}");
+    }
+
+    #[test]
+    fn a_layer_describes_its_own_window_and_cache() {
+        let mut config: Value = serde_json::from_str(&like("mixtral-8x7b")).unwrap();
+        config["sliding_window"] = json!(4096);
+        let arch = ModelArch::from_config_value(&config).unwrap();
+        let line = arch.layers[0].describe();
+        assert!(line.starts_with("gqa 32 q / 8 kv heads x 128, rope 128, window 4096;"), "{line}");
+        assert!(line.ends_with("; moe 8 experts top-2 x 14336; 2048 f32/token"), "{line}");
+    }
+}
