@@ -35,13 +35,16 @@ pub fn run<'e>(
     kv_dir: &Path,
     demo: bool,
 ) -> Result<()> {
+    let mut editor = DefaultEditor::new().context("starting the line editor")?;
     let interrupted = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&interrupted);
     // The editor reads keys in raw mode, where Ctrl-C is a key, not SIGINT;
-    // SIGINT comes only while an answer streams, and stops it. (rustyline's
-    // `signal-hook` feature keeps it from taking SIGINT for itself.)
+    // SIGINT comes only while an answer streams, and stops it. The editor
+    // took SIGINT for itself when it was made, so this handler must come
+    // after it to be the one that runs. (rustyline's `signal-hook` feature
+    // would leave SIGINT alone, but then a line that arrives in one read
+    // stalls after its first character: rustyline issue #690.)
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
-    let mut editor = DefaultEditor::new().context("starting the line editor")?;
     let spec = engine.spec();
     let model = if demo { DEMO_NOTE.to_owned() } else { engine.container().dir().display().to_string() };
     println!("strata chat: {model}.");
@@ -96,8 +99,9 @@ fn answer(chat: &mut Chat<'_>, line: &str, options: &ReplyOptions, interrupted: 
         eprintln!("warning: {warning}");
     }
     if reply.dropped_messages > 0 {
+        let messages = if reply.dropped_messages == 1 { "message was" } else { "messages were" };
         println!(
-            "(the oldest {} messages were dropped to fit the {}-token context)",
+            "(the oldest {} {messages} dropped to fit the {}-token context)",
             reply.dropped_messages,
             chat.session().context_tokens()
         );

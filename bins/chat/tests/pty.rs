@@ -31,10 +31,7 @@ const PROMPT: &str = "\x1b[K> ";
 /// What rustyline writes when Enter ends a line (bracketed paste off).
 const LINE_ENTERED: &str = "\x1b[?2004l";
 
-/// Types `line` key by key, as a person does, then Enter. (All at once,
-/// rustyline 17 echoes the first byte and handles the rest only when more
-/// input comes, as it never does for a pasted line without its paste
-/// brackets.)
+/// Types `line` key by key, as a person does, then Enter.
 fn type_line(p: &mut PtySession, line: &str) {
     for c in line.chars() {
         p.send(&c.to_string()).unwrap();
@@ -161,6 +158,59 @@ fn ctrl_c_stops_a_streaming_answer_and_the_next_prompt_works() {
     // The next prompt works: a question gets an answer.
     let answer = enter(&mut p, "Tell me a fortune.");
     assert!(answer.chars().filter(char::is_ascii_alphabetic).count() > 3, "{answer:?}");
+    p.send_control('d').unwrap();
+    p.exp_eof().unwrap();
+}
+
+/// The repository's checkout, for its fixtures.
+fn repo_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
+}
+
+#[test]
+fn a_strict_alternation_template_keeps_answering_after_the_context_fills() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, kv) = (dir.path().join("cache"), dir.path().join("kv"));
+    // The demo's tokenizer with Mixtral's template, which raises an error
+    // unless the messages after the system one alternate user/assistant.
+    let text = dir.path().join("text");
+    std::fs::create_dir(&text).unwrap();
+    for file in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(repo_file("models/demo").join(file), text.join(file)).unwrap();
+    }
+    std::fs::copy(repo_file("testdata/templates/mixtral-instruct.jinja"), text.join("chat_template.jinja")).unwrap();
+    let tokenizer = ["--tokenizer", text.to_str().unwrap(), "--system", "Be brief."];
+    let mut p = chat(&cache, &kv, &[&tokenizer[..], &["--temperature", "0", "--max-new-tokens", "24"]].concat());
+    // Greedy, the demo sometimes ends an answer at once, so that an empty
+    // answer is still one; an error is not.
+    let (mut drops, mut answered_after_a_drop) = (0, 0);
+    for turn in 0..14 {
+        let printed = enter(&mut p, &format!("Tell me fortune number {turn}."));
+        assert!(!printed.contains("error"), "turn {turn}: {printed}");
+        if drops > 0 && printed.chars().any(|c| c.is_ascii_alphabetic()) {
+            answered_after_a_drop += 1;
+        }
+        drops += usize::from(printed.contains("dropped to fit"));
+    }
+    assert!(drops > 0, "14 turns outgrow the demo's 256-token context");
+    assert!(answered_after_a_drop > 0, "the model still answers once older turns are dropped");
+    p.send_control('d').unwrap();
+    p.exp_eof().unwrap();
+}
+
+#[test]
+fn a_line_written_in_one_write_is_answered_with_no_further_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, kv) = (dir.path().join("cache"), dir.path().join("kv"));
+    let mut p = chat(&cache, &kv, &["--temperature", "0", "--max-new-tokens", "24"]);
+    // As a paste without paste brackets, an `expect` script or a fast ssh
+    // link delivers it: the whole line in one read. (The session's writer
+    // is line-buffered: a string ending in a newline goes out in one write.)
+    p.send("Tell me a fortune.\n").unwrap();
+    p.flush().unwrap();
+    p.exp_string(LINE_ENTERED).expect("the line entered");
+    let printed = strip_escapes(&p.exp_string(PROMPT).expect("the answer, then the next prompt"));
+    assert!(printed.chars().filter(char::is_ascii_alphabetic).count() > 3, "{printed:?}");
     p.send_control('d').unwrap();
     p.exp_eof().unwrap();
 }

@@ -17,7 +17,8 @@ use strata_engine::args::EngineArgs;
     after_help = "Examples:
   serve                                                   the demo model on http://127.0.0.1:8080
   strata pull allenai/OLMoE-1B-7B-0125-Instruct && serve --model allenai/OLMoE-1B-7B-0125-Instruct
-  curl http://127.0.0.1:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}'"
+  curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{\"model\":\"demo\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}'"
 )]
 pub struct Cli {
     /// A Strata container, a Hugging Face checkpoint (converted once into

@@ -148,3 +148,41 @@ fn the_chat_page_streams_a_reply_in_headless_chromium() {
     assert!(server.wait_for(std::time::Duration::from_secs(10), |s| s.metric("strata_active_sequences") == 0.0));
     println!("cancelled on the server: {}", server.metric("strata_requests_cancelled_total"));
 }
+
+/// The `curl` example of `serve --help`, as a user pastes it: its lines
+/// from `curl` on, with their `\` continuations.
+fn help_curl_example() -> String {
+    let help = run(Command::new(env!("CARGO_BIN_EXE_serve")).arg("--help")).expect("serve --help");
+    let mut lines = help.lines().skip_while(|line| !line.trim_start().starts_with("curl "));
+    let mut example = String::new();
+    for line in lines.by_ref() {
+        example.push_str(line.trim());
+        if !example.ends_with('\\') {
+            return example;
+        }
+        example.push('\n');
+    }
+    panic!("no complete curl example in serve --help:\n{help}");
+}
+
+#[test]
+fn the_curl_example_of_serve_help_works_as_pasted() {
+    let test = "the_curl_example_of_serve_help_works_as_pasted";
+    if run(Command::new("curl").arg("--version")).is_err() {
+        return unavailable(test, "no curl on PATH");
+    }
+    let example = help_curl_example();
+    const HELP_ADDRESS: &str = "http://127.0.0.1:8080";
+    assert!(example.contains(HELP_ADDRESS), "{example}");
+    // serve --help's own example, at the test server's port; curl adds the
+    // status code on a last line of its own.
+    let server = Server::start(&[]);
+    let command = example.replace(HELP_ADDRESS, &format!("http://{}", server.addr))
+        + " --silent --show-error --write-out '\\n%{http_code}'";
+    let output = run(Command::new("sh").arg("-c").arg(&command)).unwrap_or_else(|e| panic!("{e}"));
+    let (body, status) = output.trim_end().rsplit_once('\n').unwrap_or_else(|| panic!("{output}"));
+    assert_eq!(status, "200", "{example}\n{body}");
+    let reply: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let content = reply["choices"][0]["message"]["content"].as_str().unwrap_or_default();
+    assert!(!content.trim().is_empty(), "a completion: {reply}");
+}

@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, Range};
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -118,6 +118,19 @@ impl TextModel {
 /// be dropped: a quarter (64 tokens of the demo's 256).
 const ANSWER_RESERVE_DIVISOR: usize = 4;
 
+/// The oldest turn of `messages` that may be dropped to fit the context:
+/// from the first message after the leading system messages up to the next
+/// user (or system) message. A question goes with its answer and that turn's
+/// tool messages, so what is left still begins with a user message, as
+/// templates that require alternating roles (Mixtral's, Mistral's) demand;
+/// the page does the same. `None` when that turn is the newest one, which
+/// is never dropped.
+fn oldest_turn(messages: &[Message]) -> Option<Range<usize>> {
+    let start = messages.iter().position(|m| m.role != "system")?;
+    let after_start = messages[start + 1..].iter().position(|m| m.role == "user" || m.role == "system")?;
+    Some(start..start + 1 + after_start)
+}
+
 /// How to answer.
 #[derive(Debug, Clone, Default)]
 pub struct ReplyOptions {
@@ -132,7 +145,8 @@ pub struct ReplyOptions {
 pub struct Reply {
     pub text: String,
     pub finish: Finish,
-    /// The oldest messages dropped so the conversation fits the context.
+    /// The oldest messages dropped so the conversation fits the context:
+    /// whole turns, a question with its answer.
     pub dropped_messages: usize,
     pub stats: RunStats,
 }
@@ -238,23 +252,21 @@ impl<'e> Chat<'e> {
         Ok(ChatSnapshot { messages: self.messages.len(), tokens: saved.tokens })
     }
 
-    /// The prompt's ids after dropping the oldest turns (never a system
-    /// message or the newest message) until the prompt leaves room for
-    /// `reserve_tokens` of answer, and how many messages were dropped.
+    /// The prompt's ids after dropping the oldest turns (see [`oldest_turn`];
+    /// never a system message or the newest turn) until the prompt leaves
+    /// room for `reserve_tokens` of answer, and how many messages were
+    /// dropped.
     fn fit_context(&mut self, reserve_tokens: usize) -> Result<(Vec<u32>, usize)> {
         let context = self.session.context_tokens();
         let mut dropped = 0;
         loop {
             let ids = self.text.tokenizer.encode(&self.text.render(&self.messages)?, false)?;
-            let oldest = self.messages.iter().position(|m| m.role != "system");
-            let fits = ids.len() + reserve_tokens <= context;
-            match oldest {
-                Some(i) if !fits && i + 1 < self.messages.len() => {
-                    self.messages.remove(i);
-                    dropped += 1;
-                }
-                _ => return Ok((ids, dropped)),
+            if ids.len() + reserve_tokens <= context {
+                return Ok((ids, dropped));
             }
+            let Some(turn) = oldest_turn(&self.messages) else { return Ok((ids, dropped)) };
+            dropped += turn.len();
+            self.messages.drain(turn);
         }
     }
 
@@ -354,6 +366,37 @@ impl<'e> Chat<'e> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn roles(messages: &[Message]) -> Vec<&str> {
+        messages.iter().map(|m| m.role.as_str()).collect()
+    }
+
+    fn conversation(roles: &[&str]) -> Vec<Message> {
+        roles.iter().map(|&role| Message { role: role.to_owned(), ..Message::user("") }).collect()
+    }
+
+    #[test]
+    fn a_dropped_turn_takes_its_answer_and_tool_messages_and_leaves_a_question_first() {
+        let mut messages =
+            conversation(&["system", "user", "assistant", "tool", "assistant", "user", "assistant", "user"]);
+        let turn = oldest_turn(&messages).unwrap();
+        assert_eq!(turn, 1..5);
+        messages.drain(turn);
+        assert_eq!(roles(&messages), ["system", "user", "assistant", "user"]);
+        // A history that begins with an answer (saved before turns were
+        // dropped whole) loses that answer first, and is whole again.
+        let messages = conversation(&["assistant", "user", "assistant", "user"]);
+        assert_eq!(oldest_turn(&messages), Some(0..1));
+    }
+
+    #[test]
+    fn the_newest_turn_and_system_messages_are_never_dropped() {
+        for roles in [&["system", "user"][..], &["user", "assistant", "tool"], &["system"], &[]] {
+            assert_eq!(oldest_turn(&conversation(roles)), None, "{roles:?}");
+        }
+        let messages = conversation(&["system", "user", "assistant", "system", "user"]);
+        assert_eq!(oldest_turn(&messages), Some(1..3));
+    }
 
     #[test]
     fn only_a_conversations_own_snapshots_are_taken_for_it() {

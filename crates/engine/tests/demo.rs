@@ -84,6 +84,8 @@ fn a_long_chat_drops_its_oldest_turns_keeps_the_system_prompt_and_never_a_failed
         dropped += say(&mut chat, &question).unwrap().dropped_messages;
         let messages = chat.messages();
         assert_eq!(messages[0].content, "You tell fortunes.", "the system prompt stays");
+        let roles: Vec<&str> = messages[1..].iter().map(|m| m.role.as_str()).collect();
+        assert!(roles.chunks(2).all(|turn| turn == ["user", "assistant"]), "whole turns dropped: {roles:?}");
         assert_eq!(messages[messages.len() - 2].content, question, "the question stays");
     }
     assert!(dropped > 0, "a long conversation outgrows 256 tokens, and the reply says so");
