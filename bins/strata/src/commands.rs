@@ -421,8 +421,10 @@ fn print_architecture(spec: &strata_format::ModelSpec) {
 }
 
 /// What one sequence costs besides the weights: bytes per token of
-/// attention cache and, on recurrent layers, fixed state.
+/// attention cache and, on recurrent layers, fixed state, as the engine's
+/// budget counts them.
 fn print_state(spec: &strata_format::ModelSpec) {
+    let footprint = strata_engine::kv_footprint(spec);
     let layers = spec.layer_specs();
     let rows_layers = layers.iter().filter(|l| l.attention.cache_floats_per_token() > 0).count();
     let kv_parts = match (&spec.mla, &spec.dsa) {
@@ -430,17 +432,21 @@ fn print_state(spec: &strata_format::ModelSpec) {
         (Some(mla), None) => format!("{} latent", mla.latent_dim()),
         (None, _) => format!("{} key+value", 2 * spec.kv_dim()),
     };
-    let kv_bytes = spec.kv_bytes_per_token();
+    let kv_bytes = footprint.bytes_per_token;
     println!(
         "kv bytes/token {kv_bytes} ({}) ({kv_parts} f32 per layer x {rows_layers} layers)",
-        ByteSize(kv_bytes as u64)
+        ByteSize(kv_bytes)
     );
-    let state_bytes = spec.state_bytes_per_sequence();
+    let state_bytes = footprint.state_bytes;
     if state_bytes > 0 {
         let recurrent = layers.len() - rows_layers;
         println!(
             "state bytes/session {state_bytes} ({}) (f32 recurrent and convolution state x {recurrent} layers)",
-            ByteSize(state_bytes as u64)
+            ByteSize(state_bytes)
+        );
+        println!(
+            "state budget/session {} (the state, its staged copy and snapshots)",
+            ByteSize(footprint.state_bytes_max)
         );
     }
 }
@@ -466,13 +472,6 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     println!("bytes experts {} ({})", expert_bytes, ByteSize(expert_bytes));
     println!("bytes total   {} ({})", total_bytes, ByteSize(total_bytes));
     print_state(spec);
-    let footprint = strata_engine::kv_footprint(std::sync::Arc::clone(&container))?;
-    if footprint.state_bytes > 0 {
-        println!(
-            "state budget/session {} (the state, its staged copy and snapshots)",
-            ByteSize(footprint.state_bytes_max)
-        );
-    }
     for file in &manifest.files {
         println!("sha256 {}  {}", file.sha256, file.path);
     }

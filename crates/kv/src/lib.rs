@@ -4,19 +4,22 @@
 //! that cannot be cut back; and their persistence as named, crash-safe
 //! session files.
 //!
-//! **Architecture invariant:** this crate knows nothing about models. It stores
+//! **Architecture invariant:** the cache knows nothing about models. It stores
 //! the parts a layer declares at token positions, and enforces a hard bound
 //! on how many positions it holds; a session file is bound to a model only
-//! through the hashes and layouts its caller puts in the header.
+//! through the hashes and layouts its caller puts in the header. What each
+//! kind of layer keeps is derived from its spec in one place, [`layout_of`].
 
 mod cache;
 mod error;
 mod part;
 mod persist;
+mod spec;
 
 pub use cache::{KvCache, SNAPSHOTS_MAX, STATE_COPIES_MAX};
 pub use error::{Error, Result};
 pub use part::{LayerLayout, StatePart};
+pub use spec::{layout_of, layouts_of};
 pub use persist::{
     CutTail, HASH_BYTES, MAX_LAYERS, MAX_PARTS, Persist, Recovered, SESSION_MAGIC, SESSION_VERSION,
     SESSION_VERSION_OLDEST, SessionFile, SessionHeader, Sink, hex, parse_hash,
