@@ -6,7 +6,7 @@
 
 /// One kind of per-sequence state a layer keeps. Rows are f32s; positions
 /// are token positions in the sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatePart {
     /// One row of `dim` per token, every token kept: cut back to any length.
     Rows { dim: usize },
@@ -113,7 +113,7 @@ impl StatePart {
 }
 
 /// What one layer keeps: its parts, in an order the layer indexes them by.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerLayout {
     pub parts: Vec<StatePart>,
 }
