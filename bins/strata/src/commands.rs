@@ -433,10 +433,7 @@ fn print_state(spec: &strata_format::ModelSpec) {
         (None, _) => format!("{} key+value", 2 * spec.kv_dim()),
     };
     let kv_bytes = footprint.bytes_per_token;
-    println!(
-        "kv bytes/token {kv_bytes} ({}) ({kv_parts} f32 per layer x {rows_layers} layers)",
-        ByteSize(kv_bytes)
-    );
+    println!("kv bytes/token {kv_bytes} ({}) ({kv_parts} f32 per layer x {rows_layers} layers)", ByteSize(kv_bytes));
     let state_bytes = footprint.state_bytes;
     if state_bytes > 0 {
         let recurrent = layers.len() - rows_layers;

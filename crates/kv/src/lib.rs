@@ -19,8 +19,8 @@ mod spec;
 pub use cache::{KvCache, SNAPSHOTS_MAX, STATE_COPIES_MAX};
 pub use error::{Error, Result};
 pub use part::{LayerLayout, StatePart};
-pub use spec::{layout_of, layouts_of};
 pub use persist::{
     CutTail, HASH_BYTES, MAX_LAYERS, MAX_PARTS, Persist, Recovered, SESSION_MAGIC, SESSION_VERSION,
     SESSION_VERSION_OLDEST, SessionFile, SessionHeader, Sink, hex, parse_hash,
 };
+pub use spec::{layout_of, layouts_of};
