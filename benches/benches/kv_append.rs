@@ -7,7 +7,7 @@
 //! of 576-wide latents (144 KiB a token).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use strata_kv::{KvCache, SessionFile, SessionHeader};
+use strata_kv::{KvCache, LayerLayout, SessionFile, SessionHeader, StatePart};
 
 /// Tokens a file takes before the bench starts a new one.
 const TOKENS_PER_FILE: usize = 128;
@@ -16,9 +16,10 @@ const TOKENS_PER_FILE: usize = 128;
 fn filled(mut cache: KvCache) -> KvCache {
     cache.reserve(TOKENS_PER_FILE).expect("capacity");
     for layer in 0..cache.n_layers() {
-        for (stream, width) in cache.layout(layer).row_dims.clone().into_iter().enumerate() {
+        let parts = cache.layout(layer).parts.clone();
+        for (part, width) in parts.iter().enumerate().filter_map(|(i, p)| Some((i, p.row_dim()?))) {
             let rows: Vec<f32> = (0..TOKENS_PER_FILE * width).map(|i| (i as f32 * 0.37).sin()).collect();
-            cache.write(layer, stream, &rows);
+            cache.write(layer, part, &rows);
         }
     }
     cache.advance(TOKENS_PER_FILE);
@@ -28,9 +29,12 @@ fn filled(mut cache: KvCache) -> KvCache {
 fn append(c: &mut Criterion) {
     let mut group = c.benchmark_group("kv_append");
     group.sample_size(20);
+    let rows = |dims: &[usize]| LayerLayout::new(dims.iter().map(|&dim| StatePart::Rows { dim }).collect());
     let shapes = [
-        ("qwen3-30b-a3b", KvCache::gqa(48, 512, TOKENS_PER_FILE)),
-        ("deepseek-v3", KvCache::mla(61, 512 + 64, None, TOKENS_PER_FILE)),
+        // Keys and values.
+        ("qwen3-30b-a3b", KvCache::new(48, rows(&[512, 512]), TOKENS_PER_FILE)),
+        // The latent with its rotary key.
+        ("deepseek-v3", KvCache::new(61, rows(&[512 + 64]), TOKENS_PER_FILE)),
     ];
     let dir = tempfile::tempdir().expect("temp dir");
     let mut files = 0usize;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use strata_engine::{ChatTemplate, Message, Tokenizer};
-use strata_kv::{HASH_BYTES, KvCache, LayerLayout, SessionFile, SessionHeader};
+use strata_kv::{HASH_BYTES, KvCache, LayerLayout, SessionFile, SessionHeader, StatePart};
 
 /// A directory private to this process for the parsers that read files;
 /// each input overwrites the last one's file.
@@ -58,10 +58,19 @@ pub fn manifest(data: &[u8]) {
 
 const KV_CAPACITY_TOKENS: usize = 64;
 
-/// A hybrid model's shape: a layer of rows per token (two streams) and a
-/// recurrent layer of fixed state, so state records are fuzzed too.
+/// Every kind of part: a layer of two rows parts, a ring and token ids, and
+/// one of a fixed state and a strided part (whose rows make record lengths
+/// depend on the position), so state records are fuzzed too.
 fn kv_layouts() -> Vec<LayerLayout> {
-    vec![LayerLayout { row_dims: vec![4, 3], state_floats: 0 }, LayerLayout { row_dims: vec![], state_floats: 6 }]
+    vec![
+        LayerLayout::new(vec![
+            StatePart::Rows { dim: 4 },
+            StatePart::Rows { dim: 3 },
+            StatePart::Ring { dim: 2, window: 3 },
+            StatePart::Tokens { n: 2 },
+        ]),
+        LayerLayout::new(vec![StatePart::Fixed { floats: 6 }, StatePart::Strided { dim: 2, every: 3 }]),
+    ]
 }
 
 fn kv_header() -> SessionHeader {

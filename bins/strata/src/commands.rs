@@ -430,17 +430,23 @@ fn print_architecture(arch: &strata_format::ModelArch) {
 }
 
 /// What one sequence costs besides the weights: bytes per token of
-/// attention cache and, on recurrent layers, fixed state.
+/// attention cache and, on recurrent layers, fixed state, as the engine's
+/// budget counts them.
 fn print_state(arch: &strata_format::ModelArch) {
+    let footprint = strata_engine::kv_footprint(&arch.layers);
     let rows_layers = arch.layers.iter().filter(|l| l.cache_floats_per_token() > 0).count();
-    let kv_bytes = arch.kv_bytes_per_token();
-    println!("kv bytes/token {kv_bytes} ({}) (f32 rows of {rows_layers} layers)", ByteSize(kv_bytes as u64));
-    let state_bytes = arch.state_bytes_per_sequence();
+    let kv_bytes = footprint.bytes_per_token;
+    println!("kv bytes/token {kv_bytes} ({}) (f32 rows of {rows_layers} layers)", ByteSize(kv_bytes));
+    let state_bytes = footprint.state_bytes;
     if state_bytes > 0 {
         let recurrent = arch.layers.iter().filter(|l| l.state_floats() > 0).count();
         println!(
             "state bytes/session {state_bytes} ({}) (f32 recurrent and convolution state of {recurrent} layers)",
-            ByteSize(state_bytes as u64)
+            ByteSize(state_bytes)
+        );
+        println!(
+            "state budget/session {} (the state, its staged copy and snapshots)",
+            ByteSize(footprint.state_bytes_max)
         );
     }
 }
@@ -466,13 +472,6 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     println!("bytes experts {} ({})", expert_bytes, ByteSize(expert_bytes));
     println!("bytes total   {} ({})", total_bytes, ByteSize(total_bytes));
     print_state(arch);
-    let footprint = strata_engine::kv_footprint(std::sync::Arc::clone(&container))?;
-    if footprint.state_bytes > 0 {
-        println!(
-            "state budget/session {} (the state, its staged copy and snapshots)",
-            ByteSize(footprint.state_bytes_max)
-        );
-    }
     for file in &manifest.files {
         println!("sha256 {}  {}", file.sha256, file.path);
     }

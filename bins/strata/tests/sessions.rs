@@ -96,10 +96,10 @@ fn layout(model: &Path) -> (u64, u64) {
     let line = text.lines().find(|l| l.starts_with("kv bytes/token")).expect("kv line");
     let kv_bytes: u64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
     // Keys and values, or a latent and the DSA indexer keys; else a latent.
-    let streams = if line.contains("key+value") || line.contains("index-key") { 2 } else { 1 };
+    let parts = if line.contains("key+value") || line.contains("index-key") { 2 } else { 1 };
     let layers: u64 = line.split(" x ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
-    // Version 2: each layer's stream count, state floats and row widths.
-    let header_bytes = 128 + layers * (8 + 4 * streams);
+    // Version 3: each layer's part count, then kind and two sizes per part.
+    let header_bytes = 128 + layers * (4 + 12 * parts);
     (header_bytes, 24 + kv_bytes)
 }
 

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use strata_format::{Container, Embedding, LayerKind, ModelSpec};
+use strata_format::{Container, Embedding, LayerKind, LayerSpec, ModelSpec};
 use strata_kernels::Threads;
 use strata_kv::KvCache;
 use strata_models::{CausalLm, Logits, Runtime};
@@ -124,24 +124,18 @@ pub struct KvFootprint {
     pub state_bytes_max: u64,
 }
 
-impl KvFootprint {
-    fn of(model: &dyn CausalLm) -> Self {
-        // One token of capacity: rows grow with use and a fresh state is
-        // zero pages not yet touched, so the probe costs next to nothing.
-        let probe = model.new_cache(1);
-        Self {
-            bytes_per_token: probe.bytes_per_token() as u64,
-            state_bytes: probe.state_bytes() as u64,
-            state_bytes_max: probe.state_bytes_max() as u64,
-        }
+/// The KV footprint of a model with these `layers`, from what they keep
+/// ([`strata_kv::layouts_of`], which the model's blocks are checked
+/// against when they load): nothing is loaded.
+pub fn kv_footprint(layers: &[LayerSpec]) -> KvFootprint {
+    // One token of capacity: rows grow with use and a fresh state is zero
+    // pages not yet touched, so the probe costs next to nothing.
+    let probe = KvCache::with_layers(strata_kv::layouts_of(layers), 1);
+    KvFootprint {
+        bytes_per_token: probe.bytes_per_token() as u64,
+        state_bytes: probe.state_bytes() as u64,
+        state_bytes_max: probe.state_bytes_max() as u64,
     }
-}
-
-/// The KV footprint of the model in `container`, without opening an
-/// engine (`strata info`): the model's blocks are built and their tensors
-/// checked, nothing more.
-pub fn kv_footprint(container: Arc<Container>) -> Result<KvFootprint> {
-    Ok(KvFootprint::of(&*strata_models::load(container)?))
 }
 
 /// The usage file's name inside a model directory.
@@ -248,7 +242,7 @@ impl Engine {
                 .unwrap_or(usize::MAX)
                 .clamp(1, PREFILL_CHUNK_TOKENS_MAX),
         };
-        let footprint = KvFootprint::of(&*model);
+        let footprint = kv_footprint(&container.arch().layers);
         let kv_bytes_per_token = footprint.bytes_per_token;
         let kv_state_bytes_per_session = footprint.state_bytes_max;
         let sessions = options.sessions.max(1) as u64;

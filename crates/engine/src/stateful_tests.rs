@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use strata_format::{ConvertOptions, ModelSpec, QuantPreset};
-use strata_kv::LayerLayout;
+use strata_kv::{LayerLayout, StatePart};
 use strata_models::SeqBatch;
 
 use super::*;
@@ -33,7 +33,7 @@ impl Toy {
         cache.write(0, 0, &rows);
         let mut out = Vec::new();
         for (i, &token) in tokens.iter().enumerate() {
-            let state = cache.stage_state(1);
+            let state = cache.stage_state(1, 0);
             for (j, s) in state.iter_mut().enumerate() {
                 *s = *s * 0.9 + (token as f32 + j as f32) * 0.01;
             }
@@ -57,8 +57,10 @@ impl CausalLm for Toy {
     }
 
     fn new_cache(&self, capacity_tokens: usize) -> KvCache {
-        let layouts =
-            vec![LayerLayout { row_dims: vec![2], state_floats: 0 }, LayerLayout { row_dims: vec![], state_floats: 4 }];
+        let layouts = vec![
+            LayerLayout::new(vec![StatePart::Rows { dim: 2 }]),
+            LayerLayout::new(vec![StatePart::Fixed { floats: 4 }]),
+        ];
         KvCache::with_layers(layouts, capacity_tokens)
     }
 

@@ -1,29 +1,26 @@
-//! The KV cache: per layer, zero or more *streams* of fixed-width f32 rows,
-//! one row per token, and possibly a fixed-size recurrent state.
+//! The KV cache: per layer, a list of typed parts ([`StatePart`]): rows per
+//! token, a ring of the last rows, rows per group of tokens with a pending
+//! buffer, a fixed-size state, token ids.
 //!
-//! Grouped-query attention keeps two streams (keys and values); Multi-head
-//! Latent Attention keeps one (the compressed latent with its rotary part);
-//! DeepSeek Sparse Attention adds a stream of indexer keys; a linear-attention
-//! layer (Gated DeltaNet) keeps no rows but a state of the same size whatever
-//! the length. One type serves them all, so persistence and budgeting treat
-//! every family alike.
+//! The cache does not know which layer keeps what: a layer says its parts
+//! and indexes them in its own order (keys and values, a latent, a
+//! recurrent state). One type serves every kind, so persistence and
+//! budgeting treat every family alike.
 //!
-//! A recurrent state cannot be cut back to an arbitrary position, so a cache
-//! with state keeps a few snapshots of it ([`KvCache::snapshot`], taken at
-//! turn boundaries) and [`KvCache::truncate`] resumes from the longest prefix
-//! it can restore, saying which; the caller runs the rest again.
+//! Positions are written during a pass and become part of the sequence only
+//! when [`KvCache::advance`] commits them, all parts at once, so a failed
+//! pass leaves the committed sequence untouched. A part that cannot be cut
+//! back to any length (a ring past its window, a strided part inside a
+//! group, a fixed state) makes the cache keep a few snapshots of it
+//! ([`KvCache::snapshot`], taken at turn boundaries), and
+//! [`KvCache::truncate`] resumes from the longest prefix it can restore,
+//! saying which; the caller runs the rest again.
 
-use crate::{Error, Result};
+mod store;
 
-/// What one layer keeps: rows per token (possibly none) and a fixed state
-/// (possibly empty).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LayerLayout {
-    /// Width of each stream's row, in f32s.
-    pub row_dims: Vec<usize>,
-    /// f32s of the layer's recurrent state per sequence (0: none).
-    pub state_floats: usize,
-}
+use store::{Store, row_dim};
+
+use crate::{Error, LayerLayout, Result, StatePart};
 
 /// Snapshots of the state a cache keeps. Two, because resuming happens at a
 /// turn boundary of the latest turn: the end of its answer when the next
@@ -37,124 +34,76 @@ pub const SNAPSHOTS_MAX: usize = 2;
 /// a pass is updating, and [`SNAPSHOTS_MAX`] snapshots.
 pub const STATE_COPIES_MAX: usize = 2 + SNAPSHOTS_MAX;
 
-/// One layer's recurrent state (empty vectors for a layer without one).
-#[derive(Debug, Clone)]
-struct LayerState {
-    /// The state after the committed tokens.
-    committed: Vec<f32>,
-    /// The state the current pass updates; after [`KvCache::advance`] it
-    /// holds the state the pass started from, until the next pass stages.
-    staged: Vec<f32>,
-    /// Whether `staged` was copied from `committed` in this pass.
-    staged_in_pass: bool,
-}
-
-/// The state of every stateful layer after the first `len_tokens` tokens,
-/// concatenated in layer order.
+/// The state of every part with one ([`StatePart::state_floats`]) after the
+/// first `len_tokens` tokens, concatenated layer by layer, part by part.
 #[derive(Debug, Clone)]
 struct Snapshot {
     len_tokens: usize,
     floats: Vec<f32>,
 }
 
-/// Rows and states of every layer for the tokens seen so far.
-///
-/// Positions are written layer by layer during a forward pass and become part
-/// of the sequence only when [`KvCache::advance`] commits them, so a failed
-/// pass leaves the committed state untouched.
+/// Every part of every layer for the tokens seen so far.
 #[derive(Debug, Clone)]
 pub struct KvCache {
     layouts: Vec<LayerLayout>,
     capacity_tokens: usize,
     len_tokens: usize,
-    /// `[layer][stream]` → rows, `[tokens, row_dims[stream]]`.
-    rows: Vec<Vec<Vec<f32>>>,
-    /// `[layer]`, every layer (stateless ones hold empty vectors).
-    states: Vec<LayerState>,
-    /// f32s of one token's rows, all layers.
-    floats_per_token: usize,
-    /// f32s of the state of every stateful layer.
+    /// `[layer][part]`.
+    stores: Vec<Vec<Store>>,
+    /// Bytes one token adds, all layers (see [`StatePart::bytes_per_token`]).
+    bytes_per_token: usize,
+    /// f32s of the state of every part with one: a snapshot's size.
     state_floats: usize,
     /// Ascending by length, all at most `len_tokens`, at most [`SNAPSHOTS_MAX`].
     snapshots: Vec<Snapshot>,
-    /// The length before the last [`KvCache::advance`] while every stateful
-    /// layer's `staged` still holds the state from then: a free way back
-    /// from the last pass.
+    /// The length before the last [`KvCache::advance`] while every fixed
+    /// state's `staged` still holds the state from then (and rings and
+    /// strided parts their rows from then): a free way back from the last
+    /// pass.
     undo_len_tokens: Option<usize>,
-    /// The length the committed state is at: `len_tokens`, except while a
+    /// The length the parts with state are at: `len_tokens`, except while a
     /// session file loads rows ahead of the state it restores at the end.
     state_len_tokens: usize,
 }
 
-/// Stream index of keys in a grouped-query attention cache.
-pub const KEYS: usize = 0;
-/// Stream index of values in a grouped-query attention cache.
-pub const VALUES: usize = 1;
-/// Stream index of the latent rows in a Multi-head Latent Attention cache.
-pub const LATENT: usize = 0;
-/// Stream index of the DSA indexer keys in a Multi-head Latent Attention cache.
-pub const INDEX_KEYS: usize = 1;
-
 impl KvCache {
-    /// An empty cache for `n_layers` layers with one stream per entry of
-    /// `row_dims` and no state, holding at most `capacity_tokens`. Memory
-    /// grows with use, up to `capacity_tokens * sum(row_dims) * 4` bytes per
-    /// layer.
-    pub fn new(n_layers: usize, row_dims: Vec<usize>, capacity_tokens: usize) -> Self {
-        assert!(!row_dims.is_empty(), "every layer has a stream");
-        Self::with_layers(vec![LayerLayout { row_dims, state_floats: 0 }; n_layers], capacity_tokens)
+    /// An empty cache of `n_layers` layers that all keep `layout`, holding
+    /// at most `capacity_tokens`.
+    pub fn new(n_layers: usize, layout: LayerLayout, capacity_tokens: usize) -> Self {
+        Self::with_layers(vec![layout; n_layers], capacity_tokens)
     }
 
     /// An empty cache where each layer keeps what its layout says, holding
-    /// at most `capacity_tokens`. States start at zero (the zero pages are
-    /// not touched until a pass writes them).
+    /// at most `capacity_tokens`. Memory grows with use, up to
+    /// `capacity_tokens` × [`Self::bytes_per_token`] plus
+    /// [`Self::state_bytes_max`].
     pub fn with_layers(layouts: Vec<LayerLayout>, capacity_tokens: usize) -> Self {
-        let mut floats_per_token = 0usize;
+        let mut bytes_per_token = 0usize;
         let mut state_floats = 0usize;
         for (layer, layout) in layouts.iter().enumerate() {
-            assert!(layout.row_dims.iter().all(|&d| d > 0), "layer {layer}: every stream has a width");
-            assert!(!layout.row_dims.is_empty() || layout.state_floats > 0, "layer {layer} keeps rows or a state");
-            // The layouts come from a model's config: sizes past usize are
-            // a broken invariant of the format's validation, not input.
-            floats_per_token =
-                layout.row_dims.iter().try_fold(floats_per_token, |a, &d| a.checked_add(d)).expect("rows fit usize");
-            state_floats = state_floats.checked_add(layout.state_floats).expect("states fit usize");
+            assert!(!layout.parts.is_empty(), "layer {layer} keeps something");
+            for part in &layout.parts {
+                // The layouts come from a model's config or a checked
+                // session header: sizes past usize are a broken invariant,
+                // not input.
+                assert_eq!(part.invalid_reason(), None, "layer {layer}");
+                bytes_per_token = bytes_per_token.checked_add(part.bytes_per_token()).expect("sizes fit usize");
+                state_floats = state_floats.checked_add(part.state_floats()).expect("sizes fit usize");
+            }
         }
-        assert!(
-            state_floats.checked_mul(size_of::<f32>() * STATE_COPIES_MAX).is_some()
-                && floats_per_token.checked_mul(size_of::<f32>()).is_some(),
-            "sizes in bytes fit usize"
-        );
-        let rows = layouts.iter().map(|l| vec![Vec::new(); l.row_dims.len()]).collect();
-        let states = layouts
-            .iter()
-            .map(|l| LayerState { committed: vec![0.0; l.state_floats], staged: Vec::new(), staged_in_pass: false })
-            .collect();
+        assert!(state_floats.checked_mul(size_of::<f32>() * STATE_COPIES_MAX).is_some(), "sizes in bytes fit usize");
+        let stores = layouts.iter().map(|l| l.parts.iter().map(|&p| Store::new(p)).collect()).collect();
         Self {
             layouts,
             capacity_tokens,
             len_tokens: 0,
-            rows,
-            states,
-            floats_per_token,
+            stores,
+            bytes_per_token,
             state_floats,
             snapshots: Vec::new(),
             undo_len_tokens: None,
             state_len_tokens: 0,
         }
-    }
-
-    /// A grouped-query attention cache: keys and values of `kv_dim` each.
-    pub fn gqa(n_layers: usize, kv_dim: usize, capacity_tokens: usize) -> Self {
-        Self::new(n_layers, vec![kv_dim, kv_dim], capacity_tokens)
-    }
-
-    /// A Multi-head Latent Attention cache: per token and layer one latent
-    /// row of `latent_dim` (the compressed key/value and the rotated shared
-    /// key), plus an indexer key of `index_dim` with DeepSeek Sparse
-    /// Attention.
-    pub fn mla(n_layers: usize, latent_dim: usize, index_dim: Option<usize>, capacity_tokens: usize) -> Self {
-        Self::new(n_layers, std::iter::once(latent_dim).chain(index_dim).collect(), capacity_tokens)
     }
 
     /// Committed tokens.
@@ -187,38 +136,47 @@ impl KvCache {
         self.capacity_tokens
     }
 
-    /// Bytes one token occupies across all layers' rows (states aside).
+    /// Bytes one token adds across all layers' parts (their states aside).
     pub fn bytes_per_token(&self) -> usize {
-        self.floats_per_token * size_of::<f32>()
+        self.bytes_per_token
     }
 
-    /// Bytes of the committed fixed state of every layer: what a sequence
+    /// Bytes of the committed state of every part with one: what a sequence
     /// holds whatever its length.
     pub fn state_bytes(&self) -> usize {
         self.state_floats * size_of::<f32>()
     }
 
-    /// Bytes of fixed state the cache may hold at once: [`STATE_COPIES_MAX`]
+    /// Bytes of state the cache may hold at once: [`STATE_COPIES_MAX`]
     /// copies (committed, staged, snapshots). What a memory budget reserves
-    /// per sequence besides its rows.
+    /// per sequence besides its rows. A ring or strided part holds the rows
+    /// of its last pass beside its window until the next pass: a pass longer
+    /// than the window is activations' share of the budget.
     pub fn state_bytes_max(&self) -> usize {
         // Checked at construction.
         self.state_bytes() * STATE_COPIES_MAX
     }
 
-    /// Bytes of fixed state held now: the committed state, a staged copy
-    /// once a pass has made one, and the snapshots.
+    /// Bytes of state held now: fixed states with their staged copies, the
+    /// rows rings and strided parts hold beside their groups, and the
+    /// snapshots.
     pub fn state_bytes_held(&self) -> usize {
-        let staged: usize = self.states.iter().map(|s| s.staged.len()).sum();
+        let held: usize = self.parts().map(|(_, store)| store.state_floats_held()).sum();
         let snapshots: usize = self.snapshots.iter().map(|s| s.floats.len()).sum();
-        (self.state_floats + staged + snapshots) * size_of::<f32>()
+        (held + snapshots) * size_of::<f32>()
+    }
+
+    fn part(&self, layer: usize, part: usize) -> StatePart {
+        self.layouts[layer].parts[part]
     }
 
     /// Fails unless `n_tokens` more tokens fit. Starts a pass: states staged
     /// before are forgotten, and so is the way back from the last pass.
     pub fn reserve(&mut self, n_tokens: usize) -> Result<()> {
-        for state in &mut self.states {
-            state.staged_in_pass = false;
+        for (layout, stores) in self.layouts.iter().zip(&mut self.stores) {
+            for (&part, store) in layout.parts.iter().zip(stores) {
+                store.start_pass(part, self.len_tokens);
+            }
         }
         self.undo_len_tokens = None;
         let needed_tokens = self.len_tokens.saturating_add(n_tokens);
@@ -228,80 +186,133 @@ impl KvCache {
         Ok(())
     }
 
-    /// Stores `rows` (`[n, row_dims[stream]]`) of `layer` for the uncommitted
-    /// positions `len()..len() + n`.
-    pub fn write(&mut self, layer: usize, stream: usize, rows: &[f32]) {
-        let dim = self.layouts[layer].row_dims[stream];
-        let n_tokens = rows.len() / dim;
-        assert_eq!(rows.len(), n_tokens * dim, "whole rows");
+    /// Stores per-token `rows` (`[n, dim]`) of a rows, ring or strided part
+    /// for the uncommitted positions `len()..len() + n`.
+    pub fn write(&mut self, layer: usize, part: usize, rows: &[f32]) {
+        let kind = self.part(layer, part);
+        self.assert_fits(rows.len() / row_dim(kind));
+        self.stores[layer][part].write(kind, self.len_tokens, rows);
+    }
+
+    /// Stores a strided part's rows (`[g, dim]`) of the groups that the
+    /// uncommitted positions complete, in order.
+    pub fn write_groups(&mut self, layer: usize, part: usize, rows: &[f32]) {
+        let kind = self.part(layer, part);
+        self.stores[layer][part].write_groups(kind, self.len_tokens, rows);
+    }
+
+    /// Stores the ids of the uncommitted positions `len()..len() + n` in a
+    /// token part.
+    pub fn write_tokens(&mut self, layer: usize, part: usize, ids: &[u32]) {
+        self.assert_fits(ids.len());
+        let kind = self.part(layer, part);
+        self.stores[layer][part].write_tokens(kind, self.len_tokens, ids);
+    }
+
+    fn assert_fits(&self, n_tokens: usize) {
         assert!(self.len_tokens + n_tokens <= self.capacity_tokens, "reserve() first");
-        let stored = &mut self.rows[layer][stream];
-        stored.truncate(self.len_tokens * dim);
-        stored.extend_from_slice(rows);
     }
 
-    /// Rows of `layer`'s `stream` for positions `0..n_tokens`.
-    pub fn rows(&self, layer: usize, stream: usize, n_tokens: usize) -> &[f32] {
-        &self.rows[layer][stream][..n_tokens * self.layouts[layer].row_dims[stream]]
+    /// Rows of a rows part for positions `0..n_tokens`.
+    pub fn rows(&self, layer: usize, part: usize, n_tokens: usize) -> &[f32] {
+        self.rows_between(layer, part, 0, n_tokens)
     }
 
-    /// The committed state of `layer` (zeros while the cache is empty).
-    pub fn state(&self, layer: usize) -> &[f32] {
+    /// Rows of a rows or ring part for positions `from_tokens..to_tokens`
+    /// (a ring holds its last `window` committed positions and the pass's).
+    pub fn rows_between(&self, layer: usize, part: usize, from_tokens: usize, to_tokens: usize) -> &[f32] {
+        self.stores[layer][part].rows_between(self.part(layer, part), from_tokens, to_tokens)
+    }
+
+    /// A strided part's group rows of the groups complete within the first
+    /// `n_tokens` positions.
+    pub fn groups(&self, layer: usize, part: usize, n_tokens: usize) -> &[f32] {
+        self.stores[layer][part].groups(self.part(layer, part), n_tokens)
+    }
+
+    /// A strided part's per-token rows of the group not complete at
+    /// `n_tokens` (fewer than `every`).
+    pub fn pending(&self, layer: usize, part: usize, n_tokens: usize) -> &[f32] {
+        self.stores[layer][part].pending(self.part(layer, part), n_tokens)
+    }
+
+    /// A token part's last `n` ids before position `n_tokens` (fewer near
+    /// the start).
+    pub fn tokens(&self, layer: usize, part: usize, n_tokens: usize) -> &[u32] {
+        self.stores[layer][part].tokens(self.part(layer, part), n_tokens)
+    }
+
+    /// The committed fixed state of `layer`'s `part` (zeros while the cache
+    /// is empty).
+    pub fn state(&self, layer: usize, part: usize) -> &[f32] {
         assert_eq!(self.state_len_tokens, self.len_tokens, "the state is at the committed length");
-        &self.states[layer].committed
+        match &self.stores[layer][part] {
+            Store::Fixed(fixed) => &fixed.committed,
+            _ => panic!("layer {layer} part {part} is not a fixed state"),
+        }
     }
 
-    /// The state of `layer` for the current pass to update in place: a copy
-    /// of the committed state the first time in a pass, the same buffer
-    /// (not copied again) after. [`Self::advance`] commits it with the
-    /// rows; a pass that fails before leaves the committed state as it was.
-    pub fn stage_state(&mut self, layer: usize) -> &mut [f32] {
-        assert!(self.layouts[layer].state_floats > 0, "layer {layer} keeps no state");
+    /// The fixed state of `layer`'s `part` for the current pass to update in
+    /// place: a copy of the committed state the first time in a pass, the
+    /// same buffer (not copied again) after. [`Self::advance`] commits it
+    /// with the rows; a pass that fails before leaves the committed state as
+    /// it was.
+    pub fn stage_state(&mut self, layer: usize, part: usize) -> &mut [f32] {
         assert_eq!(self.state_len_tokens, self.len_tokens, "the state is at the committed length");
-        let state = &mut self.states[layer];
-        if !state.staged_in_pass {
+        let Store::Fixed(fixed) = &mut self.stores[layer][part] else {
+            panic!("layer {layer} part {part} is not a fixed state");
+        };
+        if !fixed.staged_in_pass {
             // `staged` no longer holds the state before the last pass.
             self.undo_len_tokens = None;
-            state.staged.clear();
-            state.staged.extend_from_slice(&state.committed);
-            state.staged_in_pass = true;
+            fixed.staged.clear();
+            fixed.staged.extend_from_slice(&fixed.committed);
+            fixed.staged_in_pass = true;
         }
-        &mut state.staged
+        &mut fixed.staged
     }
 
-    /// Commits `n_tokens` written positions, and with them every layer's
-    /// staged state, all at once.
+    /// Commits `n_tokens` written positions, and with them every staged
+    /// fixed state, all at once.
     pub fn advance(&mut self, n_tokens: usize) {
         let new_len = self.len_tokens + n_tokens;
-        assert!(new_len <= self.capacity_tokens, "reserve() first");
-        self.assert_rows_written(new_len);
-        if n_tokens > 0 && self.state_floats > 0 {
-            for (layer, state) in self.states.iter_mut().enumerate() {
-                if self.layouts[layer].state_floats == 0 {
-                    continue;
+        self.assert_fits(n_tokens);
+        self.assert_written(new_len, true);
+        let mut any_fixed = false;
+        if n_tokens > 0 {
+            for (layer, stores) in self.stores.iter_mut().enumerate() {
+                for store in stores {
+                    if let Store::Fixed(fixed) = store {
+                        assert!(fixed.staged_in_pass, "layer {layer}'s state staged in this pass");
+                        // A swap, not a copy: `staged` keeps the state the
+                        // pass started from, which `truncate` can go back to
+                        // for free.
+                        std::mem::swap(&mut fixed.committed, &mut fixed.staged);
+                        fixed.staged_in_pass = false;
+                        any_fixed = true;
+                    }
                 }
-                assert!(state.staged_in_pass, "layer {layer}'s state staged in this pass");
-                // A swap, not a copy: `staged` keeps the state the pass
-                // started from, which `truncate` can go back to for free.
-                std::mem::swap(&mut state.committed, &mut state.staged);
-                state.staged_in_pass = false;
             }
+        }
+        if any_fixed {
             self.undo_len_tokens = Some(self.len_tokens);
         }
         self.len_tokens = new_len;
         self.state_len_tokens = new_len;
     }
 
-    fn assert_rows_written(&self, new_len: usize) {
-        for (layer, streams) in self.rows.iter().enumerate() {
-            for (stream, dim) in streams.iter().zip(&self.layouts[layer].row_dims) {
-                assert!(stream.len() >= new_len * dim, "every layer and stream written");
-            }
+    /// Asserts every part written up to `new_len`; parts with state only
+    /// when `with_state` (they are behind while a session file loads).
+    fn assert_written(&self, new_len: usize, with_state: bool) {
+        for (part, store) in self.parts() {
+            let behind = !with_state && part.has_state();
+            let written = behind || store.written(part, new_len);
+            assert!(written && store.groups_written(part, new_len), "every {part:?} written");
         }
     }
 
-    /// Records the committed state of every stateful layer at `len()`, so
-    /// that [`Self::truncate`] can come back here. Does nothing for a cache
+    /// Records the state of every part with one at `len()`, so that
+    /// [`Self::truncate`] can come back here. Does nothing for a cache
     /// without state, or at length 0 (the empty state is known). At most
     /// [`SNAPSHOTS_MAX`] are kept; the oldest goes first.
     pub fn snapshot(&mut self) {
@@ -323,8 +334,8 @@ impl KvCache {
             Vec::with_capacity(self.state_floats)
         };
         floats.clear();
-        for state in &self.states {
-            floats.extend_from_slice(&state.committed);
+        for (part, store) in self.parts() {
+            store.snapshot_into(part, self.len_tokens, &mut floats);
         }
         self.snapshots.push(Snapshot { len_tokens: self.len_tokens, floats });
     }
@@ -335,94 +346,130 @@ impl KvCache {
     }
 
     /// Forgets every position from `len_tokens` on, and returns the length
-    /// actually kept. Without state that is `min(len_tokens, len())`. With
-    /// state, a cut below `len()` resumes from the longest prefix of at most
-    /// `len_tokens` whose state is known: the start of the last pass, the
-    /// latest snapshot, or the empty sequence; the caller runs the tokens
-    /// from there to `len_tokens` again if it needs them.
+    /// actually kept: the longest prefix of at most `len_tokens` that every
+    /// part reaches, by its own rewind rule, by the undo of the last pass,
+    /// or from the latest snapshot at or below it (else the empty
+    /// sequence). The caller runs the tokens from there to `len_tokens`
+    /// again if it needs them.
     pub fn truncate(&mut self, len_tokens: usize) -> usize {
         if len_tokens >= self.len_tokens {
-            // Rows written by an abandoned pass go; the state is untouched.
-            self.cut_rows(self.len_tokens);
+            // Positions written by an abandoned pass go; states are untouched.
+            self.cut(self.len_tokens);
             return self.len_tokens;
         }
         self.resume_at_most(len_tokens)
+    }
+
+    /// Whether every part reaches `len_tokens` by its own rewind rule; a
+    /// fixed state may be left to the undo (`but_fixed`).
+    fn reaches(&self, len_tokens: usize, but_fixed: bool) -> bool {
+        self.state_len_tokens == self.len_tokens
+            && self.parts().all(|(part, store)| {
+                (but_fixed && matches!(store, Store::Fixed(_))) || store.reaches(part, len_tokens, self.len_tokens)
+            })
+    }
+
+    /// The longest length of at most `len_tokens` every part reaches by its
+    /// own rewind rule, if any.
+    fn longest_reached(&self, len_tokens: usize) -> Option<usize> {
+        if self.state_len_tokens != self.len_tokens {
+            return None;
+        }
+        let mut len = len_tokens;
+        // Each round only shortens `len`, and stops once every part agrees.
+        loop {
+            let mut agreed = len;
+            for (part, store) in self.parts() {
+                agreed = agreed.min(store.longest_reached(part, len, self.len_tokens)?);
+            }
+            if agreed == len {
+                return Some(len);
+            }
+            len = agreed;
+        }
+    }
+
+    /// Every part of every layer with its store, layer by layer.
+    fn parts(&self) -> impl Iterator<Item = (StatePart, &Store)> {
+        self.layouts.iter().zip(&self.stores).flat_map(|(layout, stores)| layout.parts.iter().copied().zip(stores))
+    }
+
+    /// Cuts every part back to `len_tokens`, which each reaches.
+    fn cut(&mut self, len_tokens: usize) {
+        for (layout, stores) in self.layouts.iter().zip(&mut self.stores) {
+            for (&part, store) in layout.parts.iter().zip(stores) {
+                store.cut(part, len_tokens);
+            }
+        }
+        self.len_tokens = len_tokens;
     }
 
     /// Goes back to the longest prefix of at most `len_tokens` whose state
     /// is known (see [`Self::truncate`]), returning its length.
     fn resume_at_most(&mut self, len_tokens: usize) -> usize {
         assert!(len_tokens <= self.len_tokens);
-        if self.state_floats == 0 {
-            self.state_len_tokens = len_tokens;
-            self.cut_rows(len_tokens);
-            return len_tokens;
-        }
-        let undo = self.undo_len_tokens.filter(|&u| u <= len_tokens);
+        let undo = self.undo_len_tokens.filter(|&u| u <= len_tokens && self.reaches(u, true));
         let snapshot = self.snapshots.iter().rposition(|s| s.len_tokens <= len_tokens);
         let snapshot_len = snapshot.map_or(0, |i| self.snapshots[i].len_tokens);
-        let kept = match undo {
-            Some(undo_len) if undo_len >= snapshot_len => {
-                for (state, layout) in self.states.iter_mut().zip(&self.layouts) {
-                    if layout.state_floats > 0 {
-                        std::mem::swap(&mut state.committed, &mut state.staged);
-                    }
-                }
-                undo_len
+        let kept = match self.longest_reached(len_tokens) {
+            // Cutting is cheapest: taken whenever it keeps as much.
+            Some(reached) if undo.is_none_or(|u| reached >= u) && reached >= snapshot_len => {
+                self.cut(reached);
+                reached
             }
-            _ => {
-                let mut floats = snapshot.map(|i| self.snapshots[i].floats.as_slice());
-                for state in &mut self.states {
-                    let n = state.committed.len();
-                    match &mut floats {
-                        Some(f) => {
-                            state.committed.copy_from_slice(&f[..n]);
-                            *f = &f[n..];
+            _ => match undo {
+                Some(undo_len) if undo_len >= snapshot_len => {
+                    for store in self.stores.iter_mut().flatten() {
+                        if let Store::Fixed(fixed) = store {
+                            std::mem::swap(&mut fixed.committed, &mut fixed.staged);
                         }
-                        None => state.committed.fill(0.0),
                     }
+                    self.cut(undo_len);
+                    undo_len
                 }
-                snapshot_len
-            }
+                _ => {
+                    let mut floats = snapshot.map(|i| self.snapshots[i].floats.as_slice());
+                    for (layout, stores) in self.layouts.iter().zip(&mut self.stores) {
+                        for (&part, store) in layout.parts.iter().zip(stores) {
+                            let n = part.state_floats();
+                            store.restore(part, snapshot_len, floats.map(|f| &f[..n]));
+                            floats = floats.map(|f| &f[n..]);
+                        }
+                    }
+                    self.len_tokens = snapshot_len;
+                    snapshot_len
+                }
+            },
         };
-        for state in &mut self.states {
-            state.staged_in_pass = false;
+        for store in self.stores.iter_mut().flatten() {
+            if let Store::Fixed(fixed) = store {
+                fixed.staged_in_pass = false;
+            }
         }
         self.undo_len_tokens = None;
         self.snapshots.retain(|s| s.len_tokens <= kept);
         self.state_len_tokens = kept;
-        self.cut_rows(kept);
         kept
     }
 
-    fn cut_rows(&mut self, len_tokens: usize) {
-        self.len_tokens = len_tokens;
-        for (streams, layout) in self.rows.iter_mut().zip(&self.layouts) {
-            for (stream, dim) in streams.iter_mut().zip(&layout.row_dims) {
-                stream.truncate(len_tokens * dim);
-            }
-        }
-    }
-
-    /// The latest snapshot: its length and the state of every stateful
-    /// layer, concatenated in layer order.
+    /// The latest snapshot: its length and its state (see [`Snapshot`]).
     pub(crate) fn latest_snapshot(&self) -> Option<(usize, &[f32])> {
         self.snapshots.last().map(|s| (s.len_tokens, s.floats.as_slice()))
     }
 
-    /// Commits `n_tokens` rows read from a session file, leaving the state
-    /// behind: [`Self::finish_load`] puts it back in step.
+    /// Commits `n_tokens` positions read from a session file, leaving the
+    /// parts with state behind: [`Self::finish_load`] puts them back in step.
     pub(crate) fn advance_loaded_rows(&mut self, n_tokens: usize) {
         let new_len = self.len_tokens + n_tokens;
-        assert!(new_len <= self.capacity_tokens, "reserve() first");
-        self.assert_rows_written(new_len);
+        self.assert_fits(n_tokens);
+        self.assert_written(new_len, false);
         self.len_tokens = new_len;
     }
 
     /// Keeps a snapshot read from a session file (at most `len()`, after
     /// those loaded before).
     pub(crate) fn push_loaded_snapshot(&mut self, len_tokens: usize, floats: Vec<f32>) {
-        assert_eq!(floats.len(), self.state_floats, "a state for every stateful layer");
+        assert_eq!(floats.len(), self.state_floats, "a state for every part with one");
         assert!(len_tokens > 0 && len_tokens <= self.len_tokens, "a snapshot of loaded rows");
         if let Some(last) = self.snapshots.last_mut() {
             assert!(last.len_tokens <= len_tokens, "snapshots ascend");
@@ -438,8 +485,8 @@ impl KvCache {
     }
 
     /// Ends loading a session file: a cache with state resumes from its
-    /// latest snapshot (or from empty), dropping the rows after it. Returns
-    /// the length kept.
+    /// latest snapshot (or from empty), dropping the positions after it.
+    /// Returns the length kept.
     pub(crate) fn finish_load(&mut self) -> usize {
         assert!(self.undo_len_tokens.is_none(), "nothing ran while loading");
         if self.state_floats == 0 {
@@ -451,12 +498,23 @@ impl KvCache {
 }
 
 #[cfg(test)]
+pub(crate) mod testing;
+
+#[cfg(test)]
 mod tests {
+    use super::testing::{assert_at, run};
     use super::*;
+
+    const KEYS: usize = 0;
+    const VALUES: usize = 1;
+
+    fn rows(dims: &[usize]) -> LayerLayout {
+        LayerLayout::new(dims.iter().map(|&dim| StatePart::Rows { dim }).collect())
+    }
 
     #[test]
     fn positions_commit_only_on_advance() {
-        let mut kv = KvCache::new(2, vec![2, 3], 4);
+        let mut kv = KvCache::new(2, rows(&[2, 3]), 4);
         kv.reserve(2).unwrap();
         for layer in 0..2 {
             kv.write(layer, KEYS, &[1.0, 2.0, 3.0, 4.0]);
@@ -473,19 +531,16 @@ mod tests {
     }
 
     #[test]
-    fn mla_caches_hold_the_latent_and_optional_index_keys() {
-        let latent_only = KvCache::mla(3, 576, None, 8);
-        assert_eq!(latent_only.layout(2).row_dims, &[576]);
+    fn bytes_per_token_sum_every_part_of_every_layer() {
+        let latent_only = KvCache::new(3, rows(&[576]), 8);
         assert_eq!(latent_only.bytes_per_token(), 3 * 576 * 4);
-        let dsa = KvCache::mla(3, 576, Some(128), 8);
-        assert_eq!(dsa.layout(0).row_dims[LATENT], 576);
-        assert_eq!(dsa.layout(0).row_dims[INDEX_KEYS], 128);
-        assert_eq!(dsa.bytes_per_token(), 3 * (576 + 128) * 4);
+        let with_index_keys = KvCache::new(3, rows(&[576, 128]), 8);
+        assert_eq!(with_index_keys.bytes_per_token(), 3 * (576 + 128) * 4);
     }
 
     #[test]
     fn overflowing_the_context_is_an_error() {
-        let mut kv = KvCache::gqa(1, 1, 3);
+        let mut kv = KvCache::new(1, rows(&[1, 1]), 3);
         let err = kv.reserve(4).unwrap_err().to_string();
         assert!(err.contains("4 tokens needed") && err.contains("at most 3"), "{err}");
     }
@@ -494,122 +549,75 @@ mod tests {
     fn hybrid(capacity_tokens: usize) -> KvCache {
         KvCache::with_layers(
             vec![
-                LayerLayout { row_dims: vec![2, 2], state_floats: 0 },
-                LayerLayout { row_dims: vec![], state_floats: 3 },
-                LayerLayout { row_dims: vec![1], state_floats: 2 },
+                rows(&[2, 2]),
+                LayerLayout::new(vec![StatePart::Fixed { floats: 3 }]),
+                LayerLayout::new(vec![StatePart::Rows { dim: 1 }, StatePart::Fixed { floats: 2 }]),
             ],
             capacity_tokens,
         )
     }
 
-    /// The recurrence of the test layers: each token folds into each float.
-    fn step(state: &mut [f32], token: f32) {
-        for (i, s) in state.iter_mut().enumerate() {
-            *s = *s * 0.5 + token + i as f32;
-        }
-    }
-
-    /// Runs `tokens` through every layer as a model pass would, committing
-    /// unless `fail` (a pass that errs before `advance`).
-    fn pass(kv: &mut KvCache, tokens: &[f32], fail: bool) {
-        kv.reserve(tokens.len()).unwrap();
-        for layer in 0..kv.n_layers() {
-            for (stream, &dim) in kv.layout(layer).row_dims.clone().iter().enumerate() {
-                let rows: Vec<f32> = tokens.iter().flat_map(|&t| std::iter::repeat_n(t, dim)).collect();
-                kv.write(layer, stream, &rows);
-            }
-            if kv.layout(layer).state_floats > 0 {
-                for &t in tokens {
-                    step(kv.stage_state(layer), t);
-                }
-            }
-        }
-        if !fail {
-            kv.advance(tokens.len());
-        }
-    }
-
-    /// What every stateful layer's state is after `tokens`.
-    fn expected_state(kv: &KvCache, tokens: &[f32]) -> Vec<Vec<f32>> {
-        (0..kv.n_layers())
-            .map(|layer| {
-                let mut state = vec![0.0; kv.layout(layer).state_floats];
-                tokens.iter().for_each(|&t| step(&mut state, t));
-                state
-            })
-            .collect()
-    }
-
-    fn assert_at(kv: &KvCache, tokens: &[f32]) {
-        assert_eq!(kv.len(), tokens.len());
-        for (layer, want) in expected_state(kv, tokens).iter().enumerate() {
-            assert_eq!(kv.state(layer), want.as_slice(), "layer {layer} after {tokens:?}");
-        }
-        assert_eq!(kv.rows(2, 0, tokens.len()), tokens);
-    }
-
     #[test]
     fn a_state_commits_with_the_rows_and_a_failed_pass_leaves_it_untouched() {
         let mut kv = hybrid(16);
-        assert_eq!(kv.state(1), &[0.0; 3], "a fresh state is zero");
-        pass(&mut kv, &[1.0, 2.0], false);
-        assert_at(&kv, &[1.0, 2.0]);
-        pass(&mut kv, &[7.0, 7.0, 7.0], true);
-        assert_at(&kv, &[1.0, 2.0]);
+        assert_eq!(kv.state(1, 0), &[0.0; 3], "a fresh state is zero");
+        run(&mut kv, 2, false);
+        assert_at(&kv, 2);
+        run(&mut kv, 3, true);
+        assert_at(&kv, 2);
         // The next pass starts again from the committed state.
-        pass(&mut kv, &[3.0], false);
-        assert_at(&kv, &[1.0, 2.0, 3.0]);
+        run(&mut kv, 1, false);
+        assert_at(&kv, 3);
     }
 
     #[test]
     fn staging_twice_in_one_pass_returns_the_same_buffer_uncopied() {
         let mut kv = hybrid(4);
         kv.reserve(1).unwrap();
-        kv.stage_state(1)[0] = 5.0;
-        assert_eq!(kv.stage_state(1)[0], 5.0, "not copied again from the committed state");
+        kv.stage_state(1, 0)[0] = 5.0;
+        assert_eq!(kv.stage_state(1, 0)[0], 5.0, "not copied again from the committed state");
         // A new pass (reserve) stages afresh.
         kv.reserve(1).unwrap();
-        assert_eq!(kv.stage_state(1)[0], 0.0);
+        assert_eq!(kv.stage_state(1, 0)[0], 0.0);
     }
 
     #[test]
     fn truncate_resumes_from_the_latest_snapshot_at_or_below_and_says_where() {
         let mut kv = hybrid(32);
-        let tokens: Vec<f32> = (1..=12).map(|t| t as f32).collect();
-        pass(&mut kv, &tokens[..4], false);
+        run(&mut kv, 4, false);
         kv.snapshot();
-        pass(&mut kv, &tokens[4..8], false);
+        run(&mut kv, 4, false);
         kv.snapshot();
-        pass(&mut kv, &tokens[8..], false);
+        run(&mut kv, 4, false);
         assert_eq!(kv.snapshot_lens().collect::<Vec<_>>(), [4, 8]);
         assert_eq!(kv.truncate(12), 12, "nothing to cut");
         assert_eq!(kv.truncate(10), 8);
-        assert_at(&kv, &tokens[..8]);
+        assert_at(&kv, 8);
         // Re-running the gap gives the state one pass would have.
-        pass(&mut kv, &tokens[8..10], false);
-        assert_at(&kv, &tokens[..10]);
+        run(&mut kv, 2, false);
+        assert_at(&kv, 10);
         assert_eq!(kv.truncate(7), 4, "the snapshot at 8 is past the cut");
-        assert_at(&kv, &tokens[..4]);
+        assert_at(&kv, 4);
         assert_eq!(kv.snapshot_lens().collect::<Vec<_>>(), [4]);
         assert_eq!(kv.truncate(3), 0, "below every snapshot: the empty state");
-        assert_at(&kv, &[]);
+        assert_at(&kv, 0);
         assert_eq!(kv.snapshot_lens().count(), 0);
     }
 
     #[test]
     fn truncate_takes_back_the_last_pass_without_a_snapshot() {
         let mut kv = hybrid(16);
-        pass(&mut kv, &[1.0, 2.0], false);
-        pass(&mut kv, &[3.0, 4.0, 5.0], false);
+        run(&mut kv, 2, false);
+        run(&mut kv, 3, false);
         // The state the last pass started from is still staged: exact.
         assert_eq!(kv.truncate(2), 2);
-        assert_at(&kv, &[1.0, 2.0]);
+        assert_at(&kv, 2);
         // Only once: the way back is gone after use, and after a new pass stages.
-        pass(&mut kv, &[3.0], false);
+        run(&mut kv, 1, false);
         kv.reserve(1).unwrap();
-        kv.stage_state(1);
+        kv.stage_state(1, 0);
         assert_eq!(kv.truncate(2), 0);
-        assert_at(&kv, &[]);
+        assert_at(&kv, 0);
     }
 
     #[test]
@@ -617,26 +625,26 @@ mod tests {
         let mut kv = hybrid(16);
         kv.snapshot();
         assert_eq!(kv.snapshot_lens().count(), 0, "the empty state needs no snapshot");
-        for t in 1..=4 {
-            pass(&mut kv, &[t as f32], false);
+        for _ in 1..=4 {
+            run(&mut kv, 1, false);
             kv.snapshot();
             kv.snapshot();
         }
         assert_eq!(kv.snapshot_lens().collect::<Vec<_>>(), [3, 4], "the latest {SNAPSHOTS_MAX}");
         assert_eq!(kv.truncate(3), 3);
-        assert_at(&kv, &[1.0, 2.0, 3.0]);
+        assert_at(&kv, 3);
     }
 
     #[test]
     fn rows_only_caches_truncate_exactly_and_keep_no_snapshots() {
-        let mut kv = KvCache::gqa(2, 2, 8);
-        pass(&mut kv, &[1.0, 2.0, 3.0], false);
+        let mut kv = KvCache::new(2, rows(&[2, 2]), 8);
+        run(&mut kv, 3, false);
         kv.snapshot();
         assert_eq!(kv.snapshot_lens().count(), 0);
         assert_eq!((kv.state_bytes(), kv.state_bytes_max()), (0, 0));
         assert_eq!(kv.truncate(9), 3);
         assert_eq!(kv.truncate(1), 1);
-        assert_eq!(kv.rows(1, VALUES, 1), &[1.0, 1.0]);
+        assert_at(&kv, 1);
     }
 
     #[test]
@@ -645,5 +653,107 @@ mod tests {
         assert_eq!(kv.bytes_per_token(), (2 + 2 + 1) * 4);
         assert_eq!(kv.state_bytes(), (3 + 2) * 4);
         assert_eq!(kv.state_bytes_max(), (3 + 2) * 4 * (2 + SNAPSHOTS_MAX));
+    }
+
+    fn one_part(part: StatePart) -> KvCache {
+        KvCache::with_layers(vec![LayerLayout::new(vec![StatePart::Rows { dim: 1 }, part])], 64)
+    }
+
+    #[test]
+    fn a_ring_keeps_its_window_and_cuts_back_only_within_it() {
+        let mut kv = one_part(StatePart::Ring { dim: 2, window: 4 });
+        run(&mut kv, 3, false);
+        assert_at(&kv, 3);
+        run(&mut kv, 5, false);
+        assert_at(&kv, 8);
+        assert_eq!(kv.truncate(3), 3, "the window before the last pass is held until the next");
+        assert_at(&kv, 3);
+        run(&mut kv, 5, false);
+        run(&mut kv, 1, false);
+        assert_at(&kv, 9);
+        assert_eq!(kv.truncate(7), 0, "rows 3.. went when the pass at 8 started, and no snapshot");
+        assert_at(&kv, 0);
+        run(&mut kv, 6, false);
+        kv.snapshot();
+        run(&mut kv, 1, false);
+        run(&mut kv, 1, false);
+        run(&mut kv, 3, false);
+        assert_eq!(kv.truncate(7), 6, "past the window: the snapshot");
+        assert_at(&kv, 6);
+        run(&mut kv, 4, false);
+        assert_at(&kv, 10);
+        assert_eq!(kv.state_bytes(), 4 * 2 * 4);
+        assert_eq!(kv.bytes_per_token(), 4, "the rows part alone grows");
+    }
+
+    #[test]
+    fn a_strided_part_keeps_a_row_per_group_and_the_pending_rows() {
+        let mut kv = one_part(StatePart::Strided { dim: 2, every: 3 });
+        run(&mut kv, 2, false);
+        assert_at(&kv, 2);
+        run(&mut kv, 5, false);
+        assert_at(&kv, 7);
+        assert_eq!(kv.truncate(4), 4, "within the pending rows the last pass holds");
+        assert_at(&kv, 4);
+        kv.snapshot();
+        run(&mut kv, 5, false);
+        run(&mut kv, 1, false);
+        assert_eq!(kv.truncate(8), 6, "inside a group no longer held: the multiple of every below");
+        assert_at(&kv, 6);
+        run(&mut kv, 1, false);
+        run(&mut kv, 1, false);
+        run(&mut kv, 3, false);
+        run(&mut kv, 1, false);
+        assert_eq!(kv.truncate(10), 10, "within the pending rows held");
+        assert_at(&kv, 10);
+        assert_eq!(kv.truncate(5), 4, "the snapshot inside a group beats the multiple below");
+        assert_at(&kv, 4);
+        run(&mut kv, 3, true);
+        assert_at(&kv, 4);
+        run(&mut kv, 3, false);
+        assert_at(&kv, 7);
+        assert_eq!((kv.bytes_per_token(), kv.state_bytes()), (4 + 3, 2 * 2 * 4));
+    }
+
+    #[test]
+    fn token_ids_cut_back_to_any_length() {
+        let mut kv = one_part(StatePart::Tokens { n: 3 });
+        run(&mut kv, 2, false);
+        assert_at(&kv, 2);
+        run(&mut kv, 6, false);
+        assert_at(&kv, 8);
+        run(&mut kv, 2, true);
+        assert_eq!(kv.truncate(5), 5);
+        assert_at(&kv, 5);
+        assert_eq!(kv.snapshot_lens().count(), 0);
+        assert_eq!((kv.bytes_per_token(), kv.state_bytes()), (4 + 4, 0));
+    }
+
+    #[test]
+    fn every_kind_of_part_together_resumes_at_the_longest_length_all_reach() {
+        let layouts = vec![
+            LayerLayout::new(vec![
+                StatePart::Rows { dim: 2 },
+                StatePart::Ring { dim: 1, window: 3 },
+                StatePart::Tokens { n: 2 },
+            ]),
+            LayerLayout::new(vec![StatePart::Strided { dim: 2, every: 2 }, StatePart::Fixed { floats: 2 }]),
+        ];
+        let mut kv = KvCache::with_layers(layouts, 64);
+        run(&mut kv, 5, false);
+        kv.snapshot();
+        run(&mut kv, 4, false);
+        // Back by the undo: the ring and the strided part still hold the
+        // pass's start and the fixed state its staged copy.
+        assert_eq!(kv.truncate(5), 5);
+        assert_at(&kv, 5);
+        run(&mut kv, 4, false);
+        run(&mut kv, 1, false);
+        assert_eq!(kv.truncate(7), 5, "the fixed state reaches only the snapshot");
+        assert_at(&kv, 5);
+        run(&mut kv, 2, false);
+        assert_at(&kv, 7);
+        let held_floats = 2 + 2 + 3 + 2 * 2;
+        assert!(kv.state_bytes_held() >= held_floats * 4);
     }
 }

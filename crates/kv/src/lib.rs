@@ -1,21 +1,26 @@
-//! Key/value caches: GQA keys and values, MLA latents, DSA indexer keys, all
-//! as per-layer streams of rows, and the fixed-size recurrent states of
-//! linear-attention layers with their snapshots; and their persistence as
-//! named, crash-safe session files.
+//! Per-sequence state of a model's layers (the KV cache): each layer keeps a
+//! list of typed parts (rows per token, a ring of the last rows, rows per
+//! group of tokens, a fixed-size state, token ids) with snapshots of those
+//! that cannot be cut back; and their persistence as named, crash-safe
+//! session files.
 //!
-//! **Architecture invariant:** this crate knows nothing about models. It stores
-//! per-layer rows of floats at token positions and per-layer states, and
-//! enforces a hard bound on how many positions it holds; a session file is
-//! bound to a model only through the hashes and dimensions its caller puts in
-//! the header.
+//! **Architecture invariant:** the cache knows nothing about models. It stores
+//! the parts a layer declares at token positions, and enforces a hard bound
+//! on how many positions it holds; a session file is bound to a model only
+//! through the hashes and layouts its caller puts in the header. What each
+//! kind of layer keeps is derived from its spec in one place, [`layout_of`].
 
 mod cache;
 mod error;
+mod part;
 mod persist;
+mod spec;
 
-pub use cache::{INDEX_KEYS, KEYS, KvCache, LATENT, LayerLayout, SNAPSHOTS_MAX, STATE_COPIES_MAX, VALUES};
+pub use cache::{KvCache, SNAPSHOTS_MAX, STATE_COPIES_MAX};
 pub use error::{Error, Result};
+pub use part::{LayerLayout, StatePart};
 pub use persist::{
-    CutTail, HASH_BYTES, MAX_LAYERS, MAX_STREAMS, Persist, Recovered, SESSION_MAGIC, SESSION_VERSION,
+    CutTail, HASH_BYTES, MAX_LAYERS, MAX_PARTS, Persist, Recovered, SESSION_MAGIC, SESSION_VERSION,
     SESSION_VERSION_OLDEST, SessionFile, SessionHeader, Sink, hex, parse_hash,
 };
+pub use spec::{layout_of, layouts_of};

@@ -1,6 +1,6 @@
 //! Named KV sessions on disk: a header binding the file to one model, then
-//! append-only records, one per token, and for caches with a recurrent
-//! state, snapshot records of it, each with a checksum (normative layout:
+//! append-only records, one per token, and for caches with parts that keep
+//! a state, snapshot records of it, each with a checksum (normative layout:
 //! docs/FORMAT.md, "KV session file").
 //!
 //! Crash safety rests on ordering: records are written, fsynced, and only
@@ -22,7 +22,7 @@ use std::io::{self, BufReader, ErrorKind, Read};
 use std::path::{Path, PathBuf};
 
 pub use format::{
-    HASH_BYTES, MAX_LAYERS, MAX_STREAMS, SESSION_MAGIC, SESSION_VERSION, SESSION_VERSION_OLDEST, SessionHeader, hex,
+    HASH_BYTES, MAX_LAYERS, MAX_PARTS, SESSION_MAGIC, SESSION_VERSION, SESSION_VERSION_OLDEST, SessionHeader, hex,
     parse_hash,
 };
 pub use sink::Sink;
@@ -32,7 +32,7 @@ use format::{
     encode_record,
 };
 
-use crate::{Error, KvCache, Result};
+use crate::{Error, KvCache, Result, StatePart};
 
 /// Bytes read at a time while scanning records on open.
 const SCAN_BUFFER_BYTES: usize = 1 << 20;
@@ -588,7 +588,7 @@ fn scan_records(
         states: Vec::new(),
         bad_record: None,
     };
-    let largest = RecordKind::TokenWithRows.record_bytes(header).max(RecordKind::State.record_bytes(header));
+    let largest = RecordKind::TokenWithRows.record_bytes_max(header).max(RecordKind::State.record_bytes_max(header));
     let mut record = vec![0u8; largest];
     let mut row = Vec::new();
     loop {
@@ -608,7 +608,7 @@ fn scan_records(
             scan.bad_record = bad(format!("unknown record kind {}", prefix.kind_byte));
             return Ok(scan);
         };
-        let expected_bytes = kind.record_bytes(header);
+        let expected_bytes = kind.record_bytes(header, prefix.position);
         if prefix.record_bytes != expected_bytes || !prefix.reserved_zero {
             scan.bad_record = bad(format!(
                 "record length {} (a {kind:?} record is {expected_bytes} bytes) or reserved bytes not zero",
@@ -637,7 +637,7 @@ fn scan_records(
                 tokens: scan.counts.rows_tokens + 1,
                 capacity_tokens: cache.capacity_tokens(),
             })?;
-            load_rows(cache, &record[RECORD_PREFIX_BYTES..body], &mut row);
+            load_rows(cache, prefix.token, &record[RECORD_PREFIX_BYTES..body], &mut row);
             scan.counts.rows_tokens += 1;
         }
         if kind == RecordKind::State {
@@ -704,18 +704,27 @@ fn out_of_place(
     }
 }
 
-/// Writes one token's rows (layer-major, then stream, as little-endian f32)
-/// into the cache's next position and commits them (the state follows from
-/// the snapshots when loading ends).
-fn load_rows(cache: &mut KvCache, bytes: &[u8], row: &mut Vec<f32>) {
+/// Writes one token's record (layer by layer, part by part, as
+/// little-endian f32) into the cache's next position, with `token` in the
+/// token parts, and commits them (the parts with state follow from the
+/// snapshots when loading ends).
+fn load_rows(cache: &mut KvCache, token: u32, bytes: &[u8], row: &mut Vec<f32>) {
+    let position = cache.len();
     let mut at = 0;
     for layer in 0..cache.n_layers() {
-        for stream in 0..cache.layout(layer).row_dims.len() {
-            let dim = cache.layout(layer).row_dims[stream];
+        for (i, part) in cache.layout(layer).parts.clone().into_iter().enumerate() {
+            let floats = part.record_floats(position);
             row.clear();
-            row.extend(bytes[at..at + 4 * dim].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4"))));
-            cache.write(layer, stream, row);
-            at += 4 * dim;
+            row.extend(
+                bytes[at..at + 4 * floats].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4"))),
+            );
+            at += 4 * floats;
+            match part {
+                StatePart::Rows { .. } => cache.write(layer, i, row),
+                StatePart::Strided { .. } => cache.write_groups(layer, i, row),
+                StatePart::Tokens { .. } => cache.write_tokens(layer, i, &[token]),
+                StatePart::Ring { .. } | StatePart::Fixed { .. } => {}
+            }
         }
     }
     cache.advance_loaded_rows(1);

@@ -64,7 +64,11 @@ impl Decoder {
             {
                 ropes.push((*rope, Rope::new(rope, rope.rotary_dim)?));
             }
-            cache_layouts.push(attention.cache_layout());
+            // The engine budgets with the spec's derivation, never building
+            // the model: the blocks must keep exactly that.
+            let layout = attention.cache_layout();
+            assert_eq!(layout, strata_kv::layout_of(layer), "layer {l}: the blocks keep what the spec says");
+            cache_layouts.push(layout);
             layers.push(Layer {
                 input_norm: norm("input_layernorm.weight")?,
                 attention,

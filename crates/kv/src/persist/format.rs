@@ -4,22 +4,24 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::{KvCache, LayerLayout};
+use crate::{KvCache, LayerLayout, StatePart};
 
 /// First bytes of every KV session file.
 pub const SESSION_MAGIC: [u8; 8] = *b"STRATAKV";
-/// The session file version this build writes. Version 2 describes each
-/// layer's rows and state; version 1 (one set of row widths for every layer,
-/// no state) is still read, and appended to as it is, since its records are
-/// version 2's without state records.
-pub const SESSION_VERSION: u32 = 2;
+/// The session file version this build writes. Version 3 lists each layer's
+/// typed parts; version 2 (each layer's row widths and state floats) and
+/// version 1 (one set of row widths for every layer, no state) are still
+/// read, and appended to as they are: their layouts are rows parts and a
+/// fixed state, whose records version 3 writes byte for byte alike.
+pub const SESSION_VERSION: u32 = 3;
 /// The oldest version this build reads.
 pub const SESSION_VERSION_OLDEST: u32 = 1;
 /// Bytes of a SHA-256 digest, as held in the header.
 pub const HASH_BYTES: usize = 32;
-/// The most streams per layer a header may declare. A real cache has one to
-/// three; the bound only stops a corrupt count from sizing an allocation.
-pub const MAX_STREAMS: usize = 16;
+/// The most parts per layer a header may declare (and streams of rows, in
+/// versions 1 and 2). A real layer has one to three; the bound only stops a
+/// corrupt count from sizing an allocation.
+pub const MAX_PARTS: usize = 16;
 /// The most layers a header may declare. Models have at most a few hundred;
 /// the bound only stops a corrupt count from sizing an allocation.
 pub const MAX_LAYERS: usize = 4096;
@@ -38,6 +40,8 @@ const HEADER_TAIL_BYTES: usize = CREATED_BY_BYTES + CHECKSUM_BYTES;
 pub(crate) const HEADER_PREFIX_BYTES: usize = 16;
 /// Record bytes before the rows: length, kind, reserved, position, token.
 pub(crate) const RECORD_PREFIX_BYTES: usize = 16;
+/// Bytes of one part in a version 3 header: kind and two sizes.
+const PART_BYTES: usize = 12;
 /// Header flag: the tokenizer hash field is meaningful.
 const FLAG_TOKENIZER_HASH: u8 = 1;
 
@@ -50,7 +54,8 @@ pub struct SessionHeader {
     pub content_hash: [u8; HASH_BYTES],
     /// SHA-256 of the tokenizer, when the model has one.
     pub tokenizer_hash: Option<[u8; HASH_BYTES]>,
-    /// What each layer keeps (see [`KvCache::layout`]).
+    /// What each layer keeps (see [`KvCache::layout`]). Versions 1 and 2
+    /// read as rows parts, then a fixed state if the layer has one.
     pub layouts: Vec<LayerLayout>,
     /// The writing program, for humans; at most 32 bytes are kept and it is
     /// never compared.
@@ -70,40 +75,53 @@ impl SessionHeader {
 
     /// Size of the encoded header; the first record starts here.
     pub fn header_bytes(&self) -> usize {
-        let layouts: usize = self.layouts.iter().map(|l| 8 + 4 * l.row_dims.len()).sum();
+        let layouts: usize = self.layouts.iter().map(|l| 4 + PART_BYTES * l.parts.len()).sum();
         HEADER_FIXED_BYTES + layouts + HEADER_TAIL_BYTES
     }
 
-    /// f32s of one token's rows: every stream of every layer.
-    pub fn floats_per_token(&self) -> usize {
-        self.layouts.iter().flat_map(|l| &l.row_dims).sum()
+    fn parts(&self) -> impl Iterator<Item = &StatePart> {
+        self.layouts.iter().flat_map(|l| &l.parts)
     }
 
-    /// f32s of a state record: the state of every stateful layer.
+    /// f32s in the record of the token at `position`: every part's
+    /// [`StatePart::record_floats`], layer by layer.
+    pub fn record_floats(&self, position: usize) -> usize {
+        self.parts().map(|p| p.record_floats(position)).sum()
+    }
+
+    /// The most f32s one token's record holds.
+    pub fn record_floats_max(&self) -> usize {
+        self.parts().map(StatePart::record_floats_max).sum()
+    }
+
+    /// f32s of a state record: the state of every part with one.
     pub fn state_floats(&self) -> usize {
-        self.layouts.iter().map(|l| l.state_floats).sum()
+        self.parts().map(StatePart::state_floats).sum()
     }
 
-    /// Why this header cannot describe a file at all (too many streams,
-    /// sizes beyond the u32 fields), if it cannot.
+    /// Why this header cannot describe a file at all (too many parts, sizes
+    /// beyond the u32 fields), if it cannot.
     pub(crate) fn invalid_reason(&self) -> Option<String> {
         let u32_max = u32::MAX as usize;
         if self.layouts.is_empty() || self.layouts.len() > MAX_LAYERS {
             return Some(format!("{} layers (1 to {MAX_LAYERS} allowed)", self.layouts.len()));
         }
         for (layer, layout) in self.layouts.iter().enumerate() {
-            if layout.row_dims.len() > MAX_STREAMS {
-                return Some(format!("layer {layer}: {} streams (at most {MAX_STREAMS})", layout.row_dims.len()));
+            if layout.parts.is_empty() || layout.parts.len() > MAX_PARTS {
+                return Some(format!("layer {layer}: {} parts (1 to {MAX_PARTS} allowed)", layout.parts.len()));
             }
-            if layout.row_dims.iter().any(|&d| d == 0 || d > u32_max) || layout.state_floats > u32_max {
-                return Some(format!("layer {layer}: row_dims {:?} or state out of range", layout.row_dims));
-            }
-            if layout.row_dims.is_empty() && layout.state_floats == 0 {
-                return Some(format!("layer {layer} keeps neither rows nor a state"));
+            for part in &layout.parts {
+                if let Some(reason) = part.invalid_reason() {
+                    return Some(format!("layer {layer}: {reason}"));
+                }
+                let (_, a, b) = part_code(part);
+                if a > u32_max || b > u32_max {
+                    return Some(format!("layer {layer}: {part:?} out of range"));
+                }
             }
         }
-        // Checked: the sums come from a file and are at most MAX_LAYERS
-        // terms below 2^32 each, but the record sizes must fit a u32.
+        // Checked: the sums come from a file (each term's bytes fit a usize,
+        // `StatePart::invalid_reason`), but the record sizes must fit a u32.
         fn sum(floats: impl Iterator<Item = usize>) -> Option<usize> {
             floats.into_iter().try_fold(0usize, usize::checked_add)
         }
@@ -113,10 +131,10 @@ impl SessionHeader {
                 .and_then(|r| r.checked_add(RECORD_PREFIX_BYTES + CHECKSUM_BYTES))
                 .is_some_and(|bytes| bytes <= u32_max)
         };
-        if !fits(sum(self.layouts.iter().flat_map(|l| l.row_dims.iter().copied()))) {
+        if !fits(sum(self.parts().map(StatePart::record_floats_max))) {
             return Some("one token's rows exceed the 4 GiB a record can hold".to_owned());
         }
-        if !fits(sum(self.layouts.iter().map(|l| l.state_floats))) {
+        if !fits(sum(self.parts().map(StatePart::state_floats))) {
             return Some("the state exceeds the 4 GiB a record can hold".to_owned());
         }
         None
@@ -135,10 +153,12 @@ impl SessionHeader {
         out.extend_from_slice(&[0; 3]);
         out.extend_from_slice(&(self.layouts.len() as u32).to_le_bytes());
         for layout in &self.layouts {
-            out.extend_from_slice(&(layout.row_dims.len() as u32).to_le_bytes());
-            out.extend_from_slice(&(layout.state_floats as u32).to_le_bytes());
-            for &dim in &layout.row_dims {
-                out.extend_from_slice(&(dim as u32).to_le_bytes());
+            out.extend_from_slice(&(layout.parts.len() as u32).to_le_bytes());
+            for part in &layout.parts {
+                let (kind, a, b) = part_code(part);
+                for field in [kind, a as u32, b as u32] {
+                    out.extend_from_slice(&field.to_le_bytes());
+                }
             }
         }
         let mut created_by = [0u8; CREATED_BY_BYTES];
@@ -160,15 +180,19 @@ impl SessionHeader {
         let version = u32_at(prefix, 8);
         let header_bytes = u32_at(prefix, 12) as usize;
         let (smallest, largest) = match version {
-            // n_streams, then 1 to MAX_STREAMS widths for every layer.
-            1 => (
+            // n_streams, then 1 to MAX_PARTS widths for every layer.
+            1 => {
+                (HEADER_FIXED_BYTES + 8 + HEADER_TAIL_BYTES, HEADER_FIXED_BYTES + 4 + 4 * MAX_PARTS + HEADER_TAIL_BYTES)
+            }
+            // One layer without rows, to MAX_LAYERS of MAX_PARTS streams each.
+            2 => (
                 HEADER_FIXED_BYTES + 8 + HEADER_TAIL_BYTES,
-                HEADER_FIXED_BYTES + 4 + 4 * MAX_STREAMS + HEADER_TAIL_BYTES,
+                HEADER_FIXED_BYTES + MAX_LAYERS * (8 + 4 * MAX_PARTS) + HEADER_TAIL_BYTES,
             ),
-            // One layer without rows, to MAX_LAYERS of MAX_STREAMS each.
+            // One layer of one part, to MAX_LAYERS of MAX_PARTS each.
             SESSION_VERSION => (
-                HEADER_FIXED_BYTES + 8 + HEADER_TAIL_BYTES,
-                HEADER_FIXED_BYTES + MAX_LAYERS * (8 + 4 * MAX_STREAMS) + HEADER_TAIL_BYTES,
+                HEADER_FIXED_BYTES + 4 + PART_BYTES + HEADER_TAIL_BYTES,
+                HEADER_FIXED_BYTES + MAX_LAYERS * (4 + PART_BYTES * MAX_PARTS) + HEADER_TAIL_BYTES,
             ),
             _ => return Err(PrefixError::Version(version)),
         };
@@ -194,37 +218,10 @@ impl SessionHeader {
             return Err(format!("{n_layers} layers (1 to {MAX_LAYERS} allowed)"));
         }
         let layouts_end = bytes.len() - HEADER_TAIL_BYTES;
-        let layouts = if version == 1 {
-            let n_streams = u32_at(bytes, HEADER_FIXED_BYTES) as usize;
-            if HEADER_FIXED_BYTES + 4 + 4 * n_streams.min(MAX_STREAMS + 1) != layouts_end || n_streams == 0 {
-                return Err(format!("{n_streams} streams do not fit a header of {} bytes", bytes.len()));
-            }
-            let row_dims = (0..n_streams).map(|s| u32_at(bytes, HEADER_FIXED_BYTES + 4 + 4 * s) as usize).collect();
-            vec![LayerLayout { row_dims, state_floats: 0 }; n_layers]
-        } else {
-            let mut at = HEADER_FIXED_BYTES;
-            let mut layouts = Vec::with_capacity(n_layers);
-            for layer in 0..n_layers {
-                if at + 8 > layouts_end {
-                    return Err(format!("layer {layer}'s layout runs past the header's {} bytes", bytes.len()));
-                }
-                let n_streams = u32_at(bytes, at) as usize;
-                let state_floats = u32_at(bytes, at + 4) as usize;
-                at += 8;
-                if n_streams > MAX_STREAMS || at + 4 * n_streams > layouts_end {
-                    return Err(format!(
-                        "layer {layer}: {n_streams} streams do not fit a header of {} bytes",
-                        bytes.len()
-                    ));
-                }
-                let row_dims = (0..n_streams).map(|s| u32_at(bytes, at + 4 * s) as usize).collect();
-                at += 4 * n_streams;
-                layouts.push(LayerLayout { row_dims, state_floats });
-            }
-            if at != layouts_end {
-                return Err(format!("{} bytes after the layouts of {n_layers} layers", layouts_end - at));
-            }
-            layouts
+        let layouts = match version {
+            1 => decode_layouts_v1(bytes, n_layers, layouts_end)?,
+            2 => decode_layouts_v2(bytes, n_layers, layouts_end)?,
+            _ => decode_layouts(bytes, n_layers, layouts_end)?,
         };
         let created_at = layouts_end;
         let created_by = &bytes[created_at..created_at + CREATED_BY_BYTES];
@@ -267,7 +264,7 @@ impl SessionHeader {
         // so one names the difference without a line per layer.
         let differing = self.layouts.iter().zip(&expected.layouts).position(|(a, b)| a != b);
         if let Some(layer) = differing {
-            let show = |l: &LayerLayout| format!("row_dims {:?} and {} state floats", l.row_dims, l.state_floats);
+            let show = |l: &LayerLayout| format!("{:?}", l.parts);
             out.push(format!(
                 "layer {layer} keeps {} in the file, {} for this model",
                 show(&self.layouts[layer]),
@@ -276,6 +273,95 @@ impl SessionHeader {
         }
         out
     }
+}
+
+/// A part as a version 3 header holds it: kind, then two sizes (0 if unused).
+fn part_code(part: &StatePart) -> (u32, usize, usize) {
+    match *part {
+        StatePart::Rows { dim } => (1, dim, 0),
+        StatePart::Ring { dim, window } => (2, dim, window),
+        StatePart::Strided { dim, every } => (3, dim, every),
+        StatePart::Fixed { floats } => (4, floats, 0),
+        StatePart::Tokens { n } => (5, n, 0),
+    }
+}
+
+/// The part [`part_code`] wrote, if the kind is known and unused sizes are 0.
+fn part_of_code(kind: u32, a: usize, b: usize) -> Option<StatePart> {
+    let part = match kind {
+        1 => StatePart::Rows { dim: a },
+        2 => StatePart::Ring { dim: a, window: b },
+        3 => StatePart::Strided { dim: a, every: b },
+        4 => StatePart::Fixed { floats: a },
+        5 => StatePart::Tokens { n: a },
+        _ => return None,
+    };
+    (part_code(&part) == (kind, a, b)).then_some(part)
+}
+
+/// Version 3 layouts: per layer `n_parts`, then each part's kind and sizes.
+fn decode_layouts(bytes: &[u8], n_layers: usize, layouts_end: usize) -> Result<Vec<LayerLayout>, String> {
+    let mut at = HEADER_FIXED_BYTES;
+    let mut layouts = Vec::with_capacity(n_layers);
+    for layer in 0..n_layers {
+        if at + 4 > layouts_end {
+            return Err(format!("layer {layer}'s layout runs past the header's {} bytes", bytes.len()));
+        }
+        let n_parts = u32_at(bytes, at) as usize;
+        at += 4;
+        if n_parts > MAX_PARTS || at + PART_BYTES * n_parts > layouts_end {
+            return Err(format!("layer {layer}: {n_parts} parts do not fit a header of {} bytes", bytes.len()));
+        }
+        let mut parts = Vec::with_capacity(n_parts);
+        for _ in 0..n_parts {
+            let [kind, a, b] = [0, 4, 8].map(|o| u32_at(bytes, at + o));
+            let part = part_of_code(kind, a as usize, b as usize)
+                .ok_or_else(|| format!("layer {layer}: unknown part kind {kind} with sizes {a} and {b}"))?;
+            parts.push(part);
+            at += PART_BYTES;
+        }
+        layouts.push(LayerLayout::new(parts));
+    }
+    if at != layouts_end {
+        return Err(format!("{} bytes after the layouts of {n_layers} layers", layouts_end - at));
+    }
+    Ok(layouts)
+}
+
+/// Version 2 layouts: per layer `n_streams`, `state_floats`, then the row
+/// widths; as parts, rows then a fixed state.
+fn decode_layouts_v2(bytes: &[u8], n_layers: usize, layouts_end: usize) -> Result<Vec<LayerLayout>, String> {
+    let mut at = HEADER_FIXED_BYTES;
+    let mut layouts = Vec::with_capacity(n_layers);
+    for layer in 0..n_layers {
+        if at + 8 > layouts_end {
+            return Err(format!("layer {layer}'s layout runs past the header's {} bytes", bytes.len()));
+        }
+        let n_streams = u32_at(bytes, at) as usize;
+        let state_floats = u32_at(bytes, at + 4) as usize;
+        at += 8;
+        if n_streams > MAX_PARTS || at + 4 * n_streams > layouts_end {
+            return Err(format!("layer {layer}: {n_streams} streams do not fit a header of {} bytes", bytes.len()));
+        }
+        let rows = (0..n_streams).map(|s| StatePart::Rows { dim: u32_at(bytes, at + 4 * s) as usize });
+        let state = (state_floats > 0).then_some(StatePart::Fixed { floats: state_floats });
+        layouts.push(LayerLayout::new(rows.chain(state).collect()));
+        at += 4 * n_streams;
+    }
+    if at != layouts_end {
+        return Err(format!("{} bytes after the layouts of {n_layers} layers", layouts_end - at));
+    }
+    Ok(layouts)
+}
+
+/// Version 1 layouts: one `n_streams` and its row widths for every layer.
+fn decode_layouts_v1(bytes: &[u8], n_layers: usize, layouts_end: usize) -> Result<Vec<LayerLayout>, String> {
+    let n_streams = u32_at(bytes, HEADER_FIXED_BYTES) as usize;
+    if HEADER_FIXED_BYTES + 4 + 4 * n_streams.min(MAX_PARTS + 1) != layouts_end || n_streams == 0 {
+        return Err(format!("{n_streams} streams do not fit a header of {} bytes", bytes.len()));
+    }
+    let rows = (0..n_streams).map(|s| StatePart::Rows { dim: u32_at(bytes, HEADER_FIXED_BYTES + 4 + 4 * s) as usize });
+    Ok(vec![LayerLayout::new(rows.collect()); n_layers])
 }
 
 /// Why the first bytes of a file are not a session header this build reads.
@@ -316,15 +402,24 @@ impl RecordKind {
         matches!(self, Self::TokenWithRows | Self::Rows)
     }
 
-    /// Bytes of a whole record of this kind in a file of `header`, prefix
-    /// and checksum included (the header is valid, so this fits a u32).
-    pub(crate) fn record_bytes(self, header: &SessionHeader) -> usize {
+    /// Bytes of a whole record of this kind at `position` in a file of
+    /// `header`, prefix and checksum included (the header is valid, so this
+    /// fits a u32).
+    pub(crate) fn record_bytes(self, header: &SessionHeader, position: usize) -> usize {
         let floats = match self {
-            Self::TokenWithRows | Self::Rows => header.floats_per_token(),
+            Self::TokenWithRows | Self::Rows => header.record_floats(position),
             Self::Token => 0,
             Self::State => header.state_floats(),
         };
         RECORD_PREFIX_BYTES + floats * 4 + CHECKSUM_BYTES
+    }
+
+    /// The most bytes a record of this kind takes in a file of `header`.
+    pub(crate) fn record_bytes_max(self, header: &SessionHeader) -> usize {
+        match self {
+            Self::TokenWithRows | Self::Rows => RECORD_PREFIX_BYTES + header.record_floats_max() * 4 + CHECKSUM_BYTES,
+            _ => self.record_bytes(header, 0),
+        }
     }
 }
 
@@ -353,7 +448,9 @@ impl RecordPrefix {
 }
 
 /// Appends one whole record to `out`: the token at `position` and, for
-/// kinds with rows, every layer's row of every stream of `cache` there; for
+/// kinds with rows, what each part of each layer of `cache` records there
+/// ([`StatePart::record_floats`]: its row, or the row of the group the
+/// position completes); for
 /// a state record, `token` is the one at `position - 1` and the body the
 /// cache's latest snapshot, which must be at `position`.
 pub(crate) fn encode_record(
@@ -365,7 +462,7 @@ pub(crate) fn encode_record(
     header: &SessionHeader,
 ) {
     let start = out.len();
-    let record_bytes = kind.record_bytes(header);
+    let record_bytes = kind.record_bytes(header, position);
     out.reserve(record_bytes);
     out.extend_from_slice(&(record_bytes as u32).to_le_bytes());
     out.extend_from_slice(&[kind as u8, 0, 0, 0]);
@@ -375,8 +472,15 @@ pub(crate) fn encode_record(
     match kind {
         RecordKind::TokenWithRows | RecordKind::Rows => {
             for (layer, layout) in cache.layouts().iter().enumerate() {
-                for (stream, &dim) in layout.row_dims.iter().enumerate() {
-                    put(&cache.rows(layer, stream, position + 1)[position * dim..]);
+                for (i, part) in layout.parts.iter().enumerate() {
+                    match part {
+                        StatePart::Rows { .. } => put(cache.rows_between(layer, i, position, position + 1)),
+                        StatePart::Strided { dim, .. } if part.record_floats(position) > 0 => {
+                            let groups = cache.groups(layer, i, position + 1);
+                            put(&groups[groups.len() - dim..]);
+                        }
+                        _ => {}
+                    }
                 }
             }
         }

@@ -2,7 +2,8 @@ use std::io;
 use std::sync::{Arc, Mutex};
 
 use super::*;
-use crate::LayerLayout;
+use crate::cache::testing::{assert_at, run};
+use crate::{LayerLayout, StatePart};
 
 const N_LAYERS: usize = 2;
 const ROW_DIMS: [usize; 2] = [4, 3];
@@ -11,50 +12,22 @@ fn header() -> SessionHeader {
     SessionHeader {
         content_hash: [0xab; HASH_BYTES],
         tokenizer_hash: Some([0x11; HASH_BYTES]),
-        layouts: vec![LayerLayout { row_dims: ROW_DIMS.to_vec(), state_floats: 0 }; N_LAYERS],
+        layouts: vec![rows_layout(&ROW_DIMS); N_LAYERS],
         created_by: "strata-kv tests".to_owned(),
     }
 }
 
+/// A layer of rows parts of these widths.
+fn rows_layout(dims: &[usize]) -> LayerLayout {
+    LayerLayout::new(dims.iter().map(|&dim| StatePart::Rows { dim }).collect())
+}
+
 fn empty_cache(capacity_tokens: usize) -> KvCache {
-    KvCache::new(N_LAYERS, ROW_DIMS.to_vec(), capacity_tokens)
-}
-
-/// A distinct value for every (layer, stream, position, column).
-fn value(layer: usize, stream: usize, position: usize, column: usize) -> f32 {
-    (layer * 1000 + stream * 100 + column) as f32 + position as f32 * 0.25 - 7.5
-}
-
-/// Runs `n` more positions "through the model": writes their rows and commits.
-fn run_tokens(cache: &mut KvCache, n: usize) {
-    let start = cache.len();
-    cache.reserve(n).unwrap();
-    for layer in 0..cache.n_layers() {
-        for (stream, &dim) in ROW_DIMS.iter().enumerate() {
-            let rows: Vec<f32> =
-                (start..start + n).flat_map(|p| (0..dim).map(move |c| value(layer, stream, p, c))).collect();
-            cache.write(layer, stream, &rows);
-        }
-    }
-    cache.advance(n);
-}
-
-fn assert_rows(cache: &KvCache, n_tokens: usize) {
-    assert_eq!(cache.len(), n_tokens);
-    for layer in 0..N_LAYERS {
-        for (stream, &dim) in ROW_DIMS.iter().enumerate() {
-            let rows = cache.rows(layer, stream, n_tokens);
-            for p in 0..n_tokens {
-                for c in 0..dim {
-                    assert_eq!(rows[p * dim + c].to_bits(), value(layer, stream, p, c).to_bits());
-                }
-            }
-        }
-    }
+    KvCache::new(N_LAYERS, rows_layout(&ROW_DIMS), capacity_tokens)
 }
 
 fn record_bytes(kind: RecordKind) -> u64 {
-    kind.record_bytes(&header()) as u64
+    kind.record_bytes(&header(), 0) as u64
 }
 
 /// A session of `with_rows` run tokens and, if `pending`, one more without
@@ -66,11 +39,11 @@ fn write_session(path: &Path, with_rows: usize, pending: bool) -> Vec<u32> {
     let mut tokens = Vec::new();
     let prefill = with_rows.min(3);
     tokens.extend((0..prefill as u32).map(|t| 100 + t));
-    run_tokens(&mut cache, prefill);
+    run(&mut cache, prefill, false);
     assert_eq!(file.sync(&tokens, &cache).unwrap(), prefill);
     for t in prefill..with_rows {
         tokens.push(100 + t as u32);
-        run_tokens(&mut cache, 1);
+        run(&mut cache, 1, false);
         assert_eq!(file.sync(&tokens, &cache).unwrap(), 1);
     }
     if pending {
@@ -102,14 +75,14 @@ fn round_trip_restores_tokens_rows_and_the_pending_token() {
     assert_eq!(recovered.tokens, tokens);
     assert_eq!((recovered.rows_tokens, recovered.records, recovered.cut.clone()), (5, 6, None));
     assert!(!recovered.created);
-    assert_rows(&cache, 5);
+    assert_at(&cache, 5);
 
     // Continuing runs the pending token (a Rows record), then adds two more.
-    run_tokens(&mut cache, 1);
+    run(&mut cache, 1, false);
     let mut tokens = tokens;
     assert_eq!(file.sync(&tokens, &cache).unwrap(), 1);
     tokens.extend([7, 8]);
-    run_tokens(&mut cache, 1);
+    run(&mut cache, 1, false);
     assert_eq!(file.sync(&tokens, &cache).unwrap(), 2, "one with rows, one pending");
     assert_eq!(file.committed_tokens(), 8);
     drop(file);
@@ -117,7 +90,7 @@ fn round_trip_restores_tokens_rows_and_the_pending_token() {
     let (_, recovered, cache) = open(&path).unwrap();
     assert_eq!(recovered.tokens, tokens);
     assert_eq!(recovered.rows_tokens, 7);
-    assert_rows(&cache, 7);
+    assert_at(&cache, 7);
 }
 
 #[test]
@@ -151,7 +124,7 @@ fn a_torn_last_record_is_cut_back_at_every_byte_offset() {
         std::fs::write(&path, &bytes[..(complete + torn) as usize]).unwrap();
         let (_, recovered, cache) = open(&path).unwrap();
         assert_eq!(recovered.tokens, tokens[..3], "torn at {torn}");
-        assert_rows(&cache, 3);
+        assert_at(&cache, 3);
         assert_eq!(file_len(&path), complete, "the file is cut back to its last complete record");
         match recovered.cut {
             None => assert_eq!(torn, 0),
@@ -177,7 +150,7 @@ fn a_bad_checksum_cuts_that_record_and_everything_after() {
     std::fs::write(&path, &bytes).unwrap();
     let (_, recovered, cache) = open(&path).unwrap();
     assert_eq!(recovered.tokens, [100, 101]);
-    assert_rows(&cache, 2);
+    assert_at(&cache, 2);
     let cut = recovered.cut.unwrap();
     assert_eq!((cut.offset_bytes, cut.cut_bytes, cut.record_index), (third as u64, before - third as u64, 2));
     assert_eq!(cut.reason, "checksum mismatch");
@@ -257,13 +230,13 @@ fn a_header_for_another_model_is_refused_naming_both_values() {
     let err = SessionFile::open(&path, &other, &mut empty_cache(8)).unwrap_err().to_string();
     assert!(err.contains("tokenizer hash") && err.contains(&"11".repeat(32)) && err.contains("none"), "{err}");
 
-    let mut cache = KvCache::new(3, vec![4, 5], 8);
+    let mut cache = KvCache::new(3, rows_layout(&[4, 5]), 8);
     let other = SessionHeader { layouts: cache.layouts().to_vec(), ..header() };
     let err = SessionFile::open(&path, &other, &mut cache).unwrap_err().to_string();
     assert!(err.contains("n_layers 2 in the file, 3 for this model"), "{err}");
     assert!(
         err.contains(
-            "layer 0 keeps row_dims [4, 3] and 0 state floats in the file, row_dims [4, 5] and 0 state floats for this model"
+            "layer 0 keeps [Rows { dim: 4 }, Rows { dim: 3 }] in the file, [Rows { dim: 4 }, Rows { dim: 5 }] for this model"
         ),
         "{err}"
     );
@@ -283,10 +256,10 @@ fn foreign_damaged_or_newer_files_are_refused() {
     write_session(&good_path, 1, false);
     let good = std::fs::read(&good_path).unwrap();
     let mut newer = good.clone();
-    newer[8] = 3;
+    newer[8] = 4;
     std::fs::write(&path, &newer).unwrap();
     let err = open(&path).unwrap_err().to_string();
-    assert!(err.contains("unsupported version 3 (this build reads versions 1 to 2)"), "{err}");
+    assert!(err.contains("unsupported version 4 (this build reads versions 1 to 3)"), "{err}");
 
     let mut damaged = good.clone();
     damaged[20] ^= 0x80; // inside the content hash
@@ -327,7 +300,7 @@ fn appends_out_of_sequence_are_errors() {
     assert!(file.append(1, true, &cache).unwrap_err().to_string().contains("no rows in the cache"));
     file.append(1, false, &cache).unwrap();
     assert!(file.append(2, false, &cache).unwrap_err().to_string().contains("after a token without rows"));
-    run_tokens(&mut cache, 1);
+    run(&mut cache, 1, false);
     file.append_rows(1, &cache).unwrap();
     file.commit().unwrap();
     assert_eq!(file.committed_tokens(), 1);
@@ -341,7 +314,7 @@ fn truncating_keeps_a_prefix_of_whole_records() {
     let tokens = write_session(&path, 4, true);
     // Continue once, so that position 4 gets its rows from a Rows record.
     let (mut file, _, mut cache) = open(&path).unwrap();
-    run_tokens(&mut cache, 1);
+    run(&mut cache, 1, false);
     let mut tokens = tokens;
     tokens.push(555);
     file.sync(&tokens, &cache).unwrap();
@@ -359,7 +332,7 @@ fn truncating_keeps_a_prefix_of_whole_records() {
         drop(persist);
         let (_, recovered, cache) = open(&path).unwrap();
         assert_eq!((recovered.tokens.as_slice(), recovered.cut), (&tokens[..keep], None), "keep {keep}");
-        assert_rows(&cache, keep);
+        assert_at(&cache, keep);
     }
     assert_eq!(file_len(&path), header().header_bytes() as u64);
 }
@@ -415,14 +388,14 @@ fn a_full_disk_stops_persisting_with_one_warning_and_keeps_a_valid_prefix() {
     let mut persist = Persist::new(file);
     let mut cache = empty_cache(64);
     let mut tokens = vec![1, 2, 3];
-    run_tokens(&mut cache, 3);
+    run(&mut cache, 3, false);
     assert_eq!(persist.sync(&tokens, &cache), None);
     assert_eq!(*disk.syncs.lock().unwrap(), 1, "one fsync for the whole prefill");
 
     let mut warnings = Vec::new();
     for step in 0..5 {
         tokens.push(10 + step);
-        run_tokens(&mut cache, 1);
+        run(&mut cache, 1, false);
         warnings.extend(persist.sync(&tokens, &cache));
     }
     assert_eq!(warnings.len(), 1, "{warnings:?}");
@@ -438,7 +411,7 @@ fn a_full_disk_stops_persisting_with_one_warning_and_keeps_a_valid_prefix() {
     std::fs::write(&path, &bytes).unwrap();
     let (_, recovered, cache) = open(&path).unwrap();
     assert_eq!((recovered.tokens, recovered.cut), (vec![1, 2, 3], None));
-    assert_rows(&cache, 3);
+    assert_at(&cache, 3);
 }
 
 #[test]
@@ -494,23 +467,23 @@ fn a_version_1_file_is_read_and_continued() {
 
     let (mut file, recovered, mut cache) = open(&path).unwrap();
     assert_eq!((recovered.tokens.as_slice(), recovered.resumed_tokens, recovered.cut), (tokens.as_slice(), 3, None));
-    assert_rows(&cache, 3);
-    run_tokens(&mut cache, 1);
+    assert_at(&cache, 3);
+    run(&mut cache, 1, false);
     let mut tokens = tokens;
     tokens.push(103);
     assert_eq!(file.sync(&tokens, &cache).unwrap(), 1);
     drop(file);
     let (_, recovered, cache) = open(&path).unwrap();
     assert_eq!(recovered.tokens, tokens);
-    assert_rows(&cache, 4);
+    assert_at(&cache, 4);
 }
 
 /// Attention rows, a recurrent state, and a layer with both.
 fn stateful_layouts() -> Vec<LayerLayout> {
     vec![
-        LayerLayout { row_dims: vec![4, 3], state_floats: 0 },
-        LayerLayout { row_dims: vec![], state_floats: 5 },
-        LayerLayout { row_dims: vec![2], state_floats: 3 },
+        rows_layout(&[4, 3]),
+        LayerLayout::new(vec![StatePart::Fixed { floats: 5 }]),
+        LayerLayout::new(vec![StatePart::Rows { dim: 2 }, StatePart::Fixed { floats: 3 }]),
     ]
 }
 
@@ -522,44 +495,6 @@ fn stateful_cache() -> KvCache {
     KvCache::with_layers(stateful_layouts(), 64)
 }
 
-/// The test recurrence: position `p` folds into every float of the state.
-fn step(state: &mut [f32], position: usize) {
-    for (i, s) in state.iter_mut().enumerate() {
-        *s = *s * 0.5 + position as f32 + i as f32 * 0.125;
-    }
-}
-
-/// Runs `n` more positions through every layer of a stateful cache.
-fn run_stateful(cache: &mut KvCache, n: usize) {
-    let start = cache.len();
-    cache.reserve(n).unwrap();
-    for layer in 0..cache.n_layers() {
-        for (stream, dim) in cache.layout(layer).row_dims.clone().into_iter().enumerate() {
-            let rows: Vec<f32> =
-                (start..start + n).flat_map(|p| (0..dim).map(move |c| value(layer, stream, p, c))).collect();
-            cache.write(layer, stream, &rows);
-        }
-        if cache.layout(layer).state_floats > 0 {
-            (start..start + n).for_each(|p| step(cache.stage_state(layer), p));
-        }
-    }
-    cache.advance(n);
-}
-
-fn assert_stateful(cache: &KvCache, n_tokens: usize) {
-    assert_eq!(cache.len(), n_tokens);
-    for layer in 0..cache.n_layers() {
-        let mut state = vec![0.0; cache.layout(layer).state_floats];
-        (0..n_tokens).for_each(|p| step(&mut state, p));
-        assert_eq!(cache.state(layer), state.as_slice(), "layer {layer} at {n_tokens}");
-        for (stream, &dim) in cache.layout(layer).row_dims.iter().enumerate() {
-            let want: Vec<f32> =
-                (0..n_tokens).flat_map(|p| (0..dim).map(move |c| value(layer, stream, p, c))).collect();
-            assert_eq!(cache.rows(layer, stream, n_tokens), want.as_slice());
-        }
-    }
-}
-
 /// A stateful session as `Session::generate` writes one: a 3-token prompt
 /// (snapshot at its end), 3 decoded tokens, a snapshot at the end of the
 /// answer, then the last, pending token.
@@ -567,12 +502,12 @@ fn write_stateful_session(path: &Path) -> Vec<u32> {
     let mut file = SessionFile::create(path, &stateful_header()).unwrap();
     let mut cache = stateful_cache();
     let mut tokens = vec![100, 101, 102];
-    run_stateful(&mut cache, 3);
+    run(&mut cache, 3, false);
     cache.snapshot();
     assert_eq!(file.sync(&tokens, &cache).unwrap(), 4, "three tokens and a state");
     for t in 103..106 {
         tokens.push(t);
-        run_stateful(&mut cache, 1);
+        run(&mut cache, 1, false);
         assert_eq!(file.sync(&tokens, &cache).unwrap(), 1);
     }
     cache.snapshot();
@@ -594,33 +529,33 @@ fn a_stateful_session_reopens_at_its_latest_snapshot_without_rerunning() {
     let path = dir.path().join("s.kvs");
     let tokens = write_stateful_session(&path);
     let h = stateful_header();
-    let state_record = RecordKind::State.record_bytes(&h) as u64;
+    let state_record = RecordKind::State.record_bytes(&h, 0) as u64;
     assert_eq!(state_record, 16 + 4 * (5 + 3) + 8);
-    let rows_record = RecordKind::TokenWithRows.record_bytes(&h) as u64;
+    let rows_record = RecordKind::TokenWithRows.record_bytes(&h, 0) as u64;
     let expected_len =
-        h.header_bytes() as u64 + 6 * rows_record + RecordKind::Token.record_bytes(&h) as u64 + 2 * state_record;
+        h.header_bytes() as u64 + 6 * rows_record + RecordKind::Token.record_bytes(&h, 0) as u64 + 2 * state_record;
     assert_eq!(file_len(&path), expected_len);
 
     let (mut file, recovered, mut cache) = open_stateful(&path).unwrap();
     assert_eq!(recovered.tokens, tokens);
     assert_eq!((recovered.rows_tokens, recovered.resumed_tokens, recovered.records), (6, 6, 9));
-    assert_stateful(&cache, 6);
+    assert_at(&cache, 6);
     assert_eq!(cache.snapshot_lens().collect::<Vec<_>>(), [3, 6]);
 
     // Continuing: the pending token's rows, then a new snapshot.
-    run_stateful(&mut cache, 1);
+    run(&mut cache, 1, false);
     cache.snapshot();
     assert_eq!(file.sync(&tokens, &cache).unwrap(), 2, "rows of the pending token and a state");
     drop(file);
     let (_, recovered, cache) = open_stateful(&path).unwrap();
     assert_eq!((recovered.rows_tokens, recovered.resumed_tokens), (7, 7));
-    assert_stateful(&cache, 7);
+    assert_at(&cache, 7);
 
     // Ended on a token with rows and a state there (killed before sampling
     // on): the cache goes back to the snapshot before, to run it again.
     let (_, _, mut cache) = open_stateful(&path).unwrap();
     assert_eq!(cache.truncate(6), 6);
-    assert_stateful(&cache, 6);
+    assert_at(&cache, 6);
 }
 
 #[test]
@@ -630,15 +565,15 @@ fn a_torn_state_record_is_cut_and_the_session_resumes_from_the_one_before() {
     let tokens = write_stateful_session(&full);
     let bytes = std::fs::read(&full).unwrap();
     let h = stateful_header();
-    let state_record = RecordKind::State.record_bytes(&h) as u64;
-    let complete = bytes.len() as u64 - RecordKind::Token.record_bytes(&h) as u64 - state_record;
+    let state_record = RecordKind::State.record_bytes(&h, 0) as u64;
+    let complete = bytes.len() as u64 - RecordKind::Token.record_bytes(&h, 0) as u64 - state_record;
     for torn in 1..state_record {
         let path = dir.path().join(format!("torn-{torn}.kvs"));
         std::fs::write(&path, &bytes[..(complete + torn) as usize]).unwrap();
         let (_, recovered, cache) = open_stateful(&path).unwrap();
         assert_eq!(recovered.tokens, tokens[..6], "torn at {torn}");
         assert_eq!((recovered.rows_tokens, recovered.resumed_tokens), (6, 3), "torn at {torn}");
-        assert_stateful(&cache, 3);
+        assert_at(&cache, 3);
         let cut = recovered.cut.unwrap();
         assert_eq!((cut.offset_bytes, cut.cut_bytes, cut.record_index), (complete, torn, 7));
         assert_eq!(file_len(&path), complete);
@@ -659,10 +594,10 @@ fn state_records_out_of_place_are_cut() {
     let path = dir.path().join("s.kvs");
     write_stateful_session(&path);
     let bytes = std::fs::read(&path).unwrap();
-    let state_record = RecordKind::State.record_bytes(&stateful_header());
+    let state_record = RecordKind::State.record_bytes(&stateful_header(), 0);
     // The state at 3 again, after the one at 6: valid alone, out of order.
     let h = stateful_header().header_bytes();
-    let rows_record = RecordKind::TokenWithRows.record_bytes(&stateful_header());
+    let rows_record = RecordKind::TokenWithRows.record_bytes(&stateful_header(), 0);
     let first_state = bytes[h + 3 * rows_record..h + 3 * rows_record + state_record].to_vec();
     let mut spliced = bytes.clone();
     spliced.extend_from_slice(&first_state);
@@ -685,7 +620,7 @@ fn state_records_out_of_place_are_cut() {
     std::fs::write(&plain, &plain_bytes).unwrap();
     let (_, recovered, cache) = open(&plain).unwrap();
     assert_eq!(recovered.cut.unwrap().reason, "a state record for a cache without state");
-    assert_rows(&cache, 3);
+    assert_at(&cache, 3);
 }
 
 #[test]
@@ -701,21 +636,21 @@ fn truncating_a_stateful_file_keeps_the_snapshot_right_after_its_rows() {
     drop(persist);
     let (file, recovered, cache) = open_stateful(&path).unwrap();
     assert_eq!((recovered.tokens.len(), recovered.resumed_tokens), (6, 6));
-    assert_stateful(&cache, 6);
+    assert_at(&cache, 6);
     // Keep 4 tokens: the state at 3 precedes token 3's record and stays.
     let mut persist = Persist::new(file);
     assert_eq!(persist.truncate(4), None);
     drop(persist);
     let (file, recovered, cache) = open_stateful(&path).unwrap();
     assert_eq!((recovered.tokens.len(), recovered.resumed_tokens), (4, 3));
-    assert_stateful(&cache, 3);
+    assert_at(&cache, 3);
     // Keep 3: the state at 3 was written right after the rows of token 2.
     let mut persist = Persist::new(file);
     assert_eq!(persist.truncate(3), None);
     drop(persist);
     let (_, recovered, cache) = open_stateful(&path).unwrap();
     assert_eq!((recovered.tokens.len(), recovered.resumed_tokens, recovered.cut), (3, 3, None));
-    assert_stateful(&cache, 3);
+    assert_at(&cache, 3);
 }
 
 #[test]
@@ -727,9 +662,9 @@ fn a_snapshot_a_file_cut_lost_is_written_again_by_the_next_sync() {
     let tokens = [100, 101, 102, 103, 104];
     // The snapshot at 3 reaches the file after the rows of 3 and 4 (as one
     // taken before the pieces of a long input does).
-    run_stateful(&mut cache, 3);
+    run(&mut cache, 3, false);
     cache.snapshot();
-    run_stateful(&mut cache, 2);
+    run(&mut cache, 2, false);
     assert_eq!(file.sync(&tokens, &cache).unwrap(), 6);
     let mut persist = Persist::new(file);
     // A cut to 4: the cache resumes at 3, the file keeps 3 tokens and loses
@@ -740,5 +675,126 @@ fn a_snapshot_a_file_cut_lost_is_written_again_by_the_next_sync() {
     drop(persist);
     let (_, recovered, cache) = open_stateful(&path).unwrap();
     assert_eq!((recovered.tokens.as_slice(), recovered.resumed_tokens, recovered.records), (&tokens[..3], 3, 4));
-    assert_stateful(&cache, 3);
+    assert_at(&cache, 3);
+}
+
+/// Copies a committed sample session (written by the code at 8fed96e) into
+/// `dir`, where opening may append to it.
+fn sample(dir: &Path, name: &str) -> PathBuf {
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/kv_sessions").join(name);
+    let path = dir.join(name);
+    std::fs::copy(committed, &path).unwrap();
+    path
+}
+
+#[test]
+fn version_2_files_written_before_typed_parts_open_and_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    // `write_session(path, 5, true)` at 8fed96e: five tokens with rows, then
+    // a pending one.
+    let path = sample(dir.path(), "v2_rows.kvs");
+    assert_eq!(&std::fs::read(&path).unwrap()[8..12], &2u32.to_le_bytes());
+    let (mut file, recovered, mut cache) = open(&path).unwrap();
+    let mut tokens = vec![100, 101, 102, 103, 104, 999];
+    assert_eq!(recovered.tokens, tokens);
+    assert_eq!((recovered.rows_tokens, recovered.resumed_tokens, recovered.cut), (5, 5, None));
+    assert_at(&cache, 5);
+    run(&mut cache, 2, false);
+    tokens.push(106);
+    assert_eq!(file.sync(&tokens, &cache).unwrap(), 2, "the pending token's rows and a new token");
+    drop(file);
+    let (_, recovered, cache) = open(&path).unwrap();
+    assert_eq!((recovered.tokens, recovered.resumed_tokens), (tokens, 7));
+    assert_at(&cache, 7);
+
+    // `write_stateful_session` at 8fed96e: snapshots at 3 and 6.
+    let path = sample(dir.path(), "v2_stateful.kvs");
+    let (mut file, recovered, mut cache) = open_stateful(&path).unwrap();
+    let tokens = write_stateful_session(&dir.path().join("now.kvs"));
+    assert_eq!(recovered.tokens, tokens);
+    assert_eq!((recovered.rows_tokens, recovered.resumed_tokens, recovered.cut), (6, 6, None));
+    assert_eq!(cache.snapshot_lens().collect::<Vec<_>>(), [3, 6]);
+    assert_at(&cache, 6);
+    run(&mut cache, 1, false);
+    cache.snapshot();
+    assert_eq!(file.sync(&tokens, &cache).unwrap(), 2, "the pending token's rows and a state");
+    drop(file);
+    let (_, recovered, mut cache) = open_stateful(&path).unwrap();
+    assert_eq!((recovered.rows_tokens, recovered.resumed_tokens), (7, 7));
+    assert_at(&cache, 7);
+    assert_eq!(cache.snapshot_lens().collect::<Vec<_>>(), [6, 7]);
+    assert_eq!(cache.truncate(6), 6, "back to the snapshot the old file holds");
+    assert_at(&cache, 6);
+}
+
+/// A layer of every kind of part but a fixed state, and one with a fixed
+/// state beside a strided part.
+fn every_part_layouts() -> Vec<LayerLayout> {
+    vec![
+        LayerLayout::new(vec![
+            StatePart::Rows { dim: 2 },
+            StatePart::Ring { dim: 3, window: 4 },
+            StatePart::Tokens { n: 3 },
+            StatePart::Strided { dim: 2, every: 3 },
+        ]),
+        LayerLayout::new(vec![StatePart::Fixed { floats: 2 }, StatePart::Strided { dim: 1, every: 2 }]),
+    ]
+}
+
+#[test]
+fn every_kind_of_part_persists_and_resumes_at_the_latest_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.kvs");
+    let header = SessionHeader { layouts: every_part_layouts(), ..header() };
+    let open_parts = |path: &Path| {
+        let mut cache = KvCache::with_layers(every_part_layouts(), 64);
+        let (file, recovered) = SessionFile::open(path, &header, &mut cache).unwrap();
+        (file, recovered, cache)
+    };
+    let tokens: Vec<u32> = (0..12).map(crate::cache::testing::token).collect();
+    let mut file = SessionFile::create(&path, &header).unwrap();
+    let mut cache = KvCache::with_layers(every_part_layouts(), 64);
+    run(&mut cache, 5, false);
+    cache.snapshot();
+    assert_eq!(file.sync(&tokens[..5], &cache).unwrap(), 6);
+    for n in 6..=10 {
+        run(&mut cache, 1, false);
+        assert_eq!(file.sync(&tokens[..n], &cache).unwrap(), 1);
+    }
+    cache.snapshot();
+    assert_eq!(file.sync(&tokens[..10], &cache).unwrap(), 1, "a state");
+    drop(file);
+
+    let (mut file, recovered, mut cache) = open_parts(&path);
+    assert_eq!((recovered.tokens.as_slice(), recovered.resumed_tokens, recovered.cut), (&tokens[..10], 10, None));
+    assert_at(&cache, 10);
+    run(&mut cache, 2, false);
+    assert_eq!(file.sync(&tokens, &cache).unwrap(), 2);
+    drop(file);
+    // No snapshot at 12: the rings, pending rows and the fixed state resume
+    // at 10, the rows and groups loaded up to 12 are cut back there.
+    let (_, recovered, mut cache) = open_parts(&path);
+    assert_eq!((recovered.rows_tokens, recovered.resumed_tokens), (12, 10));
+    assert_at(&cache, 10);
+    run(&mut cache, 2, false);
+    assert_at(&cache, 12);
+    assert_eq!(cache.truncate(7), 5, "the earlier snapshot");
+    assert_at(&cache, 5);
+}
+
+#[test]
+fn a_version_3_header_round_trips_every_kind_of_part() {
+    let header = SessionHeader { layouts: every_part_layouts(), ..header() };
+    let bytes = header.encode();
+    assert_eq!(bytes.len(), header.header_bytes());
+    let (version, header_bytes) = SessionHeader::decode_prefix(bytes[..HEADER_PREFIX_BYTES].try_into().unwrap())
+        .unwrap_or_else(|_| panic!("a valid prefix"));
+    assert_eq!((version, header_bytes), (SESSION_VERSION, bytes.len()));
+    assert_eq!(SessionHeader::decode(version, &bytes).unwrap(), header);
+    // Strided rows are in the records of the last token of each group only.
+    assert_eq!(header.record_floats(0), 2);
+    assert_eq!(header.record_floats(1), 2 + 1);
+    assert_eq!(header.record_floats(2), 2 + 2);
+    assert_eq!(header.record_floats(5), 2 + 2 + 1);
+    assert_eq!(header.state_floats(), 4 * 3 + 2 * 2 + 2 + 1);
 }

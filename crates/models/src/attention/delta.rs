@@ -15,10 +15,14 @@
 use strata_format::{Container, GdnDims, GdnProjections, GdnSpec, ModelSpec, names};
 use strata_kernels::gdn::{self, DeltaTokens};
 use strata_kernels::ops;
+use strata_kv::StatePart;
 
 use crate::common::project;
 use crate::weights::{matrix, vector};
 use crate::{Result, Runtime, SeqBatch};
+
+/// The cache part of the state.
+const STATE: usize = 0;
 
 /// One layer's Gated DeltaNet tensors and shape.
 pub struct DeltaNet {
@@ -88,9 +92,10 @@ impl DeltaNet {
         Ok(block)
     }
 
-    /// Floats of one sequence's state in this layer.
-    pub fn state_floats(&self) -> usize {
-        self.dims.state_floats()
+    /// What a sequence keeps in this layer: the delta-rule and convolution
+    /// state ([`STATE`]).
+    pub fn cache_parts(&self) -> Vec<StatePart> {
+        vec![StatePart::Fixed { floats: self.dims.state_floats() }]
     }
 
     /// See [`super::Attention::forward`]: each sequence's rows run through
@@ -113,7 +118,7 @@ impl DeltaNet {
         for seq in seqs.iter_mut() {
             let rows = row..row + seq.tokens.len();
             row = rows.end;
-            let state = seq.cache.stage_state(layer);
+            let state = seq.cache.stage_state(layer, STATE);
             let (recurrent, conv_state) = state.split_at_mut(d.num_v_heads * d.head_k_dim * d.head_v_dim);
             let qkv = &mut inputs.qkv[rows.start * d.conv_dim()..rows.end * d.conv_dim()];
             gdn::causal_conv1d_silu(qkv, d.conv_dim(), conv_w, conv_state);

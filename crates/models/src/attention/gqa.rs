@@ -8,7 +8,7 @@
 
 use strata_format::{Container, GqaSpec, ModelSpec, NormKind, QkNorm, RopeSpec, names};
 use strata_kernels::ops;
-use strata_kv::{KEYS, VALUES};
+use strata_kv::StatePart;
 
 use super::grouped::AttnShape;
 use crate::backend::AttendJob;
@@ -17,6 +17,11 @@ use crate::norm::Norm;
 use crate::rope::{Angles, rotate};
 use crate::weights::{matrix, vector};
 use crate::{Error, Result, Runtime, SeqBatch};
+
+/// The cache part of the keys.
+const KEYS: usize = 0;
+/// The cache part of the values.
+const VALUES: usize = 1;
 
 /// One layer's GQA tensors and shape.
 pub struct Gqa {
@@ -79,9 +84,10 @@ impl Gqa {
         Ok(gqa)
     }
 
-    /// Keys and values, each `kv_dim` wide.
-    pub fn cache_row_dims(&self) -> Vec<usize> {
-        vec![self.dims.kv_dim(), self.dims.kv_dim()]
+    /// What a sequence keeps in this layer: keys ([`KEYS`]) and values
+    /// ([`VALUES`]), rows `kv_dim` wide.
+    pub fn cache_parts(&self) -> Vec<StatePart> {
+        vec![StatePart::Rows { dim: self.dims.kv_dim() }; 2]
     }
 
     /// The rotary embedding of queries and keys (`None`: no positions).

@@ -4,12 +4,17 @@
 //! layer takes from the full layer before it.
 
 use strata_format::{Container, IndexerKind, MlaAttention, ModelSpec, RopeSpec};
-use strata_kv::{INDEX_KEYS, LATENT};
+use strata_kv::StatePart;
 
 use crate::dsa::Indexer;
 use crate::mla::Mla;
 use crate::rope::Angles;
 use crate::{Error, Result, Runtime, SeqBatch};
+
+/// The cache part of the latent rows (with the rotated shared key).
+const LATENT: usize = 0;
+/// The cache part of the DSA indexer keys.
+const INDEX_KEYS: usize = 1;
 
 /// One layer's MLA block.
 pub struct LatentAttention {
@@ -53,9 +58,10 @@ impl LatentAttention {
         })
     }
 
-    /// The latent, then the indexer key with DSA.
-    pub fn cache_row_dims(&self) -> Vec<usize> {
-        std::iter::once(self.latent_dim).chain(self.index_head_dim).collect()
+    /// What a sequence keeps in this layer: the latent rows ([`LATENT`]),
+    /// then with DSA the indexer keys ([`INDEX_KEYS`]).
+    pub fn cache_parts(&self) -> Vec<StatePart> {
+        std::iter::once(self.latent_dim).chain(self.index_head_dim).map(|dim| StatePart::Rows { dim }).collect()
     }
 
     /// RoPE rotates the `qk_rope_head_dim` part of each head.
@@ -112,7 +118,7 @@ impl LatentAttention {
                 (IndexerSlot::Shared, _) => {
                     // The stream has a row for every layer; a sharing layer
                     // has no key of its own, so its row stays zero.
-                    let width = seq.cache.layout(l).row_dims[INDEX_KEYS];
+                    let width = self.index_head_dim.expect("a sharing layer keeps indexer keys");
                     seq.cache.write(l, INDEX_KEYS, &vec![0.0; m * width]);
                 }
                 _ => *selection = None,

@@ -54,13 +54,14 @@ impl Attention {
         })
     }
 
-    /// What this layer keeps per sequence: rows per token, fixed state.
+    /// What this layer keeps per sequence, in the order the block indexes
+    /// its parts.
     pub fn cache_layout(&self) -> LayerLayout {
-        match self {
-            Attention::Gqa(gqa) => LayerLayout { row_dims: gqa.cache_row_dims(), state_floats: 0 },
-            Attention::Mla(mla) => LayerLayout { row_dims: mla.cache_row_dims(), state_floats: 0 },
-            Attention::DeltaNet(delta) => LayerLayout { row_dims: Vec::new(), state_floats: delta.state_floats() },
-        }
+        LayerLayout::new(match self {
+            Attention::Gqa(gqa) => gqa.cache_parts(),
+            Attention::Mla(mla) => mla.cache_parts(),
+            Attention::DeltaNet(delta) => delta.cache_parts(),
+        })
     }
 
     /// The attention output of every row of `xs` (the normalised hidden

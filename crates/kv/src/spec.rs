@@ -1,0 +1,58 @@
+//! The one derivation of what a layer keeps per sequence from its spec: the
+//! engine budgets with it without building the model, and the model's
+//! blocks are checked against it when they load.
+
+use strata_format::{AttentionKind, LayerSpec};
+
+use crate::{LayerLayout, StatePart};
+
+/// What a layer of `spec` keeps per sequence, in the order its block
+/// indexes the parts: keys then values (grouped-query attention); the
+/// latent with its rotary key, then the indexer keys with DSA (Multi-head
+/// Latent Attention); the delta-rule and convolution state (Gated DeltaNet).
+pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
+    let parts = match &spec.attention {
+        AttentionKind::Gqa(gqa) => vec![StatePart::Rows { dim: gqa.kv_dim() }; 2],
+        AttentionKind::Mla(mla) => std::iter::once(mla.dims.latent_dim())
+            .chain(mla.indexer.map(|indexer| indexer.head_dim))
+            .map(|dim| StatePart::Rows { dim })
+            .collect(),
+        AttentionKind::GatedDeltaNet(gdn) => vec![StatePart::Fixed { floats: gdn.dims.state_floats() }],
+    };
+    LayerLayout::new(parts)
+}
+
+/// [`layout_of`] every layer of a model.
+pub fn layouts_of(layers: &[LayerSpec]) -> Vec<LayerLayout> {
+    layers.iter().map(layout_of).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_format::{LIKE, ModelSpec, like_config};
+
+    use super::*;
+
+    #[test]
+    fn layouts_of_every_known_config_cost_what_the_spec_says() {
+        for (like, _) in LIKE {
+            let spec = ModelSpec::from_config_json(&like_config(like, None).unwrap()).unwrap();
+            let layouts = layouts_of(&spec.layer_specs());
+            assert_eq!(layouts.len(), spec.num_layers, "{like}");
+            let bytes_per_token: usize = layouts.iter().map(LayerLayout::bytes_per_token).sum();
+            let bytes_per_sequence: usize = layouts.iter().map(LayerLayout::bytes_per_sequence).sum();
+            assert_eq!(bytes_per_token, spec.kv_bytes_per_token(), "{like}");
+            assert_eq!(bytes_per_sequence, spec.state_bytes_per_sequence(), "{like}");
+        }
+    }
+
+    #[test]
+    fn a_hybrid_model_keeps_rows_on_attention_layers_and_a_state_on_the_others() {
+        let spec = ModelSpec::from_config_json(&like_config("qwen3-next-80b-a3b", Some(4)).unwrap()).unwrap();
+        let parts: Vec<Vec<StatePart>> = layouts_of(&spec.layer_specs()).into_iter().map(|l| l.parts).collect();
+        let kv_dim = spec.kv_dim();
+        let state = StatePart::Fixed { floats: spec.linear_attention.unwrap().state_floats() };
+        let rows = vec![StatePart::Rows { dim: kv_dim }; 2];
+        assert_eq!(parts, [vec![state], vec![state], vec![state], rows]);
+    }
+}
