@@ -255,6 +255,7 @@ pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result
     let checkpoint = fetch_checkpoint(&client, name, &revision, &downloads).inspect_err(|error| {
         if matches!(error, Error::HubRefused { .. } | Error::HubMetadata { .. }) {
             let _ = fs::remove_dir_all(&downloads);
+            remove_if_empty(downloads.parent());
         }
     })?;
     let download_time = started.elapsed();
