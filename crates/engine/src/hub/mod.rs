@@ -346,12 +346,12 @@ fn fetch_checkpoint(client: &HubClient, name: &ModelName, revision: &str, downlo
     check_architecture(name, &snapshot.join(CONFIG_FILE))?;
     let mut files = 1;
     for file in CHECKPOINT_FILES.iter().filter(|file| info.siblings.iter().any(|s| s.rfilename == **file)) {
-        bytes += fetch(file)?;
+        bytes = bytes.saturating_add(fetch(file)?);
         files += 1;
     }
     let index = snapshot.join(INDEX_FILE);
     for file in weight_files(name, &info, index.is_file().then_some(index.as_path()))? {
-        bytes += fetch(&file)?;
+        bytes = bytes.saturating_add(fetch(&file)?);
         files += 1;
     }
     Ok(Checkpoint { snapshot, commit: info.sha, files, bytes })
