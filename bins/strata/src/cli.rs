@@ -184,13 +184,13 @@ HF_TOKEN, when set, is sent to the hub (gated and private repositories).")]
         quant: String,
     },
     /// List the pulled models: name, revision, family, weight format, size
-    /// on disk, last use.
+    /// on disk, last use (and, on stderr, partial downloads).
     #[command(after_help = "Example:\n  strata models")]
     Models,
-    /// Remove a pulled model from the cache.
+    /// Remove a pulled model, or a partial download of one, from the cache.
     #[command(after_help = "Example:\n  strata rm allenai/OLMoE-1B-7B-0125-Instruct")]
     Rm {
-        /// ORG/NAME of a pulled model.
+        /// ORG/NAME of a pulled (or partly downloaded) model.
         #[arg(value_name = "ORG/NAME", value_parser = parse_model_name)]
         name: ModelName,
     },

@@ -202,8 +202,13 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Pull { name, endpoint, quant } => pull(&name, endpoint, &quant, &cache_dir),
         Command::Models => models(&cache_dir),
         Command::Rm { name } => {
-            let removed = strata_engine::hub::remove(&cache_dir, &name)?;
-            println!("removed {} ({}, {})", removed.record.repo, removed.family, ByteSize(removed.size_bytes));
+            let removed = hub::remove(&cache_dir, &name)?;
+            if let Some(model) = &removed.model {
+                println!("removed {} ({}, {})", model.record.repo, model.family, ByteSize(model.size_bytes));
+            }
+            if removed.partial_bytes > 0 {
+                println!("removed a partial download of {} ({})", name.repo, ByteSize(removed.partial_bytes));
+            }
             Ok(())
         }
         Command::Mirror { command } => {
@@ -251,6 +256,16 @@ fn pull(name: &ModelName, endpoint: Option<String>, quant: &str, cache_dir: &Pat
 /// `strata models`: one line per pulled model.
 fn models(cache_dir: &Path) -> Result<()> {
     let models = hub::list(cache_dir)?;
+    let partials = hub::partial_downloads(cache_dir)?;
+    for partial in &partials {
+        eprintln!(
+            "{}: a partial download of {} (`strata pull {}` resumes it, `strata rm {}` removes it)",
+            partial.repo,
+            ByteSize(partial.bytes),
+            partial.repo,
+            partial.repo
+        );
+    }
     if models.is_empty() {
         println!("no models pulled into {}; `strata pull ORG/NAME` fetches one", cache_dir.display());
         return Ok(());

@@ -44,17 +44,19 @@ pub enum Error {
         "the model computed a non-finite logit ({value}) for token id {token} at position {position}; its weights may be damaged (`strata info --verify` checks the files)"
     )]
     NonFiniteLogits { position: usize, token: usize, value: f32 },
-    /// The hub could not be reached, or refused a request, while pulling
-    /// `name` (`what`: the step, e.g. "fetching config.json").
-    #[error("pulling {name}: {what}: {source}")]
-    Hub {
-        name: String,
-        what: String,
-        #[source]
-        source: Box<hf_hub::api::sync::ApiError>,
-    },
-    /// The hub's description of `name` is not what a pull can use (no
-    /// config.json, no safetensors, no digest for a file, over a limit).
+    /// The hub could not be reached, or broke off a transfer (a dropped
+    /// connection, a 5xx), while pulling `name` (`what`: the step, e.g.
+    /// "fetching config.json"): a later pull may succeed, and resumes.
+    #[error("pulling {name}: {what}: {reason}")]
+    HubTransfer { name: String, what: String, reason: String },
+    /// The hub refused a request of a pull of `name` (not found, gated,
+    /// private: its 4xx and `X-Error-Code`), with what to do about it.
+    #[error("pulling {name}: {reason}")]
+    HubRefused { name: String, reason: String },
+    /// What the hub said of `name` is not what a pull can or may use: no
+    /// config.json, an architecture Strata cannot run, no safetensors, no
+    /// digest for a file, a name that is not a plain one (a commit id, a
+    /// file name, an ETag), a size past the declared one, over a limit.
     #[error("pulling {name}: {reason}")]
     HubMetadata { name: String, reason: String },
     /// A downloaded file whose bytes are not the ones the hub's metadata

@@ -1,35 +1,38 @@
 //! Models by name, as Ollama has them: `pull` fetches a Hugging Face
-//! repository (`ORG/NAME[@REVISION]`) through hf-hub, checks every file
-//! against the digest the hub publishes for it, converts the checkpoint into
-//! the model cache and publishes the container there under its name; from then
-//! `--model ORG/NAME` opens it (crate::resolve). `list` and `remove` are
-//! `strata models` and `strata rm`.
+//! repository (`ORG/NAME[@REVISION]`) over the hub's HTTP protocol
+//! ([`client`]), checks every file against the digest the hub publishes for
+//! it, converts the checkpoint into the model cache and publishes the
+//! container there under its name; from then `--model ORG/NAME` opens it
+//! (crate::resolve). `list` and `remove` are `strata models` and `strata rm`.
 //!
-//! The cache (docs/FORMAT.md, "The model cache"):
+//! The cache (docs/FORMAT.md, "The model cache"). Every path below is built
+//! here from checked names ([`names`]): nothing the hub sends chooses one.
 //!
 //! ```text
-//! <cache_dir>/pulled/ORG/NAME/        a container, plus pulled.json (PulledRecord)
-//! <cache_dir>/.downloads/models--ORG--NAME/   hf-hub's layout: blobs/, snapshots/, refs/;
-//!                                     partial files (blobs/*.part) wait here to be resumed
+//! <cache_dir>/pulled/ORG/NAME/                  a container, plus pulled.json (PulledRecord)
+//! <cache_dir>/.downloads/ORG/NAME/COMMIT/FILE   the checkpoint while a pull runs;
+//!                                     FILE.part: a partial file, resumed on the next pull
 //! ```
+
+mod client;
+mod names;
 
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
-use hf_hub::{Cache, Repo, RepoType};
 use serde::{Deserialize, Serialize};
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
 use strata_format::{ConvertOptions, QuantPreset};
 
+use self::client::{FileRequest, HubClient};
 use crate::{Error, Result};
 
 /// Where pulled containers live, under the model cache.
 pub const PULLED_DIR: &str = "pulled";
-/// Where hf-hub downloads to (its own layout), under the model cache.
+/// Where checkpoints are downloaded to, under the model cache.
 pub const DOWNLOADS_DIR: &str = ".downloads";
 /// The record of a pulled model, inside its container directory.
 pub const RECORD_FILE: &str = "pulled.json";
@@ -53,13 +56,12 @@ const SIBLINGS_MAX: usize = 65_536;
 /// What is read of a JSON file of the checkpoint or the cache (index,
 /// record, manifest).
 const JSON_FILE_BYTES_MAX: u64 = 64 << 20;
-/// Tries per file after a dropped connection, each resuming where the last
-/// stopped (hf-hub waits between them with a growing back-off).
-const DOWNLOAD_RETRIES: usize = 3;
-/// The checkpoint files fetched besides the weights when the repository has
-/// them: what conversion reads or copies into the container.
-const CHECKPOINT_FILES: [&str; 6] = [
-    "config.json",
+/// The file every checkpoint has, fetched first: it says whether this build
+/// can run the model at all.
+const CONFIG_FILE: &str = strata_format::checkpoint::CONFIG_FILE;
+/// The checkpoint files fetched besides config.json and the weights when the
+/// repository has them: what conversion reads or copies into the container.
+const CHECKPOINT_FILES: [&str; 5] = [
     "generation_config.json",
     "tokenizer.json",
     "tokenizer_config.json",
@@ -67,6 +69,8 @@ const CHECKPOINT_FILES: [&str; 6] = [
     "model.safetensors.index.json",
 ];
 const INDEX_FILE: &str = "model.safetensors.index.json";
+/// Held by a pull in its download directory (`File::try_lock`).
+const LOCK_FILE: &str = ".lock";
 
 /// `ORG/NAME[@REVISION]`: a repository on the hub and, optionally, a branch,
 /// tag or commit of it.
@@ -110,6 +114,11 @@ impl ModelName {
     /// The container directory of this name in `cache_dir`.
     fn container_dir(&self, cache_dir: &Path) -> PathBuf {
         cache_dir.join(PULLED_DIR).join(&self.repo)
+    }
+
+    /// Where a pull of this name downloads to in `cache_dir`.
+    fn downloads_dir(&self, cache_dir: &Path) -> PathBuf {
+        cache_dir.join(DOWNLOADS_DIR).join(&self.repo)
     }
 }
 
@@ -207,7 +216,7 @@ struct LfsInfo {
     size: u64,
 }
 
-/// The digest a file must have.
+/// The digest a file must have (lower-case hex).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Expected {
     /// An LFS file: the SHA-256 of its bytes.
@@ -216,36 +225,47 @@ enum Expected {
     GitBlobSha1(String),
 }
 
+impl Expected {
+    fn hex(&self) -> &str {
+        match self {
+            Expected::Sha256(hex) | Expected::GitBlobSha1(hex) => hex,
+        }
+    }
+}
+
 /// Fetches `name` from the hub into `cache_dir` and publishes it there as a
 /// container under its name, replacing an earlier pull of the same name.
 /// Files already complete from an interrupted pull are not fetched again and
 /// a partial one is resumed where it stopped. A file whose bytes do not match
 /// the hub's digest is removed and the pull refused; nothing is published
-/// unless every file matched and conversion succeeded.
+/// unless every file matched and conversion succeeded. A refusal that a
+/// retry cannot change (not found, gated, an architecture Strata cannot
+/// run, an answer a pull must not use) keeps nothing of the download.
 pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result<PullReport> {
-    let downloads = cache_dir.join(DOWNLOADS_DIR);
+    // Every path of the pull is built from the name: only a parsed one is
+    // safe to join.
+    assert_eq!(ModelName::parse(&name.to_string()).as_ref(), Some(name), "an unchecked model name");
+    let downloads = name.downloads_dir(cache_dir);
     fs::create_dir_all(&downloads).map_err(io(&downloads))?;
-    let endpoint = options.endpoint.trim_end_matches('/').to_owned();
-    let api = ApiBuilder::from_cache(Cache::new(downloads.clone()))
-        .with_endpoint(endpoint.clone())
-        .with_token(options.token.clone())
-        .with_progress(options.progress)
-        .with_retries(DOWNLOAD_RETRIES)
-        .build()
-        .map_err(hub_error(name, "starting the hub client".to_owned()))?;
+    let _lock = lock_downloads(name, &downloads)?;
+    let client = HubClient::new(&options.endpoint, options.token.clone(), options.progress);
 
     let started = Instant::now();
     let revision = name.revision.clone().unwrap_or_else(|| DEFAULT_REVISION.to_owned());
-    let info = repo_info(&api, name, &revision, &endpoint)?;
-    let checkpoint = fetch_checkpoint(&api, name, &info)?;
+    let checkpoint = fetch_checkpoint(&client, name, &revision, &downloads).inspect_err(|error| {
+        if matches!(error, Error::HubRefused { .. } | Error::HubMetadata { .. }) {
+            let _ = fs::remove_dir_all(&downloads);
+            remove_if_empty(downloads.parent());
+        }
+    })?;
     let download_time = started.elapsed();
 
     let started = Instant::now();
     let record = PulledRecord {
         repo: name.repo.clone(),
         revision,
-        commit: info.sha,
-        endpoint,
+        commit: checkpoint.commit,
+        endpoint: client.endpoint().to_owned(),
         pulled_unix_s: now_unix_s(),
         last_used_unix_s: None,
     };
@@ -253,7 +273,8 @@ pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result
     let convert_time = started.elapsed();
     // The container holds all that runs the model (tokenizer files are
     // copied in): the downloaded checkpoint would only double the disk used.
-    let _ = fs::remove_dir_all(downloads.join(Repo::model(name.repo.clone()).folder_name()));
+    let _ = fs::remove_dir_all(&downloads);
+    remove_if_empty(downloads.parent());
     Ok(PullReport {
         model: read_model(&dir)?,
         files: checkpoint.files,
@@ -263,22 +284,42 @@ pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result
     })
 }
 
-/// A checkpoint fetched and checked, in hf-hub's cache.
+/// Holds the lock of `name`'s download directory, so that two pulls of one
+/// name never write the same `.part` file.
+fn lock_downloads(name: &ModelName, downloads: &Path) -> Result<fs::File> {
+    let path = downloads.join(LOCK_FILE);
+    let file = fs::File::create(&path).map_err(io(&path))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(fs::TryLockError::WouldBlock) => Err(Error::HubMetadata {
+            name: name.to_string(),
+            reason: "another `strata pull` of it is running".to_owned(),
+        }),
+        Err(fs::TryLockError::Error(source)) => Err(Error::Io { path, source }),
+    }
+}
+
+/// A checkpoint fetched and checked, in the download directory.
 struct Checkpoint {
-    /// hf-hub's snapshot directory of the commit: links to the blobs.
+    /// `.downloads/ORG/NAME/COMMIT`: the checkpoint's files.
     snapshot: PathBuf,
+    /// The commit every file is from.
+    commit: String,
     files: usize,
     bytes: u64,
 }
 
-/// Fetches the checkpoint's files (the small ones, then the weights the
-/// index names) at the commit `info` describes, each checked against it.
-fn fetch_checkpoint(api: &Api, name: &ModelName, info: &RepoInfo) -> Result<Checkpoint> {
+/// Fetches the checkpoint's files at the commit the listing of `revision`
+/// describes, each checked against it: config.json first (a model this
+/// build cannot run is refused there, before any weights), then the other
+/// small files, then the weights the index names.
+fn fetch_checkpoint(client: &HubClient, name: &ModelName, revision: &str, downloads: &Path) -> Result<Checkpoint> {
     let metadata = |reason: String| Error::HubMetadata { name: name.to_string(), reason };
-    // Every file comes from the commit the metadata describes, even if the
-    // branch moves during the pull.
-    let repo = api.repo(Repo::with_revision(name.repo.clone(), RepoType::Model, info.sha.clone()));
-    let fetch = |file: &str| -> Result<(String, PathBuf, u64)> {
+    let info = repo_info(client, name, revision)?;
+    // A checked commit id: one plain directory name.
+    let snapshot = downloads.join(&info.sha);
+    fs::create_dir_all(&snapshot).map_err(io(&snapshot))?;
+    let fetch = |file: &str| -> Result<u64> {
         let sibling = info
             .siblings
             .iter()
@@ -286,29 +327,45 @@ fn fetch_checkpoint(api: &Api, name: &ModelName, info: &RepoInfo) -> Result<Chec
             .ok_or_else(|| metadata(format!("{file} is named by the checkpoint but not in the repository")))?;
         let (expected, size_bytes) =
             expected_digest(sibling).ok_or_else(|| metadata(format!("the hub gives no digest for {file}")))?;
-        // `get` finds a file completed by an earlier pull; otherwise it
-        // downloads, resuming a partial file from its `.part`.
-        let what = format!("fetching {file} (what arrived is kept: pull again to resume)");
-        let path = repo.get(file).map_err(hub_error(name, what))?;
-        verify(&path, file, &expected, size_bytes)?;
-        Ok((file.to_owned(), path, size_bytes))
+        // Checked names only, all at the repository's top level: the file
+        // and its `.part` stay in the snapshot directory.
+        assert!(names::is_repo_file_name(file) && !file.contains('/'), "{file:?}");
+        let path = snapshot.join(file);
+        // A file completed by an earlier pull is kept if it still matches.
+        if path.is_file() && verify(&path, file, &expected, size_bytes).is_ok() {
+            return Ok(size_bytes);
+        }
+        let part = snapshot.join(format!("{file}.part"));
+        let request = FileRequest { name, commit: &info.sha, file, size_bytes, digest_hex: expected.hex() };
+        client.download(&request, &part)?;
+        verify(&part, file, &expected, size_bytes)?;
+        fs::rename(&part, &path).map_err(io(&path))?;
+        Ok(size_bytes)
     };
-    let mut fetched: Vec<(String, PathBuf, u64)> = CHECKPOINT_FILES
-        .iter()
-        .filter(|file| info.siblings.iter().any(|s| s.rfilename == **file))
-        .map(|file| fetch(file))
-        .collect::<Result<_>>()?;
-    let index = fetched.iter().find(|(f, ..)| f == INDEX_FILE).map(|(_, path, _)| path.clone());
-    for file in weight_files(name, info, index.as_deref())? {
-        fetched.push(fetch(&file)?);
+    let mut bytes = fetch(CONFIG_FILE)?;
+    check_architecture(name, &snapshot.join(CONFIG_FILE))?;
+    let mut files = 1;
+    for file in CHECKPOINT_FILES.iter().filter(|file| info.siblings.iter().any(|s| s.rfilename == **file)) {
+        bytes = bytes.saturating_add(fetch(file)?);
+        files += 1;
     }
-    // hf-hub puts every file of one commit in one snapshot directory: that
-    // directory is the checkpoint. (config.json was fetched: there is a first.)
-    let snapshot = fetched.first().and_then(|(_, path, _)| path.parent()).map(Path::to_path_buf).unwrap_or_default();
-    if fetched.iter().any(|(_, path, _)| path.parent() != Some(snapshot.as_path())) {
-        return Err(metadata("the hub gave files of more than one commit".to_owned()));
+    let index = snapshot.join(INDEX_FILE);
+    for file in weight_files(name, &info, index.is_file().then_some(index.as_path()))? {
+        bytes = bytes.saturating_add(fetch(&file)?);
+        files += 1;
     }
-    Ok(Checkpoint { snapshot, files: fetched.len(), bytes: fetched.iter().map(|(.., size)| size).sum() })
+    Ok(Checkpoint { snapshot, commit: info.sha, files, bytes })
+}
+
+/// Refuses a config.json this build cannot run (another architecture, or
+/// values out of range) before anything else is downloaded.
+fn check_architecture(name: &ModelName, config: &Path) -> Result<()> {
+    let text = String::from_utf8(read_bounded(config)?)
+        .map_err(|e| Error::ModelFile { path: config.to_path_buf(), reason: e.to_string() })?;
+    strata_format::ModelSpec::from_config_json(&text).map(drop).map_err(|e| Error::HubMetadata {
+        name: name.to_string(),
+        reason: format!("{CONFIG_FILE}: {e}; nothing beyond {CONFIG_FILE} was downloaded"),
+    })
 }
 
 /// Converts the checkpoint into a staging directory beside `dir`, records
@@ -333,44 +390,29 @@ fn convert_and_publish(snapshot: &Path, dir: &Path, record: &PulledRecord, optio
     published.map(|()| dir.to_path_buf())
 }
 
-fn hub_error(name: &ModelName, what: String) -> impl FnOnce(ApiError) -> Error {
-    let name = name.to_string();
-    move |source| Error::Hub { name, what, source: Box::new(source) }
-}
-
 /// The repository's files and their digests at `revision` (read with a
-/// bound), checked for what a pull needs before anything is fetched.
-fn repo_info(api: &Api, name: &ModelName, revision: &str, endpoint: &str) -> Result<RepoInfo> {
-    let repo = api.repo(Repo::with_revision(name.repo.clone(), RepoType::Model, revision.to_owned()));
-    let what = || format!("reading its file list from {endpoint}");
+/// bound), checked for what a pull needs before anything is fetched: the
+/// commit a 40-hex id, every file name a plain name inside the repository.
+fn repo_info(client: &HubClient, name: &ModelName, revision: &str) -> Result<RepoInfo> {
     let metadata = |reason: String| Error::HubMetadata { name: name.to_string(), reason };
-    let response = repo.info_request().query("blobs", "true").call().map_err(|e| match e {
-        ureq::Error::Status(status @ (401 | 403), _) => metadata(format!(
-            "{endpoint} refused access (HTTP {status}): a gated or private repository needs an access token in HF_TOKEN"
-        )),
-        ureq::Error::Status(404, _) => {
-            metadata(format!("no repository {name} on {endpoint} (HTTP 404): check the name and the revision"))
-        }
-        e => hub_error(name, what())(ApiError::from(Box::new(e))),
-    })?;
-    let mut body = Vec::new();
-    response
-        .into_reader()
-        .take(REPO_INFO_BYTES_MAX + 1)
-        .read_to_end(&mut body)
-        .map_err(|e| hub_error(name, what())(ApiError::from(e)))?;
-    if body.len() as u64 > REPO_INFO_BYTES_MAX {
-        return Err(metadata(format!("the repository's description is over {REPO_INFO_BYTES_MAX} bytes")));
-    }
+    let body = client
+        .repo_info(name, revision, REPO_INFO_BYTES_MAX)?
+        .ok_or_else(|| metadata(format!("the repository's description is over {REPO_INFO_BYTES_MAX} bytes")))?;
     let info: RepoInfo =
         serde_json::from_slice(&body).map_err(|e| metadata(format!("the repository's description: {e}")))?;
     if info.siblings.len() > SIBLINGS_MAX {
         return Err(metadata(format!("the repository lists {} files", info.siblings.len())));
     }
-    if info.sha.len() != 40 || !info.sha.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(metadata(format!("commit {:?} is not a commit id", info.sha)));
+    if !names::is_commit_id(&info.sha) {
+        return Err(metadata(format!("commit {} is not a commit id", names::quoted_for_error(&info.sha, 100))));
     }
-    if !info.siblings.iter().any(|s| s.rfilename == "config.json") {
+    if let Some(bad) = info.siblings.iter().find(|s| !names::is_repo_file_name(&s.rfilename)) {
+        return Err(metadata(format!(
+            "the repository lists {}, not a plain file name inside it",
+            names::quoted_for_error(&bad.rfilename, 100)
+        )));
+    }
+    if !info.siblings.iter().any(|s| s.rfilename == CONFIG_FILE) {
         return Err(metadata("the repository has no config.json (not a transformers checkpoint)".to_owned()));
     }
     Ok(info)
@@ -416,18 +458,19 @@ fn weight_files(name: &ModelName, info: &RepoInfo, index: Option<&Path>) -> Resu
 }
 
 fn expected_digest(sibling: &Sibling) -> Option<(Expected, u64)> {
-    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
     match (&sibling.lfs, &sibling.blob_id, sibling.size) {
-        (Some(lfs), ..) if hex(&lfs.sha256, 64) => Some((Expected::Sha256(lfs.sha256.to_ascii_lowercase()), lfs.size)),
-        (None, Some(blob), Some(size)) if hex(blob, 40) => {
+        (Some(lfs), ..) if names::is_hex(&lfs.sha256, names::SHA256_HEX_DIGITS) => {
+            Some((Expected::Sha256(lfs.sha256.to_ascii_lowercase()), lfs.size))
+        }
+        (None, Some(blob), Some(size)) if names::is_hex(blob, names::SHA1_HEX_DIGITS) => {
             Some((Expected::GitBlobSha1(blob.to_ascii_lowercase()), size))
         }
         _ => None,
     }
 }
 
-/// Checks a downloaded file against the hub's digest; a mismatch removes it
-/// (blob and link), so the next pull fetches it afresh rather than trusting it.
+/// Checks a downloaded file against the hub's digest; a mismatch removes it,
+/// so the next pull fetches it afresh rather than trusting it.
 fn verify(path: &Path, file: &str, expected: &Expected, size_bytes: u64) -> Result<()> {
     let actual_size = fs::metadata(path).map_err(io(path))?.len();
     let (algorithm, expected_hex, actual_hex) = match expected {
@@ -440,9 +483,6 @@ fn verify(path: &Path, file: &str, expected: &Expected, size_bytes: u64) -> Resu
     };
     if actual_size == size_bytes && &actual_hex == expected_hex {
         return Ok(());
-    }
-    if let Ok(blob) = fs::canonicalize(path) {
-        let _ = fs::remove_file(blob);
     }
     let _ = fs::remove_file(path);
     Err(Error::Digest {
@@ -516,28 +556,80 @@ pub fn list(cache_dir: &Path) -> Result<Vec<PulledModel>> {
     Ok(models)
 }
 
-/// Removes the pulled model `name` (and any partial download of it); returns
-/// what it was.
-pub fn remove(cache_dir: &Path, name: &ModelName) -> Result<PulledModel> {
+/// What [`remove`] removed.
+#[derive(Debug)]
+pub struct Removed {
+    /// The pulled model (`None`: there was only a partial download).
+    pub model: Option<PulledModel>,
+    /// Bytes of a partial download of it, removed too.
+    pub partial_bytes: u64,
+}
+
+/// A pull that stopped before publishing (a dropped connection, Ctrl-C, a
+/// file that did not match): what it fetched waits for the next pull.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartialDownload {
+    /// `ORG/NAME`.
+    pub repo: String,
+    pub bytes: u64,
+}
+
+/// Removes the pulled model `name` and any partial download of it (either
+/// may be there alone).
+pub fn remove(cache_dir: &Path, name: &ModelName) -> Result<Removed> {
     let dir = name.container_dir(cache_dir);
-    if !dir.join(RECORD_FILE).is_file() {
+    let downloads = name.downloads_dir(cache_dir);
+    let pulled = dir.join(RECORD_FILE).is_file();
+    if !pulled && !downloads.is_dir() {
         return Err(Error::NotPulled { name: name.repo.clone() });
     }
-    let model = read_model(&dir)?;
-    // Renamed first, so an interrupted removal never leaves a container
-    // that looks whole but is not.
-    // A dot name, which `list` skips, beside the model (one filesystem).
-    let leaf = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let doomed = dir.with_file_name(format!(".{leaf}.{}.removing", std::process::id()));
-    fs::rename(&dir, &doomed).map_err(io(&dir))?;
-    fs::remove_dir_all(&doomed).map_err(io(&doomed))?;
-    if let Some(org) = dir.parent() {
-        // Only succeeds when empty, which is the point.
-        let _ = fs::remove_dir(org);
+    let model = if pulled {
+        let model = read_model(&dir)?;
+        // Renamed first, so an interrupted removal never leaves a container
+        // that looks whole but is not.
+        // A dot name, which `list` skips, beside the model (one filesystem).
+        let leaf = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let doomed = dir.with_file_name(format!(".{leaf}.{}.removing", std::process::id()));
+        fs::rename(&dir, &doomed).map_err(io(&dir))?;
+        fs::remove_dir_all(&doomed).map_err(io(&doomed))?;
+        remove_if_empty(dir.parent());
+        Some(model)
+    } else {
+        None
+    };
+    let mut partial_bytes = 0;
+    if downloads.is_dir() {
+        partial_bytes = dir_bytes(&downloads)?;
+        fs::remove_dir_all(&downloads).map_err(io(&downloads))?;
+        remove_if_empty(downloads.parent());
     }
-    let downloads = cache_dir.join(DOWNLOADS_DIR).join(Repo::model(name.repo.clone()).folder_name());
-    let _ = fs::remove_dir_all(downloads);
-    Ok(model)
+    // hf-hub's folder, from the pulls of earlier versions.
+    let _ = fs::remove_dir_all(cache_dir.join(DOWNLOADS_DIR).join(format!("models--{}", name.repo.replace('/', "--"))));
+    Ok(Removed { model, partial_bytes })
+}
+
+/// Every partial download in `cache_dir`, by name.
+pub fn partial_downloads(cache_dir: &Path) -> Result<Vec<PartialDownload>> {
+    let mut partials = Vec::new();
+    // hf-hub's `models--ORG--NAME` folders of earlier versions are not
+    // `ORG/NAME` (`strata rm ORG/NAME` removes them).
+    let orgs = visible_dirs(&cache_dir.join(DOWNLOADS_DIR))?;
+    for org in orgs.iter().filter(|org| !org.file_name().is_some_and(|n| n.to_string_lossy().starts_with("models--"))) {
+        for dir in visible_dirs(org)? {
+            let leaf = |path: &Path| path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            partials.push(PartialDownload { repo: format!("{}/{}", leaf(org), leaf(&dir)), bytes: dir_bytes(&dir)? });
+        }
+    }
+    Ok(partials)
+}
+
+/// Removes `dir` when it is empty (an organisation's directory once its
+/// last model is gone).
+fn remove_if_empty(dir: Option<&Path>) {
+    if let Some(dir) = dir {
+        // Only succeeds when empty, which is the point.
+        let _ = fs::remove_dir(dir);
+    }
 }
 
 fn visible_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
