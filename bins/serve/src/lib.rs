@@ -9,6 +9,7 @@ pub mod cli;
 pub mod error;
 pub mod generate;
 pub mod listen;
+pub mod log;
 pub mod metrics;
 pub mod openai;
 pub mod page;

@@ -172,7 +172,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
                 // Once is enough to tell (an attack repeats it thousands of
                 // times); the loop keeps serving.
                 if !std::mem::replace(&mut told_accept_failed, true) {
-                    eprintln!("serve: warning: accepting a connection failed: {e} (retrying)");
+                    crate::log!("serve: warning: accepting a connection failed: {e} (retrying)");
                 }
                 tokio::time::sleep(ACCEPT_RETRY).await;
                 continue;
@@ -182,7 +182,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
             Ok(permit) => permit,
             Err(_) => {
                 if !std::mem::replace(&mut told_full, true) {
-                    eprintln!(
+                    crate::log!(
                         "serve: warning: {} connections are open (--max-connections); new ones displace those \
                          that have not sent a whole request, from the address holding the most",
                         limits.max_connections
@@ -225,7 +225,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
     }
     drop(listener);
     if tokio::time::timeout(limits.shutdown_deadline, graceful.shutdown()).await.is_err() {
-        eprintln!(
+        crate::log!(
             "serve: requests still open {} s after shutdown began; closing them",
             limits.shutdown_deadline.as_secs()
         );

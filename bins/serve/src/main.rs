@@ -25,7 +25,7 @@ use strata_serve::cli::Cli;
 use strata_serve::generate::Defaults;
 use strata_serve::metrics::Metrics;
 use strata_serve::state::{App, ModelInfo};
-use strata_serve::{listen, openai, server, state};
+use strata_serve::{listen, log, openai, server, state};
 
 /// The least tokenizing budget (see `App::prepare`), so that a small
 /// `--max-body` still lets several small requests prepare at once.
@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("serve: error: {}", strata_engine::args::error_line(&*err));
+            log!("serve: error: {}", strata_engine::args::error_line(&*err));
             ExitCode::from(1)
         }
     }
@@ -52,7 +52,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let cache_dir = cli.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let resolved = resolve_model(cli.model.as_deref(), &cache_dir, true).context("finding the model")?;
     if resolved.converted {
-        eprintln!("serve: converted the checkpoint into {}", resolved.container_dir.display());
+        log!("serve: converted the checkpoint into {}", resolved.container_dir.display());
     }
     let model_name = cli.model_name.clone().unwrap_or_else(|| default_name(cli.model.as_deref()));
     let text_dir = cli.tokenizer.clone().unwrap_or_else(|| resolved.container_dir.clone());
@@ -61,7 +61,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     })?;
     let template = ChatTemplate::from_dir(&text_dir)?;
     if template.is_none() {
-        eprintln!("serve: warning: {} has no chat template; only /v1/completions will work", text_dir.display());
+        log!("serve: warning: {} has no chat template; only /v1/completions will work", text_dir.display());
     }
     let defaults = Defaults::from_dir(&text_dir);
     let tool_syntax = template
@@ -88,7 +88,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         ));
     }
     for warning in warnings {
-        eprintln!("serve: warning: {warning}");
+        log!("serve: warning: {warning}");
     }
     let metrics = Arc::new(Metrics::default());
     let limits = BatchLimits {
@@ -141,16 +141,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("listening on {}:{}", cli.host, cli.port))?;
         let address = listener.local_addr()?;
-        // Tests and scripts read this line for the port.
-        println!("serve: listening on http://{address} (model {model_name})");
+        // Tests and scripts read this line for the port. Like the log, a
+        // stdout nobody reads any more (`serve | head -1`) stops nothing.
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "serve: listening on http://{address} (model {model_name})");
         if cli.model.is_none() {
-            println!(
+            let _ = writeln!(
+                stdout,
                 "serve: the demo model is 14.7 M parameters trained on fortune cookies: it writes fortune-like \
                  English and does not follow instructions (for a real one: `strata pull ORG/NAME`, then \
                  `serve --model ORG/NAME`)"
             );
         }
-        std::io::stdout().flush()?;
+        let _ = stdout.flush();
+        drop(stdout);
         let limits = listen::ConnLimits {
             header_read_timeout: Duration::from_secs(cli.header_timeout_secs),
             max_connections: connection_cap(cli.max_connections as usize),
@@ -179,7 +183,7 @@ fn connection_cap(wanted: usize) -> usize {
     let in_use = std::fs::read_dir("/proc/self/fd").map_or(0, |fds| fds.count());
     let room = usize::try_from(limit).unwrap_or(usize::MAX).saturating_sub(in_use + FDS_RESERVED).max(1);
     if room < wanted {
-        eprintln!(
+        log!(
             "serve: warning: --max-connections {wanted} lowered to {room} to stay under the file descriptor limit \
              ({limit}; raise it with `ulimit -n`)"
         );
@@ -233,5 +237,5 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate => {}
     }
-    eprintln!("serve: shutting down");
+    log!("serve: shutting down");
 }

@@ -82,11 +82,11 @@ impl BatchObserver for Metrics {
 
     // The batcher's news goes to stderr, as every other line of the server's.
     fn failed(&self, sequences: usize, message: &str) {
-        eprintln!("serve: error: {sequences} generation(s) failed: {message}");
+        crate::log!("serve: error: {sequences} generation(s) failed: {message}");
     }
 
     fn warning(&self, message: &str) {
-        eprintln!("serve: warning: {message}");
+        crate::log!("serve: warning: {message}");
     }
 }
 

@@ -2,7 +2,9 @@
 //! sockets: slow clients are cut off and cannot lock out `/health`, a
 //! half-sent request cannot hold shutdown, bodies have a deadline and must be
 //! JSON, and a burst of 1 MB prompts is refused or prepared within bounded
-//! memory.
+//! memory. And under a hostile model and host: a chat template that loops
+//! without end is refused at start, one that a long message sets off costs
+//! that request alone, and a log nobody reads stops no request.
 
 mod common;
 
@@ -282,4 +284,84 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
     }
     files
+}
+
+/// The demo's tokenizer with `template` as its chat template, for `--tokenizer`.
+fn tokenizer_dir_with_template(template: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(common::demo_model().join("tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
+    std::fs::write(dir.path().join("chat_template.jinja"), template).unwrap();
+    dir
+}
+
+/// Ten billion iterations: without a bound on rendering, `serve` hung at
+/// start (probing the template) with no message.
+const ENDLESS_LOOPS: &str = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}";
+
+#[test]
+fn a_chat_template_that_never_ends_is_refused_at_start_naming_it() {
+    let dir = tokenizer_dir_with_template(&format!("{ENDLESS_LOOPS}{{{{ messages[0].content }}}}"));
+    let args = ["--tokenizer", dir.path().to_str().unwrap()];
+    // The first server of this binary converts the demo model first.
+    let refused = Server::start_refused(&args, Duration::from_secs(180));
+    let (status, stderr) = refused.expect("serve was still starting after 180 s: stuck rendering the template");
+    assert!(!status.success(), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "one line: {stderr}");
+    assert!(errors[0].contains("chat_template.jinja") && errors[0].contains("instructions"), "{stderr}");
+}
+
+/// The demo's own template, plus a loop that only a message over 5000
+/// bytes sets off: it passes the check at start (whose sample messages are
+/// shorter). Four such requests used to hold every preparation slot
+/// forever; now each is refused when its render runs out of fuel, and a
+/// normal request is answered meanwhile.
+#[test]
+fn a_long_message_that_sets_off_a_template_loop_is_refused_and_others_are_served() {
+    let template = format!(
+        "{{% for message in messages %}}{{% if message['content']|length > 5000 %}}{ENDLESS_LOOPS}{{% endif %}}\
+         {{{{ '<|' + message['role'] + '|>\\n' + message['content'] | trim + '<|end|>\\n' }}}}{{% endfor %}}\
+         {{% if add_generation_prompt %}}{{{{ '<|assistant|>\\n' }}}}{{% endif %}}"
+    );
+    let dir = tokenizer_dir_with_template(&template);
+    let mut server = Server::start(&["--tokenizer", dir.path().to_str().unwrap()]);
+    let chat = |content: &str| json!({ "model": "demo", "messages": [{ "role": "user", "content": content }], "max_tokens": 4 });
+    let long = chat(&"a".repeat(6000)).to_string();
+    let bombs: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let headers = [("Content-Type", "application/json")];
+            send(server.addr, "POST", "/v1/chat/completions", &headers, Some(long.as_bytes()))
+        })
+        .collect();
+    let normal = server.post("/v1/chat/completions", &chat("Tell me a fortune."));
+    assert_eq!(normal.status, 200, "{}", normal.text());
+    for mut stream in bombs {
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).expect("an answer");
+        let response = common::parse_response(&raw);
+        assert_eq!(response.status, 400, "{}", response.text());
+        let message = response.json()["error"]["message"].as_str().unwrap_or_default().to_owned();
+        assert!(message.contains("instructions") && !message.contains('\n'), "{message}");
+    }
+    assert!(server.terminate(Duration::from_secs(15)).is_some_and(|s| s.success()), "{}", server.stderr());
+}
+
+/// `serve 2>&1 | head -1`: once the reader is gone, every log line fails
+/// (EPIPE). The batcher logs at once here (the usage file cannot be
+/// written), the accept loop when the connection cap is reached: printing
+/// those with `eprintln!` panicked the batcher (every request 503).
+#[test]
+fn a_log_nobody_reads_stops_no_request() {
+    let scratch = tempfile::tempdir().unwrap();
+    let usage = scratch.path().join("gone").join("usage.json");
+    let args = ["--usage-file", usage.to_str().unwrap(), "--max-connections", "4"];
+    let server = Server::start_with_stderr_closed(&args);
+    let idle: Vec<TcpStream> = (0..6).filter_map(|_| TcpStream::connect(server.addr).ok()).collect();
+    let body = json!({ "model": "demo", "prompt": "Once upon a time", "max_tokens": 4 });
+    for _ in 0..2 {
+        let response = server.post("/v1/completions", &body);
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+    assert_eq!(server.get("/health").status, 200);
+    drop(idle);
 }

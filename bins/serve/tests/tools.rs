@@ -178,10 +178,25 @@ fn unconstrained_tool_requests_give_text_never_a_server_error() {
     }
 }
 
+/// Bad schemas and tool lists are the request's fault: a 400 naming the
+/// field, in one line. A self-referential `$ref` used to fail at the first
+/// step in the batcher (a 500 with the parser's state), and 4000 forced
+/// tools came back with llguidance's 121-line backtrace.
 #[test]
 fn bad_schemas_and_unknown_tools_are_400s_naming_the_field() {
     let server = Server::start(&[]);
+    let small_tool = |i: usize| {
+        json!({ "type": "function", "function": { "name": format!("f{i}"), "parameters": { "type": "object",
+            "properties": { "a": { "type": "string", "pattern": "^[a-z]{8}$" } } } } })
+    };
+    let many_tools: Vec<Value> = (0..4000).map(small_tool).collect();
+    let self_reference = json!({ "$defs": { "a": { "$ref": "#/$defs/a" } }, "$ref": "#/$defs/a" });
     let cases = [
+        (
+            json!({ "response_format": { "type": "json_schema", "json_schema": { "schema": self_reference } } }),
+            "response_format",
+        ),
+        (json!({ "tools": many_tools, "tool_choice": "required" }), "tools"),
         (
             json!({ "response_format": { "type": "json_schema", "json_schema": { "schema": { "type": "no-such-type" } } } }),
             "response_format",
@@ -196,9 +211,12 @@ fn bad_schemas_and_unknown_tools_are_400s_naming_the_field() {
     ];
     for (extra, param) in cases {
         let response = server.post("/v1/chat/completions", &chat(ask_weather(), 1, extra.clone()));
-        assert_eq!(response.status, 400, "{extra}: {}", response.text());
-        assert_eq!(response.json()["error"]["param"], param, "{extra}");
+        assert_eq!(response.status, 400, "{param}: {}", response.text());
+        assert_eq!(response.json()["error"]["param"], param, "{param}");
+        let message = response.json()["error"]["message"].as_str().unwrap_or_default().to_owned();
+        assert!(!message.contains('\n') && message.len() < 300, "{param}: {message}");
     }
+    assert!(!server.stderr().contains("error"), "client errors are not the server's: {}", server.stderr());
 }
 
 fn anthropic_body(stream: bool) -> Value {

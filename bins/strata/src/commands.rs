@@ -20,6 +20,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Convert { hf_dir, out_dir, quant, q4_group, overwrite } => {
             let preset: QuantPreset = quant.parse()?;
             let options = ConvertOptions { overwrite, q4_group, progress: true, ..ConvertOptions::new(preset) };
+            // Before minutes of conversion: a template that cannot be used
+            // (one that loops without end) would only fail at every start.
+            strata_engine::ChatTemplate::from_dir(&hf_dir)
+                .with_context(|| format!("converting {}", hf_dir.display()))?;
             let report = strata_format::convert(&hf_dir, &out_dir, &options)
                 .with_context(|| format!("converting {}", hf_dir.display()))?;
             println!(
@@ -486,6 +490,12 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     println!("bytes/expert  {} ({})", per_expert_bytes, ByteSize(per_expert_bytes));
     println!("bytes experts {} ({})", expert_bytes, ByteSize(expert_bytes));
     println!("bytes total   {} ({})", total_bytes, ByteSize(total_bytes));
+    // Loading checks the template as every binary that chats does (a sample
+    // conversation within the render limits).
+    match strata_engine::ChatTemplate::from_dir(model_dir)? {
+        Some(template) => println!("chat template {}", template.path().display()),
+        None => println!("chat template none (only plain prompts)"),
+    }
     print_state(arch);
     for file in &manifest.files {
         println!("sha256 {}  {}", file.sha256, file.path);

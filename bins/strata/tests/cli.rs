@@ -305,3 +305,37 @@ fn info_reports_kv_per_token_and_fixed_state_of_the_hybrid_configs() {
         assert!(text.contains(&format!("state bytes/session {state_bytes} ")), "{like}:\n{text}");
     }
 }
+
+/// A chat template that loops without end (ten billion iterations) was
+/// copied by `convert` and shown by `info` without a word, then hung every
+/// binary that loaded it. Both now refuse it in one line naming the file
+/// and the limit. (`timeout` ends the run that used to hang.)
+#[test]
+fn a_chat_template_that_never_ends_is_refused_at_convert_and_info() {
+    const ENDLESS: &str = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}";
+    let within_a_minute = |args: &[&str]| {
+        let out = Command::new("timeout").arg("60").arg(env!("CARGO_BIN_EXE_strata")).args(args).output().unwrap();
+        assert_ne!(out.status.code(), Some(124), "strata {args:?} ran for a minute");
+        out
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let hf = dir.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for entry in std::fs::read_dir(fixture("olmoe").join("hf")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), hf.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(hf.join("chat_template.jinja"), ENDLESS).unwrap();
+    let model = dir.path().join("model");
+    let out = within_a_minute(&["convert", path(&hf), path(&model), "--quant", "q8"]);
+    assert_clean_failure(&out, "chat_template.jinja");
+    assert_clean_failure(&out, "instructions");
+    assert!(!model.exists(), "nothing converted");
+
+    std::fs::remove_file(hf.join("chat_template.jinja")).unwrap();
+    assert!(strata(&["convert", path(&hf), path(&model), "--quant", "q8"]).status.success());
+    let info = within_a_minute(&["info", path(&model)]);
+    assert!(String::from_utf8_lossy(&info.stdout).contains("chat template none"), "{info:?}");
+    std::fs::write(model.join("chat_template.jinja"), ENDLESS).unwrap();
+    assert_clean_failure(&within_a_minute(&["info", path(&model)]), "instructions");
+}

@@ -46,7 +46,7 @@ pub use engine::{
     CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch, USAGE_FILE_NAME, kv_footprint,
 };
 pub use error::{Error, Result};
-pub use grammar::{Grammar, GrammarCompiler};
+pub use grammar::{GRAMMAR_SCHEMA_BYTES_MAX, GRAMMAR_TOOLS_MAX, Grammar, GrammarCompiler};
 pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport, session_path, validate_session_name};
 pub use resolve::{AUTO_CONVERT_PRESET, ResolvedModel, default_cache_dir, resolve_model};
 pub use sampler::{Sampler, SamplingDefaults, SamplingOptions};

@@ -231,3 +231,46 @@ fn an_unsatisfiable_or_malformed_schema_is_the_requests_error() {
         assert!(matches!(err, strata_engine::Error::InvalidRequest(_)), "{schema}: {err}");
     }
 }
+
+fn demo_compiler() -> GrammarCompiler {
+    let tokenizer = strata_engine::Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
+    let eos = tokenizer.token_to_id("<|end|>").unwrap();
+    GrammarCompiler::new(&tokenizer, &[eos]).unwrap()
+}
+
+/// The request's error, as one line of text (it goes to the client).
+fn one_line_refusal(result: strata_engine::Result<Grammar>) -> String {
+    let err = result.unwrap_err();
+    assert!(matches!(err, strata_engine::Error::InvalidRequest(_)), "{err}");
+    let message = err.to_string();
+    assert!(!message.contains('\n') && message.len() < 300, "{message}");
+    message
+}
+
+/// A `$ref` to itself compiles, then has no first token: found when the
+/// grammar is built, not at the first step of a running generation.
+#[test]
+fn a_self_referential_ref_is_refused_when_the_grammar_is_built() {
+    let schema = json!({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"});
+    one_line_refusal(demo_compiler().json_schema(&schema));
+}
+
+#[test]
+fn too_many_forced_tools_are_refused_naming_the_limit() {
+    let tool = |i: usize| {
+        json!({"type": "function", "function": {"name": format!("f{i}"), "parameters": {"type": "object",
+            "properties": {"a": {"type": "string", "pattern": "^[a-z]{8}$"}}}}})
+    };
+    let tools: Vec<Value> = (0..4000).map(tool).collect();
+    let message = one_line_refusal(demo_compiler().tool_call(ToolSyntax::JsonTags, &tools, None));
+    assert!(message.contains(&strata_engine::GRAMMAR_TOOLS_MAX.to_string()), "{message}");
+}
+
+#[test]
+fn a_schema_past_the_byte_limit_is_refused_naming_it() {
+    let properties: serde_json::Map<String, Value> =
+        (0..20_000).map(|i| (format!("property_{i}"), json!({"type": "integer"}))).collect();
+    let schema = json!({"type": "object", "properties": properties});
+    let message = one_line_refusal(demo_compiler().json_schema(&schema));
+    assert!(message.contains(&strata_engine::GRAMMAR_SCHEMA_BYTES_MAX.to_string()), "{message}");
+}

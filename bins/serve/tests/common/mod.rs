@@ -73,28 +73,43 @@ impl Server {
         Self::launch(shell, &demo_model(), args)
     }
 
-    fn launch(mut command: Command, model: &Path, args: &[&str]) -> Server {
+    /// `serve --model models/demo` with `args` added, its stderr a pipe
+    /// nobody reads (closed before the server starts): every line it logs
+    /// fails with EPIPE.
+    pub fn start_with_stderr_closed(args: &[&str]) -> Server {
+        Self::launch_logging_to(Command::new(env!("CARGO_BIN_EXE_serve")), &demo_model(), args, Log::ClosedPipe)
+    }
+
+    /// `serve --model models/demo` with `args` added, expected to refuse to
+    /// start: its exit status and stderr, or `None` if it was still running
+    /// after `timeout` (it is killed then).
+    pub fn start_refused(args: &[&str], timeout: Duration) -> Option<(std::process::ExitStatus, String)> {
         let _one_at_a_time = STARTING.lock().unwrap_or_else(|p| p.into_inner());
-        // One cache per test binary, so binaries run in parallel (nextest)
-        // never convert into the same directory at once.
-        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let cache = cache_dir();
-        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let stderr = tmp.join(format!("serve-{}-{}-{n}.stderr", env!("CARGO_CRATE_NAME"), std::process::id()));
-        let mut child = command
-            .arg("--model")
-            .arg(model)
-            .arg("--cache-dir")
-            .arg(&cache)
-            .args(["--port", "0"])
-            // One kernel thread unless asked: tests run side by side on few cores.
-            .args(if args.contains(&"--threads") { &[][..] } else { &["--threads", "1"][..] })
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .expect("start serve");
+        let (mut child, stderr) = spawn(Command::new(env!("CARGO_BIN_EXE_serve")), &demo_model(), args, Log::File);
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let text = std::fs::read_to_string(&stderr).unwrap_or_default();
+        let _ = std::fs::remove_file(&stderr);
+        status.map(|status| (status, text))
+    }
+
+    fn launch(command: Command, model: &Path, args: &[&str]) -> Server {
+        Self::launch_logging_to(command, model, args, Log::File)
+    }
+
+    fn launch_logging_to(command: Command, model: &Path, args: &[&str], log: Log) -> Server {
+        let _one_at_a_time = STARTING.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut child, stderr) = spawn(command, model, args, log);
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -176,6 +191,47 @@ impl Server {
         let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
         line.split_whitespace().nth(1).and_then(|kib| kib.parse::<u64>().ok()).expect("kB") * 1024
     }
+}
+
+/// Where a server's stderr goes.
+enum Log {
+    /// A file, read by [`Server::stderr`].
+    File,
+    /// A pipe whose reading end is closed before the server starts.
+    ClosedPipe,
+}
+
+/// Starts `command` (serve) on `model` in this test binary's cache, on a
+/// free port, with `args` added; the file its stderr goes to (empty with
+/// [`Log::ClosedPipe`]).
+fn spawn(mut command: Command, model: &Path, args: &[&str], log: Log) -> (Child, PathBuf) {
+    // One cache per test binary, so binaries run in parallel (nextest)
+    // never convert into the same directory at once.
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let stderr = tmp.join(format!("serve-{}-{}-{n}.stderr", env!("CARGO_CRATE_NAME"), std::process::id()));
+    match log {
+        Log::File => command.stderr(std::fs::File::create(&stderr).expect("stderr file")),
+        Log::ClosedPipe => {
+            let (reader, writer) = std::io::pipe().expect("pipe");
+            drop(reader);
+            command.stderr(writer)
+        }
+    };
+    let child = command
+        .arg("--model")
+        .arg(model)
+        .arg("--cache-dir")
+        .arg(cache_dir())
+        .args(["--port", "0"])
+        // One kernel thread unless asked: tests run side by side on few cores.
+        .args(if args.contains(&"--threads") { &[][..] } else { &["--threads", "1"][..] })
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start serve");
+    (child, stderr)
 }
 
 impl Drop for Server {

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
+use toktrie::SimpleVob;
 
 use crate::text::{Tokenizer, ToolSyntax};
 use crate::{Constraint, Error, Result};
@@ -41,6 +42,16 @@ fn with_json_options(schema: &Value) -> Value {
     schema
 }
 
+/// Tools one forced call may choose from (OpenAI's own limit). llguidance
+/// asserts at 65535 grammar symbols, which about 4000 small tools reach.
+pub const GRAMMAR_TOOLS_MAX: usize = 128;
+
+/// The most bytes of JSON schema one grammar is built from (a response
+/// format's schema, or all forced tools' `parameters` together). Compiling
+/// takes about a second per megabyte, on the request's preparation budget;
+/// hand-written schemas are a few kilobytes.
+pub const GRAMMAR_SCHEMA_BYTES_MAX: usize = 128 << 10;
+
 /// Compiles grammars over one model's vocabulary.
 pub struct GrammarCompiler {
     vocab: Arc<Vocab>,
@@ -62,6 +73,9 @@ impl GrammarCompiler {
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Grammar(e.to_string()))?;
         // Warnings and errors come back as values; nothing is printed.
         factory.quiet();
+        // Errors go back to the client whose schema caused them: the reason,
+        // not the parser's state and the grammar.
+        factory.limits_mut().verbose_errors = false;
         Ok(GrammarCompiler { vocab, factory: Arc::new(factory) })
     }
 
@@ -77,6 +91,7 @@ impl GrammarCompiler {
         if !schema.is_object() && !schema.is_boolean() {
             return Err(Error::InvalidRequest("a JSON schema must be an object".to_owned()));
         }
+        check_schema_bytes(json_bytes(schema), "the JSON schema")?;
         self.compile(TopLevelGrammar::from_json_schema(with_json_options(schema)))
     }
 
@@ -85,23 +100,59 @@ impl GrammarCompiler {
     /// valid under the function's `parameters` schema. `tools` are OpenAI
     /// tool objects (`{"type": "function", "function": {...}}`).
     pub fn tool_call(&self, syntax: ToolSyntax, tools: &[Value], name: Option<&str>) -> Result<Grammar> {
+        if tools.len() > GRAMMAR_TOOLS_MAX {
+            return Err(Error::InvalidRequest(format!(
+                "{} tools given; a forced tool call chooses among at most {GRAMMAR_TOOLS_MAX}",
+                tools.len()
+            )));
+        }
+        let parameters_bytes = tools.iter().map(|tool| tool_call::parameters(tool).map_or(0, json_bytes)).sum();
+        check_schema_bytes(parameters_bytes, "the tools' parameters")?;
         let lark = tool_call::lark(syntax, tools, name, |marker| self.vocab.special_id(marker))?;
         self.compile(TopLevelGrammar::from_lark(lark))
     }
 
+    /// The grammar, with its first mask: a schema that compiles but cannot
+    /// start (a `$ref` to itself) fails there, and that is the request's
+    /// error as much as one that does not compile.
     fn compile(&self, grammar: TopLevelGrammar) -> Result<Grammar> {
-        let parser = self.factory.create_parser(grammar).map_err(|e| Error::InvalidRequest(format!("grammar: {e}")))?;
-        let matcher = Matcher::new(Ok(parser));
+        let parser = self.factory.create_parser(grammar).map_err(|e| refused(&e))?;
+        let mut matcher = Matcher::new(Ok(parser));
         if let Some(error) = matcher.get_error() {
-            return Err(Error::InvalidRequest(format!("grammar: {error}")));
+            return Err(refused(&error));
         }
-        Ok(Grammar { matcher, mask_time: Duration::ZERO, masks: 0 })
+        let first_mask = matcher.compute_mask_or_eos().map_err(|e| refused(&e))?;
+        Ok(Grammar { matcher, first_mask: Some(first_mask), mask_time: Duration::ZERO, masks: 0 })
     }
+}
+
+/// The bytes of `value` as compact JSON.
+fn json_bytes(value: &Value) -> usize {
+    serde_json::to_vec(value).map_or(0, |json| json.len())
+}
+
+fn check_schema_bytes(bytes: usize, what: &str) -> Result<()> {
+    if bytes <= GRAMMAR_SCHEMA_BYTES_MAX {
+        return Ok(());
+    }
+    Err(Error::InvalidRequest(format!(
+        "{what} take {bytes} bytes of JSON; a grammar is built from at most {GRAMMAR_SCHEMA_BYTES_MAX}"
+    )))
+}
+
+/// A grammar llguidance refused, as one line for the client: its errors
+/// may carry a caught panic's backtrace on the lines after the reason.
+fn refused(error: &dyn std::fmt::Display) -> Error {
+    let text = error.to_string();
+    let reason = text.lines().map(str::trim).find(|line| !line.is_empty()).unwrap_or("refused");
+    Error::InvalidRequest(format!("grammar: {reason}"))
 }
 
 /// One sequence's grammar and where it stands.
 pub struct Grammar {
     matcher: Matcher,
+    /// The mask for the first token, computed when the grammar was built.
+    first_mask: Option<SimpleVob>,
     /// Time spent computing masks, and how many: the grammar's cost per token.
     mask_time: Duration,
     masks: u64,
@@ -127,7 +178,10 @@ impl Grammar {
 impl Constraint for Grammar {
     fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
         let start = Instant::now();
-        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| self.error("mask", e))?;
+        let allowed = match self.first_mask.take() {
+            Some(mask) => mask,
+            None => self.matcher.compute_mask_or_eos().map_err(|e| self.error("mask", e))?,
+        };
         let words = allowed.as_slice();
         let is_allowed = |token: usize| words.get(token / 32).is_some_and(|w| w >> (token % 32) & 1 == 1);
         // Refuse before touching the row: an error leaves the logits as they were.

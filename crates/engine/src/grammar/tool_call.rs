@@ -22,11 +22,9 @@ pub(super) fn lark(
     let functions: Vec<(&str, Value)> = tools
         .iter()
         .map(|tool| {
-            let function = tool.get("function").unwrap_or(tool);
-            let fname = function.get("name").and_then(Value::as_str).filter(|n| !n.is_empty());
+            let fname = function(tool).get("name").and_then(Value::as_str).filter(|n| !n.is_empty());
             let fname = fname.ok_or_else(|| Error::InvalidRequest("a tool has no function name".to_owned()))?;
-            let parameters =
-                function.get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}));
+            let parameters = parameters(tool).cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}));
             Ok((fname, parameters))
         })
         .collect::<Result<_>>()?;
@@ -111,6 +109,17 @@ pub(super) fn lark(
         let _ = writeln!(grammar, "call_{i}: {rule}");
     }
     Ok(grammar)
+}
+
+/// The function object of an OpenAI tool (`{"type": "function", "function":
+/// {...}}`), or the tool itself when it is a bare function.
+fn function(tool: &Value) -> &Value {
+    tool.get("function").unwrap_or(tool)
+}
+
+/// The schema of a tool's arguments, if it gives one.
+pub(super) fn parameters(tool: &Value) -> Option<&Value> {
+    function(tool).get("parameters")
 }
 
 /// The XML syntaxes write each argument as text between tags: one rule per

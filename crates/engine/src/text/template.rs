@@ -211,9 +211,41 @@ impl ChatTemplate {
         let jinja = generation_blocks_as_plain_blocks(&source);
         env.add_template_owned(TEMPLATE_NAME, jinja)
             .map_err(|e| Error::Template { path: path.clone(), reason: describe(&e) })?;
+        env.set_fuel(Some(SAMPLE_FUEL));
         let mut template = ChatTemplate { env, source, special_tokens, path, arguments_as_mapping: false };
+        template.check_sample()?;
+        template.env.set_fuel(Some(RENDER_FUEL));
         template.arguments_as_mapping = template.probe_arguments_as_mapping();
         Ok(template)
+    }
+
+    /// Refuses, at load, a template that a short ordinary conversation drives
+    /// past [`SAMPLE_FUEL`] or [`RENDER_OUTPUT_BYTES_MAX`]: a loop that never
+    /// ends (nested `range(100000)`) would otherwise hang whoever loads it,
+    /// and one that costs that much on three messages fails most requests.
+    /// Other errors are the sample conversation's (templates may refuse
+    /// roles or orders), not the template's.
+    fn check_sample(&self) -> Result<()> {
+        let sample_text = SAMPLE_SENTENCE.repeat(SAMPLE_MESSAGE_BYTES / SAMPLE_SENTENCE.len());
+        let messages =
+            [Message::user(sample_text.as_str()), Message::assistant(sample_text.as_str()), Message::user("And?")];
+        match self.render_bounded(&messages, true, false, &serde_json::Map::new()) {
+            Err(RenderError::OutOfFuel) => Err(self.refused(format!(
+                "refused: rendering a sample conversation of {} messages ran past {SAMPLE_FUEL} template \
+                 instructions (a loop without end, or one far larger than a chat needs)",
+                messages.len()
+            ))),
+            Err(RenderError::TooLong) => Err(self.refused(format!(
+                "refused: rendering a sample conversation of {} messages wrote more than {} bytes",
+                messages.len(),
+                RENDER_OUTPUT_BYTES_MAX
+            ))),
+            Ok(_) | Err(RenderError::Template(_)) => Ok(()),
+        }
+    }
+
+    fn refused(&self, reason: String) -> Error {
+        Error::Template { path: self.path.clone(), reason }
     }
 
     /// Templates disagree on what a call's `arguments` is: Qwen3.5's and
@@ -291,6 +323,28 @@ impl ChatTemplate {
         arguments_as_mapping: bool,
         variables: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String> {
+        self.render_bounded(messages, add_generation_prompt, arguments_as_mapping, variables).map_err(|e| {
+            self.refused(match e {
+                RenderError::OutOfFuel => format!(
+                    "rendering this conversation ran past {RENDER_FUEL} template instructions (the template loops \
+                     more than a chat needs)"
+                ),
+                RenderError::TooLong => {
+                    format!("rendering this conversation wrote more than {RENDER_OUTPUT_BYTES_MAX} bytes")
+                }
+                RenderError::Template(reason) => reason,
+            })
+        })
+    }
+
+    /// The render, within the environment's fuel and [`RENDER_OUTPUT_BYTES_MAX`].
+    fn render_bounded(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        arguments_as_mapping: bool,
+        variables: &serde_json::Map<String, serde_json::Value>,
+    ) -> std::result::Result<String, RenderError> {
         let mut context: BTreeMap<String, Value> =
             self.special_tokens.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect();
         // What `render_jinja_template` always passes; `tools` and
@@ -302,19 +356,75 @@ impl ChatTemplate {
         }
         context.insert("messages".to_owned(), messages_value(messages, arguments_as_mapping));
         context.insert("add_generation_prompt".to_owned(), Value::from(add_generation_prompt));
-        let template = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| Error::Template { path: self.path.clone(), reason: describe(&e) })?;
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| RenderError::Template(describe(&e)))?;
+        let mut out = CappedOutput { bytes: Vec::new(), over: false };
         // minijinja 2.24 panics on some inputs Python renders (a backward
         // slice of an empty string, `''[::-1]`, indexes past its end): a
         // conversation is outside input, so that is the template's error.
-        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| template.render(Value::from(context))))
-            .map_err(|_| Error::Template {
-                path: self.path.clone(),
-                reason: "the template engine panicked on this conversation".to_owned(),
-            })?;
-        rendered.map_err(|e| Error::Template { path: self.path.clone(), reason: describe(&e) })
+        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            template.render_captured_to(Value::from(context), &mut out).map(drop)
+        }))
+        .map_err(|_| RenderError::Template("the template engine panicked on this conversation".to_owned()))?;
+        match rendered {
+            Ok(()) => Ok(String::from_utf8(out.bytes).expect("minijinja writes whole UTF-8 strings")),
+            Err(_) if out.over => Err(RenderError::TooLong),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(RenderError::OutOfFuel),
+            Err(e) => Err(RenderError::Template(describe(&e))),
+        }
+    }
+}
+
+/// Instructions one render may run (minijinja's fuel, about one per
+/// template operation). The published templates of testdata/templates take
+/// 36 to 74 per message, so this lets through conversations of 100,000
+/// messages, more than a 1 MiB request holds; a template that loops without
+/// end stops after about a second of one core.
+pub const RENDER_FUEL: u64 = 10_000_000;
+
+/// The fuel a template may take at load on its sample conversation (three
+/// messages, which those templates render in 120 to 300).
+const SAMPLE_FUEL: u64 = RENDER_FUEL / 10;
+
+/// The most bytes one render may write. Prompts longer than a context
+/// holds are refused after rendering anyway; this stops a template that
+/// repeats a message in a loop (300 MB from 1 KB) while it writes.
+pub const RENDER_OUTPUT_BYTES_MAX: usize = 64 << 20;
+
+/// The sample conversation's long messages: long enough that a loop which
+/// grows with a message's length shows at load.
+const SAMPLE_MESSAGE_BYTES: usize = 4096;
+const SAMPLE_SENTENCE: &str = "A sample sentence of an ordinary chat. ";
+
+/// Why a render stopped.
+enum RenderError {
+    /// It ran past [`RENDER_FUEL`] (or [`SAMPLE_FUEL`] at load).
+    OutOfFuel,
+    /// It wrote more than [`RENDER_OUTPUT_BYTES_MAX`].
+    TooLong,
+    /// The template's own error (`raise_exception`, a bad operation), described.
+    Template(String),
+}
+
+/// A render's output, refused past [`RENDER_OUTPUT_BYTES_MAX`].
+struct CappedOutput {
+    bytes: Vec<u8>,
+    /// Set when a write went past the cap (minijinja reports the failed
+    /// write as its own error kind, without ours).
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len().checked_add(buf.len()).is_none_or(|total| total > RENDER_OUTPUT_BYTES_MAX) {
+            self.over = true;
+            return Err(std::io::Error::other("the rendered prompt is too long"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -995,6 +1105,46 @@ mod tests {
         let err = template.render(&[Message::user("")], false).unwrap_err().to_string();
         assert!(err.contains("panicked"), "{err}");
         assert_eq!(template.render(&[Message::user("ab")], false).unwrap(), "ba");
+    }
+
+    /// `f`'s result, or a panic naming `what` if it takes longer than a
+    /// minute (a render that does not end would hang the test run).
+    fn within_a_minute<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(f()));
+        rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what} did not end"))
+    }
+
+    #[test]
+    fn a_template_that_loops_without_end_is_refused_at_load_naming_the_limit() {
+        let source = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}x";
+        let err = within_a_minute("loading the template", move || ChatTemplate::new(source, BTreeMap::new()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("<chat template>") && err.contains(&SAMPLE_FUEL.to_string()), "{err}");
+    }
+
+    #[test]
+    fn a_template_that_repeats_a_message_past_the_output_cap_is_refused_at_load() {
+        let source = "{% for a in range(100000) %}{{ messages[0].content ~ messages[0].content }}{% endfor %}";
+        let err = within_a_minute("loading the template", move || ChatTemplate::new(source, BTreeMap::new()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&RENDER_OUTPUT_BYTES_MAX.to_string()), "{err}");
+    }
+
+    /// A loop that only a long message sets off passes the load check; the
+    /// render of such a message stops at the fuel, and others go on.
+    #[test]
+    fn a_render_past_its_fuel_is_refused_and_the_next_one_renders() {
+        let source = "{% for m in messages %}{% if m.content|length > 5000 %}{% for a in range(100000) %}\
+                      {% for b in range(100000) %}{% endfor %}{% endfor %}{% endif %}{{ m.content }}{% endfor %}";
+        let template = std::sync::Arc::new(ChatTemplate::new(source, BTreeMap::new()).unwrap());
+        let bombed = std::sync::Arc::clone(&template);
+        let long = Message::user("x".repeat(6000));
+        let err = within_a_minute("rendering", move || bombed.render(&[long], true)).unwrap_err().to_string();
+        assert!(err.contains(&RENDER_FUEL.to_string()) && !err.contains('\n'), "{err}");
+        assert_eq!(template.render(&[Message::user("short")], true).unwrap(), "short");
     }
 
     #[test]
