@@ -13,6 +13,7 @@ mod error;
 pub mod gdn;
 mod int;
 pub mod matrix;
+pub mod mxfp4;
 pub mod ops;
 pub mod quant;
 pub mod scalar;

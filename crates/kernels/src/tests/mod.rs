@@ -8,6 +8,7 @@ mod gdn;
 mod gdn_torch;
 mod int;
 mod matrix;
+mod mxfp4;
 mod ops;
 mod quant;
 mod simd;
