@@ -51,7 +51,7 @@ pub fn l2norm(x: &mut [f32], eps: f32) {
 /// `1 / (1 + exp(-x))`, as torch's `sigmoid` on f32 (routers, output and
 /// shared-expert gates, the delta rule's write strength).
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    scalar::sigmoid(x)
 }
 
 /// Numerically stable softmax in place (see [`scalar::softmax_inplace`]).
@@ -65,6 +65,15 @@ pub fn softmax_inplace(x: &mut [f32]) {
 /// If the lengths differ.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     scalar::silu_mul(gate, up);
+}
+
+/// gpt-oss's clamped SwiGLU over interleaved gate/up columns (see
+/// [`scalar::clamped_swiglu_interleaved`]); scalar only, like [`silu_mul`].
+///
+/// # Panics
+/// If `gate_up.len() != 2 * out.len()`, or `limit` is negative or NaN.
+pub fn clamped_swiglu_interleaved(gate_up: &[f32], alpha: f32, limit: f32, out: &mut [f32]) {
+    scalar::clamped_swiglu_interleaved(gate_up, alpha, limit, out);
 }
 
 /// Rotary embedding, HF `rotate_half` convention (see [`scalar::rope_neox`]).

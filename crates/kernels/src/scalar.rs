@@ -295,6 +295,33 @@ pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// `1 / (1 + exp(-x))`, as torch's `sigmoid` on f32.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// The clamped SwiGLU of experts with a fused gate/up projection whose
+/// columns interleave (gate in the even ones, up in the odd ones, as
+/// gpt-oss's `gate_up_proj`): for each pair,
+/// `gate = min(gate, limit)`, `up = clamp(up, -limit, limit)`,
+/// `out = (up + 1) * (gate * sigmoid(gate * alpha))`, in that order, in f32.
+/// A NaN stays NaN, as through torch's `clamp`.
+///
+/// # Panics
+/// If `gate_up` does not hold two values per output, or `limit` is negative
+/// or NaN.
+pub fn clamped_swiglu_interleaved(gate_up: &[f32], alpha: f32, limit: f32, out: &mut [f32]) {
+    assert_eq!(Some(gate_up.len()), out.len().checked_mul(2), "clamped swiglu: two inputs (gate, up) per output");
+    assert!(limit >= 0.0, "clamped swiglu: limit {limit} must be a non-negative number");
+    for (pair, o) in gate_up.chunks_exact(2).zip(out.iter_mut()) {
+        // A comparison, not `f32::min`, which would turn a NaN gate into `limit`.
+        let gate = if pair[0] > limit { limit } else { pair[0] };
+        let up = pair[1].clamp(-limit, limit);
+        *o = (up + 1.0) * (gate * sigmoid(gate * alpha));
+    }
+}
+
 /// Rotary embedding, HF `rotate_half` convention: element `i` pairs with
 /// `i + d/2`. `x` holds the `d` rotated dimensions; `cos`/`sin` hold `d/2`
 /// angles' values.

@@ -95,6 +95,22 @@ proptest! {
         }
     }
 
+    /// Wide enough inputs that both clamps bite.
+    #[test]
+    fn clamped_swiglu_matches_definition(
+        gate_up in (0usize..=300).prop_flat_map(|n| prop::collection::vec(-12.0f32..12.0, 2 * n))
+    ) {
+        let (alpha, limit) = (1.702f32, 7.0f32);
+        let mut got = vec![0.0f32; gate_up.len() / 2];
+        ops::clamped_swiglu_interleaved(&gate_up, alpha, limit, &mut got);
+        for (o, pair) in got.iter().zip(gate_up.chunks_exact(2)) {
+            let gate = f64::from(pair[0]).min(f64::from(limit));
+            let up = f64::from(pair[1]).clamp(-f64::from(limit), f64::from(limit));
+            let want = (up + 1.0) * gate / (1.0 + (-gate * f64::from(alpha)).exp());
+            prop_assert!((f64::from(*o) - want).abs() <= 1e-6 * want.abs() + 1e-7, "{} vs {want}", o);
+        }
+    }
+
     /// The HF formula: `x * cat(cos, cos) + rotate_half(x) * cat(sin, sin)`
     /// with `rotate_half(x) = cat(-x2, x1)`.
     #[test]
@@ -174,4 +190,33 @@ fn rope_known_values() {
 #[should_panic(expected = "two values per angle")]
 fn rope_asserts_lengths() {
     ops::rope_neox(&mut [0.0; 4], &[1.0], &[0.0]);
+}
+
+#[test]
+fn clamped_swiglu_known_values() {
+    let (alpha, limit) = (1.702f32, 7.0f32);
+    // (gate, up) pairs: zero gate; both in range; gate and up above the
+    // limit; up below -limit.
+    let gate_up = [0.0f32, 3.0, 1.0, 2.0, 10.0, 100.0, 1.0, -9.0];
+    let mut out = [0.0f32; 4];
+    ops::clamped_swiglu_interleaved(&gate_up, alpha, limit, &mut out);
+    let glu = |g: f32| g / (1.0 + (-g * alpha).exp());
+    assert_eq!(out[0], 0.0);
+    assert!((out[1] - 3.0 * glu(1.0)).abs() < 1e-6, "{}", out[1]);
+    assert!((out[2] - 8.0 * glu(7.0)).abs() < 1e-5, "{}", out[2]);
+    assert!((out[3] + 6.0 * glu(1.0)).abs() < 1e-6, "{}", out[3]);
+}
+
+#[test]
+fn clamped_swiglu_keeps_a_nan_gate() {
+    let mut out = [0.0f32; 2];
+    ops::clamped_swiglu_interleaved(&[f32::NAN, 1.0, 1.0, f32::NAN], 1.702, 7.0, &mut out);
+    assert!(out[0].is_nan(), "torch's clamp keeps NaN; f32::min would give the limit");
+    assert!(out[1].is_nan());
+}
+
+#[test]
+#[should_panic(expected = "two inputs (gate, up) per output")]
+fn clamped_swiglu_refuses_an_odd_input() {
+    ops::clamped_swiglu_interleaved(&[1.0, 2.0, 3.0], 1.702, 7.0, &mut [0.0; 2]);
 }
