@@ -59,6 +59,12 @@ pub fn softmax_inplace(x: &mut [f32]) {
     scalar::softmax_inplace(x);
 }
 
+/// Softmax with an attention sink's logit in the denominator only (see
+/// [`scalar::softmax_with_sink_inplace`]).
+pub fn softmax_with_sink_inplace(x: &mut [f32], sink: f32) {
+    scalar::softmax_with_sink_inplace(x, sink);
+}
+
 /// `gate[i] = silu(gate[i]) * up[i]`, `silu(g) = g / (1 + exp(-g))`.
 ///
 /// # Panics

@@ -267,12 +267,23 @@ pub(crate) fn inv_l2norm(sum_sq: f32, eps: f32) -> f32 {
 /// sum (accumulated left to right). Like torch, a row that is entirely
 /// `-inf` yields NaN.
 pub fn softmax_inplace(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    // A sink of -inf changes no bit: it is never the max, and its term is
+    // `exp(-inf) = +0` (or NaN where the row's own sum is already NaN).
+    softmax_with_sink_inplace(x, f32::NEG_INFINITY);
+}
+
+/// [`softmax_inplace`] over `x` and one more logit, `sink`, whose
+/// probability is dropped: transformers' attention sinks (`cat` the sink
+/// column, softmax, drop it). The sink joins the max and is added to the sum
+/// last, as the last column.
+pub fn softmax_with_sink_inplace(x: &mut [f32], sink: f32) {
+    let max = x.iter().fold(sink, |m, &v| m.max(v));
     let mut sum = 0.0f32;
     for v in x.iter_mut() {
         *v = (*v - max).exp();
         sum += *v;
     }
+    sum += (sink - max).exp();
     for v in x.iter_mut() {
         *v /= sum;
     }

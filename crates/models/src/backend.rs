@@ -73,7 +73,7 @@ impl Ops<'_> {
     }
 
     /// Several sequences' causal grouped-query attention at once.
-    pub fn attend(self, shape: AttnShape, jobs: Vec<AttendJob<'_>>) {
+    pub fn attend(self, shape: AttnShape<'_>, jobs: Vec<AttendJob<'_>>) {
         let threads = self.threads;
         threads.pool().install(|| {
             jobs.into_par_iter()

@@ -167,6 +167,47 @@ fn softmax_known_values() {
 }
 
 #[test]
+fn a_sink_takes_its_share_of_the_softmax() {
+    // exp(0) : exp(ln 2) : exp(ln 2) for x0, x1, sink: the sink's 2/5 is dropped.
+    let mut x = [0.0f32, (2.0f32).ln()];
+    ops::softmax_with_sink_inplace(&mut x, (2.0f32).ln());
+    assert!((x[0] - 0.2).abs() < 1e-7, "{}", x[0]);
+    assert!((x[1] - 0.4).abs() < 1e-7, "{}", x[1]);
+    // A sink far above every key leaves the keys nearly nothing, without overflow.
+    let mut x = [0.0f32, 1.0];
+    ops::softmax_with_sink_inplace(&mut x, 1000.0);
+    assert_eq!(x, [0.0, 0.0]);
+}
+
+/// `softmax_inplace` runs through the sink path with a sink of -inf; its
+/// results must stay those of the plain definition (max, exp, left-to-right
+/// sum, divide), bit for bit, down to -inf and NaN rows.
+#[test]
+fn softmax_without_a_sink_keeps_the_plain_bits() {
+    let plain = |x: &mut [f32]| {
+        let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let mut sum = 0.0f32;
+        for v in x.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        x.iter_mut().for_each(|v| *v /= sum);
+    };
+    let varied: Vec<f32> = (0..37).map(|i| (i * 37 % 11) as f32 * 0.7 - 3.0).collect();
+    let rows = [varied, vec![f32::NEG_INFINITY, 1.0], vec![f32::NEG_INFINITY; 3], vec![f32::INFINITY, 0.0], vec![]];
+    for row in rows {
+        let (mut got, mut want) = (row.clone(), row.clone());
+        ops::softmax_inplace(&mut got);
+        plain(&mut want);
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{row:?}"
+        );
+    }
+}
+
+#[test]
 fn silu_known_values() {
     let mut gate = [0.0f32, 1.0, -1.0];
     ops::silu_mul(&mut gate, &[1.0, 2.0, 1.0]);

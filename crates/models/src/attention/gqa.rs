@@ -135,6 +135,8 @@ impl Gqa {
             n_kv_heads: d.num_kv_heads,
             head_dim: d.head_dim,
             window: d.sliding_window,
+            // gpt-oss's sinks arrive with its family; no layer loads them yet.
+            sinks: None,
         };
         // The cache first (cheap, and each sequence's own), then every
         // sequence's attention at once across the pool.

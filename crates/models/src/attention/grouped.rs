@@ -4,14 +4,18 @@ use rayon::prelude::*;
 use strata_kernels::simd::Isa;
 use strata_kernels::{Threads, ops};
 
-/// The shape of one attention layer.
+/// The shape of one attention layer, and its sink logits if it has them.
 #[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
+pub struct AttnShape<'a> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
     /// Keys visible to a query, itself included (`None`: all earlier keys).
     pub window: Option<usize>,
+    /// One learned logit per query head that joins the head's softmax
+    /// denominator and takes its share of the weight from the keys (gpt-oss);
+    /// `None`: a plain softmax.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Smallest share of attention work worth a parallel task, in
@@ -30,7 +34,7 @@ const MIN_TASK_MACS: usize = 32 * 1024;
 /// result does not depend on the thread count.
 pub fn attend(
     threads: &Threads,
-    shape: AttnShape,
+    shape: AttnShape<'_>,
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -45,6 +49,9 @@ pub fn attend(
     assert_eq!(values.len(), keys.len(), "values cover every position");
     assert_eq!(out.len(), q.len(), "output matches queries");
     assert!(shape.n_heads.is_multiple_of(shape.n_kv_heads), "query heads group evenly");
+    if let Some(sinks) = shape.sinks {
+        assert_eq!(sinks.len(), shape.n_heads, "one sink logit per query head");
+    }
     let pairs = n * shape.n_heads;
     // Keys per query on average (causal: about half the new ones).
     let macs_per_pair = 2 * hd * (start + n.div_ceil(2)).max(1);
@@ -73,7 +80,7 @@ pub fn attend(
 #[allow(clippy::too_many_arguments)]
 fn attend_pair(
     isa: Isa,
-    shape: AttnShape,
+    shape: AttnShape<'_>,
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -96,7 +103,10 @@ fn attend_pair(
     for s in scores.iter_mut() {
         *s *= scale;
     }
-    ops::softmax_inplace(scores);
+    match shape.sinks {
+        Some(sinks) => ops::softmax_with_sink_inplace(scores, sinks[pair % shape.n_heads]),
+        None => ops::softmax_inplace(scores),
+    }
     oh.fill(0.0);
     isa.axpy_rows(scores, &values[span], kv_dim, oh);
 }
@@ -111,7 +121,7 @@ mod tests {
 
     #[test]
     fn a_single_key_returns_its_value() {
-        let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 2, window: None };
+        let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 2, window: None, sinks: None };
         let mut out = vec![0.0; 4];
         attend(&one_thread(), shape, &[1.0, 2.0, 3.0, 4.0], &[0.5, 0.5], &[7.0, -1.0], 0, &mut out);
         assert_eq!(out, vec![7.0, -1.0, 7.0, -1.0]);
@@ -119,16 +129,95 @@ mod tests {
 
     #[test]
     fn the_window_hides_old_keys() {
-        let shape = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 1, window: Some(1) };
+        let shape = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 1, window: Some(1), sinks: None };
         let mut out = vec![0.0; 1];
         attend(&one_thread(), shape, &[1.0], &[1.0, 1.0], &[5.0, 9.0], 1, &mut out);
         assert_eq!(out, vec![9.0]);
     }
 
+    /// transformers' eager attention with sinks, in f64: scores over the
+    /// window, the sink column appended, softmax, the sink column dropped.
+    fn reference(shape: AttnShape<'_>, q: &[f32], keys: &[f32], values: &[f32], start: usize) -> Vec<f64> {
+        let hd = shape.head_dim;
+        let kv_dim = shape.n_kv_heads * hd;
+        let group = shape.n_heads / shape.n_kv_heads;
+        let mut out = Vec::with_capacity(q.len());
+        for (i, q_row) in q.chunks_exact(shape.n_heads * hd).enumerate() {
+            let pos = start + i;
+            let visible: Vec<usize> = (0..=pos).filter(|&k| shape.window.is_none_or(|w| pos - k < w)).collect();
+            for h in 0..shape.n_heads {
+                let at = (h / group) * hd;
+                let qh = &q_row[h * hd..(h + 1) * hd];
+                let mut logits: Vec<f64> = visible
+                    .iter()
+                    .map(|&k| {
+                        let kh = &keys[k * kv_dim + at..][..hd];
+                        qh.iter().zip(kh).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() / (hd as f64).sqrt()
+                    })
+                    .collect();
+                logits.push(shape.sinks.map_or(f64::NEG_INFINITY, |s| f64::from(s[h])));
+                let max = logits.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v));
+                let exps: Vec<f64> = logits.iter().map(|&v| (v - max).exp()).collect();
+                let sum: f64 = exps.iter().sum();
+                for d in 0..hd {
+                    out.push(
+                        visible
+                            .iter()
+                            .zip(&exps)
+                            .map(|(&k, &e)| e / sum * f64::from(values[k * kv_dim + at + d]))
+                            .sum(),
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn sinks_join_the_softmax_as_transformers_does_inside_and_beyond_the_window() {
+        let (n_heads, n_kv_heads, head_dim, start, n) = (4, 2, 8, 3, 4);
+        let value = |i: usize| ((i * 7919) % 1000) as f32 / 250.0 - 2.0;
+        let q: Vec<f32> = (0..n * n_heads * head_dim).map(value).collect();
+        let kv_len = (start + n) * n_kv_heads * head_dim;
+        let keys: Vec<f32> = (0..kv_len).map(|i| value(i + 13)).collect();
+        let values: Vec<f32> = (0..kv_len).map(|i| value(i + 29)).collect();
+        let sinks = [0.5f32, -1.0, 3.0, -20.0];
+        // Windows of 1 and 3 keys (fewer than the 7 positions), 100 (more)
+        // and none; with and without sinks.
+        for window in [Some(1), Some(3), Some(100), None] {
+            for sinks in [Some(&sinks[..]), None] {
+                let shape = AttnShape { n_heads, n_kv_heads, head_dim, window, sinks };
+                let mut out = vec![0.0; q.len()];
+                attend(&one_thread(), shape, &q, &keys, &values, start, &mut out);
+                let want = reference(shape, &q, &keys, &values, start);
+                for (j, (&got, &want)) in out.iter().zip(&want).enumerate() {
+                    let tol = 1e-5 * want.abs() + 1e-6;
+                    assert!((f64::from(got) - want).abs() <= tol, "{window:?} {sinks:?} [{j}]: {got} vs {want}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_sink_as_likely_as_the_only_key_takes_half_the_weight() {
+        // q . k = 0, so the key's logit equals the sink's (0): weights 1/2, 1/2.
+        let shape = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 2, window: None, sinks: Some(&[0.0]) };
+        let mut out = vec![0.0; 2];
+        attend(&one_thread(), shape, &[1.0, -1.0], &[2.0, 2.0], &[8.0, -4.0], 0, &mut out);
+        assert_eq!(out, vec![4.0, -2.0]);
+    }
+
+    #[test]
+    #[should_panic(expected = "one sink logit per query head")]
+    fn a_sink_per_kv_head_is_refused() {
+        let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 1, window: None, sinks: Some(&[0.0]) };
+        attend(&one_thread(), shape, &[1.0, 1.0], &[1.0], &[1.0], 0, &mut [0.0; 2]);
+    }
+
     #[test]
     fn the_thread_count_does_not_change_a_bit() {
         // Enough keys that the (query, head) pairs are shared across tasks.
-        let shape = AttnShape { n_heads: 8, n_kv_heads: 2, head_dim: 64, window: None };
+        let shape = AttnShape { n_heads: 8, n_kv_heads: 2, head_dim: 64, window: None, sinks: None };
         let (start, n) = (100, 3);
         let value = |i: usize| ((i * 7919) % 1000) as f32 / 500.0 - 1.0;
         let q: Vec<f32> = (0..n * 8 * 64).map(value).collect();
