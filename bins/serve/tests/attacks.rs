@@ -284,7 +284,7 @@ fn changing_an_expert_file_while_serving_is_an_error_or_the_same_answer() {
     let reference = Server::start(&[]);
     let expected: Vec<Value> = [&first, &second].map(|body| completion_text(&reference, body)).to_vec();
     drop(reference);
-    let changes: [(&str, fn(&std::path::Path)); 3] = [
+    let changes: [(&str, FileChange); 3] = [
         ("an identical copy over it", |layer| std::fs::write(layer, std::fs::read(layer).unwrap()).unwrap()),
         ("truncated", |layer| std::fs::File::options().write(true).open(layer).unwrap().set_len(0).unwrap()),
         ("rewritten in place with another layer's records", |layer| {
@@ -316,6 +316,9 @@ fn changing_an_expert_file_while_serving_is_an_error_or_the_same_answer() {
         assert!(!server.stderr().contains("panicked"), "{change}: {}", server.stderr());
     }
 }
+
+/// A change made to a file, given its path.
+type FileChange = fn(&std::path::Path);
 
 /// The text of a completion that must succeed.
 fn completion_text(server: &Server, body: &Value) -> Value {
