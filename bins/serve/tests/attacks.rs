@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::{Server, Slow, converted_demo, health_seconds, request, send};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// Holds 200 slowloris connections against a server allowed 64 connections
 /// and 96 file descriptors: `/health` must answer within a second all along,
@@ -249,15 +249,8 @@ fn sixty_four_concurrent_one_megabyte_prompts_stay_within_the_budget() {
 /// the answer is unchanged and the server stays up.
 #[test]
 fn overwriting_dense_bin_in_place_while_serving_changes_nothing() {
-    drop(Server::start(&[]));
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("demo");
-    std::fs::create_dir(&model).unwrap();
-    for entry in walk(&converted_demo()) {
-        let rel = entry.strip_prefix(converted_demo()).unwrap().to_path_buf();
-        std::fs::create_dir_all(model.join(&rel).parent().unwrap()).unwrap();
-        std::fs::copy(&entry, model.join(rel)).unwrap();
-    }
+    let model = copy_of_demo(dir.path());
     let server = Server::start_with_model(&model, &[]);
     let body = json!({ "model": "demo", "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0 });
     let before = server.post("/v1/completions", &body);
@@ -275,6 +268,78 @@ fn overwriting_dense_bin_in_place_while_serving_changes_nothing() {
         assert_eq!(response.json()["choices"][0]["text"], before.json()["choices"][0]["text"]);
     }
     assert_eq!(server.get("/health").status, 200);
+}
+
+/// Expert files changed under `serve` with the default `--io auto` (the
+/// demo's experts all fit its budget): they used to be served as views of
+/// the files' mappings, so `cp` of an identical copy over a layer file or a
+/// truncation killed the server with SIGBUS, and a file rewritten in place
+/// (here with another layer's records, whose scales differ) changed the
+/// answer with HTTP 200. Now a cached record stays as it was checked, and
+/// one read after the change is the same record (an identical copy) or an
+/// error naming the layer (and the file, in the log): never a crash or a
+/// different token.
+#[test]
+fn changing_an_expert_file_while_serving_is_an_error_or_the_same_answer() {
+    let first = json!({ "model": "demo", "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0 });
+    let second = json!({ "model": "demo", "prompt": "The meaning of life is", "max_tokens": 32, "temperature": 0 });
+    let reference = Server::start(&[]);
+    let expected: Vec<Value> = [&first, &second].map(|body| completion_text(&reference, body)).to_vec();
+    drop(reference);
+    let changes: [(&str, FileChange); 3] = [
+        ("an identical copy over it", |layer| std::fs::write(layer, std::fs::read(layer).unwrap()).unwrap()),
+        ("truncated", |layer| std::fs::File::options().write(true).open(layer).unwrap().set_len(0).unwrap()),
+        ("rewritten in place with another layer's records", |layer| {
+            let other = std::fs::read(layer.with_file_name("layer_002.bin")).unwrap();
+            std::fs::File::options().write(true).open(layer).unwrap().write_all(&other).unwrap();
+        }),
+    ];
+    for (change, apply) in changes {
+        let dir = tempfile::tempdir().unwrap();
+        let model = copy_of_demo(dir.path());
+        let server = Server::start_with_model(&model, &[]);
+        assert_eq!(completion_text(&server, &first), expected[0], "{change}: before");
+        apply(&model.join("experts/layer_001.bin"));
+        for (body, expected) in [&first, &second].into_iter().zip(&expected) {
+            let response = server.post("/v1/completions", body);
+            if response.status == 200 {
+                assert_eq!(&response.json()["choices"][0]["text"], expected, "{change}: a different answer");
+            } else {
+                // The client is told the layer (paths are not shown to
+                // clients); the log names the file.
+                let text = response.text();
+                assert!(["of layer 1 ", "of layer 1:"].iter().any(|l| text.contains(l)), "{change}: {text}");
+                assert!(server.stderr().contains("experts/layer_001.bin"), "{change}: {}", server.stderr());
+            }
+        }
+        // The answer the cache already held is never lost.
+        assert_eq!(completion_text(&server, &first), expected[0], "{change}: after");
+        assert_eq!(server.get("/health").status, 200, "{change}");
+        assert!(!server.stderr().contains("panicked"), "{change}: {}", server.stderr());
+    }
+}
+
+/// A change made to a file, given its path.
+type FileChange = fn(&std::path::Path);
+
+/// The text of a completion that must succeed.
+fn completion_text(server: &Server, body: &Value) -> Value {
+    let response = server.post("/v1/completions", body);
+    assert_eq!(response.status, 200, "{}", server.stderr());
+    response.json()["choices"][0]["text"].clone()
+}
+
+/// A copy of the converted demo model under `dir`, to change files in.
+fn copy_of_demo(dir: &std::path::Path) -> std::path::PathBuf {
+    drop(Server::start(&[]));
+    let model = dir.join("demo");
+    std::fs::create_dir(&model).unwrap();
+    for entry in walk(&converted_demo()) {
+        let rel = entry.strip_prefix(converted_demo()).unwrap().to_path_buf();
+        std::fs::create_dir_all(model.join(&rel).parent().unwrap()).unwrap();
+        std::fs::copy(&entry, model.join(rel)).unwrap();
+    }
+    model
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

@@ -22,9 +22,8 @@ pub struct EngineArgs {
     /// transitions; measures best on real traces), lru, lfru or pinned.
     #[arg(long, default_value = "predict")]
     pub cache_policy: PolicyKind,
-    /// How experts are read: auto (in place from the page cache when the
-    /// budget holds every expert, else pread), pread, direct (O_DIRECT),
-    /// uring (io_uring) or mmap.
+    /// How experts are read: auto (pread), pread, direct (O_DIRECT), uring
+    /// (io_uring) or mmap (copied out of a mapping).
     #[arg(long, default_value = "auto")]
     pub io: IoBackend,
     /// Kernel worker threads (0: one per core).

@@ -343,12 +343,6 @@ impl Engine {
         self.store.io()
     }
 
-    /// Whether experts are served in place from the page cache: `--io auto`
-    /// or `mmap` with a budget that holds every expert.
-    pub fn experts_in_place(&self) -> bool {
-        self.store.in_place()
-    }
-
     /// The expert cache's capacity in bytes.
     pub fn expert_cache_bytes(&self) -> usize {
         self.store.capacity_bytes()

@@ -56,10 +56,8 @@ pub struct RunStats {
     /// Time spent computing routed experts.
     pub expert_compute_ms: f64,
     pub expert_cache_bytes: u64,
-    /// How experts were read (`--io`, `auto` resolved), and whether they
-    /// were served in place from the page cache (nothing copied).
+    /// How experts were read (`--io`, `auto` resolved).
     pub io: String,
-    pub experts_in_place: bool,
     /// Hit rate of each decoder layer (`null` for layers without experts or accesses).
     pub layer_hit_rates: Vec<Option<f64>>,
     /// The memory budget in force, and the process's peak resident memory
@@ -142,7 +140,6 @@ impl Snapshot {
         stats.expert_compute_ms = (now.pipeline.compute_ns - self.pipeline.compute_ns) as f64 / 1e6;
         stats.expert_cache_bytes = engine.expert_cache_bytes() as u64;
         stats.io = engine.io().name().to_owned();
-        stats.experts_in_place = engine.experts_in_place();
         stats.layer_hit_rates = (0..now.store.layer_hits.len())
             .map(|l| {
                 let hits = now.store.layer_hits[l] - self.store.layer_hits[l];

@@ -8,9 +8,7 @@ use std::str::FromStr;
 use crate::{ByteSize, Error, Result};
 
 /// Share of `MemAvailable` that `--ram-budget auto` takes. The rest is left
-/// to the page cache (which serves expert reads with `--io pread` and holds
-/// the experts served in place with `auto`), the
-/// desktop, and the documented slack of the process itself.
+/// to the page cache (which serves expert reads), the desktop, and the documented slack of the process itself.
 pub const AUTO_SHARE_PERCENT: u64 = 75;
 
 /// Bytes the process may use beyond its budget: the binary and its libraries,

@@ -7,7 +7,8 @@
 //! `strata-format`'s `ExpertLayout` in the layers above.
 //!
 //! **Architecture invariant:** the bytes handed out for an expert are always the
-//! complete record as read from disk (or mapped in place from it), and passed the record check the layers
+//! complete record as read from disk into the process's own memory (never a view
+//! of the file's pages, which change or fault when the file does), and passed the record check the layers
 //! above gave (finite scales, checksum). A short, failed or refused read is an
 //! error, never a partly filled or damaged buffer.
 

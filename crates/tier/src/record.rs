@@ -1,39 +1,29 @@
-//! What the store hands out for an expert: its record's bytes, either read
-//! into a buffer of their own or mapped in place from the expert file.
+//! What the store hands out for an expert: its record's bytes, read into a
+//! buffer of the process's own.
+//!
+//! Never a view of the expert file's pages: a file truncated or rewritten
+//! in place under a running model (`cp`, `truncate`, `rsync --inplace`)
+//! would then kill the process with SIGBUS or change a checked record after
+//! its check. A record read once stays as it was checked.
 
 use crate::AlignedBuf;
-use crate::io::MappedRecord;
 
 /// One expert's complete record, immutable once handed out. Its start is
-/// 4096-byte aligned either way, so every `f32`/`u16` view of it is valid.
+/// 4096-byte aligned, so every `f32`/`u16` view of it is valid.
 #[derive(Debug)]
 pub struct Record {
-    bytes: Bytes,
-}
-
-#[derive(Debug)]
-enum Bytes {
     /// Read from disk into a buffer the store owns (and reuses once evicted).
-    Read(AlignedBuf),
-    /// The file's own pages, through a read-only shared mapping: nothing copied.
-    Mapped(MappedRecord),
+    buf: AlignedBuf,
 }
 
 impl Record {
     pub(crate) fn read(buf: AlignedBuf) -> Self {
-        Self { bytes: Bytes::Read(buf) }
-    }
-
-    pub(crate) fn mapped(record: MappedRecord) -> Self {
-        Self { bytes: Bytes::Mapped(record) }
+        Self { buf }
     }
 
     /// The record's bytes.
     pub fn as_slice(&self) -> &[u8] {
-        match &self.bytes {
-            Bytes::Read(buf) => buf.as_slice(),
-            Bytes::Mapped(record) => record.as_slice(),
-        }
+        self.buf.as_slice()
     }
 
     /// Length in bytes.
@@ -46,16 +36,8 @@ impl Record {
         self.len() == 0
     }
 
-    /// Whether the bytes are the file's pages, mapped in place.
-    pub fn is_mapped(&self) -> bool {
-        matches!(self.bytes, Bytes::Mapped(_))
-    }
-
-    /// The buffer of a record that was read, to read another into.
-    pub(crate) fn into_buffer(self) -> Option<AlignedBuf> {
-        match self.bytes {
-            Bytes::Read(buf) => Some(buf),
-            Bytes::Mapped(_) => None,
-        }
+    /// The buffer, to read another record into.
+    pub(crate) fn into_buffer(self) -> AlignedBuf {
+        self.buf
     }
 }

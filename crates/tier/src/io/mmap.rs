@@ -1,28 +1,27 @@
-//! `--io mmap`: records through a read-only shared mapping of the file.
+//! `--io mmap`: records copied out of a read-only shared mapping of the
+//! file.
 //!
-//! The whole file is mapped once at open. When the store's cache can hold
-//! every record it serves each one in place ([`Mapped::record`]): the
-//! computation reads the page cache's own pages, nothing is copied, and a
-//! process started on a model already in the page cache has its experts at
-//! once (what `--io auto` picks then). Otherwise each record is copied out
+//! The whole file is mapped once at open. Each record is copied out
 //! ([`Mapped::read`]) and its pages dropped from this process's mapping
 //! (`MADV_DONTNEED`), so resident memory holds the cached copies only, not
 //! every expert ever touched; the page cache may keep them, as with `pread`.
+//! Records are never served as views of the mapping: a file truncated or
+//! rewritten in place under a running model would fault (SIGBUS) in the
+//! middle of a computation, or change a record after its check.
 //!
 //! Touching a mapped page past the end of the file raises SIGBUS, so every
 //! read first checks the file's current length (`fstat`) and turns a record
 //! that does not fit into [`Error::ShortRead`](crate::Error::ShortRead). A
 //! file truncated by another process *between* that check and the copy can
-//! still fault; expert files are written once and never shrink in place
-//! (a new conversion writes new files and renames them over the old names,
-//! which leaves a mapped file's pages as they were).
+//! still fault, which is why `auto` never means `mmap` (a new conversion
+//! writes new files and renames them over the old names, which leaves a
+//! mapped file's pages as they were).
 
 use std::fs::File;
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
 
-use memmap2::{Advice, Mmap, UncheckedAdvice};
+use memmap2::{Mmap, UncheckedAdvice};
 
 use super::{ReadContext, check_regular_file};
 use crate::{AlignedBuf, Error, Result};
@@ -31,28 +30,7 @@ use crate::{AlignedBuf, Error, Result};
 #[derive(Debug)]
 pub(super) struct Mapped {
     file: File,
-    /// Shared with every record served in place, which keeps it mapped.
-    map: Arc<Mmap>,
-}
-
-/// One record's bytes inside a file's mapping.
-pub(crate) struct MappedRecord {
-    map: Arc<Mmap>,
-    start: usize,
-    len_bytes: usize,
-}
-
-impl MappedRecord {
-    /// The bytes.
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        &self.map[self.start..self.start + self.len_bytes]
-    }
-}
-
-impl std::fmt::Debug for MappedRecord {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MappedRecord").field("start", &self.start).field("len_bytes", &self.len_bytes).finish()
-    }
+    map: Mmap,
 }
 
 impl Mapped {
@@ -65,7 +43,7 @@ impl Mapped {
         // length (checked before every copy, see the module docs); expert
         // files are not modified while a model runs.
         let map = unsafe { Mmap::map(&file) }.map_err(open_err)?;
-        Ok(Mapped { file, map: Arc::new(map) })
+        Ok(Mapped { file, map })
     }
 
     /// The mapped file.
@@ -84,24 +62,6 @@ impl Mapped {
             return Err(ctx.short_read(record_bytes, available_bytes));
         }
         Ok(ctx.offset_bytes as usize)
-    }
-
-    /// One record in place: a view of the mapping, no byte copied.
-    pub(super) fn record(&self, ctx: &ReadContext<'_>, record_bytes: usize) -> Result<MappedRecord> {
-        let start = self.record_start(ctx, record_bytes)?;
-        Ok(MappedRecord { map: Arc::clone(&self.map), start, len_bytes: record_bytes })
-    }
-
-    /// Asks the kernel to read a record's pages ahead (`MADV_WILLNEED`), so
-    /// that on a cold page cache the records a layer is about to use are
-    /// read side by side, each in one sweep, rather than faulted in page by
-    /// page when first touched. A hint: without it a record is still
-    /// complete, only read slower; a range past the end is left alone.
-    pub(super) fn will_need(&self, offset_bytes: u64, record_bytes: usize) {
-        let Ok(start) = usize::try_from(offset_bytes) else { return };
-        if start.checked_add(record_bytes).is_some_and(|end| end <= self.map.len()) {
-            let _ = self.map.advise_range(Advice::WillNeed, start, record_bytes);
-        }
     }
 
     /// Copies one record into `buf`, then drops its pages from the mapping.
@@ -126,8 +86,7 @@ impl Mapped {
             return Ok(());
         }
         // SAFETY: as in `read`: the mapping is shared and read-only, so the
-        // next access faults the same file contents back in; a record served
-        // in place that is read meanwhile sees the same bytes.
+        // next access faults the same file contents back in.
         unsafe { self.map.unchecked_advise(UncheckedAdvice::DontNeed) }
     }
 }

@@ -6,8 +6,8 @@
 //! | `pread`  | buffered positioned reads (`read_at`), through the page cache |
 //! | `direct` | one O_DIRECT positioned read per record, straight into the aligned buffer |
 //! | `uring`  | one io_uring `Read` per record on an O_DIRECT descriptor, a ring per thread |
-//! | `mmap`   | a read-only mapping: records served in place when the cache holds every one, else copied out and `MADV_DONTNEED` |
-//! | `auto`   | the default: `mmap` when the cache holds every record (and no mirror is read), else `pread` |
+//! | `mmap`   | a read-only mapping: records copied out, then `MADV_DONTNEED` |
+//! | `auto`   | the default: `pread` |
 //!
 //! Every backend shares one completion loop (`read_fully`): short reads are
 //! resumed until the record is complete, `EINTR` is retried, the end of the
@@ -32,11 +32,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
-pub(crate) use mmap::MappedRecord;
 pub use pool::{Gate, GateHold, IoPool};
 
-use crate::aligned::ALIGN_BYTES;
-use crate::{AlignedBuf, Error, Record, Result};
+use crate::{AlignedBuf, Error, Result};
 
 /// The most bytes Linux moves in one read call (`MAX_RW_COUNT`); longer
 /// requests come back short anyway, so each call asks for at most this. A
@@ -63,8 +61,7 @@ pub enum IoBackend {
     Direct,
     /// io_uring reads on an O_DIRECT descriptor.
     Uring,
-    /// A read-only memory map: records in place when the cache holds them
-    /// all, else copied out.
+    /// A read-only memory map, records copied out.
     Mmap,
 }
 
@@ -73,13 +70,11 @@ impl IoBackend {
     /// `--help` lists them.
     pub const ALL: [IoBackend; 4] = [IoBackend::Pread, IoBackend::Direct, IoBackend::Uring, IoBackend::Mmap];
 
-    /// The backend `auto` stands for: records served in place from the
-    /// page cache (`mmap`) when the cache can hold every record (`resident`)
-    /// and no mirror is read (a mirror is there to spread reads over
-    /// drives), else `pread`. Any other backend is itself.
-    pub fn resolve(self, resident: bool, mirrored: bool) -> IoBackend {
+    /// The backend `auto` stands for: `pread`, whose reads of a file
+    /// changed under a running model fail or come back short, where a
+    /// mapping's pages would fault (SIGBUS). Any other backend is itself.
+    pub fn resolve(self) -> IoBackend {
         match self {
-            IoBackend::Auto if resident && !mirrored => IoBackend::Mmap,
             IoBackend::Auto => IoBackend::Pread,
             backend => backend,
         }
@@ -208,7 +203,7 @@ impl RecordFile {
         record_bytes: usize,
         num_experts: usize,
     ) -> Result<RecordFile> {
-        let backend = backend.resolve(false, false);
+        let backend = backend.resolve();
         let handle = match backend {
             IoBackend::Auto => unreachable!("resolved above"),
             IoBackend::Pread => Handle::Buffered(pread::open(path)?),
@@ -263,30 +258,6 @@ impl RecordFile {
             (Handle::Direct(file), IoBackend::Uring) => uring::read(&ctx, file, buf),
             (Handle::Direct(file), _) => direct::read(&ctx, file, buf),
             (Handle::Mapped(mapped), _) => mapped.read(&ctx, buf),
-        }
-    }
-
-    /// Record `expert` in place, when the file is mapped (`--io mmap`) and
-    /// records start on page boundaries (`record_bytes` a multiple of 4096,
-    /// as in every container); `None` otherwise. Errors as [`read_into`](Self::read_into)'s.
-    pub fn mapped_record(&self, expert: usize) -> Option<Result<Record>> {
-        let Handle::Mapped(mapped) = &self.handle else { return None };
-        if !self.record_bytes.is_multiple_of(ALIGN_BYTES) {
-            return None;
-        }
-        if expert >= self.num_experts {
-            return Some(Err(Error::NoSuchExpert { layer: self.layer, expert }));
-        }
-        Some(mapped.record(&self.context(expert), self.record_bytes).map(Record::mapped))
-    }
-
-    /// Starts reading record `expert` into the page cache without waiting,
-    /// when the file is mapped (a hint; nothing otherwise).
-    pub fn will_need(&self, expert: usize) {
-        if let Handle::Mapped(mapped) = &self.handle
-            && expert < self.num_experts
-        {
-            mapped.will_need(self.offset_bytes(expert), self.record_bytes);
         }
     }
 

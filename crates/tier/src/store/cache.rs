@@ -155,7 +155,7 @@ impl ExpertStore {
             let evicted = cache.entries.remove(&victim).expect("the policy names resident keys");
             cache.held_bytes -= evicted.len();
             cache.stats.evictions += 1;
-            if let Some(spare) = Arc::try_unwrap(evicted).ok().and_then(Record::into_buffer)
+            if let Some(spare) = Arc::try_unwrap(evicted).ok().map(Record::into_buffer)
                 && cache.free.len() < self.options.max_in_flight
             {
                 cache.free.push(spare);

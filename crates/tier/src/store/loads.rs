@@ -2,13 +2,13 @@
 //! read from its layer's file or a mirror's copy of it, checked on the
 //! thread that takes it from the I/O pool, and admitted to the cache.
 //!
-//! When the cache can hold every record and records come through the page
-//! cache (`--io auto`, `mmap`), nothing is read into buffers at all: a miss
-//! maps the record in place from the file ([`Record`]), checks it, and
-//! caches the view. A fresh process on a model already in the page cache
-//! then pays no copy for its first use of each expert, and the expert bytes
-//! are in RAM once (the page cache), not twice. There is nothing to read
-//! ahead then, so prefetching is off.
+//! Every record is read into a buffer of the process's own, even when the
+//! cache could hold every record and serve views of a mapping instead:
+//! such a view faults (SIGBUS) when the file is truncated under the running
+//! model (`cp` over it truncates first), and shows bytes rewritten in place
+//! after the check passed them. A cached record is the one that was
+//! checked; a file changed since is noticed when a record is next read (a
+//! short read, or the check refusing it), as dense.bin's rows are.
 //!
 //! Invariants: one batch holds the demand pool at a time (its completions
 //! are matched to keys by tag), and dropping a batch waits for the reads it
@@ -26,11 +26,6 @@ use crate::mirror::Mirrors;
 use crate::{Error, Record, Result};
 
 impl ExpertStore {
-    /// Whether records are served in place from the page cache (module docs).
-    pub fn in_place(&self) -> bool {
-        self.in_place
-    }
-
     /// The mirrors read besides the container.
     pub fn mirrors(&self) -> &Mirrors {
         &self.mirrors
@@ -140,17 +135,6 @@ pub struct Loads<'s> {
 
 impl Loads<'_> {
     fn fill(&mut self) {
-        if self.store.in_place {
-            // Every record of the batch is asked for at once, so that the
-            // disk reads them side by side while the first are checked and
-            // computed (they are only mapped, one by one, in `next`).
-            if self.next_submit == 0 {
-                for key in &self.keys {
-                    self.store.file(*key).expect("keys checked in fetch").will_need(key.expert);
-                }
-            }
-            return;
-        }
         while self.in_flight < self.store.options.max_in_flight.max(1) && self.next_submit < self.keys.len() {
             let key = self.keys[self.next_submit];
             let record_bytes = self.store.file(key).expect("keys checked in fetch").record_bytes();
@@ -170,14 +154,6 @@ impl Iterator for Loads<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         if let Some(ready) = self.ready.pop() {
             return Some(ready);
-        }
-        if self.store.in_place {
-            let key = *self.keys.get(self.next_submit)?;
-            self.next_submit += 1;
-            let file = self.store.file(key).expect("keys checked in fetch");
-            let mapped = file.mapped_record(key.expert).expect("in place: every file is mapped");
-            let result = self.store.checked(key, mapped).map(|record| self.store.admit(key, record, true));
-            return Some((key, result));
         }
         loop {
             if !self.awaited.is_empty() {
@@ -275,61 +251,37 @@ mod tests {
     }
 
     #[test]
-    fn a_cache_holding_every_record_serves_them_in_place_under_auto_and_mmap() {
-        for io in [IoBackend::Auto, IoBackend::Mmap] {
-            let (_dir, store) =
-                open_store(4, StoreOptions { capacity_bytes: 4 * RECORD, io, ..StoreOptions::default() });
-            assert!(store.in_place() && store.io() == IoBackend::Mmap, "{io}");
-            for expert in [2, 0, 2, 3] {
-                let record = store.get(key(expert)).unwrap();
-                assert!(record.is_mapped(), "{io}: served in place");
-                assert!(record.as_slice().iter().all(|&b| b == expert as u8), "{io}: expert {expert}");
-                assert_eq!(record.as_slice().as_ptr() as usize % ALIGN_BYTES, 0);
-            }
-            let stats = store.stats();
-            assert_eq!((stats.hits, stats.misses, stats.bytes_read), (1, 3, 3 * RECORD as u64), "{io}");
-            assert_eq!(store.held_bytes(), 3 * RECORD);
-        }
-    }
-
-    #[test]
-    fn a_cache_short_of_every_record_reads_them_and_auto_means_pread() {
-        for (io, resolved) in [(IoBackend::Auto, IoBackend::Pread), (IoBackend::Mmap, IoBackend::Mmap)] {
-            let (_dir, store) =
-                open_store(4, StoreOptions { capacity_bytes: 4 * RECORD - 1, io, ..StoreOptions::default() });
-            assert!(!store.in_place() && store.io() == resolved, "{io}");
+    fn auto_means_pread_whether_or_not_the_cache_holds_every_record() {
+        for capacity_bytes in [4 * RECORD - 1, 4 * RECORD, 1 << 20] {
+            let (_dir, store) = open_store(4, StoreOptions { capacity_bytes, ..StoreOptions::default() });
+            assert_eq!(store.io(), IoBackend::Pread, "{capacity_bytes}");
             let record = store.get(key(1)).unwrap();
-            assert!(!record.is_mapped() && record.as_slice().iter().all(|&b| b == 1), "{io}");
+            assert!(record.as_slice().iter().all(|&b| b == 1));
+            assert_eq!(record.as_slice().as_ptr() as usize % ALIGN_BYTES, 0);
         }
-        // Explicit pread reads even when everything fits.
-        let (_dir, store) =
-            open_store(4, StoreOptions { capacity_bytes: 1 << 20, io: IoBackend::Pread, ..StoreOptions::default() });
-        assert!(!store.in_place() && !store.get(key(0)).unwrap().is_mapped());
     }
 
+    /// A cache holding every record used to serve views of the file's
+    /// mapping: `cp` or `truncate` over the file then killed the process
+    /// with SIGBUS at the next use, and bytes rewritten in place changed a
+    /// record its check had passed. Under every backend a cached record now
+    /// stays as it was read, and an uncached one is a short read naming
+    /// the file.
     #[test]
-    fn a_record_in_place_its_check_refuses_is_never_cached_or_handed_out() {
-        let (_dir, store) =
-            store_refusing_expert_1(StoreOptions { capacity_bytes: 1 << 20, ..StoreOptions::default() });
-        assert!(store.in_place());
-        assert!(store.get(key(0)).unwrap().is_mapped());
-        for _ in 0..2 {
-            assert!(matches!(store.get(key(1)), Err(Error::RecordRejected { layer: 0, expert: 1, .. })));
+    fn a_file_truncated_or_rewritten_in_place_never_changes_or_faults_a_cached_record() {
+        for io in [IoBackend::Auto, IoBackend::Mmap, IoBackend::Pread] {
+            let (dir, store) = open_store(2, StoreOptions { capacity_bytes: 1 << 20, io, ..StoreOptions::default() });
+            let path = dir.path().join("layer_000.bin");
+            assert_eq!(store.get(key(0)).unwrap().as_slice()[0], 0);
+            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            file.set_len(0).unwrap();
+            assert!(store.get(key(0)).unwrap().as_slice().iter().all(|&b| b == 0), "{io}: truncated");
+            let err = store.get(key(1)).unwrap_err();
+            assert!(matches!(err, Error::ShortRead { layer: 0, expert: 1, .. }), "{io}: {err}");
+            assert!(err.to_string().contains(&path.display().to_string()), "{io}: {err}");
+            std::fs::write(&path, vec![7u8; 2 * RECORD]).unwrap();
+            assert!(store.get(key(0)).unwrap().as_slice().iter().all(|&b| b == 0), "{io}: rewritten");
+            assert_eq!(store.stats().misses, 2, "{io}: the cached record was not read again");
         }
-        assert!(store.lookup(key(1)).unwrap().is_none());
-    }
-
-    #[test]
-    fn a_truncated_file_served_in_place_is_a_short_read_not_a_fault() {
-        let (dir, store) = store_with(2, 1 << 20, PolicyKind::Lru);
-        assert!(store.in_place());
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(dir.path().join("layer_000.bin"))
-            .unwrap()
-            .set_len(RECORD as u64 + 10)
-            .unwrap();
-        assert!(matches!(store.get(key(1)), Err(Error::ShortRead { layer: 0, expert: 1, .. })));
-        assert_eq!(store.get(key(0)).unwrap().as_slice()[0], 0);
     }
 }

@@ -2,12 +2,10 @@
 //! from the container's expert files through a bounded pool of I/O workers.
 //!
 //! This file holds the store itself (what it owns, and opening it: the I/O
-//! backend resolved, in-place serving decided, the files and mirrors
-//! opened) and the learned usage. The rest is in submodules:
+//! backend resolved, the files and mirrors opened) and the learned usage. The rest is in submodules:
 //! - `options`: how a store is opened ([`ExpertSource`], [`StoreOptions`]);
 //! - `cache`: the cache and its leases, and the counters ([`StoreStats`]);
-//! - `loads`: demand reads ([`Loads`]), the record check, mirrors, and
-//!   serving records in place from the page cache;
+//! - `loads`: demand reads ([`Loads`]), the record check, and mirrors;
 //! - `prefetch`: reads ahead of demand on a guess, and their bookkeeping.
 //!
 //! Invariants they share: a record handed out is complete and passed
@@ -32,7 +30,6 @@ use std::sync::{Arc, Mutex};
 
 use self::cache::Cache;
 use self::prefetch::Prefetches;
-use crate::aligned::ALIGN_BYTES;
 use crate::io::{Gate, IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
 use crate::mirror::{MirrorOptions, Mirrors};
 use crate::policy::new_policy;
@@ -61,11 +58,8 @@ pub struct ExpertStore {
     /// the mirrors' copies of it.
     sources: Vec<Option<Arc<dyn RecordSource>>>,
     mirrors: Mirrors,
-    /// With `io` resolved and prefetching off when `in_place`.
+    /// With `io` resolved.
     options: StoreOptions,
-    /// Whether misses map records in place instead of reading them
-    /// (`loads`' module docs).
-    in_place: bool,
     cache: Mutex<Cache>,
     pool: IoPool,
     /// Held by the one batch of demand loads in progress: completions are
@@ -95,21 +89,7 @@ impl ExpertStore {
         usage: Usage,
         mirrors: &MirrorOptions,
     ) -> Result<Self> {
-        let mut options = options;
-        let all_records_bytes = sources
-            .iter()
-            .flatten()
-            .try_fold(0usize, |sum, s| s.record_bytes.checked_mul(s.num_experts).and_then(|b| sum.checked_add(b)));
-        let resident = all_records_bytes.is_some_and(|bytes| bytes <= options.capacity_bytes);
-        let mirrored = !mirrors.mirrors.is_empty();
-        options.io = options.io.resolve(resident, mirrored);
-        // Records must start on page boundaries to be viewed in place (every
-        // container's do).
-        let aligned = sources.iter().flatten().all(|s| s.record_bytes.is_multiple_of(ALIGN_BYTES));
-        let in_place = options.io == IoBackend::Mmap && resident && !mirrored && aligned;
-        if in_place {
-            options.prefetch_in_flight = 0;
-        }
+        let options = StoreOptions { io: options.io.resolve(), ..options };
         let checks = sources.iter().map(|s| s.as_ref().and_then(|s| s.check.clone())).collect();
         let files = sources
             .into_iter()
@@ -165,7 +145,6 @@ impl ExpertStore {
             sources,
             mirrors,
             options,
-            in_place,
             cache: Mutex::new(cache),
             pool,
             loading: Mutex::new(()),

@@ -2,8 +2,7 @@
 //! ([`ExpertSource`]) and how they are cached and read ([`StoreOptions`]).
 //!
 //! Plain data: [`ExpertStore::open`](super::ExpertStore::open) opens the
-//! files the sources name and resolves the options (`Auto`, prefetching
-//! off when records are served in place).
+//! files the sources name and resolves the options (`Auto`).
 
 use std::path::PathBuf;
 
