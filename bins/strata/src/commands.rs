@@ -456,6 +456,7 @@ fn print_state(arch: &strata_format::ModelArch) {
     let rows_layers = arch.layers.iter().filter(|l| l.cache_floats_per_token() > 0).count();
     let kv_bytes = footprint.bytes_per_token;
     println!("kv bytes/token {kv_bytes} ({}) (f32 rows of {rows_layers} layers)", ByteSize(kv_bytes));
+    print_state_parts(arch);
     let state_bytes = footprint.state_bytes;
     if state_bytes > 0 {
         let recurrent = arch.layers.iter().filter(|l| l.state_floats() > 0).count();
@@ -467,6 +468,34 @@ fn print_state(arch: &strata_format::ModelArch) {
             "state budget/session {} (the state, its staged copy and snapshots)",
             ByteSize(footprint.state_bytes_max)
         );
+    }
+}
+
+/// Each distinct list of state parts a layer keeps (`strata_kv::layout_of`,
+/// what session files and the budget count), once with how many layers keep
+/// it, e.g. `state parts   4 x rows 128, rows 128`.
+fn print_state_parts(arch: &strata_format::ModelArch) {
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for layer in &arch.layers {
+        let parts: Vec<String> = strata_kv::layout_of(layer)
+            .parts
+            .iter()
+            .map(|part| match *part {
+                strata_kv::StatePart::Rows { dim } => format!("rows {dim}"),
+                strata_kv::StatePart::Ring { dim, window } => format!("ring {dim} of the last {window}"),
+                strata_kv::StatePart::Strided { dim, every } => format!("rows {dim} every {every}"),
+                strata_kv::StatePart::Fixed { floats } => format!("fixed {floats}"),
+                strata_kv::StatePart::Tokens { n } => format!("last {n} token ids"),
+            })
+            .collect();
+        let parts = parts.join(", ");
+        match kinds.iter_mut().find(|(kind, _)| *kind == parts) {
+            Some((_, count)) => *count += 1,
+            None => kinds.push((parts, 1)),
+        }
+    }
+    for (parts, count) in kinds {
+        println!("state parts   {count} x {parts} (f32)");
     }
 }
 

@@ -87,17 +87,21 @@ fn eight_then_eight_in_a_new_process_equals_sixteen_in_one_go() {
     }
 }
 
-/// `strata info`'s KV bytes per token, stream count and layers give the
+/// `strata info`'s KV bytes per token and its layers' state parts give the
 /// header's size and a record's: 16 bytes of prefix, the rows, an 8-byte
-/// checksum (docs/FORMAT.md).
+/// checksum (docs/FORMAT.md). Every layer of the families tested here keeps
+/// the same rows.
 fn layout(model: &Path) -> (u64, u64) {
     let out = strata(&["info", path(model)]);
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let line = text.lines().find(|l| l.starts_with("kv bytes/token")).expect("kv line");
     let kv_bytes: u64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
-    // Keys and values, or a latent and the DSA indexer keys; else a latent.
-    let parts = if line.contains("key+value") || line.contains("index-key") { 2 } else { 1 };
-    let layers: u64 = line.split(" x ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let kinds: Vec<&str> = text.lines().filter(|l| l.starts_with("state parts")).collect();
+    assert_eq!(kinds.len(), 1, "every layer keeps the same parts: {text}");
+    // `state parts   N x rows D, rows D (f32)`
+    let (layers, parts) = kinds[0].trim_start_matches("state parts").trim().split_once(" x ").unwrap();
+    let layers: u64 = layers.parse().unwrap();
+    let parts = parts.split(", ").count() as u64;
     // Version 3: each layer's part count, then kind and two sizes per part.
     let header_bytes = 128 + layers * (4 + 12 * parts);
     (header_bytes, 24 + kv_bytes)
