@@ -5,7 +5,8 @@
 //! a time, so peak memory is one expert or one row block, never the model.
 //! The output is written into a sibling `OUT.tmp-<pid>` directory, fsynced,
 //! and renamed into place only when complete: an interrupted or failed
-//! conversion never leaves a directory named OUT that opens as a container.
+//! conversion never leaves a directory named OUT that opens as a container,
+//! and the next conversion to OUT removes what a killed one left.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -27,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::names;
 use crate::preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset, group_for};
 use crate::spec::ModelSpec;
+use crate::temporaries;
 
 /// Largest number of f32 elements decoded at once for a dense tensor
 /// (16 MiB), bounding conversion memory for huge embeddings.
@@ -573,7 +575,9 @@ impl Staging {
             _ => PathBuf::from("."),
         };
         std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
-        let tmp = parent.join(format!("{name}.tmp-{}", std::process::id()));
+        // Conversions to `out` that were killed left their temporaries.
+        temporaries::remove_stale(&parent, |stem| stem == name);
+        let tmp = parent.join(temporaries::temporary_name(&name));
         if tmp.exists() {
             // Left by an earlier crashed run that had our pid.
             std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;

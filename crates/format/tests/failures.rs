@@ -99,6 +99,30 @@ fn failing_tensor_mid_conversion_leaves_no_output() {
     assert!(stray_entries(tmp.path(), &["hf"]).is_empty());
 }
 
+/// A pid no process has: a child's, once it has been waited for.
+fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+#[test]
+fn a_killed_conversions_temporary_is_removed_by_the_next_and_a_live_ones_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let killed = tmp.path().join(format!("c.tmp-{}", dead_pid()));
+    // Our parent (the test harness's) is alive: as a conversion running now.
+    let running = tmp.path().join(format!("c.tmp-{}", std::os::unix::process::parent_id()));
+    for left in [&killed, &running] {
+        std::fs::create_dir_all(left.join("experts")).unwrap();
+        std::fs::write(left.join("dense.bin"), [0u8; 64]).unwrap();
+    }
+    let (_, out) = converted(tmp.path(), QuantPreset::Q8);
+    Container::open(&out).unwrap();
+    assert!(!killed.exists(), "the killed conversion's temporary is removed");
+    assert!(running.join("dense.bin").is_file(), "a running conversion's temporary is left alone");
+}
+
 #[test]
 fn bad_checkpoint_dirs_are_errors() {
     let tmp = tempfile::tempdir().unwrap();
