@@ -27,7 +27,7 @@ use crate::container::{
 use crate::error::{Error, Result};
 use crate::names;
 use crate::preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset, group_for};
-use crate::spec::ModelSpec;
+use crate::spec::{MAX_TOKENIZER_BYTES, ModelSpec, read_at_most};
 use crate::temporaries;
 
 /// Largest number of f32 elements decoded at once for a dense tensor
@@ -362,7 +362,7 @@ impl Work<'_> {
         for name in AUX_FILES {
             let src = hf_dir.join(name);
             if src.is_file() {
-                let bytes = std::fs::read(&src).map_err(|e| Error::io(&src, e))?;
+                let bytes = read_at_most(&src, MAX_TOKENIZER_BYTES)?;
                 let mut out = HashingFile::create(self.tmp.join(name))?;
                 out.write(&bytes)?;
                 files.push(out.finish(name)?);
