@@ -6,7 +6,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::ops::{ControlFlow, Range};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -60,15 +60,50 @@ fn is_snapshot_of(name: &str, file: &str) -> bool {
 }
 
 /// Writes `bytes` to `path` so that a crash leaves either the old file or
-/// the new one: a temporary file, fsynced, renamed over it, and the
-/// directory fsynced so the rename itself is durable.
+/// the new one: a temporary file of this call's own (never shared with
+/// another writer), fsynced, renamed over it, and the directory fsynced so
+/// the rename itself is durable. A failure before the rename removes the
+/// temporary file; after it, `path` holds `bytes` whatever is returned.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let mut file = File::create(&tmp).map_err(io_error(&tmp))?;
-    file.write_all(bytes).and_then(|()| file.sync_all()).map_err(io_error(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_error(path))?;
+    let (tmp, mut file) = create_temporary(path)?;
+    let renamed = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(io_error(&tmp))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(io_error(path)));
+    if let Err(e) = renamed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     let dir = path.parent().unwrap_or(Path::new("."));
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_error(dir))
+}
+
+/// How many names [`create_temporary`] tries before giving up.
+const TEMPORARY_NAME_ATTEMPTS: u32 = 100;
+
+/// A new file beside `path`, `NAME.tmp-PID-N`, created exclusively so that
+/// two writers (processes or threads) never share one.
+fn create_temporary(path: &Path) -> Result<(PathBuf, File)> {
+    let mut last_error = None;
+    for attempt in 0..TEMPORARY_NAME_ATTEMPTS {
+        let tmp = path.with_extension(format!("tmp-{}-{attempt}", std::process::id()));
+        match File::options().write(true).create_new(true).open(&tmp) {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last_error = Some((tmp, e)),
+            Err(e) => return Err(io_error(&tmp)(e)),
+        }
+    }
+    let (tmp, e) = last_error.expect("at least one attempt was made");
+    Err(io_error(&tmp)(e))
+}
+
+/// The KV snapshot the record at `record_path` names, if it names one of
+/// `name`: the one file a new save of `name` replaces.
+fn snapshot_named_by(record_path: &Path, name: &str) -> Option<String> {
+    let text = std::fs::read_to_string(record_path).ok()?;
+    let saved: SavedChat = serde_json::from_str(&text).ok()?;
+    is_snapshot_of(name, &saved.kv_file).then_some(saved.kv_file)
 }
 
 /// A model's text side: tokenizer, chat template, end-of-sequence ids.
@@ -196,24 +231,36 @@ impl<'e> Chat<'e> {
     pub fn save(&self, kv_dir: &Path, name: &str) -> Result<ChatSnapshot> {
         validate_session_name(name)?;
         std::fs::create_dir_all(kv_dir).map_err(io_error(kv_dir))?;
+        // Saves in this directory take turns (across processes), so that
+        // the snapshot read as the previous one below is still the one
+        // the record names when this save replaces it.
+        let dir_lock = File::open(kv_dir).map_err(io_error(kv_dir))?;
+        dir_lock.lock().map_err(io_error(kv_dir))?;
+        let record_path = kv_dir.join(format!("{name}{SAVED_CHAT_SUFFIX}"));
+        let previous = snapshot_named_by(&record_path, name);
         // Unique per save, so the snapshot the record names now is never
         // the file being written.
         let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let kv_file = format!("{name}.{stamp:0width$x}.{SESSION_FILE_EXTENSION}", width = STAMP_HEX_DIGITS);
-        let tokens = self.session.write_snapshot(&kv_dir.join(&kv_file))?;
+        let kv_path = kv_dir.join(&kv_file);
+        let tokens = self.session.write_snapshot(&kv_path)?;
         let saved = SavedChat { kv_file: kv_file.clone(), tokens, messages: self.messages.clone() };
         let json = serde_json::to_vec_pretty(&saved)
             .map_err(|e| Error::InvalidRequest(format!("encoding the conversation: {e}")))?;
         // The commit point: from this rename on, `name` is this snapshot.
-        write_atomically(&kv_dir.join(format!("{name}{SAVED_CHAT_SUFFIX}")), &json)?;
-        // Earlier snapshots of `name` (and any a crash left before its
-        // commit) are no longer named by anything.
-        for entry in std::fs::read_dir(kv_dir).map_err(io_error(kv_dir))?.flatten() {
-            let file = entry.file_name();
-            let file = file.to_string_lossy();
-            if file != kv_file && is_snapshot_of(name, &file) {
-                let _ = std::fs::remove_file(entry.path());
+        if let Err(e) = write_atomically(&record_path, &json) {
+            // Not committed unless the record names it (a failed directory
+            // sync comes after the rename): then it is the save.
+            if snapshot_named_by(&record_path, name).as_deref() != Some(kv_file.as_str()) {
+                let _ = std::fs::remove_file(&kv_path);
             }
+            return Err(e);
+        }
+        // Only the snapshot this save replaced is deleted: other files of
+        // the same shape may be a session of `strata generate` or another
+        // save's.
+        if let Some(previous) = previous.filter(|p| *p != kv_file) {
+            let _ = std::fs::remove_file(kv_dir.join(previous));
         }
         Ok(ChatSnapshot { messages: saved.messages.len(), tokens })
     }

@@ -91,7 +91,8 @@ impl Engine {
 
     /// Reads the session file at `path` into a new session that is not
     /// bound to it: nothing the session does later changes the file (a
-    /// snapshot, as `Chat::save` writes). The file must exist.
+    /// snapshot, as `Chat::save` writes). The file must exist, and is only
+    /// read: a damaged one is refused as it is, never cut.
     pub fn read_session_snapshot(&self, path: &Path) -> Result<(Session<'_>, SessionReport)> {
         if !path.is_file() {
             return Err(Error::Io { path: path.to_owned(), source: std::io::ErrorKind::NotFound.into() });
@@ -104,7 +105,13 @@ impl Engine {
     fn restore_session(&self, path: &Path, bind: bool) -> Result<(Session<'_>, SessionReport)> {
         let mut cache = self.model().new_cache(self.context_tokens());
         let header = self.session_header(&cache)?;
-        let (file, recovered) = SessionFile::open_or_create(path, &header, &mut cache)?;
+        // A snapshot is only read: never cut, locked or set aside.
+        let (file, recovered) = if bind {
+            let (file, recovered) = SessionFile::open_or_create(path, &header, &mut cache)?;
+            (Some(file), recovered)
+        } else {
+            (None, SessionFile::read_snapshot(path, &header, &mut cache)?)
+        };
         let tokens = recovered.tokens;
         let (unfed, rerun_tokens) = match tokens.last() {
             None => (None, 0),
@@ -133,8 +140,7 @@ impl Engine {
             rerun_tokens,
             cut: recovered.cut,
         };
-        // Unbound, the file (and its lock) is let go of here.
-        let persist = bind.then(|| Persist::new(file));
+        let persist = file.map(Persist::new);
         Ok((Session::restored(self, cache, tokens, unfed, persist), report))
     }
 

@@ -249,11 +249,17 @@ impl<'e> Session<'e> {
     /// if it exists), durable when this returns, and leaves the session as
     /// it was: the file is a snapshot that nothing done later changes.
     /// [`Engine::read_session_snapshot`] reads it back. Returns the tokens
-    /// written.
+    /// written; on failure nothing is left at `path`.
     pub fn write_snapshot(&self, path: &Path) -> Result<usize> {
         let header = self.engine.session_header(&self.cache)?;
-        // `sync` appends every token and fsyncs once.
-        SessionFile::create(path, &header)?.sync(&self.tokens, &self.cache)?;
+        let mut file = SessionFile::create(path, &header)?;
+        // `sync` appends every token and fsyncs once. A file this call
+        // created but could not fill is removed, not left half-written.
+        if let Err(e) = file.sync(&self.tokens, &self.cache) {
+            drop(file);
+            let _ = std::fs::remove_file(path);
+            return Err(e.into());
+        }
         Ok(self.tokens.len())
     }
 

@@ -5,7 +5,8 @@
 //! a time, so peak memory is one expert or one row block, never the model.
 //! The output is written into a sibling `OUT.tmp-<pid>` directory, fsynced,
 //! and renamed into place only when complete: an interrupted or failed
-//! conversion never leaves a directory named OUT that opens as a container.
+//! conversion never leaves a directory named OUT that opens as a container,
+//! and the next conversion to OUT removes what a killed one left.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -26,7 +27,8 @@ use crate::container::{
 use crate::error::{Error, Result};
 use crate::names;
 use crate::preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset, group_for};
-use crate::spec::ModelSpec;
+use crate::spec::{MAX_TOKENIZER_BYTES, ModelSpec, read_at_most};
+use crate::temporaries;
 
 /// Largest number of f32 elements decoded at once for a dense tensor
 /// (16 MiB), bounding conversion memory for huge embeddings.
@@ -360,7 +362,7 @@ impl Work<'_> {
         for name in AUX_FILES {
             let src = hf_dir.join(name);
             if src.is_file() {
-                let bytes = std::fs::read(&src).map_err(|e| Error::io(&src, e))?;
+                let bytes = read_at_most(&src, MAX_TOKENIZER_BYTES)?;
                 let mut out = HashingFile::create(self.tmp.join(name))?;
                 out.write(&bytes)?;
                 files.push(out.finish(name)?);
@@ -573,7 +575,9 @@ impl Staging {
             _ => PathBuf::from("."),
         };
         std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
-        let tmp = parent.join(format!("{name}.tmp-{}", std::process::id()));
+        // Conversions to `out` that were killed left their temporaries.
+        temporaries::remove_stale(&parent, |stem| stem == name);
+        let tmp = parent.join(temporaries::temporary_name(&name));
         if tmp.exists() {
             // Left by an earlier crashed run that had our pid.
             std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;

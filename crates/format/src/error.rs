@@ -149,6 +149,11 @@ pub enum Error {
     /// A malformed or unsupported .npy file.
     #[error("{path}: .npy: {reason}")]
     Npy { path: PathBuf, reason: String },
+
+    /// A file read whole that is larger than its limit
+    /// (`spec::MAX_*_BYTES`).
+    #[error("{path}: larger than the {max_bytes} bytes this build reads for such a file")]
+    FileTooLarge { path: PathBuf, max_bytes: u64 },
 }
 
 /// `Result` with this crate's [`Error`].

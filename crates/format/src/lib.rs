@@ -39,6 +39,7 @@ pub mod npy;
 mod preset;
 pub mod spec;
 mod synth;
+pub mod temporaries;
 
 pub use checkpoint::Checkpoint;
 pub use container::{ComponentLayout, Container, Embedding, ExpertLayout, Manifest};

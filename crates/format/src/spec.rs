@@ -22,8 +22,8 @@ use crate::error::{Error, Result};
 pub use crate::family::Family;
 use fields::{Fields, as_u32};
 pub use limits::{
-    MAX_EOS_TOKENS, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_POSITIONS,
-    MAX_VOCAB,
+    MAX_EOS_TOKENS, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_MANIFEST_BYTES,
+    MAX_POSITIONS, MAX_TOKENIZER_BYTES, MAX_VOCAB, read_at_most,
 };
 
 /// Where RMSNorm is applied to queries and keys (before RoPE).

@@ -8,6 +8,7 @@ use std::path::Path;
 use common::{Layout, Store, TinyModel, olmoe_config, read_record};
 use safetensors::tensor::Dtype;
 use serde_json::Value;
+use strata_format::spec::{MAX_MANIFEST_BYTES, MAX_TOKENIZER_BYTES};
 use strata_format::{Container, ConvertOptions, Embedding, Error, QuantPreset, convert, export};
 
 fn converted(tmp: &Path, preset: QuantPreset) -> (TinyModel, std::path::PathBuf) {
@@ -97,6 +98,30 @@ fn failing_tensor_mid_conversion_leaves_no_output() {
     let err = convert(&hf, &out, &ConvertOptions::new(QuantPreset::F32)).unwrap_err();
     assert!(matches!(&err, Error::MissingTensor { name, .. } if name == "model.norm.weight"), "{err}");
     assert!(stray_entries(tmp.path(), &["hf"]).is_empty());
+}
+
+/// A pid no process has: a child's, once it has been waited for.
+fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+#[test]
+fn a_killed_conversions_temporary_is_removed_by_the_next_and_a_live_ones_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let killed = tmp.path().join(format!("c.tmp-{}", dead_pid()));
+    // Our parent (the test harness's) is alive: as a conversion running now.
+    let running = tmp.path().join(format!("c.tmp-{}", std::os::unix::process::parent_id()));
+    for left in [&killed, &running] {
+        std::fs::create_dir_all(left.join("experts")).unwrap();
+        std::fs::write(left.join("dense.bin"), [0u8; 64]).unwrap();
+    }
+    let (_, out) = converted(tmp.path(), QuantPreset::Q8);
+    Container::open(&out).unwrap();
+    assert!(!killed.exists(), "the killed conversion's temporary is removed");
+    assert!(running.join("dense.bin").is_file(), "a running conversion's temporary is left alone");
 }
 
 #[test]
@@ -209,6 +234,36 @@ fn corrupt_manifests_are_clear_errors() {
         let text = msg(open_with_manifest_edit(&good, &bad, edit));
         assert!(text.contains(needle), "expected {needle:?} in: {text}");
     }
+}
+
+/// Makes `path` one byte over `max_bytes` (sparse: no disk is used).
+fn grow_past(path: &Path, max_bytes: u64) {
+    std::fs::OpenOptions::new().write(true).open(path).unwrap().set_len(max_bytes + 1).unwrap();
+}
+
+#[test]
+fn a_manifest_over_its_size_limit_is_refused_naming_the_file_and_the_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, container) = converted(tmp.path(), QuantPreset::Q8);
+    grow_past(&container.join("manifest.json"), MAX_MANIFEST_BYTES);
+    let err = Container::open(&container).unwrap_err();
+    assert!(matches!(err, Error::FileTooLarge { max_bytes: MAX_MANIFEST_BYTES, .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("manifest.json") && text.contains(&MAX_MANIFEST_BYTES.to_string()), "{text}");
+}
+
+#[test]
+fn a_tokenizer_over_its_size_limit_is_refused_at_convert() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = tmp.path().join("hf");
+    TinyModel::new(olmoe_config(), Store::F32, 11).write(&hf, Store::F32, Layout::Single);
+    std::fs::write(hf.join("tokenizer.json"), b"{}").unwrap();
+    grow_past(&hf.join("tokenizer.json"), MAX_TOKENIZER_BYTES);
+    let out = tmp.path().join("out");
+    let err = convert(&hf, &out, &ConvertOptions::new(QuantPreset::Q8)).unwrap_err();
+    assert!(matches!(err, Error::FileTooLarge { max_bytes: MAX_TOKENIZER_BYTES, .. }), "{err}");
+    assert!(err.to_string().contains("tokenizer.json"), "{err}");
+    assert!(!out.exists());
 }
 
 #[test]

@@ -238,6 +238,40 @@ impl SessionFile {
         Ok((session, recovered))
     }
 
+    /// Reads the session file at `path` into `cache` (empty, shaped like
+    /// `expected`) without changing the file or locking it: a published
+    /// snapshot is never written again, and one that is damaged is refused
+    /// as it is, so the user still holds every byte of it.
+    pub fn read_snapshot(path: &Path, expected: &SessionHeader, cache: &mut KvCache) -> Result<Recovered> {
+        assert!(cache.is_empty(), "sessions load into an empty cache");
+        assert_eq!(cache.layouts(), expected.layouts.as_slice(), "the cache is shaped like the expected header");
+        let file = File::open(path).map_err(|source| Error::Io { path: path.to_owned(), action: "opening", source })?;
+        let file_bytes = file
+            .metadata()
+            .map_err(|source| Error::Io { path: path.to_owned(), action: "reading the size of", source })?
+            .len();
+        let mut reader = BufReader::with_capacity(SCAN_BUFFER_BYTES, &file);
+        let header_bytes = read_header(&mut reader, path, expected, file_bytes)?;
+        let scan = scan_records(&mut reader, path, expected, header_bytes as u64, cache)?;
+        if let Some((record_index, reason)) = scan.bad_record {
+            return Err(Error::DamagedSnapshot {
+                path: path.to_owned(),
+                offset_bytes: scan.end_bytes,
+                record_index,
+                reason,
+            });
+        }
+        let resumed_tokens = cache.finish_load();
+        Ok(Recovered {
+            created: false,
+            tokens: scan.tokens,
+            rows_tokens: scan.counts.rows_tokens,
+            resumed_tokens,
+            records: scan.records,
+            cut: None,
+        })
+    }
+
     /// Opens the session at `path` (see [`Self::open`]), or creates it if
     /// there is none.
     pub fn open_or_create(

@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use strata_format::spec::{MAX_TOKENIZER_BYTES, read_at_most};
+
 use super::detok::Detokenizer;
 use crate::{Error, Result};
 
@@ -28,16 +30,16 @@ impl Tokenizer {
     /// when the directory has none (a model can run on ids alone).
     pub fn from_dir(dir: &Path) -> Result<Option<Tokenizer>> {
         let path = dir.join(TOKENIZER_FILE);
-        match std::fs::read(&path) {
+        match read_at_most(&path, MAX_TOKENIZER_BYTES) {
             Ok(bytes) => Self::from_bytes(&bytes, path).map(Some),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(Error::Io { path, source }),
+            Err(strata_format::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 
     /// A tokenizer from a `tokenizer.json` file anywhere.
     pub fn from_file(path: &Path) -> Result<Tokenizer> {
-        let bytes = std::fs::read(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
+        let bytes = read_at_most(path, MAX_TOKENIZER_BYTES)?;
         Self::from_bytes(&bytes, path.to_path_buf())
     }
 
@@ -135,6 +137,8 @@ fn unpanic<T>(path: &Path, action: &str, call: impl FnOnce() -> T) -> Result<T> 
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+
     use super::*;
 
     #[test]
@@ -144,6 +148,18 @@ mod tests {
         std::fs::write(dir.path().join(TOKENIZER_FILE), "{\"model\": 3}").unwrap();
         let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
         assert!(err.contains(TOKENIZER_FILE), "{err}");
+    }
+
+    #[test]
+    fn a_tokenizer_json_over_its_size_limit_is_refused_naming_the_file_and_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TOKENIZER_FILE);
+        // Sparse: one byte over the limit without using the disk.
+        File::create(&path).unwrap().set_len(MAX_TOKENIZER_BYTES + 1).unwrap();
+        for err in [Tokenizer::from_dir(dir.path()).unwrap_err(), Tokenizer::from_file(&path).unwrap_err()] {
+            let err = err.to_string();
+            assert!(err.contains(TOKENIZER_FILE) && err.contains(&MAX_TOKENIZER_BYTES.to_string()), "{err}");
+        }
     }
 
     /// A tokenizer.json as fuzz/'s tokenizer_json mutated it, `replace`d

@@ -16,7 +16,7 @@ use super::layout::{ComponentLayout, ExpertLayout, RECORD_ALIGN_BYTES, TENSOR_AL
 use super::manifest::{DENSE_FILE, FORMAT_VERSION, MAGIC, MANIFEST_FILE, Manifest, expert_file_name};
 use crate::error::{Error, Result};
 use crate::names::{self, ExpertProj};
-use crate::spec::ModelArch;
+use crate::spec::{MAX_MANIFEST_BYTES, ModelArch, read_at_most};
 
 /// What `Container::open` keeps from validation.
 pub(super) struct Checked {
@@ -43,14 +43,14 @@ pub(crate) fn matrix_dims(shape: &[usize]) -> Option<(usize, usize)> {
 /// a container from a newer build gets a version error, not a field error.
 pub(super) fn read_manifest(dir: &Path) -> Result<Manifest> {
     let path = dir.join(MANIFEST_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let bytes = read_at_most(&path, MAX_MANIFEST_BYTES)?;
     #[derive(Deserialize)]
     struct Head {
         magic: Option<Value>,
         format_version: Option<Value>,
     }
     let json_err = |source| Error::Json { what: path.display().to_string(), source };
-    let head: Head = serde_json::from_str(&text).map_err(json_err)?;
+    let head: Head = serde_json::from_slice(&bytes).map_err(json_err)?;
     if head.magic.as_ref().and_then(Value::as_str) != Some(MAGIC) {
         return Err(Error::manifest(&path, format!("not a Strata container (magic must be {MAGIC:?})")));
     }
@@ -66,7 +66,7 @@ pub(super) fn read_manifest(dir: &Path) -> Result<Manifest> {
             ));
         }
     }
-    serde_json::from_str(&text).map_err(json_err)
+    serde_json::from_slice(&bytes).map_err(json_err)
 }
 
 /// A relative `/`-separated path that stays inside the container.

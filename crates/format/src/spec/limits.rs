@@ -7,7 +7,12 @@
 //! 10-million-token context), and low enough that a hostile or mistyped file
 //! cannot make parsing, conversion or loading allocate without bound, and
 //! that every product of two of them (an embedding's elements, an expert's
-//! bytes) fits in 64 bits. docs/FORMAT.md lists them.
+//! bytes) fits in 64 bits. docs/FORMAT.md lists them. Files read whole
+//! (manifest.json, tokenizer.json) have a size limit for the same reason.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
 
 use super::ModelSpec;
 use crate::error::{Error, Result};
@@ -33,6 +38,37 @@ pub const MAX_POSITIONS: usize = 1 << 24;
 /// End-of-sequence token ids (`eos_token_id` as a list; published models
 /// list at most a handful).
 pub const MAX_EOS_TOKENS: usize = 64;
+
+/// Bytes of a container's manifest.json. Its bulk is the expert records'
+/// CRC32Cs: `MAX_LAYERS * MAX_EXPERTS` records of at most 11 bytes each
+/// (`4294967295,`) are 46 MB; published models need a few MB.
+pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+
+/// Bytes of a tokenizer.json, and of each of a model's smaller text files
+/// that convert copies beside it. The largest published ones are about
+/// 33 MB (Gemma 3's 262,144 tokens); loading one takes a few times its
+/// size in memory.
+pub const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
+
+/// Reads the file at `path` whole, refusing one of more than `max_bytes`
+/// (the error names the file and the limit) without reading past the limit:
+/// the size is checked first and the read is bounded, so neither a huge
+/// file nor one that grows (a link to `/dev/zero`) is held in memory.
+pub fn read_at_most(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
+    let too_large = || Error::FileTooLarge { path: path.to_owned(), max_bytes };
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let size_bytes = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if size_bytes > max_bytes {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(size_bytes).map_err(|_| too_large())?);
+    // One byte past the limit tells a file at the limit from a longer one.
+    file.take(max_bytes.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(too_large());
+    }
+    Ok(bytes)
+}
 
 /// Refuses `value` of `field` above `max`, naming both.
 pub(crate) fn at_most(field: &str, value: usize, max: usize) -> Result<usize> {
@@ -87,4 +123,22 @@ pub(super) fn check(spec: &ModelSpec) -> Result<()> {
         at_most("bos_token_id / eos_token_id", id as usize, MAX_VOCAB - 1)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_read_whole_is_refused_past_its_limit_even_when_it_never_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.json");
+        std::fs::write(&path, [b' '; 10]).unwrap();
+        assert_eq!(read_at_most(&path, 10).unwrap(), [b' '; 10]);
+        let err = read_at_most(&path, 9).unwrap_err();
+        assert!(matches!(&err, Error::FileTooLarge { path: p, max_bytes: 9 } if *p == path), "{err}");
+        // A character device reports 0 bytes and never ends.
+        let err = read_at_most(Path::new("/dev/zero"), 1 << 20).unwrap_err();
+        assert!(matches!(err, Error::FileTooLarge { .. }), "{err}");
+    }
 }

@@ -9,6 +9,8 @@
 use std::fs::File;
 use std::path::Path;
 
+use strata_format::temporaries;
+
 use super::LayerFile;
 use super::receipt::{self, Receipt, ReceiptFile, hash_file, receipt_file};
 use crate::{ByteSize, Error, ExpertKey, Result, Usage};
@@ -82,6 +84,7 @@ pub fn stage(
         // Another version's receipt says nothing about these files.
         _ => Vec::new(),
     };
+    remove_stale_temporaries(mirror_dir, planned);
     let mut held: Vec<ReceiptFile> = Vec::new();
     let mut report = StageReport::default();
     for PlannedFile { file, .. } in planned {
@@ -112,7 +115,7 @@ pub fn stage(
             });
         }
         let name = dest.file_name().expect("a file name").to_string_lossy().into_owned();
-        let temp = dest_dir.join(format!(".{name}.tmp-{}", std::process::id()));
+        let temp = dest_dir.join(temporaries::temporary_name(&format!(".{name}")));
         let copied = copy_verified(container_dir, file, &temp, mirror_dir);
         let published = copied.and_then(|entry| {
             // A hard link fails if the name exists: nothing is replaced.
@@ -134,6 +137,18 @@ pub fn stage(
     }
     Receipt::new(container_hash, held).publish(mirror_dir)?;
     Ok(report)
+}
+
+/// Removes the temporary copies (`.NAME.tmp-PID`) of planned files that
+/// stages killed before publishing them left, each up to a layer file's
+/// size; a stage still running keeps its own.
+fn remove_stale_temporaries(mirror_dir: &Path, planned: &[PlannedFile]) {
+    for PlannedFile { file, .. } in planned {
+        let dest = receipt::join(mirror_dir, &file.path);
+        let (Some(dest_dir), Some(name)) = (dest.parent(), dest.file_name()) else { continue };
+        let stem = format!(".{}", name.to_string_lossy());
+        temporaries::remove_stale(dest_dir, |s| s == stem);
+    }
 }
 
 /// Copies `file` from the container to `temp`, fsyncs it, and hashes what

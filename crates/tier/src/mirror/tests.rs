@@ -272,3 +272,28 @@ fn verify_adopts_hand_made_copies_and_plan_takes_the_hottest_layers() {
     assert_eq!(layers, [1, 2]);
     assert!(plan(&fx.files, &usage, 10).is_empty());
 }
+
+/// A pid no process has: a child's, once it has been waited for.
+fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+#[test]
+fn a_killed_stages_temporary_copy_is_removed_by_the_next_and_a_live_ones_kept() {
+    let fx = fixture();
+    let dir = fx.mirrored(0).parent().unwrap().to_owned();
+    std::fs::create_dir_all(&dir).unwrap();
+    let killed = dir.join(format!(".layer_000.bin.tmp-{}", dead_pid()));
+    // Our parent (the test harness's) is alive: as a stage running now.
+    let running = dir.join(format!(".layer_001.bin.tmp-{}", std::os::unix::process::parent_id()));
+    for left in [&killed, &running] {
+        std::fs::write(left, b"half a copy").unwrap();
+    }
+    let report = fx.stage(&[0, 1]);
+    assert_eq!(report.copied, [layer_path(0), layer_path(1)]);
+    assert!(!killed.exists(), "the killed stage's copy is removed");
+    assert!(running.exists(), "a running stage's copy is left alone");
+}
