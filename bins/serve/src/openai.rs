@@ -219,7 +219,10 @@ fn response_format(format: Option<&Value>) -> Result<Format, ApiError> {
         Some("json_schema") => match &format["json_schema"]["schema"] {
             // OpenAI's default: any JSON object.
             Value::Null => Ok(Format::JsonObject),
-            schema => Ok(Format::JsonSchema(schema.clone())),
+            schema => Ok(Format::JsonSchema {
+                schema: schema.clone(),
+                strict: format["json_schema"]["strict"].as_bool().unwrap_or(false),
+            }),
         },
         _ => Err(ApiError::invalid_param(
             "response_format",

@@ -28,7 +28,12 @@ pub enum Format {
     #[default]
     Text,
     JsonObject,
-    JsonSchema(Value),
+    /// A schema, and whether it is read as strict (`json_schema.strict`:
+    /// objects that leave extra keys unsaid allow none).
+    JsonSchema {
+        schema: Value,
+        strict: bool,
+    },
 }
 
 /// What a request asks of tools and formats, in terms both APIs share.
@@ -101,7 +106,9 @@ impl App {
                 ("tools", self.grammars()?.tool_call(self.tool_syntax, &structure.tools, Some(name)))
             }
             (_, Format::JsonObject) => ("response_format", self.grammars()?.json_object()),
-            (_, Format::JsonSchema(schema)) => ("response_format", self.grammars()?.json_schema(schema)),
+            (_, Format::JsonSchema { schema, strict }) => {
+                ("response_format", self.grammars()?.json_schema(schema, *strict))
+            }
             (_, Format::Text) => return Ok(None),
         };
         match grammar {

@@ -129,7 +129,7 @@ fn schema_constrained_sampling_always_validates() {
     let prompt = prompt(&text, "Describe a person as JSON.");
     let (mut mask_time, mut masks) = (Duration::ZERO, 0);
     for seed in 0..SEEDS {
-        let mut grammar = compiler.json_schema(&schema()).unwrap();
+        let mut grammar = compiler.json_schema(&schema(), false).unwrap();
         let answer = generate(&engine, &text, &prompt, &mut grammar, seed);
         let value: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("seed {seed}: {answer:?}: {e}"));
         validate(&value).unwrap_or_else(|e| panic!("seed {seed}: {answer}: {e}"));
@@ -227,7 +227,7 @@ fn an_unsatisfiable_or_malformed_schema_is_the_requests_error() {
     let eos = tokenizer.token_to_id("<|end|>").unwrap();
     let compiler = GrammarCompiler::new(&tokenizer, &[eos]).unwrap();
     for schema in [json!("not a schema"), json!({"type": "nonsense"})] {
-        let err = compiler.json_schema(&schema).unwrap_err();
+        let err = compiler.json_schema(&schema, false).unwrap_err();
         assert!(matches!(err, strata_engine::Error::InvalidRequest(_)), "{schema}: {err}");
     }
 }
@@ -252,7 +252,7 @@ fn one_line_refusal(result: strata_engine::Result<Grammar>) -> String {
 #[test]
 fn a_self_referential_ref_is_refused_when_the_grammar_is_built() {
     let schema = json!({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"});
-    one_line_refusal(demo_compiler().json_schema(&schema));
+    one_line_refusal(demo_compiler().json_schema(&schema, false));
 }
 
 #[test]
@@ -271,6 +271,44 @@ fn a_schema_past_the_byte_limit_is_refused_naming_it() {
     let properties: serde_json::Map<String, Value> =
         (0..20_000).map(|i| (format!("property_{i}"), json!({"type": "integer"}))).collect();
     let schema = json!({"type": "object", "properties": properties});
-    let message = one_line_refusal(demo_compiler().json_schema(&schema));
+    let message = one_line_refusal(demo_compiler().json_schema(&schema, false));
     assert!(message.contains(&strata_engine::GRAMMAR_SCHEMA_BYTES_MAX.to_string()), "{message}");
+}
+
+/// Whether `grammar` allows `text`, fed token by token as sampling would:
+/// each token must survive the step's mask.
+fn allows(grammar: &mut Grammar, tokenizer: &strata_engine::Tokenizer, text: &str) -> bool {
+    for token in tokenizer.encode(text, false).unwrap() {
+        let mut logits = vec![0.0; tokenizer.vocab_size()];
+        grammar.mask(&mut logits).unwrap();
+        if logits[token as usize] == f32::NEG_INFINITY {
+            return false;
+        }
+        grammar.accept(token).unwrap();
+    }
+    true
+}
+
+/// Published tools rarely write `additionalProperties: false`; without it
+/// a forced call (or a strict schema) must still end where the declared
+/// keys do, not run on into keys nobody declared.
+#[test]
+fn a_schema_without_additional_properties_allows_no_undeclared_key_when_strict_or_forced() {
+    let tokenizer = strata_engine::Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
+    let compiler = demo_compiler();
+    let parameters = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+    let (declared, undeclared) = (r#"{"city": "Paris"}"#, r#"{"city": "Paris", "x": 1}"#);
+    let strict = || compiler.json_schema(&parameters, true).unwrap();
+    assert!(allows(&mut strict(), &tokenizer, declared));
+    assert!(!allows(&mut strict(), &tokenizer, undeclared));
+    // Not strict: JSON Schema's own reading, extra keys allowed.
+    assert!(allows(&mut compiler.json_schema(&parameters, false).unwrap(), &tokenizer, undeclared));
+
+    let tools = [json!({"type": "function", "function": {"name": "get_weather", "parameters": parameters}})];
+    let call = |arguments: &str| {
+        format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {arguments}}}\n</tool_call>")
+    };
+    let forced = || compiler.tool_call(ToolSyntax::JsonTags, &tools, None).unwrap();
+    assert!(allows(&mut forced(), &tokenizer, &call(declared)));
+    assert!(!allows(&mut forced(), &tokenizer, &call(undeclared)));
 }

@@ -28,6 +28,22 @@ WEATHER = {
 TOOLS = [{"name": "get_weather", "description": "The weather in a city", "input_schema": WEATHER}]
 FORCED = {"type": "tool", "name": "get_weather"}
 
+# A tool as published tools are written: no `additionalProperties`, no
+# bounds on its strings (as openai_client.py's).
+PUBLISHED_REQUESTS = 20
+PUBLISHED_MAX_TOKENS = 200
+PUBLISHED_WEATHER = {
+    "type": "object",
+    "properties": {
+        "location": {"type": "string", "description": "City and country e.g. Bogota, Colombia"},
+        "units": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["location"],
+}
+PUBLISHED_TOOLS = [{"name": "get_weather", "description": "The current weather", "input_schema": PUBLISHED_WEATHER}]
+# What the server must hold a call to: the declared keys and no others.
+PUBLISHED_WEATHER_CLOSED = dict(PUBLISHED_WEATHER, additionalProperties=False)
+
 
 def main() -> None:
     base_url, model, api_key = sys.argv[1:4]
@@ -73,6 +89,28 @@ def main() -> None:
     answer = client.messages.create(model=model, max_tokens=16, messages=history, tools=TOOLS)
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use"), answer
     print(f"tool_result turn: {answer.stop_reason}")
+
+    published_tool_calls(client, model, messages)
+
+
+def published_tool_calls(client: anthropic.Anthropic, model: str, messages: list) -> None:
+    """Forced calls of a tool without `additionalProperties` end where the
+    declared keys do (the issue's bar: 20 of 20)."""
+    for choice in (FORCED, {"type": "any"}):
+        for seed in range(PUBLISHED_REQUESTS):
+            message = client.messages.create(
+                model=model,
+                max_tokens=PUBLISHED_MAX_TOKENS,
+                messages=messages,
+                tools=PUBLISHED_TOOLS,
+                tool_choice=choice,
+                # The OpenAI checks' sampling: the same calls.
+                extra_body={"seed": seed, "temperature": 1.0},
+            )
+            assert message.stop_reason == "tool_use", (choice, seed, message)
+            (call,) = [block for block in message.content if block.type == "tool_use"]
+            jsonschema.validate(call.input, PUBLISHED_WEATHER_CLOSED)
+        print(f"published tool, tool_choice {choice['type']}: {PUBLISHED_REQUESTS}/{PUBLISHED_REQUESTS} tool_use blocks valid")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ import openai
 SEEDED_REQUESTS = 50
 # Room for a whole call or object in the demo model's small tokens.
 STRUCTURED_MAX_TOKENS = 160
+# Room for a call whose strings are unbounded, as published tools leave
+# them (the demo's context is 256 tokens).
+PUBLISHED_MAX_TOKENS = 200
 
 PERSON = {
     "type": "object",
@@ -42,6 +45,26 @@ TOOLS = [
         "function": {"name": "get_weather", "description": "The weather in a city", "parameters": WEATHER},
     }
 ]
+
+# A tool as published tools are written: no `additionalProperties`, no
+# bounds on its strings (OpenAI's own function-calling example).
+PUBLISHED_REQUESTS = 20
+PUBLISHED_WEATHER = {
+    "type": "object",
+    "properties": {
+        "location": {"type": "string", "description": "City and country e.g. Bogota, Colombia"},
+        "units": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["location"],
+}
+PUBLISHED_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The current weather", "parameters": PUBLISHED_WEATHER},
+    }
+]
+# What the server must hold a call to: the declared keys and no others.
+PUBLISHED_WEATHER_CLOSED = dict(PUBLISHED_WEATHER, additionalProperties=False)
 
 
 def main() -> None:
@@ -109,6 +132,7 @@ def main() -> None:
 
     structured_outputs(client, model)
     tool_calls(client, model)
+    published_tool_calls(client, model)
 
 
 def structured_outputs(client: openai.OpenAI, model: str) -> None:
@@ -183,6 +207,46 @@ def tool_calls(client: openai.OpenAI, model: str) -> None:
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls"), answer
     print("tool result turn: answered")
 
+
+def published_tool_calls(client: openai.OpenAI, model: str) -> None:
+    """Forced calls of tools without `additionalProperties` end where the
+    declared keys do (the issue's bar: 20 of 20), as does a strict schema."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    choices = [("named", {"type": "function", "function": {"name": "get_weather"}}), ("required", "required")]
+    for label, choice in choices:
+        for seed in range(PUBLISHED_REQUESTS):
+            reply = client.chat.completions.create(
+                model=model,
+                messages=messages,
+                max_tokens=PUBLISHED_MAX_TOKENS,
+                seed=seed,
+                temperature=1.0,
+                tools=PUBLISHED_TOOLS,
+                tool_choice=choice,
+            )
+            answer = reply.choices[0]
+            assert answer.finish_reason == "tool_calls", (label, seed, answer)
+            (call,) = answer.message.tool_calls
+            assert call.function.name == "get_weather", (label, seed, call)
+            jsonschema.validate(json.loads(call.function.arguments), PUBLISHED_WEATHER_CLOSED)
+        print(f"published tools, tool_choice {label}: {PUBLISHED_REQUESTS}/{PUBLISHED_REQUESTS} calls parse")
+
+    # A strict schema that leaves `additionalProperties` unsaid is closed too
+    # (its strings bounded: no tool call's markup around it to end them).
+    person_open = {key: value for key, value in PERSON.items() if key != "additionalProperties"}
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": person_open, "strict": True}}
+    for seed in range(PUBLISHED_REQUESTS):
+        reply = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Describe a person."}],
+            max_tokens=PUBLISHED_MAX_TOKENS,
+            seed=seed,
+            temperature=1.0,
+            response_format=response_format,
+        )
+        assert reply.choices[0].finish_reason == "stop", (seed, reply)
+        jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
+    print(f"json_schema strict, no additionalProperties: {PUBLISHED_REQUESTS}/{PUBLISHED_REQUESTS} valid")
 
 if __name__ == "__main__":
     main()

@@ -10,6 +10,7 @@
 //! [`Constraint`](crate::Constraint) that the decode step asks for the mask
 //! before sampling and tells the token chosen after.
 
+mod closed;
 mod tool_call;
 mod vocab;
 
@@ -81,23 +82,27 @@ impl GrammarCompiler {
 
     /// Any JSON object (`response_format: {"type": "json_object"}`).
     pub fn json_object(&self) -> Result<Grammar> {
-        self.json_schema(&serde_json::json!({"type": "object"}))
+        self.json_schema(&serde_json::json!({"type": "object"}), false)
     }
 
     /// A JSON value valid under `schema` (`response_format: {"type":
-    /// "json_schema"}`). A schema llguidance cannot compile is the request's
-    /// error.
-    pub fn json_schema(&self, schema: &Value) -> Result<Grammar> {
+    /// "json_schema"}`); `strict` (its `strict: true`) closes every object
+    /// that leaves extra keys unsaid (`closed::closed_objects`). A schema
+    /// llguidance cannot compile is the request's error.
+    pub fn json_schema(&self, schema: &Value, strict: bool) -> Result<Grammar> {
         if !schema.is_object() && !schema.is_boolean() {
             return Err(Error::InvalidRequest("a JSON schema must be an object".to_owned()));
         }
         check_schema_bytes(json_bytes(schema), "the JSON schema")?;
-        self.compile(TopLevelGrammar::from_json_schema(with_json_options(schema)))
+        let schema = if strict { closed::closed_objects(schema) } else { schema.clone() };
+        self.compile(TopLevelGrammar::from_json_schema(with_json_options(&schema)))
     }
 
     /// One call, in the model's `syntax`, of the function `name` (or of any
     /// of `tools` when `None`: `tool_choice: "required"`), its arguments
-    /// valid under the function's `parameters` schema. `tools` are OpenAI
+    /// valid under the function's `parameters` schema, read as strict (an
+    /// object that leaves extra keys unsaid allows none, as
+    /// `closed::closed_objects` says). `tools` are OpenAI
     /// tool objects (`{"type": "function", "function": {...}}`).
     pub fn tool_call(&self, syntax: ToolSyntax, tools: &[Value], name: Option<&str>) -> Result<Grammar> {
         if tools.len() > GRAMMAR_TOOLS_MAX {

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use super::closed::closed_objects;
 use super::with_json_options;
 use crate::text::ToolSyntax;
 use crate::{Error, Result};
@@ -24,7 +25,9 @@ pub(super) fn lark(
         .map(|tool| {
             let fname = function(tool).get("name").and_then(Value::as_str).filter(|n| !n.is_empty());
             let fname = fname.ok_or_else(|| Error::InvalidRequest("a tool has no function name".to_owned()))?;
-            let parameters = parameters(tool).cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}));
+            // Strict: a call that may add keys nobody declared need never end.
+            // A tool without parameters takes none.
+            let parameters = closed_objects(parameters(tool).unwrap_or(&serde_json::json!({"type": "object"})));
             Ok((fname, parameters))
         })
         .collect::<Result<_>>()?;
@@ -195,6 +198,16 @@ mod tests {
             "{grammar}"
         );
         assert!(grammar.contains("<[8]>"), "{grammar}");
+    }
+
+    #[test]
+    fn forced_arguments_allow_no_keys_the_tool_does_not_declare() {
+        let grammar = lark(ToolSyntax::JsonTags, &tools(), None, |_| None).unwrap();
+        let call_lines: Vec<&str> = grammar.lines().filter(|line| line.starts_with("call_")).collect();
+        assert_eq!(call_lines.len(), 2, "{grammar}");
+        for line in call_lines {
+            assert!(line.contains("\"additionalProperties\":false"), "{line}");
+        }
     }
 
     #[test]
