@@ -11,11 +11,14 @@
 //! - [`StopStrings`]: stop sequences matched across streamed chunks.
 //! - [`ToolCallParser`]: tool calls out of a streamed answer, in the
 //!   [`ToolSyntax`] the model's template shows.
+//! - [`ReasoningSplitter`], [`ThinkingBudget`]: a reasoning model's thinking
+//!   kept apart from its answer, and held to a budget of tokens.
 //! - [`eos_ids_from_dir`]: every id that ends generation.
 //!
 //! Nothing here downloads anything: every file is read from the directory.
 
 mod detok;
+mod reasoning;
 mod stop;
 mod template;
 mod tokenizer;
@@ -26,6 +29,10 @@ use std::path::Path;
 use serde_json::Value;
 
 pub use detok::Detokenizer;
+pub use reasoning::{
+    ReasoningSplitter, Split, THINK_CLOSE, THINK_OPEN, ThinkingBudget, ThinkingMarkers, prompt_opens_thinking,
+    template_thinks,
+};
 pub use stop::{StopOutput, StopStrings};
 pub use template::{
     CHAT_TEMPLATE_FILE, ChatTemplate, Message, SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE, ToolCall,

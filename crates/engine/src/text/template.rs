@@ -53,11 +53,23 @@ pub struct Message {
     /// The function a `tool` message is the result of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant turn's thinking, kept apart from its content (the field
+    /// Qwen3's, Qwen3.5's and GLM's templates read; each decides which
+    /// turns' thinking it shows again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
-        Message { role: role.into(), content: content.into(), tool_calls: Vec::new(), tool_call_id: None, name: None }
+        Message {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+            reasoning_content: None,
+        }
     }
 
     pub fn system(content: impl Into<String>) -> Message {
