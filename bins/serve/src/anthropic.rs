@@ -3,7 +3,10 @@
 //! `content_block_delta`..., `content_block_stop`, `message_delta`,
 //! `message_stop`) or not. Errors use Anthropic's body. Tools (`tools`,
 //! `tool_choice`, `tool_use` and `tool_result` blocks) as OpenAI's tools
-//! underneath (see `tools`).
+//! underneath (see `tools`). A thinking model's reasoning comes back as
+//! `thinking` blocks; `thinking: {"type": "enabled", "budget_tokens": N}`
+//! turns it on in the template and ends it after N tokens, `disabled` turns
+//! it off (see `thinking`).
 
 use axum::Json;
 use axum::extract::State;
@@ -20,6 +23,7 @@ use crate::generate::{GenRequest, Piece, Reply};
 use crate::metrics::Endpoint;
 use crate::openai::{new_id, parse, sse};
 use crate::state::SharedApp;
+use crate::thinking::{Thinking, template_kwargs};
 use crate::tools::{Structure, ToolChoice, called_function};
 
 /// Content: a string, or blocks: text, and the tool blocks of the turns
@@ -49,6 +53,9 @@ struct Block {
     tool_use_id: Option<String>,
     #[serde(default)]
     content: Option<Content>,
+    /// `thinking`: an earlier reply's reasoning.
+    #[serde(default)]
+    thinking: Option<String>,
 }
 
 impl Content {
@@ -86,11 +93,15 @@ impl InputMessage {
             Content::Blocks(blocks) => blocks,
         };
         let mut text = String::new();
+        let mut reasoning = String::new();
         let mut calls = Vec::new();
         let mut results = 0;
         for block in blocks {
             match block.kind.as_str() {
                 "text" => text.push_str(&block.text.unwrap_or_default()),
+                "thinking" => reasoning.push_str(&block.thinking.unwrap_or_default()),
+                // Encrypted by Anthropic: nothing a template can show.
+                "redacted_thinking" => {}
                 "tool_use" => {
                     let (Some(id), Some(name)) = (block.id, block.name) else {
                         return Err(ApiError::invalid_param(
@@ -116,14 +127,17 @@ impl InputMessage {
                 kind => {
                     return Err(ApiError::invalid_param(
                         "messages",
-                        format!("content blocks of type `{kind}` are not supported (text, tool_use, tool_result)"),
+                        format!(
+                            "content blocks of type `{kind}` are not supported (text, thinking, tool_use, tool_result)"
+                        ),
                     ));
                 }
             }
         }
         // A turn of results alone is those `tool` messages.
-        if !text.is_empty() || !calls.is_empty() || results == 0 {
-            conversation.push(Message { role: self.role, ..Message::assistant_calls(text, calls) });
+        if !text.is_empty() || !calls.is_empty() || !reasoning.is_empty() || results == 0 {
+            let reasoning_content = (!reasoning.is_empty()).then_some(reasoning);
+            conversation.push(Message { role: self.role, reasoning_content, ..Message::assistant_calls(text, calls) });
         }
         Ok(())
     }
@@ -160,6 +174,14 @@ enum AnthropicToolChoice {
     Tool { name: String },
 }
 
+/// `thinking`: `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ThinkingConfig {
+    Enabled { budget_tokens: u64 },
+    Disabled,
+}
+
 #[derive(Debug, Deserialize)]
 struct InputMessage {
     role: String,
@@ -190,6 +212,11 @@ struct MessagesRequest {
     tools: Option<Vec<Tool>>,
     #[serde(default)]
     tool_choice: Option<AnthropicToolChoice>,
+    #[serde(default)]
+    thinking: Option<ThinkingConfig>,
+    /// Not Anthropic's: variables for the chat template, as on the OpenAI endpoint.
+    #[serde(default)]
+    chat_template_kwargs: Option<Value>,
 }
 
 fn stop_reason(finish: Finish) -> &'static str {
@@ -210,6 +237,7 @@ pub struct MessagesBody {
     pub conversation: Vec<Message>,
     pub continuation: Option<String>,
     pub structure: Structure,
+    pub thinking: Thinking,
 }
 
 /// Decodes a Messages body; every check that needs no server (the fuzz
@@ -251,7 +279,36 @@ pub fn parse_messages(body: &[u8]) -> Result<MessagesBody, ApiError> {
         ..Structure::default()
     };
     structure.check()?;
-    Ok(MessagesBody { request, conversation, continuation, structure })
+    let thinking = thinking(&mut request)?;
+    Ok(MessagesBody { request, conversation, continuation, structure, thinking })
+}
+
+/// The template's variables and the thinking's budget: `thinking` sets
+/// `enable_thinking` (unless `chat_template_kwargs` does), and its budget
+/// must leave room for an answer, as Anthropic requires.
+fn thinking(request: &mut MessagesRequest) -> Result<Thinking, ApiError> {
+    let mut kwargs = template_kwargs(request.chat_template_kwargs.take())?;
+    let budget_tokens = match request.thinking.take() {
+        None => None,
+        Some(ThinkingConfig::Disabled) => {
+            kwargs.entry("enable_thinking").or_insert(false.into());
+            None
+        }
+        Some(ThinkingConfig::Enabled { budget_tokens }) => {
+            if budget_tokens == 0 || budget_tokens >= request.max_tokens {
+                return Err(ApiError::invalid_param(
+                    "thinking",
+                    format!(
+                        "thinking.budget_tokens ({budget_tokens}) must be at least 1 and less than max_tokens ({})",
+                        request.max_tokens
+                    ),
+                ));
+            }
+            kwargs.entry("enable_thinking").or_insert(true.into());
+            Some(budget_tokens)
+        }
+    };
+    Ok(Thinking { kwargs, budget_tokens })
 }
 
 pub async fn messages(State(app): State<SharedApp>, body: JsonBody) -> Response {
@@ -266,19 +323,22 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     // A queue slot before any work on the body: a full server answers 429
     // without parsing, templating or tokenizing.
     let admission = app.admit()?;
-    let MessagesBody { request, conversation, continuation, structure } = parse_messages(&body)?;
+    let MessagesBody { request, conversation, continuation, structure, thinking } = parse_messages(&body)?;
     app.check_model(&request.model)?;
     let (prompt, structure, constraint) = app
         .prepare(body.len(), move |app| {
-            let prompt = app.chat_prompt(&conversation, &structure.tools, continuation.as_deref())?;
-            let constraint = app.constraint(&structure)?;
+            let prompt = app.chat_prompt(&conversation, &structure.tools, continuation.as_deref(), &thinking.kwargs)?;
+            let inner = app.constraint(&structure)?;
+            let constraint = app.thinking_constraint(prompt.thinking, thinking.budget_tokens, inner)?;
             Ok((prompt, structure, constraint))
         })
         .await?;
+    let reasoning = app.reasoning_splitter(prompt.thinking);
+    let thinks = reasoning.is_some();
     let generation = app.generate(
         admission,
         GenRequest {
-            prompt,
+            prompt: prompt.ids,
             max_tokens: Some(request.max_tokens),
             temperature: request.temperature,
             top_p: request.top_p,
@@ -289,6 +349,7 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
             cap_max_tokens: true,
             calls: app.call_parser(&structure),
             constraint,
+            reasoning,
         },
         Endpoint::Messages,
     )?;
@@ -301,8 +362,11 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
         _ => Value::Null,
     };
     if !request.stream.unwrap_or(false) {
-        let Reply { text, calls, reason, completion_tokens: output_tokens } = generation.collect().await?;
+        let Reply { text, reasoning, calls, reason, completion_tokens: output_tokens } = generation.collect().await?;
         let mut content = Vec::new();
+        if !reasoning.is_empty() {
+            content.push(json!({ "type": "thinking", "thinking": reasoning, "signature": "" }));
+        }
         if !text.is_empty() || calls.is_empty() {
             content.push(json!({ "type": "text", "text": text }));
         }
@@ -319,55 +383,41 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
         }))
         .into_response());
     }
-    let start = [
-        event(
-            "message_start",
-            json!({
-                "type": "message_start",
-                "message": {
-                    "id": id,
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": [],
-                    "stop_reason": null,
-                    "stop_sequence": null,
-                    "usage": { "input_tokens": input_tokens, "output_tokens": 0 },
-                },
-            }),
-        ),
-        text_block_start(0),
-        event("ping", json!({ "type": "ping" })),
-    ];
-    // The block being written, and whether it is an open text block (the
-    // first always is; a call closes it, and text after a call opens another).
-    let mut index = 0;
-    let mut text_open = true;
+    let start = [event(
+        "message_start",
+        json!({
+            "type": "message_start",
+            "message": {
+                "id": id,
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [],
+                "stop_reason": null,
+                "stop_sequence": null,
+                "usage": { "input_tokens": input_tokens, "output_tokens": 0 },
+            },
+        }),
+    )];
+    let mut blocks = Blocks::default();
+    // A reply without thinking opens its text block at once, as Anthropic's
+    // does, before the ping.
+    let first = (!thinks).then(|| blocks.open(Open::Text)).into_iter().flatten();
+    let ping = event("ping", json!({ "type": "ping" }));
+    let start: Vec<_> = start.into_iter().chain(first).chain([ping]).collect();
     let mut called = false;
     let events = generation.into_stream().flat_map(move |piece| {
         let events = match piece {
-            Ok(Piece::Text(text)) => {
-                let mut events = Vec::new();
-                if !text_open {
-                    events.push(text_block_start(index));
-                    text_open = true;
-                }
-                events.push(event(
-                    "content_block_delta",
-                    json!({ "type": "content_block_delta", "index": index, "delta": { "type": "text_delta", "text": text } }),
-                ));
-                events
+            Ok(Piece::Text(text)) => blocks.delta(Open::Text, json!({ "type": "text_delta", "text": text })),
+            Ok(Piece::Reasoning(text)) => {
+                blocks.delta(Open::Thinking, json!({ "type": "thinking_delta", "thinking": text }))
             }
             Ok(Piece::Call(call)) => {
-                let mut events = Vec::new();
-                if text_open {
-                    events.push(block_stop(index));
-                    index += 1;
-                    text_open = false;
-                }
                 called = true;
+                let mut events = blocks.close();
                 let mut block = tool_use(&call);
                 let input = std::mem::replace(&mut block["input"], json!({}));
+                let index = blocks.next;
                 events.push(event(
                     "content_block_start",
                     json!({ "type": "content_block_start", "index": index, "content_block": block }),
@@ -381,14 +431,13 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
                     }),
                 ));
                 events.push(block_stop(index));
-                index += 1;
+                blocks.next += 1;
                 events
             }
             Ok(Piece::End { reason, completion_tokens }) => {
-                let mut events = Vec::new();
-                if text_open {
-                    events.push(block_stop(index));
-                }
+                // Every reply has a block: an empty one is an empty text.
+                let mut events = if blocks.next == 0 && blocks.open.is_none() { blocks.open(Open::Text) } else { Vec::new() };
+                events.extend(blocks.close());
                 events.push(event(
                     "message_delta",
                     json!({
@@ -407,11 +456,61 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     Ok(sse(futures_util::stream::iter(start).chain(events)))
 }
 
-fn text_block_start(index: usize) -> Result<Event, std::convert::Infallible> {
-    event(
-        "content_block_start",
-        json!({ "type": "content_block_start", "index": index, "content_block": { "type": "text", "text": "" } }),
-    )
+type SseEvent = Result<Event, std::convert::Infallible>;
+
+/// The kinds of block a streamed reply writes piece by piece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Text,
+    Thinking,
+}
+
+/// Where a streamed reply's blocks stand: the one open, and the index of
+/// the next (a call is a block of its own, opened and closed at once).
+#[derive(Debug, Default)]
+struct Blocks {
+    open: Option<Open>,
+    next: usize,
+}
+
+impl Blocks {
+    /// Opens a block of `kind` at the next index.
+    fn open(&mut self, kind: Open) -> Vec<SseEvent> {
+        let block = match kind {
+            Open::Text => json!({ "type": "text", "text": "" }),
+            Open::Thinking => json!({ "type": "thinking", "thinking": "", "signature": "" }),
+        };
+        self.open = Some(kind);
+        vec![event(
+            "content_block_start",
+            json!({ "type": "content_block_start", "index": self.next, "content_block": block }),
+        )]
+    }
+
+    /// Closes the open block, if any.
+    fn close(&mut self) -> Vec<SseEvent> {
+        match self.open.take() {
+            Some(_) => {
+                self.next += 1;
+                vec![block_stop(self.next - 1)]
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// `delta` in a block of `kind`, opening one (and closing another) if needed.
+    fn delta(&mut self, kind: Open, delta: Value) -> Vec<SseEvent> {
+        let mut events = Vec::new();
+        if self.open != Some(kind) {
+            events.extend(self.close());
+            events.extend(self.open(kind));
+        }
+        events.push(event(
+            "content_block_delta",
+            json!({ "type": "content_block_delta", "index": self.next, "delta": delta }),
+        ));
+        events
+    }
 }
 
 fn block_stop(index: usize) -> Result<Event, std::convert::Infallible> {

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use axum::http::StatusCode;
 use strata_engine::{
     Admission, Constraint, Detokenizer, Error as EngineError, Event, EventSink, Finish, GenerateOptions, Job,
-    ParsedCall, SamplingOptions, StopStrings, ToolCallParser, ToolEvent,
+    ParsedCall, ReasoningSplitter, SamplingOptions, Split, StopStrings, ToolCallParser, ToolEvent,
 };
 use tokio::sync::mpsc;
 
@@ -47,20 +47,28 @@ pub struct GenRequest {
     pub constraint: Option<Box<dyn Constraint>>,
     /// Reads the reply's tool calls, when tools may be called.
     pub calls: Option<ToolCallParser>,
+    /// Keeps the reply's thinking apart, when the template thinks.
+    pub reasoning: Option<ReasoningSplitter>,
 }
 
 /// One piece of a reply.
 #[derive(Debug)]
 pub enum Piece {
     Text(String),
+    /// The model's thinking (of a template that marks it).
+    Reasoning(String),
     Call(ParsedCall),
-    End { reason: Finish, completion_tokens: usize },
+    End {
+        reason: Finish,
+        completion_tokens: usize,
+    },
 }
 
 /// A whole reply, collected.
 #[derive(Debug)]
 pub struct Reply {
     pub text: String,
+    pub reasoning: String,
     pub calls: Vec<ParsedCall>,
     pub reason: Finish,
     pub completion_tokens: usize,
@@ -74,6 +82,10 @@ pub struct Generation {
     detok: Detokenizer,
     stops: StopStrings,
     calls: Option<ToolCallParser>,
+    reasoning: Option<ReasoningSplitter>,
+    /// Reads calls the model writes inside its thinking (some do, and
+    /// then act on them), when calls are read.
+    thinking_calls: Option<ToolCallParser>,
     /// Left out of the text even where special tokens are kept.
     eos_token_ids: Vec<u32>,
     tokens: usize,
@@ -241,7 +253,9 @@ impl App {
             // Some families write their call markers as special tokens
             // (DeepSeek, Kimi): kept where calls are read.
             detok: self.tokenizer.detokenizer(request.calls.is_none()),
+            thinking_calls: request.calls.as_ref().filter(|_| request.reasoning.is_some()).cloned(),
             calls: request.calls,
+            reasoning: request.reasoning,
             eos_token_ids: self.eos_token_ids.clone(),
             tokens: 0,
             ready: VecDeque::new(),
@@ -283,13 +297,17 @@ impl Generation {
     /// Collects the whole reply.
     pub async fn collect(mut self) -> Result<Reply, ApiError> {
         let mut text = String::new();
+        let mut reasoning = String::new();
         let mut calls = Vec::new();
         while let Some(piece) = self.next().await {
             match piece? {
                 Piece::Text(t) => text.push_str(&t),
+                Piece::Reasoning(t) => reasoning.push_str(&t),
                 Piece::Call(call) => calls.push(call),
                 Piece::End { reason, completion_tokens } => {
-                    return Ok(Reply { text, calls, reason, completion_tokens });
+                    // The whitespace before the close marker is the marker's.
+                    reasoning.truncate(reasoning.trim_end().len());
+                    return Ok(Reply { text, reasoning, calls, reason, completion_tokens });
                 }
             }
         }
@@ -324,8 +342,44 @@ impl Generation {
         }
     }
 
-    /// Hands out `text` of the answer: as it is, or through the call parser.
+    /// Hands out `text` of the reply: its thinking apart, when the template
+    /// thinks, and the rest as [`Generation::answer_text`].
     fn answer(&mut self, text: String) {
+        let splits = match &mut self.reasoning {
+            None => vec![Split::Answer(text)],
+            Some(splitter) => splitter.push(&text),
+        };
+        self.hand_out(splits);
+    }
+
+    fn hand_out(&mut self, splits: Vec<Split>) {
+        for split in splits {
+            match split {
+                Split::Answer(text) => {
+                    self.finish_thinking_calls();
+                    self.answer_text(text);
+                }
+                Split::Reasoning(text) => match &mut self.thinking_calls {
+                    None => self.ready.push_back(Ok(Piece::Reasoning(text))),
+                    Some(parser) => {
+                        let events = parser.push(&text);
+                        self.ready.extend(events.into_iter().map(|e| Ok(thinking_piece(e))));
+                    }
+                },
+            }
+        }
+    }
+
+    /// What the thinking's call parser held back, once the thinking is over.
+    fn finish_thinking_calls(&mut self) {
+        if let Some(mut parser) = self.thinking_calls.take() {
+            let events = parser.finish();
+            self.ready.extend(events.into_iter().map(|e| Ok(thinking_piece(e))));
+        }
+    }
+
+    /// Hands out `text` of the answer: as it is, or through the call parser.
+    fn answer_text(&mut self, text: String) {
         match &mut self.calls {
             None if text.is_empty() => {}
             None => self.ready.push_back(Ok(Piece::Text(text))),
@@ -336,8 +390,12 @@ impl Generation {
         }
     }
 
-    /// What the call parser held back at the end of the answer.
+    /// What the splitter and the call parsers held back at the end of the reply.
     fn finish_calls(&mut self) {
+        if let Some(splits) = self.reasoning.as_mut().map(ReasoningSplitter::finish) {
+            self.hand_out(splits);
+        }
+        self.finish_thinking_calls();
         if let Some(parser) = &mut self.calls {
             let events = parser.finish();
             self.ready.extend(events.into_iter().map(|e| Ok(tool_piece(e))));
@@ -357,6 +415,76 @@ fn tool_piece(event: ToolEvent) -> Piece {
     }
 }
 
+/// A piece of the thinking: its text is reasoning, its calls are calls.
+fn thinking_piece(event: ToolEvent) -> Piece {
+    match event {
+        ToolEvent::Text(text) => Piece::Reasoning(text),
+        ToolEvent::Call(call) => Piece::Call(call),
+    }
+}
+
 fn shutting_down() -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use strata_engine::{ThinkingStart, Tokenizer, ToolSyntax};
+
+    use super::*;
+
+    /// A generation of a template that thinks, whose text arrives by hand.
+    fn thinking_generation(start: ThinkingStart) -> Generation {
+        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+        let tokenizer = Tokenizer::from_dir(&demo).unwrap().expect("the demo's tokenizer");
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "get_weather"}})];
+        let calls = ToolCallParser::new(ToolSyntax::JsonTags, &tools);
+        Generation {
+            prompt_tokens: 1,
+            stop: Vec::new(),
+            rx: None,
+            detok: tokenizer.detokenizer(false),
+            stops: StopStrings::new(Vec::<String>::new()),
+            thinking_calls: Some(calls.clone()),
+            calls: Some(calls),
+            reasoning: Some(ReasoningSplitter::new(start)),
+            eos_token_ids: Vec::new(),
+            tokens: 0,
+            ready: VecDeque::new(),
+        }
+    }
+
+    /// The pieces of a reply that arrives as `chunks`.
+    fn pieces(start: ThinkingStart, chunks: &[&str]) -> Vec<String> {
+        let mut generation = thinking_generation(start);
+        for (i, chunk) in chunks.iter().enumerate() {
+            let end = (i + 1 == chunks.len()).then_some((Finish::Stop, chunks.len()));
+            generation.text((*chunk).to_owned(), end);
+        }
+        generation
+            .ready
+            .into_iter()
+            .map(|piece| match piece.unwrap() {
+                Piece::Text(text) => format!("text {text}"),
+                Piece::Reasoning(text) => format!("reasoning {text}"),
+                Piece::Call(call) => format!("call {} {}", call.name, call.arguments),
+                Piece::End { .. } => "end".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_call_inside_or_after_the_thinking_still_parses() {
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let inside = format!("I will look it up.{call}</think>\n\nDone.");
+        assert_eq!(
+            pieces(ThinkingStart::Opened, &[&inside[..20], &inside[20..]]),
+            ["reasoning I will look it up.", "call get_weather {\"city\":\"Paris\"}", "text Done.", "end"]
+        );
+        let after = format!("<think>\nHmm.\n</think>\n\n{call}");
+        let got = pieces(ThinkingStart::MayOpen, &[&after]);
+        assert_eq!(got, ["reasoning Hmm.\n", "call get_weather {\"city\":\"Paris\"}", "end"]);
+    }
 }

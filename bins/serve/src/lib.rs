@@ -15,4 +15,5 @@ pub mod openai;
 pub mod page;
 pub mod server;
 pub mod state;
+pub mod thinking;
 pub mod tools;

@@ -3,7 +3,9 @@
 //! honoured are accepted and ignored, as other OpenAI-compatible servers do,
 //! except those whose meaning would silently change the answer (`n > 1`,
 //! `echo`, `logprobs`), which are refused. Chat honours `tools`,
-//! `tool_choice` and `response_format` (see `tools`).
+//! `tool_choice` and `response_format` (see `tools`), and
+//! `chat_template_kwargs`; a thinking model's reasoning comes back apart,
+//! as `reasoning_content` (see `thinking`).
 
 use std::convert::Infallible;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -23,6 +25,7 @@ use crate::error::ApiError;
 use crate::generate::{GenRequest, Piece, Reply};
 use crate::metrics::Endpoint;
 use crate::state::{App, SharedApp};
+use crate::thinking::template_kwargs;
 use crate::tools::{Format, Structure, ToolChoice, called_function};
 
 /// A JSON body as `T`, or the 400 saying what is wrong with it.
@@ -99,6 +102,10 @@ struct ChatMessage {
     tool_call_id: Option<String>,
     #[serde(default)]
     name: Option<String>,
+    /// An assistant turn's thinking, as the reply gave it (`reasoning`:
+    /// vLLM's newer name for it).
+    #[serde(default, alias = "reasoning")]
+    reasoning_content: Option<String>,
 }
 
 /// Fields honoured by both OpenAI endpoints.
@@ -140,6 +147,9 @@ struct ChatRequest {
     tool_choice: Option<Value>,
     #[serde(default)]
     response_format: Option<Value>,
+    /// Variables for the chat template (vLLM's and SGLang's field).
+    #[serde(default)]
+    chat_template_kwargs: Option<Value>,
     #[serde(flatten)]
     common: Common,
 }
@@ -191,6 +201,7 @@ impl Common {
             cap_max_tokens: false,
             constraint: None,
             calls: None,
+            reasoning: None,
         }
     }
 }
@@ -296,11 +307,14 @@ fn messages(list: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
                 let name = m.name.unwrap_or_else(|| called_function(&conversation, &id));
                 Message::tool_result(id, name, content)
             }
-            _ => match m.tool_calls {
-                Some(calls) if !calls.is_empty() => {
-                    Message { role: m.role, ..Message::assistant_calls(content, calls) }
+            _ => Message {
+                reasoning_content: m.reasoning_content,
+                ..match m.tool_calls {
+                    Some(calls) if !calls.is_empty() => {
+                        Message { role: m.role, ..Message::assistant_calls(content, calls) }
+                    }
+                    _ => Message::new(m.role, content),
                 }
-                _ => Message::new(m.role, content),
             },
         };
         conversation.push(message);
@@ -316,6 +330,8 @@ pub struct ChatBody {
     /// The tools, the forced choice and the output format.
     pub structure: Structure,
     pub conversation: Vec<Message>,
+    /// `chat_template_kwargs`, checked.
+    pub kwargs: serde_json::Map<String, Value>,
 }
 
 /// Decodes a chat completion body; every check that needs no server (the
@@ -328,12 +344,14 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatBody, ApiError> {
         format: response_format(request.response_format.as_ref())?,
     };
     structure.check()?;
+    let kwargs = template_kwargs(request.chat_template_kwargs)?;
     let conversation = messages(request.messages)?;
     Ok(ChatBody {
         common: request.common,
         max_completion_tokens: request.max_completion_tokens,
         structure,
         conversation,
+        kwargs,
     })
 }
 
@@ -349,12 +367,12 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     // A queue slot before any work on the body: a full server answers 429
     // without parsing, templating or tokenizing.
     let admission = app.admit()?;
-    let ChatBody { common, max_completion_tokens, structure, conversation } = parse_chat(&body)?;
+    let ChatBody { common, max_completion_tokens, structure, conversation, kwargs } = parse_chat(&body)?;
     common.check(&app)?;
     let (prompt, structure, constraint) = app
         .prepare(body.len(), move |app| {
-            let prompt = app.chat_prompt(&conversation, &structure.tools, None)?;
-            let constraint = app.constraint(&structure)?;
+            let prompt = app.chat_prompt(&conversation, &structure.tools, None, &kwargs)?;
+            let constraint = app.thinking_constraint(prompt.thinking, None, app.constraint(&structure)?)?;
             Ok((prompt, structure, constraint))
         })
         .await?;
@@ -362,7 +380,12 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     let include_usage = common.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
     let generation = app.generate(
         admission,
-        GenRequest { constraint, calls: app.call_parser(&structure), ..common.request(prompt, max_completion_tokens) },
+        GenRequest {
+            constraint,
+            calls: app.call_parser(&structure),
+            reasoning: app.reasoning_splitter(prompt.thinking),
+            ..common.request(prompt.ids, max_completion_tokens)
+        },
         Endpoint::Chat,
     )?;
     let id = new_id("chatcmpl");
@@ -370,8 +393,11 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     let model = app.model_name.clone();
     let prompt_tokens = generation.prompt_tokens;
     if !stream {
-        let Reply { text, calls, reason, completion_tokens } = generation.collect().await?;
+        let Reply { text, reasoning, calls, reason, completion_tokens } = generation.collect().await?;
         let mut message = json!({ "role": "assistant", "content": text, "refusal": null });
+        if !reasoning.is_empty() {
+            message["reasoning_content"] = reasoning.into();
+        }
         if !calls.is_empty() {
             message["tool_calls"] = calls.iter().map(tool_call).collect();
             if text.is_empty() {
@@ -397,6 +423,7 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     let chunk = move |delta: Delta<'_>, finish: Option<&str>| {
         let delta = match delta {
             Delta::Text(text) => json!({ "content": text }),
+            Delta::Reasoning(text) => json!({ "reasoning_content": text }),
             Delta::Call(index, call) => {
                 let mut call = tool_call(call);
                 call["index"] = index.into();
@@ -423,6 +450,7 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
 enum Delta<'a> {
     None,
     Text(&'a str),
+    Reasoning(&'a str),
     /// The `index`th call of the reply, whole (name and all its arguments).
     Call(usize, &'a ParsedCall),
 }
@@ -440,6 +468,7 @@ fn chunk_events(
     pieces.flat_map(move |piece| {
         let events = match piece {
             Ok(Piece::Text(text)) => vec![data(&chunk(Delta::Text(&text), None))],
+            Ok(Piece::Reasoning(text)) => vec![data(&chunk(Delta::Reasoning(&text), None))],
             Ok(Piece::Call(call)) => {
                 calls += 1;
                 vec![data(&chunk(Delta::Call(calls - 1, &call), None))]
@@ -523,7 +552,7 @@ async fn completion(app: SharedApp, body: JsonBody) -> Result<Response, ApiError
     let chunk = move |delta: Delta<'_>, finish: Option<&str>| {
         let text = match delta {
             Delta::Text(text) => text,
-            Delta::Call(..) | Delta::None => "",
+            Delta::Reasoning(_) | Delta::Call(..) | Delta::None => "",
         };
         json!({
             "id": id,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
-use strata_engine::{Batcher, ChatTemplate, Engine, GrammarCompiler, Message, Tokenizer, ToolSyntax};
+use strata_engine::{Batcher, ChatTemplate, Engine, GrammarCompiler, Message, ThinkingStart, Tokenizer, ToolSyntax};
 use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
@@ -109,6 +109,14 @@ pub fn max_prompt_bytes(tokenizer: &Tokenizer, context_tokens: usize) -> usize {
 
 pub type SharedApp = Arc<App>;
 
+/// A conversation's prompt.
+#[derive(Debug)]
+pub struct ChatPrompt {
+    pub ids: Vec<u32>,
+    /// Where it leaves the reply as to the model's thinking.
+    pub thinking: ThinkingStart,
+}
+
 impl App {
     /// Checks that `model` names the model served.
     pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
@@ -123,19 +131,21 @@ impl App {
     }
 
     /// The prompt ids of a conversation, through the model's chat template,
-    /// which is shown `tools` (OpenAI tool objects) when there are any;
-    /// `continuation` is appended after the assistant's opening (a reply
-    /// the model is to continue).
+    /// which is shown `tools` (OpenAI tool objects) when there are any and
+    /// the client's `kwargs` (`chat_template_kwargs`, checked by
+    /// `thinking::template_kwargs`); `continuation` is appended after the
+    /// assistant's opening (a reply the model is to continue).
     pub fn chat_prompt(
         &self,
         messages: &[Message],
         tools: &[Value],
         continuation: Option<&str>,
-    ) -> Result<Vec<u32>, ApiError> {
+        kwargs: &serde_json::Map<String, Value>,
+    ) -> Result<ChatPrompt, ApiError> {
         let Some(template) = &self.template else {
             return Err(ApiError::invalid("this model has no chat template; use /v1/completions with a plain prompt"));
         };
-        let mut variables = serde_json::Map::new();
+        let mut variables = kwargs.clone();
         if !tools.is_empty() {
             variables.insert("tools".to_owned(), Value::from(tools.to_vec()));
         }
@@ -146,7 +156,8 @@ impl App {
         self.check_prompt_bytes(&text)?;
         // A rendered template holds its own special tokens (transformers
         // encodes it without adding any).
-        Ok(self.tokenizer.encode(&text, false)?)
+        let ids = self.tokenizer.encode(&text, false)?;
+        Ok(ChatPrompt { ids, thinking: ThinkingStart::of_prompt(&text) })
     }
 
     /// The ids of a plain-text prompt, with the tokenizer's own special

@@ -60,13 +60,14 @@ fn python_with_clients() -> Result<PathBuf, String> {
 }
 
 /// Runs `script` (in tests/py) with the pinned clients against a fresh
-/// server, at `base` (`/v1` for OpenAI's client, the root for Anthropic's).
-fn client_script_passes(test: &str, script: &str, base: &str) {
+/// server started with `args`, at `base` (`/v1` for OpenAI's client, the
+/// root for Anthropic's).
+fn client_script_passes(test: &str, script: &str, base: &str, args: &[&str]) {
     let python = match python_with_clients() {
         Ok(python) => python,
         Err(why) => return unavailable(test, &why),
     };
-    let server = Server::start(&["--api-key", "test-key"]);
+    let server = Server::start(&[&["--api-key", "test-key"], args].concat());
     let script = repo_root().join("bins/serve/tests/py").join(script);
     let base = format!("http://{}{base}", server.addr);
     let output = Command::new(python).arg(&script).args([base.as_str(), "demo", "test-key"]).output().expect("python");
@@ -77,12 +78,28 @@ fn client_script_passes(test: &str, script: &str, base: &str) {
 
 #[test]
 fn the_official_openai_python_client_works() {
-    client_script_passes("the_official_openai_python_client_works", "openai_client.py", "/v1");
+    client_script_passes("the_official_openai_python_client_works", "openai_client.py", "/v1", &[]);
 }
 
 #[test]
 fn the_official_anthropic_python_clients_tool_use_works() {
-    client_script_passes("the_official_anthropic_python_clients_tool_use_works", "anthropic_client.py", "");
+    client_script_passes("the_official_anthropic_python_clients_tool_use_works", "anthropic_client.py", "", &[]);
+}
+
+/// The demo's tokenizer with a template that thinks (tests/py/thinking_template.jinja).
+#[test]
+fn the_official_clients_read_reasoning_apart_from_the_answer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(common::demo_model().join("tokenizer.json"), dir.path().join("tokenizer.json")).expect("copy");
+    let template = repo_root().join("bins/serve/tests/py/thinking_template.jinja");
+    std::fs::copy(template, dir.path().join("chat_template.jinja")).expect("copy");
+    let tokenizer = dir.path().to_str().expect("a UTF-8 path");
+    client_script_passes(
+        "the_official_clients_read_reasoning_apart_from_the_answer",
+        "thinking_client.py",
+        "",
+        &["--tokenizer", tokenizer],
+    );
 }
 
 /// playwright-core from npm in target/serve-node, at the version

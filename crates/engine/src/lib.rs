@@ -56,5 +56,5 @@ pub use strata_kv::CutTail;
 pub use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget, StoreStats, resident_bytes};
 pub use text::{
     ChatTemplate, Detokenizer, Message, ParsedCall, ReasoningSplitter, Split, StopOutput, StopStrings, ThinkingBudget,
-    ThinkingMarkers, Tokenizer, ToolCall, ToolCallParser, ToolEvent, ToolSyntax, eos_ids_from_dir,
+    ThinkingMarkers, ThinkingStart, Tokenizer, ToolCall, ToolCallParser, ToolEvent, ToolSyntax, eos_ids_from_dir,
 };

@@ -30,8 +30,7 @@ use serde_json::Value;
 
 pub use detok::Detokenizer;
 pub use reasoning::{
-    ReasoningSplitter, Split, THINK_CLOSE, THINK_OPEN, ThinkingBudget, ThinkingMarkers, prompt_opens_thinking,
-    template_thinks,
+    ReasoningSplitter, Split, THINK_CLOSE, THINK_OPEN, ThinkingBudget, ThinkingMarkers, ThinkingStart, template_thinks,
 };
 pub use stop::{StopOutput, StopStrings};
 pub use template::{

@@ -4,6 +4,7 @@
 //! opens `<think>` (Qwen3.5, DeepSeek V3.1 thinking) starts the reply inside
 //! it; otherwise the model may open it itself (Qwen3, GLM).
 //!
+//! - [`ThinkingStart`]: where a reply starts, from its prompt.
 //! - [`ReasoningSplitter`]: a streamed reply as reasoning and answer text.
 //! - [`ThinkingBudget`]: a [`Constraint`] that ends the thinking once it has
 //!   taken its budget of tokens (the model's own close marker, forced), and
@@ -22,13 +23,34 @@ pub fn template_thinks(template_source: &str) -> bool {
     template_source.contains(THINK_CLOSE)
 }
 
-/// Whether a rendered prompt leaves the reply inside the thinking: its last
-/// open marker comes after its last close marker.
-pub fn prompt_opens_thinking(prompt: &str) -> bool {
-    match (prompt.rfind(THINK_OPEN), prompt.rfind(THINK_CLOSE)) {
-        (Some(open), Some(close)) => open > close,
-        (Some(_), None) => true,
-        (None, _) => false,
+/// Where a reply starts, as its rendered prompt leaves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThinkingStart {
+    /// Inside the thinking: the prompt's last open marker comes after its
+    /// last close marker (Qwen3.5's and DeepSeek V3.1's thinking prompts).
+    Opened,
+    /// After it: the prompt ends with the close marker (an empty thinking
+    /// written for the model when thinking is off).
+    Closed,
+    /// The reply may open it itself (Qwen3's and GLM's prompts).
+    MayOpen,
+}
+
+impl ThinkingStart {
+    pub fn of_prompt(prompt: &str) -> ThinkingStart {
+        match (prompt.rfind(THINK_OPEN), prompt.rfind(THINK_CLOSE)) {
+            (Some(open), close) if close.is_none_or(|close| open > close) => ThinkingStart::Opened,
+            _ if prompt.trim_end().ends_with(THINK_CLOSE) => ThinkingStart::Closed,
+            _ => ThinkingStart::MayOpen,
+        }
+    }
+
+    fn phase(self) -> Phase {
+        match self {
+            ThinkingStart::Opened => Phase::Thinking,
+            ThinkingStart::Closed => Phase::Answer,
+            ThinkingStart::MayOpen => Phase::Before,
+        }
     }
 }
 
@@ -62,11 +84,9 @@ pub struct ReasoningSplitter {
 }
 
 impl ReasoningSplitter {
-    /// A splitter for a reply whose prompt opened the thinking
-    /// (`prompt_opens_thinking`), or which may open it itself.
-    pub fn new(thinking: bool) -> ReasoningSplitter {
-        let phase = if thinking { Phase::Thinking } else { Phase::Before };
-        ReasoningSplitter { phase, held: String::new(), started: false }
+    /// A splitter for a reply that starts at `start`.
+    pub fn new(start: ThinkingStart) -> ReasoningSplitter {
+        ReasoningSplitter { phase: start.phase(), held: String::new(), started: false }
     }
 
     /// Whether the reply is inside its thinking now.
@@ -186,22 +206,21 @@ impl std::fmt::Debug for ThinkingBudget {
 }
 
 impl ThinkingBudget {
-    /// A reply that starts inside the thinking (`thinking`) or may open it,
-    /// whose thinking takes at most `budget_tokens` (none: as long as the
-    /// model likes), and whose answer `inner` holds.
+    /// A reply that starts at `start`, whose thinking takes at most
+    /// `budget_tokens` (none: as long as the model likes), and whose answer
+    /// `inner` holds.
     pub fn new(
         markers: ThinkingMarkers,
-        thinking: bool,
+        start: ThinkingStart,
         budget_tokens: Option<usize>,
         inner: Option<Box<dyn Constraint>>,
     ) -> ThinkingBudget {
         assert!(!markers.open_ids.is_empty() && !markers.close_ids.is_empty(), "the markers have tokens");
-        let phase = if thinking { Phase::Thinking } else { Phase::Before };
         ThinkingBudget {
             markers,
             budget_tokens,
             inner,
-            phase,
+            phase: start.phase(),
             opening: Vec::new(),
             thinking_tokens: 0,
             recent: Vec::new(),
@@ -304,8 +323,8 @@ impl Constraint for ThinkingBudget {
 mod tests {
     use super::*;
 
-    fn split_all(thinking: bool, pieces: &[&str]) -> (String, String) {
-        let mut splitter = ReasoningSplitter::new(thinking);
+    fn split_all(start: ThinkingStart, pieces: &[&str]) -> (String, String) {
+        let mut splitter = ReasoningSplitter::new(start);
         let mut events = Vec::new();
         for piece in pieces {
             events.extend(splitter.push(piece));
@@ -324,39 +343,49 @@ mod tests {
     #[test]
     fn a_reply_that_opens_its_thinking_is_split_at_the_markers_however_streamed() {
         let reply = "<think>\nLet me see.\n</think>\n\nHello <b>there</b>.";
-        let whole = split_all(false, &[reply]);
+        let whole = split_all(ThinkingStart::MayOpen, &[reply]);
         assert_eq!(whole, ("Let me see.\n".to_owned(), "Hello <b>there</b>.".to_owned()));
         let by_char: Vec<String> = reply.chars().map(String::from).collect();
         let by_char: Vec<&str> = by_char.iter().map(String::as_str).collect();
-        assert_eq!(split_all(false, &by_char), whole);
+        assert_eq!(split_all(ThinkingStart::MayOpen, &by_char), whole);
     }
 
     #[test]
     fn a_prompt_that_opened_the_thinking_starts_the_reply_inside_it() {
-        assert_eq!(split_all(true, &["Hmm", ".</th", "ink>", "Yes."]), ("Hmm.".to_owned(), "Yes.".to_owned()));
+        assert_eq!(
+            split_all(ThinkingStart::Opened, &["Hmm", ".</th", "ink>", "Yes."]),
+            ("Hmm.".to_owned(), "Yes.".to_owned())
+        );
         // Never closed: all of it is reasoning.
-        assert_eq!(split_all(true, &["Hmm </thi"]), ("Hmm </thi".to_owned(), String::new()));
+        assert_eq!(split_all(ThinkingStart::Opened, &["Hmm </thi"]), ("Hmm </thi".to_owned(), String::new()));
     }
 
     #[test]
     fn a_reply_without_markers_is_all_answer() {
         assert_eq!(
-            split_all(false, &["  <thin", "king> is a word"]),
+            split_all(ThinkingStart::MayOpen, &["  <thin", "king> is a word"]),
             (String::new(), "<thinking> is a word".to_owned())
         );
-        assert_eq!(split_all(false, &["<thi"]), (String::new(), "<thi".to_owned()));
+        assert_eq!(split_all(ThinkingStart::MayOpen, &["<thi"]), (String::new(), "<thi".to_owned()));
         assert_eq!(
-            split_all(false, &["Plain. <think>x</think>"]),
+            split_all(ThinkingStart::MayOpen, &["Plain. <think>x</think>"]),
             (String::new(), "Plain. <think>x</think>".to_owned())
         );
     }
 
     #[test]
-    fn prompts_say_whether_they_opened_the_thinking() {
-        assert!(prompt_opens_thinking("<|im_start|>assistant\n<think>\n"));
-        assert!(!prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
-        assert!(!prompt_opens_thinking("<think>a</think>b<|im_start|>assistant\n"));
-        assert!(!prompt_opens_thinking("no markers"));
+    fn prompts_say_whether_they_opened_or_closed_the_thinking() {
+        let start = ThinkingStart::of_prompt;
+        assert_eq!(start("<|im_start|>assistant\n<think>\n"), ThinkingStart::Opened);
+        assert_eq!(start("<|im_start|>assistant\n<think>\n\n</think>\n\n"), ThinkingStart::Closed);
+        assert_eq!(start("<think>a</think>b<|im_start|>assistant\n"), ThinkingStart::MayOpen);
+        assert_eq!(start("no markers"), ThinkingStart::MayOpen);
+    }
+
+    #[test]
+    fn a_prompt_that_closed_the_thinking_leaves_all_of_the_reply_to_the_answer() {
+        let closed = ThinkingStart::Closed;
+        assert_eq!(split_all(closed, &["\n<think>x</think>y"]), (String::new(), "<think>x</think>y".to_owned()));
     }
 
     /// A constraint that allows everything and counts what it is told.
@@ -394,7 +423,7 @@ mod tests {
         let markers = ThinkingMarkers { open_ids: vec![1], close_ids: vec![2, 3] };
         let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let inner = Box::new(Counting(answered.clone()));
-        let mut budget = ThinkingBudget::new(markers, true, Some(3), Some(inner));
+        let mut budget = ThinkingBudget::new(markers, ThinkingStart::Opened, Some(3), Some(inner));
         assert_eq!(run(&mut budget, 7), [9, 9, 9, 2, 3, 9, 9]);
         // The inner constraint saw the answer only.
         assert_eq!(answered.load(std::sync::atomic::Ordering::Relaxed), 2);
@@ -403,9 +432,11 @@ mod tests {
     #[test]
     fn without_a_budget_or_an_opening_nothing_is_forced() {
         let markers = ThinkingMarkers { open_ids: vec![1], close_ids: vec![2, 3] };
-        assert_eq!(run(&mut ThinkingBudget::new(markers.clone(), true, None, None), 5), [9; 5]);
+        assert_eq!(run(&mut ThinkingBudget::new(markers.clone(), ThinkingStart::Opened, None, None), 5), [9; 5]);
         // The reply did not open the thinking: no budget applies.
-        assert_eq!(run(&mut ThinkingBudget::new(markers, false, Some(1), None), 5), [9; 5]);
+        for start in [ThinkingStart::MayOpen, ThinkingStart::Closed] {
+            assert_eq!(run(&mut ThinkingBudget::new(markers.clone(), start, Some(1), None), 5), [9; 5]);
+        }
     }
 
     fn committed_template(name: &str) -> crate::text::ChatTemplate {
@@ -426,15 +457,16 @@ mod tests {
     #[test]
     fn each_thinking_template_opens_and_drops_thinking_as_it_says() {
         use crate::text::{Message, ToolCall};
+        use ThinkingStart::{Closed, MayOpen, Opened};
         let cases = [
-            ("qwen3.jinja", serde_json::json!({}), false),
-            ("qwen3.jinja", serde_json::json!({"enable_thinking": false}), false),
-            ("qwen3.5.jinja", serde_json::json!({"enable_thinking": true}), true),
-            ("qwen3.5.jinja", serde_json::json!({}), false),
-            ("deepseek-v3.1.jinja", serde_json::json!({"thinking": true}), true),
-            ("deepseek-v3.1.jinja", serde_json::json!({}), false),
-            ("glm-4.6.jinja", serde_json::json!({}), false),
-            ("glm-4.6.jinja", serde_json::json!({"enable_thinking": false}), false),
+            ("qwen3.jinja", serde_json::json!({}), MayOpen),
+            ("qwen3.jinja", serde_json::json!({"enable_thinking": false}), Closed),
+            ("qwen3.5.jinja", serde_json::json!({"enable_thinking": true}), Opened),
+            ("qwen3.5.jinja", serde_json::json!({}), Closed),
+            ("deepseek-v3.1.jinja", serde_json::json!({"thinking": true}), Opened),
+            ("deepseek-v3.1.jinja", serde_json::json!({}), Closed),
+            ("glm-4.6.jinja", serde_json::json!({}), MayOpen),
+            ("glm-4.6.jinja", serde_json::json!({"enable_thinking": false}), Closed),
         ];
         let earlier = Message { reasoning_content: Some("EARLIER-THOUGHT".into()), ..Message::assistant("A1") };
         let asked_again = [Message::user("Q1"), earlier, Message::user("Q2")];
@@ -442,11 +474,11 @@ mod tests {
         let calling =
             Message { reasoning_content: Some("CURRENT-THOUGHT".into()), ..Message::assistant_calls("", vec![call]) };
         let mid_call = [Message::user("Q"), calling, Message::tool_result("call00001", "f", "42")];
-        for (name, switch, opens) in cases {
+        for (name, switch, start) in cases {
             let template = committed_template(name);
             assert!(template_thinks(template.source()), "{name}");
             let prompt = template.render_with(&asked_again, true, &variables(switch.clone())).unwrap();
-            assert_eq!(prompt_opens_thinking(&prompt), opens, "{name} {switch}: {prompt}");
+            assert_eq!(ThinkingStart::of_prompt(&prompt), start, "{name} {switch}: {prompt}");
             assert!(!prompt.contains("EARLIER-THOUGHT"), "{name} {switch}: {prompt}");
             // DeepSeek V3.1's template shows no thinking back at all.
             if name != "deepseek-v3.1.jinja" {

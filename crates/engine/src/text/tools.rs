@@ -131,7 +131,8 @@ pub enum ToolEvent {
 
 /// Reads an answer streamed in pieces: text is handed out as soon as it
 /// cannot be the start of a call marker, a call once it is complete.
-#[derive(Debug)]
+/// Cloned, it reads another stream of the same tools (a reply's thinking).
+#[derive(Debug, Clone)]
 pub struct ToolCallParser {
     syntax: ToolSyntax,
     /// The `tools` offered (OpenAI tool objects); the XML syntaxes write
