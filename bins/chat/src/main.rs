@@ -108,9 +108,12 @@ fn answer_piped(chat: &mut Chat<'_>, options: &ReplyOptions) -> Result<()> {
         anyhow::bail!("no question on standard input");
     }
     let mut stdout = std::io::stdout();
-    chat.say(question, options, |text| {
-        let _ = stdout.write_all(text.as_bytes());
-        let _ = stdout.flush();
+    // The answer only: a script reading it wants no thinking.
+    chat.say(question, options, |split| {
+        if let strata_engine::Split::Answer(text) = split {
+            let _ = stdout.write_all(text.as_bytes());
+            let _ = stdout.flush();
+        }
         ControlFlow::Continue(())
     })?;
     println!();

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result};
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
-use strata_engine::{ByteSize, Chat, ChatSnapshot, Engine, Reply, ReplyOptions, RunStats};
+use strata_engine::{ByteSize, Chat, ChatSnapshot, Engine, Reply, ReplyOptions, RunStats, Split};
 
 const HELP: &str = "\
 /help          this text
@@ -19,6 +19,7 @@ const HELP: &str = "\
                later turns are not in it until you /save again
 /load NAME     continue a saved conversation, its KV cache read back, not recomputed
 /stats         speed, expert-cache and memory figures of the last answer
+/think on|off  let a reasoning model think before it answers, or not (its thinking shows dimmed)
 Ctrl-C         stop the current answer;  Ctrl-D or /bye  quit";
 
 /// What the banner says of the built-in demo model, so that its fortune-cookie
@@ -87,10 +88,24 @@ pub fn run<'e>(
     }
 }
 
+/// Dim text, and back to normal (SGR 2 and 0): each piece of thinking is
+/// wrapped whole, so that a stop in the middle leaves the terminal as it was.
+const DIM: &str = "\x1b[2m";
+const NORMAL: &str = "\x1b[0m";
+
 fn answer(chat: &mut Chat<'_>, line: &str, options: &ReplyOptions, interrupted: &AtomicBool) -> Result<Reply> {
     let mut stdout = std::io::stdout();
-    let reply = chat.say(line, options, |text| {
-        let _ = stdout.write_all(text.as_bytes());
+    let mut after_thinking = false;
+    let reply = chat.say(line, options, |split| {
+        let _ = match split {
+            Split::Reasoning(text) => {
+                after_thinking = true;
+                write!(stdout, "{DIM}{text}{NORMAL}")
+            }
+            // The answer on a line of its own below the thinking.
+            Split::Answer(text) if std::mem::take(&mut after_thinking) => write!(stdout, "\n\n{text}"),
+            Split::Answer(text) => write!(stdout, "{text}"),
+        };
         let _ = stdout.flush();
         if interrupted.load(Ordering::SeqCst) { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     })?;
@@ -156,6 +171,12 @@ fn command_line<'e>(
             Err(err) => eprintln!("error: {err:#}"),
         },
         (Some(verb @ ("save" | "load")), None) => println!("usage: /{verb} NAME"),
+        (Some("think"), switch @ Some("on" | "off")) if chat.thinks() => {
+            chat.set_thinking(Some(switch == Some("on")));
+            println!("(thinking {})", switch.unwrap_or_default());
+        }
+        (Some("think"), Some("on" | "off")) => println!("(this model's template does not mark thinking)"),
+        (Some("think"), _) => println!("usage: /think on|off"),
         _ => println!("unknown command /{command}\n{HELP}"),
     }
     ControlFlow::Continue(())

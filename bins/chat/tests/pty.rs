@@ -214,3 +214,35 @@ fn a_line_written_in_one_write_is_answered_with_no_further_key() {
     p.send_control('d').unwrap();
     p.exp_eof().unwrap();
 }
+
+#[test]
+fn thinking_shows_dimmed_and_think_off_turns_it_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, kv) = (dir.path().join("cache"), dir.path().join("kv"));
+    // The demo's tokenizer with a template whose generation prompt opens
+    // `<think>` unless `enable_thinking` is false (as Qwen3.5's does); the
+    // demo never closes it, so all it writes is thinking.
+    let text = dir.path().join("text");
+    std::fs::create_dir(&text).unwrap();
+    std::fs::copy(repo_file("models/demo/tokenizer.json"), text.join("tokenizer.json")).unwrap();
+    let template = repo_file("bins/serve/tests/py/thinking_template.jinja");
+    std::fs::copy(template, text.join("chat_template.jinja")).unwrap();
+    let args = ["--tokenizer", text.to_str().unwrap(), "--temperature", "0", "--max-new-tokens", "12"];
+    let mut p = chat(&cache, &kv, &args);
+    let dim = "\x1b[2m";
+    let answer = |p: &mut PtySession, line: &str| {
+        type_line(p, line);
+        p.exp_string(PROMPT).unwrap_or_else(|e| panic!("{line:?}: {e}"))
+    };
+    let thinking = answer(&mut p, "Tell me a fortune.");
+    assert!(thinking.contains(dim), "{thinking:?}");
+    assert!(!thinking.contains("<think>"), "{thinking:?}");
+    assert!(enter(&mut p, "/think off").contains("thinking off"));
+    let plain = answer(&mut p, "Tell me a fortune.");
+    assert!(!plain.contains(dim), "{plain:?}");
+    assert!(strip_escapes(&plain).chars().filter(char::is_ascii_alphabetic).count() > 3, "{plain:?}");
+    assert!(enter(&mut p, "/think on").contains("thinking on"));
+    assert!(answer(&mut p, "And another.").contains(dim));
+    p.send_control('d').unwrap();
+    p.exp_eof().unwrap();
+}

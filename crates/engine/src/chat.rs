@@ -12,7 +12,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::persist::{SESSION_FILE_EXTENSION, validate_session_name};
-use crate::text::{ChatTemplate, Message, StopStrings, Tokenizer, eos_ids_from_dir};
+use crate::text::{
+    ChatTemplate, Message, ReasoningSplitter, Split, StopStrings, ThinkingStart, Tokenizer, eos_ids_from_dir,
+    template_thinks,
+};
 use crate::{Engine, Error, Finish, GenerateOptions, Result, RunStats, SamplingOptions, Session};
 
 /// The suffix of a saved conversation's record: `<kv_dir>/NAME.chat.json`.
@@ -136,10 +139,20 @@ impl TextModel {
         Ok(Self { tokenizer, template, eos_token_ids })
     }
 
-    /// The prompt text for `messages`, ending where the assistant speaks next.
-    pub fn render(&self, messages: &[Message]) -> Result<String> {
+    /// Whether the chat template marks thinking (`<think>…</think>`).
+    pub fn thinks(&self) -> bool {
+        self.template.as_ref().is_some_and(|t| template_thinks(t.source()))
+    }
+
+    /// The prompt text for `messages`, ending where the assistant speaks
+    /// next; `thinking` sets the template's `enable_thinking` (`None`:
+    /// the template's default).
+    pub fn render(&self, messages: &[Message], thinking: Option<bool>) -> Result<String> {
         match &self.template {
-            Some(template) => template.render(messages, true),
+            Some(template) => {
+                let variables = thinking.map(|on| ("enable_thinking".to_owned(), on.into())).into_iter().collect();
+                template.render_with(messages, true, &variables)
+            }
             None => {
                 let mut text: String = messages.iter().map(|m| format!("{}: {}\n", m.role, m.content)).collect();
                 text.push_str("assistant:");
@@ -179,6 +192,8 @@ pub struct ReplyOptions {
 #[derive(Debug, Clone)]
 pub struct Reply {
     pub text: String,
+    /// The thinking before it, where the template marks thinking.
+    pub reasoning: String,
     pub finish: Finish,
     /// The oldest messages dropped so the conversation fits the context:
     /// whole turns, a question with its answer.
@@ -191,6 +206,8 @@ pub struct Chat<'e> {
     text: TextModel,
     session: Session<'e>,
     messages: Vec<Message>,
+    /// The template's `enable_thinking` (`None`: its default).
+    thinking: Option<bool>,
 }
 
 impl<'e> Chat<'e> {
@@ -198,7 +215,18 @@ impl<'e> Chat<'e> {
     /// optionally opened by a system message.
     pub fn new(engine: &'e Engine, text: TextModel, system: Option<&str>) -> Self {
         let messages = system.map(|s| vec![Message::system(s)]).unwrap_or_default();
-        Self { text, session: engine.session(), messages }
+        Self { text, session: engine.session(), messages, thinking: None }
+    }
+
+    /// Whether the model's template marks thinking.
+    pub fn thinks(&self) -> bool {
+        self.text.thinks()
+    }
+
+    /// Turns the model's thinking on or off (the template's
+    /// `enable_thinking`; `None`: its default) for the next answers.
+    pub fn set_thinking(&mut self, thinking: Option<bool>) {
+        self.thinking = thinking;
     }
 
     /// The messages so far.
@@ -301,29 +329,33 @@ impl<'e> Chat<'e> {
 
     /// The prompt's ids after dropping the oldest turns (see [`oldest_turn`];
     /// never a system message or the newest turn) until the prompt leaves
-    /// room for `reserve_tokens` of answer, and how many messages were
-    /// dropped.
-    fn fit_context(&mut self, reserve_tokens: usize) -> Result<(Vec<u32>, usize)> {
+    /// room for `reserve_tokens` of answer, how many messages were dropped,
+    /// and where the prompt leaves the answer as to thinking.
+    fn fit_context(&mut self, reserve_tokens: usize) -> Result<(Vec<u32>, usize, ThinkingStart)> {
         let context = self.session.context_tokens();
         let mut dropped = 0;
         loop {
-            let ids = self.text.tokenizer.encode(&self.text.render(&self.messages)?, false)?;
+            let text = self.text.render(&self.messages, self.thinking)?;
+            let ids = self.text.tokenizer.encode(&text, false)?;
+            let start = ThinkingStart::of_prompt(&text);
             if ids.len() + reserve_tokens <= context {
-                return Ok((ids, dropped));
+                return Ok((ids, dropped, start));
             }
-            let Some(turn) = oldest_turn(&self.messages) else { return Ok((ids, dropped)) };
+            let Some(turn) = oldest_turn(&self.messages) else { return Ok((ids, dropped, start)) };
             dropped += turn.len();
             self.messages.drain(turn);
         }
     }
 
     /// Adds `user_text` and streams the answer to `on_text`, chunk by chunk
-    /// of whole characters; `ControlFlow::Break` stops it.
+    /// of whole characters, its thinking apart where the template marks
+    /// thinking (else every chunk is [`Split::Answer`]); `ControlFlow::Break`
+    /// stops it.
     pub fn say(
         &mut self,
         user_text: &str,
         options: &ReplyOptions,
-        mut on_text: impl FnMut(&str) -> ControlFlow<()>,
+        mut on_text: impl FnMut(&Split) -> ControlFlow<()>,
     ) -> Result<Reply> {
         // A failed turn is not kept: on error the conversation is put back
         // as it was before it, older turns included.
@@ -334,7 +366,7 @@ impl<'e> Chat<'e> {
         // answer may then run to the end of the context.
         let context = self.session.context_tokens();
         let reserve = options.max_new_tokens.min(context / ANSWER_RESERVE_DIVISOR);
-        let (ids, dropped_messages) = match self.fit_context(reserve) {
+        let (ids, dropped_messages, thinking_start) = match self.fit_context(reserve) {
             Ok(fitted) => fitted,
             Err(e) => {
                 self.messages = before;
@@ -355,7 +387,30 @@ impl<'e> Chat<'e> {
         let common = self.session.rewind(common);
         let mut detok = self.text.tokenizer.detokenizer(true);
         let mut stops = StopStrings::new(options.stop.iter().cloned());
+        let mut splitter = self.text.thinks().then(|| ReasoningSplitter::new(thinking_start));
         let mut answer = String::new();
+        let mut reasoning = String::new();
+        // Hands out text of the reply as its parts; whether the caller broke off.
+        let mut hand_out = |splitter: &mut Option<ReasoningSplitter>, text: String, done: bool| {
+            let mut splits = match splitter {
+                None if text.is_empty() => Vec::new(),
+                None => vec![Split::Answer(text)],
+                Some(splitter) => splitter.push(&text),
+            };
+            if done {
+                splits.extend(splitter.as_mut().map(ReasoningSplitter::finish).unwrap_or_default());
+            }
+            let mut broke = false;
+            for split in splits {
+                match &split {
+                    Split::Answer(text) => answer.push_str(text),
+                    Split::Reasoning(text) => reasoning.push_str(text),
+                }
+                // Once stopped, the rest is kept but not shown.
+                broke = broke || on_text(&split).is_break();
+            }
+            broke
+        };
         let mut cancelled = false;
         let mut failure = None;
         let generate = GenerateOptions {
@@ -377,8 +432,7 @@ impl<'e> Chat<'e> {
                 }
             };
             let out = stops.push(&piece);
-            answer.push_str(&out.text);
-            if !out.text.is_empty() && on_text(&out.text).is_break() {
+            if hand_out(&mut splitter, out.text, false) {
                 cancelled = true;
                 return ControlFlow::Break(());
             }
@@ -391,13 +445,9 @@ impl<'e> Chat<'e> {
                 return Err(err);
             }
         };
-        if stops.stopped().is_none() {
-            let tail = stops.push(&detok.finish()?).text + &stops.finish();
-            if !tail.is_empty() {
-                answer.push_str(&tail);
-                let _ = on_text(&tail);
-            }
-        }
+        let tail =
+            if stops.stopped().is_none() { stops.push(&detok.finish()?).text + &stops.finish() } else { String::new() };
+        hand_out(&mut splitter, tail, true);
         // A stop string or the caller broke off, which the session saw as
         // a cancel; the model's own end or the length limit it saw itself.
         let finish = match (cancelled, stops.stopped()) {
@@ -405,8 +455,10 @@ impl<'e> Chat<'e> {
             (false, Some(index)) => Finish::StopString(index),
             (false, None) => report.finish,
         };
-        self.messages.push(Message::assistant(answer.clone()));
-        Ok(Reply { text: answer, finish, dropped_messages, stats: report.stats })
+        reasoning.truncate(reasoning.trim_end().len());
+        let reasoning_content = (!reasoning.is_empty()).then(|| reasoning.clone());
+        self.messages.push(Message { reasoning_content, ..Message::assistant(answer.clone()) });
+        Ok(Reply { text: answer, reasoning, finish, dropped_messages, stats: report.stats })
     }
 }
 
