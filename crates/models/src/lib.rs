@@ -20,6 +20,7 @@ mod error;
 mod ffn;
 mod mla;
 mod norm;
+mod residual;
 mod rope;
 mod torch_topk;
 
