@@ -250,3 +250,71 @@ impl Cpu {
         Ok(strata_sched::run_moe_layer(store, threads, &batch, out, stats)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use strata_format::{ConvertOptions, QuantPreset};
+    use strata_kernels::MatData;
+
+    use super::*;
+    use crate::Error;
+    use crate::backend::Backend;
+
+    const Q_PROJ: &str = "model.layers.0.self_attn.q_proj.weight";
+    const NORM: &str = "model.layers.0.input_layernorm.weight";
+
+    /// The OLMoE fixture at f32, opened, and the directory that holds it.
+    fn olmoe() -> (tempfile::TempDir, Arc<Container>) {
+        let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/olmoe/hf");
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let model = dir.path().join("model");
+        strata_format::convert(&hf, &model, &ConvertOptions::new(QuantPreset::F32)).expect("convert");
+        let container = Arc::new(Container::open(&model).expect("open"));
+        (dir, container)
+    }
+
+    fn rows_cols(c: &Container, name: &str) -> (usize, usize) {
+        let m = c.dense(name).expect("stored");
+        (m.rows, m.cols)
+    }
+
+    #[test]
+    fn a_registered_tensor_is_the_containers_bytes_in_place() {
+        let (_dir, c) = olmoe();
+        let (rows, cols) = rows_cols(&c, Q_PROJ);
+        let norm_len = c.dense_vec(NORM).expect("stored").len();
+        let mut b = Backend::cpu(Arc::clone(&c));
+        let (m, v) = (b.matrix(Q_PROJ, rows, cols).expect("registered"), b.vector(NORM, norm_len).expect("registered"));
+        assert_eq!((m.device, v.device), (Device::Cpu, Device::Cpu));
+        let Backend::Cpu(cpu) = &b;
+        let (MatData::F32(held), MatData::F32(stored)) = (cpu.matrix(m).data, c.dense(Q_PROJ).expect("stored").data)
+        else {
+            panic!("an f32 container holds f32 matrices");
+        };
+        assert_eq!(held.as_ptr(), stored.as_ptr(), "no copy of the matrix");
+        assert_eq!(cpu.vector(v).as_ptr(), c.dense_vec(NORM).expect("stored").as_ptr(), "no copy of the vector");
+    }
+
+    #[test]
+    fn a_shape_other_than_the_stored_one_is_refused_at_registration() {
+        let (_dir, c) = olmoe();
+        let (rows, cols) = rows_cols(&c, Q_PROJ);
+        let mut b = Backend::cpu(Arc::clone(&c));
+        let refused = b.matrix(Q_PROJ, rows, cols + 1).expect_err("wrong shape");
+        assert!(matches!(refused, Error::Shape { ref name, .. } if name == Q_PROJ), "{refused}");
+        let refused = b.vector(NORM, 3).expect_err("wrong length");
+        assert!(matches!(refused, Error::Shape { ref name, .. } if name == NORM), "{refused}");
+        assert!(matches!(b.matrix("no.such.weight", 1, 1), Err(Error::Format(_))));
+    }
+
+    #[test]
+    fn values_made_at_load_are_held_by_the_backend() {
+        let (_dir, c) = olmoe();
+        let mut b = Backend::cpu(c);
+        let v = b.upload_vector(vec![1.5, -2.0]);
+        assert_eq!((v.device, v.len), (Device::Cpu, 2));
+        assert_eq!(b.vector_values(v), &[1.5, -2.0]);
+    }
+}
