@@ -15,7 +15,8 @@ use crate::{Result, Runtime, SeqBatch};
 /// One layer's attention block.
 pub enum Attention {
     Gqa(gqa::Gqa),
-    Mla(latent::LatentAttention),
+    /// Boxed: with its indexer it is the largest block by far.
+    Mla(Box<latent::LatentAttention>),
     DeltaNet(delta::DeltaNet),
 }
 
@@ -49,7 +50,7 @@ impl Attention {
     pub fn load(b: &mut Backend, spec: &ModelSpec, kind: &AttentionKind, norm: NormKind, layer: usize) -> Result<Self> {
         Ok(match kind {
             AttentionKind::Gqa(gqa) => Attention::Gqa(gqa::Gqa::load(b, spec, *gqa, norm, layer)?),
-            AttentionKind::Mla(mla) => Attention::Mla(latent::LatentAttention::load(b, spec, mla, layer)?),
+            AttentionKind::Mla(mla) => Attention::Mla(Box::new(latent::LatentAttention::load(b, spec, mla, layer)?)),
             AttentionKind::GatedDeltaNet(gdn) => Attention::DeltaNet(delta::DeltaNet::load(b, spec, gdn, layer)?),
         })
     }
