@@ -25,6 +25,8 @@ use std::sync::Arc;
 use strata_format::{Container, MlaSpec};
 use strata_sched::{Guess, LayerStats, Route};
 
+/// The CPU's worker pool, which a pass runs on (`Runtime::threads`; the
+/// engine owns it).
 pub use strata_kernels::Threads;
 
 use crate::rope::Angles;

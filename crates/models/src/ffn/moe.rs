@@ -110,6 +110,7 @@ impl Moe {
         if let Some(trace) = rt.trace {
             record_routes(&mut trace.lock().unwrap_or_else(|p| p.into_inner()), layer, positions, routes, self.top_k)?;
         }
+        assert_eq!(self.experts.layer, layer, "a block runs its own layer's experts");
         let job = MoeJob { experts: self.experts, xs, hidden: self.hidden, routes, top_k: self.top_k, prefetch: guess };
         let mut layer_stats = LayerStats::default();
         let result = b.run_moe_layer(rt, &job, out, &mut layer_stats);
