@@ -1,7 +1,7 @@
 //! The one decoder stack every family runs: token embedding, then per layer
-//! `x += attention(norm(x))` and `x += ffn(norm(x))` with the blocks the
-//! layer's [`strata_format::LayerSpec`] names, then the final norm and the
-//! lm head.
+//! the attention block and the FFN the layer's [`strata_format::LayerSpec`]
+//! names, each wrapped by the layer's residual (mix → norm → block →
+//! combine, [`crate::residual`]), then the final norm and the lm head.
 //!
 //! Everything runs on a batch: `forward` is a batch of one sequence,
 //! `forward_batch` several (continuous batching). Every projection and each
@@ -18,6 +18,7 @@ use strata_sched::Guess;
 use crate::attention::{Attention, Pass};
 use crate::ffn::Ffn;
 use crate::norm::Norm;
+use crate::residual::{Residual, Streams};
 use crate::rope::{Angles, Rope};
 use crate::weights::{matrix, matrix_shape};
 use crate::{CausalLm, Error, Logits, Result, Runtime, SeqBatch};
@@ -38,6 +39,7 @@ pub struct Decoder {
 
 /// One decoder layer.
 struct Layer {
+    residual: Residual,
     input_norm: Norm,
     attention: Attention,
     post_attn_norm: Norm,
@@ -70,6 +72,7 @@ impl Decoder {
             assert_eq!(layout, strata_kv::layout_of(layer), "layer {l}: the blocks keep what the spec says");
             cache_layouts.push(layout);
             layers.push(Layer {
+                residual: Residual::new(layer.residual),
                 input_norm: norm("input_layernorm.weight")?,
                 attention,
                 post_attn_norm: norm("post_attention_layernorm.weight")?,
@@ -78,6 +81,11 @@ impl Decoder {
         }
         if layers.is_empty() {
             return Err(Error::Unsupported("a model needs at least one layer".into()));
+        }
+        // The streams are the stack's, not a layer's: every layer mixes and
+        // combines the same number.
+        if let Some(l) = layers.iter().position(|layer| layer.residual.streams() != layers[0].residual.streams()) {
+            return Err(Error::Unsupported(format!("layer {l} carries a different number of residual streams")));
         }
         let (embed, lm_head) = (names::embedding_name(&spec), names::lm_head_name(&spec));
         matrix_shape(c, &embed, spec.vocab_size, h)?;
@@ -93,14 +101,17 @@ impl Decoder {
         let (tokens, positions) = batch_rows(seqs)?;
         let angles = self.ropes.iter().map(|(spec, rope)| (*spec, Angles::new(rope, &positions))).collect();
         let mut pass = Pass::new(angles, seqs.len());
-        let mut x = self.embed(c, &tokens)?;
-        let mut normed = vec![0.0f32; x.len()];
-        self.guess_first_layer(rt, &x, &mut normed)?;
+        let stack = self.layers[0].residual;
+        let mut streams = Streams::expand(&stack, self.embed(c, &tokens)?, self.spec.hidden_size);
+        let mut normed = vec![0.0f32; tokens.len() * self.spec.hidden_size];
+        self.guess_first_layer(rt, &streams, &mut normed)?;
         for (l, layer) in self.layers.iter().enumerate() {
-            layer.input_norm.apply(rt, c, &x, &mut normed)?;
+            let residual = layer.residual;
+            layer.input_norm.apply(rt, c, &residual.mix(&streams), &mut normed)?;
             let attn = layer.attention.forward(rt, c, l, &normed, &mut pass, seqs)?;
-            x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
-            layer.post_attn_norm.apply(rt, c, &x, &mut normed)?;
+            residual.slot(&mut streams).iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
+            residual.combine(&mut streams);
+            layer.post_attn_norm.apply(rt, c, &residual.mix(&streams), &mut normed)?;
             // Look-ahead: the next layer's router on this layer's FFN input
             // guesses what it will read; the store starts those reads while
             // this layer computes. Only bytes move on a guess, never results.
@@ -109,25 +120,27 @@ impl Decoder {
                 _ => None,
             };
             let guess = predicted.as_deref().map(|experts| Guess { layer: l + 1, experts });
-            layer.ffn.add_to(rt, c, l, &positions, &normed, &mut x, guess)?;
+            layer.ffn.add_to(rt, c, l, &positions, &normed, residual.slot(&mut streams), guess)?;
+            residual.combine(&mut streams);
         }
         for seq in seqs.iter_mut() {
             seq.cache.advance(seq.tokens.len());
         }
-        Ok(x)
+        debug_assert_eq!(streams.tokens(), tokens.len(), "a row per token");
+        Ok(streams.collapse(&stack))
     }
 
     /// Look-ahead for layer 0, which no layer runs before: its router on its
     /// FFN norm of the embeddings alone (the attention output not yet added)
     /// guesses its experts, read while its attention runs. Only bytes move
     /// on a guess. `scratch` is `[n, hidden]` of any contents.
-    fn guess_first_layer(&self, rt: &Runtime<'_>, x: &[f32], scratch: &mut [f32]) -> Result<()> {
+    fn guess_first_layer(&self, rt: &Runtime<'_>, streams: &Streams, scratch: &mut [f32]) -> Result<()> {
         let first = &self.layers[0];
         if !rt.store.prefetching() {
             return Ok(());
         }
         let c = &*self.container;
-        first.post_attn_norm.apply(rt, c, x, scratch)?;
+        first.post_attn_norm.apply(rt, c, &first.residual.mix(streams), scratch)?;
         if let Some(experts) = first.ffn.predict(rt, c, scratch)? {
             rt.store.prefetch(0, &experts)?;
         }

@@ -19,6 +19,7 @@ mod error;
 mod ffn;
 mod mla;
 mod norm;
+mod residual;
 mod rope;
 mod torch_topk;
 mod weights;

@@ -39,8 +39,10 @@ impl Ffn {
     }
 
     /// Adds the block's output for `xs` (`[n, hidden]`, row `i` at sequence
-    /// position `positions[i]`) to the residual stream `out`, prefetching
-    /// `guess` while it runs.
+    /// position `positions[i]`) into `out`, the slot the layer's residual
+    /// hands it (the stream itself for the plain residual: the routed
+    /// experts' outputs then join it one by one, as the expert pipeline sums
+    /// them), prefetching `guess` while it runs.
     #[allow(clippy::too_many_arguments)]
     pub fn add_to(
         &self,
