@@ -24,8 +24,17 @@ use clap::error::ErrorKind;
 use clap::{ArgAction, Parser};
 
 /// Families with fixtures, in generation order.
-pub const FAMILIES: &[&str] =
-    &["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe", "gpt_oss"];
+pub const FAMILIES: &[&str] = &[
+    "olmoe",
+    "qwen3_moe",
+    "mixtral",
+    "deepseek_v3",
+    "glm_moe_dsa",
+    "kimi_k25",
+    "qwen3_next",
+    "qwen3_5_moe",
+    "gpt_oss",
+];
 /// Reference scripts run with the full set in stage 1: the demo model's
 /// logits (testdata/demo) and transformers' tokenizer and chat-template
 /// renderings (testdata/templates, testdata/tokenizer).
