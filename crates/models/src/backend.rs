@@ -18,7 +18,7 @@ use strata_kernels::{Matrix, Threads, ops};
 use strata_sched::{LayerStats, MoeBatch, run_moe_layer, swiglu};
 use strata_tier::ExpertStore;
 
-use crate::attention::grouped::{AttnShape, attend};
+use crate::attention::grouped::{AttnShape, attend_from};
 use crate::{Result, Runtime};
 
 /// The kernels of the device a forward pass runs on (the CPU).
@@ -29,11 +29,13 @@ pub struct Ops<'a> {
 
 /// One sequence's causal attention: its queries at positions
 /// `start..start + n`, the cached keys and values of positions
-/// `0..start + n`, and where the output goes.
+/// `first_key..start + n` (0 unless a window's ring holds fewer), and where
+/// the output goes.
 pub struct AttendJob<'a> {
     pub q: &'a [f32],
     pub keys: &'a [f32],
     pub values: &'a [f32],
+    pub first_key: usize,
     pub start: usize,
     pub out: &'a mut [f32],
 }
@@ -76,8 +78,9 @@ impl Ops<'_> {
     pub fn attend(self, shape: AttnShape<'_>, jobs: Vec<AttendJob<'_>>) {
         let threads = self.threads;
         threads.pool().install(|| {
-            jobs.into_par_iter()
-                .for_each(|job| attend(threads, shape, job.q, job.keys, job.values, job.start, job.out));
+            jobs.into_par_iter().for_each(|job| {
+                attend_from(threads, shape, job.q, job.keys, job.values, job.first_key, job.start, job.out)
+            });
         });
     }
 

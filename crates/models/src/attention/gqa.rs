@@ -16,7 +16,7 @@ use crate::common::project;
 use crate::norm::Norm;
 use crate::rope::{Angles, rotate};
 use crate::weights::{matrix, vector};
-use crate::{Error, Result, Runtime, SeqBatch};
+use crate::{Result, Runtime, SeqBatch};
 
 /// The cache part of the keys.
 const KEYS: usize = 0;
@@ -33,6 +33,8 @@ pub struct Gqa {
     o: Projection,
     /// q and k norms, when the layer normalises them.
     qk_norm: Option<(Norm, Norm)>,
+    /// Each head's sink logit, `[num_heads]`, when the layer has them.
+    sinks: Option<String>,
 }
 
 /// A weight and its optional bias.
@@ -45,9 +47,6 @@ impl Gqa {
     /// Layer `layer`'s tensors, shape-checked.
     /// Its q/k norms are of kind `norm`, the layer's.
     pub fn load(c: &Container, spec: &ModelSpec, dims: GqaSpec, norm: NormKind, layer: usize) -> Result<Self> {
-        if dims.sinks {
-            return Err(Error::Unsupported(format!("layer {layer}: attention sinks are not implemented")));
-        }
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.{suffix}"));
         let proj = |name: &str| Projection {
             weight: t(&format!("{name}.weight")),
@@ -72,7 +71,11 @@ impl Gqa {
             v: proj("v_proj"),
             o: proj("o_proj"),
             qk_norm,
+            sinks: dims.sinks.then(|| names::sinks_name(spec, layer)),
         };
+        if let Some(sinks) = &gqa.sinks {
+            vector(c, sinks, dims.num_heads)?;
+        }
         let (h, q_dim, kv_dim) = (gqa.hidden, dims.q_dim(), dims.kv_dim());
         let q_rows = if dims.output_gate { 2 * q_dim } else { q_dim };
         for (p, rows, cols) in [(&gqa.q, q_rows, h), (&gqa.k, kv_dim, h), (&gqa.v, kv_dim, h), (&gqa.o, h, q_dim)] {
@@ -85,9 +88,15 @@ impl Gqa {
     }
 
     /// What a sequence keeps in this layer: keys ([`KEYS`]) and values
-    /// ([`VALUES`]), rows `kv_dim` wide.
+    /// ([`VALUES`]), rows `kv_dim` wide, every position's or, in a sliding
+    /// window, a ring of the window's.
     pub fn cache_parts(&self) -> Vec<StatePart> {
-        vec![StatePart::Rows { dim: self.dims.kv_dim() }; 2]
+        let dim = self.dims.kv_dim();
+        let part = match self.dims.sliding_window {
+            None => StatePart::Rows { dim },
+            Some(window) => StatePart::Ring { dim, window },
+        };
+        vec![part; 2]
     }
 
     /// The rotary embedding of queries and keys (`None`: no positions).
@@ -135,8 +144,7 @@ impl Gqa {
             n_kv_heads: d.num_kv_heads,
             head_dim: d.head_dim,
             window: d.sliding_window,
-            // gpt-oss's sinks arrive with its family; no layer loads them yet.
-            sinks: None,
+            sinks: self.sinks.as_deref().map(|name| c.dense_vec(name)).transpose()?,
         };
         // The cache first (cheap, and each sequence's own), then every
         // sequence's attention at once across the pool.
@@ -155,9 +163,12 @@ impl Gqa {
             let (q_seq, q_tail) = q_rest.split_at(m * q_dim);
             let (out_seq, out_tail) = out_rest.split_at_mut(m * q_dim);
             (q_rest, out_rest) = (q_tail, out_tail);
-            let keys = seq.cache.rows(layer, KEYS, start + m);
-            let values = seq.cache.rows(layer, VALUES, start + m);
-            jobs.push(AttendJob { q: q_seq, keys, values, start, out: out_seq });
+            // The first position the pass's first query sees: the ring of a
+            // windowed layer holds no earlier one.
+            let first_key = d.sliding_window.map_or(0, |w| (start + 1).saturating_sub(w));
+            let keys = seq.cache.rows_between(layer, KEYS, first_key, start + m);
+            let values = seq.cache.rows_between(layer, VALUES, first_key, start + m);
+            jobs.push(AttendJob { q: q_seq, keys, values, first_key, start, out: out_seq });
         }
         rt.ops().attend(shape, jobs);
         if let Some(gate) = gate {

@@ -25,19 +25,26 @@ const MIN_TASK_MACS: usize = 32 * 1024;
 /// Attention of `n` queries at positions `start..start + n`.
 ///
 /// `q` is `[n, n_heads * head_dim]`; `keys` and `values` hold positions
-/// `0..start + n`, `[start + n, n_kv_heads * head_dim]`; `out` receives
+/// `first_key..start + n`, `[start + n - first_key, n_kv_heads * head_dim]`; `out` receives
 /// `[n, n_heads * head_dim]`. Query head `h` reads kv head
 /// `h / (n_heads / n_kv_heads)`, as transformers' `repeat_kv` arranges.
 ///
 /// The (query, head) pairs are independent, so they are shared out across
 /// `threads`; each pair is computed the same way on any thread, so the
 /// result does not depend on the thread count.
-pub fn attend(
+///
+/// `first_key` is 0 but for a sliding-window layer's ring, which holds
+/// fewer: every key a query's window sees must be there, which
+/// `first_key <= start + 1 - window` ensures. The result does not depend on
+/// `first_key`, bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_from(
     threads: &Threads,
     shape: AttnShape<'_>,
     q: &[f32],
     keys: &[f32],
     values: &[f32],
+    first_key: usize,
     start: usize,
     out: &mut [f32],
 ) {
@@ -45,7 +52,9 @@ pub fn attend(
     let q_dim = shape.n_heads * hd;
     let kv_dim = shape.n_kv_heads * hd;
     let n = q.len() / q_dim;
-    assert_eq!(keys.len(), (start + n) * kv_dim, "keys cover every position");
+    let window_start = shape.window.map_or(0, |w| (start + 1).saturating_sub(w));
+    assert!(first_key <= window_start, "keys from {first_key} miss the window of position {start}");
+    assert_eq!(keys.len(), (start + n - first_key) * kv_dim, "keys cover every position from the first");
     assert_eq!(values.len(), keys.len(), "values cover every position");
     assert_eq!(out.len(), q.len(), "output matches queries");
     assert!(shape.n_heads.is_multiple_of(shape.n_kv_heads), "query heads group evenly");
@@ -60,7 +69,7 @@ pub fn attend(
     let task = |first_pair: usize, chunk: &mut [f32], scores: &mut Vec<f32>| {
         for (j, oh) in chunk.chunks_exact_mut(hd).enumerate() {
             let pair = first_pair + j;
-            attend_pair(isa, shape, q, keys, values, start + pair / shape.n_heads, pair, oh, scores);
+            attend_pair(isa, shape, q, keys, values, first_key, start + pair / shape.n_heads, pair, oh, scores);
         }
     };
     if threads.n_threads() == 1 || pairs_per_task >= pairs {
@@ -75,8 +84,9 @@ pub fn attend(
     });
 }
 
-/// One query head's attention: `pair` is `query * n_heads + head`, and the
-/// query sits at position `pos`.
+/// One query head's attention: `pair` is `query * n_heads + head`, the
+/// query sits at position `pos`, and row 0 of `keys` and `values` is
+/// position `first_key`.
 #[allow(clippy::too_many_arguments)]
 fn attend_pair(
     isa: Isa,
@@ -84,6 +94,7 @@ fn attend_pair(
     q: &[f32],
     keys: &[f32],
     values: &[f32],
+    first_key: usize,
     pos: usize,
     pair: usize,
     oh: &mut [f32],
@@ -96,7 +107,7 @@ fn attend_pair(
     let scale = (hd as f32).powf(-0.5);
     let first = shape.window.map_or(0, |w| (pos + 1).saturating_sub(w));
     // Rows `first..=pos` of this kv head: `kv_dim` apart in the cache.
-    let span = first * kv_dim + kvh * hd..pos * kv_dim + (kvh + 1) * hd;
+    let span = (first - first_key) * kv_dim + kvh * hd..(pos - first_key) * kv_dim + (kvh + 1) * hd;
     scores.clear();
     scores.resize(pos + 1 - first, 0.0);
     isa.dot_rows_f32(qh, &keys[span.clone()], kv_dim, scores);
@@ -117,6 +128,19 @@ mod tests {
 
     fn one_thread() -> Threads {
         Threads::new(1).expect("pool")
+    }
+
+    /// Attention over every position's keys and values.
+    fn attend(
+        threads: &Threads,
+        shape: AttnShape<'_>,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        start: usize,
+        out: &mut [f32],
+    ) {
+        attend_from(threads, shape, q, keys, values, 0, start, out);
     }
 
     #[test]
@@ -196,6 +220,36 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_window_over_only_its_keys_equals_the_window_over_every_key() {
+        let (n_heads, n_kv_heads, head_dim, start, n, window) = (4, 2, 8, 9, 3, 4);
+        let kv_dim = n_kv_heads * head_dim;
+        let value = |i: usize| ((i * 7919) % 1000) as f32 / 250.0 - 2.0;
+        let q: Vec<f32> = (0..n * n_heads * head_dim).map(value).collect();
+        let keys: Vec<f32> = (0..(start + n) * kv_dim).map(|i| value(i + 13)).collect();
+        let values: Vec<f32> = (0..(start + n) * kv_dim).map(|i| value(i + 29)).collect();
+        let shape =
+            AttnShape { n_heads, n_kv_heads, head_dim, window: Some(window), sinks: Some(&[0.5, -1.0, 3.0, 0.0]) };
+        let mut all = vec![0.0; q.len()];
+        attend(&one_thread(), shape, &q, &keys, &values, start, &mut all);
+        // The ring's rows: the window of the first query and the pass's own.
+        let first_key = start + 1 - window;
+        let mut ring = vec![0.0; q.len()];
+        let (k, v) = (&keys[first_key * kv_dim..], &values[first_key * kv_dim..]);
+        attend_from(&one_thread(), shape, &q, k, v, first_key, start, &mut ring);
+        assert_eq!(
+            all.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            ring.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "miss the window")]
+    fn keys_that_start_inside_the_window_are_refused() {
+        let shape = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 1, window: Some(2), sinks: None };
+        attend_from(&one_thread(), shape, &[1.0], &[1.0], &[1.0], 3, 3, &mut [0.0]);
     }
 
     #[test]

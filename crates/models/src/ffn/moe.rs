@@ -2,15 +2,15 @@
 //! routed experts run through the one expert pipeline ([`strata_sched`]),
 //! and shared experts, if any, run resident beside them.
 
-use strata_format::{Container, ExpertLayout, ModelSpec, MoeBlock, SharedExperts, names};
+use strata_format::{Container, ExpertKind, ExpertLayout, ModelSpec, MoeBlock, SharedExperts, names};
 use strata_kernels::ops;
-use strata_sched::{Guess, LayerStats, MoeBatch, Route};
+use strata_sched::{ExpertFfn, Guess, LayerStats, MoeBatch, Route};
 use strata_tier::TraceWriter;
 
 use super::dense_swiglu;
 use super::router::Router;
 use crate::common::project;
-use crate::weights::{matrix, swiglu_names};
+use crate::weights::{matrix, matrix_shape, swiglu_names};
 use crate::{Result, Runtime};
 
 /// One layer's MoE block.
@@ -22,6 +22,19 @@ pub struct Moe {
     shared: Option<[String; 3]>,
     /// The shared expert's sigmoid gate, `[1, hidden]`, if it has one.
     shared_gate: Option<String>,
+    experts: Experts,
+}
+
+/// What the routed experts compute, with the names of their resident
+/// tensors.
+enum Experts {
+    SwiGlu,
+    /// Biases of gate, up and down (see [`names::expert_bias_names`]).
+    Clamped {
+        alpha: f32,
+        limit: f32,
+        biases: [String; 3],
+    },
 }
 
 impl Moe {
@@ -44,7 +57,20 @@ impl Moe {
                 (Some(mlp), Some(gate))
             }
         };
-        Ok(Self { router, top_k: block.top_k, hidden: h, shared, shared_gate })
+        let experts = match block.experts {
+            ExpertKind::SwiGlu => Experts::SwiGlu,
+            ExpertKind::ClampedSwiGlu { alpha, limit } => {
+                let biases = names::expert_bias_names(spec, layer);
+                let widths = [block.intermediate_size, block.intermediate_size, h];
+                for (bias, width) in biases.iter().zip(widths) {
+                    // A row per expert, read as f32 by the expert pipeline.
+                    matrix_shape(c, bias, block.num_experts, width)?;
+                    c.dense_vec(bias)?;
+                }
+                Experts::Clamped { alpha, limit, biases: Box::new(biases) }
+            }
+        };
+        Ok(Self { router, top_k: block.top_k, hidden: h, shared, shared_gate, experts })
     }
 
     /// The distinct experts the router picks for the rows of `xs`, in
@@ -77,12 +103,12 @@ impl Moe {
         let Some(shared) = &self.shared else {
             // Without shared experts the routed outputs go straight into the
             // residual stream.
-            return self.run_routed(rt, layout, layer, positions, xs, &routes, out, guess);
+            return self.run_routed(rt, c, layout, layer, positions, xs, &routes, out, guess);
         };
         // transformers adds the shared experts to the routed sum before the
         // residual; keep that order.
         let mut ys = vec![0.0f32; out.len()];
-        self.run_routed(rt, layout, layer, positions, xs, &routes, &mut ys, guess)?;
+        self.run_routed(rt, c, layout, layer, positions, xs, &routes, &mut ys, guess)?;
         let mut shared_out = vec![0.0f32; ys.len()];
         dense_swiglu(rt, c, shared, xs, &mut shared_out)?;
         if let Some(gate) = &self.shared_gate {
@@ -104,6 +130,7 @@ impl Moe {
     fn run_routed(
         &self,
         rt: &Runtime<'_>,
+        c: &Container,
         layout: &ExpertLayout,
         layer: usize,
         positions: &[usize],
@@ -115,7 +142,18 @@ impl Moe {
         if let Some(trace) = rt.trace {
             record_routes(&mut trace.lock().unwrap_or_else(|p| p.into_inner()), layer, positions, routes, self.top_k)?;
         }
-        let batch = MoeBatch { layer, layout, xs, hidden: self.hidden, routes, top_k: self.top_k, prefetch: guess };
+        let experts = match &self.experts {
+            Experts::SwiGlu => ExpertFfn::SwiGlu,
+            Experts::Clamped { alpha, limit, biases } => ExpertFfn::Clamped {
+                alpha: *alpha,
+                limit: *limit,
+                gate_bias: c.dense_vec(&biases[0])?,
+                up_bias: c.dense_vec(&biases[1])?,
+                down_bias: c.dense_vec(&biases[2])?,
+            },
+        };
+        let batch =
+            MoeBatch { layer, layout, xs, hidden: self.hidden, routes, top_k: self.top_k, experts, prefetch: guess };
         let mut layer_stats = LayerStats::default();
         let result = rt.ops().moe_layer(rt.store, &batch, out, &mut layer_stats);
         rt.stats.lock().unwrap_or_else(|p| p.into_inner()).add(layer_stats);

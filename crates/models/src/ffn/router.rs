@@ -5,13 +5,15 @@ use strata_format::{Container, ModelSpec, MoeBlock, RouterKind, names};
 use strata_kernels::ops;
 use strata_sched::Route;
 
+use crate::common::project;
 use crate::weights::{matrix, vector};
 use crate::{Result, Runtime};
 
-/// One MoE layer's router: its weight, `[num_experts, hidden]`, and how its
-/// logits become routes.
+/// One MoE layer's router: its weight, `[num_experts, hidden]`, its bias
+/// if it has one, and how its logits become routes.
 pub struct Router {
     weight: String,
+    bias: Option<String>,
     num_experts: usize,
     top_k: usize,
     scoring: Scoring,
@@ -21,6 +23,7 @@ pub struct Router {
 enum Scoring {
     Softmax { renormalize: bool },
     GroupedSigmoid { n_group: usize, topk_group: usize, renormalize: bool, scaling: f32, correction_bias: String },
+    TopKThenSoftmax,
 }
 
 impl Router {
@@ -28,25 +31,30 @@ impl Router {
     pub fn load(c: &Container, spec: &ModelSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
         let weight = names::router_name(spec, layer);
         matrix(c, &weight, block.num_experts, spec.hidden_size)?;
+        let mut bias = None;
         let scoring = match block.router {
             RouterKind::SoftmaxTopK { renormalize } => Scoring::Softmax { renormalize },
+            RouterKind::TopKThenSoftmax => {
+                let name = names::router_bias_name(spec, layer);
+                vector(c, &name, block.num_experts)?;
+                bias = Some(name);
+                Scoring::TopKThenSoftmax
+            }
             RouterKind::GroupedSigmoid { n_group, topk_group, renormalize, scaling } => {
                 let correction_bias = names::correction_bias_name(spec, layer);
                 vector(c, &correction_bias, block.num_experts)?;
                 Scoring::GroupedSigmoid { n_group, topk_group, renormalize, scaling: scaling as f32, correction_bias }
             }
         };
-        Ok(Self { weight, num_experts: block.num_experts, top_k: block.top_k, scoring })
+        Ok(Self { weight, bias, num_experts: block.num_experts, top_k: block.top_k, scoring })
     }
 
     /// Each row of `xs`'s `top_k` routes, `[n][top_k]`.
     pub fn route(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32]) -> Result<Vec<Route>> {
-        let weight = c.dense(&self.weight)?;
-        let n = xs.len() / weight.cols;
-        let mut logits = vec![0.0f32; n * self.num_experts];
-        rt.ops().matmul(&weight, xs, n, &mut logits);
+        let logits = project(rt, c, &self.weight, self.bias.as_deref(), xs)?;
         Ok(match &self.scoring {
             Scoring::Softmax { renormalize } => softmax_top_k(&logits, self.num_experts, self.top_k, *renormalize),
+            Scoring::TopKThenSoftmax => top_k_then_softmax(&logits, self.num_experts, self.top_k),
             Scoring::GroupedSigmoid { n_group, topk_group, renormalize, scaling, correction_bias } => {
                 let routing = GroupedSigmoid {
                     n_group: *n_group,
@@ -84,6 +92,29 @@ pub fn softmax_top_k(logits: &[f32], n_experts: usize, top_k: usize, renormalize
             let weight = if renormalize { probs[expert] / sum } else { probs[expert] };
             routes.push(Route { expert, weight });
         }
+    }
+    routes
+}
+
+/// The `top_k` largest logits, then a softmax over those alone (gpt-oss's
+/// `GptOssTopKRouter`).
+///
+/// `logits` is `[n_tokens, n_experts]`; the result is `[n_tokens][top_k]`
+/// in descending weight order. Ties go to the lower expert index.
+pub fn top_k_then_softmax(logits: &[f32], n_experts: usize, top_k: usize) -> Vec<Route> {
+    assert!(top_k >= 1 && top_k <= n_experts, "top-k within the expert count");
+    let mut routes = Vec::with_capacity(logits.len() / n_experts * top_k);
+    let mut order: Vec<usize> = Vec::with_capacity(n_experts);
+    let mut weights = vec![0.0f32; top_k];
+    for row in logits.chunks_exact(n_experts) {
+        order.clear();
+        order.extend(0..n_experts);
+        order.sort_by(by_score(row));
+        for (w, &expert) in weights.iter_mut().zip(&order) {
+            *w = row[expert];
+        }
+        ops::softmax_inplace(&mut weights);
+        routes.extend(order.iter().zip(&weights).map(|(&expert, &weight)| Route { expert, weight }));
     }
     routes
 }
@@ -173,6 +204,17 @@ mod tests {
         let cfg = GroupedSigmoid { topk_group: 2, normalize: false, scaling: 1.0, ..cfg };
         let routes = grouped_sigmoid_top_k(&logits, 4, &cfg);
         assert_eq!((routes[0].expert, routes[0].weight), (3, 0.5));
+    }
+
+    #[test]
+    fn top_k_then_softmax_weighs_only_the_chosen_logits() {
+        // Softmax over all four would give expert 3 about 0.6; over the two
+        // chosen it is sigmoid(1), and the other two take no share.
+        let routes = top_k_then_softmax(&[0.5, 1.0, -2.0, 2.0, 0.0, 3.0, 3.0, 1.0], 4, 2);
+        let s = |x: f32| 1.0 / (1.0 + (-x).exp());
+        assert_eq!(routes.iter().map(|r| r.expert).collect::<Vec<_>>(), vec![3, 1, 1, 2]);
+        assert!((routes[0].weight - s(1.0)).abs() < 1e-6 && (routes[1].weight - s(-1.0)).abs() < 1e-6);
+        assert_eq!((routes[2].weight, routes[3].weight), (0.5, 0.5), "a tie: both chosen, equal weights");
     }
 
     #[test]
