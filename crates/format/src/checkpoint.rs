@@ -14,6 +14,10 @@ use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors};
 use serde_json::Value;
 
+mod interleaved;
+
+pub use interleaved::InterleavedExperts;
+
 use crate::error::{Error, Result};
 use crate::fp8::{self, ScaleGrid};
 use crate::names;
