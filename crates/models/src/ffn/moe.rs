@@ -33,7 +33,7 @@ enum Experts {
     Clamped {
         alpha: f32,
         limit: f32,
-        biases: [String; 3],
+        biases: Box<[String; 3]>,
     },
 }
 
