@@ -74,7 +74,58 @@ fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     (0..cols).flat_map(|c| (0..rows).map(move |r| m[r * cols + c])).collect()
 }
 
+/// The stored tensor a split expert bias is read from (see
+/// [`crate::names::expert_bias_names`]), and which of its interleaved
+/// columns it takes (0: the gate's, 1: the up's).
+pub(super) fn split_bias_source(name: &str) -> Option<(String, usize)> {
+    [("experts.gate_proj_bias", 0), ("experts.up_proj_bias", 1)].into_iter().find_map(|(suffix, parity)| {
+        name.strip_suffix(suffix).map(|base| (format!("{base}experts.gate_up_proj_bias"), parity))
+    })
+}
+
+/// Every other column, from `parity`, of `[rows, 2·cols]` rows.
+fn take_columns(interleaved: &[f32], parity: usize) -> Vec<f32> {
+    interleaved.iter().skip(parity).step_by(2).copied().collect()
+}
+
+/// Whether the fused experts under `prefix` are gpt-oss's: only those carry
+/// biases (and interleave gate and up).
+pub(super) fn is_interleaved(ckpt: &Checkpoint, prefix: &str) -> bool {
+    ckpt.has(&format!("{prefix}gate_up_proj_bias"))
+}
+
+/// The tensors holding the interleaved experts under `prefix` in whichever
+/// layout is stored, their biases included; none unless they are
+/// interleaved.
+pub(crate) fn interleaved_sources(ckpt: &Checkpoint, prefix: &str) -> Vec<String> {
+    if !is_interleaved(ckpt, prefix) {
+        return Vec::new();
+    }
+    let packed = ["gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"];
+    let dequantized = ["gate_up_proj", "down_proj"];
+    let biases = ["gate_up_proj_bias", "down_proj_bias"];
+    let stored = |suffixes: &[&str]| suffixes.iter().map(|s| format!("{prefix}{s}")).filter(|n| ckpt.has(n)).collect();
+    let mut found: Vec<String> = stored(&packed);
+    if found.is_empty() {
+        found = stored(&dequantized);
+    }
+    found.extend(stored(&biases));
+    found
+}
+
 impl Checkpoint {
+    /// A split expert bias ([`split_bias_source`]) whose source is stored:
+    /// its source and parity.
+    pub(super) fn split_bias(&self, name: &str) -> Option<(String, usize)> {
+        split_bias_source(name).filter(|(source, _)| !self.has(name) && self.has(source))
+    }
+
+    /// Rows of a split expert bias: those rows of its source, every other
+    /// column.
+    pub(super) fn split_bias_rows(&self, source: &str, parity: usize, first: usize, count: usize) -> Result<Vec<f32>> {
+        Ok(take_columns(&self.rows_f32(source, first, count)?, parity))
+    }
+
     /// Whether `experts` are stored MXFP4-packed (the hub's layout).
     pub fn has_mxfp4_experts(&self, experts: &InterleavedExperts<'_>) -> bool {
         self.has(&experts.name("gate_up_proj_blocks"))
@@ -112,9 +163,7 @@ impl Checkpoint {
         self.check_shape(&gate_up_name, &[e, two_i])?;
         self.check_shape(&down_name, &[e, h])?;
         let (gate_up, down) = (self.tensor_f32(&gate_up_name)?.1, self.tensor_f32(&down_name)?.1);
-        let gate = gate_up.iter().step_by(2).copied().collect();
-        let up = gate_up.iter().skip(1).step_by(2).copied().collect();
-        Ok([gate, up, down])
+        Ok([take_columns(&gate_up, 0), take_columns(&gate_up, 1), down])
     }
 
     /// One expert's `[rows, cols]` matrix `{proj}` from its MXFP4 blocks and
@@ -205,6 +254,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn split_expert_biases_read_as_tensors_of_their_own() {
+        let saved = fixture("hf");
+        let prefix = "model.layers.0.mlp.experts.";
+        let [gate_bias, up_bias, _] = saved.interleaved_biases_f32(&layer(prefix)).unwrap();
+        for (name, want) in [("gate_proj_bias", gate_bias), ("up_proj_bias", up_bias)] {
+            let name = format!("{prefix}{name}");
+            assert_eq!(saved.resolve(std::slice::from_ref(&name)), Some(name.as_str()));
+            saved.check_shape(&name, &[4, 32]).unwrap();
+            assert!(saved.check_shape(&name, &[4, 64]).is_err());
+            assert_eq!(saved.rows_f32(&name, 1, 2).unwrap(), want[32..96]);
+        }
+        assert_eq!(saved.resolve(&["model.layers.0.mlp.experts.nothing_bias".to_owned()]), None);
     }
 
     #[test]
