@@ -2,87 +2,78 @@
 //! routed experts run through the one expert pipeline ([`strata_sched`]),
 //! and shared experts, if any, run resident beside them.
 
-use strata_format::{Container, ExpertKind, ExpertLayout, ModelSpec, MoeBlock, SharedExperts, names};
-use strata_kernels::ops;
-use strata_sched::{ExpertFfn, Guess, LayerStats, MoeBatch, Route};
+use strata_format::{ExpertKind, ModelSpec, MoeBlock, SharedExperts, names};
+use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::TraceWriter;
 
-use super::dense_swiglu;
+use super::load_swiglu;
 use super::router::Router;
-use crate::common::project;
-use crate::weights::{matrix, matrix_shape, swiglu_names};
+use crate::backend::{Backend, ExpertFfnKind, ExpertsHandle, MatrixHandle, MoeJob};
+use crate::common::Linear;
 use crate::{Result, Runtime};
 
 /// One layer's MoE block.
 pub struct Moe {
     router: Router,
+    experts: ExpertsHandle,
+    /// What each routed expert computes, with its biases' handles (boxed:
+    /// `Ffn` stays small).
+    ffn: Box<ExpertFfnKind>,
     top_k: usize,
     hidden: usize,
     /// The shared experts' gate, up, down.
-    shared: Option<[String; 3]>,
+    shared: Option<[MatrixHandle; 3]>,
     /// The shared expert's sigmoid gate, `[1, hidden]`, if it has one.
-    shared_gate: Option<String>,
-    experts: Experts,
-}
-
-/// What the routed experts compute, with the names of their resident
-/// tensors.
-enum Experts {
-    SwiGlu,
-    /// Biases of gate, up and down (see [`names::expert_bias_names`]).
-    Clamped {
-        alpha: f32,
-        limit: f32,
-        biases: Box<[String; 3]>,
-    },
+    shared_gate: Option<Linear>,
 }
 
 impl Moe {
     /// Layer `layer`'s router and shared experts, shape-checked, and its
     /// expert layout checked present.
-    pub fn load(c: &Container, spec: &ModelSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &ModelSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
         let h = spec.hidden_size;
-        let router = Router::load(c, spec, block, layer)?;
-        c.expert_layout(layer)?;
+        let router = Router::load(b, spec, block, layer)?;
+        let experts = b.experts(layer)?;
+        let ffn = match block.experts {
+            ExpertKind::SwiGlu => ExpertFfnKind::SwiGlu,
+            ExpertKind::ClampedSwiGlu { alpha, limit } => {
+                // A row per expert (bounded sizes: MAX_EXPERTS x MAX_INTERMEDIATE).
+                let [gate, up, down] = names::expert_bias_names(spec, layer);
+                let (e, i) = (block.num_experts, block.intermediate_size);
+                ExpertFfnKind::Clamped {
+                    alpha,
+                    limit,
+                    gate_bias: b.vector(&gate, e * i)?,
+                    up_bias: b.vector(&up, e * i)?,
+                    down_bias: b.vector(&down, e * h)?,
+                }
+            }
+        };
         let (shared, shared_gate) = match block.shared {
             SharedExperts::None => (None, None),
             SharedExperts::Plain { intermediate_size } => (
-                Some(swiglu_names(c, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?),
+                Some(load_swiglu(b, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?),
                 None,
             ),
             SharedExperts::Gated { intermediate_size } => {
-                let gate = names::shared_expert_gate_name(spec, layer);
-                matrix(c, &gate, 1, h)?;
-                let mlp = swiglu_names(c, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?;
+                let gate = Linear::load(b, &names::shared_expert_gate_name(spec, layer), None, 1, h)?;
+                let mlp = load_swiglu(b, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?;
                 (Some(mlp), Some(gate))
             }
         };
-        let experts = match block.experts {
-            ExpertKind::SwiGlu => Experts::SwiGlu,
-            ExpertKind::ClampedSwiGlu { alpha, limit } => {
-                let biases = names::expert_bias_names(spec, layer);
-                let widths = [block.intermediate_size, block.intermediate_size, h];
-                for (bias, width) in biases.iter().zip(widths) {
-                    // A row per expert, read as f32 by the expert pipeline.
-                    matrix_shape(c, bias, block.num_experts, width)?;
-                    c.dense_vec(bias)?;
-                }
-                Experts::Clamped { alpha, limit, biases: Box::new(biases) }
-            }
-        };
-        Ok(Self { router, top_k: block.top_k, hidden: h, shared, shared_gate, experts })
+        Ok(Self { router, experts, ffn: Box::new(ffn), top_k: block.top_k, hidden: h, shared, shared_gate })
     }
 
     /// The distinct experts the router picks for the rows of `xs`, in
     /// route order (each row's heaviest first).
-    pub fn predict(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32]) -> Result<Vec<usize>> {
+    pub fn predict(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32]) -> Vec<usize> {
         let mut experts = Vec::new();
-        for route in self.router.route(rt, c, xs)? {
+        for route in self.router.route(rt, b, xs) {
             if !experts.contains(&route.expert) {
                 experts.push(route.expert);
             }
         }
-        Ok(experts)
+        experts
     }
 
     /// Adds the block's output for `xs` to the residual stream `out`,
@@ -91,33 +82,29 @@ impl Moe {
     pub fn add_to(
         &self,
         rt: &Runtime<'_>,
-        c: &Container,
+        b: &Backend,
         layer: usize,
         positions: &[usize],
         xs: &[f32],
         out: &mut [f32],
         guess: Option<Guess<'_>>,
     ) -> Result<()> {
-        let routes = self.router.route(rt, c, xs)?;
-        let layout = c.expert_layout(layer)?;
+        let routes = self.router.route(rt, b, xs);
         let Some(shared) = &self.shared else {
             // Without shared experts the routed outputs go straight into the
             // residual stream.
-            return self.run_routed(rt, c, layout, layer, positions, xs, &routes, out, guess);
+            return self.run_routed(rt, b, layer, positions, xs, &routes, out, guess);
         };
         // transformers adds the shared experts to the routed sum before the
         // residual; keep that order.
         let mut ys = vec![0.0f32; out.len()];
-        self.run_routed(rt, c, layout, layer, positions, xs, &routes, &mut ys, guess)?;
+        self.run_routed(rt, b, layer, positions, xs, &routes, &mut ys, guess)?;
         let mut shared_out = vec![0.0f32; ys.len()];
-        dense_swiglu(rt, c, shared, xs, &mut shared_out)?;
+        b.swiglu(rt, shared, xs, &mut shared_out);
         if let Some(gate) = &self.shared_gate {
             // sigmoid(w · x) per row scales that row's shared output.
-            let logits = project(rt, c, gate, None, xs)?;
-            for (row, logit) in shared_out.chunks_exact_mut(self.hidden).zip(&logits) {
-                let scale = ops::sigmoid(*logit);
-                row.iter_mut().for_each(|y| *y *= scale);
-            }
+            let logits = gate.apply(rt, b, xs);
+            b.sigmoid_gate(&mut shared_out, &logits);
         }
         ys.iter_mut().zip(&shared_out).for_each(|(y, v)| *y += v);
         out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
@@ -130,8 +117,7 @@ impl Moe {
     fn run_routed(
         &self,
         rt: &Runtime<'_>,
-        c: &Container,
-        layout: &ExpertLayout,
+        b: &Backend,
         layer: usize,
         positions: &[usize],
         xs: &[f32],
@@ -142,20 +128,18 @@ impl Moe {
         if let Some(trace) = rt.trace {
             record_routes(&mut trace.lock().unwrap_or_else(|p| p.into_inner()), layer, positions, routes, self.top_k)?;
         }
-        let experts = match &self.experts {
-            Experts::SwiGlu => ExpertFfn::SwiGlu,
-            Experts::Clamped { alpha, limit, biases } => ExpertFfn::Clamped {
-                alpha: *alpha,
-                limit: *limit,
-                gate_bias: c.dense_vec(&biases[0])?,
-                up_bias: c.dense_vec(&biases[1])?,
-                down_bias: c.dense_vec(&biases[2])?,
-            },
+        assert_eq!(self.experts.layer, layer, "a block runs its own layer's experts");
+        let job = MoeJob {
+            experts: self.experts,
+            ffn: *self.ffn,
+            xs,
+            hidden: self.hidden,
+            routes,
+            top_k: self.top_k,
+            prefetch: guess,
         };
-        let batch =
-            MoeBatch { layer, layout, xs, hidden: self.hidden, routes, top_k: self.top_k, experts, prefetch: guess };
         let mut layer_stats = LayerStats::default();
-        let result = rt.ops().moe_layer(rt.store, &batch, out, &mut layer_stats);
+        let result = b.run_moe_layer(rt, &job, out, &mut layer_stats);
         rt.stats.lock().unwrap_or_else(|p| p.into_inner()).add(layer_stats);
         result
     }
