@@ -3,7 +3,8 @@
 //! Stage 1 (Python only): for each family, a tiny random checkpoint of the real architecture written by
 //! transformers' `save_pretrained` (`hf/`), the same weights in bf16 with a 4.x-style config (`hf_bf16/`),
 //! teacher-forced logits (`logits_f32.npy`, `logits_bf16.npy`) and `reference.json` (prompt, greedy
-//! continuation, margins, routing, versions).
+//! continuation, margins, routing, versions); for gpt_oss also `hf_mxfp4/`, the same model with its experts
+//! packed as the hub's MXFP4 `*_blocks`/`*_scales`.
 //!
 //! Stage 2 (needs the `strata` CLI): for each quant, `strata convert testdata/<f>/hf <tmp>/<q> --quant <q>`,
 //! `strata export <tmp>/<q> <tmp>/<q>_hf`, then transformers float32 logits of the exported checkpoint on the
@@ -23,8 +24,17 @@ use clap::error::ErrorKind;
 use clap::{ArgAction, Parser};
 
 /// Families with fixtures, in generation order.
-pub const FAMILIES: &[&str] =
-    &["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe"];
+pub const FAMILIES: &[&str] = &[
+    "olmoe",
+    "qwen3_moe",
+    "mixtral",
+    "deepseek_v3",
+    "glm_moe_dsa",
+    "kimi_k25",
+    "qwen3_next",
+    "qwen3_5_moe",
+    "gpt_oss",
+];
 /// Reference scripts run with the full set in stage 1: the demo model's
 /// logits (testdata/demo) and transformers' tokenizer and chat-template
 /// renderings (testdata/templates, testdata/tokenizer).

@@ -461,7 +461,7 @@ fn print_state(arch: &strata_format::ModelArch) {
     if state_bytes > 0 {
         let recurrent = arch.layers.iter().filter(|l| l.state_floats() > 0).count();
         println!(
-            "state bytes/session {state_bytes} ({}) (f32 recurrent and convolution state of {recurrent} layers)",
+            "state bytes/session {state_bytes} ({}) (f32 state of {recurrent} layers: windows' rings, recurrent and convolution state)",
             ByteSize(state_bytes)
         );
         println!(

@@ -14,6 +14,11 @@ use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors};
 use serde_json::Value;
 
+mod interleaved;
+
+pub use interleaved::InterleavedExperts;
+pub(crate) use interleaved::interleaved_sources;
+
 use crate::error::{Error, Result};
 use crate::fp8::{self, ScaleGrid};
 use crate::names;
@@ -221,9 +226,11 @@ impl Checkpoint {
         Ok(&self.loc(name)?.shape)
     }
 
-    /// The first of `candidates` that the checkpoint stores.
+    /// The first of `candidates` that the checkpoint stores, or derives
+    /// from what it stores (a split expert bias, see
+    /// [`InterleavedExperts`]).
     pub fn resolve<'n>(&self, candidates: &'n [String]) -> Option<&'n str> {
-        candidates.iter().map(String::as_str).find(|name| self.has(name))
+        candidates.iter().map(String::as_str).find(|name| self.has(name) || self.split_bias(name).is_some())
     }
 
     /// A whole tensor decoded to f32, with its shape.
@@ -238,6 +245,9 @@ impl Checkpoint {
     /// matrix `[shape[0], product(shape[1..])]` (a 1-D tensor is one row),
     /// decoded to f32. Lets large matrices be converted in bounded memory.
     pub fn rows_f32(&self, name: &str, row_start: usize, row_count: usize) -> Result<Vec<f32>> {
+        if let Some((source, parity)) = self.split_bias(name) {
+            return self.split_bias_rows(&source, parity, row_start, row_count);
+        }
         let loc = self.loc(name)?;
         let (rows, cols) = as_matrix(name, &loc.shape)?;
         let end = row_start.checked_add(row_count);
@@ -266,6 +276,11 @@ impl Checkpoint {
         }
 
         let (fused_gate_up, fused_down) = names::fused_expert_names(layer);
+        let prefix = fused_gate_up.trim_end_matches("gate_up_proj");
+        if interleaved::is_interleaved(self, prefix) {
+            let experts = InterleavedExperts { prefix, num_experts: e, hidden: h, inter: i };
+            return self.interleaved_expert_f32(&experts, expert);
+        }
         if !self.has(&names[0]) && self.has(&fused_gate_up) {
             self.check_shape(&fused_gate_up, &[e, 2 * i, h])?;
             self.check_shape(&fused_down, &[e, h, i])?;
@@ -292,6 +307,10 @@ impl Checkpoint {
 
     /// Errors unless `name` exists with exactly `expected` shape.
     pub fn check_shape(&self, name: &str, expected: &[usize]) -> Result<()> {
+        if let (Some((source, _)), [experts, width]) = (self.split_bias(name), expected) {
+            // Its source interleaves two such biases.
+            return self.check_shape(&source, &[*experts, 2 * width]);
+        }
         let loc = self.loc(name)?;
         if loc.shape != expected {
             return Err(Error::TensorShape {

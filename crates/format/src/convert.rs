@@ -152,6 +152,10 @@ impl Source for Checkpoint {
     fn expert_sources(&self, spec: &ModelSpec, layer: usize) -> Vec<String> {
         // Published per-expert names, or the fused 3-D tensors of transformers 5.x.
         let (fused_gate_up, fused_down) = names::fused_expert_names(layer);
+        let interleaved = crate::checkpoint::interleaved_sources(self, fused_gate_up.trim_end_matches("gate_up_proj"));
+        if !interleaved.is_empty() {
+            return interleaved;
+        }
         if self.has(&fused_gate_up) && !self.has(&names::expert_names(spec, layer, 0)[0]) {
             return vec![fused_gate_up, fused_down];
         }

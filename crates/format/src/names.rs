@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::family::Naming;
 use crate::spec::{
-    AttentionKind, FfnKind, GdnProjections, GdnSpec, GqaSpec, IndexerKind, MlaAttention, ModelSpec, QkNorm, RouterKind,
-    SharedExperts,
+    AttentionKind, ExpertKind, FfnKind, GdnProjections, GdnSpec, GqaSpec, IndexerKind, MlaAttention, ModelSpec, QkNorm,
+    RouterKind, SharedExperts,
 };
 
 /// What role a non-expert tensor plays; decides its storage format.
@@ -114,6 +114,26 @@ pub fn correction_bias_name(spec: &ModelSpec, layer: usize) -> String {
     layer_tensor(spec, layer, "mlp.gate.e_score_correction_bias")
 }
 
+/// The bias of a router that has one ([`RouterKind::TopKThenSoftmax`]),
+/// `[num_experts]`, beside its weight.
+pub fn router_bias_name(spec: &ModelSpec, layer: usize) -> String {
+    router_name(spec, layer).replace(".weight", ".bias")
+}
+
+/// Each attention head's learned sink logit, `[num_heads]`.
+pub fn sinks_name(spec: &ModelSpec, layer: usize) -> String {
+    layer_tensor(spec, layer, "self_attn.sinks")
+}
+
+/// The biases of a layer's biased experts ([`ExpertKind::ClampedSwiGlu`]),
+/// resident: gate and up (`[num_experts, intermediate]`, split at import
+/// from the checkpoint's interleaved `gate_up_proj_bias`) and down
+/// (`[num_experts, hidden]`, the checkpoint's `down_proj_bias`).
+pub fn expert_bias_names(spec: &ModelSpec, layer: usize) -> [String; 3] {
+    let base = layer_tensor(spec, layer, &format!("{}.experts.", naming(spec).moe_module));
+    ["gate_proj_bias", "up_proj_bias", "down_proj_bias"].map(|p| format!("{base}{p}"))
+}
+
 /// The shared experts of a MoE layer: gate, up, down (`shared_experts`
 /// when ungated, DeepSeek's name; `shared_expert` beside its gate, Qwen's).
 pub fn shared_expert_names(spec: &ModelSpec, layer: usize, shared: SharedExperts) -> [String; 3] {
@@ -199,8 +219,20 @@ pub fn dense_tensors(spec: &ModelSpec) -> Vec<TensorDesc> {
         match &blocks.ffn {
             FfnKind::Moe(moe) => {
                 push(router_name(spec, layer), vec![moe.num_experts, h], TensorKind::Router);
-                if let RouterKind::GroupedSigmoid { .. } = moe.router {
-                    push(correction_bias_name(spec, layer), vec![moe.num_experts], TensorKind::Bias);
+                match moe.router {
+                    RouterKind::GroupedSigmoid { .. } => {
+                        push(correction_bias_name(spec, layer), vec![moe.num_experts], TensorKind::Bias);
+                    }
+                    RouterKind::TopKThenSoftmax => {
+                        push(router_bias_name(spec, layer), vec![moe.num_experts], TensorKind::Bias);
+                    }
+                    RouterKind::SoftmaxTopK { .. } => {}
+                }
+                if let ExpertKind::ClampedSwiGlu { .. } = moe.experts {
+                    let [gate, up, down] = expert_bias_names(spec, layer);
+                    push(gate, vec![moe.num_experts, moe.intermediate_size], TensorKind::Bias);
+                    push(up, vec![moe.num_experts, moe.intermediate_size], TensorKind::Bias);
+                    push(down, vec![moe.num_experts, h], TensorKind::Bias);
                 }
                 match moe.shared {
                     SharedExperts::None => {}
@@ -256,6 +288,10 @@ fn gqa_attention_tensors(spec: &ModelSpec, gqa: &GqaSpec, layer: usize, push: &m
     if let Some((q, k)) = qk_norm_dims {
         push(t("self_attn.q_norm.weight"), vec![q], TensorKind::Norm);
         push(t("self_attn.k_norm.weight"), vec![k], TensorKind::Norm);
+    }
+    if gqa.sinks {
+        // Logits beside the scores: kept f32 like the biases.
+        push(sinks_name(spec, layer), vec![gqa.num_heads], TensorKind::Bias);
     }
 }
 

@@ -682,8 +682,8 @@ mod tests;
 
 pub use arch::{CoreSpec, ModelArch};
 pub use layer::{
-    AttentionKind, FfnKind, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, MlaAttention, MoeBlock, NormKind, ResidualKind,
-    RouterKind, SharedExperts,
+    AttentionKind, ExpertKind, FfnKind, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, MlaAttention, MoeBlock, NormKind,
+    ResidualKind, RouterKind, SharedExperts,
 };
 pub use linear::{GdnDims, GdnProjections, MixerKind};
 pub use mla::{DsaSpec, IndexerKind, MlaSpec};

@@ -23,7 +23,7 @@ pub mod threads;
 pub use error::{Error, Result};
 pub use matrix::{MatData, Matrix};
 pub use quant::QuantFormat;
-pub use threads::Threads;
+pub use threads::{GatedAct, Threads};
 
 #[cfg(test)]
 mod tests;

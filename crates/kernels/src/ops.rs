@@ -82,6 +82,15 @@ pub fn clamped_swiglu_interleaved(gate_up: &[f32], alpha: f32, limit: f32, out: 
     scalar::clamped_swiglu_interleaved(gate_up, alpha, limit, out);
 }
 
+/// gpt-oss's clamped SwiGLU over gate and up held apart (see
+/// [`scalar::clamped_swiglu`]), in place in `gate`; scalar only.
+///
+/// # Panics
+/// If the lengths differ, or `limit` is negative or NaN.
+pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    scalar::clamped_swiglu(gate, up, alpha, limit);
+}
+
 /// Rotary embedding, HF `rotate_half` convention (see [`scalar::rope_neox`]).
 ///
 /// # Panics

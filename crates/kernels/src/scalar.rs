@@ -333,6 +333,22 @@ pub fn clamped_swiglu_interleaved(gate_up: &[f32], alpha: f32, limit: f32, out: 
     }
 }
 
+/// [`clamped_swiglu_interleaved`] over gate and up held apart (the fused
+/// projection's even and odd columns, split at import):
+/// `gate[i] = (clamp(up[i]) + 1) * (g * sigmoid(g * alpha))`,
+/// `g = min(gate[i], limit)`, the same operations in the same order.
+///
+/// # Panics
+/// If the lengths differ, or `limit` is negative or NaN.
+pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    assert_eq!(gate.len(), up.len(), "clamped swiglu: operand lengths differ");
+    assert!(limit >= 0.0, "clamped swiglu: limit {limit} must be a non-negative number");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let gate = if *g > limit { limit } else { *g };
+        *g = (u.clamp(-limit, limit) + 1.0) * (gate * sigmoid(gate * alpha));
+    }
+}
+
 /// Rotary embedding, HF `rotate_half` convention: element `i` pairs with
 /// `i + d/2`. `x` holds the `d` rotated dimensions; `cos`/`sin` hold `d/2`
 /// angles' values.

@@ -12,6 +12,23 @@ use crate::error::{Error, Result};
 use std::ops::Range;
 
 use crate::matrix::{Matrix, Prepared};
+
+/// The activation between a gated feed-forward block's gate/up products and
+/// its down product.
+#[derive(Debug, Clone, Copy)]
+pub enum GatedAct<'a> {
+    /// `silu(gate) * up`, no biases.
+    SwiGlu,
+    /// gpt-oss's experts: `gate + gate_bias` and `up + up_bias` through
+    /// [`crate::ops::clamped_swiglu`] (`alpha`, `limit`), and `down_bias`
+    /// added to the down product.
+    Clamped { alpha: f32, limit: f32, gate_bias: &'a [f32], up_bias: &'a [f32], down_bias: &'a [f32] },
+}
+
+/// `row += bias`, element by element.
+fn add_bias(row: &mut [f32], bias: &[f32]) {
+    row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+}
 use crate::simd::Isa;
 
 /// Below this many multiply-adds a product runs on the calling thread:
@@ -110,7 +127,34 @@ impl Threads {
         n: usize,
         ys: &mut [f32],
     ) {
+        self.gated_ffn(gate, up, down, GatedAct::SwiGlu, xs, n, ys);
+    }
+
+    /// [`Threads::expert_ffn`] with the gate's activation and biases as
+    /// `act` says: [`GatedAct::SwiGlu`] is `expert_ffn` itself, bit for bit;
+    /// [`GatedAct::Clamped`] adds the biases to gate, up and down and applies
+    /// gpt-oss's clamped SwiGLU ([`crate::ops::clamped_swiglu`]).
+    ///
+    /// # Panics
+    /// As [`Threads::expert_ffn`], and if a bias is not as long as the rows
+    /// it is added to.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_ffn(
+        &self,
+        gate: &Matrix<'_>,
+        up: &Matrix<'_>,
+        down: &Matrix<'_>,
+        act: GatedAct<'_>,
+        xs: &[f32],
+        n: usize,
+        ys: &mut [f32],
+    ) {
         let (inter, hidden) = (gate.rows, gate.cols);
+        if let GatedAct::Clamped { gate_bias, up_bias, down_bias, .. } = act {
+            assert_eq!(gate_bias.len(), inter, "gated_ffn: one gate bias per intermediate row");
+            assert_eq!(up_bias.len(), inter, "gated_ffn: one up bias per intermediate row");
+            assert_eq!(down_bias.len(), hidden, "gated_ffn: one down bias per output");
+        }
         assert!(up.rows == inter && up.cols == hidden, "expert_ffn: up must be shaped like gate");
         assert!(down.rows == hidden && down.cols == inter, "expert_ffn: down must be [hidden, inter]");
         assert_eq!(Some(xs.len()), n.checked_mul(hidden), "expert_ffn: xs must be [n, hidden]");
@@ -131,8 +175,17 @@ impl Threads {
         let mut h = vec![0.0f32; n * inter];
         let gate_up_rows = |rows: Range<usize>, out: &mut [f32], out_stride: usize, u: &mut [f32]| {
             gate.products(isa, &x_gate, n, rows.clone(), out, out_stride);
-            up.products(isa, x_up, n, rows, u, out_stride);
-            crate::ops::silu_mul(out, u);
+            up.products(isa, x_up, n, rows.clone(), u, out_stride);
+            match act {
+                GatedAct::SwiGlu => crate::ops::silu_mul(out, u),
+                GatedAct::Clamped { alpha, limit, gate_bias, up_bias, .. } => {
+                    for (g_row, u_row) in out.chunks_exact_mut(out_stride).zip(u.chunks_exact_mut(out_stride)) {
+                        add_bias(g_row, &gate_bias[rows.clone()]);
+                        add_bias(u_row, &up_bias[rows.clone()]);
+                    }
+                    crate::ops::clamped_swiglu(out, u, alpha, limit);
+                }
+            }
         };
         match self.chunk_rows_for(inter, 2 * hidden, n) {
             None => {
@@ -158,6 +211,9 @@ impl Threads {
         }
         let h_prepared = down.prepare(isa, &h, n);
         self.products(down, &h_prepared, n, ys);
+        if let GatedAct::Clamped { down_bias, .. } = act {
+            ys.chunks_exact_mut(hidden).for_each(|row| add_bias(row, down_bias));
+        }
     }
 
     /// Rows of `m` for all `n` prepared inputs, split across the pool.

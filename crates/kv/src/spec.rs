@@ -7,12 +7,18 @@ use strata_format::{AttentionKind, LayerSpec};
 use crate::{LayerLayout, StatePart};
 
 /// What a layer of `spec` keeps per sequence, in the order its block
-/// indexes the parts: keys then values (grouped-query attention); the
+/// indexes the parts: keys then values (grouped-query attention; a ring of
+/// the last `window` under a sliding window); the
 /// latent with its rotary key, then the indexer keys with DSA (Multi-head
 /// Latent Attention); the delta-rule and convolution state (Gated DeltaNet).
 pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
     let parts = match &spec.attention {
-        AttentionKind::Gqa(gqa) => vec![StatePart::Rows { dim: gqa.kv_dim() }; 2],
+        AttentionKind::Gqa(gqa) => {
+            let dim = gqa.kv_dim();
+            // A sliding window needs only its last `window` keys and values.
+            let part = gqa.sliding_window.map_or(StatePart::Rows { dim }, |window| StatePart::Ring { dim, window });
+            vec![part; 2]
+        }
         AttentionKind::Mla(mla) => std::iter::once(mla.dims.latent_dim())
             .chain(mla.indexer.map(|indexer| indexer.head_dim))
             .map(|dim| StatePart::Rows { dim })

@@ -19,6 +19,6 @@ mod union;
 
 pub use error::{Error, Result};
 pub use ffn::swiglu;
-pub use moe::{Guess, MoeBatch, run_moe_layer};
+pub use moe::{ExpertFfn, Guess, MoeBatch, run_moe_layer};
 pub use stats::LayerStats;
 pub use union::{Route, union};

@@ -5,10 +5,11 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use strata_format::ExpertLayout;
-use strata_kernels::Threads;
+use strata_kernels::{GatedAct, Threads};
 use strata_tier::{ExpertKey, ExpertStore, Record};
 
-use crate::{Error, LayerStats, Result, Route, swiglu, union};
+use crate::ffn::gated_ffn;
+use crate::{Error, LayerStats, Result, Route, union};
 
 /// The inputs of one MoE layer for a batch of tokens.
 pub struct MoeBatch<'a> {
@@ -24,11 +25,44 @@ pub struct MoeBatch<'a> {
     pub routes: &'a [Route],
     /// Experts per token.
     pub top_k: usize,
+    /// What each expert computes.
+    pub experts: ExpertFfn<'a>,
     /// A later layer's predicted experts, prefetched once this layer's
     /// resident experts are leased, so that a guess never evicts a record
     /// this layer is about to use. A guess moves bytes only: it never
     /// changes which records this or any layer computes with.
     pub prefetch: Option<Guess<'a>>,
+}
+
+/// The feed-forward each routed expert of a layer computes.
+#[derive(Debug, Clone, Copy)]
+pub enum ExpertFfn<'a> {
+    /// `down(silu(gate(x)) * up(x))`.
+    SwiGlu,
+    /// gpt-oss's biased experts with the clamped SwiGLU
+    /// ([`strata_kernels::GatedAct::Clamped`]); the biases are the layer's,
+    /// one row per expert: gate and up `[num_experts, intermediate]`, down
+    /// `[num_experts, hidden]`.
+    Clamped { alpha: f32, limit: f32, gate_bias: &'a [f32], up_bias: &'a [f32], down_bias: &'a [f32] },
+}
+
+impl<'a> ExpertFfn<'a> {
+    /// The activation of expert `expert`, its own bias rows picked out.
+    fn of_expert(self, expert: usize, intermediate: usize, hidden: usize) -> GatedAct<'a> {
+        match self {
+            ExpertFfn::SwiGlu => GatedAct::SwiGlu,
+            ExpertFfn::Clamped { alpha, limit, gate_bias, up_bias, down_bias } => {
+                let row = |bias: &'a [f32], width: usize| &bias[expert * width..(expert + 1) * width];
+                GatedAct::Clamped {
+                    alpha,
+                    limit,
+                    gate_bias: row(gate_bias, intermediate),
+                    up_bias: row(up_bias, intermediate),
+                    down_bias: row(down_bias, hidden),
+                }
+            }
+        }
+    }
 }
 
 /// Experts predicted for a layer not yet run.
@@ -129,7 +163,8 @@ fn apply_expert(
         xs_sub.extend_from_slice(&batch.xs[token * hidden..(token + 1) * hidden]);
     }
     let mut ys = vec![0.0f32; m * hidden];
-    swiglu(threads, &matrices, &xs_sub, &mut ys);
+    let act = batch.experts.of_expert(expert, matrices[0].rows, hidden);
+    gated_ffn(threads, &matrices, act, &xs_sub, &mut ys);
     Ok(ys)
 }
 

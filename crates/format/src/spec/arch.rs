@@ -136,6 +136,7 @@ mod tests {
         let arch = ModelArch::from_config_value(&config).unwrap();
         let line = arch.layers[0].describe();
         assert!(line.starts_with("gqa 32 q / 8 kv heads x 128, rope 128, window 4096;"), "{line}");
-        assert!(line.ends_with("; moe 8 experts top-2 x 14336; 2048 f32/token"), "{line}");
+        // The window's ring: keys and values of 8 heads x 128 for 4096 positions.
+        assert!(line.ends_with("; moe 8 experts top-2 x 14336; 8388608 f32 state"), "{line}");
     }
 }

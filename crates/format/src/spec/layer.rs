@@ -92,7 +92,18 @@ impl LayerSpec {
                     SharedExperts::Plain { intermediate_size } => format!(" + shared {intermediate_size}"),
                     SharedExperts::Gated { intermediate_size } => format!(" + gated shared {intermediate_size}"),
                 };
-                format!("moe {} experts top-{} x {}{shared}", moe.num_experts, moe.top_k, moe.intermediate_size)
+                let experts = match moe.experts {
+                    ExpertKind::SwiGlu => String::new(),
+                    ExpertKind::ClampedSwiGlu { limit, .. } => format!(", biased, clamped at {limit}"),
+                };
+                let router = match moe.router {
+                    RouterKind::TopKThenSoftmax => ", top-k then softmax",
+                    RouterKind::SoftmaxTopK { .. } | RouterKind::GroupedSigmoid { .. } => "",
+                };
+                format!(
+                    "moe {} experts top-{} x {}{experts}{router}{shared}",
+                    moe.num_experts, moe.top_k, moe.intermediate_size
+                )
             }
         };
         let state = match (self.cache_floats_per_token(), self.state_floats()) {
@@ -141,20 +152,24 @@ impl AttentionKind {
 
 impl AttentionKind {
     /// f32 values one token adds to this layer's cache: keys and values
-    /// (GQA); the latent with its rotary key, plus the indexer key with DSA
-    /// (MLA); none for a recurrent layer.
+    /// (GQA; none under a sliding window, whose ring is fixed state); the
+    /// latent with its rotary key, plus the indexer key with DSA (MLA); none
+    /// for a recurrent layer.
     pub fn cache_floats_per_token(&self) -> usize {
         match self {
+            AttentionKind::Gqa(gqa) if gqa.sliding_window.is_some() => 0,
             AttentionKind::Gqa(gqa) => 2 * gqa.kv_dim(),
             AttentionKind::Mla(mla) => mla.dims.latent_dim() + mla.indexer.map_or(0, |i| i.head_dim),
             AttentionKind::GatedDeltaNet(_) => 0,
         }
     }
 
-    /// f32 values of fixed state one sequence keeps in this layer.
+    /// f32 values of fixed state one sequence keeps in this layer: the
+    /// keys and values of a sliding window's last `window` positions.
     pub fn state_floats(&self) -> usize {
         match self {
-            AttentionKind::Gqa(_) | AttentionKind::Mla(_) => 0,
+            AttentionKind::Gqa(gqa) => gqa.sliding_window.map_or(0, |window| 2 * gqa.kv_dim() * window),
+            AttentionKind::Mla(_) => 0,
             AttentionKind::GatedDeltaNet(gdn) => gdn.dims.state_floats(),
         }
     }
@@ -248,6 +263,21 @@ pub struct MoeBlock {
     pub intermediate_size: usize,
     pub router: RouterKind,
     pub shared: SharedExperts,
+    /// What each routed expert computes.
+    pub experts: ExpertKind,
+}
+
+/// The feed-forward of each routed expert.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertKind {
+    /// `down(silu(gate(x)) * up(x))`, no biases.
+    SwiGlu,
+    /// gpt-oss: gate, up and down carry biases (`[num_experts, width]`,
+    /// resident); `g = min(gate(x), limit)`, `u = clamp(up(x), ±limit)`,
+    /// `down((u + 1) · g · sigmoid(alpha · g))`. The checkpoint's fused
+    /// `gate_up_proj` interleaves gate (even) and up (odd) columns; import
+    /// splits them into the record's gate and up.
+    ClampedSwiGlu { alpha: f32, limit: f32 },
 }
 
 /// How a router turns its logits into each token's experts and weights.
@@ -260,6 +290,9 @@ pub enum RouterKind {
     /// bias for choosing, the `topk_group` best of `n_group` groups eligible,
     /// weights optionally renormalised and then scaled.
     GroupedSigmoid { n_group: usize, topk_group: usize, renormalize: bool, scaling: f64 },
+    /// gpt-oss: a router with a bias (`[num_experts]`), the top-k of its
+    /// logits, then a softmax over those k alone.
+    TopKThenSoftmax,
 }
 
 /// Experts applied to every token besides the routed ones (resident).

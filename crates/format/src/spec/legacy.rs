@@ -5,8 +5,8 @@
 //! reads a layer's dimensions from the flat spec.
 
 use super::{
-    CoreSpec, FfnKind, LayerKind, LayerSpec, ModelArch, ModelSpec, MoeBlock, NormKind, NormStyle, ResidualKind,
-    RouterKind, ScoringFunc, SharedExperts,
+    CoreSpec, ExpertKind, FfnKind, LayerKind, LayerSpec, ModelArch, ModelSpec, MoeBlock, NormKind, NormStyle,
+    ResidualKind, RouterKind, ScoringFunc, SharedExperts,
 };
 
 impl ModelSpec {
@@ -64,6 +64,7 @@ impl ModelSpec {
                     Some(intermediate_size) => SharedExperts::Plain { intermediate_size },
                     None => SharedExperts::None,
                 },
+                experts: ExpertKind::SwiGlu,
             }),
         };
         LayerSpec { attention, ffn, norm: self.norm_kind(), residual: ResidualKind::Plain }

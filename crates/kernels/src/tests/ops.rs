@@ -249,6 +249,22 @@ fn clamped_swiglu_known_values() {
 }
 
 #[test]
+fn clamped_swiglu_on_split_operands_equals_the_interleaved_reference() {
+    // Values on both sides of both clamps, zero and a NaN included.
+    let gate = [0.0f32, 1.0, 10.0, 1.0, -3.0, 0.7, f32::NAN, 0.2];
+    let up = [3.0f32, 2.0, 100.0, -9.0, 0.4, -0.7, 1.0, f32::NAN];
+    for limit in [7.0f32, 0.5] {
+        let interleaved: Vec<f32> = gate.iter().zip(&up).flat_map(|(g, u)| [*g, *u]).collect();
+        let mut want = [0.0f32; 8];
+        ops::clamped_swiglu_interleaved(&interleaved, 1.702, limit, &mut want);
+        let mut got = gate;
+        ops::clamped_swiglu(&mut got, &up, 1.702, limit);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "limit {limit}");
+    }
+}
+
+#[test]
 fn clamped_swiglu_keeps_a_nan_gate() {
     let mut out = [0.0f32; 2];
     ops::clamped_swiglu_interleaved(&[f32::NAN, 1.0, 1.0, f32::NAN], 1.702, 7.0, &mut out);

@@ -2,7 +2,7 @@
 
 use super::values;
 use crate::quant::{QuantFormat, f32_to_bf16_bits, quantize_q4, quantize_q8};
-use crate::{Error, MatData, Matrix, Threads};
+use crate::{Error, GatedAct, MatData, Matrix, Threads};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
@@ -93,13 +93,15 @@ fn pool_has_the_requested_size() {
 /// One source matrix in every format: f32, bf16, q8 and q4 (codes, scales).
 type Storage = (Vec<f32>, Vec<u16>, (Vec<i8>, Vec<f32>), (Vec<u8>, Vec<f32>));
 
-/// The fused expert FFN equals gate, up, SwiGLU and down run one after the
-/// other, bit for bit, for every thread count and batch size, in every
-/// format (q8/q4 on the integer path, f32/bf16 on row dots).
-#[test]
-fn expert_ffn_equals_unfused_swiglu_for_any_thread_count() {
-    let (hidden, inter, group) = (192, 136, 32);
-    let pools: Vec<Threads> = [1, 2, 3].map(|n| Threads::new(n).unwrap()).into();
+/// Expert shapes (hidden 192, intermediate 136): odd enough to split in
+/// uneven chunks.
+const EXPERT_HIDDEN: usize = 192;
+const EXPERT_INTER: usize = 136;
+
+/// Runs `check` on one expert's gate, up and down in every format (q8/q4
+/// on the integer path, f32/bf16 on row dots).
+fn for_each_expert_format(check: impl Fn(QuantFormat, &[Matrix<'_>; 3])) {
+    let (hidden, inter, group) = (EXPERT_HIDDEN, EXPERT_INTER, 32);
     let srcs =
         [sample(inter * hidden), sample(inter * hidden + 7)[7..].to_vec(), sample(hidden * inter + 3)[3..].to_vec()];
     let shapes = [(inter, hidden), (inter, hidden), (hidden, inter)];
@@ -129,23 +131,72 @@ fn expert_ffn_equals_unfused_swiglu_for_any_thread_count() {
                 Matrix::new(rows, cols, data).unwrap()
             })
             .collect();
+        check(format, &[m[0], m[1], m[2]]);
+    }
+}
+
+/// The fused expert FFN equals gate, up, SwiGLU and down run one after the
+/// other, bit for bit, for every thread count and batch size, in every
+/// format.
+#[test]
+fn expert_ffn_equals_unfused_swiglu_for_any_thread_count() {
+    let pools: Vec<Threads> = [1, 2, 3].map(|n| Threads::new(n).unwrap()).into();
+    for_each_expert_format(|format, m| {
         for n in [1, 2, 5] {
-            let xs = sample(n * hidden);
+            let xs = sample(n * EXPERT_HIDDEN);
             let serial = Threads::new(1).unwrap();
-            let mut g = vec![0.0; n * inter];
-            let mut u = vec![0.0; n * inter];
+            let mut g = vec![0.0; n * EXPERT_INTER];
+            let mut u = vec![0.0; n * EXPERT_INTER];
             serial.matmul(&m[0], &xs, n, &mut g);
             serial.matmul(&m[1], &xs, n, &mut u);
             crate::ops::silu_mul(&mut g, &u);
-            let mut want = vec![0.0; n * hidden];
+            let mut want = vec![0.0; n * EXPERT_HIDDEN];
             serial.matmul(&m[2], &g, n, &mut want);
             for pool in &pools {
-                let mut got = vec![f32::NAN; n * hidden];
+                let mut got = vec![f32::NAN; n * EXPERT_HIDDEN];
                 pool.expert_ffn(&m[0], &m[1], &m[2], &xs, n, &mut got);
                 assert_eq!(bits(&got), bits(&want), "{format}, n {n}, {} threads", pool.n_threads());
             }
         }
-    }
+    });
+}
+
+/// gpt-oss's experts through the fused path equal the unfused products
+/// with their biases, the interleaved scalar reference of the clamped
+/// SwiGLU and the down bias, bit for bit, for every thread count.
+#[test]
+fn gated_ffn_clamped_equals_the_interleaved_scalar_reference_for_any_thread_count() {
+    let pools: Vec<Threads> = [1, 2, 3].map(|n| Threads::new(n).unwrap()).into();
+    let (gate_bias, up_bias, down_bias) = (sample(EXPERT_INTER), sample(EXPERT_INTER + 1), sample(EXPERT_HIDDEN));
+    // A limit the products cross in both directions.
+    let (alpha, limit) = (1.702, 0.5);
+    let act = GatedAct::Clamped { alpha, limit, gate_bias: &gate_bias, up_bias: &up_bias[1..], down_bias: &down_bias };
+    for_each_expert_format(|format, m| {
+        for n in [1, 2, 5] {
+            let xs = sample(n * EXPERT_HIDDEN);
+            let serial = Threads::new(1).unwrap();
+            let mut g = vec![0.0; n * EXPERT_INTER];
+            let mut u = vec![0.0; n * EXPERT_INTER];
+            serial.matmul(&m[0], &xs, n, &mut g);
+            serial.matmul(&m[1], &xs, n, &mut u);
+            let mut gate_up = Vec::with_capacity(2 * g.len());
+            for (i, (g, u)) in g.iter().zip(&u).enumerate() {
+                gate_up.extend([g + gate_bias[i % EXPERT_INTER], u + up_bias[1 + i % EXPERT_INTER]]);
+            }
+            let mut h = vec![0.0; n * EXPERT_INTER];
+            crate::scalar::clamped_swiglu_interleaved(&gate_up, alpha, limit, &mut h);
+            let mut want = vec![0.0; n * EXPERT_HIDDEN];
+            serial.matmul(&m[2], &h, n, &mut want);
+            for (i, y) in want.iter_mut().enumerate() {
+                *y += down_bias[i % EXPERT_HIDDEN];
+            }
+            for pool in &pools {
+                let mut got = vec![f32::NAN; n * EXPERT_HIDDEN];
+                pool.gated_ffn(&m[0], &m[1], &m[2], act, &xs, n, &mut got);
+                assert_eq!(bits(&got), bits(&want), "{format}, n {n}, {} threads", pool.n_threads());
+            }
+        }
+    });
 }
 
 #[test]

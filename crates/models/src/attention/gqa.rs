@@ -9,11 +9,11 @@
 use strata_format::{GqaSpec, ModelSpec, NormKind, QkNorm, RopeSpec, names};
 use strata_kv::StatePart;
 
-use crate::backend::{AttendJob, AttnShape, Backend, Rotary};
+use crate::backend::{AttendJob, AttnShape, Backend, Rotary, VectorHandle};
 use crate::common::Linear;
 use crate::norm::Norm;
 use crate::rope::Angles;
-use crate::{Error, Result, Runtime, SeqBatch};
+use crate::{Result, Runtime, SeqBatch};
 
 /// The cache part of the keys.
 const KEYS: usize = 0;
@@ -30,15 +30,14 @@ pub struct Gqa {
     o: Linear,
     /// q and k norms, when the layer normalises them.
     qk_norm: Option<(Norm, Norm)>,
+    /// Each head's sink logit, `[num_heads]`, when the layer has them.
+    sinks: Option<VectorHandle>,
 }
 
 impl Gqa {
     /// Layer `layer`'s tensors, shape-checked.
     /// Its q/k norms are of kind `norm`, the layer's.
     pub fn load(b: &mut Backend, spec: &ModelSpec, dims: GqaSpec, norm: NormKind, layer: usize) -> Result<Self> {
-        if dims.sinks {
-            return Err(Error::Unsupported(format!("layer {layer}: attention sinks are not implemented")));
-        }
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.{suffix}"));
         let (h, q_dim, kv_dim) = (spec.hidden_size, dims.q_dim(), dims.kv_dim());
         let q_rows = if dims.output_gate { 2 * q_dim } else { q_dim };
@@ -64,13 +63,23 @@ impl Gqa {
                 Norm::load(b, &t("k_norm.weight"), norm, k_len)?,
             )),
         };
-        Ok(Self { dims, hidden: h, q, k, v, o, qk_norm })
+        let sinks = match dims.sinks {
+            true => Some(b.vector(&names::sinks_name(spec, layer), dims.num_heads)?),
+            false => None,
+        };
+        Ok(Self { dims, hidden: h, q, k, v, o, qk_norm, sinks })
     }
 
     /// What a sequence keeps in this layer: keys ([`KEYS`]) and values
-    /// ([`VALUES`]), rows `kv_dim` wide.
+    /// ([`VALUES`]), rows `kv_dim` wide, every position's or, in a sliding
+    /// window, a ring of the window's.
     pub fn cache_parts(&self) -> Vec<StatePart> {
-        vec![StatePart::Rows { dim: self.dims.kv_dim() }; 2]
+        let dim = self.dims.kv_dim();
+        let part = match self.dims.sliding_window {
+            None => StatePart::Rows { dim },
+            Some(window) => StatePart::Ring { dim, window },
+        };
+        vec![part; 2]
     }
 
     /// The rotary embedding of queries and keys (`None`: no positions).
@@ -113,8 +122,7 @@ impl Gqa {
             n_kv_heads: d.num_kv_heads,
             head_dim: d.head_dim,
             window: d.sliding_window,
-            // gpt-oss's sinks arrive with its family; no layer loads them yet.
-            sinks: None,
+            sinks: self.sinks,
         };
         // The cache first (cheap, and each sequence's own), then every
         // sequence's attention at once across the pool.
@@ -133,9 +141,12 @@ impl Gqa {
             let (q_seq, q_tail) = q_rest.split_at(m * q_dim);
             let (out_seq, out_tail) = out_rest.split_at_mut(m * q_dim);
             (q_rest, out_rest) = (q_tail, out_tail);
-            let keys = seq.cache.rows(layer, KEYS, start + m);
-            let values = seq.cache.rows(layer, VALUES, start + m);
-            jobs.push(AttendJob { q: q_seq, keys, values, start, out: out_seq });
+            // The first position the pass's first query sees: the ring of a
+            // windowed layer holds no earlier one.
+            let first_key = d.sliding_window.map_or(0, |w| (start + 1).saturating_sub(w));
+            let keys = seq.cache.rows_between(layer, KEYS, first_key, start + m);
+            let values = seq.cache.rows_between(layer, VALUES, first_key, start + m);
+            jobs.push(AttendJob { q: q_seq, keys, values, first_key, start, out: out_seq });
         }
         b.attend(rt, shape, jobs);
         if let Some(gate) = gate {

@@ -74,6 +74,17 @@ pub struct ExpertsHandle {
     pub layer: usize,
 }
 
+/// What each routed expert of a layer computes.
+#[derive(Debug, Clone, Copy)]
+pub enum ExpertFfnKind {
+    /// `down(silu(gate(x)) * up(x))`.
+    SwiGlu,
+    /// gpt-oss's biased experts with the clamped SwiGLU; the biases one row
+    /// per expert: gate and up `[num_experts, intermediate]`, down
+    /// `[num_experts, hidden]`.
+    Clamped { alpha: f32, limit: f32, gate_bias: VectorHandle, up_bias: VectorHandle, down_bias: VectorHandle },
+}
+
 /// The devices a model's weights can live on, each with its tensors.
 pub enum Backend {
     Cpu(cpu::Cpu),
@@ -95,11 +106,13 @@ pub struct AttnShape {
 
 /// One sequence's causal attention: its queries at positions
 /// `start..start + n`, the cached keys and values of positions
-/// `0..start + n`, and where the output goes.
+/// `first_key..start + n` (0 unless a window's ring holds fewer), and where
+/// the output goes.
 pub struct AttendJob<'a> {
     pub q: &'a [f32],
     pub keys: &'a [f32],
     pub values: &'a [f32],
+    pub first_key: usize,
     pub start: usize,
     pub out: &'a mut [f32],
 }
@@ -189,6 +202,9 @@ pub enum RouteKind {
         /// `e_score_correction_bias`, one per expert.
         correction_bias: VectorHandle,
     },
+    /// gpt-oss: the router's bias added to its logits, the `top_k` largest,
+    /// then a softmax over those alone.
+    TopKThenSoftmax { bias: VectorHandle },
 }
 
 /// A router: its weight `[num_experts, hidden]`, its kind and `top_k`.
@@ -214,6 +230,8 @@ pub struct Rotary {
 /// prefetch.
 pub struct MoeJob<'a> {
     pub experts: ExpertsHandle,
+    /// What each expert computes.
+    pub ffn: ExpertFfnKind,
     pub xs: &'a [f32],
     pub hidden: usize,
     pub routes: &'a [Route],

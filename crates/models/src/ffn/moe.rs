@@ -2,13 +2,13 @@
 //! routed experts run through the one expert pipeline ([`strata_sched`]),
 //! and shared experts, if any, run resident beside them.
 
-use strata_format::{ModelSpec, MoeBlock, SharedExperts, names};
+use strata_format::{ExpertKind, ModelSpec, MoeBlock, SharedExperts, names};
 use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::TraceWriter;
 
 use super::load_swiglu;
 use super::router::Router;
-use crate::backend::{Backend, ExpertsHandle, MatrixHandle, MoeJob};
+use crate::backend::{Backend, ExpertFfnKind, ExpertsHandle, MatrixHandle, MoeJob};
 use crate::common::Linear;
 use crate::{Result, Runtime};
 
@@ -16,6 +16,9 @@ use crate::{Result, Runtime};
 pub struct Moe {
     router: Router,
     experts: ExpertsHandle,
+    /// What each routed expert computes, with its biases' handles (boxed:
+    /// `Ffn` stays small).
+    ffn: Box<ExpertFfnKind>,
     top_k: usize,
     hidden: usize,
     /// The shared experts' gate, up, down.
@@ -31,6 +34,21 @@ impl Moe {
         let h = spec.hidden_size;
         let router = Router::load(b, spec, block, layer)?;
         let experts = b.experts(layer)?;
+        let ffn = match block.experts {
+            ExpertKind::SwiGlu => ExpertFfnKind::SwiGlu,
+            ExpertKind::ClampedSwiGlu { alpha, limit } => {
+                // A row per expert (bounded sizes: MAX_EXPERTS x MAX_INTERMEDIATE).
+                let [gate, up, down] = names::expert_bias_names(spec, layer);
+                let (e, i) = (block.num_experts, block.intermediate_size);
+                ExpertFfnKind::Clamped {
+                    alpha,
+                    limit,
+                    gate_bias: b.vector(&gate, e * i)?,
+                    up_bias: b.vector(&up, e * i)?,
+                    down_bias: b.vector(&down, e * h)?,
+                }
+            }
+        };
         let (shared, shared_gate) = match block.shared {
             SharedExperts::None => (None, None),
             SharedExperts::Plain { intermediate_size } => (
@@ -43,7 +61,7 @@ impl Moe {
                 (Some(mlp), Some(gate))
             }
         };
-        Ok(Self { router, experts, top_k: block.top_k, hidden: h, shared, shared_gate })
+        Ok(Self { router, experts, ffn: Box::new(ffn), top_k: block.top_k, hidden: h, shared, shared_gate })
     }
 
     /// The distinct experts the router picks for the rows of `xs`, in
@@ -111,7 +129,15 @@ impl Moe {
             record_routes(&mut trace.lock().unwrap_or_else(|p| p.into_inner()), layer, positions, routes, self.top_k)?;
         }
         assert_eq!(self.experts.layer, layer, "a block runs its own layer's experts");
-        let job = MoeJob { experts: self.experts, xs, hidden: self.hidden, routes, top_k: self.top_k, prefetch: guess };
+        let job = MoeJob {
+            experts: self.experts,
+            ffn: *self.ffn,
+            xs,
+            hidden: self.hidden,
+            routes,
+            top_k: self.top_k,
+            prefetch: guess,
+        };
         let mut layer_stats = LayerStats::default();
         let result = b.run_moe_layer(rt, &job, out, &mut layer_stats);
         rt.stats.lock().unwrap_or_else(|p| p.into_inner()).add(layer_stats);

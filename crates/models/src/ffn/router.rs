@@ -26,6 +26,9 @@ impl Router {
                 scaling: scaling as f32,
                 correction_bias: b.vector(&names::correction_bias_name(spec, layer), block.num_experts)?,
             },
+            RouterKind::TopKThenSoftmax => {
+                RouteKind::TopKThenSoftmax { bias: b.vector(&names::router_bias_name(spec, layer), block.num_experts)? }
+            }
         };
         Ok(Self { spec: RouterSpec { weight, kind, top_k: block.top_k } })
     }

@@ -13,38 +13,35 @@ const MIN_TASK_MACS: usize = 32 * 1024;
 /// Several sequences' attention at once, shared out across the pool.
 pub fn attend_all(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<&[f32]>, jobs: Vec<AttendJob<'_>>) {
     threads.pool().install(|| {
-        jobs.into_par_iter()
-            .for_each(|job| attend(threads, isa, shape, sinks, job.q, job.keys, job.values, job.start, job.out));
+        jobs.into_par_iter().for_each(|job| attend(threads, isa, shape, sinks, job));
     });
 }
 
 /// Attention of `n` queries at positions `start..start + n`.
 ///
 /// `q` is `[n, n_heads * head_dim]`; `keys` and `values` hold positions
-/// `0..start + n`, `[start + n, n_kv_heads * head_dim]`; `out` receives
-/// `[n, n_heads * head_dim]`. Query head `h` reads kv head
+/// `first_key..start + n`, `[start + n - first_key, n_kv_heads * head_dim]`;
+/// `out` receives `[n, n_heads * head_dim]`. Query head `h` reads kv head
 /// `h / (n_heads / n_kv_heads)`, as transformers' `repeat_kv` arranges.
 /// `sinks` are the values of `shape.sinks`.
 ///
 /// The (query, head) pairs are independent, so they are shared out across
 /// `threads`; each pair is computed the same way on any thread, so the
 /// result does not depend on the thread count.
-fn attend(
-    threads: &Threads,
-    isa: Isa,
-    shape: &AttnShape,
-    sinks: Option<&[f32]>,
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    start: usize,
-    out: &mut [f32],
-) {
+///
+/// `first_key` is 0 but for a sliding-window layer's ring, which holds
+/// fewer: every key a query's window sees must be there, which
+/// `first_key <= start + 1 - window` ensures. The result does not depend on
+/// `first_key`, bit for bit.
+fn attend(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<&[f32]>, job: AttendJob<'_>) {
+    let AttendJob { q, keys, values, first_key, start, out } = job;
     let hd = shape.head_dim;
     let q_dim = shape.n_heads * hd;
     let kv_dim = shape.n_kv_heads * hd;
     let n = q.len() / q_dim;
-    assert_eq!(keys.len(), (start + n) * kv_dim, "keys cover every position");
+    let window_start = shape.window.map_or(0, |w| (start + 1).saturating_sub(w));
+    assert!(first_key <= window_start, "keys from {first_key} miss the window of position {start}");
+    assert_eq!(keys.len(), (start + n - first_key) * kv_dim, "keys cover every position from the first");
     assert_eq!(values.len(), keys.len(), "values cover every position");
     assert_eq!(out.len(), q.len(), "output matches queries");
     assert!(shape.n_heads.is_multiple_of(shape.n_kv_heads), "query heads group evenly");
@@ -58,7 +55,7 @@ fn attend(
     let task = |first_pair: usize, chunk: &mut [f32], scores: &mut Vec<f32>| {
         for (j, oh) in chunk.chunks_exact_mut(hd).enumerate() {
             let pair = first_pair + j;
-            attend_pair(isa, shape, sinks, q, keys, values, start + pair / shape.n_heads, pair, oh, scores);
+            attend_pair(isa, shape, sinks, q, keys, values, first_key, start + pair / shape.n_heads, pair, oh, scores);
         }
     };
     if threads.n_threads() == 1 || pairs_per_task >= pairs {
@@ -73,8 +70,9 @@ fn attend(
     });
 }
 
-/// One query head's attention: `pair` is `query * n_heads + head`, and the
-/// query sits at position `pos`.
+/// One query head's attention: `pair` is `query * n_heads + head`, the
+/// query sits at position `pos`, and row 0 of `keys` and `values` is
+/// position `first_key`.
 #[allow(clippy::too_many_arguments)]
 fn attend_pair(
     isa: Isa,
@@ -83,6 +81,7 @@ fn attend_pair(
     q: &[f32],
     keys: &[f32],
     values: &[f32],
+    first_key: usize,
     pos: usize,
     pair: usize,
     oh: &mut [f32],
@@ -95,7 +94,7 @@ fn attend_pair(
     let scale = (hd as f32).powf(-0.5);
     let first = shape.window.map_or(0, |w| (pos + 1).saturating_sub(w));
     // Rows `first..=pos` of this kv head: `kv_dim` apart in the cache.
-    let span = first * kv_dim + kvh * hd..pos * kv_dim + (kvh + 1) * hd;
+    let span = (first - first_key) * kv_dim + kvh * hd..(pos - first_key) * kv_dim + (kvh + 1) * hd;
     scores.clear();
     scores.resize(pos + 1 - first, 0.0);
     isa.dot_rows_f32(qh, &keys[span.clone()], kv_dim, scores);
@@ -128,7 +127,37 @@ mod tests {
         start: usize,
         out: &mut [f32],
     ) {
-        attend(&one_thread(), Isa::detect(), &shape, sinks, q, keys, values, start, out);
+        attend(&one_thread(), Isa::detect(), &shape, sinks, AttendJob { q, keys, values, first_key: 0, start, out });
+    }
+
+    #[test]
+    fn a_window_over_only_its_keys_equals_the_window_over_every_key() {
+        let (n_heads, n_kv_heads, head_dim, start, n, window) = (4, 2, 8, 9, 3, 4);
+        let kv_dim = n_kv_heads * head_dim;
+        let value = |i: usize| ((i * 7919) % 1000) as f32 / 250.0 - 2.0;
+        let q: Vec<f32> = (0..n * n_heads * head_dim).map(value).collect();
+        let keys: Vec<f32> = (0..(start + n) * kv_dim).map(|i| value(i + 13)).collect();
+        let values: Vec<f32> = (0..(start + n) * kv_dim).map(|i| value(i + 29)).collect();
+        let shape = AttnShape { n_heads, n_kv_heads, head_dim, window: Some(window), sinks: None };
+        let sinks = [0.5, -1.0, 3.0, 0.0];
+        let mut all = vec![0.0; q.len()];
+        attend_one(shape, Some(&sinks), &q, &keys, &values, start, &mut all);
+        // The ring's rows: the window of the first query and the pass's own.
+        let first_key = start + 1 - window;
+        let mut ring = vec![0.0; q.len()];
+        let (keys, values) = (&keys[first_key * kv_dim..], &values[first_key * kv_dim..]);
+        let job = AttendJob { q: &q, keys, values, first_key, start, out: &mut ring };
+        attend(&one_thread(), Isa::detect(), &shape, Some(&sinks), job);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&all), bits(&ring));
+    }
+
+    #[test]
+    #[should_panic(expected = "miss the window")]
+    fn keys_that_start_inside_the_window_are_refused() {
+        let shape = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 1, window: Some(2), sinks: None };
+        let job = AttendJob { q: &[1.0], keys: &[1.0], values: &[1.0], first_key: 3, start: 3, out: &mut [0.0] };
+        attend(&one_thread(), Isa::detect(), &shape, None, job);
     }
 
     #[test]
@@ -243,18 +272,9 @@ mod tests {
         let keys: Vec<f32> = (0..(start + n) * 2 * 64).map(|i| value(i + 13)).collect();
         let values: Vec<f32> = (0..(start + n) * 2 * 64).map(|i| value(i + 29)).collect();
         let run = |threads: usize| {
-            let mut out = vec![0.0; q.len()];
-            attend(
-                &Threads::new(threads).expect("pool"),
-                Isa::detect(),
-                &shape,
-                None,
-                &q,
-                &keys,
-                &values,
-                start,
-                &mut out,
-            );
+            let mut out = vec![0.0f32; q.len()];
+            let job = AttendJob { q: &q, keys: &keys, values: &values, first_key: 0, start, out: &mut out };
+            attend(&Threads::new(threads).expect("pool"), Isa::detect(), &shape, None, job);
             out
         };
         let one = run(1);

@@ -14,12 +14,12 @@ use std::sync::Arc;
 use strata_format::{Container, DenseId};
 use strata_kernels::simd::Isa;
 use strata_kernels::{Matrix, Threads, ops};
-use strata_sched::{LayerStats, MoeBatch, Route, swiglu};
+use strata_sched::{ExpertFfn, LayerStats, MoeBatch, Route, swiglu};
 use strata_tier::ExpertStore;
 
 use super::{
-    AttendJob, AttnShape, DeltaJob, DeltaKind, Device, IndexJob, IndexShape, LatentJob, LatentShape, MatrixHandle,
-    MoeJob, Rotary, RouteKind, RouterSpec, TableHandle, VectorHandle,
+    AttendJob, AttnShape, DeltaJob, DeltaKind, Device, ExpertFfnKind, IndexJob, IndexShape, LatentJob, LatentShape,
+    MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, TableHandle, VectorHandle,
 };
 use crate::Result;
 use crate::rope::Angles;
@@ -226,6 +226,10 @@ impl Cpu {
                 };
                 route::grouped_sigmoid_top_k(&logits, num_experts, &routing)
             }
+            RouteKind::TopKThenSoftmax { bias } => {
+                self.add_bias(&mut logits, bias);
+                route::top_k_then_softmax(&logits, num_experts, router.top_k)
+            }
         }
     }
 
@@ -238,7 +242,18 @@ impl Cpu {
         stats: &mut LayerStats,
     ) -> Result<()> {
         assert_eq!(job.experts.device, Device::Cpu, "a CPU operation reads host tensors");
+        let experts = match job.ffn {
+            ExpertFfnKind::SwiGlu => ExpertFfn::SwiGlu,
+            ExpertFfnKind::Clamped { alpha, limit, gate_bias, up_bias, down_bias } => ExpertFfn::Clamped {
+                alpha,
+                limit,
+                gate_bias: self.vector(gate_bias),
+                up_bias: self.vector(up_bias),
+                down_bias: self.vector(down_bias),
+            },
+        };
         let batch = MoeBatch {
+            experts,
             layer: job.experts.layer,
             layout: self.container.expert_layout(job.experts.layer)?,
             xs: job.xs,

@@ -30,6 +30,29 @@ pub fn softmax_top_k(logits: &[f32], n_experts: usize, top_k: usize, renormalize
     routes
 }
 
+/// The `top_k` largest logits, then a softmax over those alone (gpt-oss's
+/// `GptOssTopKRouter`, its bias already in the logits).
+///
+/// `logits` is `[n_tokens, n_experts]`; the result is `[n_tokens][top_k]`
+/// in descending weight order. Ties go to the lower expert index.
+pub fn top_k_then_softmax(logits: &[f32], n_experts: usize, top_k: usize) -> Vec<Route> {
+    assert!(top_k >= 1 && top_k <= n_experts, "top-k within the expert count");
+    let mut routes = Vec::with_capacity(logits.len() / n_experts * top_k);
+    let mut order: Vec<usize> = Vec::with_capacity(n_experts);
+    let mut weights = vec![0.0f32; top_k];
+    for row in logits.chunks_exact(n_experts) {
+        order.clear();
+        order.extend(0..n_experts);
+        order.sort_by(by_score(row));
+        for (w, &expert) in weights.iter_mut().zip(&order) {
+            *w = row[expert];
+        }
+        ops::softmax_inplace(&mut weights);
+        routes.extend(order.iter().zip(&weights).map(|(&expert, &weight)| Route { expert, weight }));
+    }
+    routes
+}
+
 /// The DeepSeek-V3 router's parameters (`noaux_tc`).
 #[derive(Debug, Clone, Copy)]
 pub struct GroupedSigmoid<'a> {
@@ -96,6 +119,17 @@ pub fn grouped_sigmoid_top_k(logits: &[f32], n_experts: usize, cfg: &GroupedSigm
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_k_then_softmax_weighs_only_the_chosen_logits() {
+        // Softmax over all four would give expert 3 about 0.6; over the two
+        // chosen it is sigmoid(1), and the other two take no share.
+        let routes = top_k_then_softmax(&[0.5, 1.0, -2.0, 2.0, 0.0, 3.0, 3.0, 1.0], 4, 2);
+        let s = |x: f32| 1.0 / (1.0 + (-x).exp());
+        assert_eq!(routes.iter().map(|r| r.expert).collect::<Vec<_>>(), vec![3, 1, 1, 2]);
+        assert!((routes[0].weight - s(1.0)).abs() < 1e-6 && (routes[1].weight - s(-1.0)).abs() < 1e-6);
+        assert_eq!((routes[2].weight, routes[3].weight), (0.5, 0.5), "a tie: both chosen, equal weights");
+    }
 
     #[test]
     fn grouped_sigmoid_limits_groups_and_weights_by_raw_scores() {
