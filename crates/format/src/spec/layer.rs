@@ -9,7 +9,7 @@
 //! activation width, what `strata info` prints) is a method here, computed
 //! in this one place.
 
-use super::{GdnDims, IndexerKind, MlaSpec, QkNorm, RopeSpec};
+use super::{GdnDims, IndexerKind, LayerKind, MlaSpec, QkNorm, RopeSpec};
 
 /// The blocks of one decoder layer: `x += attention(norm(x))`, then
 /// `x += ffn(norm(x))`, the additions as `residual` says.
@@ -237,6 +237,16 @@ pub enum FfnKind {
     Moe(MoeBlock),
 }
 
+impl FfnKind {
+    /// Whether the block is dense or routed.
+    pub fn kind(&self) -> LayerKind {
+        match self {
+            FfnKind::Dense { .. } => LayerKind::Dense,
+            FfnKind::Moe(_) => LayerKind::Moe,
+        }
+    }
+}
+
 /// A mixture-of-experts block: a router, the routed experts, and the shared
 /// experts every token also runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -262,6 +272,16 @@ pub enum RouterKind {
     GroupedSigmoid { n_group: usize, topk_group: usize, renormalize: bool, scaling: f64 },
 }
 
+impl RouterKind {
+    /// Whether the chosen experts' weights are renormalised to sum to one
+    /// (before any scaling).
+    pub fn renormalizes(&self) -> bool {
+        match *self {
+            RouterKind::SoftmaxTopK { renormalize } | RouterKind::GroupedSigmoid { renormalize, .. } => renormalize,
+        }
+    }
+}
+
 /// Experts applied to every token besides the routed ones (resident).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SharedExperts {
@@ -285,4 +305,12 @@ pub enum NormKind {
     Weight { eps: f32 },
     /// `(1 + w) · x̂`, with this epsilon.
     OnePlusWeight { eps: f32 },
+}
+
+impl NormKind {
+    /// The epsilon added to the mean square.
+    pub fn eps(&self) -> f32 {
+        let (NormKind::Weight { eps } | NormKind::OnePlusWeight { eps }) = *self;
+        eps
+    }
 }
