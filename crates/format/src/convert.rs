@@ -22,12 +22,12 @@ use strata_kernels::{QuantFormat, quant};
 use crate::checkpoint::Checkpoint;
 use crate::container::{
     AUX_FILES, ComponentEntry, DENSE_FILE, EXPERTS_DIR, ExpertLayerEntry, ExpertLayout, FORMAT_VERSION, FileEntry,
-    MAGIC, MANIFEST_FILE, Manifest, QuantInfo, TENSOR_ALIGN_BYTES, TensorEntry, expert_file_name,
+    MAGIC, MANIFEST_FILE, Manifest, ModelRecord, QuantInfo, TENSOR_ALIGN_BYTES, TensorEntry, expert_file_name,
 };
 use crate::error::{Error, Result};
 use crate::names;
 use crate::preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset, group_for};
-use crate::spec::{MAX_TOKENIZER_BYTES, ModelSpec, read_at_most};
+use crate::spec::{MAX_TOKENIZER_BYTES, ModelArch, ModelSpec, read_at_most};
 use crate::temporaries;
 
 /// Largest number of f32 elements decoded at once for a dense tensor
@@ -185,7 +185,8 @@ pub(crate) fn write_container(
         return Err(Error::InvalidOption { option: "q4_group".into(), reason: "must be > 0".into() });
     }
     let opts = ConvertOptions { preset, q4_group, progress, overwrite };
-    let spec = ModelSpec::from_config_json(source.config_json())?;
+    let arch = ModelArch::from_config_json(source.config_json())?;
+    let spec = ModelSpec::frozen(&arch)?;
     let hf_config = RawValue::from_string(source.config_json().trim().to_owned())
         .map_err(|e| Error::Json { what: format!("config.json of {}", source.describe()), source: e })?;
 
@@ -217,7 +218,8 @@ pub(crate) fn write_container(
         format_version: FORMAT_VERSION,
         created_by: format!("strata-format {}", env!("CARGO_PKG_VERSION")),
         quant: QuantInfo { preset, q8_group: Q8_GROUP, q4_group },
-        spec: spec.clone(),
+        spec: None,
+        model: Some(ModelRecord::of(&arch)),
         hf_config,
         tensors,
         expert_layers,

@@ -13,16 +13,20 @@ use serde_json::Value;
 use strata_kernels::QuantFormat;
 
 use super::layout::{ComponentLayout, ExpertLayout, RECORD_ALIGN_BYTES, TENSOR_ALIGN_BYTES, matrix_bytes};
-use super::manifest::{DENSE_FILE, FORMAT_VERSION, MAGIC, MANIFEST_FILE, Manifest, expert_file_name};
+use super::manifest::{
+    DENSE_FILE, FORMAT_VERSION, MAGIC, MANIFEST_FILE, Manifest, OLDEST_FORMAT_VERSION, expert_file_name,
+};
 use crate::error::{Error, Result};
 use crate::names::{self, ExpertProj};
-use crate::spec::{MAX_MANIFEST_BYTES, ModelArch, read_at_most};
+use crate::spec::{MAX_MANIFEST_BYTES, ModelArch, ModelSpec, read_at_most};
 
 /// What `Container::open` keeps from validation.
 pub(super) struct Checked {
     /// The layers, derived from the embedded config.json and checked
-    /// against the frozen spec.
+    /// against what the manifest stores beside it.
     pub arch: ModelArch,
+    /// Its flat form, which the container's readers still take.
+    pub spec: ModelSpec,
     pub dense_file_bytes: u64,
     pub dense_index: HashMap<String, usize>,
     pub expert_layouts: Vec<Option<ExpertLayout>>,
@@ -55,18 +59,38 @@ pub(super) fn read_manifest(dir: &Path) -> Result<Manifest> {
         return Err(Error::manifest(&path, format!("not a Strata container (magic must be {MAGIC:?})")));
     }
     match head.format_version.as_ref().and_then(Value::as_u64) {
-        Some(v) if v == u64::from(FORMAT_VERSION) => {}
+        Some(v) if (u64::from(OLDEST_FORMAT_VERSION)..=u64::from(FORMAT_VERSION)).contains(&v) => {}
         other => {
             return Err(Error::manifest(
                 &path,
                 format!(
-                    "unsupported format_version {} (this build reads {FORMAT_VERSION})",
+                    "unsupported format_version {} (this build reads {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})",
                     other.map_or_else(|| "<missing>".to_owned(), |v| v.to_string())
                 ),
             ));
         }
     }
     serde_json::from_slice(&bytes).map_err(json_err)
+}
+
+/// The model of a manifest: derived from its config, and checked against
+/// what the manifest's version stores beside it (version 1 the flat spec,
+/// version 2 a record of each layer).
+fn model_arch(m: &Manifest) -> Result<ModelArch> {
+    match (m.format_version, &m.spec, &m.model) {
+        (1, Some(spec), None) => {
+            spec.validate()?;
+            ModelArch::from_stored(m.hf_config.get(), spec)
+        }
+        (2, None, Some(record)) => {
+            let arch = ModelArch::from_config_json(m.hf_config.get())?;
+            record.check(&arch)?;
+            Ok(arch)
+        }
+        (version, ..) => Err(Error::SpecDisagrees {
+            what: format!("a version {version} manifest stores `spec` (version 1) or `model` (version 2), one of them"),
+        }),
+    }
 }
 
 /// A relative `/`-separated path that stays inside the container.
@@ -138,9 +162,9 @@ fn check_disjoint(mut ranges: Vec<(u64, u64, String)>, bad: &dyn Fn(String) -> E
 pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let bad = |reason: String| Error::manifest(&manifest_path, reason);
-    let spec = &m.spec;
-    spec.validate().map_err(|e| bad(format!("spec: {e}")))?;
-    let arch = ModelArch::from_stored(m.hf_config.get(), spec).map_err(|e| bad(format!("spec: {e}")))?;
+    let arch = model_arch(m).map_err(|e| bad(format!("spec: {e}")))?;
+    // The flat view the checks below still read; gone once they read the arch.
+    let spec = &ModelSpec::frozen(&arch)?;
     if m.quant.q8_group == 0 || m.quant.q4_group == 0 {
         return Err(bad("quant: group sizes must be > 0".into()));
     }
@@ -304,5 +328,5 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
         });
     }
 
-    Ok(Checked { arch, dense_file_bytes, dense_index, expert_layouts })
+    Ok(Checked { arch, spec: spec.clone(), dense_file_bytes, dense_index, expert_layouts })
 }
