@@ -117,6 +117,29 @@ fn a_model_spec_is_built_only_by_the_legacy_conversion() {
     }
 }
 
+/// Outside `crates/format` the model is `ModelArch` (and its `CoreSpec`):
+/// the flat `ModelSpec` is only the form version-1 manifests store, read
+/// and converted inside the format crate.
+#[test]
+fn no_crate_outside_format_names_the_flat_spec() {
+    // This file names it to look for it.
+    let this_file = root().join("xtask/src/tidy.rs");
+    let mut files = Vec::new();
+    for dir in ["crates", "bins", "benches", "fuzz", "xtask"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    let format = root().join("crates/format");
+    for file in files {
+        if file.starts_with(&format) || file == this_file {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        if let Some((n, line)) = text.lines().enumerate().find(|(_, line)| line.contains("ModelSpec")) {
+            panic!("{}:{}: names ModelSpec outside crates/format: {}", file.display(), n + 1, line.trim());
+        }
+    }
+}
+
 #[test]
 fn a_model_spec_literal_is_told_from_a_signature() {
     assert!(builds_a_model_spec("    let spec = ModelSpec {"));

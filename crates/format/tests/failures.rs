@@ -557,7 +557,7 @@ fn random_manifest_corruption_never_panics() {
                 for name in c.dense_names() {
                     let _ = c.dense(name).map(|m| m.to_f32());
                 }
-                for layer in 0..c.spec().num_layers {
+                for layer in 0..c.arch().layers.len() {
                     if let Ok(layout) = c.expert_layout(layer) {
                         let buf = read_record(layout, 0);
                         let _ = layout.matrices(bytemuck::cast_slice(&buf)).map(|m| m.map(|m| m.to_f32()));

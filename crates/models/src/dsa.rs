@@ -12,7 +12,7 @@
 //! the current forward pass, later positions masked.
 
 use rayon::prelude::*;
-use strata_format::{Container, IndexerSpec, ModelSpec, names};
+use strata_format::{Container, CoreSpec, IndexerSpec, names};
 use strata_kernels::ops;
 
 use crate::common::project;
@@ -43,7 +43,7 @@ pub struct Indexer {
 
 impl Indexer {
     /// The indexer tensors of layer `layer`, shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, dsa: &IndexerSpec, q_lora_rank: usize, layer: usize) -> Result<Self> {
+    pub fn load(c: &Container, spec: &CoreSpec, dsa: &IndexerSpec, q_lora_rank: usize, layer: usize) -> Result<Self> {
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.indexer.{suffix}"));
         let indexer = Self {
             heads: dsa.n_heads,

@@ -28,7 +28,7 @@ pub use error::{Error, Result};
 
 use std::sync::Mutex;
 
-use strata_format::{Container, ModelSpec};
+use strata_format::{Container, CoreSpec};
 use strata_kernels::Threads;
 use strata_kv::KvCache;
 use strata_sched::LayerStats;
@@ -56,8 +56,8 @@ pub enum Logits {
 
 /// A causal language model: token ids in, next-token logits out.
 pub trait CausalLm: Send + Sync {
-    /// The model's validated spec.
-    fn spec(&self) -> &ModelSpec;
+    /// The model's common part (vocabulary, widths, special tokens).
+    fn core(&self) -> &CoreSpec;
 
     /// An empty KV cache for this model holding at most `capacity_tokens`.
     fn new_cache(&self, capacity_tokens: usize) -> KvCache;

@@ -17,7 +17,7 @@
 //! never expands past tokens. A long prefill chunk may expand once instead,
 //! when that is cheaper; [`Mla::attend`] picks by counting multiply-adds.
 
-use strata_format::{Container, MlaAttention, MlaSpec, ModelSpec, names};
+use strata_format::{Container, CoreSpec, MlaAttention, MlaSpec, names};
 use strata_kernels::Matrix;
 use strata_kernels::ops;
 
@@ -71,7 +71,7 @@ pub struct Queries {
 
 impl Mla {
     /// The tensors of layer `layer`, shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, kind: &MlaAttention, layer: usize) -> Result<Self> {
+    pub fn load(c: &Container, spec: &CoreSpec, kind: &MlaAttention, layer: usize) -> Result<Self> {
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.{suffix}"));
         let bias = |name: &str| kind.bias.then(|| t(&format!("{name}.bias")));
         let (dims, heads) = (kind.dims, kind.num_heads);

@@ -362,7 +362,7 @@ fn fetch_checkpoint(client: &HubClient, name: &ModelName, revision: &str, downlo
 fn check_architecture(name: &ModelName, config: &Path) -> Result<()> {
     let text = String::from_utf8(read_bounded(config)?)
         .map_err(|e| Error::ModelFile { path: config.to_path_buf(), reason: e.to_string() })?;
-    strata_format::ModelSpec::from_config_json(&text).map(drop).map_err(|e| Error::HubMetadata {
+    strata_format::ModelArch::from_config_json(&text).map(drop).map_err(|e| Error::HubMetadata {
         name: name.to_string(),
         reason: format!("{CONFIG_FILE}: {e}; nothing beyond {CONFIG_FILE} was downloaded"),
     })

@@ -48,8 +48,6 @@ pub struct Container {
     /// The layers the manifest's config derives (checked against what the
     /// manifest stores beside it).
     arch: ModelArch,
-    /// The flat form of `arch`, for readers not yet taking the arch.
-    spec: ModelSpec,
     /// dense.bin in this process's memory (see `dense`), but for `by_row`.
     dense: DenseBytes,
     /// The embedding table, when opened with `Embedding::ReadByRow`.
@@ -103,7 +101,7 @@ impl Container {
         let checked = validate::validate(&dir, &manifest)?;
         let dense_path = dir.join(DENSE_FILE);
         let file = std::fs::File::open(&dense_path).map_err(|e| Error::io(&dense_path, e))?;
-        let table_name = crate::names::embedding_name(&checked.spec);
+        let table_name = crate::names::embedding_name(&checked.arch.core);
         let by_row_entry = match embedding {
             Embedding::ReadByRow if !checked.arch.core.tie_word_embeddings => {
                 checked.dense_index.get(&table_name).map(|&i| &manifest.tensors[i])
@@ -118,7 +116,6 @@ impl Container {
             content_hash,
             dir,
             arch: checked.arch,
-            spec: checked.spec,
             manifest,
             dense,
             by_row,
@@ -189,9 +186,10 @@ impl Container {
         &self.dir
     }
 
-    /// The model's flat spec (legacy: the form version-1 manifests store).
-    pub fn spec(&self) -> &ModelSpec {
-        &self.spec
+    /// The flat spec a version-1 manifest stores (frozen; `None` in later
+    /// versions). The model is [`Container::arch`].
+    pub fn legacy_spec(&self) -> Option<&ModelSpec> {
+        self.manifest.spec.as_ref()
     }
 
     /// The model architecture: the common part and every layer's spec.

@@ -18,15 +18,13 @@ use super::manifest::{
 };
 use crate::error::{Error, Result};
 use crate::names::{self, ExpertProj};
-use crate::spec::{MAX_MANIFEST_BYTES, ModelArch, ModelSpec, read_at_most};
+use crate::spec::{MAX_MANIFEST_BYTES, ModelArch, read_at_most};
 
 /// What `Container::open` keeps from validation.
 pub(super) struct Checked {
     /// The layers, derived from the embedded config.json and checked
     /// against what the manifest stores beside it.
     pub arch: ModelArch,
-    /// Its flat form, which the container's readers still take.
-    pub spec: ModelSpec,
     pub dense_file_bytes: u64,
     pub dense_index: HashMap<String, usize>,
     pub expert_layouts: Vec<Option<ExpertLayout>>,
@@ -163,8 +161,6 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let bad = |reason: String| Error::manifest(&manifest_path, reason);
     let arch = model_arch(m).map_err(|e| bad(format!("spec: {e}")))?;
-    // The flat view the checks below still read; gone once they read the arch.
-    let spec = &ModelSpec::frozen(&arch)?;
     if m.quant.q8_group == 0 || m.quant.q4_group == 0 {
         return Err(bad("quant: group sizes must be > 0".into()));
     }
@@ -194,13 +190,13 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
     // Dense tensors: exactly the set the spec implies, each well-formed.
     let dense_file_bytes = listed(DENSE_FILE)?;
     let expected: HashMap<String, names::TensorDesc> =
-        names::dense_tensors(spec).into_iter().map(|d| (d.name.clone(), d)).collect();
+        names::dense_tensors(&arch).into_iter().map(|d| (d.name.clone(), d)).collect();
     let mut dense_index = HashMap::with_capacity(m.tensors.len());
     let mut ranges = Vec::with_capacity(2 * m.tensors.len());
     for (i, t) in m.tensors.iter().enumerate() {
         let what = format!("tensor {:?}", t.name);
         let desc =
-            expected.get(&t.name).ok_or_else(|| bad(format!("{what} is not part of a {} model", spec.family)))?;
+            expected.get(&t.name).ok_or_else(|| bad(format!("{what} is not part of a {} model", arch.core.family)))?;
         if dense_index.insert(t.name.clone(), i).is_some() {
             return Err(bad(format!("{what} listed twice")));
         }
@@ -225,13 +221,13 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
         ranges.push((t.offset_bytes, t.offset_bytes + t.length_bytes, what.clone()));
         ranges.push((t.scale_offset_bytes, t.scale_offset_bytes + t.scale_length_bytes, format!("{what} scales")));
     }
-    if let Some(missing) = names::dense_tensors(spec).into_iter().find(|d| !dense_index.contains_key(&d.name)) {
+    if let Some(missing) = names::dense_tensors(&arch).into_iter().find(|d| !dense_index.contains_key(&d.name)) {
         return Err(bad(format!("tensor {:?} is missing", missing.name)));
     }
     check_disjoint(ranges, &bad)?;
 
     // Expert layers: one per MoE layer, in order.
-    let moe_layers = spec.moe_layers();
+    let moe_layers = arch.moe_layers();
     if m.expert_layers.len() != moe_layers.len() {
         return Err(bad(format!(
             "{} expert layers listed, the spec has {} MoE layers",
@@ -239,8 +235,8 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
             moe_layers.len()
         )));
     }
-    let shapes = names::expert_shapes(spec);
-    let mut expert_layouts: Vec<Option<ExpertLayout>> = vec![None; spec.num_layers];
+    let shapes = names::expert_shapes(&arch);
+    let mut expert_layouts: Vec<Option<ExpertLayout>> = vec![None; arch.layers.len()];
     let mut seen_files = HashSet::new();
     for (entry, &layer) in m.expert_layers.iter().zip(&moe_layers) {
         let what = format!("expert layer {}", entry.layer);
@@ -250,8 +246,8 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
         if entry.file != expert_file_name(layer) || !seen_files.insert(&entry.file) {
             return Err(bad(format!("{what}: file must be {:?}, not {:?}", expert_file_name(layer), entry.file)));
         }
-        if entry.num_experts != spec.moe.num_experts {
-            return Err(bad(format!("{what}: {} experts, the spec says {}", entry.num_experts, spec.moe.num_experts)));
+        if entry.num_experts != arch.num_experts() {
+            return Err(bad(format!("{what}: {} experts, the spec says {}", entry.num_experts, arch.num_experts())));
         }
         if entry.record_bytes == 0 || !entry.record_bytes.is_multiple_of(RECORD_ALIGN_BYTES) {
             return Err(bad(format!(
@@ -259,7 +255,7 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
                 entry.record_bytes
             )));
         }
-        let templates = names::expert_name_templates(spec, layer);
+        let templates = names::expert_name_templates(&arch.core, layer);
         let mut components = Vec::with_capacity(3);
         let mut ranges = Vec::with_capacity(6);
         for (k, c) in entry.components.iter().enumerate() {
@@ -328,5 +324,5 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
         });
     }
 
-    Ok(Checked { arch, spec: spec.clone(), dense_file_bytes, dense_index, expert_layouts })
+    Ok(Checked { arch, dense_file_bytes, dense_index, expert_layouts })
 }

@@ -90,6 +90,23 @@ impl ModelArch {
         })
     }
 
+    /// Routed experts of the MoE layers (0 when every layer is dense).
+    pub fn num_experts(&self) -> usize {
+        self.first_moe().map_or(0, |moe| moe.num_experts)
+    }
+
+    /// Experts each token runs in the MoE layers (0 when every layer is
+    /// dense).
+    pub fn experts_per_token(&self) -> usize {
+        self.first_moe().map_or(0, |moe| moe.top_k)
+    }
+
+    /// Width of each routed expert's hidden layer (0 when every layer is
+    /// dense).
+    pub fn expert_intermediate_size(&self) -> usize {
+        self.first_moe().map_or(0, |moe| moe.intermediate_size)
+    }
+
     /// The first dense layer's MLP width (`None`: no dense layer).
     pub fn dense_intermediate_size(&self) -> Option<usize> {
         self.layers.iter().find_map(|l| match l.ffn {

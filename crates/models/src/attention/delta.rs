@@ -12,7 +12,7 @@
 //! into passes, so chunked prefill, prefix reuse and a reopened session
 //! give exactly the logits of one pass.
 
-use strata_format::{Container, GdnDims, GdnProjections, GdnSpec, ModelSpec, names};
+use strata_format::{Container, CoreSpec, GdnDims, GdnProjections, GdnSpec, names};
 use strata_kernels::gdn::{self, DeltaTokens};
 use strata_kernels::ops;
 use strata_kv::StatePart;
@@ -52,7 +52,7 @@ struct Inputs {
 
 impl DeltaNet {
     /// Layer `layer`'s tensors, shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, gdn: &GdnSpec, layer: usize) -> Result<Self> {
+    pub fn load(c: &Container, spec: &CoreSpec, gdn: &GdnSpec, layer: usize) -> Result<Self> {
         let d = gdn.dims;
         let h = spec.hidden_size;
         let t = |suffix: &str| names::linear_attn_tensor(spec, layer, suffix);

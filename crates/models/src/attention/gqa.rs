@@ -6,7 +6,7 @@
 //! sigmoid output gate, and o_proj. Every refinement is data in the layer's
 //! [`GqaSpec`], none a family branch.
 
-use strata_format::{Container, GqaSpec, ModelSpec, NormKind, QkNorm, RopeSpec, names};
+use strata_format::{Container, CoreSpec, GqaSpec, NormKind, QkNorm, RopeSpec, names};
 use strata_kernels::ops;
 use strata_kv::StatePart;
 
@@ -44,7 +44,7 @@ struct Projection {
 impl Gqa {
     /// Layer `layer`'s tensors, shape-checked.
     /// Its q/k norms are of kind `norm`, the layer's.
-    pub fn load(c: &Container, spec: &ModelSpec, dims: GqaSpec, norm: NormKind, layer: usize) -> Result<Self> {
+    pub fn load(c: &Container, spec: &CoreSpec, dims: GqaSpec, norm: NormKind, layer: usize) -> Result<Self> {
         if dims.sinks {
             return Err(Error::Unsupported(format!("layer {layer}: attention sinks are not implemented")));
         }

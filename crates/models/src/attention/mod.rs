@@ -6,7 +6,7 @@ mod gqa;
 pub mod grouped;
 mod latent;
 
-use strata_format::{AttentionKind, Container, ModelSpec, NormKind, RopeSpec};
+use strata_format::{AttentionKind, Container, CoreSpec, NormKind, RopeSpec};
 use strata_kv::LayerLayout;
 
 use crate::rope::Angles;
@@ -46,7 +46,7 @@ impl Pass {
 impl Attention {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
     /// `norm` is the layer's norm kind, which q/k norms follow.
-    pub fn load(c: &Container, spec: &ModelSpec, kind: &AttentionKind, norm: NormKind, layer: usize) -> Result<Self> {
+    pub fn load(c: &Container, spec: &CoreSpec, kind: &AttentionKind, norm: NormKind, layer: usize) -> Result<Self> {
         Ok(match kind {
             AttentionKind::Gqa(gqa) => Attention::Gqa(gqa::Gqa::load(c, spec, *gqa, norm, layer)?),
             AttentionKind::Mla(mla) => Attention::Mla(latent::LatentAttention::load(c, spec, mla, layer)?),

@@ -4,7 +4,7 @@
 mod moe;
 mod router;
 
-use strata_format::{Container, FfnKind, ModelSpec, names};
+use strata_format::{Container, CoreSpec, FfnKind, names};
 use strata_sched::Guess;
 
 use crate::weights::swiglu_names;
@@ -19,7 +19,7 @@ pub enum Ffn {
 
 impl Ffn {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, kind: &FfnKind, layer: usize) -> Result<Self> {
+    pub fn load(c: &Container, spec: &CoreSpec, kind: &FfnKind, layer: usize) -> Result<Self> {
         Ok(match kind {
             FfnKind::Dense { intermediate_size } => {
                 Ffn::Dense(swiglu_names(c, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?)

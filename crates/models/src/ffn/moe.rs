@@ -2,7 +2,7 @@
 //! routed experts run through the one expert pipeline ([`strata_sched`]),
 //! and shared experts, if any, run resident beside them.
 
-use strata_format::{Container, ExpertLayout, ModelSpec, MoeBlock, SharedExperts, names};
+use strata_format::{Container, CoreSpec, ExpertLayout, MoeBlock, SharedExperts, names};
 use strata_kernels::ops;
 use strata_sched::{Guess, LayerStats, MoeBatch, Route};
 use strata_tier::TraceWriter;
@@ -27,7 +27,7 @@ pub struct Moe {
 impl Moe {
     /// Layer `layer`'s router and shared experts, shape-checked, and its
     /// expert layout checked present.
-    pub fn load(c: &Container, spec: &ModelSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
+    pub fn load(c: &Container, spec: &CoreSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
         let h = spec.hidden_size;
         let router = Router::load(c, spec, block, layer)?;
         c.expert_layout(layer)?;

@@ -1,7 +1,7 @@
 //! Routers: scores over experts → each token's top-k experts and weights,
 //! the scoring chosen by the layer's [`RouterKind`].
 
-use strata_format::{Container, ModelSpec, MoeBlock, RouterKind, names};
+use strata_format::{Container, CoreSpec, MoeBlock, RouterKind, names};
 use strata_kernels::ops;
 use strata_sched::Route;
 
@@ -25,7 +25,7 @@ enum Scoring {
 
 impl Router {
     /// Layer `layer`'s router tensors, shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
+    pub fn load(c: &Container, spec: &CoreSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
         let weight = names::router_name(spec, layer);
         matrix(c, &weight, block.num_experts, spec.hidden_size)?;
         let scoring = match block.router {
