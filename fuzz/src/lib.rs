@@ -25,7 +25,7 @@ fn scratch_file(name: &str, data: &[u8]) -> PathBuf {
 /// config.json of any family.
 pub fn config_json(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = strata_format::ModelSpec::from_config_json(text);
+        let _ = strata_format::ModelArch::from_config_json(text);
     }
 }
 

@@ -146,7 +146,7 @@ fn record_check(a: &Args) -> Result<serde_json::Value> {
     let max_bytes = a.get("max-bytes", 1u64 << 30)?;
     let mut records: Vec<(&strata_format::ExpertLayout, Vec<Vec<u8>>)> = Vec::new();
     let mut bytes_loaded = 0u64;
-    for layer in 0..container.spec().layers.len() {
+    for layer in 0..container.arch().layers.len() {
         let Ok(layout) = container.expert_layout(layer) else { continue };
         if bytes_loaded >= max_bytes {
             break;
@@ -220,7 +220,7 @@ fn batch_decode(a: &Args) -> Result<serde_json::Value> {
     }
     let prompt_tokens = a.get("prompt-tokens", 16usize)?;
     let steps = a.get("steps", 64usize)?;
-    let vocab = u32::try_from(engine.spec().vocab_size)?;
+    let vocab = u32::try_from(engine.core().vocab_size)?;
     let mut sessions: Vec<strata_engine::Session<'_>> = (0..streams).map(|_| engine.session()).collect();
     let prompt =
         |i: usize| -> Vec<u32> { (0..prompt_tokens as u32).map(|t| (7 + 31 * t + 101 * i as u32) % vocab).collect() };

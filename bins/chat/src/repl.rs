@@ -46,14 +46,14 @@ pub fn run<'e>(
     // would leave SIGINT alone, but then a line that arrives in one read
     // stalls after its first character: rustyline issue #690.)
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
-    let spec = engine.spec();
+    let arch = engine.arch();
     let model = if demo { DEMO_NOTE.to_owned() } else { engine.container().dir().display().to_string() };
     println!("strata chat: {model}.");
     println!(
         "{} layers, {} experts (top-{}), context {} tokens; temperature {}, top-k {}, top-p {}, seed {}.",
-        spec.num_layers,
-        spec.moe.num_experts,
-        spec.moe.top_k,
+        arch.layers.len(),
+        arch.num_experts(),
+        arch.experts_per_token(),
         chat.session().context_tokens(),
         options.sampling.temperature,
         options.sampling.top_k,

@@ -74,7 +74,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let container_dir = &resolved.container_dir;
     let engine =
         Engine::open(container_dir, &options).with_context(|| format!("opening {}", container_dir.display()))?;
-    let eos_token_ids = eos_ids_from_dir(container_dir, &engine.spec().eos_token_ids)?;
+    let eos_token_ids = eos_ids_from_dir(container_dir, &engine.core().eos_token_ids)?;
     let info = ModelInfo::of(&engine);
     let mut warnings = engine.warnings().to_vec();
     // Past what the cache holds, streams that share few experts evict each

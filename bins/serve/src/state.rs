@@ -33,17 +33,17 @@ pub struct ModelInfo {
 
 impl ModelInfo {
     pub fn of(engine: &Engine) -> ModelInfo {
-        let spec = engine.spec();
+        let arch = engine.arch();
         let manifest = engine.container().manifest();
         let budget = engine.budget();
         ModelInfo {
-            family: spec.family.to_string(),
-            layers: spec.num_layers,
+            family: arch.core.family.to_string(),
+            layers: arch.layers.len(),
             moe_layers: manifest.expert_layers.len(),
-            hidden_size: spec.hidden_size,
-            experts: spec.moe.num_experts,
-            experts_per_token: spec.moe.top_k,
-            vocab_size: spec.vocab_size,
+            hidden_size: arch.core.hidden_size,
+            experts: arch.num_experts(),
+            experts_per_token: arch.experts_per_token(),
+            vocab_size: arch.core.vocab_size,
             quant: manifest.quant.preset.to_string(),
             context_tokens: engine.context_tokens(),
             ram_budget_bytes: budget.total_bytes,

@@ -135,7 +135,7 @@ impl TextModel {
             ))
         })?;
         let template = ChatTemplate::from_dir(dir)?;
-        let eos_token_ids = eos_ids_from_dir(dir, &engine.spec().eos_token_ids)?;
+        let eos_token_ids = eos_ids_from_dir(dir, &engine.core().eos_token_ids)?;
         Ok(Self { tokenizer, template, eos_token_ids })
     }
 

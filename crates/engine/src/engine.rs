@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use strata_format::{Container, Embedding, LayerKind, LayerSpec, ModelSpec};
+use strata_format::{Container, CoreSpec, Embedding, LayerKind, LayerSpec, ModelArch};
 use strata_kernels::Threads;
 use strata_kv::KvCache;
 use strata_models::{CausalLm, Logits, Runtime};
@@ -200,7 +200,7 @@ impl Engine {
     /// Opens the container in `dir`, refusing if the budget cannot hold it.
     pub fn open(dir: &Path, options: &EngineOptions) -> Result<Self> {
         let container = Arc::new(Container::open_with(dir, Embedding::ReadByRow)?);
-        let spec = container.spec();
+        let core = &container.arch().core;
         let threads = match options.threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
@@ -212,20 +212,22 @@ impl Engine {
             // Positions past the trained range give text that degrades
             // without any error; llama.cpp warns, and a library cannot be
             // sure its caller shows a warning, so it refuses.
-            Some(n) if n > spec.max_position_embeddings => {
+            Some(n) if n > core.max_position_embeddings => {
                 return Err(Error::InvalidOption {
                     option: "context",
                     reason: format!(
                         "{n} tokens is beyond the {} positions this model was trained for (max_position_embeddings \
                          in its config.json)",
-                        spec.max_position_embeddings
+                        core.max_position_embeddings
                     ),
                 });
             }
             Some(n) => n,
-            None => spec.max_position_embeddings.clamp(1, CONTEXT_TOKENS_DEFAULT_MAX),
+            None => core.max_position_embeddings.clamp(1, CONTEXT_TOKENS_DEFAULT_MAX),
         };
-        let sources = (0..spec.num_layers).map(|layer| expert_source(&container, layer)).collect::<Result<Vec<_>>>()?;
+        let sources = (0..container.arch().layers.len())
+            .map(|layer| expert_source(&container, layer))
+            .collect::<Result<Vec<_>>>()?;
         let model = strata_models::load(Arc::clone(&container))?;
         let prefill_chunk_tokens = match options.prefill_chunk_tokens {
             Some(0) => {
@@ -277,8 +279,8 @@ impl Engine {
             }
         };
         let plan = plan_budget(&container, &sources, options, kv_bytes, kv_state_bytes, prefetch)?;
-        let stream_working_set_bytes =
-            sources.iter().flatten().map(|s| s.record_bytes as u64).sum::<u64>() * container.spec().moe.top_k as u64;
+        let stream_working_set_bytes = sources.iter().flatten().map(|s| s.record_bytes as u64).sum::<u64>()
+            * container.arch().experts_per_token() as u64;
         let capacity_bytes = capacity(&plan);
         let content_hash = container.content_hash().to_owned();
         let usage_file = options.usage_file.clone().unwrap_or_else(|| dir.join(USAGE_FILE_NAME));
@@ -318,9 +320,14 @@ impl Engine {
         })
     }
 
-    /// The model's spec.
-    pub fn spec(&self) -> &ModelSpec {
-        self.model.spec()
+    /// The model's common part (vocabulary, widths, special tokens).
+    pub fn core(&self) -> &CoreSpec {
+        self.model.core()
+    }
+
+    /// The model's architecture: the common part and every layer's spec.
+    pub fn arch(&self) -> &ModelArch {
+        self.container.arch()
     }
 
     /// The opened container.
@@ -466,7 +473,7 @@ impl Engine {
             cache.snapshot();
         }
         let mut out = Vec::new();
-        let vocab = self.spec().vocab_size;
+        let vocab = self.core().vocab_size;
         for (i, piece) in tokens.chunks(self.prefill_chunk_tokens).enumerate() {
             // Only the last piece's last logits matter for `Last`; the
             // others' one lm-head row is the price of reusing `forward`.
@@ -527,7 +534,7 @@ pub(crate) fn check_logits(logits: &[f32], vocab: usize, first_position: usize) 
 }
 
 fn expert_source(container: &Container, layer: usize) -> Result<Option<ExpertSource>> {
-    if container.spec().layers[layer] != LayerKind::Moe {
+    if container.arch().layers[layer].ffn.kind() != LayerKind::Moe {
         return Ok(None);
     }
     let layout = container.expert_layout(layer)?;
@@ -570,7 +577,7 @@ fn plan_budget(
     // The least cache that runs: the experts one token routes to in one
     // layer. A batch's larger union streams through the I/O buffers one
     // expert at a time, so it never needs a whole layer resident.
-    let routed_experts_bytes = record_bytes * container.spec().moe.top_k as u64;
+    let routed_experts_bytes = record_bytes * container.arch().experts_per_token() as u64;
     // Loads in flight, as many reusable spare buffers, and the one record
     // being computed uncached. Saturating: a product past u64 is more than
     // any budget, which then refuses it naming the I/O buffers.
@@ -590,9 +597,9 @@ fn plan_budget(
 }
 
 fn trace_writer(path: &Path, container: &Container, content_hash: &str) -> Result<TraceWriter> {
-    let spec = container.spec();
+    let arch = container.arch();
     let record_bytes = container.manifest().expert_layers.first().map_or(0, |l| l.record_bytes);
-    let header = TraceHeader::new(content_hash, spec.num_layers, spec.moe.num_experts, record_bytes);
+    let header = TraceHeader::new(content_hash, arch.layers.len(), arch.num_experts(), record_bytes);
     Ok(TraceWriter::create(path, header)?)
 }
 

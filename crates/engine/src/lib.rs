@@ -51,7 +51,7 @@ pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport,
 pub use resolve::{AUTO_CONVERT_PRESET, ResolvedModel, default_cache_dir, resolve_model};
 pub use sampler::{Sampler, SamplingDefaults, SamplingOptions};
 pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
-pub use strata_format::ModelSpec;
+pub use strata_format::{CoreSpec, ModelArch};
 pub use strata_kv::CutTail;
 pub use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget, StoreStats, resident_bytes};
 pub use text::{

@@ -408,7 +408,7 @@ impl<'e> Session<'e> {
                 sessions.iter_mut().zip(&tails).map(|(s, t)| SeqBatch { tokens: t, cache: &mut s.cache }).collect();
             let logits = engine.run(|model, rt| model.forward_batch(rt, &mut seqs))?;
             drop(seqs);
-            let vocab = engine.spec().vocab_size;
+            let vocab = engine.core().vocab_size;
             for (session, row) in sessions.iter().zip(&logits) {
                 check_logits(row, vocab, session.cache.len() - 1)?;
             }
@@ -503,7 +503,7 @@ impl<'e> Session<'e> {
         report.stats.prefill_ms = prefill.ms;
         report.stats.per_token.push(prefill);
         let decode_started = Instant::now();
-        let mut generation = Generation::new(options, &self.engine.spec().eos_token_ids);
+        let mut generation = Generation::new(options, &self.engine.core().eos_token_ids);
         if options.max_new_tokens > 0 {
             loop {
                 let step = generation.step(self, &mut logits, constraint.as_deref_mut(), |token, _| on_token(token))?;

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use strata_format::{ConvertOptions, ModelSpec, QuantPreset};
+use strata_format::{ConvertOptions, CoreSpec, QuantPreset};
 use strata_kv::{LayerLayout, StatePart};
 use strata_models::SeqBatch;
 
@@ -19,7 +19,7 @@ use crate::{EngineOptions, GenerateOptions};
 /// into; the logits depend on both, so a wrong state or a missing row
 /// changes the tokens.
 struct Toy {
-    spec: ModelSpec,
+    spec: CoreSpec,
     /// A pass that would commit past this length fails after staging its
     /// state (a fault in the middle of a forward pass).
     fail_past_tokens: Arc<AtomicUsize>,
@@ -52,7 +52,7 @@ impl Toy {
 }
 
 impl CausalLm for Toy {
-    fn spec(&self) -> &ModelSpec {
+    fn core(&self) -> &CoreSpec {
         &self.spec
     }
 
@@ -90,7 +90,7 @@ fn toy_engine(dir: &Path, chunk: usize) -> (Engine, Arc<AtomicUsize>) {
     }
     let options = EngineOptions { threads: 1, prefill_chunk_tokens: Some(chunk), ..EngineOptions::default() };
     let mut engine = Engine::open(&model, &options).unwrap();
-    let spec = engine.spec().clone();
+    let spec = engine.core().clone();
     let fail_past_tokens = Arc::new(AtomicUsize::new(usize::MAX));
     engine.model = Box::new(Toy { spec, fail_past_tokens: Arc::clone(&fail_past_tokens) });
     (engine, fail_past_tokens)

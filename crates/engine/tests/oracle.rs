@@ -161,7 +161,7 @@ fn quantized_containers_match_transformers_on_their_dequantized_weights() {
             let dir = convert(family, "hf", preset);
             let engine = engine(&dir, 1 << 30, 2);
             let got = engine.logits(&r.prompt).unwrap();
-            let recurrent = engine.spec().linear_attention.is_some();
+            let recurrent = engine.arch().first_gdn().is_some();
             let tolerance =
                 if recurrent { QUANT_RECURRENT_TOLERANCE_STD } else { QUANT_TOLERANCE_STD } * std_dev(&want);
             let diff = max_abs_diff(&got, &want);

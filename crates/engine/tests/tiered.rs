@@ -122,7 +122,7 @@ fn a_prefill_reads_each_distinct_expert_of_each_layer_once() {
         let trace = dir.path().join("trace.jsonl");
         let opts = EngineOptions { trace_file: Some(trace.clone()), ..options(&dir) };
         let engine = open(&dir, &opts);
-        let vocab = engine.spec().vocab_size as u32;
+        let vocab = engine.core().vocab_size as u32;
         let tokens: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab).collect();
         let mut session = engine.session();
         session.feed(&tokens).unwrap();
@@ -185,12 +185,11 @@ fn batch_capacity_counts_the_per_token_working_sets_the_cache_holds() {
     let dir = convert("qwen3_moe", QuantPreset::F32);
     let engine = open(&dir, &options(&dir));
     let container = engine.container();
-    let spec = engine.spec();
-    let moe_layers: Vec<usize> =
-        (0..spec.num_layers).filter(|&layer| spec.layers[layer] == strata_format::LayerKind::Moe).collect();
+    let arch = engine.arch();
+    let moe_layers: Vec<usize> = arch.moe_layers();
     let working_set_bytes: u64 = moe_layers
         .iter()
-        .map(|&layer| container.expert_layout(layer).unwrap().record_bytes * spec.moe.top_k as u64)
+        .map(|&layer| container.expert_layout(layer).unwrap().record_bytes * arch.experts_per_token() as u64)
         .sum();
     assert!(working_set_bytes > 0);
     for (cache_bytes, streams) in [(0, 1), (working_set_bytes - 1, 1), (3 * working_set_bytes, 3)] {
@@ -205,14 +204,14 @@ fn the_embedding_table_stays_on_disk_out_of_the_budget() {
         let dir = convert(family, QuantPreset::Q8);
         let engine = open(&dir, &options(&dir));
         let container = Container::open(dir.path().join("model")).unwrap();
-        let spec = container.spec();
+        let core = &container.arch().core;
         let file_bytes = std::fs::metadata(dir.path().join("model/dense.bin")).unwrap().len();
-        let table = container.dense_entry(&names::embedding_name(spec)).unwrap();
-        let resident_bytes = if spec.tie_word_embeddings {
+        let table = container.dense_entry(&names::embedding_name(core)).unwrap();
+        let resident_bytes = if core.tie_word_embeddings {
             file_bytes
         } else {
             // The table's bytes leave; a CRC32C per row stays.
-            file_bytes - table.length_bytes - table.scale_length_bytes + 4 * spec.vocab_size as u64
+            file_bytes - table.length_bytes - table.scale_length_bytes + 4 * core.vocab_size as u64
         };
         assert_eq!(engine.budget().dense_bytes, resident_bytes, "{family}");
     }
@@ -223,8 +222,8 @@ fn an_embedding_row_changed_while_running_is_an_error_not_garbage() {
     let dir = convert("olmoe", QuantPreset::Q8);
     let engine = open(&dir, &options(&dir));
     let container = Container::open(dir.path().join("model")).unwrap();
-    let table = container.dense_entry(&names::embedding_name(container.spec())).unwrap();
-    let row_bytes = table.length_bytes / container.spec().vocab_size as u64;
+    let table = container.dense_entry(&names::embedding_name(&container.arch().core)).unwrap();
+    let row_bytes = table.length_bytes / container.arch().core.vocab_size as u64;
     let token = prompt("olmoe")[0];
     let at = table.offset_bytes + u64::from(token) * row_bytes;
     use std::os::unix::fs::FileExt;

@@ -22,7 +22,7 @@ pub(crate) use interleaved::interleaved_sources;
 use crate::error::{Error, Result};
 use crate::fp8::{self, ScaleGrid};
 use crate::names;
-use crate::spec::ModelSpec;
+use crate::spec::ModelArch;
 
 /// Single-file checkpoint name.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -267,10 +267,10 @@ impl Checkpoint {
     /// gate in rows `0..I` and up in rows `I..2I` of each expert's slab, as
     /// `Concatenate(dim=1)` in `conversion_mapping.py` builds it;
     /// `down_proj [E, H, I]`). Only that expert's slice is decoded.
-    pub fn expert_f32(&self, spec: &ModelSpec, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
-        let names = names::expert_names(spec, layer, expert);
-        let shapes = names::expert_shapes(spec);
-        let (e, i, h) = (spec.moe.num_experts, spec.moe.intermediate_size, spec.hidden_size);
+    pub fn expert_f32(&self, arch: &ModelArch, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
+        let names = names::expert_names(&arch.core, layer, expert);
+        let shapes = names::expert_shapes(arch);
+        let (e, i, h) = (arch.num_experts(), arch.expert_intermediate_size(), arch.core.hidden_size);
         if expert >= e {
             return Err(Error::ExpertOutOfRange { layer, expert, num_experts: e });
         }
@@ -294,7 +294,7 @@ impl Checkpoint {
         let mut out: [Vec<f32>; 3] = Default::default();
         for ((slot, name), shape) in out.iter_mut().zip(&names).zip(shapes) {
             let mut candidates = vec![name.clone()];
-            candidates.extend(names::aliases(spec, name));
+            candidates.extend(names::aliases(&arch.core, name));
             let found = self.resolve(&candidates).ok_or_else(|| Error::MissingTensor {
                 name: name.clone(),
                 hint: format!(" (nor fused {fused_gate_up})"),

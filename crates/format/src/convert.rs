@@ -22,12 +22,12 @@ use strata_kernels::{QuantFormat, quant};
 use crate::checkpoint::Checkpoint;
 use crate::container::{
     AUX_FILES, ComponentEntry, DENSE_FILE, EXPERTS_DIR, ExpertLayerEntry, ExpertLayout, FORMAT_VERSION, FileEntry,
-    MAGIC, MANIFEST_FILE, Manifest, QuantInfo, TENSOR_ALIGN_BYTES, TensorEntry, expert_file_name,
+    MAGIC, MANIFEST_FILE, Manifest, ModelRecord, QuantInfo, TENSOR_ALIGN_BYTES, TensorEntry, expert_file_name,
 };
 use crate::error::{Error, Result};
 use crate::names;
 use crate::preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset, group_for};
-use crate::spec::{MAX_TOKENIZER_BYTES, ModelSpec, read_at_most};
+use crate::spec::{MAX_TOKENIZER_BYTES, ModelArch, read_at_most};
 use crate::temporaries;
 
 /// Largest number of f32 elements decoded at once for a dense tensor
@@ -83,7 +83,7 @@ pub fn convert(hf_dir: impl AsRef<Path>, out_dir: impl AsRef<Path>, opts: &Conve
             // supported) rather than that its weights are missing.
             let config = hf_dir.as_ref().join(crate::checkpoint::CONFIG_FILE);
             if let Ok(text) = std::fs::read_to_string(config) {
-                ModelSpec::from_config_json(&text)?;
+                ModelArch::from_config_json(&text)?;
             }
             return Err(err);
         }
@@ -105,13 +105,13 @@ pub(crate) trait Source {
     /// tensor `name` with `cols` columns, as f32.
     fn rows_f32(&self, name: &str, row_start: usize, row_count: usize, cols: usize) -> Result<Vec<f32>>;
     /// Gate, up and down of one routed expert, as f32.
-    fn expert_f32(&self, spec: &ModelSpec, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]>;
+    fn expert_f32(&self, arch: &ModelArch, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]>;
     /// Every tensor name in the source, to report the ones left unused.
     fn tensor_names(&self) -> Vec<String> {
         Vec::new()
     }
     /// The source tensors holding `layer`'s routed experts.
-    fn expert_sources(&self, _spec: &ModelSpec, _layer: usize) -> Vec<String> {
+    fn expert_sources(&self, _arch: &ModelArch, _layer: usize) -> Vec<String> {
         Vec::new()
     }
     /// A directory whose tokenizer and generation files are copied along.
@@ -141,29 +141,29 @@ impl Source for Checkpoint {
         Checkpoint::rows_f32(self, name, row_start, row_count)
     }
 
-    fn expert_f32(&self, spec: &ModelSpec, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
-        Checkpoint::expert_f32(self, spec, layer, expert)
+    fn expert_f32(&self, arch: &ModelArch, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
+        Checkpoint::expert_f32(self, arch, layer, expert)
     }
 
     fn tensor_names(&self) -> Vec<String> {
         self.names().map(str::to_owned).collect()
     }
 
-    fn expert_sources(&self, spec: &ModelSpec, layer: usize) -> Vec<String> {
+    fn expert_sources(&self, arch: &ModelArch, layer: usize) -> Vec<String> {
         // Published per-expert names, or the fused 3-D tensors of transformers 5.x.
         let (fused_gate_up, fused_down) = names::fused_expert_names(layer);
         let interleaved = crate::checkpoint::interleaved_sources(self, fused_gate_up.trim_end_matches("gate_up_proj"));
         if !interleaved.is_empty() {
             return interleaved;
         }
-        if self.has(&fused_gate_up) && !self.has(&names::expert_names(spec, layer, 0)[0]) {
+        if self.has(&fused_gate_up) && !self.has(&names::expert_names(&arch.core, layer, 0)[0]) {
             return vec![fused_gate_up, fused_down];
         }
         let mut found = Vec::new();
-        for expert in 0..spec.moe.num_experts {
-            for name in names::expert_names(spec, layer, expert) {
+        for expert in 0..arch.num_experts() {
+            for name in names::expert_names(&arch.core, layer, expert) {
                 let mut candidates = vec![name.clone()];
-                candidates.extend(names::aliases(spec, &name));
+                candidates.extend(names::aliases(&arch.core, &name));
                 found.extend(Checkpoint::resolve(self, &candidates).map(str::to_owned));
             }
         }
@@ -189,7 +189,7 @@ pub(crate) fn write_container(
         return Err(Error::InvalidOption { option: "q4_group".into(), reason: "must be > 0".into() });
     }
     let opts = ConvertOptions { preset, q4_group, progress, overwrite };
-    let spec = ModelSpec::from_config_json(source.config_json())?;
+    let arch = ModelArch::from_config_json(source.config_json())?;
     let hf_config = RawValue::from_string(source.config_json().trim().to_owned())
         .map_err(|e| Error::Json { what: format!("config.json of {}", source.describe()), source: e })?;
 
@@ -197,12 +197,12 @@ pub(crate) fn write_container(
     let staging = Staging::prepare(out_dir, overwrite)?;
     let work = Work {
         source,
-        spec: &spec,
+        arch: &arch,
         opts: &opts,
         tmp: staging.tmp.clone(),
         bar: progress_bar(
             progress,
-            (names::dense_tensors(&spec).len() + spec.moe_layers().len() * spec.moe.num_experts) as u64,
+            (names::dense_tensors(&arch).len() + arch.moe_layers().len() * arch.num_experts()) as u64,
         ),
     };
     let mut used: HashSet<String> = HashSet::new();
@@ -221,7 +221,8 @@ pub(crate) fn write_container(
         format_version: FORMAT_VERSION,
         created_by: format!("strata-format {}", env!("CARGO_PKG_VERSION")),
         quant: QuantInfo { preset, q8_group: Q8_GROUP, q4_group },
-        spec: spec.clone(),
+        spec: None,
+        model: Some(ModelRecord::of(&arch)),
         hf_config,
         tensors,
         expert_layers,
@@ -267,7 +268,7 @@ fn progress_bar(enabled: bool, total: u64) -> ProgressBar {
 /// What every conversion step needs.
 struct Work<'a> {
     source: &'a dyn Source,
-    spec: &'a ModelSpec,
+    arch: &'a ModelArch,
     opts: &'a ConvertOptions,
     /// The staging directory.
     tmp: PathBuf,
@@ -278,12 +279,12 @@ impl Work<'_> {
     /// Writes dense.bin; returns its manifest entries and file entry.
     fn write_dense(&self, used: &mut HashSet<String>) -> Result<(Vec<TensorEntry>, FileEntry)> {
         self.bar.set_message("dense");
-        let descs = names::dense_tensors(self.spec);
+        let descs = names::dense_tensors(self.arch);
         let mut out = HashingFile::create(self.tmp.join(DENSE_FILE))?;
         let mut tensors = Vec::with_capacity(descs.len());
         for desc in descs {
             let mut candidates = vec![desc.name.clone()];
-            candidates.extend(names::aliases(self.spec, &desc.name));
+            candidates.extend(names::aliases(&self.arch.core, &desc.name));
             let source = self.source.resolve(&candidates).ok_or_else(|| Error::MissingTensor {
                 name: desc.name.clone(),
                 hint: format!(" in {}", self.source.describe()),
@@ -316,25 +317,25 @@ impl Work<'_> {
 
     /// Writes one expert file per MoE layer.
     fn write_experts(&self, used: &mut HashSet<String>) -> Result<(Vec<ExpertLayerEntry>, Vec<FileEntry>)> {
-        let spec = self.spec;
+        let arch = self.arch;
         let format = self.opts.preset.expert_format();
         let group = group_for(format, self.opts.q4_group);
         let mut layers = Vec::new();
         let mut files = Vec::new();
-        for layer in spec.moe_layers() {
+        for layer in arch.moe_layers() {
             self.bar.set_message(format!("layer {layer}"));
             let file_name = expert_file_name(layer);
             let layout = ExpertLayout::compute(
                 layer,
                 self.tmp.join(&file_name),
-                spec.moe.num_experts,
-                names::expert_shapes(spec),
+                arch.num_experts(),
+                names::expert_shapes(arch),
                 format,
                 group,
             )?;
-            let (file, record_crc32c) = write_expert_file(self.source, spec, &layout, &file_name, &self.bar, used)?;
+            let (file, record_crc32c) = write_expert_file(self.source, arch, &layout, &file_name, &self.bar, used)?;
             files.push(file);
-            let templates = names::expert_name_templates(spec, layer);
+            let templates = names::expert_name_templates(&arch.core, layer);
             let [g, u, d] = layout.components.clone();
             let components =
                 [(g, &templates[0]), (u, &templates[1]), (d, &templates[2])].map(|(c, name)| ComponentEntry {
@@ -351,7 +352,7 @@ impl Work<'_> {
             layers.push(ExpertLayerEntry {
                 layer,
                 file: file_name,
-                num_experts: spec.moe.num_experts,
+                num_experts: arch.num_experts(),
                 record_bytes: layout.record_bytes,
                 components,
                 record_crc32c: Some(record_crc32c),
@@ -380,7 +381,7 @@ impl Work<'_> {
 /// returns the file's entry and each record's CRC32C.
 fn write_expert_file(
     source: &dyn Source,
-    spec: &ModelSpec,
+    arch: &ModelArch,
     layout: &ExpertLayout,
     rel_path: &str,
     bar: &ProgressBar,
@@ -391,8 +392,8 @@ fn write_expert_file(
     let mut record = vec![0u8; layout.record_bytes as usize];
     let mut record_crc32c = Vec::with_capacity(layout.num_experts);
     for expert in 0..layout.num_experts {
-        let mats = source.expert_f32(spec, layer, expert)?;
-        let names = names::expert_names(spec, layer, expert);
+        let mats = source.expert_f32(arch, layer, expert)?;
+        let names = names::expert_names(&arch.core, layer, expert);
         record.fill(0);
         for ((comp, data), name) in layout.components.iter().zip(&mats).zip(&names) {
             check_finite(name, data, 0)?;
@@ -414,7 +415,7 @@ fn write_expert_file(
         bar.inc(1);
     }
     let entry = out.finish(rel_path)?;
-    used.extend(source.expert_sources(spec, layer));
+    used.extend(source.expert_sources(arch, layer));
     Ok((entry, record_crc32c))
 }
 

@@ -44,7 +44,7 @@ pub fn export(container_dir: impl AsRef<Path>, out_hf_dir: impl AsRef<Path>) -> 
         record: RefCell::new(None),
         error: RefCell::new(None),
     };
-    let spec = container.spec();
+    let arch = container.arch();
     let mut tensors: Vec<(String, Lazy<'_>)> = Vec::new();
     for entry in &container.manifest().tensors {
         tensors.push((
@@ -52,10 +52,10 @@ pub fn export(container_dir: impl AsRef<Path>, out_hf_dir: impl AsRef<Path>) -> 
             Lazy { reader: &reader, shape: entry.shape.clone(), source: Source::Dense(entry.name.clone()) },
         ));
     }
-    let shapes = names::expert_shapes(spec);
-    for layer in spec.moe_layers() {
-        for expert in 0..spec.moe.num_experts {
-            for (k, name) in names::expert_names(spec, layer, expert).into_iter().enumerate() {
+    let shapes = names::expert_shapes(arch);
+    for layer in arch.moe_layers() {
+        for expert in 0..arch.num_experts() {
+            for (k, name) in names::expert_names(&arch.core, layer, expert).into_iter().enumerate() {
                 tensors.push((
                     name,
                     Lazy {
@@ -84,7 +84,7 @@ pub fn export(container_dir: impl AsRef<Path>, out_hf_dir: impl AsRef<Path>) -> 
     let config_path = out.join(CONFIG_FILE);
     let source: Value = serde_json::from_str(container.manifest().hf_config.get())
         .map_err(|source| Error::Json { what: "manifest hf_config".into(), source })?;
-    let config = spec.to_config_json_from(&source);
+    let config = arch.to_config_json_from(&source);
     let config = serde_json::to_string_pretty(&config)
         .map_err(|source| Error::Json { what: config_path.display().to_string(), source })?;
     std::fs::write(&config_path, config + "\n").map_err(|e| Error::io(&config_path, e))?;

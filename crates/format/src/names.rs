@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::family::Naming;
 use crate::spec::{
-    AttentionKind, ExpertKind, FfnKind, GdnProjections, GdnSpec, GqaSpec, IndexerKind, MlaAttention, ModelSpec, QkNorm,
-    RouterKind, SharedExperts,
+    AttentionKind, CoreSpec, ExpertKind, FfnKind, GdnProjections, GdnSpec, GqaSpec, IndexerKind, MlaAttention,
+    ModelArch, QkNorm, RouterKind, SharedExperts,
 };
 
 /// What role a non-expert tensor plays; decides its storage format.
@@ -78,104 +78,104 @@ impl ExpertProj {
     }
 }
 
-fn naming(spec: &ModelSpec) -> &'static Naming {
-    spec.family.def().naming()
+fn naming(core: &CoreSpec) -> &'static Naming {
+    core.family.def().naming()
 }
 
 /// A tensor of decoder layer `layer`: `suffix` after its prefix
 /// (`model.layers.{layer}.` in most families), e.g.
-/// `layer_tensor(spec, 3, "self_attn.kv_b_proj.weight")`.
-pub fn layer_tensor(spec: &ModelSpec, layer: usize, suffix: &str) -> String {
-    format!("{}layers.{layer}.{suffix}", naming(spec).model_prefix)
+/// `layer_tensor(core, 3, "self_attn.kv_b_proj.weight")`.
+pub fn layer_tensor(core: &CoreSpec, layer: usize, suffix: &str) -> String {
+    format!("{}layers.{layer}.{suffix}", naming(core).model_prefix)
 }
 
 /// The token embedding, `[vocab, hidden]`.
-pub fn embedding_name(spec: &ModelSpec) -> String {
-    format!("{}embed_tokens.weight", naming(spec).model_prefix)
+pub fn embedding_name(core: &CoreSpec) -> String {
+    format!("{}embed_tokens.weight", naming(core).model_prefix)
 }
 
 /// The final RMSNorm weight, `[hidden]`.
-pub fn final_norm_name(spec: &ModelSpec) -> String {
-    format!("{}norm.weight", naming(spec).model_prefix)
+pub fn final_norm_name(core: &CoreSpec) -> String {
+    format!("{}norm.weight", naming(core).model_prefix)
 }
 
 /// The output projection: `lm_head.weight`, or the embedding when tied.
-pub fn lm_head_name(spec: &ModelSpec) -> String {
-    if spec.tie_word_embeddings { embedding_name(spec) } else { naming(spec).lm_head.to_owned() }
+pub fn lm_head_name(core: &CoreSpec) -> String {
+    if core.tie_word_embeddings { embedding_name(core) } else { naming(core).lm_head.to_owned() }
 }
 
 /// The router weight of a MoE layer, `[num_experts, hidden]`.
-pub fn router_name(spec: &ModelSpec, layer: usize) -> String {
-    layer_tensor(spec, layer, &format!("{}.gate.weight", naming(spec).moe_module))
+pub fn router_name(core: &CoreSpec, layer: usize) -> String {
+    layer_tensor(core, layer, &format!("{}.gate.weight", naming(core).moe_module))
 }
 
 /// The per-expert selection bias of a sigmoid router, `[num_experts]`.
-pub fn correction_bias_name(spec: &ModelSpec, layer: usize) -> String {
-    layer_tensor(spec, layer, "mlp.gate.e_score_correction_bias")
+pub fn correction_bias_name(core: &CoreSpec, layer: usize) -> String {
+    layer_tensor(core, layer, "mlp.gate.e_score_correction_bias")
 }
 
 /// The bias of a router that has one ([`RouterKind::TopKThenSoftmax`]),
 /// `[num_experts]`, beside its weight.
-pub fn router_bias_name(spec: &ModelSpec, layer: usize) -> String {
-    router_name(spec, layer).replace(".weight", ".bias")
+pub fn router_bias_name(core: &CoreSpec, layer: usize) -> String {
+    router_name(core, layer).replace(".weight", ".bias")
 }
 
 /// Each attention head's learned sink logit, `[num_heads]`.
-pub fn sinks_name(spec: &ModelSpec, layer: usize) -> String {
-    layer_tensor(spec, layer, "self_attn.sinks")
+pub fn sinks_name(core: &CoreSpec, layer: usize) -> String {
+    layer_tensor(core, layer, "self_attn.sinks")
 }
 
 /// The biases of a layer's biased experts ([`ExpertKind::ClampedSwiGlu`]),
 /// resident: gate and up (`[num_experts, intermediate]`, split at import
 /// from the checkpoint's interleaved `gate_up_proj_bias`) and down
 /// (`[num_experts, hidden]`, the checkpoint's `down_proj_bias`).
-pub fn expert_bias_names(spec: &ModelSpec, layer: usize) -> [String; 3] {
-    let base = layer_tensor(spec, layer, &format!("{}.experts.", naming(spec).moe_module));
+pub fn expert_bias_names(core: &CoreSpec, layer: usize) -> [String; 3] {
+    let base = layer_tensor(core, layer, &format!("{}.experts.", naming(core).moe_module));
     ["gate_proj_bias", "up_proj_bias", "down_proj_bias"].map(|p| format!("{base}{p}"))
 }
 
 /// The shared experts of a MoE layer: gate, up, down (`shared_experts`
 /// when ungated, DeepSeek's name; `shared_expert` beside its gate, Qwen's).
-pub fn shared_expert_names(spec: &ModelSpec, layer: usize, shared: SharedExperts) -> [String; 3] {
+pub fn shared_expert_names(core: &CoreSpec, layer: usize, shared: SharedExperts) -> [String; 3] {
     let module = match shared {
         SharedExperts::Gated { .. } => "shared_expert",
         SharedExperts::Plain { .. } | SharedExperts::None => "shared_experts",
     };
-    ["gate_proj", "up_proj", "down_proj"].map(|p| layer_tensor(spec, layer, &format!("mlp.{module}.{p}.weight")))
+    ["gate_proj", "up_proj", "down_proj"].map(|p| layer_tensor(core, layer, &format!("mlp.{module}.{p}.weight")))
 }
 
 /// The gate of a gated shared expert, `[1, hidden]`.
-pub fn shared_expert_gate_name(spec: &ModelSpec, layer: usize) -> String {
-    layer_tensor(spec, layer, "mlp.shared_expert_gate.weight")
+pub fn shared_expert_gate_name(core: &CoreSpec, layer: usize) -> String {
+    layer_tensor(core, layer, "mlp.shared_expert_gate.weight")
 }
 
 /// A Gated DeltaNet layer's tensor `suffix` (under `linear_attn.`).
-pub fn linear_attn_tensor(spec: &ModelSpec, layer: usize, suffix: &str) -> String {
-    layer_tensor(spec, layer, &format!("linear_attn.{suffix}"))
+pub fn linear_attn_tensor(core: &CoreSpec, layer: usize, suffix: &str) -> String {
+    layer_tensor(core, layer, &format!("linear_attn.{suffix}"))
 }
 
 /// The dense MLP of a dense layer: gate, up, down.
-pub fn dense_mlp_names(spec: &ModelSpec, layer: usize) -> [String; 3] {
-    ["gate_proj", "up_proj", "down_proj"].map(|p| layer_tensor(spec, layer, &format!("mlp.{p}.weight")))
+pub fn dense_mlp_names(core: &CoreSpec, layer: usize) -> [String; 3] {
+    ["gate_proj", "up_proj", "down_proj"].map(|p| layer_tensor(core, layer, &format!("mlp.{p}.weight")))
 }
 
 /// Published names of expert `expert` of `layer`: gate, up, down.
-pub fn expert_names(spec: &ModelSpec, layer: usize, expert: usize) -> [String; 3] {
-    let naming = naming(spec);
-    let base = layer_tensor(spec, layer, &format!("{}.experts.{expert}.", naming.moe_module));
+pub fn expert_names(core: &CoreSpec, layer: usize, expert: usize) -> [String; 3] {
+    let naming = naming(core);
+    let base = layer_tensor(core, layer, &format!("{}.experts.{expert}.", naming.moe_module));
     naming.expert_projections.map(|p| format!("{base}{p}.weight"))
 }
 
 /// Expert names with `{expert}` in place of the index (manifest templates).
-pub fn expert_name_templates(spec: &ModelSpec, layer: usize) -> [String; 3] {
+pub fn expert_name_templates(core: &CoreSpec, layer: usize) -> [String; 3] {
     // Built from a sentinel index so the template cannot drift from
     // `expert_names`.
-    expert_names(spec, layer, 0).map(|n| n.replace(".experts.0.", ".experts.{expert}."))
+    expert_names(core, layer, 0).map(|n| n.replace(".experts.0.", ".experts.{expert}."))
 }
 
 /// Shapes `[rows, cols]` of gate, up, down for every expert of the model.
-pub fn expert_shapes(spec: &ModelSpec) -> [[usize; 2]; 3] {
-    let (h, i) = (spec.hidden_size, spec.moe.intermediate_size);
+pub fn expert_shapes(arch: &ModelArch) -> [[usize; 2]; 3] {
+    let (h, i) = (arch.core.hidden_size, arch.first_moe().map_or(0, |moe| moe.intermediate_size));
     [[i, h], [i, h], [h, i]]
 }
 
@@ -191,8 +191,8 @@ pub fn fused_expert_names(layer: usize) -> (String, String) {
 /// Other names under which a checkpoint may store canonical tensor `name`
 /// (transformers 5.x renames some modules when loading, and saves them so
 /// unless asked for the original format).
-pub fn aliases(spec: &ModelSpec, name: &str) -> Vec<String> {
-    naming(spec)
+pub fn aliases(core: &CoreSpec, name: &str) -> Vec<String> {
+    naming(core)
         .aliases
         .iter()
         .filter(|(canonical, _)| name.contains(canonical))
@@ -202,34 +202,35 @@ pub fn aliases(spec: &ModelSpec, name: &str) -> Vec<String> {
 
 /// Every non-expert tensor of the model, in file order: embeddings, then each
 /// layer (norms, attention, MLP or router), then the final norm and lm_head.
-pub fn dense_tensors(spec: &ModelSpec) -> Vec<TensorDesc> {
-    let h = spec.hidden_size;
+pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
+    let core = &arch.core;
+    let h = core.hidden_size;
     let mut out = Vec::new();
     let mut push = |name: String, shape: Vec<usize>, kind: TensorKind| out.push(TensorDesc { name, shape, kind });
-    push(embedding_name(spec), vec![spec.vocab_size, h], TensorKind::Embedding);
-    for (layer, blocks) in spec.layer_specs().iter().enumerate() {
-        let t = |suffix: &str| layer_tensor(spec, layer, suffix);
+    push(embedding_name(core), vec![core.vocab_size, h], TensorKind::Embedding);
+    for (layer, blocks) in arch.layers.iter().enumerate() {
+        let t = |suffix: &str| layer_tensor(core, layer, suffix);
         push(t("input_layernorm.weight"), vec![h], TensorKind::Norm);
         match &blocks.attention {
-            AttentionKind::Gqa(gqa) => gqa_attention_tensors(spec, gqa, layer, &mut push),
-            AttentionKind::Mla(mla) => mla_attention_tensors(spec, mla, layer, &mut push),
-            AttentionKind::GatedDeltaNet(gdn) => gdn_tensors(spec, gdn, layer, &mut push),
+            AttentionKind::Gqa(gqa) => gqa_attention_tensors(core, gqa, layer, &mut push),
+            AttentionKind::Mla(mla) => mla_attention_tensors(core, mla, layer, &mut push),
+            AttentionKind::GatedDeltaNet(gdn) => gdn_tensors(core, gdn, layer, &mut push),
         }
         push(t("post_attention_layernorm.weight"), vec![h], TensorKind::Norm);
         match &blocks.ffn {
             FfnKind::Moe(moe) => {
-                push(router_name(spec, layer), vec![moe.num_experts, h], TensorKind::Router);
+                push(router_name(core, layer), vec![moe.num_experts, h], TensorKind::Router);
                 match moe.router {
                     RouterKind::GroupedSigmoid { .. } => {
-                        push(correction_bias_name(spec, layer), vec![moe.num_experts], TensorKind::Bias);
+                        push(correction_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
                     }
                     RouterKind::TopKThenSoftmax => {
-                        push(router_bias_name(spec, layer), vec![moe.num_experts], TensorKind::Bias);
+                        push(router_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
                     }
                     RouterKind::SoftmaxTopK { .. } => {}
                 }
                 if let ExpertKind::ClampedSwiGlu { .. } = moe.experts {
-                    let [gate, up, down] = expert_bias_names(spec, layer);
+                    let [gate, up, down] = expert_bias_names(core, layer);
                     push(gate, vec![moe.num_experts, moe.intermediate_size], TensorKind::Bias);
                     push(up, vec![moe.num_experts, moe.intermediate_size], TensorKind::Bias);
                     push(down, vec![moe.num_experts, h], TensorKind::Bias);
@@ -237,22 +238,22 @@ pub fn dense_tensors(spec: &ModelSpec) -> Vec<TensorDesc> {
                 match moe.shared {
                     SharedExperts::None => {}
                     SharedExperts::Plain { intermediate_size } => {
-                        swiglu_tensors(shared_expert_names(spec, layer, moe.shared), h, intermediate_size, &mut push);
+                        swiglu_tensors(shared_expert_names(core, layer, moe.shared), h, intermediate_size, &mut push);
                     }
                     SharedExperts::Gated { intermediate_size } => {
-                        swiglu_tensors(shared_expert_names(spec, layer, moe.shared), h, intermediate_size, &mut push);
-                        push(shared_expert_gate_name(spec, layer), vec![1, h], TensorKind::Router);
+                        swiglu_tensors(shared_expert_names(core, layer, moe.shared), h, intermediate_size, &mut push);
+                        push(shared_expert_gate_name(core, layer), vec![1, h], TensorKind::Router);
                     }
                 }
             }
             FfnKind::Dense { intermediate_size } => {
-                swiglu_tensors(dense_mlp_names(spec, layer), h, *intermediate_size, &mut push);
+                swiglu_tensors(dense_mlp_names(core, layer), h, *intermediate_size, &mut push);
             }
         }
     }
-    push(final_norm_name(spec), vec![h], TensorKind::Norm);
-    if !spec.tie_word_embeddings {
-        push(lm_head_name(spec), vec![spec.vocab_size, h], TensorKind::LmHead);
+    push(final_norm_name(core), vec![h], TensorKind::Norm);
+    if !core.tie_word_embeddings {
+        push(lm_head_name(core), vec![core.vocab_size, h], TensorKind::LmHead);
     }
     out
 }
@@ -267,9 +268,9 @@ fn swiglu_tensors([gate, up, down]: [String; 3], hidden: usize, intermediate_siz
 }
 
 /// q/k/v/o projections, their biases and q/k norms.
-fn gqa_attention_tensors(spec: &ModelSpec, gqa: &GqaSpec, layer: usize, push: &mut Push<'_>) {
-    let h = spec.hidden_size;
-    let t = |suffix: &str| layer_tensor(spec, layer, suffix);
+fn gqa_attention_tensors(core: &CoreSpec, gqa: &GqaSpec, layer: usize, push: &mut Push<'_>) {
+    let h = core.hidden_size;
+    let t = |suffix: &str| layer_tensor(core, layer, suffix);
     let (q_dim, kv_dim) = (gqa.q_dim(), gqa.kv_dim());
     // A gated layer's q_proj yields each head's query, then its gate.
     let q_rows = if gqa.output_gate { 2 * q_dim } else { q_dim };
@@ -291,16 +292,16 @@ fn gqa_attention_tensors(spec: &ModelSpec, gqa: &GqaSpec, layer: usize, push: &m
     }
     if gqa.sinks {
         // Logits beside the scores: kept f32 like the biases.
-        push(sinks_name(spec, layer), vec![gqa.num_heads], TensorKind::Bias);
+        push(sinks_name(core, layer), vec![gqa.num_heads], TensorKind::Bias);
     }
 }
 
 /// Multi-head Latent Attention: the (compressed) query, the latent
 /// down-projection and its norm, the up-projection `kv_b_proj`, o_proj, and
 /// on full DSA layers the lightning indexer.
-fn mla_attention_tensors(spec: &ModelSpec, attn: &MlaAttention, layer: usize, push: &mut Push<'_>) {
-    let h = spec.hidden_size;
-    let t = |suffix: &str| layer_tensor(spec, layer, suffix);
+fn mla_attention_tensors(core: &CoreSpec, attn: &MlaAttention, layer: usize, push: &mut Push<'_>) {
+    let h = core.hidden_size;
+    let t = |suffix: &str| layer_tensor(core, layer, suffix);
     let (mla, heads) = (&attn.dims, attn.num_heads);
     let q_rows = heads * mla.qk_head_dim();
     let mut linear = |name: &str, rows: usize, cols: usize, bias: bool| {
@@ -345,10 +346,10 @@ fn mla_attention_tensors(spec: &ModelSpec, attn: &MlaAttention, layer: usize, pu
 /// A Gated DeltaNet layer: its input projections (fused per key-head group
 /// or split), the depthwise convolution, decay parameters, gated output
 /// norm and output projection.
-fn gdn_tensors(spec: &ModelSpec, gdn: &GdnSpec, layer: usize, push: &mut Push<'_>) {
-    let h = spec.hidden_size;
+fn gdn_tensors(core: &CoreSpec, gdn: &GdnSpec, layer: usize, push: &mut Push<'_>) {
+    let h = core.hidden_size;
     let d = &gdn.dims;
-    let t = |suffix: &str| linear_attn_tensor(spec, layer, suffix);
+    let t = |suffix: &str| linear_attn_tensor(core, layer, suffix);
     let (key_dim, value_dim, n_v) = (d.key_dim(), d.value_dim(), d.num_v_heads);
     let projections: &[(&str, usize)] = match d.projections {
         GdnProjections::Grouped => &[("in_proj_qkvz", 2 * key_dim + 2 * value_dim), ("in_proj_ba", 2 * n_v)],

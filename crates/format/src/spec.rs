@@ -1,5 +1,7 @@
-//! The typed, validated description of a model architecture ([`ModelSpec`]),
-//! parsed from a Hugging Face `config.json`.
+//! The typed, validated description of a model architecture ([`ModelArch`]:
+//! its common part and one [`LayerSpec`] per layer), built from a Hugging
+//! Face `config.json` by the family's file; and [`ModelSpec`], the flat form
+//! manifests of earlier versions store, frozen.
 //!
 //! Two spellings of config.json exist in the wild and both are accepted:
 //!
@@ -195,7 +197,8 @@ impl Default for RouterSpec {
     }
 }
 
-/// A typed, validated model architecture.
+/// The flat spec manifests of earlier versions store: frozen (no new
+/// fields, ever); a layer's spec is derived from it in `legacy.rs` only.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelSpec {
     pub family: Family,
@@ -261,186 +264,17 @@ pub struct ModelSpec {
     pub eos_token_ids: Vec<u32>,
 }
 
-/// What every family reader fills in alike; [`ModelSpec::from_common`]
-/// makes the spec with every family-specific field neutral, for the family
-/// file to set the fields it owns. The flat spec is built only here, so a
-/// field added to it touches no family file.
-pub(crate) struct CommonFields {
-    pub family: Family,
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    pub num_layers: usize,
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub rms_norm_eps: f32,
-    pub rope: RopeSpec,
-    pub max_position_embeddings: usize,
-    pub tie_word_embeddings: bool,
-    pub moe: MoeSpec,
-    pub dense_intermediate_size: usize,
-    pub bos_token_id: Option<u32>,
-    pub eos_token_ids: Vec<u32>,
-}
-
 impl ModelSpec {
-    /// The spec of `common` with no biases, q/k norms, clip, window, shared
-    /// experts, MLA, DSA or linear attention, the softmax router, plain
-    /// norms, and every layer MoE with full attention.
-    pub(crate) fn from_common(common: CommonFields) -> ModelSpec {
-        let CommonFields {
-            family,
-            vocab_size,
-            hidden_size,
-            num_layers,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            rms_norm_eps,
-            rope,
-            max_position_embeddings,
-            tie_word_embeddings,
-            moe,
-            dense_intermediate_size,
-            bos_token_id,
-            eos_token_ids,
-        } = common;
-        ModelSpec {
-            family,
-            vocab_size,
-            hidden_size,
-            num_layers,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            rms_norm_eps,
-            rope,
-            max_position_embeddings,
-            tie_word_embeddings,
-            attention_bias: false,
-            qk_norm: QkNorm::None,
-            clip_qkv: None,
-            sliding_window: None,
-            moe,
-            router: RouterSpec::default(),
-            shared_intermediate_size: None,
-            mla: None,
-            dsa: None,
-            dense_intermediate_size,
-            layers: vec![LayerKind::Moe; num_layers],
-            mixers: Vec::new(),
-            linear_attention: None,
-            norm_style: NormStyle::Weight,
-            attn_output_gate: false,
-            shared_expert_gate: false,
-            bos_token_id,
-            eos_token_ids,
-        }
-    }
-}
-
-impl ModelSpec {
-    /// Parses and validates a config.json document (4.x or 5.x spelling).
+    /// The flat spec of a config.json document (4.x or 5.x spelling), as
+    /// manifests of earlier versions store it: parsed and validated as
+    /// [`ModelArch::from_config_json`], then [`ModelSpec::frozen`].
     pub fn from_config_json(text: &str) -> Result<ModelSpec> {
-        let value: Value =
-            serde_json::from_str(text).map_err(|source| Error::Json { what: "config.json".to_owned(), source })?;
-        Self::from_config_value(&value)
+        ModelArch::from_config_json(text).and_then(|arch| ModelSpec::frozen(&arch))
     }
 
     /// As [`ModelSpec::from_config_json`], from an already parsed document.
     pub fn from_config_value(value: &Value) -> Result<ModelSpec> {
-        let map = value.as_object().ok_or_else(|| Error::invalid("<root>", "config.json must be a JSON object"))?;
-        let cfg = Fields { map, prefix: "" };
-
-        let family: Family = cfg.req_str("model_type")?.parse()?;
-        let spec = family.def().parse(map)?;
-        spec.validate()?;
-        Ok(spec)
-    }
-
-    /// Checks every invariant the rest of the engine relies on. Errors name
-    /// the config.json field at fault.
-    pub fn validate(&self) -> Result<()> {
-        limits::check(self)?;
-        let positive = [
-            ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("num_hidden_layers", self.num_layers),
-            ("num_attention_heads", self.num_heads),
-            ("num_key_value_heads", self.num_kv_heads),
-            ("head_dim", self.head_dim),
-            ("num_experts", self.moe.num_experts),
-            ("num_experts_per_tok", self.moe.top_k),
-            ("expert intermediate_size", self.moe.intermediate_size),
-            ("max_position_embeddings", self.max_position_embeddings),
-        ];
-        for (field, value) in positive {
-            if value == 0 {
-                return Err(Error::invalid(field, "must be > 0"));
-            }
-        }
-        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return Err(Error::invalid(
-                "num_key_value_heads",
-                format!("{} does not divide num_attention_heads {}", self.num_kv_heads, self.num_heads),
-            ));
-        }
-        if self.moe.top_k > self.moe.num_experts {
-            return Err(Error::invalid(
-                "num_experts_per_tok",
-                format!("{} exceeds the number of experts {}", self.moe.top_k, self.moe.num_experts),
-            ));
-        }
-        if self.layers.len() != self.num_layers {
-            return Err(Error::invalid(
-                "num_hidden_layers",
-                format!("{} layers declared but {} layer kinds given", self.num_layers, self.layers.len()),
-            ));
-        }
-        if self.layers.contains(&LayerKind::Dense) && self.dense_intermediate_size == 0 {
-            return Err(Error::invalid("intermediate_size", "must be > 0"));
-        }
-        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return Err(Error::invalid("rms_norm_eps", "must be finite and > 0"));
-        }
-        if !(self.rope.theta.is_finite() && self.rope.theta > 0.0) {
-            return Err(Error::invalid("rope_theta", "must be finite and > 0"));
-        }
-        if self.rope.rotary_dim == 0 || !self.rope.rotary_dim.is_multiple_of(2) || self.rope.rotary_dim > self.head_dim
-        {
-            // MLA rotates qk_rope_head_dim values; GQA a fraction of head_dim.
-            return Err(Error::invalid(
-                if self.mla.is_some() { "qk_rope_head_dim" } else { "partial_rotary_factor" },
-                format!(
-                    "rotary dimension {} must be even, > 0 and <= head_dim {}",
-                    self.rope.rotary_dim, self.head_dim
-                ),
-            ));
-        }
-        match self.rope.scaling {
-            RopeScaling::None => {}
-            RopeScaling::Linear { factor } | RopeScaling::Yarn { factor, .. } => {
-                if !(factor.is_finite() && factor > 0.0) {
-                    return Err(Error::invalid("rope_parameters.factor", "must be finite and > 0"));
-                }
-            }
-        }
-        if let Some(clip) = self.clip_qkv
-            && !(clip.is_finite() && clip > 0.0)
-        {
-            return Err(Error::invalid("clip_qkv", "must be finite and > 0"));
-        }
-        if self.sliding_window == Some(0) {
-            return Err(Error::invalid("sliding_window", "must be > 0"));
-        }
-        // Overflow guard: every later size computation multiplies these.
-        let q_dim = self.num_heads.checked_mul(self.head_dim);
-        let embed = self.vocab_size.checked_mul(self.hidden_size);
-        let expert = self.moe.intermediate_size.checked_mul(self.hidden_size).and_then(|n| n.checked_mul(4 * 3));
-        if q_dim.is_none() || embed.is_none() || expert.is_none() {
-            return Err(Error::invalid("hidden_size", "tensor sizes overflow usize"));
-        }
-        self.family.def().validate(self)
+        ModelArch::from_config_value(value).and_then(|arch| ModelSpec::frozen(&arch))
     }
 
     /// Width of the concatenated query heads: `num_heads * head_dim`.
@@ -466,87 +300,93 @@ impl ModelSpec {
     /// A transformers-loadable config.json (5.x spelling, `dtype: float32`)
     /// that parses back to an equal spec.
     pub fn to_config_json(&self) -> Value {
-        self.family.def().to_config_json(self, None)
+        self.arch().to_config_json()
     }
 
     /// As [`ModelSpec::to_config_json`], keeping what the spec does not
     /// describe (a vision tower's config, say) from `source`, the config the
     /// model was converted from.
     pub fn to_config_json_from(&self, source: &Value) -> Value {
-        self.family.def().to_config_json(self, Some(source))
+        self.arch().to_config_json_from(source)
     }
 }
 
-impl ModelSpec {
-    /// The config.json keys every family writes the same way. `rotated_dim`
-    /// is the head width RoPE's `partial_rotary_factor` is relative to.
-    pub(crate) fn common_config(&self, rotated_dim: usize) -> Map<String, Value> {
-        let mut rope = Map::new();
-        match self.rope.scaling {
-            RopeScaling::None => {
-                rope.insert("rope_type".into(), json!("default"));
+/// The config.json keys every family writes the same way: the common part,
+/// the attention heads `(num_attention_heads, num_key_value_heads)` and the
+/// rotary embedding, whose `partial_rotary_factor` is relative to
+/// `rotated_dim`.
+pub(crate) fn common_config(
+    core: &CoreSpec,
+    num_layers: usize,
+    (num_heads, num_kv_heads): (usize, usize),
+    rope_spec: &RopeSpec,
+    rotated_dim: usize,
+) -> Map<String, Value> {
+    let mut rope = Map::new();
+    match rope_spec.scaling {
+        RopeScaling::None => {
+            rope.insert("rope_type".into(), json!("default"));
+        }
+        RopeScaling::Linear { factor } => {
+            rope.insert("rope_type".into(), json!("linear"));
+            rope.insert("factor".into(), json!(factor));
+        }
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+            attention_factor,
+            truncate,
+        } => {
+            rope.insert("rope_type".into(), json!("yarn"));
+            rope.insert("factor".into(), json!(factor));
+            rope.insert("original_max_position_embeddings".into(), json!(original_max_position_embeddings));
+            rope.insert("beta_fast".into(), json!(beta_fast));
+            rope.insert("beta_slow".into(), json!(beta_slow));
+            // 0 stands for "not given" (see RopeScaling::Yarn).
+            for (key, value) in [("mscale", mscale), ("mscale_all_dim", mscale_all_dim)] {
+                if value != 0.0 {
+                    rope.insert(key.into(), json!(value));
+                }
             }
-            RopeScaling::Linear { factor } => {
-                rope.insert("rope_type".into(), json!("linear"));
-                rope.insert("factor".into(), json!(factor));
+            if let Some(a) = attention_factor {
+                rope.insert("attention_factor".into(), json!(a));
             }
-            RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings,
-                beta_fast,
-                beta_slow,
-                mscale,
-                mscale_all_dim,
-                attention_factor,
-                truncate,
-            } => {
-                rope.insert("rope_type".into(), json!("yarn"));
-                rope.insert("factor".into(), json!(factor));
-                rope.insert("original_max_position_embeddings".into(), json!(original_max_position_embeddings));
-                rope.insert("beta_fast".into(), json!(beta_fast));
-                rope.insert("beta_slow".into(), json!(beta_slow));
-                // 0 stands for "not given" (see RopeScaling::Yarn).
-                for (key, value) in [("mscale", mscale), ("mscale_all_dim", mscale_all_dim)] {
-                    if value != 0.0 {
-                        rope.insert(key.into(), json!(value));
-                    }
-                }
-                if let Some(a) = attention_factor {
-                    rope.insert("attention_factor".into(), json!(a));
-                }
-                if !truncate {
-                    rope.insert("truncate".into(), json!(false));
-                }
+            if !truncate {
+                rope.insert("truncate".into(), json!(false));
             }
         }
-        rope.insert("rope_theta".into(), json!(self.rope.theta));
-        if self.rope.rotary_dim != rotated_dim {
-            rope.insert("partial_rotary_factor".into(), json!(self.rope.rotary_dim as f64 / rotated_dim as f64));
-        }
-
-        let eos = match self.eos_token_ids.as_slice() {
-            [] => Value::Null,
-            [one] => json!(one),
-            many => json!(many),
-        };
-        let mut c = Map::new();
-        c.insert("architectures".into(), json!([self.family.architecture()]));
-        c.insert("model_type".into(), json!(self.family.model_type()));
-        c.insert("dtype".into(), json!("float32"));
-        c.insert("vocab_size".into(), json!(self.vocab_size));
-        c.insert("hidden_size".into(), json!(self.hidden_size));
-        c.insert("num_hidden_layers".into(), json!(self.num_layers));
-        c.insert("num_attention_heads".into(), json!(self.num_heads));
-        c.insert("num_key_value_heads".into(), json!(self.num_kv_heads));
-        c.insert("hidden_act".into(), json!("silu"));
-        c.insert("max_position_embeddings".into(), json!(self.max_position_embeddings));
-        c.insert("rms_norm_eps".into(), json!(f32_to_json(self.rms_norm_eps)));
-        c.insert("rope_parameters".into(), Value::Object(rope));
-        c.insert("tie_word_embeddings".into(), json!(self.tie_word_embeddings));
-        c.insert("bos_token_id".into(), json!(self.bos_token_id));
-        c.insert("eos_token_id".into(), eos);
-        c
     }
+    rope.insert("rope_theta".into(), json!(rope_spec.theta));
+    if rope_spec.rotary_dim != rotated_dim {
+        rope.insert("partial_rotary_factor".into(), json!(rope_spec.rotary_dim as f64 / rotated_dim as f64));
+    }
+
+    let eos = match core.eos_token_ids.as_slice() {
+        [] => Value::Null,
+        [one] => json!(one),
+        many => json!(many),
+    };
+    let mut c = Map::new();
+    c.insert("architectures".into(), json!([core.family.architecture()]));
+    c.insert("model_type".into(), json!(core.family.model_type()));
+    c.insert("dtype".into(), json!("float32"));
+    c.insert("vocab_size".into(), json!(core.vocab_size));
+    c.insert("hidden_size".into(), json!(core.hidden_size));
+    c.insert("num_hidden_layers".into(), json!(num_layers));
+    c.insert("num_attention_heads".into(), json!(num_heads));
+    c.insert("num_key_value_heads".into(), json!(num_kv_heads));
+    c.insert("hidden_act".into(), json!("silu"));
+    c.insert("max_position_embeddings".into(), json!(core.max_position_embeddings));
+    c.insert("rms_norm_eps".into(), json!(f32_to_json(core.final_norm.eps())));
+    c.insert("rope_parameters".into(), Value::Object(rope));
+    c.insert("tie_word_embeddings".into(), json!(core.tie_word_embeddings));
+    c.insert("bos_token_id".into(), json!(core.bos_token_id));
+    c.insert("eos_token_id".into(), eos);
+    c
 }
 
 /// An f32 as the JSON number with its shortest decimal spelling (`1e-5`,
@@ -679,6 +519,7 @@ mod mla;
 mod mla_tests;
 #[cfg(test)]
 mod tests;
+mod validate;
 
 pub use arch::{CoreSpec, ModelArch};
 pub use layer::{

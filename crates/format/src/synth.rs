@@ -15,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::convert::{ConvertReport, Source, write_container};
 use crate::names;
 use crate::preset::{Q4_DEFAULT_GROUP, QuantPreset};
-use crate::spec::ModelSpec;
+use crate::spec::ModelArch;
 use crate::{Error, Result};
 
 /// Models whose shapes `synth --like` can copy, with their config.json as
@@ -134,7 +134,7 @@ pub fn like_config(like: &str, layers: Option<usize>) -> Result<String> {
 pub fn synth(out_dir: impl AsRef<Path>, options: &SynthOptions) -> Result<ConvertReport> {
     let config_json = like_config(&options.like, options.layers)?;
     // Parsed here too so a bad --layers fails before anything is written.
-    ModelSpec::from_config_json(&config_json)?;
+    ModelArch::from_config_json(&config_json)?;
     let source = RandomSource { config_json, seed: options.seed };
     write_container(&source, out_dir.as_ref(), options.preset, options.q4_group, options.progress, options.overwrite)
 }
@@ -194,9 +194,9 @@ impl Source for RandomSource {
         Ok(out)
     }
 
-    fn expert_f32(&self, spec: &ModelSpec, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
-        let shapes = names::expert_shapes(spec);
-        let names = names::expert_names(spec, layer, expert);
+    fn expert_f32(&self, arch: &ModelArch, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
+        let shapes = names::expert_shapes(arch);
+        let names = names::expert_names(&arch.core, layer, expert);
         Ok([0, 1, 2].map(|i| {
             let [rows, cols] = shapes[i];
             let mut out = vec![0.0f32; rows * cols];

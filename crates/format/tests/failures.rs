@@ -222,18 +222,33 @@ fn corrupt_manifests_are_clear_errors() {
         (Box::new(|m| m["expert_layers"][0]["file"] = "../../etc/passwd".into()), "file must be"),
         (Box::new(|m| m["expert_layers"][0]["num_experts"] = 5.into()), "5 experts"),
         (Box::new(|m| m["files"][0]["path"] = "/etc/passwd".into()), "not a plain relative path"),
-        (Box::new(|m| m["spec"]["num_kv_heads"] = 3.into()), "num_key_value_heads"),
+        (Box::new(|m| m["hf_config"]["num_key_value_heads"] = 3.into()), "num_key_value_heads"),
+        (Box::new(|m| m["model"]["layers"][1]["mixer"] = "mla".into()), "layer 1: recorded Mla"),
         (
             Box::new(|m| {
-                m.as_object_mut().unwrap().remove("spec");
+                m.as_object_mut().unwrap().remove("model");
             }),
-            "missing field `spec`",
+            "stores `spec` (version 1) or `model` (version 2)",
         ),
     ];
     for (edit, needle) in cases {
         let text = msg(open_with_manifest_edit(&good, &bad, edit));
         assert!(text.contains(needle), "expected {needle:?} in: {text}");
     }
+}
+
+#[test]
+fn a_new_container_records_its_layers_not_the_flat_spec_and_reopens_as_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, out) = converted(tmp.path(), QuantPreset::F32);
+    let container = Container::open(&out).unwrap();
+    let manifest = container.manifest();
+    assert_eq!(manifest.format_version, strata_format::container::FORMAT_VERSION);
+    assert!(manifest.spec.is_none());
+    let derived = strata_format::ModelArch::from_config_json(manifest.hf_config.get()).unwrap();
+    assert_eq!(container.arch(), &derived);
+    assert_eq!(manifest.model, Some(strata_format::container::ModelRecord::of(&derived)));
+    assert_eq!(manifest.family(), Some(derived.core.family));
 }
 
 /// Makes `path` one byte over `max_bytes` (sparse: no disk is used).
@@ -542,7 +557,7 @@ fn random_manifest_corruption_never_panics() {
                 for name in c.dense_names() {
                     let _ = c.dense(name).map(|m| m.to_f32());
                 }
-                for layer in 0..c.spec().num_layers {
+                for layer in 0..c.arch().layers.len() {
                     if let Ok(layout) = c.expert_layout(layer) {
                         let buf = read_record(layout, 0);
                         let _ = layout.matrices(bytemuck::cast_slice(&buf)).map(|m| m.map(|m| m.to_f32()));

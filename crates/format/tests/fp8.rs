@@ -71,11 +71,14 @@ fn quantize(values: &[f32], rows: usize, cols: usize, block: [usize; 2]) -> (Vec
 /// What an FP8 release quantizes: every linear weight and expert; norms,
 /// biases, routers, embeddings and lm_head stay high precision.
 fn quantized_names(spec: &ModelSpec) -> Vec<String> {
-    let mut out: Vec<String> =
-        names::dense_tensors(spec).into_iter().filter(|d| d.kind == TensorKind::Linear).map(|d| d.name).collect();
+    let mut out: Vec<String> = names::dense_tensors(&spec.arch())
+        .into_iter()
+        .filter(|d| d.kind == TensorKind::Linear)
+        .map(|d| d.name)
+        .collect();
     for layer in spec.moe_layers() {
         for e in 0..spec.moe.num_experts {
-            out.extend(names::expert_names(spec, layer, e));
+            out.extend(names::expert_names(&spec.arch().core, layer, e));
         }
     }
     out
@@ -132,7 +135,7 @@ fn write_fp8_with(
 
 /// Every tensor of `container` as f32 under its published name.
 fn container_values(container: &Container) -> BTreeMap<String, Vec<f32>> {
-    let spec = container.spec();
+    let spec = &ModelSpec::frozen(container.arch()).unwrap();
     let mut out: BTreeMap<String, Vec<f32>> =
         container.dense_names().map(|n| (n.to_owned(), container.dense(n).unwrap().to_f32())).collect();
     for layer in spec.moe_layers() {
@@ -146,7 +149,7 @@ fn container_values(container: &Container) -> BTreeMap<String, Vec<f32>> {
                 .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect();
             let mats = layout.matrices(bytemuck::cast_slice(&words)).unwrap();
-            for (name, m) in names::expert_names(spec, layer, e).into_iter().zip(mats) {
+            for (name, m) in names::expert_names(&spec.arch().core, layer, e).into_iter().zip(mats) {
                 out.insert(name, m.to_f32());
             }
         }

@@ -39,8 +39,8 @@ fn a_container_written_by_8fed96e_opens_with_the_layers_its_config_derives() {
         let config = std::fs::read_to_string(testdata().join(family).join("hf/config.json")).unwrap();
         let derived = ModelArch::from_config_json(&config).unwrap();
         assert_eq!(container.arch(), &derived, "{family}");
-        assert_eq!(container.arch(), &container.spec().arch(), "{family}");
-        let spec = container.spec();
+        assert_eq!(container.arch(), &container.legacy_spec().unwrap().arch(), "{family}");
+        let spec = container.legacy_spec().unwrap();
         assert_eq!(derived.layers.len(), spec.num_layers, "{family}");
         // Every GQA layer has the heads the frozen spec gives the model.
         for layer in &derived.layers {

@@ -42,11 +42,13 @@ fn conversion_streams_in_bounded_memory() {
         let bits = strata_kernels::quant::f32_to_bf16_bits(&values);
         stored.push((name, shape, Dtype::BF16, bytemuck::cast_slice::<u16, u8>(&bits).to_vec()));
     };
-    for d in names::dense_tensors(&spec) {
+    for d in names::dense_tensors(&spec.arch()) {
         add(d.name, d.shape);
     }
     for e in 0..2 {
-        for (name, shape) in names::expert_names(&spec, 0, e).into_iter().zip(names::expert_shapes(&spec)) {
+        for (name, shape) in
+            names::expert_names(&spec.arch().core, 0, e).into_iter().zip(names::expert_shapes(&spec.arch()))
+        {
             add(name, shape.to_vec());
         }
     }

@@ -17,11 +17,11 @@ use strata_kernels::QuantFormat;
 /// Checks every dense tensor and every expert record of `container` against
 /// the model it was converted from.
 fn check_container(model: &TinyModel, container: &Container, preset: QuantPreset, q4_group: usize) {
-    let spec = container.spec();
+    let spec = &ModelSpec::frozen(container.arch()).unwrap();
     assert_eq!(spec, &model.spec);
     assert_eq!(container.preset(), preset);
 
-    for desc in names::dense_tensors(spec) {
+    for desc in names::dense_tensors(&spec.arch()) {
         let (shape, want) = &model.tensors[&desc.name];
         let entry = container.dense_entry(&desc.name).unwrap();
         assert_eq!(&entry.shape, shape);
@@ -64,7 +64,7 @@ fn check_container(model: &TinyModel, container: &Container, preset: QuantPreset
         for e in 0..spec.moe.num_experts {
             let buf = read_record(layout, e);
             let mats = layout.matrices(bytemuck::cast_slice(&buf)).unwrap();
-            let hf = names::expert_names(spec, layer, e);
+            let hf = names::expert_names(&spec.arch().core, layer, e);
             for ((m, name), proj) in mats.iter().zip(&hf).zip(ExpertProj::ALL) {
                 let (shape, want) = &model.tensors[name];
                 assert_eq!(&[m.rows, m.cols][..], &shape[..], "{name} ({proj:?})");
@@ -91,7 +91,7 @@ fn check_export(container: &Container, out: &Path) {
     export(container.dir(), out).unwrap();
     let ckpt = Checkpoint::open(out).unwrap();
     let spec = ModelSpec::from_config_json(ckpt.config_json()).unwrap();
-    assert_eq!(&spec, container.spec());
+    assert_eq!(spec.arch(), *container.arch());
     let config: serde_json::Value = serde_json::from_str(ckpt.config_json()).unwrap();
     assert_eq!(config["dtype"], "float32");
     assert!(out.join("tokenizer.json").is_file());
@@ -108,7 +108,7 @@ fn check_export(container: &Container, out: &Path) {
         for e in 0..spec.moe.num_experts {
             let buf = read_record(layout, e);
             let mats = layout.matrices(bytemuck::cast_slice(&buf)).unwrap();
-            let experts = ckpt.expert_f32(&spec, layer, e).unwrap();
+            let experts = ckpt.expert_f32(&spec.arch(), layer, e).unwrap();
             for (m, got) in mats.iter().zip(&experts) {
                 assert_eq!(got, &m.to_f32());
             }
@@ -123,7 +123,7 @@ fn check_export(container: &Container, out: &Path) {
 /// the lm head too, and stays resident).
 fn check_embedding_by_row(dir: &Path, resident: &Container) {
     let by_row = Container::open_with(dir, Embedding::ReadByRow).unwrap();
-    let name = names::embedding_name(resident.spec());
+    let name = names::embedding_name(&resident.arch().core);
     let table = resident.dense(&name).unwrap();
     let rows: Vec<usize> = (0..table.rows).rev().chain([0, 0]).collect();
     let read = |c: &Container| {
@@ -133,7 +133,7 @@ fn check_embedding_by_row(dir: &Path, resident: &Container) {
     };
     assert_eq!(read(&by_row), read(resident), "{name}");
     let entry = resident.dense_entry(&name).unwrap();
-    if resident.spec().tie_word_embeddings {
+    if resident.arch().core.tie_word_embeddings {
         assert_eq!(by_row.dense_resident_bytes(), resident.dense_resident_bytes());
         assert_eq!(by_row.dense(&name).unwrap(), table);
     } else {
@@ -259,7 +259,7 @@ fn sharded_and_fused_checkpoints_convert_identically() {
             let container = Container::open(&out).unwrap();
             check_container(&model, &container, QuantPreset::Q8, 64);
             manifests.push(container.manifest().files.clone());
-            let layer = container.spec().moe_layers()[0];
+            let layer = container.arch().moe_layers()[0];
             experts.push(std::fs::read(container.expert_file(layer).unwrap()).unwrap());
         }
         assert_eq!(manifests[0], manifests[1], "sharding must not change the container");

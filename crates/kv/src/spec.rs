@@ -35,29 +35,30 @@ pub fn layouts_of(layers: &[LayerSpec]) -> Vec<LayerLayout> {
 
 #[cfg(test)]
 mod tests {
-    use strata_format::{LIKE, ModelSpec, like_config};
+    use strata_format::{AttentionKind, LIKE, ModelArch, like_config};
 
     use super::*;
 
     #[test]
     fn layouts_of_every_known_config_cost_what_the_spec_says() {
         for (like, _) in LIKE {
-            let spec = ModelSpec::from_config_json(&like_config(like, None).unwrap()).unwrap();
-            let layouts = layouts_of(&spec.layer_specs());
-            assert_eq!(layouts.len(), spec.num_layers, "{like}");
+            let arch = ModelArch::from_config_json(&like_config(like, None).unwrap()).unwrap();
+            let layouts = layouts_of(&arch.layers);
+            assert_eq!(layouts.len(), arch.layers.len(), "{like}");
             let bytes_per_token: usize = layouts.iter().map(LayerLayout::bytes_per_token).sum();
             let bytes_per_sequence: usize = layouts.iter().map(LayerLayout::bytes_per_sequence).sum();
-            assert_eq!(bytes_per_token, spec.kv_bytes_per_token(), "{like}");
-            assert_eq!(bytes_per_sequence, spec.state_bytes_per_sequence(), "{like}");
+            assert_eq!(bytes_per_token, arch.kv_bytes_per_token(), "{like}");
+            assert_eq!(bytes_per_sequence, arch.state_bytes_per_sequence(), "{like}");
         }
     }
 
     #[test]
     fn a_hybrid_model_keeps_rows_on_attention_layers_and_a_state_on_the_others() {
-        let spec = ModelSpec::from_config_json(&like_config("qwen3-next-80b-a3b", Some(4)).unwrap()).unwrap();
-        let parts: Vec<Vec<StatePart>> = layouts_of(&spec.layer_specs()).into_iter().map(|l| l.parts).collect();
-        let kv_dim = spec.kv_dim();
-        let state = StatePart::Fixed { floats: spec.linear_attention.unwrap().state_floats() };
+        let arch = ModelArch::from_config_json(&like_config("qwen3-next-80b-a3b", Some(4)).unwrap()).unwrap();
+        let parts: Vec<Vec<StatePart>> = layouts_of(&arch.layers).into_iter().map(|l| l.parts).collect();
+        let AttentionKind::Gqa(full) = &arch.layers[3].attention else { panic!("layer 3 is full attention") };
+        let kv_dim = full.kv_dim();
+        let state = StatePart::Fixed { floats: arch.first_gdn().unwrap().dims.state_floats() };
         let rows = vec![StatePart::Rows { dim: kv_dim }; 2];
         assert_eq!(parts, [vec![state], vec![state], vec![state], rows]);
     }

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use strata_format::{Container, ModelSpec, RopeSpec, names};
+use strata_format::{Container, CoreSpec, RopeSpec, names};
 use strata_kv::{KvCache, LayerLayout};
 use strata_sched::Guess;
 
@@ -26,7 +26,7 @@ use crate::{CausalLm, Error, Logits, Result, Runtime, SeqBatch};
 /// A loaded model: its layers' blocks over the backend's tensors.
 pub struct Decoder {
     backend: Backend,
-    spec: ModelSpec,
+    spec: CoreSpec,
     layers: Vec<Layer>,
     /// One RoPE table per rotary embedding the layers use.
     ropes: Vec<(RopeSpec, Rope)>,
@@ -51,7 +51,7 @@ impl Decoder {
     /// forward pass will read, so that it never meets a missing or
     /// misshapen one.
     pub fn load(container: Arc<Container>) -> Result<Self> {
-        let spec = container.spec().clone();
+        let spec = container.arch().core.clone();
         let arch = container.arch();
         let mut backend = Backend::cpu(Arc::clone(&container));
         let b = &mut backend;
@@ -194,7 +194,7 @@ fn batch_rows(seqs: &mut [SeqBatch<'_>]) -> Result<(Vec<u32>, Vec<usize>)> {
 }
 
 impl CausalLm for Decoder {
-    fn spec(&self) -> &ModelSpec {
+    fn core(&self) -> &CoreSpec {
         &self.spec
     }
 

@@ -11,7 +11,7 @@
 //! ([`crate::torch_topk`]), over the row transformers scores: every key of
 //! the current forward pass, later positions masked.
 
-use strata_format::{IndexerSpec, ModelSpec, names};
+use strata_format::{CoreSpec, IndexerSpec, names};
 
 use crate::backend::{Backend, IndexJob, IndexShape, Rotary, VectorHandle};
 use crate::common::Linear;
@@ -40,13 +40,7 @@ pub struct Indexer {
 
 impl Indexer {
     /// The indexer tensors of layer `layer`, shape-checked.
-    pub fn load(
-        b: &mut Backend,
-        spec: &ModelSpec,
-        dsa: &IndexerSpec,
-        q_lora_rank: usize,
-        layer: usize,
-    ) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &CoreSpec, dsa: &IndexerSpec, q_lora_rank: usize, layer: usize) -> Result<Self> {
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.indexer.{suffix}"));
         let (h, d) = (spec.hidden_size, dsa.head_dim);
         Ok(Self {

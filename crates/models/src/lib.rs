@@ -30,7 +30,7 @@ pub use error::{Error, Result};
 use std::sync::Mutex;
 
 use backend::Threads;
-use strata_format::{Container, ModelSpec};
+use strata_format::{Container, CoreSpec};
 use strata_kv::KvCache;
 use strata_sched::LayerStats;
 use strata_tier::{ExpertStore, TraceWriter};
@@ -57,8 +57,8 @@ pub enum Logits {
 
 /// A causal language model: token ids in, next-token logits out.
 pub trait CausalLm: Send + Sync {
-    /// The model's validated spec.
-    fn spec(&self) -> &ModelSpec;
+    /// The model's common part (vocabulary, widths, special tokens).
+    fn core(&self) -> &CoreSpec;
 
     /// An empty KV cache for this model holding at most `capacity_tokens`.
     fn new_cache(&self, capacity_tokens: usize) -> KvCache;

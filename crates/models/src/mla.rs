@@ -17,7 +17,7 @@
 //! never expands past tokens. A long prefill chunk may expand once instead,
 //! when that is cheaper; the backend picks by counting multiply-adds.
 
-use strata_format::{MlaAttention, MlaSpec, ModelSpec, names};
+use strata_format::{CoreSpec, MlaAttention, MlaSpec, names};
 
 use crate::backend::{Backend, LatentJob, LatentShape, Rotary, VectorHandle};
 use crate::common::Linear;
@@ -58,7 +58,7 @@ pub struct Queries {
 
 impl Mla {
     /// The tensors of layer `layer`, shape-checked.
-    pub fn load(b: &mut Backend, spec: &ModelSpec, kind: &MlaAttention, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &MlaAttention, layer: usize) -> Result<Self> {
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.{suffix}"));
         let bias = |name: &str| kind.bias.then(|| t(&format!("{name}.bias")));
         let (dims, heads) = (kind.dims, kind.num_heads);

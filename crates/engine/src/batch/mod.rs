@@ -197,7 +197,7 @@ impl Batcher {
         let batcher = Batcher {
             jobs,
             queue: Arc::clone(&queue),
-            vocab_size: engine.spec().vocab_size,
+            vocab_size: engine.core().vocab_size,
             context_tokens: engine.context_tokens(),
         };
         let thread = std::thread::Builder::new().name("batcher".into()).spawn(move || {

@@ -107,7 +107,7 @@ fn admit<'e>(
     observer.admitted(job.prompt.len(), reused);
     active.push(Seq {
         session,
-        generation: Generation::new(&job.options, &engine.spec().eos_token_ids),
+        generation: Generation::new(&job.options, &engine.core().eos_token_ids),
         constraint: job.constraint,
         to_feed: job.prompt[reused..].to_vec(),
         sink,

@@ -362,7 +362,7 @@ fn fetch_checkpoint(client: &HubClient, name: &ModelName, revision: &str, downlo
 fn check_architecture(name: &ModelName, config: &Path) -> Result<()> {
     let text = String::from_utf8(read_bounded(config)?)
         .map_err(|e| Error::ModelFile { path: config.to_path_buf(), reason: e.to_string() })?;
-    strata_format::ModelSpec::from_config_json(&text).map(drop).map_err(|e| Error::HubMetadata {
+    strata_format::ModelArch::from_config_json(&text).map(drop).map_err(|e| Error::HubMetadata {
         name: name.to_string(),
         reason: format!("{CONFIG_FILE}: {e}; nothing beyond {CONFIG_FILE} was downloaded"),
     })
@@ -655,10 +655,13 @@ fn read_model(dir: &Path) -> Result<PulledModel> {
     let manifest_path = dir.join(strata_format::container::MANIFEST_FILE);
     let manifest: strata_format::Manifest = serde_json::from_slice(&read_bounded(&manifest_path)?)
         .map_err(|e| Error::ModelFile { path: manifest_path.clone(), reason: e.to_string() })?;
+    let family = manifest
+        .family()
+        .ok_or_else(|| Error::ModelFile { path: manifest_path.clone(), reason: "names no model family".into() })?;
     Ok(PulledModel {
         record,
         dir: dir.to_path_buf(),
-        family: manifest.spec.family.to_string(),
+        family: family.to_string(),
         preset: manifest.quant.preset,
         size_bytes: dir_bytes(dir)?,
     })

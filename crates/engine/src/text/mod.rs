@@ -50,7 +50,7 @@ pub const TEXT_FILES: [&str; 5] =
     [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE, SPECIAL_TOKENS_MAP_FILE, GENERATION_CONFIG_FILE];
 
 /// Every token id that ends generation: `spec_ids` (the `eos_token_id` of
-/// `config.json`, as `ModelSpec::eos_token_ids` holds them) followed by those
+/// `config.json`, as `CoreSpec::eos_token_ids` holds them) followed by those
 /// of `dir/generation_config.json` (an int, a list, or null) not already
 /// there.
 ///

@@ -8,14 +8,18 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::record::ModelRecord;
 use crate::names::{ExpertProj, TensorKind};
 use crate::preset::QuantPreset;
-use crate::spec::ModelSpec;
+use crate::spec::{Family, ModelSpec};
 
 /// Value of the `magic` field.
 pub const MAGIC: &str = "strata-container";
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this build reads: version 1 stores the flat
+/// [`ModelSpec`] where version 2 stores a [`ModelRecord`].
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 /// The manifest's file name.
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// The file holding every non-expert tensor.
@@ -36,14 +40,21 @@ pub fn expert_file_name(layer: usize) -> String {
 pub struct Manifest {
     /// Always [`MAGIC`].
     pub magic: String,
-    /// Bumped on any incompatible change; readers reject other versions.
+    /// Bumped on any incompatible change; readers reject versions they do
+    /// not know.
     pub format_version: u32,
     /// Free-form producer string, e.g. `"strata-format 0.1.0"`.
     pub created_by: String,
     pub quant: QuantInfo,
-    pub spec: ModelSpec,
+    /// Version 1 only: the flat spec, frozen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<ModelSpec>,
+    /// Version 2: the family and each layer as `hf_config` derived them
+    /// when the container was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelRecord>,
     /// The source config.json, embedded verbatim (modulo surrounding
-    /// whitespace) for provenance.
+    /// whitespace): the model's layers are derived from it.
     pub hf_config: Box<RawValue>,
     /// Every non-expert tensor, in file order.
     pub tensors: Vec<TensorEntry>,
@@ -51,6 +62,14 @@ pub struct Manifest {
     pub expert_layers: Vec<ExpertLayerEntry>,
     /// Every data file with its size and SHA-256.
     pub files: Vec<FileEntry>,
+}
+
+impl Manifest {
+    /// The model's family, as either version stores it (`None`: neither
+    /// `spec` nor `model` is there, a manifest no reader opens).
+    pub fn family(&self) -> Option<Family> {
+        self.model.as_ref().map(|m| m.family).or(self.spec.as_ref().map(|s| s.family))
+    }
 }
 
 /// The quantization policy the container was written with.

@@ -15,6 +15,7 @@ mod dense;
 mod finite;
 mod layout;
 mod manifest;
+mod record;
 mod rows;
 mod validate;
 mod verify;
@@ -33,8 +34,9 @@ use rows::RowTable;
 pub use layout::{ComponentLayout, ExpertLayout, RECORD_ALIGN_BYTES, TENSOR_ALIGN_BYTES, align_up, matrix_bytes};
 pub use manifest::{
     AUX_FILES, ComponentEntry, DENSE_FILE, EXPERTS_DIR, ExpertLayerEntry, FORMAT_VERSION, FileEntry, MAGIC,
-    MANIFEST_FILE, Manifest, QuantInfo, TensorEntry, expert_file_name,
+    MANIFEST_FILE, Manifest, OLDEST_FORMAT_VERSION, QuantInfo, TensorEntry, expert_file_name,
 };
+pub use record::{FfnRecord, LayerRecord, MixerRecord, ModelRecord};
 pub(crate) use validate::matrix_dims;
 pub(crate) use verify::hex as hex_digest;
 pub use verify::sha256_file;
@@ -43,7 +45,8 @@ pub use verify::sha256_file;
 pub struct Container {
     dir: PathBuf,
     manifest: Manifest,
-    /// The layers the manifest's config derives (checked against its spec).
+    /// The layers the manifest's config derives (checked against what the
+    /// manifest stores beside it).
     arch: ModelArch,
     /// dense.bin in this process's memory (see `dense`), but for `by_row`.
     dense: DenseBytes,
@@ -61,7 +64,7 @@ impl std::fmt::Debug for Container {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Container")
             .field("dir", &self.dir)
-            .field("family", &self.manifest.spec.family)
+            .field("family", &self.arch.core.family)
             .field("preset", &self.manifest.quant.preset)
             .finish()
     }
@@ -104,9 +107,9 @@ impl Container {
         let checked = validate::validate(&dir, &manifest)?;
         let dense_path = dir.join(DENSE_FILE);
         let file = std::fs::File::open(&dense_path).map_err(|e| Error::io(&dense_path, e))?;
-        let table_name = crate::names::embedding_name(&manifest.spec);
+        let table_name = crate::names::embedding_name(&checked.arch.core);
         let by_row_entry = match embedding {
-            Embedding::ReadByRow if !manifest.spec.tie_word_embeddings => {
+            Embedding::ReadByRow if !checked.arch.core.tie_word_embeddings => {
                 checked.dense_index.get(&table_name).map(|&i| &manifest.tensors[i])
             }
             _ => None,
@@ -189,9 +192,10 @@ impl Container {
         &self.dir
     }
 
-    /// The model's flat spec as the manifest stores it (frozen).
-    pub fn spec(&self) -> &ModelSpec {
-        &self.manifest.spec
+    /// The flat spec a version-1 manifest stores (frozen; `None` in later
+    /// versions). The model is [`Container::arch`].
+    pub fn legacy_spec(&self) -> Option<&ModelSpec> {
+        self.manifest.spec.as_ref()
     }
 
     /// The model architecture: the common part and every layer's spec.

@@ -13,7 +13,9 @@ use serde_json::Value;
 use strata_kernels::QuantFormat;
 
 use super::layout::{ComponentLayout, ExpertLayout, RECORD_ALIGN_BYTES, TENSOR_ALIGN_BYTES, matrix_bytes};
-use super::manifest::{DENSE_FILE, FORMAT_VERSION, MAGIC, MANIFEST_FILE, Manifest, expert_file_name};
+use super::manifest::{
+    DENSE_FILE, FORMAT_VERSION, MAGIC, MANIFEST_FILE, Manifest, OLDEST_FORMAT_VERSION, expert_file_name,
+};
 use crate::error::{Error, Result};
 use crate::names::{self, ExpertProj};
 use crate::spec::{MAX_MANIFEST_BYTES, ModelArch, read_at_most};
@@ -21,7 +23,7 @@ use crate::spec::{MAX_MANIFEST_BYTES, ModelArch, read_at_most};
 /// What `Container::open` keeps from validation.
 pub(super) struct Checked {
     /// The layers, derived from the embedded config.json and checked
-    /// against the frozen spec.
+    /// against what the manifest stores beside it.
     pub arch: ModelArch,
     pub dense_file_bytes: u64,
     pub dense_index: HashMap<String, usize>,
@@ -55,18 +57,38 @@ pub(super) fn read_manifest(dir: &Path) -> Result<Manifest> {
         return Err(Error::manifest(&path, format!("not a Strata container (magic must be {MAGIC:?})")));
     }
     match head.format_version.as_ref().and_then(Value::as_u64) {
-        Some(v) if v == u64::from(FORMAT_VERSION) => {}
+        Some(v) if (u64::from(OLDEST_FORMAT_VERSION)..=u64::from(FORMAT_VERSION)).contains(&v) => {}
         other => {
             return Err(Error::manifest(
                 &path,
                 format!(
-                    "unsupported format_version {} (this build reads {FORMAT_VERSION})",
+                    "unsupported format_version {} (this build reads {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})",
                     other.map_or_else(|| "<missing>".to_owned(), |v| v.to_string())
                 ),
             ));
         }
     }
     serde_json::from_slice(&bytes).map_err(json_err)
+}
+
+/// The model of a manifest: derived from its config, and checked against
+/// what the manifest's version stores beside it (version 1 the flat spec,
+/// version 2 a record of each layer).
+fn model_arch(m: &Manifest) -> Result<ModelArch> {
+    match (m.format_version, &m.spec, &m.model) {
+        (1, Some(spec), None) => {
+            spec.validate()?;
+            ModelArch::from_stored(m.hf_config.get(), spec)
+        }
+        (2, None, Some(record)) => {
+            let arch = ModelArch::from_config_json(m.hf_config.get())?;
+            record.check(&arch)?;
+            Ok(arch)
+        }
+        (version, ..) => Err(Error::SpecDisagrees {
+            what: format!("a version {version} manifest stores `spec` (version 1) or `model` (version 2), one of them"),
+        }),
+    }
 }
 
 /// A relative `/`-separated path that stays inside the container.
@@ -138,9 +160,7 @@ fn check_disjoint(mut ranges: Vec<(u64, u64, String)>, bad: &dyn Fn(String) -> E
 pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let bad = |reason: String| Error::manifest(&manifest_path, reason);
-    let spec = &m.spec;
-    spec.validate().map_err(|e| bad(format!("spec: {e}")))?;
-    let arch = ModelArch::from_stored(m.hf_config.get(), spec).map_err(|e| bad(format!("spec: {e}")))?;
+    let arch = model_arch(m).map_err(|e| bad(format!("spec: {e}")))?;
     if m.quant.q8_group == 0 || m.quant.q4_group == 0 {
         return Err(bad("quant: group sizes must be > 0".into()));
     }
@@ -170,13 +190,13 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
     // Dense tensors: exactly the set the spec implies, each well-formed.
     let dense_file_bytes = listed(DENSE_FILE)?;
     let expected: HashMap<String, names::TensorDesc> =
-        names::dense_tensors(spec).into_iter().map(|d| (d.name.clone(), d)).collect();
+        names::dense_tensors(&arch).into_iter().map(|d| (d.name.clone(), d)).collect();
     let mut dense_index = HashMap::with_capacity(m.tensors.len());
     let mut ranges = Vec::with_capacity(2 * m.tensors.len());
     for (i, t) in m.tensors.iter().enumerate() {
         let what = format!("tensor {:?}", t.name);
         let desc =
-            expected.get(&t.name).ok_or_else(|| bad(format!("{what} is not part of a {} model", spec.family)))?;
+            expected.get(&t.name).ok_or_else(|| bad(format!("{what} is not part of a {} model", arch.core.family)))?;
         if dense_index.insert(t.name.clone(), i).is_some() {
             return Err(bad(format!("{what} listed twice")));
         }
@@ -201,13 +221,13 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
         ranges.push((t.offset_bytes, t.offset_bytes + t.length_bytes, what.clone()));
         ranges.push((t.scale_offset_bytes, t.scale_offset_bytes + t.scale_length_bytes, format!("{what} scales")));
     }
-    if let Some(missing) = names::dense_tensors(spec).into_iter().find(|d| !dense_index.contains_key(&d.name)) {
+    if let Some(missing) = names::dense_tensors(&arch).into_iter().find(|d| !dense_index.contains_key(&d.name)) {
         return Err(bad(format!("tensor {:?} is missing", missing.name)));
     }
     check_disjoint(ranges, &bad)?;
 
     // Expert layers: one per MoE layer, in order.
-    let moe_layers = spec.moe_layers();
+    let moe_layers = arch.moe_layers();
     if m.expert_layers.len() != moe_layers.len() {
         return Err(bad(format!(
             "{} expert layers listed, the spec has {} MoE layers",
@@ -215,8 +235,8 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
             moe_layers.len()
         )));
     }
-    let shapes = names::expert_shapes(spec);
-    let mut expert_layouts: Vec<Option<ExpertLayout>> = vec![None; spec.num_layers];
+    let shapes = names::expert_shapes(&arch);
+    let mut expert_layouts: Vec<Option<ExpertLayout>> = vec![None; arch.layers.len()];
     let mut seen_files = HashSet::new();
     for (entry, &layer) in m.expert_layers.iter().zip(&moe_layers) {
         let what = format!("expert layer {}", entry.layer);
@@ -226,8 +246,8 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
         if entry.file != expert_file_name(layer) || !seen_files.insert(&entry.file) {
             return Err(bad(format!("{what}: file must be {:?}, not {:?}", expert_file_name(layer), entry.file)));
         }
-        if entry.num_experts != spec.moe.num_experts {
-            return Err(bad(format!("{what}: {} experts, the spec says {}", entry.num_experts, spec.moe.num_experts)));
+        if entry.num_experts != arch.num_experts() {
+            return Err(bad(format!("{what}: {} experts, the spec says {}", entry.num_experts, arch.num_experts())));
         }
         if entry.record_bytes == 0 || !entry.record_bytes.is_multiple_of(RECORD_ALIGN_BYTES) {
             return Err(bad(format!(
@@ -235,7 +255,7 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
                 entry.record_bytes
             )));
         }
-        let templates = names::expert_name_templates(spec, layer);
+        let templates = names::expert_name_templates(&arch.core, layer);
         let mut components = Vec::with_capacity(3);
         let mut ranges = Vec::with_capacity(6);
         for (k, c) in entry.components.iter().enumerate() {

@@ -7,8 +7,8 @@ use serde_json::{Map, Value, json};
 
 use super::{Family, FamilyDef, HF_NAMING, Naming, mla};
 use crate::error::Result;
+use crate::spec::ModelArch;
 use crate::spec::fields::Fields;
-use crate::spec::{AttentionKind, ModelSpec};
 
 pub(super) struct DeepseekV3;
 
@@ -25,25 +25,21 @@ impl FamilyDef for DeepseekV3 {
         &HF_NAMING
     }
 
-    fn parse(&self, root: &Map<String, Value>) -> Result<ModelSpec> {
-        mla::parse(&Fields { map: root, prefix: "" }, Family::DeepseekV3, &mla::DEEPSEEK_DEFAULTS)
+    fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
+        mla::parse(&Fields { map: root, prefix: "" }, Family::DeepseekV3, &mla::DEEPSEEK_DEFAULTS)?.build(|_| None)
     }
 
-    fn validate(&self, spec: &ModelSpec) -> Result<()> {
-        mla::validate_dense_first_without_dsa(spec)
+    fn validate(&self, arch: &ModelArch) -> Result<()> {
+        mla::validate_dense_first_without_dsa(arch)
     }
 
-    fn attention(&self, spec: &ModelSpec, layer: usize) -> AttentionKind {
-        mla::attention(spec, layer)
-    }
-
-    fn to_config_json(&self, spec: &ModelSpec, _source: Option<&Value>) -> Value {
-        let Some(dims) = &spec.mla else {
-            // validate() guarantees MLA dimensions for this family.
+    fn to_config_json(&self, arch: &ModelArch, _source: Option<&Value>) -> Value {
+        let Some(attention) = arch.first_mla() else {
+            // validate() guarantees latent attention for this family.
             return Value::Null;
         };
-        let mut c = mla::config_json(spec, dims);
-        c.insert("rope_interleave".into(), json!(dims.rope_interleave));
+        let mut c = mla::config_json(arch, attention);
+        c.insert("rope_interleave".into(), json!(attention.dims.rope_interleave));
         Value::Object(c)
     }
 }

@@ -5,11 +5,11 @@
 
 use serde_json::{Map, Value, json};
 
-use super::mla::{dsa_mismatch, string_list};
+use super::mla::string_list;
 use super::{Family, FamilyDef, HF_NAMING, Naming, mla};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{AttentionKind, DsaSpec, IndexerKind, LayerKind, MlaSpec, ModelSpec};
+use crate::spec::{IndexerKind, IndexerSpec, LayerKind, ModelArch};
 
 pub(super) struct GlmMoeDsa;
 
@@ -29,50 +29,62 @@ impl FamilyDef for GlmMoeDsa {
         &HF_NAMING
     }
 
-    fn parse(&self, root: &Map<String, Value>) -> Result<ModelSpec> {
+    fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
         let cfg = Fields { map: root, prefix: "" };
-        let mut spec = mla::parse(&cfg, Family::GlmMoeDsa, &DEFAULTS)?;
-        if let Some(dims) = &mut spec.mla {
-            // GlmMoeDsaAttention always compresses the query and uses the
-            // interleaved rotation.
-            dims.q_lora_rank = Some(cfg.req_usize("q_lora_rank")?);
-            dims.rope_interleave = true;
+        let mut parsed = mla::parse(&cfg, Family::GlmMoeDsa, &DEFAULTS)?;
+        // GlmMoeDsaAttention always compresses the query and uses the
+        // interleaved rotation.
+        parsed.attention.dims.q_lora_rank = Some(cfg.req_usize("q_lora_rank")?);
+        parsed.attention.dims.rope_interleave = true;
+        let num_layers = parsed.kinds.len();
+        parsed.kinds = layer_kinds(&cfg, num_layers)?;
+        let (topk, head_dim, n_heads) = (
+            cfg.usize("index_topk")?.unwrap_or(2048),
+            cfg.req_usize("index_head_dim")?,
+            cfg.req_usize("index_n_heads")?,
+        );
+        let kinds = indexer_types(&cfg, num_layers)?;
+        if kinds.len() != num_layers {
+            return Err(Error::invalid("indexer_types", format!("{} entries for {num_layers} layers", kinds.len())));
         }
-        spec.layers = layer_kinds(&cfg, spec.num_layers)?;
-        spec.dsa = Some(DsaSpec {
-            index_topk: cfg.usize("index_topk")?.unwrap_or(2048),
-            index_head_dim: cfg.req_usize("index_head_dim")?,
-            index_n_heads: cfg.req_usize("index_n_heads")?,
-            indexer_types: indexer_types(&cfg, spec.num_layers)?,
-        });
-        Ok(spec)
-    }
-
-    fn validate(&self, spec: &ModelSpec) -> Result<()> {
-        mla::validate(spec)?;
-        match (&spec.mla, &spec.dsa) {
-            (Some(dims), Some(dsa)) => validate_dsa(spec, dims, dsa),
-            _ => Err(dsa_mismatch(spec)),
+        if parsed.kinds.len() != num_layers {
+            return Err(Error::invalid(
+                "mlp_layer_types",
+                format!("{} entries for {num_layers} layers", parsed.kinds.len()),
+            ));
         }
+        parsed.build(|l| Some(IndexerSpec { kind: kinds[l], topk, head_dim, n_heads }))
     }
 
-    fn attention(&self, spec: &ModelSpec, layer: usize) -> AttentionKind {
-        mla::attention(spec, layer)
+    fn validate(&self, arch: &ModelArch) -> Result<()> {
+        mla::validate(arch)?;
+        if mla::indexers(arch).count() != arch.layers.len() {
+            return Err(mla::dsa_mismatch(arch.core.family));
+        }
+        let compressed = arch.first_mla().is_some_and(|m| m.dims.q_lora_rank.is_some());
+        if !compressed {
+            return Err(Error::invalid("q_lora_rank", "the DSA indexer reads the compressed query"));
+        }
+        if mla::indexers(arch).next().map(|i| i.kind) == Some(IndexerKind::Shared) {
+            return Err(Error::invalid("indexer_types", "the first layer has no earlier selection to share"));
+        }
+        Ok(())
     }
 
-    fn to_config_json(&self, spec: &ModelSpec, _source: Option<&Value>) -> Value {
-        let (Some(dims), Some(dsa)) = (&spec.mla, &spec.dsa) else {
-            // validate() guarantees MLA dimensions and an indexer.
+    fn to_config_json(&self, arch: &ModelArch, _source: Option<&Value>) -> Value {
+        let (Some(attention), Some(indexer)) = (arch.first_mla(), mla::indexers(arch).next()) else {
+            // validate() guarantees latent attention and an indexer.
             return Value::Null;
         };
-        let mut c = mla::config_json(spec, dims);
+        let mut c = mla::config_json(arch, attention);
         let kinds: Vec<&str> =
-            spec.layers.iter().map(|k| if *k == LayerKind::Dense { "dense" } else { "sparse" }).collect();
+            arch.layer_kinds().iter().map(|k| if *k == LayerKind::Dense { "dense" } else { "sparse" }).collect();
+        let indexer_types: Vec<IndexerKind> = mla::indexers(arch).map(|i| i.kind).collect();
         c.insert("mlp_layer_types".into(), json!(kinds));
-        c.insert("index_topk".into(), json!(dsa.index_topk));
-        c.insert("index_head_dim".into(), json!(dsa.index_head_dim));
-        c.insert("index_n_heads".into(), json!(dsa.index_n_heads));
-        c.insert("indexer_types".into(), json!(dsa.indexer_types));
+        c.insert("index_topk".into(), json!(indexer.topk));
+        c.insert("index_head_dim".into(), json!(indexer.head_dim));
+        c.insert("index_n_heads".into(), json!(indexer.n_heads));
+        c.insert("indexer_types".into(), json!(indexer_types));
         Value::Object(c)
     }
 }
@@ -119,28 +131,4 @@ fn indexer_types(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<IndexerKind>
     Ok((0..num_layers as i64)
         .map(|l| if (l - offset + 1).max(0) % freq == 0 { IndexerKind::Full } else { IndexerKind::Shared })
         .collect())
-}
-fn validate_dsa(spec: &ModelSpec, mla: &MlaSpec, dsa: &DsaSpec) -> Result<()> {
-    if mla.q_lora_rank.is_none() {
-        return Err(Error::invalid("q_lora_rank", "the DSA indexer reads the compressed query"));
-    }
-    if dsa.index_topk == 0 || dsa.index_n_heads == 0 {
-        return Err(Error::invalid("index_topk", "index_topk and index_n_heads must be > 0"));
-    }
-    if dsa.index_head_dim < mla.qk_rope_head_dim {
-        return Err(Error::invalid(
-            "index_head_dim",
-            format!("{} is narrower than qk_rope_head_dim {}", dsa.index_head_dim, mla.qk_rope_head_dim),
-        ));
-    }
-    if dsa.indexer_types.len() != spec.num_layers {
-        return Err(Error::invalid(
-            "indexer_types",
-            format!("{} entries for {} layers", dsa.indexer_types.len(), spec.num_layers),
-        ));
-    }
-    if dsa.indexer_types.first() == Some(&IndexerKind::Shared) {
-        return Err(Error::invalid("indexer_types", "the first layer has no earlier selection to share"));
-    }
-    Ok(())
 }

@@ -1,14 +1,14 @@
 //! What the grouped-query-attention families (OLMoE, Qwen3-MoE, Mixtral)
 //! read and check alike; each family file adds its own fields and defaults.
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
-use super::{CoreDims, Family};
+use super::{CoreDims, Family, Ffns, stack};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
-    AttentionKind, CommonFields, GqaSpec, LayerKind, ModelSpec, MoeSpec, RouterSpec, expert_count, parse_rope,
-    special_tokens,
+    AttentionKind, CoreSpec, ExpertKind, FfnKind, GqaSpec, LayerKind, LayerSpec, ModelArch, MoeBlock, NormKind, QkNorm,
+    RopeScaling, RopeSpec, RouterKind, SharedExperts, common_config, expert_count, parse_rope, special_tokens,
 };
 
 /// A GQA family's config-class defaults for the fields all of them read.
@@ -28,25 +28,48 @@ pub(super) struct Defaults {
     pub expert_width: &'static str,
 }
 
-/// The fields every GQA family reads alike, as a spec whose family-specific
-/// fields are neutral (no biases, q/k norms, clip or window; every layer
-/// MoE, experts as wide as `intermediate_size`, top-k not renormalised),
-/// and the config it came from, for the family file to finish.
-pub(super) fn parse<'a>(
-    map: &'a Map<String, Value>,
-    family: Family,
-    defaults: &Defaults,
-) -> Result<(ModelSpec, Fields<'a>)> {
+/// What every GQA family reads alike: the common part, the model's
+/// attention block (no biases, q/k norms, clip or window; RoPE on every
+/// layer) and its feed-forward blocks (experts as wide as the family's
+/// `expert_width`, a softmax router that does not renormalise, no shared
+/// experts), with the config they came from, for the family file to finish.
+pub(super) struct Parsed<'a> {
+    pub core: CoreSpec,
+    pub num_layers: usize,
+    pub attention: GqaSpec,
+    pub ffns: Ffns,
+    pub cfg: Fields<'a>,
+}
+
+impl Parsed<'_> {
+    /// The model whose layer `l` has the attention block `attention(l)` and
+    /// the feed-forward block `kinds[l]` names.
+    pub(super) fn build(self, kinds: &[LayerKind], attention: impl Fn(usize) -> AttentionKind) -> Result<ModelArch> {
+        let layers = stack(kinds, &self.ffns, self.core.final_norm, attention)?;
+        Ok(ModelArch { core: self.core, layers })
+    }
+
+    /// The model whose every layer has the model's attention block and the
+    /// feed-forward block `kinds[l]` names.
+    pub(super) fn build_alike(self, kinds: &[LayerKind]) -> Result<ModelArch> {
+        let attention = AttentionKind::Gqa(self.attention);
+        self.build(kinds, |_| attention.clone())
+    }
+
+    /// Sets the router: softmax top-k, renormalised or not.
+    pub(super) fn softmax_router(&mut self, renormalize: bool) {
+        self.ffns.moe.router = RouterKind::SoftmaxTopK { renormalize };
+    }
+}
+
+/// [`Parsed`] of a config at the document's root.
+pub(super) fn parse<'a>(map: &'a Map<String, Value>, family: Family, defaults: &Defaults) -> Result<Parsed<'a>> {
     parse_fields(Fields { map, prefix: "" }, family, defaults)
 }
 
 /// [`parse`] of a config object that may sit inside another (`cfg.prefix`
 /// names where, for errors).
-pub(super) fn parse_fields<'a>(
-    cfg: Fields<'a>,
-    family: Family,
-    defaults: &Defaults,
-) -> Result<(ModelSpec, Fields<'a>)> {
+pub(super) fn parse_fields<'a>(cfg: Fields<'a>, family: Family, defaults: &Defaults) -> Result<Parsed<'a>> {
     let map = cfg.map;
     let CoreDims { vocab_size, hidden_size, num_layers, num_heads } = CoreDims::read(&cfg)?;
     if num_heads == 0 {
@@ -88,71 +111,176 @@ pub(super) fn parse_fields<'a>(
     let num_experts = expert_count(&cfg, defaults.expert_count)?;
     let top_k = cfg.req_usize("num_experts_per_tok")?;
     let intermediate_size = cfg.req_usize(defaults.expert_width)?;
-    // Only dense layers use it; validate() requires it where they exist.
+    // Only dense layers use it; their validation requires it > 0.
     let dense_intermediate_size = cfg.usize("intermediate_size")?.unwrap_or(0);
     let (bos_token_id, eos_token_ids) = special_tokens(&cfg, (defaults.bos_token_id, defaults.eos_token_ids.to_vec()))?;
 
-    let spec = ModelSpec::from_common(CommonFields {
+    let core = CoreSpec {
         family,
         vocab_size,
         hidden_size,
-        num_layers,
+        max_position_embeddings,
+        tie_word_embeddings,
+        final_norm: NormKind::Weight { eps: rms_norm_eps },
+        bos_token_id,
+        eos_token_ids,
+    };
+    let attention = GqaSpec {
         num_heads,
         num_kv_heads,
         head_dim,
-        rms_norm_eps,
-        rope,
-        max_position_embeddings,
-        tie_word_embeddings,
-        moe: MoeSpec { num_experts, top_k, intermediate_size, norm_topk_prob: false },
-        dense_intermediate_size,
-        bos_token_id,
-        eos_token_ids,
-    });
-    Ok((spec, cfg))
+        qk_norm: QkNorm::None,
+        clip_qkv: None,
+        bias: false,
+        sliding_window: None,
+        rope: Some(rope),
+        sinks: false,
+        output_gate: false,
+    };
+    let moe = MoeBlock {
+        num_experts,
+        top_k,
+        intermediate_size,
+        router: RouterKind::SoftmaxTopK { renormalize: false },
+        shared: SharedExperts::None,
+        experts: ExpertKind::SwiGlu,
+    };
+    Ok(Parsed { core, num_layers, attention, ffns: Ffns { moe, dense_intermediate_size }, cfg })
 }
 
-/// What every GQA family's spec keeps: dense layers only where the family
-/// has them, and no MLA, DSA, shared experts or sigmoid routing.
-pub(super) fn validate(spec: &ModelSpec, has_dense_layers: bool) -> Result<()> {
-    if spec.layers.contains(&LayerKind::Dense) && !has_dense_layers {
-        return Err(Error::invalid("mlp_only_layers", format!("{} has no dense layers", spec.family)));
+/// Qwen's layer pattern (`Qwen3MoeDecoderLayer`, `Qwen3NextDecoderLayer`):
+/// sparse iff not listed in `mlp_only_layers` and `(i + 1) %
+/// decoder_sparse_step == 0`.
+pub(super) fn sparse_step_layer_kinds(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerKind>> {
+    let step = cfg.usize("decoder_sparse_step")?.unwrap_or(1);
+    if step == 0 {
+        return Err(Error::invalid("decoder_sparse_step", "must be >= 1"));
+    }
+    let mlp_only = cfg.usize_list("mlp_only_layers")?.unwrap_or_default();
+    if let Some(&bad) = mlp_only.iter().find(|&&l| l >= num_layers) {
+        return Err(Error::invalid("mlp_only_layers", format!("layer {bad} >= num_hidden_layers {num_layers}")));
+    }
+    let kind = |i: usize| {
+        if !mlp_only.contains(&i) && (i + 1).is_multiple_of(step) { LayerKind::Moe } else { LayerKind::Dense }
+    };
+    Ok((0..num_layers).map(kind).collect())
+}
+
+/// The config.json keys of Qwen's layer pattern: `decoder_sparse_step = 1`
+/// plus an explicit `mlp_only_layers` reproduces any pattern exactly.
+pub(super) fn sparse_step_config(arch: &ModelArch, c: &mut Map<String, Value>) {
+    let dense: Vec<usize> =
+        arch.layer_kinds().iter().enumerate().filter(|(_, k)| **k == LayerKind::Dense).map(|(l, _)| l).collect();
+    c.insert("decoder_sparse_step".into(), json!(1));
+    c.insert("mlp_only_layers".into(), json!(dense));
+}
+
+/// What every GQA family's model keeps: every layer grouped-query
+/// attention, dense layers only where the family has them, and a softmax
+/// router without shared experts.
+pub(super) fn validate(arch: &ModelArch, has_dense_layers: bool) -> Result<()> {
+    let family = arch.core.family;
+    if arch.dense_intermediate_size().is_some() && !has_dense_layers {
+        return Err(Error::invalid("mlp_only_layers", format!("{family} has no dense layers")));
     }
     // The GQA families implement exactly the softmax router and no MLA.
-    if spec.router != RouterSpec::default()
-        || spec.shared_intermediate_size.is_some()
-        || spec.mla.is_some()
-        || spec.dsa.is_some()
-    {
+    let plain = |layer: &LayerSpec| {
+        let moe_ok = match &layer.ffn {
+            FfnKind::Moe(moe) => {
+                matches!(moe.router, RouterKind::SoftmaxTopK { .. }) && moe.shared == SharedExperts::None
+            }
+            FfnKind::Dense { .. } => true,
+        };
+        moe_ok && matches!(layer.attention, AttentionKind::Gqa(_))
+    };
+    if !arch.layers.iter().all(plain) {
         return Err(Error::invalid(
             "model_type",
-            format!("{} has no MLA, DSA, shared experts or sigmoid routing", spec.family),
+            format!("{family} has no MLA, DSA, shared experts or sigmoid routing"),
         ));
     }
     Ok(())
 }
 
-/// Every layer's mixer: grouped-query attention with the model's heads,
-/// rotating every layer.
-pub(super) fn attention(spec: &ModelSpec) -> AttentionKind {
-    AttentionKind::Gqa(GqaSpec {
-        num_heads: spec.num_heads,
-        num_kv_heads: spec.num_kv_heads,
-        head_dim: spec.head_dim,
-        qk_norm: spec.qk_norm,
-        clip_qkv: spec.clip_qkv,
-        bias: spec.attention_bias,
-        sliding_window: spec.sliding_window,
-        rope: Some(spec.rope),
-        sinks: false,
-        output_gate: spec.attn_output_gate,
-    })
+/// Every GQA layer keeps `holds`; else the error names `field` and says
+/// `what` the family requires.
+pub(super) fn every_gqa(arch: &ModelArch, holds: impl Fn(&GqaSpec) -> bool, field: &str, what: &str) -> Result<()> {
+    let all = arch.layers.iter().all(|l| match &l.attention {
+        AttentionKind::Gqa(gqa) => holds(gqa),
+        _ => true,
+    });
+    if !all {
+        return Err(Error::invalid(field, format!("{} {what}", arch.core.family)));
+    }
+    Ok(())
 }
 
-/// The config.json keys every GQA family writes alike.
-pub(super) fn config_json(spec: &ModelSpec) -> Map<String, Value> {
-    let mut c = spec.common_config(spec.head_dim);
-    c.insert("head_dim".into(), spec.head_dim.into());
-    c.insert("num_experts_per_tok".into(), spec.moe.top_k.into());
+/// The attention block a config writes for the model (the first GQA
+/// layer's), and its MoE block (the first MoE layer's). A model may lack
+/// either (a hybrid without full layers, a model of dense layers): a config
+/// still gives them, and any valid value parses back to the same layers.
+pub(super) fn blocks(arch: &ModelArch) -> (GqaSpec, MoeBlock) {
+    let head_dim = 2;
+    let gqa = arch.first_gqa().copied().unwrap_or(GqaSpec {
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim,
+        qk_norm: QkNorm::None,
+        clip_qkv: None,
+        bias: false,
+        sliding_window: None,
+        rope: Some(RopeSpec { theta: 10_000.0, scaling: RopeScaling::None, rotary_dim: head_dim }),
+        sinks: false,
+        output_gate: false,
+    });
+    let moe = arch.first_moe().copied().unwrap_or(MoeBlock {
+        num_experts: 1,
+        top_k: 1,
+        intermediate_size: 1,
+        router: RouterKind::SoftmaxTopK { renormalize: false },
+        shared: SharedExperts::None,
+        experts: ExpertKind::SwiGlu,
+    });
+    (gqa, moe)
+}
+
+/// The config.json keys every GQA family writes alike, for its attention
+/// block `gqa` and MoE block `moe`.
+pub(super) fn config_json(arch: &ModelArch, gqa: &GqaSpec, moe: &MoeBlock) -> Map<String, Value> {
+    let rope = gqa.rope.unwrap_or(RopeSpec { theta: 10_000.0, scaling: RopeScaling::None, rotary_dim: gqa.head_dim });
+    let heads = (gqa.num_heads, gqa.num_kv_heads);
+    let mut c = common_config(&arch.core, arch.layers.len(), heads, &rope, gqa.head_dim);
+    c.insert("head_dim".into(), gqa.head_dim.into());
+    c.insert("num_experts_per_tok".into(), moe.top_k.into());
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::like_config;
+
+    /// gpt-oss's shape: a family file gives each layer its own window and
+    /// heads, and one no RoPE, through the same builder.
+    #[test]
+    fn a_family_file_can_give_each_layer_its_own_window_heads_and_rope() {
+        let config: Value = serde_json::from_str(&like_config("mixtral-8x7b", Some(3)).unwrap()).unwrap();
+        let parsed = parse(config.as_object().unwrap(), Family::Mixtral, &super::super::mixtral::DEFAULTS).unwrap();
+        let full = parsed.attention;
+        let own = |l: usize| {
+            let mut gqa = full;
+            match l {
+                0 => gqa.sliding_window = Some(128),
+                1 => gqa.num_kv_heads = gqa.num_heads,
+                _ => gqa.rope = None,
+            }
+            AttentionKind::Gqa(gqa)
+        };
+        let arch = parsed.build(&[LayerKind::Moe; 3], own).unwrap();
+        arch.validate().unwrap();
+        let lines: Vec<String> = arch.layers.iter().map(LayerSpec::describe).collect();
+        assert!(lines[0].starts_with("gqa 32 q / 8 kv heads x 128, rope 128, window 128;"), "{}", lines[0]);
+        assert!(lines[1].starts_with("gqa 32 q / 32 kv heads x 128, rope 128;"), "{}", lines[1]);
+        assert!(lines[2].starts_with("gqa 32 q / 8 kv heads x 128, no rope;"), "{}", lines[2]);
+    }
 }

@@ -10,7 +10,10 @@ use super::{Family, gqa};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
-use crate::spec::{AttentionKind, GdnDims, GdnProjections, GdnSpec, MixerKind, ModelSpec, NormStyle, QkNorm};
+use crate::spec::{
+    AttentionKind, FfnKind, GdnDims, GdnProjections, GdnSpec, LayerKind, LayerSpec, MixerKind, ModelArch, NormKind,
+    QkNorm, RouterKind, SharedExperts,
+};
 
 /// The config-class defaults both families share (transformers 5.23
 /// `Qwen3NextConfig`, `Qwen3_5MoeTextConfig`).
@@ -32,42 +35,67 @@ const DEFAULT_PARTIAL_ROTARY_FACTOR: f64 = 0.25;
 /// `full_attention_interval` when neither it nor `layer_types` is given.
 const DEFAULT_FULL_ATTENTION_INTERVAL: usize = 4;
 
-/// The fields both families read, as a spec with every layer MoE and the
-/// config it came from.
-pub(super) fn parse<'a>(
-    cfg: Fields<'a>,
-    family: Family,
-    projections: GdnProjections,
-) -> Result<(ModelSpec, Fields<'a>)> {
-    let (mut spec, cfg) = gqa::parse_fields(cfg, family, &DEFAULTS)?;
+/// What both families read, on top of the GQA fields: the gated,
+/// per-head-normed full attention, the Gated DeltaNet block, each layer's
+/// mixer, zero-centred norms and the gated shared expert.
+pub(super) struct Parsed<'a> {
+    pub gqa: gqa::Parsed<'a>,
+    pub gdn: GdnSpec,
+    pub mixers: Vec<MixerKind>,
+}
+
+impl<'a> Parsed<'a> {
+    /// The config the fields came from.
+    pub(super) fn cfg(&self) -> &Fields<'a> {
+        &self.gqa.cfg
+    }
+
+    /// The model whose layer `l` runs the mixer `mixers[l]` and the FFN
+    /// `kinds[l]` names.
+    pub(super) fn build(self, kinds: &[LayerKind]) -> Result<ModelArch> {
+        let Parsed { gqa, gdn, mixers } = self;
+        let full = gqa.attention;
+        gqa.build(kinds, |l| match mixers[l] {
+            MixerKind::Linear => AttentionKind::GatedDeltaNet(gdn),
+            MixerKind::Full => AttentionKind::Gqa(full),
+        })
+    }
+}
+
+/// The fields both families read, with every feed-forward block left for
+/// the family file to lay out.
+pub(super) fn parse<'a>(cfg: Fields<'a>, family: Family, projections: GdnProjections) -> Result<Parsed<'a>> {
+    let mut parsed = gqa::parse_fields(cfg, family, &DEFAULTS)?;
+    let cfg = &parsed.cfg;
     let rope_params = cfg.object("rope_parameters")?.into_iter().chain(cfg.object("rope_scaling")?);
     let partial_given = cfg.map.contains_key("partial_rotary_factor")
         || rope_params.into_iter().any(|p| p.contains_key("partial_rotary_factor"));
-    if !partial_given {
+    let attention = &mut parsed.attention;
+    if !partial_given && let Some(rope) = &mut attention.rope {
         // transformers: dim = int(head_dim * partial_rotary_factor).
-        spec.rope.rotary_dim = (spec.head_dim as f64 * DEFAULT_PARTIAL_ROTARY_FACTOR) as usize;
+        rope.rotary_dim = (attention.head_dim as f64 * DEFAULT_PARTIAL_ROTARY_FACTOR) as usize;
     }
-    let num_layers = spec.num_layers;
-    spec.mixers = mixers(&cfg, num_layers)?;
+    let mixers = mixers(cfg, parsed.num_layers)?;
     let head_count = |key: &str, default: usize| -> Result<usize> {
         limits::at_most(key, cfg.usize(key)?.unwrap_or(default), MAX_HEADS)
     };
     let head_dim = |key: &str| -> Result<usize> { limits::at_most(key, cfg.usize(key)?.unwrap_or(128), MAX_HEAD_DIM) };
-    spec.linear_attention = Some(GdnDims {
+    let dims = GdnDims {
         num_k_heads: head_count("linear_num_key_heads", 16)?,
         num_v_heads: head_count("linear_num_value_heads", 32)?,
         head_k_dim: head_dim("linear_key_head_dim")?,
         head_v_dim: head_dim("linear_value_head_dim")?,
         conv_kernel: limits::at_most("linear_conv_kernel_dim", cfg.usize("linear_conv_kernel_dim")?.unwrap_or(4), 64)?,
         projections,
-    });
-    spec.shared_intermediate_size = Some(cfg.req_usize("shared_expert_intermediate_size")?);
-    spec.attention_bias = cfg.bool("attention_bias")?.unwrap_or(false);
-    spec.qk_norm = QkNorm::PerHead;
-    spec.norm_style = NormStyle::OnePlusWeight;
-    spec.attn_output_gate = true;
-    spec.shared_expert_gate = true;
-    Ok((spec, cfg))
+    };
+    let shared = SharedExperts::Gated { intermediate_size: cfg.req_usize("shared_expert_intermediate_size")? };
+    attention.bias = cfg.bool("attention_bias")?.unwrap_or(false);
+    attention.qk_norm = QkNorm::PerHead;
+    attention.output_gate = true;
+    parsed.ffns.moe.shared = shared;
+    let eps = parsed.core.final_norm.eps();
+    parsed.core.final_norm = NormKind::OnePlusWeight { eps };
+    Ok(Parsed { gqa: parsed, gdn: GdnSpec { dims, eps }, mixers })
 }
 
 /// `layer_types`, or every `full_attention_interval`-th layer full.
@@ -100,75 +128,66 @@ fn mixers(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<MixerKind>> {
         .collect()
 }
 
-/// What both families' specs keep.
-pub(super) fn validate(spec: &ModelSpec) -> Result<()> {
-    let Some(dims) = spec.linear_attention else {
-        return Err(Error::invalid("model_type", format!("{} has Gated DeltaNet layers", spec.family)));
+/// What both families' models keep: every layer Gated DeltaNet or gated
+/// full attention with per-head q/k norms, zero-centred norms, a softmax
+/// router and a gated shared expert.
+pub(super) fn validate(arch: &ModelArch) -> Result<()> {
+    let family = arch.core.family;
+    let hybrid = |layer: &LayerSpec| {
+        let mixer_ok = match &layer.attention {
+            AttentionKind::Gqa(gqa) => gqa.qk_norm == QkNorm::PerHead && gqa.clip_qkv.is_none(),
+            AttentionKind::GatedDeltaNet(_) => true,
+            AttentionKind::Mla(_) => false,
+        };
+        let ffn_ok = match &layer.ffn {
+            FfnKind::Moe(moe) => {
+                matches!(moe.router, RouterKind::SoftmaxTopK { .. })
+                    && matches!(moe.shared, SharedExperts::Gated { .. })
+            }
+            FfnKind::Dense { .. } => true,
+        };
+        mixer_ok && ffn_ok && matches!(layer.norm, NormKind::OnePlusWeight { .. })
     };
-    let positive = [
-        ("linear_num_key_heads", dims.num_k_heads),
-        ("linear_num_value_heads", dims.num_v_heads),
-        ("linear_key_head_dim", dims.head_k_dim),
-        ("linear_value_head_dim", dims.head_v_dim),
-        ("shared_expert_intermediate_size", spec.shared_intermediate_size.unwrap_or(0)),
-    ];
-    if let Some((field, _)) = positive.iter().find(|(_, n)| *n == 0) {
-        return Err(Error::invalid(*field, "must be > 0"));
-    }
-    if dims.conv_kernel < 2 {
-        return Err(Error::invalid("linear_conv_kernel_dim", format!("{} must be >= 2", dims.conv_kernel)));
-    }
-    if !dims.num_v_heads.is_multiple_of(dims.num_k_heads) {
-        return Err(Error::invalid(
-            "linear_num_value_heads",
-            format!("{} is not a multiple of linear_num_key_heads {}", dims.num_v_heads, dims.num_k_heads),
-        ));
-    }
-    if spec.mixers.len() != spec.num_layers {
-        return Err(Error::invalid("layer_types", "one entry per layer"));
-    }
-    if spec.mla.is_some() || spec.dsa.is_some() || spec.clip_qkv.is_some() || spec.qk_norm != QkNorm::PerHead {
-        return Err(Error::invalid("model_type", format!("{} has GQA with per-head q/k norms only", spec.family)));
+    if !arch.layers.iter().all(hybrid) {
+        return Err(Error::invalid("model_type", format!("{family} has GQA with per-head q/k norms only")));
     }
     Ok(())
 }
 
-/// Layer `layer`'s mixer: Gated DeltaNet where `layer_types` says linear,
-/// else gated full attention.
-pub(super) fn attention(spec: &ModelSpec, layer: usize) -> AttentionKind {
-    match (spec.mixers.get(layer), spec.linear_attention) {
-        (Some(MixerKind::Linear), Some(dims)) => AttentionKind::GatedDeltaNet(GdnSpec { dims, eps: spec.rms_norm_eps }),
-        _ => gqa::attention(spec),
-    }
-}
-
 /// The config.json keys both families write alike.
-pub(super) fn config_json(spec: &ModelSpec) -> Map<String, Value> {
-    let mut c = gqa::config_json(spec);
+pub(super) fn config_json(arch: &ModelArch) -> Map<String, Value> {
+    let (attention, moe) = gqa::blocks(arch);
+    let mut c = gqa::config_json(arch, &attention, &moe);
     // common_config writes the factor only when it is not 1; ours defaults
     // to 0.25, so write it always.
-    if let Some(Value::Object(rope)) = c.get_mut("rope_parameters") {
-        rope.insert("partial_rotary_factor".into(), json!(spec.rope.rotary_dim as f64 / spec.head_dim as f64));
+    if let (Some(Value::Object(rope)), Some(rope_spec)) = (c.get_mut("rope_parameters"), attention.rope) {
+        let factor = rope_spec.rotary_dim as f64 / attention.head_dim as f64;
+        rope.insert("partial_rotary_factor".into(), json!(factor));
     }
-    let types: Vec<&str> = spec
-        .mixers
+    let types: Vec<&str> = arch
+        .layers
         .iter()
-        .map(|m| match m {
-            MixerKind::Full => "full_attention",
-            MixerKind::Linear => "linear_attention",
+        .map(|l| match l.attention {
+            AttentionKind::GatedDeltaNet(_) => "linear_attention",
+            _ => "full_attention",
         })
         .collect();
     c.insert("layer_types".into(), json!(types));
-    if let Some(d) = spec.linear_attention {
+    if let Some(gdn) = arch.first_gdn() {
+        let d = &gdn.dims;
         c.insert("linear_num_key_heads".into(), json!(d.num_k_heads));
         c.insert("linear_num_value_heads".into(), json!(d.num_v_heads));
         c.insert("linear_key_head_dim".into(), json!(d.head_k_dim));
         c.insert("linear_value_head_dim".into(), json!(d.head_v_dim));
         c.insert("linear_conv_kernel_dim".into(), json!(d.conv_kernel));
     }
-    c.insert("moe_intermediate_size".into(), json!(spec.moe.intermediate_size));
-    c.insert("shared_expert_intermediate_size".into(), json!(spec.shared_intermediate_size));
-    c.insert("num_experts".into(), json!(spec.moe.num_experts));
-    c.insert("attention_bias".into(), json!(spec.attention_bias));
+    let shared = match moe.shared {
+        SharedExperts::None => 0,
+        SharedExperts::Plain { intermediate_size } | SharedExperts::Gated { intermediate_size } => intermediate_size,
+    };
+    c.insert("moe_intermediate_size".into(), json!(moe.intermediate_size));
+    c.insert("shared_expert_intermediate_size".into(), json!(shared));
+    c.insert("num_experts".into(), json!(moe.num_experts));
+    c.insert("attention_bias".into(), json!(attention.bias));
     c
 }

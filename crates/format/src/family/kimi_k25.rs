@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 use super::{Family, FamilyDef, Naming, mla};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{AttentionKind, ModelSpec, special_tokens};
+use crate::spec::{ModelArch, special_tokens};
 
 pub(super) struct KimiK25;
 
@@ -35,7 +35,7 @@ impl FamilyDef for KimiK25 {
         &NAMING
     }
 
-    fn parse(&self, root: &Map<String, Value>) -> Result<ModelSpec> {
+    fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
         let top = Fields { map: root, prefix: "" };
         let text = top.object("text_config")?.ok_or_else(|| Error::MissingField { field: "text_config".into() })?;
         let cfg = Fields { map: text, prefix: "text_config." };
@@ -49,7 +49,7 @@ impl FamilyDef for KimiK25 {
                 ));
             }
         }
-        let mut spec = mla::parse(&cfg, Family::KimiK25, &mla::DEEPSEEK_DEFAULTS)?;
+        let mut parsed = mla::parse(&cfg, Family::KimiK25, &mla::DEEPSEEK_DEFAULTS)?;
         // Kimi_K25ForConditionalGeneration ties (or not) by its own,
         // top-level flag, whose class default is true; special ids live at
         // the top too.
@@ -59,27 +59,24 @@ impl FamilyDef for KimiK25 {
                 merged.insert(key.to_owned(), v.clone());
             }
         }
-        (spec.bos_token_id, spec.eos_token_ids) =
+        let core = &mut parsed.core;
+        (core.bos_token_id, core.eos_token_ids) =
             special_tokens(&Fields { map: &merged, prefix: "" }, (Some(0), vec![1]))?;
-        spec.tie_word_embeddings = top.bool("tie_word_embeddings")?.unwrap_or(true);
-        Ok(spec)
+        core.tie_word_embeddings = top.bool("tie_word_embeddings")?.unwrap_or(true);
+        parsed.build(|_| None)
     }
 
-    fn validate(&self, spec: &ModelSpec) -> Result<()> {
-        mla::validate_dense_first_without_dsa(spec)
+    fn validate(&self, arch: &ModelArch) -> Result<()> {
+        mla::validate_dense_first_without_dsa(arch)
     }
 
-    fn attention(&self, spec: &ModelSpec, layer: usize) -> AttentionKind {
-        mla::attention(spec, layer)
-    }
-
-    fn to_config_json(&self, spec: &ModelSpec, source: Option<&Value>) -> Value {
-        let Some(dims) = &spec.mla else {
-            // validate() guarantees MLA dimensions for this family.
+    fn to_config_json(&self, arch: &ModelArch, source: Option<&Value>) -> Value {
+        let Some(attention) = arch.first_mla() else {
+            // validate() guarantees latent attention for this family.
             return Value::Null;
         };
-        let mut c = mla::config_json(spec, dims);
-        c.insert("rope_interleave".into(), json!(dims.rope_interleave));
+        let mut c = mla::config_json(arch, attention);
+        c.insert("rope_interleave".into(), json!(attention.dims.rope_interleave));
         // The text model nests under the vision-language wrapper, which owns
         // tying and the special ids.
         c.insert("model_type".into(), json!("deepseek_v3"));

@@ -5,12 +5,12 @@
 use serde_json::{Map, Value, json};
 
 use super::{Family, FamilyDef, Naming, gqa};
-use crate::error::{Error, Result};
-use crate::spec::{AttentionKind, LayerKind, ModelSpec, QkNorm};
+use crate::error::Result;
+use crate::spec::{GqaSpec, LayerKind, ModelArch, QkNorm};
 
 pub(super) struct Mixtral;
 
-const DEFAULTS: gqa::Defaults = gqa::Defaults {
+pub(super) const DEFAULTS: gqa::Defaults = gqa::Defaults {
     num_kv_heads: Some(8),
     rms_norm_eps: 1e-5,
     max_position_embeddings: 4096 * 32,
@@ -44,33 +44,27 @@ impl FamilyDef for Mixtral {
         &NAMING
     }
 
-    fn parse(&self, root: &Map<String, Value>) -> Result<ModelSpec> {
-        let (mut spec, cfg) = gqa::parse(root, Family::Mixtral, &DEFAULTS)?;
+    fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
+        let mut parsed = gqa::parse(root, Family::Mixtral, &DEFAULTS)?;
         // MixtralTopKRouter always renormalizes the top-k weights.
-        spec.moe.norm_topk_prob = true;
-        spec.sliding_window = cfg.usize("sliding_window")?;
-        Ok(spec)
+        parsed.softmax_router(true);
+        parsed.attention.sliding_window = parsed.cfg.usize("sliding_window")?;
+        let kinds = vec![LayerKind::Moe; parsed.num_layers];
+        parsed.build_alike(&kinds)
     }
 
-    fn validate(&self, spec: &ModelSpec) -> Result<()> {
-        if spec.layers.contains(&LayerKind::Dense) {
-            return Err(Error::invalid("model_type", "mixtral has no dense layers"));
-        }
-        if spec.qk_norm != QkNorm::None || spec.attention_bias {
-            return Err(Error::invalid("model_type", "mixtral has neither q/k norms nor attention biases"));
-        }
-        gqa::validate(spec, false)
+    fn validate(&self, arch: &ModelArch) -> Result<()> {
+        let plain = |g: &GqaSpec| g.qk_norm == QkNorm::None && !g.bias;
+        gqa::every_gqa(arch, plain, "model_type", "has neither q/k norms nor attention biases")?;
+        gqa::validate(arch, false)
     }
 
-    fn attention(&self, spec: &ModelSpec, _layer: usize) -> AttentionKind {
-        gqa::attention(spec)
-    }
-
-    fn to_config_json(&self, spec: &ModelSpec, _source: Option<&Value>) -> Value {
-        let mut c = gqa::config_json(spec);
-        c.insert("intermediate_size".into(), json!(spec.moe.intermediate_size));
-        c.insert("num_local_experts".into(), json!(spec.moe.num_experts));
-        c.insert("sliding_window".into(), json!(spec.sliding_window));
+    fn to_config_json(&self, arch: &ModelArch, _source: Option<&Value>) -> Value {
+        let (attention, moe) = gqa::blocks(arch);
+        let mut c = gqa::config_json(arch, &attention, &moe);
+        c.insert("intermediate_size".into(), json!(moe.intermediate_size));
+        c.insert("num_local_experts".into(), json!(moe.num_experts));
+        c.insert("sliding_window".into(), json!(attention.sliding_window));
         Value::Object(c)
     }
 }

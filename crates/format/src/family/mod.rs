@@ -2,9 +2,16 @@
 //! everything particular to the family (its config.json fields and their
 //! defaults, its tensor names, its invariants), and this registry.
 //!
+//! A family file turns config.json into the model's [`ModelArch`]: its
+//! common part and one [`LayerSpec`] per layer, built through the shared
+//! readers of its kind (`gqa.rs`, `mla.rs`, `hybrid.rs`) and [`stack`], so
+//! a layer may have its own heads, window or RoPE. Every layer's invariants
+//! are checked in one place (`spec/validate.rs`); the family's own in its
+//! file.
+//!
 //! A new family is a new file here, one [`Family`] variant and one line in
 //! [`Family::def`]; the blocks it is made of come from the generic
-//! [`crate::spec::LayerSpec`], and nothing outside this folder names it.
+//! [`LayerSpec`], and nothing outside this folder names it.
 
 mod deepseek_v3;
 mod glm_moe_dsa;
@@ -27,7 +34,7 @@ use serde_json::{Map, Value};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_LAYERS};
-use crate::spec::{AttentionKind, ModelSpec};
+use crate::spec::{AttentionKind, FfnKind, LayerKind, LayerSpec, ModelArch, MoeBlock, NormKind, ResidualKind};
 
 /// Model families this build knows, one per Hugging Face `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -75,22 +82,20 @@ pub(crate) trait FamilyDef: Sync {
     /// How the family's tensors are named in its published checkpoints.
     fn naming(&self) -> &'static Naming;
 
-    /// A config.json object of this family → its spec, defaults filled in
-    /// as the family's transformers config class fills them (not yet
-    /// validated).
-    fn parse(&self, root: &Map<String, Value>) -> Result<ModelSpec>;
+    /// A config.json object of this family → its architecture: the common
+    /// part and one spec per layer, defaults filled in as the family's
+    /// transformers config class fills them (not yet validated).
+    fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch>;
 
-    /// The family's own invariants, beyond those every spec keeps.
-    fn validate(&self, spec: &ModelSpec) -> Result<()>;
-
-    /// The token mixer of layer `layer` of a validated spec of this family,
-    /// with that layer's own dimensions.
-    fn attention(&self, spec: &ModelSpec, layer: usize) -> AttentionKind;
+    /// The family's own invariants, beyond those every layer keeps
+    /// ([`ModelArch::validate`] checks those first).
+    fn validate(&self, arch: &ModelArch) -> Result<()>;
 
     /// A transformers-loadable config.json (5.x spelling, `dtype: float32`)
-    /// that parses back to an equal spec. `source` is the config the
-    /// container was converted from, for parts the spec does not describe.
-    fn to_config_json(&self, spec: &ModelSpec, source: Option<&Value>) -> Value;
+    /// that parses back to an equal architecture. `source` is the config the
+    /// container was converted from, for parts the architecture does not
+    /// describe.
+    fn to_config_json(&self, arch: &ModelArch, source: Option<&Value>) -> Value;
 }
 
 /// A family's tensor naming rules.
@@ -204,4 +209,43 @@ impl CoreDims {
             num_heads: cfg.req_usize("num_attention_heads")?,
         })
     }
+}
+
+/// The feed-forward blocks a family's layers choose between, as its config
+/// gives them once for the model.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ffns {
+    pub moe: MoeBlock,
+    /// Width of the dense MLP of [`LayerKind::Dense`] layers.
+    pub dense_intermediate_size: usize,
+}
+
+impl Ffns {
+    /// The block of a layer of kind `kind`.
+    pub(crate) fn of(&self, kind: LayerKind) -> FfnKind {
+        match kind {
+            LayerKind::Dense => FfnKind::Dense { intermediate_size: self.dense_intermediate_size },
+            LayerKind::Moe => FfnKind::Moe(self.moe),
+        }
+    }
+}
+
+/// The decoder stack every family builds alike: layer `l` mixes tokens with
+/// `attention(l)` and runs the FFN `kinds[l]` names, every norm `norm`, the
+/// plain residual. The config's MoE block must be valid even where no layer
+/// runs it (a config whose every layer is dense still declares experts).
+pub(crate) fn stack(
+    kinds: &[LayerKind],
+    ffns: &Ffns,
+    norm: NormKind,
+    attention: impl Fn(usize) -> AttentionKind,
+) -> Result<Vec<LayerSpec>> {
+    FfnKind::Moe(ffns.moe).validate()?;
+    let layer = |(l, kind): (usize, &LayerKind)| LayerSpec {
+        attention: attention(l),
+        ffn: ffns.of(*kind),
+        norm,
+        residual: ResidualKind::Plain,
+    };
+    Ok(kinds.iter().enumerate().map(layer).collect())
 }

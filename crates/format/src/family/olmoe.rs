@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Family, FamilyDef, HF_NAMING, Naming, gqa};
 use crate::error::{Error, Result};
-use crate::spec::{AttentionKind, ModelSpec, QkNorm, f32_to_json};
+use crate::spec::{AttentionKind, LayerKind, ModelArch, QkNorm, f32_to_json};
 
 pub(super) struct Olmoe;
 
@@ -34,45 +34,48 @@ impl FamilyDef for Olmoe {
         &HF_NAMING
     }
 
-    fn parse(&self, root: &Map<String, Value>) -> Result<ModelSpec> {
-        let (mut spec, cfg) = gqa::parse(root, Family::Olmoe, &DEFAULTS)?;
-        spec.moe.norm_topk_prob = cfg.bool("norm_topk_prob")?.unwrap_or(false);
-        spec.clip_qkv = cfg.f64("clip_qkv")?.map(|c| c as f32);
-        spec.attention_bias = cfg.bool("attention_bias")?.unwrap_or(false);
-        spec.qk_norm = QkNorm::Full;
-        Ok(spec)
+    fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
+        let mut parsed = gqa::parse(root, Family::Olmoe, &DEFAULTS)?;
+        let cfg = &parsed.cfg;
+        let renormalize = cfg.bool("norm_topk_prob")?.unwrap_or(false);
+        parsed.attention.clip_qkv = cfg.f64("clip_qkv")?.map(|c| c as f32);
+        parsed.attention.bias = cfg.bool("attention_bias")?.unwrap_or(false);
+        parsed.attention.qk_norm = QkNorm::Full;
+        parsed.softmax_router(renormalize);
+        let kinds = vec![LayerKind::Moe; parsed.num_layers];
+        parsed.build_alike(&kinds)
     }
 
-    fn validate(&self, spec: &ModelSpec) -> Result<()> {
+    fn validate(&self, arch: &ModelArch) -> Result<()> {
         // OlmoeAttention sizes q_norm by hidden_size and k_norm by
         // (hidden_size / heads) * kv_heads: only consistent when
         // head_dim == hidden_size / num_heads.
-        if spec.q_dim() != spec.hidden_size {
+        let hidden = arch.core.hidden_size;
+        let narrow = arch.layers.iter().find_map(|l| match &l.attention {
+            AttentionKind::Gqa(gqa) if gqa.q_dim() != hidden => Some(gqa),
+            _ => None,
+        });
+        if let Some(gqa) = narrow {
             return Err(Error::invalid(
                 "head_dim",
                 format!(
-                    "olmoe requires num_attention_heads * head_dim == hidden_size ({} * {} != {})",
-                    spec.num_heads, spec.head_dim, spec.hidden_size
+                    "olmoe requires num_attention_heads * head_dim == hidden_size ({} * {} != {hidden})",
+                    gqa.num_heads, gqa.head_dim
                 ),
             ));
         }
-        if spec.qk_norm != QkNorm::Full {
-            return Err(Error::invalid("model_type", "olmoe uses full q/k norms"));
-        }
-        gqa::validate(spec, false)
+        gqa::every_gqa(arch, |g| g.qk_norm == QkNorm::Full, "model_type", "uses full q/k norms")?;
+        gqa::validate(arch, false)
     }
 
-    fn attention(&self, spec: &ModelSpec, _layer: usize) -> AttentionKind {
-        gqa::attention(spec)
-    }
-
-    fn to_config_json(&self, spec: &ModelSpec, _source: Option<&Value>) -> Value {
-        let mut c = gqa::config_json(spec);
-        c.insert("intermediate_size".into(), json!(spec.moe.intermediate_size));
-        c.insert("num_experts".into(), json!(spec.moe.num_experts));
-        c.insert("norm_topk_prob".into(), json!(spec.moe.norm_topk_prob));
-        c.insert("attention_bias".into(), json!(spec.attention_bias));
-        c.insert("clip_qkv".into(), json!(spec.clip_qkv.map(f32_to_json)));
+    fn to_config_json(&self, arch: &ModelArch, _source: Option<&Value>) -> Value {
+        let (attention, moe) = gqa::blocks(arch);
+        let mut c = gqa::config_json(arch, &attention, &moe);
+        c.insert("intermediate_size".into(), json!(moe.intermediate_size));
+        c.insert("num_experts".into(), json!(moe.num_experts));
+        c.insert("norm_topk_prob".into(), json!(moe.router.renormalizes()));
+        c.insert("attention_bias".into(), json!(attention.bias));
+        c.insert("clip_qkv".into(), json!(attention.clip_qkv.map(f32_to_json)));
         Value::Object(c)
     }
 }

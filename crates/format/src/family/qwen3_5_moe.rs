@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use super::{Family, FamilyDef, Naming, hybrid};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{AttentionKind, GdnProjections, LayerKind, ModelSpec, special_tokens};
+use crate::spec::{GdnProjections, LayerKind, ModelArch, special_tokens};
 
 pub(super) struct Qwen35Moe;
 
@@ -45,7 +45,7 @@ impl FamilyDef for Qwen35Moe {
         &NAMING
     }
 
-    fn parse(&self, root: &Map<String, Value>) -> Result<ModelSpec> {
+    fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
         let top = Fields { map: root, prefix: "" };
         let nested = top.str("model_type")? != Some(TEXT_MODEL_TYPE);
         let cfg = match top.object("text_config")? {
@@ -53,39 +53,36 @@ impl FamilyDef for Qwen35Moe {
             None if nested => return Err(Error::MissingField { field: "text_config".into() }),
             _ => Fields { map: root, prefix: "" },
         };
-        let (mut spec, cfg) = hybrid::parse(cfg, Family::Qwen35Moe, GdnProjections::Split)?;
+        let mut parsed = hybrid::parse(cfg, Family::Qwen35Moe, GdnProjections::Split)?;
         // Qwen3_5MoeTopKRouter always renormalises; every layer is MoE.
-        spec.moe.norm_topk_prob = true;
-        spec.layers = vec![LayerKind::Moe; spec.num_layers];
+        parsed.gqa.softmax_router(true);
+        let kinds = vec![LayerKind::Moe; parsed.gqa.num_layers];
         if nested {
             // The wrapper owns tying (class default false) and, where it
             // gives them, the special ids.
-            let mut merged = cfg.map.clone();
+            let mut merged = parsed.cfg().map.clone();
             for key in ["bos_token_id", "eos_token_id"] {
                 if let Some(v) = root.get(key) {
                     merged.insert(key.to_owned(), v.clone());
                 }
             }
-            (spec.bos_token_id, spec.eos_token_ids) =
+            let core = &mut parsed.gqa.core;
+            (core.bos_token_id, core.eos_token_ids) =
                 special_tokens(&Fields { map: &merged, prefix: "" }, (None, Vec::new()))?;
-            spec.tie_word_embeddings = top.bool("tie_word_embeddings")?.unwrap_or(false);
+            core.tie_word_embeddings = top.bool("tie_word_embeddings")?.unwrap_or(false);
         }
-        Ok(spec)
+        parsed.build(&kinds)
     }
 
-    fn validate(&self, spec: &ModelSpec) -> Result<()> {
-        if spec.layers.contains(&LayerKind::Dense) {
+    fn validate(&self, arch: &ModelArch) -> Result<()> {
+        if arch.dense_intermediate_size().is_some() {
             return Err(Error::invalid("model_type", "qwen3_5_moe has no dense layers"));
         }
-        hybrid::validate(spec)
+        hybrid::validate(arch)
     }
 
-    fn attention(&self, spec: &ModelSpec, layer: usize) -> AttentionKind {
-        hybrid::attention(spec, layer)
-    }
-
-    fn to_config_json(&self, spec: &ModelSpec, source: Option<&Value>) -> Value {
-        let mut text = hybrid::config_json(spec);
+    fn to_config_json(&self, arch: &ModelArch, source: Option<&Value>) -> Value {
+        let mut text = hybrid::config_json(arch);
         // A checkpoint converted from the multimodal wrapper goes back into
         // it, vision config and all; otherwise the text model alone.
         match source.and_then(|s| Some((s.get("text_config")?, s.as_object()?))) {

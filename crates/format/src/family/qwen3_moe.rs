@@ -5,8 +5,8 @@
 use serde_json::{Map, Value, json};
 
 use super::{Family, FamilyDef, HF_NAMING, Naming, gqa};
-use crate::error::{Error, Result};
-use crate::spec::{AttentionKind, LayerKind, ModelSpec, QkNorm};
+use crate::error::Result;
+use crate::spec::{ModelArch, QkNorm};
 
 pub(super) struct Qwen3Moe;
 
@@ -34,32 +34,13 @@ impl FamilyDef for Qwen3Moe {
         &HF_NAMING
     }
 
-    fn parse(&self, root: &Map<String, Value>) -> Result<ModelSpec> {
-        let (mut spec, cfg) = gqa::parse(root, Family::Qwen3Moe, &DEFAULTS)?;
-        let num_layers = spec.num_layers;
-        spec.moe.norm_topk_prob = cfg.bool("norm_topk_prob")?.unwrap_or(false);
-        let step = cfg.usize("decoder_sparse_step")?.unwrap_or(1);
-        if step == 0 {
-            return Err(Error::invalid("decoder_sparse_step", "must be >= 1"));
-        }
-        let mlp_only = cfg.usize_list("mlp_only_layers")?.unwrap_or_default();
-        if let Some(&bad) = mlp_only.iter().find(|&&l| l >= num_layers) {
-            return Err(Error::invalid("mlp_only_layers", format!("layer {bad} >= num_hidden_layers {num_layers}")));
-        }
-        // Qwen3MoeDecoderLayer.__init__: sparse iff not listed in
-        // mlp_only_layers, experts exist, and (i+1) % step == 0.
-        let num_experts = spec.moe.num_experts;
-        spec.layers = (0..num_layers)
-            .map(|i| {
-                if !mlp_only.contains(&i) && num_experts > 0 && (i + 1).is_multiple_of(step) {
-                    LayerKind::Moe
-                } else {
-                    LayerKind::Dense
-                }
-            })
-            .collect();
+    fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
+        let mut parsed = gqa::parse(root, Family::Qwen3Moe, &DEFAULTS)?;
+        let cfg = &parsed.cfg;
+        let renormalize = cfg.bool("norm_topk_prob")?.unwrap_or(false);
+        let kinds = gqa::sparse_step_layer_kinds(cfg, parsed.num_layers)?;
         // __post_init__ drops the window unless use_sliding_window.
-        spec.sliding_window = if cfg.bool("use_sliding_window")?.unwrap_or(false) {
+        parsed.attention.sliding_window = if cfg.bool("use_sliding_window")?.unwrap_or(false) {
             match root.get("sliding_window") {
                 None => Some(4096),
                 Some(_) => cfg.usize("sliding_window")?,
@@ -67,36 +48,28 @@ impl FamilyDef for Qwen3Moe {
         } else {
             None
         };
-        spec.attention_bias = cfg.bool("attention_bias")?.unwrap_or(false);
-        spec.qk_norm = QkNorm::PerHead;
-        Ok(spec)
+        parsed.attention.bias = cfg.bool("attention_bias")?.unwrap_or(false);
+        parsed.attention.qk_norm = QkNorm::PerHead;
+        parsed.softmax_router(renormalize);
+        parsed.build_alike(&kinds)
     }
 
-    fn validate(&self, spec: &ModelSpec) -> Result<()> {
-        if spec.qk_norm != QkNorm::PerHead {
-            return Err(Error::invalid("model_type", "qwen3_moe uses per-head q/k norms"));
-        }
-        gqa::validate(spec, true)
+    fn validate(&self, arch: &ModelArch) -> Result<()> {
+        gqa::every_gqa(arch, |g| g.qk_norm == QkNorm::PerHead, "model_type", "uses per-head q/k norms")?;
+        gqa::validate(arch, true)
     }
 
-    fn attention(&self, spec: &ModelSpec, _layer: usize) -> AttentionKind {
-        gqa::attention(spec)
-    }
-
-    fn to_config_json(&self, spec: &ModelSpec, _source: Option<&Value>) -> Value {
-        let mut c = gqa::config_json(spec);
-        // decoder_sparse_step = 1 plus an explicit list reproduces any
-        // layer pattern exactly.
-        let dense: Vec<usize> = (0..spec.num_layers).filter(|&l| !spec.is_moe(l)).collect();
-        c.insert("intermediate_size".into(), json!(spec.dense_intermediate_size));
-        c.insert("moe_intermediate_size".into(), json!(spec.moe.intermediate_size));
-        c.insert("num_experts".into(), json!(spec.moe.num_experts));
-        c.insert("norm_topk_prob".into(), json!(spec.moe.norm_topk_prob));
-        c.insert("decoder_sparse_step".into(), json!(1));
-        c.insert("mlp_only_layers".into(), json!(dense));
-        c.insert("attention_bias".into(), json!(spec.attention_bias));
-        c.insert("use_sliding_window".into(), json!(spec.sliding_window.is_some()));
-        c.insert("sliding_window".into(), json!(spec.sliding_window));
+    fn to_config_json(&self, arch: &ModelArch, _source: Option<&Value>) -> Value {
+        let (attention, moe) = gqa::blocks(arch);
+        let mut c = gqa::config_json(arch, &attention, &moe);
+        c.insert("intermediate_size".into(), json!(arch.dense_intermediate_size().unwrap_or(0)));
+        c.insert("moe_intermediate_size".into(), json!(moe.intermediate_size));
+        c.insert("num_experts".into(), json!(moe.num_experts));
+        c.insert("norm_topk_prob".into(), json!(moe.router.renormalizes()));
+        gqa::sparse_step_config(arch, &mut c);
+        c.insert("attention_bias".into(), json!(attention.bias));
+        c.insert("use_sliding_window".into(), json!(attention.sliding_window.is_some()));
+        c.insert("sliding_window".into(), json!(attention.sliding_window));
         Value::Object(c)
     }
 }

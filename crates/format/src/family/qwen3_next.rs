@@ -6,10 +6,10 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Family, FamilyDef, HF_NAMING, Naming, hybrid};
-use crate::error::{Error, Result};
+use super::{Family, FamilyDef, HF_NAMING, Naming, gqa, hybrid};
+use crate::error::Result;
 use crate::spec::fields::Fields;
-use crate::spec::{AttentionKind, GdnProjections, LayerKind, ModelSpec};
+use crate::spec::{GdnProjections, ModelArch};
 
 pub(super) struct Qwen3Next;
 
@@ -26,49 +26,25 @@ impl FamilyDef for Qwen3Next {
         &HF_NAMING
     }
 
-    fn parse(&self, root: &Map<String, Value>) -> Result<ModelSpec> {
+    fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
         let cfg = Fields { map: root, prefix: "" };
-        let (mut spec, cfg) = hybrid::parse(cfg, Family::Qwen3Next, GdnProjections::Grouped)?;
-        spec.moe.norm_topk_prob = cfg.bool("norm_topk_prob")?.unwrap_or(true);
-        let step = cfg.usize("decoder_sparse_step")?.unwrap_or(1);
-        if step == 0 {
-            return Err(Error::invalid("decoder_sparse_step", "must be >= 1"));
-        }
-        let num_layers = spec.num_layers;
-        let mlp_only = cfg.usize_list("mlp_only_layers")?.unwrap_or_default();
-        if let Some(&bad) = mlp_only.iter().find(|&&l| l >= num_layers) {
-            return Err(Error::invalid("mlp_only_layers", format!("layer {bad} >= num_hidden_layers {num_layers}")));
-        }
-        // Qwen3NextDecoderLayer.__init__: sparse iff not listed in
-        // mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
-        spec.layers =
-            (0..num_layers)
-                .map(|i| {
-                    if !mlp_only.contains(&i) && (i + 1).is_multiple_of(step) {
-                        LayerKind::Moe
-                    } else {
-                        LayerKind::Dense
-                    }
-                })
-                .collect();
-        Ok(spec)
+        let mut parsed = hybrid::parse(cfg, Family::Qwen3Next, GdnProjections::Grouped)?;
+        let renormalize = parsed.cfg().bool("norm_topk_prob")?.unwrap_or(true);
+        let kinds = gqa::sparse_step_layer_kinds(parsed.cfg(), parsed.gqa.num_layers)?;
+        parsed.gqa.softmax_router(renormalize);
+        parsed.build(&kinds)
     }
 
-    fn validate(&self, spec: &ModelSpec) -> Result<()> {
-        hybrid::validate(spec)
+    fn validate(&self, arch: &ModelArch) -> Result<()> {
+        hybrid::validate(arch)
     }
 
-    fn attention(&self, spec: &ModelSpec, layer: usize) -> AttentionKind {
-        hybrid::attention(spec, layer)
-    }
-
-    fn to_config_json(&self, spec: &ModelSpec, _source: Option<&Value>) -> Value {
-        let mut c = hybrid::config_json(spec);
-        let dense: Vec<usize> = (0..spec.num_layers).filter(|&l| !spec.is_moe(l)).collect();
-        c.insert("intermediate_size".into(), json!(spec.dense_intermediate_size));
-        c.insert("norm_topk_prob".into(), json!(spec.moe.norm_topk_prob));
-        c.insert("decoder_sparse_step".into(), json!(1));
-        c.insert("mlp_only_layers".into(), json!(dense));
+    fn to_config_json(&self, arch: &ModelArch, _source: Option<&Value>) -> Value {
+        let mut c = hybrid::config_json(arch);
+        c.insert("intermediate_size".into(), json!(arch.dense_intermediate_size().unwrap_or(0)));
+        let renormalize = arch.first_moe().is_none_or(|moe| moe.router.renormalizes());
+        c.insert("norm_topk_prob".into(), json!(renormalize));
+        gqa::sparse_step_config(arch, &mut c);
         Value::Object(c)
     }
 }

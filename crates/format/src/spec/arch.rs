@@ -1,16 +1,19 @@
 //! The in-memory model: its common part ([`CoreSpec`]) and one stored
 //! [`LayerSpec`] per decoder layer ([`ModelArch`]).
 //!
-//! This is not what a manifest stores. Containers keep the flat
-//! [`ModelSpec`], frozen as the on-disk form, and the source config.json; a
-//! container opens with its layers derived from that config through the
-//! family file and checked against the frozen spec
+//! A family file builds it from config.json (`FamilyDef::parse`). It is not
+//! what a manifest stores: containers keep the source config.json it is
+//! derived from, with a frozen summary to check the derivation against
 //! ([`ModelArch::from_stored`]), so the in-memory model can change without
 //! changing the container format.
 
 use serde_json::Value;
 
-use super::{Family, LayerSpec, ModelSpec, NormKind};
+use super::fields::Fields;
+use super::{
+    AttentionKind, Family, FfnKind, GdnSpec, GqaSpec, LayerKind, LayerSpec, MlaAttention, ModelSpec, MoeBlock,
+    NormKind, RopeSpec,
+};
 use crate::error::{Error, Result};
 
 /// What a model has once, whatever its layers: vocabulary, hidden width,
@@ -39,14 +42,106 @@ pub struct ModelArch {
 }
 
 impl ModelArch {
-    /// Parses and validates a config.json document through its family file.
+    /// Parses and validates a config.json document (4.x or 5.x spelling)
+    /// through its family file.
     pub fn from_config_json(text: &str) -> Result<ModelArch> {
-        ModelSpec::from_config_json(text).map(|spec| spec.arch())
+        let value: Value =
+            serde_json::from_str(text).map_err(|source| Error::Json { what: "config.json".to_owned(), source })?;
+        Self::from_config_value(&value)
     }
 
     /// As [`ModelArch::from_config_json`], from an already parsed document.
     pub fn from_config_value(value: &Value) -> Result<ModelArch> {
-        ModelSpec::from_config_value(value).map(|spec| spec.arch())
+        let map = value.as_object().ok_or_else(|| Error::invalid("<root>", "config.json must be a JSON object"))?;
+        let family: Family = Fields { map, prefix: "" }.req_str("model_type")?.parse()?;
+        let arch = family.def().parse(map)?;
+        arch.validate()?;
+        Ok(arch)
+    }
+
+    /// A transformers-loadable config.json (5.x spelling, `dtype: float32`)
+    /// that parses back to an equal architecture.
+    pub fn to_config_json(&self) -> Value {
+        self.core.family.def().to_config_json(self, None)
+    }
+
+    /// As [`ModelArch::to_config_json`], keeping what the architecture does
+    /// not describe (a vision tower's config, say) from `source`, the config
+    /// the model was converted from.
+    pub fn to_config_json_from(&self, source: &Value) -> Value {
+        self.core.family.def().to_config_json(self, Some(source))
+    }
+
+    /// Each layer's feed-forward kind, in order.
+    pub fn layer_kinds(&self) -> Vec<LayerKind> {
+        self.layers.iter().map(|l| l.ffn.kind()).collect()
+    }
+
+    /// Indices of the MoE layers, ascending.
+    pub fn moe_layers(&self) -> Vec<usize> {
+        (0..self.layers.len()).filter(|&l| self.layers[l].ffn.kind() == LayerKind::Moe).collect()
+    }
+
+    /// The first MoE layer's block (`None`: every layer is dense).
+    pub fn first_moe(&self) -> Option<&MoeBlock> {
+        self.layers.iter().find_map(|l| match &l.ffn {
+            FfnKind::Moe(moe) => Some(moe),
+            FfnKind::Dense { .. } => None,
+        })
+    }
+
+    /// Routed experts of the MoE layers (0 when every layer is dense).
+    pub fn num_experts(&self) -> usize {
+        self.first_moe().map_or(0, |moe| moe.num_experts)
+    }
+
+    /// Experts each token runs in the MoE layers (0 when every layer is
+    /// dense).
+    pub fn experts_per_token(&self) -> usize {
+        self.first_moe().map_or(0, |moe| moe.top_k)
+    }
+
+    /// Width of each routed expert's hidden layer (0 when every layer is
+    /// dense).
+    pub fn expert_intermediate_size(&self) -> usize {
+        self.first_moe().map_or(0, |moe| moe.intermediate_size)
+    }
+
+    /// The first dense layer's MLP width (`None`: no dense layer).
+    pub fn dense_intermediate_size(&self) -> Option<usize> {
+        self.layers.iter().find_map(|l| match l.ffn {
+            FfnKind::Dense { intermediate_size } => Some(intermediate_size),
+            FfnKind::Moe(_) => None,
+        })
+    }
+
+    /// The first grouped-query attention block.
+    pub fn first_gqa(&self) -> Option<&GqaSpec> {
+        self.layers.iter().find_map(|l| match &l.attention {
+            AttentionKind::Gqa(gqa) => Some(gqa),
+            _ => None,
+        })
+    }
+
+    /// The first latent attention block.
+    pub fn first_mla(&self) -> Option<&MlaAttention> {
+        self.layers.iter().find_map(|l| match &l.attention {
+            AttentionKind::Mla(mla) => Some(mla),
+            _ => None,
+        })
+    }
+
+    /// The first Gated DeltaNet block.
+    pub fn first_gdn(&self) -> Option<&GdnSpec> {
+        self.layers.iter().find_map(|l| match &l.attention {
+            AttentionKind::GatedDeltaNet(gdn) => Some(gdn),
+            _ => None,
+        })
+    }
+
+    /// The first rotary embedding a layer applies.
+    pub fn first_rope(&self) -> Option<&RopeSpec> {
+        self.layers.iter().find_map(|l| l.attention.rope())
     }
 
     /// A stored model's architecture: derived from the config it was

@@ -9,7 +9,7 @@
 //! activation width, what `strata info` prints) is a method here, computed
 //! in this one place.
 
-use super::{GdnDims, IndexerKind, MlaSpec, QkNorm, RopeSpec};
+use super::{GdnDims, IndexerKind, LayerKind, MlaSpec, QkNorm, RopeSpec};
 
 /// The blocks of one decoder layer: `x += attention(norm(x))`, then
 /// `x += ffn(norm(x))`, the additions as `residual` says.
@@ -252,6 +252,16 @@ pub enum FfnKind {
     Moe(MoeBlock),
 }
 
+impl FfnKind {
+    /// Whether the block is dense or routed.
+    pub fn kind(&self) -> LayerKind {
+        match self {
+            FfnKind::Dense { .. } => LayerKind::Dense,
+            FfnKind::Moe(_) => LayerKind::Moe,
+        }
+    }
+}
+
 /// A mixture-of-experts block: a router, the routed experts, and the shared
 /// experts every token also runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -295,6 +305,18 @@ pub enum RouterKind {
     TopKThenSoftmax,
 }
 
+impl RouterKind {
+    /// Whether the chosen experts' weights are renormalised to sum to one
+    /// (before any scaling).
+    pub fn renormalizes(&self) -> bool {
+        match *self {
+            RouterKind::SoftmaxTopK { renormalize } | RouterKind::GroupedSigmoid { renormalize, .. } => renormalize,
+            // The softmax over the chosen k already sums to one.
+            RouterKind::TopKThenSoftmax => false,
+        }
+    }
+}
+
 /// Experts applied to every token besides the routed ones (resident).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SharedExperts {
@@ -318,4 +340,12 @@ pub enum NormKind {
     Weight { eps: f32 },
     /// `(1 + w) · x̂`, with this epsilon.
     OnePlusWeight { eps: f32 },
+}
+
+impl NormKind {
+    /// The epsilon added to the mean square.
+    pub fn eps(&self) -> f32 {
+        let (NormKind::Weight { eps } | NormKind::OnePlusWeight { eps }) = *self;
+        eps
+    }
 }

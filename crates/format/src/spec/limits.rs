@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use super::ModelSpec;
+use super::{AttentionKind, FfnKind, LayerSpec, ModelArch, MoeBlock, RouterKind, SharedExperts};
 use crate::error::{Error, Result};
 
 /// Decoder layers (`num_hidden_layers`).
@@ -78,51 +78,87 @@ pub(crate) fn at_most(field: &str, value: usize, max: usize) -> Result<usize> {
     Ok(value)
 }
 
-/// Checks every size of `spec` against its maximum.
-pub(super) fn check(spec: &ModelSpec) -> Result<()> {
+/// Checks every size of `arch` against its maximum: the common part's,
+/// then each layer's.
+pub(super) fn check(arch: &ModelArch) -> Result<()> {
+    let core = &arch.core;
     let mut sizes = vec![
-        ("num_hidden_layers", spec.num_layers, MAX_LAYERS),
-        ("num_experts", spec.moe.num_experts, MAX_EXPERTS),
-        ("vocab_size", spec.vocab_size, MAX_VOCAB),
-        ("hidden_size", spec.hidden_size, MAX_HIDDEN),
-        ("num_attention_heads", spec.num_heads, MAX_HEADS),
-        ("num_key_value_heads", spec.num_kv_heads, MAX_HEADS),
-        ("head_dim", spec.head_dim, MAX_HEAD_DIM),
-        ("expert intermediate_size", spec.moe.intermediate_size, MAX_INTERMEDIATE),
-        ("intermediate_size", spec.dense_intermediate_size, MAX_INTERMEDIATE),
-        ("n_shared_experts * moe_intermediate_size", spec.shared_intermediate_size.unwrap_or(0), MAX_INTERMEDIATE),
-        ("max_position_embeddings", spec.max_position_embeddings, MAX_POSITIONS),
-        ("sliding_window", spec.sliding_window.unwrap_or(0), MAX_POSITIONS),
-        ("n_group", spec.router.n_group, MAX_EXPERTS),
+        ("num_hidden_layers", arch.layers.len(), MAX_LAYERS),
+        ("vocab_size", core.vocab_size, MAX_VOCAB),
+        ("hidden_size", core.hidden_size, MAX_HIDDEN),
+        ("max_position_embeddings", core.max_position_embeddings, MAX_POSITIONS),
     ];
-    if let Some(mla) = &spec.mla {
-        sizes.extend([
-            ("q_lora_rank", mla.q_lora_rank.unwrap_or(0), MAX_HIDDEN),
-            ("kv_lora_rank", mla.kv_lora_rank, MAX_HIDDEN),
-            ("qk_nope_head_dim", mla.qk_nope_head_dim, MAX_HEAD_DIM),
-            ("qk_rope_head_dim", mla.qk_rope_head_dim, MAX_HEAD_DIM),
-            ("v_head_dim", mla.v_head_dim, MAX_HEAD_DIM),
-        ]);
-    }
-    if let Some(dsa) = &spec.dsa {
-        sizes.extend([
-            ("index_topk", dsa.index_topk, MAX_POSITIONS),
-            ("index_head_dim", dsa.index_head_dim, MAX_HEAD_DIM),
-            ("index_n_heads", dsa.index_n_heads, MAX_HEADS),
-        ]);
+    for layer in &arch.layers {
+        sizes.extend(layer_sizes(layer));
     }
     for (field, value, max) in sizes {
         at_most(field, value, max)?;
     }
-    at_most("eos_token_id (number of ids)", spec.eos_token_ids.len(), MAX_EOS_TOKENS)?;
+    at_most("eos_token_id (number of ids)", core.eos_token_ids.len(), MAX_EOS_TOKENS)?;
     // Ids at or above vocab_size are accepted as transformers accepts them
     // (class defaults such as OLMoE's eos 50279 outlive a smaller vocabulary
     // in saved configs): such an id is never sampled, and the engine does not
     // insert bos itself. Only ids no vocabulary can have are refused.
-    for &id in spec.bos_token_id.iter().chain(&spec.eos_token_ids) {
+    for &id in core.bos_token_id.iter().chain(&core.eos_token_ids) {
         at_most("bos_token_id / eos_token_id", id as usize, MAX_VOCAB - 1)?;
     }
     Ok(())
+}
+
+/// Every size of one layer, with the config field that gives it and its
+/// maximum.
+fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
+    let mut sizes = match &layer.attention {
+        AttentionKind::Gqa(gqa) => vec![
+            ("num_attention_heads", gqa.num_heads, MAX_HEADS),
+            ("num_key_value_heads", gqa.num_kv_heads, MAX_HEADS),
+            ("head_dim", gqa.head_dim, MAX_HEAD_DIM),
+            ("sliding_window", gqa.sliding_window.unwrap_or(0), MAX_POSITIONS),
+        ],
+        AttentionKind::Mla(mla) => {
+            let (topk, head_dim, n_heads) = mla.indexer.map_or((0, 0, 0), |i| (i.topk, i.head_dim, i.n_heads));
+            vec![
+                ("num_attention_heads", mla.num_heads, MAX_HEADS),
+                ("q_lora_rank", mla.dims.q_lora_rank.unwrap_or(0), MAX_HIDDEN),
+                ("kv_lora_rank", mla.dims.kv_lora_rank, MAX_HIDDEN),
+                ("qk_nope_head_dim", mla.dims.qk_nope_head_dim, MAX_HEAD_DIM),
+                ("qk_rope_head_dim", mla.dims.qk_rope_head_dim, MAX_HEAD_DIM),
+                ("v_head_dim", mla.dims.v_head_dim, MAX_HEAD_DIM),
+                ("index_topk", topk, MAX_POSITIONS),
+                ("index_head_dim", head_dim, MAX_HEAD_DIM),
+                ("index_n_heads", n_heads, MAX_HEADS),
+            ]
+        }
+        AttentionKind::GatedDeltaNet(gdn) => vec![
+            ("linear_num_key_heads", gdn.dims.num_k_heads, MAX_HEADS),
+            ("linear_num_value_heads", gdn.dims.num_v_heads, MAX_HEADS),
+            ("linear_key_head_dim", gdn.dims.head_k_dim, MAX_HEAD_DIM),
+            ("linear_value_head_dim", gdn.dims.head_v_dim, MAX_HEAD_DIM),
+        ],
+    };
+    match &layer.ffn {
+        FfnKind::Dense { intermediate_size } => sizes.push(("intermediate_size", *intermediate_size, MAX_INTERMEDIATE)),
+        FfnKind::Moe(moe) => sizes.extend(moe_sizes(moe)),
+    }
+    sizes
+}
+
+/// The sizes of a mixture-of-experts block.
+fn moe_sizes(moe: &MoeBlock) -> [(&'static str, usize, usize); 4] {
+    let shared = match moe.shared {
+        SharedExperts::None => 0,
+        SharedExperts::Plain { intermediate_size } | SharedExperts::Gated { intermediate_size } => intermediate_size,
+    };
+    let n_group = match moe.router {
+        RouterKind::SoftmaxTopK { .. } | RouterKind::TopKThenSoftmax => 1,
+        RouterKind::GroupedSigmoid { n_group, .. } => n_group,
+    };
+    [
+        ("num_experts", moe.num_experts, MAX_EXPERTS),
+        ("expert intermediate_size", moe.intermediate_size, MAX_INTERMEDIATE),
+        ("n_shared_experts * moe_intermediate_size", shared, MAX_INTERMEDIATE),
+        ("n_group", n_group, MAX_EXPERTS),
+    ]
 }
 
 #[cfg(test)]

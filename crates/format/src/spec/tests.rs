@@ -134,7 +134,9 @@ fn qwen3_moe_4x() {
     // head_dim is explicit and differs from hidden/heads = 64.
     assert_eq!((s.num_heads, s.num_kv_heads, s.head_dim), (32, 4, 128));
     assert_eq!(s.moe, MoeSpec { num_experts: 128, top_k: 8, intermediate_size: 768, norm_topk_prob: true });
-    assert_eq!(s.dense_intermediate_size, 6144);
+    // No layer is dense: the flat spec, made from the layers, keeps no
+    // dense width (`intermediate_size` 6144 is used by no block).
+    assert_eq!(s.dense_intermediate_size, 0);
     assert_eq!(s.qk_norm, QkNorm::PerHead);
     assert_eq!(s.rope.theta, 1e6);
     assert_eq!(s.rms_norm_eps, 1e-6);

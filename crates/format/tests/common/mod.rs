@@ -147,13 +147,13 @@ impl TinyModel {
                 .collect();
             tensors.insert(name, (shape, values));
         };
-        for d in names::dense_tensors(&spec) {
+        for d in names::dense_tensors(&spec.arch()) {
             add(d.name, d.shape, &mut rng);
         }
-        let shapes = names::expert_shapes(&spec);
+        let shapes = names::expert_shapes(&spec.arch());
         for layer in spec.moe_layers() {
             for e in 0..spec.moe.num_experts {
-                for (k, name) in names::expert_names(&spec, layer, e).into_iter().enumerate() {
+                for (k, name) in names::expert_names(&spec.arch().core, layer, e).into_iter().enumerate() {
                     add(name, shapes[k].to_vec(), &mut rng);
                 }
             }
@@ -184,7 +184,7 @@ impl TinyModel {
                     let mut gate_up = Vec::with_capacity(e * 2 * i * h);
                     let mut down = Vec::with_capacity(e * h * i);
                     for expert in 0..e {
-                        let n = names::expert_names(spec, layer, expert);
+                        let n = names::expert_names(&spec.arch().core, layer, expert);
                         gate_up.extend_from_slice(&self.tensors[&n[0]].1);
                         gate_up.extend_from_slice(&self.tensors[&n[1]].1);
                         down.extend_from_slice(&self.tensors[&n[2]].1);

@@ -12,7 +12,7 @@
 //! into passes, so chunked prefill, prefix reuse and a reopened session
 //! give exactly the logits of one pass.
 
-use strata_format::{GdnDims, GdnProjections, GdnSpec, ModelSpec, names};
+use strata_format::{CoreSpec, GdnDims, GdnProjections, GdnSpec, names};
 use strata_kv::StatePart;
 
 use crate::backend::{Backend, DeltaJob, DeltaKind, VectorHandle};
@@ -49,7 +49,7 @@ struct Inputs {
 
 impl DeltaNet {
     /// Layer `layer`'s tensors, shape-checked.
-    pub fn load(b: &mut Backend, spec: &ModelSpec, gdn: &GdnSpec, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &CoreSpec, gdn: &GdnSpec, layer: usize) -> Result<Self> {
         let d = gdn.dims;
         let h = spec.hidden_size;
         let t = |suffix: &str| names::linear_attn_tensor(spec, layer, suffix);

@@ -6,7 +6,7 @@
 //! sigmoid output gate, and o_proj. Every refinement is data in the layer's
 //! [`GqaSpec`], none a family branch.
 
-use strata_format::{GqaSpec, ModelSpec, NormKind, QkNorm, RopeSpec, names};
+use strata_format::{CoreSpec, GqaSpec, NormKind, QkNorm, RopeSpec, names};
 use strata_kv::StatePart;
 
 use crate::backend::{AttendJob, AttnShape, Backend, Rotary, VectorHandle};
@@ -37,7 +37,7 @@ pub struct Gqa {
 impl Gqa {
     /// Layer `layer`'s tensors, shape-checked.
     /// Its q/k norms are of kind `norm`, the layer's.
-    pub fn load(b: &mut Backend, spec: &ModelSpec, dims: GqaSpec, norm: NormKind, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &CoreSpec, dims: GqaSpec, norm: NormKind, layer: usize) -> Result<Self> {
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.{suffix}"));
         let (h, q_dim, kv_dim) = (spec.hidden_size, dims.q_dim(), dims.kv_dim());
         let q_rows = if dims.output_gate { 2 * q_dim } else { q_dim };

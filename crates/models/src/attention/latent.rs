@@ -3,7 +3,7 @@
 //! through GLM-5's DSA indexer ([`crate::dsa`]), whose selection a sharing
 //! layer takes from the full layer before it.
 
-use strata_format::{IndexerKind, MlaAttention, ModelSpec, RopeSpec};
+use strata_format::{CoreSpec, IndexerKind, MlaAttention, RopeSpec};
 use strata_kv::StatePart;
 
 use crate::backend::Backend;
@@ -40,7 +40,7 @@ enum IndexerSlot {
 
 impl LatentAttention {
     /// Layer `layer`'s tensors, shape-checked.
-    pub fn load(b: &mut Backend, spec: &ModelSpec, kind: &MlaAttention, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &MlaAttention, layer: usize) -> Result<Self> {
         let indexer = match (kind.indexer, kind.dims.q_lora_rank) {
             (None, _) => IndexerSlot::Absent,
             (Some(ix), Some(rank)) if ix.kind == IndexerKind::Full => {

@@ -5,7 +5,7 @@ mod delta;
 mod gqa;
 mod latent;
 
-use strata_format::{AttentionKind, ModelSpec, NormKind, RopeSpec};
+use strata_format::{AttentionKind, CoreSpec, NormKind, RopeSpec};
 use strata_kv::LayerLayout;
 
 use crate::backend::Backend;
@@ -47,7 +47,7 @@ impl Pass {
 impl Attention {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
     /// `norm` is the layer's norm kind, which q/k norms follow.
-    pub fn load(b: &mut Backend, spec: &ModelSpec, kind: &AttentionKind, norm: NormKind, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &AttentionKind, norm: NormKind, layer: usize) -> Result<Self> {
         Ok(match kind {
             AttentionKind::Gqa(gqa) => Attention::Gqa(gqa::Gqa::load(b, spec, *gqa, norm, layer)?),
             AttentionKind::Mla(mla) => Attention::Mla(Box::new(latent::LatentAttention::load(b, spec, mla, layer)?)),

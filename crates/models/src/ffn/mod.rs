@@ -4,7 +4,7 @@
 mod moe;
 mod router;
 
-use strata_format::{FfnKind, ModelSpec, names};
+use strata_format::{CoreSpec, FfnKind, names};
 use strata_sched::Guess;
 
 use crate::backend::{Backend, MatrixHandle};
@@ -19,7 +19,7 @@ pub enum Ffn {
 
 impl Ffn {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
-    pub fn load(b: &mut Backend, spec: &ModelSpec, kind: &FfnKind, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &FfnKind, layer: usize) -> Result<Self> {
         Ok(match kind {
             FfnKind::Dense { intermediate_size } => {
                 Ffn::Dense(load_swiglu(b, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?)

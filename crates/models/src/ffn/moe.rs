@@ -2,7 +2,7 @@
 //! routed experts run through the one expert pipeline ([`strata_sched`]),
 //! and shared experts, if any, run resident beside them.
 
-use strata_format::{ExpertKind, ModelSpec, MoeBlock, SharedExperts, names};
+use strata_format::{CoreSpec, ExpertKind, MoeBlock, SharedExperts, names};
 use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::TraceWriter;
 
@@ -30,7 +30,7 @@ pub struct Moe {
 impl Moe {
     /// Layer `layer`'s router and shared experts, shape-checked, and its
     /// expert layout checked present.
-    pub fn load(b: &mut Backend, spec: &ModelSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &CoreSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
         let h = spec.hidden_size;
         let router = Router::load(b, spec, block, layer)?;
         let experts = b.experts(layer)?;

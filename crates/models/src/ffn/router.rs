@@ -1,7 +1,7 @@
 //! Routers: a layer's [`RouterKind`] as the backend's route of that kind,
 //! over its registered tensors.
 
-use strata_format::{ModelSpec, MoeBlock, RouterKind, names};
+use strata_format::{CoreSpec, MoeBlock, RouterKind, names};
 use strata_sched::Route;
 
 use crate::backend::{Backend, RouteKind, RouterSpec};
@@ -15,7 +15,7 @@ pub struct Router {
 
 impl Router {
     /// Layer `layer`'s router tensors, shape-checked.
-    pub fn load(b: &mut Backend, spec: &ModelSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &CoreSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
         let weight = b.matrix(&names::router_name(spec, layer), block.num_experts, spec.hidden_size)?;
         let kind = match block.router {
             RouterKind::SoftmaxTopK { renormalize } => RouteKind::SoftmaxTopK { renormalize },

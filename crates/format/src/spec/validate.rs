@@ -1,0 +1,242 @@
+//! The invariants every model keeps, checked on the architecture: its
+//! common part, then each layer's blocks (in this one place, whatever
+//! family built them), then the family's own (its file's `validate`).
+//! Errors name the config.json field at fault.
+
+use super::{
+    AttentionKind, CoreSpec, FfnKind, GdnSpec, GqaSpec, LayerSpec, MlaAttention, ModelArch, MoeBlock, NormKind,
+    RopeScaling, RopeSpec, RouterKind, SharedExperts, limits,
+};
+use crate::error::{Error, Result};
+
+impl ModelArch {
+    /// Checks every invariant the rest of the engine relies on: sizes
+    /// within this build's limits (which also keep every product of two
+    /// sizes within 64 bits), then the common part, every layer, and
+    /// the family's own invariants.
+    pub fn validate(&self) -> Result<()> {
+        limits::check(self)?;
+        self.core.validate()?;
+        if self.layers.is_empty() {
+            return Err(Error::invalid("num_hidden_layers", "must be > 0"));
+        }
+        for layer in &self.layers {
+            layer.validate()?;
+        }
+        self.core.family.def().validate(self)
+    }
+}
+
+impl CoreSpec {
+    fn validate(&self) -> Result<()> {
+        positive(&[
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ])?;
+        self.final_norm.validate()
+    }
+}
+
+impl LayerSpec {
+    /// The invariants of one layer's blocks, whatever its family.
+    pub(crate) fn validate(&self) -> Result<()> {
+        self.norm.validate()?;
+        match &self.attention {
+            AttentionKind::Gqa(gqa) => gqa.validate()?,
+            AttentionKind::Mla(mla) => mla.validate()?,
+            AttentionKind::GatedDeltaNet(gdn) => gdn.validate()?,
+        }
+        self.ffn.validate()
+    }
+}
+
+impl NormKind {
+    fn validate(&self) -> Result<()> {
+        let eps = self.eps();
+        if !(eps.is_finite() && eps > 0.0) {
+            return Err(Error::invalid("rms_norm_eps", "must be finite and > 0"));
+        }
+        Ok(())
+    }
+}
+
+impl GqaSpec {
+    fn validate(&self) -> Result<()> {
+        positive(&[
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+        ])?;
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return Err(Error::invalid(
+                "num_key_value_heads",
+                format!("{} does not divide num_attention_heads {}", self.num_kv_heads, self.num_heads),
+            ));
+        }
+        if let Some(rope) = &self.rope {
+            rope.validate(self.head_dim, "partial_rotary_factor")?;
+        }
+        if let Some(clip) = self.clip_qkv
+            && !(clip.is_finite() && clip > 0.0)
+        {
+            return Err(Error::invalid("clip_qkv", "must be finite and > 0"));
+        }
+        if self.sliding_window == Some(0) {
+            return Err(Error::invalid("sliding_window", "must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+impl MlaAttention {
+    fn validate(&self) -> Result<()> {
+        let dims = &self.dims;
+        positive(&[
+            ("num_attention_heads", self.num_heads),
+            ("kv_lora_rank", dims.kv_lora_rank),
+            ("qk_nope_head_dim", dims.qk_nope_head_dim),
+            ("qk_rope_head_dim", dims.qk_rope_head_dim),
+            ("v_head_dim", dims.v_head_dim),
+            ("q_lora_rank", dims.q_lora_rank.unwrap_or(1)),
+        ])?;
+        // RoPE rotates exactly the qk_rope_head_dim part of each head.
+        if self.rope.rotary_dim != dims.qk_rope_head_dim || !dims.qk_rope_head_dim.is_multiple_of(2) {
+            return Err(Error::invalid(
+                "qk_rope_head_dim",
+                format!(
+                    "RoPE must rotate all {} rope dimensions (an even number), not {}",
+                    dims.qk_rope_head_dim, self.rope.rotary_dim
+                ),
+            ));
+        }
+        self.rope.validate(dims.qk_head_dim(), "qk_rope_head_dim")?;
+        if let Some(indexer) = &self.indexer {
+            positive(&[("index_topk", indexer.topk), ("index_n_heads", indexer.n_heads)])?;
+            if indexer.head_dim < dims.qk_rope_head_dim {
+                return Err(Error::invalid(
+                    "index_head_dim",
+                    format!("{} is narrower than qk_rope_head_dim {}", indexer.head_dim, dims.qk_rope_head_dim),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl GdnSpec {
+    fn validate(&self) -> Result<()> {
+        let dims = &self.dims;
+        positive(&[
+            ("linear_num_key_heads", dims.num_k_heads),
+            ("linear_num_value_heads", dims.num_v_heads),
+            ("linear_key_head_dim", dims.head_k_dim),
+            ("linear_value_head_dim", dims.head_v_dim),
+        ])?;
+        if dims.conv_kernel < 2 {
+            return Err(Error::invalid("linear_conv_kernel_dim", format!("{} must be >= 2", dims.conv_kernel)));
+        }
+        if !dims.num_v_heads.is_multiple_of(dims.num_k_heads) {
+            return Err(Error::invalid(
+                "linear_num_value_heads",
+                format!("{} is not a multiple of linear_num_key_heads {}", dims.num_v_heads, dims.num_k_heads),
+            ));
+        }
+        NormKind::Weight { eps: self.eps }.validate()
+    }
+}
+
+impl RopeSpec {
+    /// A rotation of the leading `rotary_dim` of `head_dim` values; a bad
+    /// rotary width is charged to `width_field`.
+    fn validate(&self, head_dim: usize, width_field: &str) -> Result<()> {
+        if !(self.theta.is_finite() && self.theta > 0.0) {
+            return Err(Error::invalid("rope_theta", "must be finite and > 0"));
+        }
+        if self.rotary_dim == 0 || !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > head_dim {
+            return Err(Error::invalid(
+                width_field,
+                format!("rotary dimension {} must be even, > 0 and <= head_dim {head_dim}", self.rotary_dim),
+            ));
+        }
+        match self.scaling {
+            RopeScaling::None => Ok(()),
+            RopeScaling::Linear { factor } | RopeScaling::Yarn { factor, .. } if factor.is_finite() && factor > 0.0 => {
+                Ok(())
+            }
+            RopeScaling::Linear { .. } | RopeScaling::Yarn { .. } => {
+                Err(Error::invalid("rope_parameters.factor", "must be finite and > 0"))
+            }
+        }
+    }
+}
+
+impl FfnKind {
+    /// The invariants of a feed-forward block (also of the MoE block a
+    /// config gives when no layer uses it: transformers builds it anyway).
+    pub(crate) fn validate(&self) -> Result<()> {
+        match self {
+            FfnKind::Dense { intermediate_size } => positive(&[("intermediate_size", *intermediate_size)]),
+            FfnKind::Moe(moe) => moe.validate(),
+        }
+    }
+}
+
+impl MoeBlock {
+    fn validate(&self) -> Result<()> {
+        positive(&[
+            ("num_experts", self.num_experts),
+            ("num_experts_per_tok", self.top_k),
+            ("expert intermediate_size", self.intermediate_size),
+        ])?;
+        if self.top_k > self.num_experts {
+            return Err(Error::invalid(
+                "num_experts_per_tok",
+                format!("{} exceeds the number of experts {}", self.top_k, self.num_experts),
+            ));
+        }
+        match self.shared {
+            SharedExperts::Plain { intermediate_size: 0 } | SharedExperts::Gated { intermediate_size: 0 } => {
+                return Err(Error::invalid("shared_expert_intermediate_size", "must be > 0"));
+            }
+            _ => {}
+        }
+        self.validate_router()
+    }
+
+    fn validate_router(&self) -> Result<()> {
+        let RouterKind::GroupedSigmoid { n_group, topk_group, scaling, .. } = self.router else {
+            return Ok(());
+        };
+        let experts = self.num_experts;
+        if n_group == 0 || !experts.is_multiple_of(n_group) {
+            return Err(Error::invalid("n_group", format!("{n_group} does not divide n_routed_experts {experts}")));
+        }
+        // Groups are ranked by the sum of their two best scores.
+        let per_group = experts / n_group;
+        if per_group < 2 {
+            return Err(Error::invalid("n_group", "every group needs at least two experts"));
+        }
+        if topk_group == 0 || topk_group > n_group {
+            return Err(Error::invalid("topk_group", format!("{topk_group} is not in 1..={n_group}")));
+        }
+        if self.top_k > topk_group * per_group {
+            return Err(Error::invalid(
+                "num_experts_per_tok",
+                format!("{} exceeds the {} experts of the chosen groups", self.top_k, topk_group * per_group),
+            ));
+        }
+        if !scaling.is_finite() {
+            return Err(Error::invalid("routed_scaling_factor", "must be finite"));
+        }
+        Ok(())
+    }
+}
+
+/// Refuses the first `(field, value)` that is zero.
+fn positive(values: &[(&str, usize)]) -> Result<()> {
+    match values.iter().find(|(_, value)| *value == 0) {
+        Some((field, _)) => Err(Error::invalid(*field, "must be > 0")),
+        None => Ok(()),
+    }
+}
