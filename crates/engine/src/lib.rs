@@ -31,6 +31,8 @@ mod engine;
 mod error;
 mod grammar;
 pub mod hub;
+#[cfg(feature = "clap")]
+pub mod logging;
 pub mod mirror;
 mod persist;
 mod resolve;
