@@ -216,7 +216,7 @@ fn raise_fd_limit() -> Option<u64> {
 /// The model's name for clients: ORG/NAME as pulled, else its directory's
 /// name.
 fn default_name(model: Option<&Path>) -> String {
-    let Some(dir) = model else { return "demo".to_owned() };
+    let Some(dir) = model else { return strata_engine::DEMO_NAME.to_owned() };
     if let Some(name) = dir.to_str().filter(|_| !dir.exists()).and_then(strata_engine::hub::ModelName::parse) {
         return name.repo;
     }

@@ -220,6 +220,7 @@ pub fn run(cli: Cli) -> Result<()> {
             crate::mirror::run(command, &model_dir)
         }
         Command::Export { model_dir, out_hf_dir, overwrite } => {
+            let model_dir = model(Some(model_dir))?;
             if overwrite && out_hf_dir.exists() {
                 std::fs::remove_dir_all(&out_hf_dir).with_context(|| format!("removing {}", out_hf_dir.display()))?;
             }
