@@ -123,3 +123,51 @@ fn a_model_spec_literal_is_told_from_a_signature() {
     assert!(!builds_a_model_spec("    pub fn spec(&self) -> &ModelSpec {"));
     assert!(!builds_a_model_spec("fn parse(text: &str) -> ModelSpec {"));
 }
+
+/// Whether a line of Rust names `krate` as a path (`krate::…`), outside a
+/// comment.
+fn names_crate(line: &str, krate: &str) -> bool {
+    let code = line.split("//").next().unwrap_or("");
+    code.match_indices(krate).any(|(at, _)| {
+        let before = code[..at].chars().next_back();
+        let after = &code[at + krate.len()..];
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_') && (after.starts_with("::") || after.starts_with(';'))
+    })
+}
+
+/// The blocks of `crates/models` run on a backend that owns their weights
+/// (docs/ARCHITECTURE.md): only its module calls the kernels or spreads
+/// work over the pool, so that another device replaces that module, not
+/// the blocks.
+#[test]
+fn crates_models_calls_the_kernels_only_in_its_backend() {
+    let src = root().join("crates/models/src");
+    let backend = src.join("backend");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    for file in files.iter().filter(|file| !file.starts_with(&backend)) {
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        for (n, line) in text.lines().enumerate() {
+            for krate in ["strata_kernels", "rayon"] {
+                assert!(
+                    !names_crate(line, krate),
+                    "{}:{}: uses {krate} outside crates/models/src/backend/: {}",
+                    file.display(),
+                    n + 1,
+                    line.trim()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_crate_path_is_told_from_a_word_or_a_comment() {
+    assert!(names_crate("use strata_kernels::ops;", "strata_kernels"));
+    assert!(names_crate("    let isa = strata_kernels::simd::Isa::detect();", "strata_kernels"));
+    assert!(names_crate("use rayon::prelude::*;", "rayon"));
+    assert!(names_crate("extern crate rayon;", "rayon"));
+    assert!(!names_crate("// the rayon pool: strata_kernels::Threads", "rayon"));
+    assert!(!names_crate("    /// see strata_kernels::ops", "strata_kernels"));
+    assert!(!names_crate("let no_rayon::x = 1;", "rayon"));
+}

@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result};
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
-use strata_engine::{ByteSize, Chat, ChatSnapshot, Engine, Reply, ReplyOptions, RunStats};
+use strata_engine::{ByteSize, Chat, Engine, Reply, ReplyOptions, RunStats, SaveCounts};
 
 const HELP: &str = "\
 /help          this text
 /reset         forget the conversation (also /clear)
-/save NAME     keep a snapshot of the conversation (messages and KV cache) as NAME;
+/save NAME     keep the conversation (messages and KV cache) as NAME;
                later turns are not in it until you /save again
 /load NAME     continue a saved conversation, its KV cache read back, not recomputed
 /stats         speed, expert-cache and memory figures of the last answer
@@ -161,8 +161,8 @@ fn command_line<'e>(
     ControlFlow::Continue(())
 }
 
-fn counts(snapshot: ChatSnapshot) -> String {
-    format!("{} messages, {} tokens", snapshot.messages, snapshot.tokens)
+fn counts(saved: SaveCounts) -> String {
+    format!("{} messages, {} tokens", saved.messages, saved.tokens)
 }
 
 fn print_stats(s: &RunStats) {

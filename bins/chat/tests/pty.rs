@@ -78,17 +78,17 @@ fn number_after(text: &str, label: &str) -> usize {
     rest.trim_start().split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
 }
 
-/// The files of saved conversation `name`: its record and the KV snapshot
+/// The files of saved conversation `name`: its record and the KV file
 /// the record names, with their bytes.
 fn saved_files(kv: &Path, name: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let record = kv.join(format!("{name}.chat.json"));
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
-    let snapshot = kv.join(json["kv_file"].as_str().unwrap());
-    [record, snapshot].into_iter().map(|path| (path.clone(), std::fs::read(&path).unwrap())).collect()
+    let kv_file = kv.join(json["kv_file"].as_str().unwrap());
+    [record, kv_file].into_iter().map(|path| (path.clone(), std::fs::read(&path).unwrap())).collect()
 }
 
 #[test]
-fn a_saved_conversation_is_a_snapshot_that_later_turns_reset_and_other_conversations_never_change() {
+fn a_saved_conversation_is_a_copy_that_later_turns_reset_and_other_conversations_never_change() {
     let dir = tempfile::tempdir().unwrap();
     let (cache, kv) = (dir.path().join("cache"), dir.path().join("kv"));
     let mut p = chat(&cache, &kv, &["--temperature", "0", "--max-new-tokens", "24"]);
@@ -99,7 +99,7 @@ fn a_saved_conversation_is_a_snapshot_that_later_turns_reset_and_other_conversat
     let saved_tokens = number_after(&saved, "messages,");
     let files = saved_files(&kv, "a");
     let record: serde_json::Value = serde_json::from_slice(&files[0].1).unwrap();
-    assert_eq!(record["tokens"], saved_tokens, "the record counts the snapshot's tokens");
+    assert_eq!(record["tokens"], saved_tokens, "the record counts the saved tokens");
     assert_eq!(record["messages"][0]["content"], "Tell me a fortune.");
 
     // More turns, a reset, another conversation and another save.
@@ -113,7 +113,7 @@ fn a_saved_conversation_is_a_snapshot_that_later_turns_reset_and_other_conversat
         assert_eq!(&std::fs::read(path).unwrap(), bytes, "{} is unchanged", path.display());
     }
 
-    // Loading restores exactly the snapshot: the same answer to the same
+    // Loading restores exactly the saved copy: the same answer to the same
     // follow-up (greedy), with only the new turn run through the model.
     let loaded = enter(&mut p, "/load a");
     assert_eq!(loaded, format!("(loaded a: 2 messages, {saved_tokens} tokens, KV cache read back)"));

@@ -18,23 +18,23 @@ use crate::{Engine, Error, Finish, GenerateOptions, Result, RunStats, SamplingOp
 /// The suffix of a saved conversation's record: `<kv_dir>/NAME.chat.json`.
 const SAVED_CHAT_SUFFIX: &str = ".chat.json";
 
-/// A saved conversation, `NAME.chat.json`: its messages and the KV snapshot
+/// A saved conversation, `NAME.chat.json`: its messages and the KV file
 /// file that holds their tokens. Writing this file (by rename) is the one
 /// step that makes a save happen, so messages and KV are replaced together
 /// or not at all.
 #[derive(Debug, Serialize, Deserialize)]
 struct SavedChat {
-    /// The KV snapshot, `NAME.<stamp>.kvs` beside this file: a new file per
+    /// The KV file, `NAME.<stamp>.kvs` beside this file: a new file per
     /// save, so the one this record names is never being rewritten.
     kv_file: String,
-    /// Tokens in the KV snapshot, checked when it is read back.
+    /// Tokens in the saved KV cache, checked when it is read back.
     tokens: usize,
     messages: Vec<Message>,
 }
 
 /// What [`Chat::save`] wrote or [`Chat::load`] read back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChatSnapshot {
+pub struct SaveCounts {
     pub messages: usize,
     /// Tokens of the KV cache saved or restored (restored ones are not
     /// computed again).
@@ -45,13 +45,13 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io { path: path.to_owned(), source }
 }
 
-/// Hex digits of a snapshot's stamp: a fixed length, so that no session of
+/// Hex digits of a save's stamp: a fixed length, so that no session of
 /// another name (`NAME.b.kvs` of `strata generate --session NAME.b`) is
-/// taken for a snapshot of NAME.
+/// taken for a KV file of NAME.
 const STAMP_HEX_DIGITS: usize = 32;
 
-/// Whether `file` is a KV snapshot of conversation `name`: `NAME.<stamp>.kvs`.
-fn is_snapshot_of(name: &str, file: &str) -> bool {
+/// Whether `file` is the saved KV cache of conversation `name`: `NAME.<stamp>.kvs`.
+fn is_save_of(name: &str, file: &str) -> bool {
     file.strip_prefix(name)
         .and_then(|f| f.strip_prefix('.'))
         .and_then(|f| f.strip_suffix(SESSION_FILE_EXTENSION))
@@ -98,12 +98,12 @@ fn create_temporary(path: &Path) -> Result<(PathBuf, File)> {
     Err(io_error(&tmp)(e))
 }
 
-/// The KV snapshot the record at `record_path` names, if it names one of
+/// The KV file the record at `record_path` names, if it names one of
 /// `name`: the one file a new save of `name` replaces.
-fn snapshot_named_by(record_path: &Path, name: &str) -> Option<String> {
+fn save_named_by(record_path: &Path, name: &str) -> Option<String> {
     let text = std::fs::read_to_string(record_path).ok()?;
     let saved: SavedChat = serde_json::from_str(&text).ok()?;
-    is_snapshot_of(name, &saved.kv_file).then_some(saved.kv_file)
+    is_save_of(name, &saved.kv_file).then_some(saved.kv_file)
 }
 
 /// A model's text side: tokenizer, chat template, end-of-sequence ids.
@@ -223,51 +223,51 @@ impl<'e> Chat<'e> {
         self.session.reset();
     }
 
-    /// Saves a snapshot of the conversation as `name` under `kv_dir`: its
+    /// Saves a KV file of the conversation as `name` under `kv_dir`: its
     /// messages and its KV cache, together and atomically (a crash leaves
     /// the previous save of `name` or this one, never a mix). Nothing done
     /// later (more turns, [`Self::reset`], another conversation) changes
     /// it; save again to keep those.
-    pub fn save(&self, kv_dir: &Path, name: &str) -> Result<ChatSnapshot> {
+    pub fn save(&self, kv_dir: &Path, name: &str) -> Result<SaveCounts> {
         validate_session_name(name)?;
         std::fs::create_dir_all(kv_dir).map_err(io_error(kv_dir))?;
         // Saves in this directory take turns (across processes), so that
-        // the snapshot read as the previous one below is still the one
+        // the KV file read as the previous one below is still the one
         // the record names when this save replaces it.
         let dir_lock = File::open(kv_dir).map_err(io_error(kv_dir))?;
         dir_lock.lock().map_err(io_error(kv_dir))?;
         let record_path = kv_dir.join(format!("{name}{SAVED_CHAT_SUFFIX}"));
-        let previous = snapshot_named_by(&record_path, name);
-        // Unique per save, so the snapshot the record names now is never
+        let previous = save_named_by(&record_path, name);
+        // Unique per save, so the KV file the record names now is never
         // the file being written.
         let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let kv_file = format!("{name}.{stamp:0width$x}.{SESSION_FILE_EXTENSION}", width = STAMP_HEX_DIGITS);
         let kv_path = kv_dir.join(&kv_file);
-        let tokens = self.session.write_snapshot(&kv_path)?;
+        let tokens = self.session.write_copy(&kv_path)?;
         let saved = SavedChat { kv_file: kv_file.clone(), tokens, messages: self.messages.clone() };
         let json = serde_json::to_vec_pretty(&saved)
             .map_err(|e| Error::InvalidRequest(format!("encoding the conversation: {e}")))?;
-        // The commit point: from this rename on, `name` is this snapshot.
+        // The commit point: from this rename on, `name` is this KV file.
         if let Err(e) = write_atomically(&record_path, &json) {
             // Not committed unless the record names it (a failed directory
             // sync comes after the rename): then it is the save.
-            if snapshot_named_by(&record_path, name).as_deref() != Some(kv_file.as_str()) {
+            if save_named_by(&record_path, name).as_deref() != Some(kv_file.as_str()) {
                 let _ = std::fs::remove_file(&kv_path);
             }
             return Err(e);
         }
-        // Only the snapshot this save replaced is deleted: other files of
+        // Only the KV file this save replaced is deleted: other files of
         // the same shape may be a session of `strata generate` or another
         // save's.
         if let Some(previous) = previous.filter(|p| *p != kv_file) {
             let _ = std::fs::remove_file(kv_dir.join(previous));
         }
-        Ok(ChatSnapshot { messages: saved.messages.len(), tokens })
+        Ok(SaveCounts { messages: saved.messages.len(), tokens })
     }
 
     /// Replaces the conversation with the one saved as `name`: exactly its
     /// messages, and its KV cache read back rather than recomputed.
-    pub fn load(&mut self, engine: &'e Engine, kv_dir: &Path, name: &str) -> Result<ChatSnapshot> {
+    pub fn load(&mut self, engine: &'e Engine, kv_dir: &Path, name: &str) -> Result<SaveCounts> {
         validate_session_name(name)?;
         let path = kv_dir.join(format!("{name}{SAVED_CHAT_SUFFIX}"));
         let text = match std::fs::read_to_string(&path) {
@@ -278,17 +278,17 @@ impl<'e> Chat<'e> {
         };
         let saved: SavedChat = serde_json::from_str(&text)
             .map_err(|e| Error::InvalidRequest(format!("{}: not a saved conversation: {e}", path.display())))?;
-        if !is_snapshot_of(name, &saved.kv_file) {
+        if !is_save_of(name, &saved.kv_file) {
             return Err(Error::InvalidRequest(format!(
-                "{}: names {:?}, not a snapshot of {name}",
+                "{}: names {:?}, not a KV file of {name}",
                 path.display(),
                 saved.kv_file
             )));
         }
-        let (session, report) = engine.read_session_snapshot(&kv_dir.join(&saved.kv_file))?;
+        let (session, report) = engine.read_session_copy(&kv_dir.join(&saved.kv_file))?;
         if report.reopened_tokens != saved.tokens || report.cut.is_some() {
             return Err(Error::InvalidRequest(format!(
-                "{}: the KV snapshot holds {} of the {} tokens saved; not loaded",
+                "{}: the KV file holds {} of the {} tokens saved; not loaded",
                 report.path.display(),
                 report.reopened_tokens,
                 saved.tokens
@@ -296,7 +296,7 @@ impl<'e> Chat<'e> {
         }
         self.session = session;
         self.messages = saved.messages;
-        Ok(ChatSnapshot { messages: self.messages.len(), tokens: saved.tokens })
+        Ok(SaveCounts { messages: self.messages.len(), tokens: saved.tokens })
     }
 
     /// The prompt's ids after dropping the oldest turns (see [`oldest_turn`];
@@ -446,9 +446,9 @@ mod tests {
     }
 
     #[test]
-    fn only_a_conversations_own_snapshots_are_taken_for_it() {
+    fn only_a_conversations_own_kv_files_are_taken_for_it() {
         let stamp = "0123456789abcdef".repeat(2);
-        assert!(is_snapshot_of("a", &format!("a.{stamp}.kvs")));
+        assert!(is_save_of("a", &format!("a.{stamp}.kvs")));
         for other in [
             "a.kvs".to_owned(),
             "a.b.kvs".to_owned(),
@@ -457,7 +457,7 @@ mod tests {
             format!("a.{}.kvs", &stamp[1..]),
             format!("a.{stamp}.kvs.tmp-1"),
         ] {
-            assert!(!is_snapshot_of("a", &other), "{other}");
+            assert!(!is_save_of("a", &other), "{other}");
         }
     }
 }

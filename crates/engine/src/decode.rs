@@ -24,7 +24,7 @@ pub enum Finish {
     Cancelled,
 }
 
-/// What one [`Decoder::step`] did.
+/// What one [`Generation::step`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Step {
     /// The token appended to the sequence (not yet run through the model).
@@ -33,10 +33,10 @@ pub struct Step {
     pub finish: Option<Finish>,
 }
 
-/// The decoding state of one sequence: its sampler, its end-of-sequence
+/// One sequence's generation: its sampler, its end-of-sequence
 /// ids and how far it is from its length limit.
 #[derive(Debug, Clone)]
-pub struct Decoder {
+pub struct Generation {
     sampler: Sampler,
     /// Ids that end generation (the model's and the caller's); empty when
     /// end-of-sequence tokens are to be generated through.
@@ -45,8 +45,8 @@ pub struct Decoder {
     generated_tokens: usize,
 }
 
-impl Decoder {
-    /// The decoder of `options` for a model whose own end-of-sequence ids
+impl Generation {
+    /// The generation of `options` for a model whose own end-of-sequence ids
     /// are `model_eos_token_ids`.
     pub fn new(options: &GenerateOptions, model_eos_token_ids: &[u32]) -> Self {
         let eos_token_ids = if options.ignore_eos {

@@ -41,9 +41,9 @@ mod session;
 pub mod text;
 
 pub use batch::{Admission, BatchLimits, BatchObserver, Batcher, Event, EventSink, Events, Job};
-pub use chat::{Chat, ChatSnapshot, Reply, ReplyOptions, TextModel};
+pub use chat::{Chat, Reply, ReplyOptions, SaveCounts, TextModel};
 pub use constraint::Constraint;
-pub use decode::{Decoder, Finish, Step};
+pub use decode::{Finish, Generation, Step};
 pub use engine::{
     CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch, USAGE_FILE_NAME, kv_footprint,
 };

@@ -91,9 +91,9 @@ impl Engine {
 
     /// Reads the session file at `path` into a new session that is not
     /// bound to it: nothing the session does later changes the file (a
-    /// snapshot, as `Chat::save` writes). The file must exist, and is only
+    /// copy, as `Chat::save` writes). The file must exist, and is only
     /// read: a damaged one is refused as it is, never cut.
-    pub fn read_session_snapshot(&self, path: &Path) -> Result<(Session<'_>, SessionReport)> {
+    pub fn read_session_copy(&self, path: &Path) -> Result<(Session<'_>, SessionReport)> {
         if !path.is_file() {
             return Err(Error::Io { path: path.to_owned(), source: std::io::ErrorKind::NotFound.into() });
         }
@@ -105,12 +105,12 @@ impl Engine {
     fn restore_session(&self, path: &Path, bind: bool) -> Result<(Session<'_>, SessionReport)> {
         let mut cache = self.model().new_cache(self.context_tokens());
         let header = self.session_header(&cache)?;
-        // A snapshot is only read: never cut, locked or set aside.
+        // A copy is only read: never cut, locked or set aside.
         let (file, recovered) = if bind {
             let (file, recovered) = SessionFile::open_or_create(path, &header, &mut cache)?;
             (Some(file), recovered)
         } else {
-            (None, SessionFile::read_snapshot(path, &header, &mut cache)?)
+            (None, SessionFile::read_copy(path, &header, &mut cache)?)
         };
         let tokens = recovered.tokens;
         let (unfed, rerun_tokens) = match tokens.last() {

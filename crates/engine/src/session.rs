@@ -10,7 +10,7 @@ use strata_models::{Logits, SeqBatch};
 use strata_sched::LayerStats;
 use strata_tier::StoreStats;
 
-use crate::decode::Decoder;
+use crate::decode::Generation;
 use crate::engine::check_logits;
 use crate::{Constraint, Engine, Error, Finish, Result, Sampler, SamplingOptions};
 
@@ -104,19 +104,19 @@ impl RunStats {
 }
 
 /// Engine counters at one instant, to difference around a step or a run.
-struct Snapshot {
+struct Counters {
     at: Instant,
     store: StoreStats,
     pipeline: LayerStats,
 }
 
-impl Snapshot {
+impl Counters {
     fn take(engine: &Engine) -> Self {
         Self { at: Instant::now(), store: engine.store_stats(), pipeline: engine.pipeline_stats() }
     }
 
     fn step_since(&self, engine: &Engine, tokens: usize) -> StepStats {
-        let now = Snapshot::take(engine);
+        let now = Counters::take(engine);
         StepStats {
             tokens,
             ms: ms(now.at - self.at),
@@ -130,7 +130,7 @@ impl Snapshot {
     }
 
     fn fill_run(&self, engine: &Engine, stats: &mut RunStats) {
-        let now = Snapshot::take(engine);
+        let now = Counters::take(engine);
         stats.expert_hits = now.store.hits - self.store.hits;
         stats.expert_misses = now.store.misses - self.store.misses;
         let accesses = stats.expert_hits + stats.expert_misses;
@@ -247,10 +247,10 @@ impl<'e> Session<'e> {
 
     /// Writes the whole sequence to a new session file at `path` (refused
     /// if it exists), durable when this returns, and leaves the session as
-    /// it was: the file is a snapshot that nothing done later changes.
-    /// [`Engine::read_session_snapshot`] reads it back. Returns the tokens
+    /// it was: the file is a copy that nothing done later changes.
+    /// [`Engine::read_session_copy`] reads it back. Returns the tokens
     /// written; on failure nothing is left at `path`.
-    pub fn write_snapshot(&self, path: &Path) -> Result<usize> {
+    pub fn write_copy(&self, path: &Path) -> Result<usize> {
         let header = self.engine.session_header(&self.cache)?;
         let mut file = SessionFile::create(path, &header)?;
         // `sync` appends every token and fsyncs once. A file this call
@@ -481,7 +481,7 @@ impl<'e> Session<'e> {
         mut on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerateReport> {
         options.sampling.check()?;
-        let run_start = Snapshot::take(self.engine);
+        let run_start = Counters::take(self.engine);
         let mut logits = match self.pending_logits.take() {
             Some(logits) if prompt.is_empty() => logits,
             _ if prompt.is_empty() && self.unfed.is_none() => {
@@ -503,16 +503,16 @@ impl<'e> Session<'e> {
         report.stats.prefill_ms = prefill.ms;
         report.stats.per_token.push(prefill);
         let decode_started = Instant::now();
-        let mut decoder = Decoder::new(options, &self.engine.spec().eos_token_ids);
+        let mut generation = Generation::new(options, &self.engine.spec().eos_token_ids);
         if options.max_new_tokens > 0 {
             loop {
-                let step = decoder.step(self, &mut logits, constraint.as_deref_mut(), |token, _| on_token(token))?;
+                let step = generation.step(self, &mut logits, constraint.as_deref_mut(), |token, _| on_token(token))?;
                 report.tokens.push(step.token);
                 if let Some(finish) = step.finish {
                     report.finish = finish;
                     break;
                 }
-                let step_start = Snapshot::take(self.engine);
+                let step_start = Counters::take(self.engine);
                 logits = self.feed(&[])?;
                 report.stats.per_token.push(step_start.step_since(self.engine, 1));
             }

@@ -1,5 +1,5 @@
 //! Saved conversations (`/save`, `/load` of `strata chat`) on the demo
-//! model: a save replaces only its own earlier snapshot, leaves nothing
+//! model: a save replaces only its own earlier KV file, leaves nothing
 //! behind when it fails, and a load never changes the files it reads.
 
 use std::ops::ControlFlow;
@@ -35,8 +35,8 @@ fn names(dir: &Path) -> Vec<String> {
     names
 }
 
-/// The KV snapshots of conversation `name` in `dir`.
-fn snapshots(dir: &Path, name: &str) -> Vec<PathBuf> {
+/// The KV files of conversation `name` in `dir`.
+fn kv_files(dir: &Path, name: &str) -> Vec<PathBuf> {
     names(dir)
         .into_iter()
         .filter(|f| f.starts_with(&format!("{name}.")) && f.ends_with(".kvs"))
@@ -49,20 +49,20 @@ fn record(dir: &Path, name: &str) -> serde_json::Value {
 }
 
 #[test]
-fn a_save_leaves_the_snapshot_of_a_concurrent_save_of_the_same_name_alone() {
+fn a_save_leaves_the_kv_file_of_a_concurrent_save_of_the_same_name_alone() {
     let dir = tempfile::tempdir().unwrap();
     let kv = dir.path().join("kv");
     let engine = engine(dir.path());
-    // Save B has written its snapshot and is about to write its record
+    // Save B has written its KV file and is about to write its record
     // when save A of the same name runs from start to end.
     let b = chat(&engine, "Tell me a fortune.");
     b.save(&kv, "x").unwrap();
     let b_record = record(&kv, "x");
-    let b_snapshot = kv.join(b_record["kv_file"].as_str().unwrap());
+    let b_kv_file = kv.join(b_record["kv_file"].as_str().unwrap());
     std::fs::remove_file(kv.join("x.chat.json")).unwrap();
     let a = chat(&engine, "Another one.");
     a.save(&kv, "x").unwrap();
-    assert!(b_snapshot.is_file(), "save A deleted the snapshot save B is committing");
+    assert!(b_kv_file.is_file(), "save A deleted the KV file save B is committing");
     std::fs::write(kv.join("x.chat.json"), serde_json::to_vec(&b_record).unwrap()).unwrap();
     let mut loaded = Chat::new(&engine, TextModel::load(&engine).unwrap(), None);
     loaded.load(&engine, &kv, "x").unwrap();
@@ -81,7 +81,7 @@ fn a_save_leaves_the_snapshot_of_a_concurrent_save_of_the_same_name_alone() {
         }
     });
     Chat::new(&engine, TextModel::load(&engine).unwrap(), None).load(&engine, &kv, "y").unwrap();
-    assert_eq!(snapshots(&kv, "y").len(), 1, "every snapshot but the one named is gone");
+    assert_eq!(kv_files(&kv, "y").len(), 1, "every KV file but the one named is gone");
 }
 
 #[test]
@@ -101,7 +101,7 @@ fn saving_x_keeps_a_generate_session_named_x_and_32_hex_digits() {
     assert_eq!(std::fs::read(kv.join(format!("{session_name}.kvs"))).unwrap(), session_bytes);
     let (session, _) = engine.open_session(&kv, session_name).unwrap();
     assert_eq!(session.tokens()[3..], tokens);
-    assert_eq!(snapshots(&kv, "x").len(), 2, "the session and the one snapshot the record names");
+    assert_eq!(kv_files(&kv, "x").len(), 2, "the session and the one KV file the record names");
 }
 
 #[test]
@@ -118,7 +118,7 @@ fn a_failed_save_leaves_no_file_behind_and_the_previous_save_loadable() {
     let mut expected = before;
     expected.push("x.chat.json".to_owned());
     expected.sort();
-    assert_eq!(names(&kv), expected, "no snapshot or temporary file of the failed save is left");
+    assert_eq!(names(&kv), expected, "no KV file or temporary file of the failed save is left");
     Chat::new(&engine, TextModel::load(&engine).unwrap(), None).load(&engine, &kv, "kept").unwrap();
 }
 
@@ -128,17 +128,17 @@ fn loading_a_damaged_save_refuses_it_and_leaves_its_files_as_they_were() {
     let kv = dir.path().join("kv");
     let engine = engine(dir.path());
     chat(&engine, "Tell me a fortune.").save(&kv, "x").unwrap();
-    let [snapshot] = snapshots(&kv, "x").try_into().unwrap();
-    let mut bytes = std::fs::read(&snapshot).unwrap();
+    let [kv_file] = kv_files(&kv, "x").try_into().unwrap();
+    let mut bytes = std::fs::read(&kv_file).unwrap();
     // One bit of the last record, well past the header.
     let last = bytes.len() - 8;
     bytes[last] ^= 0x10;
-    std::fs::write(&snapshot, &bytes).unwrap();
+    std::fs::write(&kv_file, &bytes).unwrap();
     let before = names(&kv);
     let mut loaded = Chat::new(&engine, TextModel::load(&engine).unwrap(), None);
     let err = loaded.load(&engine, &kv, "x").unwrap_err().to_string();
     assert!(err.contains("damaged"), "{err}");
     assert!(loaded.messages().is_empty(), "nothing was loaded");
-    assert_eq!(std::fs::read(&snapshot).unwrap(), bytes, "the snapshot is not cut");
+    assert_eq!(std::fs::read(&kv_file).unwrap(), bytes, "the KV file is not cut");
     assert_eq!(names(&kv), before, "no tail is set aside");
 }

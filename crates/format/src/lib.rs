@@ -42,7 +42,7 @@ mod synth;
 pub mod temporaries;
 
 pub use checkpoint::Checkpoint;
-pub use container::{ComponentLayout, Container, Embedding, ExpertLayout, Manifest};
+pub use container::{ComponentLayout, Container, DenseId, Embedding, ExpertLayout, Manifest};
 pub use convert::{CHUNK_ELEMS, ConvertOptions, ConvertReport, convert};
 pub use error::{Error, Result};
 pub use export::export;

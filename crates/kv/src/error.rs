@@ -63,13 +63,11 @@ pub enum Error {
     #[error("KV session {path} holds at least {tokens} tokens, more than the context of {capacity_tokens}")]
     SessionTooLong { path: PathBuf, tokens: usize, capacity_tokens: usize },
 
-    /// A snapshot read without recovery ([`crate::SessionFile::read_snapshot`])
+    /// A copy read without recovery ([`crate::SessionFile::read_copy`])
     /// whose records stop being valid before its end. The file is left as
     /// it is.
-    #[error(
-        "KV snapshot {path} is damaged at byte {offset_bytes} (record {record_index}: {reason}); it was left as it is"
-    )]
-    DamagedSnapshot { path: PathBuf, offset_bytes: u64, record_index: usize, reason: String },
+    #[error("KV file {path} is damaged at byte {offset_bytes} (record {record_index}: {reason}); it was left as it is")]
+    DamagedCopy { path: PathBuf, offset_bytes: u64, record_index: usize, reason: String },
 
     /// Another process holds the session open.
     #[error("KV session {path} is in use by another process")]

@@ -240,9 +240,9 @@ impl SessionFile {
 
     /// Reads the session file at `path` into `cache` (empty, shaped like
     /// `expected`) without changing the file or locking it: a published
-    /// snapshot is never written again, and one that is damaged is refused
+    /// copy is never written again, and one that is damaged is refused
     /// as it is, so the user still holds every byte of it.
-    pub fn read_snapshot(path: &Path, expected: &SessionHeader, cache: &mut KvCache) -> Result<Recovered> {
+    pub fn read_copy(path: &Path, expected: &SessionHeader, cache: &mut KvCache) -> Result<Recovered> {
         assert!(cache.is_empty(), "sessions load into an empty cache");
         assert_eq!(cache.layouts(), expected.layouts.as_slice(), "the cache is shaped like the expected header");
         let file = File::open(path).map_err(|source| Error::Io { path: path.to_owned(), action: "opening", source })?;
@@ -254,7 +254,7 @@ impl SessionFile {
         let header_bytes = read_header(&mut reader, path, expected, file_bytes)?;
         let scan = scan_records(&mut reader, path, expected, header_bytes as u64, cache)?;
         if let Some((record_index, reason)) = scan.bad_record {
-            return Err(Error::DamagedSnapshot {
+            return Err(Error::DamagedCopy {
                 path: path.to_owned(),
                 offset_bytes: scan.end_bytes,
                 record_index,

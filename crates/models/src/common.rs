@@ -1,24 +1,32 @@
 //! Projections with optional biases, as every block runs them.
 
-use strata_format::Container;
-
+use crate::backend::{Backend, MatrixHandle, VectorHandle};
 use crate::{Result, Runtime};
 
-/// Adds `bias` to every row of `rows`.
-pub fn add_bias(rows: &mut [f32], bias: &[f32]) {
-    for row in rows.chunks_exact_mut(bias.len()) {
-        row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
-    }
+/// A registered weight `[rows, cols]` and its optional bias `[rows]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Linear {
+    pub weight: MatrixHandle,
+    pub bias: Option<VectorHandle>,
 }
 
-/// `y = W x` for every row of `xs` (`[n, cols]`), plus an optional bias.
-pub fn project(rt: &Runtime<'_>, c: &Container, weight: &str, bias: Option<&str>, xs: &[f32]) -> Result<Vec<f32>> {
-    let m = c.dense(weight)?;
-    let n = xs.len() / m.cols;
-    let mut out = vec![0.0f32; n * m.rows];
-    rt.ops().matmul(&m, xs, n, &mut out);
-    if let Some(bias) = bias {
-        add_bias(&mut out, c.dense_vec(bias)?);
+impl Linear {
+    /// Registers `weight`, checked to be `[rows, cols]`, and `bias`, if
+    /// named, checked to hold `rows` values.
+    pub fn load(b: &mut Backend, weight: &str, bias: Option<&str>, rows: usize, cols: usize) -> Result<Self> {
+        let weight = b.matrix(weight, rows, cols)?;
+        let bias = bias.map(|bias| b.vector(bias, rows)).transpose()?;
+        Ok(Self { weight, bias })
     }
-    Ok(out)
+
+    /// `y = W x` for every row of `xs` (`[n, cols]`), plus the bias.
+    pub fn apply(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32]) -> Vec<f32> {
+        let n = xs.len() / self.weight.cols;
+        let mut out = vec![0.0f32; n * self.weight.rows];
+        b.matmul(rt, self.weight, xs, &mut out);
+        if let Some(bias) = self.bias {
+            b.add_bias(&mut out, bias);
+        }
+        out
+    }
 }

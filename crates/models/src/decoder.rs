@@ -1,7 +1,7 @@
 //! The one decoder stack every family runs: token embedding, then per layer
-//! `x += attention(norm(x))` and `x += ffn(norm(x))` with the blocks the
-//! layer's [`strata_format::LayerSpec`] names, then the final norm and the
-//! lm head.
+//! the attention block and the FFN the layer's [`strata_format::LayerSpec`]
+//! names, each wrapped by the layer's residual (mix → norm → block →
+//! combine, [`crate::residual`]), then the final norm and the lm head.
 //!
 //! Everything runs on a batch: `forward` is a batch of one sequence,
 //! `forward_batch` several (continuous batching). Every projection and each
@@ -16,28 +16,30 @@ use strata_kv::{KvCache, LayerLayout};
 use strata_sched::Guess;
 
 use crate::attention::{Attention, Pass};
+use crate::backend::{Backend, MatrixHandle, TableHandle};
 use crate::ffn::Ffn;
 use crate::norm::Norm;
+use crate::residual::{Residual, Streams};
 use crate::rope::{Angles, Rope};
-use crate::weights::{matrix, matrix_shape};
 use crate::{CausalLm, Error, Logits, Result, Runtime, SeqBatch};
 
-/// A loaded model: its layers' blocks over the container's tensors.
+/// A loaded model: its layers' blocks over the backend's tensors.
 pub struct Decoder {
-    container: Arc<Container>,
+    backend: Backend,
     spec: ModelSpec,
     layers: Vec<Layer>,
     /// One RoPE table per rotary embedding the layers use.
     ropes: Vec<(RopeSpec, Rope)>,
     /// What each layer keeps per sequence in its cache.
     cache_layouts: Vec<LayerLayout>,
-    embed: String,
+    embed: TableHandle,
     final_norm: Norm,
-    lm_head: String,
+    lm_head: MatrixHandle,
 }
 
 /// One decoder layer.
 struct Layer {
+    residual: Residual,
     input_norm: Norm,
     attention: Attention,
     post_attn_norm: Norm,
@@ -51,14 +53,17 @@ impl Decoder {
     pub fn load(container: Arc<Container>) -> Result<Self> {
         let spec = container.spec().clone();
         let arch = container.arch();
-        let c = &*container;
+        let mut backend = Backend::cpu(Arc::clone(&container));
+        let b = &mut backend;
         let h = arch.core.hidden_size;
         let mut layers = Vec::with_capacity(arch.layers.len());
         let mut ropes: Vec<(RopeSpec, Rope)> = Vec::new();
         let mut cache_layouts = Vec::with_capacity(arch.layers.len());
         for (l, layer) in arch.layers.iter().enumerate() {
-            let norm = |suffix: &str| Norm::load(c, names::layer_tensor(&spec, l, suffix), layer.norm, h);
-            let attention = Attention::load(c, &spec, &layer.attention, layer.norm, l)?;
+            let mut norm = |suffix: &str| Norm::load(b, &names::layer_tensor(&spec, l, suffix), layer.norm, h);
+            let (input_norm, post_attn_norm) =
+                (norm("input_layernorm.weight")?, norm("post_attention_layernorm.weight")?);
+            let attention = Attention::load(b, &spec, &layer.attention, layer.norm, l)?;
             if let Some(rope) = layer.attention.rope()
                 && !ropes.iter().any(|(known, _)| known == rope)
             {
@@ -70,65 +75,75 @@ impl Decoder {
             assert_eq!(layout, strata_kv::layout_of(layer), "layer {l}: the blocks keep what the spec says");
             cache_layouts.push(layout);
             layers.push(Layer {
-                input_norm: norm("input_layernorm.weight")?,
+                residual: Residual::new(layer.residual),
+                input_norm,
                 attention,
-                post_attn_norm: norm("post_attention_layernorm.weight")?,
-                ffn: Ffn::load(c, &spec, &layer.ffn, l)?,
+                post_attn_norm,
+                ffn: Ffn::load(b, &spec, &layer.ffn, l)?,
             });
         }
         if layers.is_empty() {
             return Err(Error::Unsupported("a model needs at least one layer".into()));
         }
-        let (embed, lm_head) = (names::embedding_name(&spec), names::lm_head_name(&spec));
-        matrix_shape(c, &embed, spec.vocab_size, h)?;
-        matrix(c, &lm_head, spec.vocab_size, h)?;
-        let final_norm = Norm::load(c, names::final_norm_name(&spec), arch.core.final_norm, h)?;
-        Ok(Self { container, spec, layers, ropes, cache_layouts, embed, final_norm, lm_head })
+        // The streams are the stack's, not a layer's: every layer mixes and
+        // combines the same number.
+        if let Some(l) = layers.iter().position(|layer| layer.residual.streams() != layers[0].residual.streams()) {
+            return Err(Error::Unsupported(format!("layer {l} carries a different number of residual streams")));
+        }
+        let embed = b.table(&names::embedding_name(&spec), spec.vocab_size, h)?;
+        let lm_head = b.matrix(&names::lm_head_name(&spec), spec.vocab_size, h)?;
+        let final_norm = Norm::load(b, &names::final_norm_name(&spec), arch.core.final_norm, h)?;
+        Ok(Self { backend, spec, layers, ropes, cache_layouts, embed, final_norm, lm_head })
     }
 
     /// The final hidden states (before the last norm) of every new row of
     /// every sequence, extending each sequence's cache.
     fn hidden_states(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<f32>> {
-        let c = &*self.container;
+        let b = &self.backend;
         let (tokens, positions) = batch_rows(seqs)?;
         let angles = self.ropes.iter().map(|(spec, rope)| (*spec, Angles::new(rope, &positions))).collect();
         let mut pass = Pass::new(angles, seqs.len());
-        let mut x = self.embed(c, &tokens)?;
-        let mut normed = vec![0.0f32; x.len()];
-        self.guess_first_layer(rt, &x, &mut normed)?;
+        let stack = self.layers[0].residual;
+        let mut streams = Streams::expand(&stack, self.embed(&tokens)?, self.spec.hidden_size);
+        let mut normed = vec![0.0f32; tokens.len() * self.spec.hidden_size];
+        self.guess_first_layer(rt, &streams, &mut normed)?;
         for (l, layer) in self.layers.iter().enumerate() {
-            layer.input_norm.apply(rt, c, &x, &mut normed)?;
-            let attn = layer.attention.forward(rt, c, l, &normed, &mut pass, seqs)?;
-            x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
-            layer.post_attn_norm.apply(rt, c, &x, &mut normed)?;
+            let residual = layer.residual;
+            layer.input_norm.apply(b, &residual.mix(&streams), &mut normed);
+            let attn = layer.attention.forward(rt, b, l, &normed, &mut pass, seqs)?;
+            residual.slot(&mut streams).iter_mut().zip(&attn).for_each(|(x, y)| *x += y);
+            residual.combine(&mut streams);
+            layer.post_attn_norm.apply(b, &residual.mix(&streams), &mut normed);
             // Look-ahead: the next layer's router on this layer's FFN input
             // guesses what it will read; the store starts those reads while
             // this layer computes. Only bytes move on a guess, never results.
             let predicted = match self.layers.get(l + 1) {
-                Some(next) if rt.store.prefetching() => next.ffn.predict(rt, c, &normed)?,
+                Some(next) if rt.store.prefetching() => next.ffn.predict(rt, b, &normed),
                 _ => None,
             };
             let guess = predicted.as_deref().map(|experts| Guess { layer: l + 1, experts });
-            layer.ffn.add_to(rt, c, l, &positions, &normed, &mut x, guess)?;
+            layer.ffn.add_to(rt, b, l, &positions, &normed, residual.slot(&mut streams), guess)?;
+            residual.combine(&mut streams);
         }
         for seq in seqs.iter_mut() {
             seq.cache.advance(seq.tokens.len());
         }
-        Ok(x)
+        debug_assert_eq!(streams.tokens(), tokens.len(), "a row per token");
+        Ok(streams.collapse(&stack))
     }
 
     /// Look-ahead for layer 0, which no layer runs before: its router on its
     /// FFN norm of the embeddings alone (the attention output not yet added)
     /// guesses its experts, read while its attention runs. Only bytes move
     /// on a guess. `scratch` is `[n, hidden]` of any contents.
-    fn guess_first_layer(&self, rt: &Runtime<'_>, x: &[f32], scratch: &mut [f32]) -> Result<()> {
+    fn guess_first_layer(&self, rt: &Runtime<'_>, streams: &Streams, scratch: &mut [f32]) -> Result<()> {
         let first = &self.layers[0];
         if !rt.store.prefetching() {
             return Ok(());
         }
-        let c = &*self.container;
-        first.post_attn_norm.apply(rt, c, x, scratch)?;
-        if let Some(experts) = first.ffn.predict(rt, c, scratch)? {
+        let b = &self.backend;
+        first.post_attn_norm.apply(b, &first.residual.mix(streams), scratch);
+        if let Some(experts) = first.ffn.predict(rt, b, scratch) {
             rt.store.prefetch(0, &experts)?;
         }
         Ok(())
@@ -136,7 +151,7 @@ impl Decoder {
 
     /// Rows of the embedding table for `tokens`, `[n, hidden]`.
     /// (The table may be on disk: `strata_format::Embedding::ReadByRow`.)
-    fn embed(&self, c: &Container, tokens: &[u32]) -> Result<Vec<f32>> {
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         let (h, vocab_size) = (self.spec.hidden_size, self.spec.vocab_size);
         let rows = tokens
             .iter()
@@ -146,13 +161,12 @@ impl Decoder {
             })
             .collect::<Result<Vec<usize>>>()?;
         let mut x = vec![0.0f32; tokens.len() * h];
-        c.dense_rows(&self.embed, &rows, &mut x)?;
+        self.backend.table_rows(self.embed, &rows, &mut x)?;
         Ok(x)
     }
 
     /// The final norm and lm head over the rows of `x` that `which` asks for.
     fn logits(&self, rt: &Runtime<'_>, x: &[f32], which: Logits) -> Result<Vec<f32>> {
-        let c = &*self.container;
         let (h, vocab_size) = (self.spec.hidden_size, self.spec.vocab_size);
         let n = x.len() / h;
         let rows = match which {
@@ -161,9 +175,9 @@ impl Decoder {
         };
         let m = rows.len() / h;
         let mut normed = vec![0.0f32; m * h];
-        self.final_norm.apply(rt, c, rows, &mut normed)?;
+        self.final_norm.apply(&self.backend, rows, &mut normed);
         let mut out = vec![0.0f32; m * vocab_size];
-        rt.ops().matmul(&c.dense(&self.lm_head)?, &normed, m, &mut out);
+        self.backend.matmul(rt, self.lm_head, &normed, &mut out);
         Ok(out)
     }
 }

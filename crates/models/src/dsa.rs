@@ -11,69 +11,60 @@
 //! ([`crate::torch_topk`]), over the row transformers scores: every key of
 //! the current forward pass, later positions masked.
 
-use rayon::prelude::*;
-use strata_format::{Container, IndexerSpec, ModelSpec, names};
-use strata_kernels::ops;
+use strata_format::{IndexerSpec, ModelSpec, names};
 
-use crate::common::project;
-use crate::rope::{Angles, rotate};
-use crate::torch_topk::torch_topk;
-use crate::weights::{matrix, vector};
+use crate::backend::{Backend, IndexJob, IndexShape, Rotary, VectorHandle};
+use crate::common::Linear;
+use crate::rope::Angles;
 use crate::{Result, Runtime};
 
 /// `nn.LayerNorm(index_head_dim, eps=1e-6)` of the indexer keys.
 const KEY_NORM_EPS: f32 = 1e-6;
 
-/// A position after the query: below every score, equal to the others like
-/// it (transformers adds the causal mask's `f32::MIN`, or fills `-inf`).
-const MASKED: f32 = f32::NEG_INFINITY;
+/// Indexer queries and keys rotate interleaved pairs over their leading
+/// `qk_rope_head_dim` values.
+const fn rotary(head_dim: usize) -> Rotary {
+    Rotary { head_width: head_dim, offset: 0, interleaved: true }
+}
 
 /// One layer's indexer.
 #[derive(Debug, Clone)]
 pub struct Indexer {
-    heads: usize,
-    head_dim: usize,
-    topk: usize,
-    wq_b: String,
-    wk: String,
-    k_norm: String,
-    k_norm_bias: String,
-    weights_proj: String,
+    shape: IndexShape,
+    wq_b: Linear,
+    wk: Linear,
+    k_norm: VectorHandle,
+    k_norm_bias: VectorHandle,
+    weights_proj: Linear,
 }
 
 impl Indexer {
     /// The indexer tensors of layer `layer`, shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, dsa: &IndexerSpec, q_lora_rank: usize, layer: usize) -> Result<Self> {
+    pub fn load(
+        b: &mut Backend,
+        spec: &ModelSpec,
+        dsa: &IndexerSpec,
+        q_lora_rank: usize,
+        layer: usize,
+    ) -> Result<Self> {
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.indexer.{suffix}"));
-        let indexer = Self {
-            heads: dsa.n_heads,
-            head_dim: dsa.head_dim,
-            topk: dsa.topk,
-            wq_b: t("wq_b.weight"),
-            wk: t("wk.weight"),
-            k_norm: t("k_norm.weight"),
-            k_norm_bias: t("k_norm.bias"),
-            weights_proj: t("weights_proj.weight"),
-        };
         let (h, d) = (spec.hidden_size, dsa.head_dim);
-        matrix(c, &indexer.wq_b, dsa.n_heads * d, q_lora_rank)?;
-        matrix(c, &indexer.wk, d, h)?;
-        vector(c, &indexer.k_norm, d)?;
-        vector(c, &indexer.k_norm_bias, d)?;
-        matrix(c, &indexer.weights_proj, dsa.n_heads, h)?;
-        Ok(indexer)
+        Ok(Self {
+            shape: IndexShape { heads: dsa.n_heads, head_dim: d, topk: dsa.topk },
+            wq_b: Linear::load(b, &t("wq_b.weight"), None, dsa.n_heads * d, q_lora_rank)?,
+            wk: Linear::load(b, &t("wk.weight"), None, d, h)?,
+            k_norm: b.vector(&t("k_norm.weight"), d)?,
+            k_norm_bias: b.vector(&t("k_norm.bias"), d)?,
+            weights_proj: Linear::load(b, &t("weights_proj.weight"), None, dsa.n_heads, h)?,
+        })
     }
 
     /// The indexer keys of `xs` (`[n, hidden]`), `[n, index_head_dim]`.
-    pub fn keys(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32], angles: &Angles) -> Result<Vec<f32>> {
-        let mut keys = project(rt, c, &self.wk, None, xs)?;
-        let (w, b) = (c.dense_vec(&self.k_norm)?, c.dense_vec(&self.k_norm_bias)?);
-        for (i, key) in keys.chunks_exact_mut(self.head_dim).enumerate() {
-            layer_norm(key, w, b, KEY_NORM_EPS);
-            let (cos, sin) = angles.at(i);
-            rotate(&mut key[..angles.dim()], cos, sin, true);
-        }
-        Ok(keys)
+    pub fn keys(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32], angles: &Angles) -> Vec<f32> {
+        let mut keys = self.wk.apply(rt, b, xs);
+        b.layer_norm(self.k_norm, self.k_norm_bias, KEY_NORM_EPS, &mut keys);
+        b.rotate(&mut keys, angles, rotary(self.shape.head_dim));
+        keys
     }
 
     /// For each query at positions `start..start + n`, the positions it may
@@ -88,72 +79,18 @@ impl Indexer {
     pub fn select(
         &self,
         rt: &Runtime<'_>,
-        c: &Container,
+        b: &Backend,
         xs: &[f32],
         compressed: &[f32],
         keys: &[f32],
         start: usize,
         angles: &Angles,
-    ) -> Result<Vec<Vec<usize>>> {
-        let (heads, d) = (self.heads, self.head_dim);
-        let mut q = project(rt, c, &self.wq_b, None, compressed)?;
-        for (i, row) in q.chunks_exact_mut(heads * d).enumerate() {
-            let (cos, sin) = angles.at(i);
-            for head in row.chunks_exact_mut(d) {
-                rotate(&mut head[..angles.dim()], cos, sin, true);
-            }
-        }
-        let mut weights = project(rt, c, &self.weights_proj, None, xs)?;
-        let head_weight = (heads as f32).powf(-0.5);
+    ) -> Vec<Vec<usize>> {
+        let mut q = self.wq_b.apply(rt, b, compressed);
+        b.rotate(&mut q, angles, rotary(self.shape.head_dim));
+        let mut weights = self.weights_proj.apply(rt, b, xs);
+        let head_weight = (self.shape.heads as f32).powf(-0.5);
         weights.iter_mut().for_each(|w| *w *= head_weight);
-        let n = q.len() / (heads * d);
-        let scale = (d as f32).powf(-0.5);
-        let score = |i: usize, t: usize| -> f32 {
-            let key = &keys[t * d..][..d];
-            let q_i = &q[i * heads * d..][..heads * d];
-            let w_i = &weights[i * heads..][..heads];
-            q_i.chunks_exact(d).zip(w_i).map(|(q_h, &w)| w * (ops::dot(q_h, key) * scale).max(0.0)).sum()
-        };
-        let keys_in_pass = start + n;
-        // `scores` are query i's, for positions 0..=start + i.
-        let choose = |scores: &[f32]| -> Vec<usize> {
-            if scores.len() <= self.topk {
-                return (0..scores.len()).collect();
-            }
-            let mut row = scores.to_vec();
-            row.resize(keys_in_pass, MASKED);
-            let mut chosen: Vec<usize> =
-                torch_topk(&row, self.topk).into_iter().filter(|&t| t < scores.len()).collect();
-            chosen.sort_unstable();
-            chosen
-        };
-        // Each score is computed by the same code whichever thread runs it,
-        // so the choice does not depend on the thread count. One query (a
-        // decode step) splits its keys over threads; a batch splits queries.
-        Ok(rt.threads.pool().install(|| {
-            if n == 1 {
-                let scores: Vec<f32> = (0..=start).into_par_iter().map(|t| score(0, t)).collect();
-                vec![choose(&scores)]
-            } else {
-                (0..n)
-                    .into_par_iter()
-                    .map(|i| {
-                        let scores: Vec<f32> = (0..=start + i).map(|t| score(i, t)).collect();
-                        choose(&scores)
-                    })
-                    .collect()
-            }
-        }))
-    }
-}
-
-/// `nn.LayerNorm`: `(x - mean) / sqrt(var + eps) * w + b`, biased variance.
-fn layer_norm(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
-    let n = x.len() as f32;
-    let mean = x.iter().sum::<f32>() / n;
-    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
-    let inv = 1.0 / (var + eps).sqrt();
-    for ((v, &w), &b) in x.iter_mut().zip(w).zip(b) {
-        *v = (*v - mean) * inv * w + b;
+        b.index_select(rt, self.shape, IndexJob { q: &q, weights: &weights, keys, start })
     }
 }

@@ -6,9 +6,10 @@
 //! one generic [`strata_tier::ExpertStore`] through [`strata_sched`], and KV
 //! state from [`strata_kv`].
 //!
-//! **Architecture invariant:** a block reads weights only through the
-//! container (`strata-format`) and the expert store; it never opens files,
-//! and it never branches on the model family.
+//! **Architecture invariant:** a block registers its weights with the
+//! `backend` at load and runs only its operations on them (the routed
+//! experts too, through the expert store); it never opens files, never
+//! calls a kernel itself, and never branches on the model family.
 
 mod attention;
 mod backend;
@@ -19,17 +20,17 @@ mod error;
 mod ffn;
 mod mla;
 mod norm;
+mod residual;
 mod rope;
 mod torch_topk;
-mod weights;
 
 pub use decoder::Decoder;
 pub use error::{Error, Result};
 
 use std::sync::Mutex;
 
+use backend::Threads;
 use strata_format::{Container, ModelSpec};
-use strata_kernels::Threads;
 use strata_kv::KvCache;
 use strata_sched::LayerStats;
 use strata_tier::{ExpertStore, TraceWriter};

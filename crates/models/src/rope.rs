@@ -1,8 +1,7 @@
-//! Rotary position embeddings: the frequency table (plain, linear, YaRN) and
-//! its application in either pairing convention.
+//! Rotary position embeddings: the frequency table (plain, linear, YaRN)
+//! and each pass's angles; the backend rotates (`Backend::rotate`).
 
 use strata_format::{RopeScaling, RopeSpec};
-use strata_kernels::ops;
 
 use crate::{Error, Result};
 
@@ -95,17 +94,15 @@ impl Angles {
         (&self.cos[range.clone()], &self.sin[range])
     }
 
+    /// How many positions' angles this holds.
+    pub fn row_count(&self) -> usize {
+        self.cos.len() / self.half
+    }
+
     /// Rotated width: twice the number of angles.
     pub fn dim(&self) -> usize {
         2 * self.half
     }
-}
-
-/// Rotates `x` (exactly `2 * cos.len()` values) by precomputed angles:
-/// pairs `(x[2i], x[2i+1])` when `interleaved` (DeepSeek's layout), else
-/// `(x[i], x[i + d/2])`.
-pub fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], interleaved: bool) {
-    if interleaved { ops::rope_interleaved(x, cos, sin) } else { ops::rope_neox(x, cos, sin) }
 }
 
 /// `_compute_yarn_parameters`: frequencies below the correction range keep

@@ -13,7 +13,7 @@
 //! is room and leave as soon as they end, fail, or nobody listens any more
 //! (checked before each step, so a gone listener's KV is freed rather than
 //! a token computed for nobody). Each sampled token goes through the one
-//! decode step ([`crate::Decoder::step`]).
+//! decode step ([`crate::Generation::step`]).
 //!
 //! A finished job's session stays in an idle pool (within `max_batch`
 //! sessions in all, the KV the budget reserves), so a prompt extending it

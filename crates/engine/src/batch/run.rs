@@ -8,12 +8,12 @@ use std::time::Instant;
 
 use super::idle::IdlePool;
 use super::{BatchLimits, BatchObserver, Event, EventSink, Queue, Queued};
-use crate::{Constraint, Decoder, Engine, Finish, Session, Step};
+use crate::{Constraint, Engine, Finish, Generation, Session, Step};
 
 /// One sequence in the batch.
 struct Seq<'e> {
     session: Session<'e>,
-    decoder: Decoder,
+    generation: Generation,
     constraint: Option<Box<dyn Constraint>>,
     /// Tokens to feed at the next step: the prompt at first, then nothing
     /// (the session holds the sampled token, unfed, itself).
@@ -107,7 +107,7 @@ fn admit<'e>(
     observer.admitted(job.prompt.len(), reused);
     active.push(Seq {
         session,
-        decoder: Decoder::new(&job.options, &engine.spec().eos_token_ids),
+        generation: Generation::new(&job.options, &engine.spec().eos_token_ids),
         constraint: job.constraint,
         to_feed: job.prompt[reused..].to_vec(),
         sink,
@@ -172,10 +172,10 @@ fn step(prefill_chunk_tokens: usize, active: &mut Vec<Seq<'_>>, observer: &dyn B
         let logits = next_logits[index].take();
         index += 1;
         let Some(mut logits) = logits else { return true };
-        let Seq { session, decoder, constraint, sink, finished, .. } = seq;
+        let Seq { session, generation, constraint, sink, finished, .. } = seq;
         // A panic in a constraint fails its own job only.
         let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            decoder.step(session, &mut logits, constraint.as_deref_mut(), |token, is_eos| {
+            generation.step(session, &mut logits, constraint.as_deref_mut(), |token, is_eos| {
                 // Nobody listening cancels (the sink holds every event a
                 // job sends, so it is never full).
                 if is_eos || sink.send(Event::Token(token)) {
@@ -192,7 +192,7 @@ fn step(prefill_chunk_tokens: usize, active: &mut Vec<Seq<'_>>, observer: &dyn B
                 return false;
             }
             Ok(Ok(Step { finish: Some(finish), .. })) => {
-                sink.send(Event::Done { finish, completion_tokens: decoder.generated_tokens() });
+                sink.send(Event::Done { finish, completion_tokens: generation.generated_tokens() });
                 *finished = true;
                 return true;
             }

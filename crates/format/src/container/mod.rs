@@ -67,6 +67,12 @@ impl std::fmt::Debug for Container {
     }
 }
 
+/// A dense tensor resolved once by name ([`Container::dense_id`]): a hot
+/// path reads it through [`Container::dense_at`] without a name lookup.
+/// Meaningful only for the container that resolved it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DenseId(usize);
+
 /// Where [`Container::open_with`] keeps the embedding table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Embedding {
@@ -210,18 +216,25 @@ impl Container {
 
     /// The manifest entry of non-expert tensor `name`.
     pub fn dense_entry(&self, name: &str) -> Result<&TensorEntry> {
-        self.dense_index.get(name).map(|&i| &self.manifest.tensors[i]).ok_or_else(|| Error::MissingTensor {
+        Ok(&self.manifest.tensors[self.dense_id(name)?.0])
+    }
+
+    /// Non-expert tensor `name`, resolved for [`Container::dense_at`] and
+    /// the other `_at` readers.
+    pub fn dense_id(&self, name: &str) -> Result<DenseId> {
+        self.dense_index.get(name).map(|&i| DenseId(i)).ok_or_else(|| Error::MissingTensor {
             name: name.to_owned(),
             hint: format!(" in container {}", self.dir.display()),
         })
     }
 
     /// The entry of a tensor whose bytes are in memory.
-    fn resident_entry(&self, name: &str) -> Result<&TensorEntry> {
-        if self.is_read_by_row(name) {
-            return Err(Error::ReadByRow { name: name.to_owned() });
+    fn resident_entry(&self, id: DenseId) -> Result<&TensorEntry> {
+        let entry = &self.manifest.tensors[id.0];
+        if self.is_read_by_row(&entry.name) {
+            return Err(Error::ReadByRow { name: entry.name.clone() });
         }
-        self.dense_entry(name)
+        Ok(entry)
     }
 
     /// Rows `rows` of the non-expert matrix `name` as f32, one after another
@@ -229,10 +242,16 @@ impl Container {
     /// rows, from dense.bin (each row checked against its CRC32C kept at
     /// open).
     pub fn dense_rows(&self, name: &str, rows: &[usize], out: &mut [f32]) -> Result<()> {
+        self.dense_rows_at(self.dense_id(name)?, rows, out)
+    }
+
+    /// [`Container::dense_rows`] of a resolved tensor.
+    pub fn dense_rows_at(&self, id: DenseId, rows: &[usize], out: &mut [f32]) -> Result<()> {
+        let name = &self.manifest.tensors[id.0].name;
         if let Some(table) = self.by_row.as_ref().filter(|table| table.name() == name) {
             return table.rows_to_f32(rows, out);
         }
-        let matrix = self.dense(name)?;
+        let matrix = self.dense_at(id)?;
         assert_eq!(out.len(), rows.len() * matrix.cols, "one output row per row asked for");
         for (&row, out) in rows.iter().zip(out.chunks_exact_mut(matrix.cols.max(1))) {
             if row >= matrix.rows {
@@ -246,7 +265,13 @@ impl Container {
     /// A non-expert tensor as a matrix over the dense bytes (1-D tensors are
     /// one row). Zero-copy.
     pub fn dense(&self, name: &str) -> Result<Matrix<'_>> {
-        let entry = self.resident_entry(name)?;
+        self.dense_at(self.dense_id(name)?)
+    }
+
+    /// [`Container::dense`] of a resolved tensor.
+    pub fn dense_at(&self, id: DenseId) -> Result<Matrix<'_>> {
+        let entry = self.resident_entry(id)?;
+        let name = &entry.name;
         let (rows, cols) = validate::matrix_dims(&entry.shape).unwrap_or((0, 0));
         // Ranges and format were validated on open.
         let format =
@@ -265,7 +290,13 @@ impl Container {
     /// An f32 tensor (norms, biases, routers: never quantized by any preset)
     /// as a slice of the dense bytes.
     pub fn dense_vec(&self, name: &str) -> Result<&[f32]> {
-        let entry = self.resident_entry(name)?;
+        self.dense_vec_at(self.dense_id(name)?)
+    }
+
+    /// [`Container::dense_vec`] of a resolved tensor.
+    pub fn dense_vec_at(&self, id: DenseId) -> Result<&[f32]> {
+        let entry = self.resident_entry(id)?;
+        let name = &entry.name;
         if entry.format != QuantFormat::F32.ordinal() {
             let format = QuantFormat::from_ordinal(entry.format).map(QuantFormat::name).unwrap_or("an unknown format");
             return Err(Error::WrongFormat { name: name.to_owned(), format, needed: "f32" });

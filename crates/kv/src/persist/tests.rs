@@ -181,19 +181,19 @@ fn a_corrupt_record_sets_the_tail_aside_instead_of_destroying_it() {
 }
 
 #[test]
-fn a_damaged_snapshot_is_refused_and_left_byte_for_byte_as_it_was() {
+fn a_damaged_copy_is_refused_and_left_byte_for_byte_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.kvs");
     let tokens = write_session(&path, 6, true);
-    let recovered = SessionFile::read_snapshot(&path, &header(), &mut empty_cache(64)).unwrap();
+    let recovered = SessionFile::read_copy(&path, &header(), &mut empty_cache(64)).unwrap();
     assert_eq!((recovered.tokens, recovered.cut), (tokens, None));
     let mut bytes = std::fs::read(&path).unwrap();
     let second = header().header_bytes() + record_bytes(RecordKind::TokenWithRows) as usize;
     bytes[second + 40] ^= 0x01;
     std::fs::write(&path, &bytes).unwrap();
-    let err = SessionFile::read_snapshot(&path, &header(), &mut empty_cache(64)).unwrap_err();
-    assert!(matches!(err, Error::DamagedSnapshot { record_index: 1, .. }), "{err}");
-    assert_eq!(std::fs::read(&path).unwrap(), bytes, "the snapshot is not cut");
+    let err = SessionFile::read_copy(&path, &header(), &mut empty_cache(64)).unwrap_err();
+    assert!(matches!(err, Error::DamagedCopy { record_index: 1, .. }), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "the copy is not cut");
     let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["s.kvs"], "no tail is set aside");
 }

@@ -12,13 +12,11 @@
 //! into passes, so chunked prefill, prefix reuse and a reopened session
 //! give exactly the logits of one pass.
 
-use strata_format::{Container, GdnDims, GdnProjections, GdnSpec, ModelSpec, names};
-use strata_kernels::gdn::{self, DeltaTokens};
-use strata_kernels::ops;
+use strata_format::{GdnDims, GdnProjections, GdnSpec, ModelSpec, names};
 use strata_kv::StatePart;
 
-use crate::common::project;
-use crate::weights::{matrix, vector};
+use crate::backend::{Backend, DeltaJob, DeltaKind, VectorHandle};
+use crate::common::Linear;
 use crate::{Result, Runtime, SeqBatch};
 
 /// The cache part of the state.
@@ -32,12 +30,11 @@ pub struct DeltaNet {
     /// The input projections, in the order of [`GdnDims::projections`]:
     /// `in_proj_qkvz`, `in_proj_ba` (grouped) or `in_proj_qkv`, `in_proj_z`,
     /// `in_proj_b`, `in_proj_a` (split).
-    inputs: Vec<String>,
-    conv: String,
-    dt_bias: String,
-    a_log: String,
-    norm: String,
-    out: String,
+    inputs: Vec<Linear>,
+    /// The delta rule and its convolution, dt bias and decay.
+    rule: DeltaKind,
+    norm: VectorHandle,
+    out: Linear,
 }
 
 /// A pass's rows after the input projections, in the split layout: `qkv`
@@ -52,7 +49,7 @@ struct Inputs {
 
 impl DeltaNet {
     /// Layer `layer`'s tensors, shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, gdn: &GdnSpec, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &ModelSpec, gdn: &GdnSpec, layer: usize) -> Result<Self> {
         let d = gdn.dims;
         let h = spec.hidden_size;
         let t = |suffix: &str| names::linear_attn_tensor(spec, layer, suffix);
@@ -69,27 +66,17 @@ impl DeltaNet {
         };
         let mut inputs = Vec::with_capacity(shapes.len());
         for (name, rows) in shapes {
-            let weight = t(&format!("{name}.weight"));
-            matrix(c, &weight, rows, h)?;
-            inputs.push(weight);
+            inputs.push(Linear::load(b, &t(&format!("{name}.weight")), None, rows, h)?);
         }
-        let block = Self {
+        let rule = DeltaKind::GatedDeltaNet {
             dims: d,
-            eps: gdn.eps,
-            hidden: h,
-            inputs,
-            conv: t("conv1d.weight"),
-            dt_bias: t("dt_bias"),
-            a_log: t("A_log"),
-            norm: t("norm.weight"),
-            out: t("out_proj.weight"),
+            conv: b.vector(&t("conv1d.weight"), d.conv_dim() * d.conv_kernel)?,
+            dt_bias: b.vector(&t("dt_bias"), d.num_v_heads)?,
+            a_log: b.vector(&t("A_log"), d.num_v_heads)?,
         };
-        vector(c, &block.conv, d.conv_dim() * d.conv_kernel)?;
-        vector(c, &block.dt_bias, d.num_v_heads)?;
-        vector(c, &block.a_log, d.num_v_heads)?;
-        vector(c, &block.norm, d.head_v_dim)?;
-        matrix(c, &block.out, h, d.value_dim())?;
-        Ok(block)
+        let norm = b.vector(&t("norm.weight"), d.head_v_dim)?;
+        let out = Linear::load(b, &t("out_proj.weight"), None, h, d.value_dim())?;
+        Ok(Self { dims: d, eps: gdn.eps, hidden: h, inputs, rule, norm, out })
     }
 
     /// What a sequence keeps in this layer: the delta-rule and convolution
@@ -103,105 +90,45 @@ impl DeltaNet {
     pub fn forward(
         &self,
         rt: &Runtime<'_>,
-        c: &Container,
+        b: &Backend,
         layer: usize,
         xs: &[f32],
         seqs: &mut [SeqBatch<'_>],
-    ) -> Result<Vec<f32>> {
+    ) -> Vec<f32> {
         let d = &self.dims;
         let n = xs.len() / self.hidden;
-        let mut inputs = self.project_inputs(rt, c, xs)?;
-        let (conv_w, dt_bias, a_log) =
-            (c.dense_vec(&self.conv)?, c.dense_vec(&self.dt_bias)?, c.dense_vec(&self.a_log)?);
+        let mut inputs = self.project_inputs(rt, b, xs);
         let mut core = vec![0.0f32; n * d.value_dim()];
         let mut row = 0;
         for seq in seqs.iter_mut() {
             let rows = row..row + seq.tokens.len();
             row = rows.end;
-            let state = seq.cache.stage_state(layer, STATE);
-            let (recurrent, conv_state) = state.split_at_mut(d.num_v_heads * d.head_k_dim * d.head_v_dim);
-            let qkv = &mut inputs.qkv[rows.start * d.conv_dim()..rows.end * d.conv_dim()];
-            gdn::causal_conv1d_silu(qkv, d.conv_dim(), conv_w, conv_state);
-            let gates = (&inputs.b[rows.start * d.num_v_heads..], &inputs.a[rows.start * d.num_v_heads..]);
-            let out = &mut core[rows.start * d.value_dim()..rows.end * d.value_dim()];
-            self.delta_rule(rt, qkv, gates, (dt_bias, a_log), recurrent, out);
+            let job = DeltaJob {
+                qkv: &mut inputs.qkv[rows.start * d.conv_dim()..rows.end * d.conv_dim()],
+                b: &inputs.b[rows.start * d.num_v_heads..],
+                a: &inputs.a[rows.start * d.num_v_heads..],
+                state: seq.cache.stage_state(layer, STATE),
+                out: &mut core[rows.start * d.value_dim()..rows.end * d.value_dim()],
+            };
+            b.delta_step(rt, &self.rule, job);
         }
         // The gated norm per head: weight · x̂ · silu(z).
-        let norm = c.dense_vec(&self.norm)?;
-        for (head, z) in core.chunks_exact_mut(d.head_v_dim).zip(inputs.z.chunks_exact(d.head_v_dim)) {
-            ops::rmsnorm_gated(head, z, norm, self.eps);
-        }
-        project(rt, c, &self.out, None, &core)
+        b.rmsnorm_gated(self.norm, self.eps, &mut core, &inputs.z);
+        self.out.apply(rt, b, &core)
     }
 
     /// The input projections of every row, rearranged into the split
     /// layout when the checkpoint groups them per key head.
-    fn project_inputs(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32]) -> Result<Inputs> {
-        let run = |name: &String| project(rt, c, name, None, xs);
+    fn project_inputs(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32]) -> Inputs {
+        let run = |input: &Linear| input.apply(rt, b, xs);
         match self.dims.projections {
-            GdnProjections::Split => Ok(Inputs {
-                qkv: run(&self.inputs[0])?,
-                z: run(&self.inputs[1])?,
-                b: run(&self.inputs[2])?,
-                a: run(&self.inputs[3])?,
-            }),
-            GdnProjections::Grouped => Ok(ungroup(&self.dims, &run(&self.inputs[0])?, &run(&self.inputs[1])?)),
-        }
-    }
-
-    /// One sequence's tokens through the delta rule, every value head side
-    /// by side across the pool: `qkv` `[m, conv_dim]` after the
-    /// convolution, `(b, a)` from the sequence's first row on, `recurrent`
-    /// the heads' states, `out` `[m, value_dim]`.
-    fn delta_rule(
-        &self,
-        rt: &Runtime<'_>,
-        qkv: &[f32],
-        (b, a): (&[f32], &[f32]),
-        (dt_bias, a_log): (&[f32], &[f32]),
-        recurrent: &mut [f32],
-        out: &mut [f32],
-    ) {
-        let d = &self.dims;
-        let (d_k, d_v, n_v) = (d.head_k_dim, d.head_v_dim, d.num_v_heads);
-        let m = qkv.len() / d.conv_dim();
-        let per_key_head = n_v / d.num_k_heads;
-        let scale = gdn::query_scale(d_k);
-        // q and k per key head, l2-normalised (q also scaled) once for the
-        // value heads that share them: `[k_head][token, d_k]`.
-        let normed = |offset: usize, scale: Option<f32>| -> Vec<Vec<f32>> {
-            (0..d.num_k_heads)
-                .map(|head| {
-                    let mut rows = Vec::with_capacity(m * d_k);
-                    for token in qkv.chunks_exact(d.conv_dim()) {
-                        let start = rows.len();
-                        rows.extend_from_slice(&token[offset + head * d_k..offset + (head + 1) * d_k]);
-                        ops::l2norm(&mut rows[start..], gdn::L2NORM_EPS);
-                        if let Some(s) = scale {
-                            rows[start..].iter_mut().for_each(|x| *x *= s);
-                        }
-                    }
-                    rows
-                })
-                .collect()
-        };
-        let (qs, ks) = (normed(0, Some(scale)), normed(d.key_dim(), None));
-        let heads = rt.ops().delta_heads(recurrent, d_k * d_v, |head, state| {
-            let k_head = head / per_key_head;
-            let v_offset = 2 * d.key_dim() + head * d_v;
-            let v: Vec<f32> =
-                qkv.chunks_exact(d.conv_dim()).flat_map(|token| &token[v_offset..v_offset + d_v]).copied().collect();
-            let g: Vec<f32> = (0..m).map(|t| gdn::log_decay(a[t * n_v + head], dt_bias[head], a_log[head])).collect();
-            let beta: Vec<f32> = (0..m).map(|t| gdn::write_strength(b[t * n_v + head])).collect();
-            let tokens = DeltaTokens { q: &qs[k_head], k: &ks[k_head], v: &v, g: &g, beta: &beta };
-            let mut head_out = vec![0.0f32; m * d_v];
-            gdn::delta_rule_recurrent(strata_kernels::simd::Isa::detect(), state, d_v, &tokens, &mut head_out);
-            head_out
-        });
-        for (head, head_out) in heads.iter().enumerate() {
-            for (row, o) in out.chunks_exact_mut(d.value_dim()).zip(head_out.chunks_exact(d_v)) {
-                row[head * d_v..(head + 1) * d_v].copy_from_slice(o);
-            }
+            GdnProjections::Split => Inputs {
+                qkv: run(&self.inputs[0]),
+                z: run(&self.inputs[1]),
+                b: run(&self.inputs[2]),
+                a: run(&self.inputs[3]),
+            },
+            GdnProjections::Grouped => ungroup(&self.dims, &run(&self.inputs[0]), &run(&self.inputs[1])),
         }
     }
 }

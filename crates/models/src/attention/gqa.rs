@@ -6,16 +6,13 @@
 //! sigmoid output gate, and o_proj. Every refinement is data in the layer's
 //! [`GqaSpec`], none a family branch.
 
-use strata_format::{Container, GqaSpec, ModelSpec, NormKind, QkNorm, RopeSpec, names};
-use strata_kernels::ops;
+use strata_format::{GqaSpec, ModelSpec, NormKind, QkNorm, RopeSpec, names};
 use strata_kv::StatePart;
 
-use super::grouped::AttnShape;
-use crate::backend::AttendJob;
-use crate::common::project;
+use crate::backend::{AttendJob, AttnShape, Backend, Rotary};
+use crate::common::Linear;
 use crate::norm::Norm;
-use crate::rope::{Angles, rotate};
-use crate::weights::{matrix, vector};
+use crate::rope::Angles;
 use crate::{Error, Result, Runtime, SeqBatch};
 
 /// The cache part of the keys.
@@ -27,61 +24,47 @@ const VALUES: usize = 1;
 pub struct Gqa {
     dims: GqaSpec,
     hidden: usize,
-    q: Projection,
-    k: Projection,
-    v: Projection,
-    o: Projection,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
     /// q and k norms, when the layer normalises them.
     qk_norm: Option<(Norm, Norm)>,
-}
-
-/// A weight and its optional bias.
-struct Projection {
-    weight: String,
-    bias: Option<String>,
 }
 
 impl Gqa {
     /// Layer `layer`'s tensors, shape-checked.
     /// Its q/k norms are of kind `norm`, the layer's.
-    pub fn load(c: &Container, spec: &ModelSpec, dims: GqaSpec, norm: NormKind, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &ModelSpec, dims: GqaSpec, norm: NormKind, layer: usize) -> Result<Self> {
         if dims.sinks {
             return Err(Error::Unsupported(format!("layer {layer}: attention sinks are not implemented")));
         }
         let t = |suffix: &str| names::layer_tensor(spec, layer, &format!("self_attn.{suffix}"));
-        let proj = |name: &str| Projection {
-            weight: t(&format!("{name}.weight")),
-            bias: dims.bias.then(|| t(&format!("{name}.bias"))),
+        let (h, q_dim, kv_dim) = (spec.hidden_size, dims.q_dim(), dims.kv_dim());
+        let q_rows = if dims.output_gate { 2 * q_dim } else { q_dim };
+        let mut proj = |name: &str, rows: usize, cols: usize| {
+            let bias = dims.bias.then(|| t(&format!("{name}.bias")));
+            Linear::load(b, &t(&format!("{name}.weight")), bias.as_deref(), rows, cols)
         };
+        let (q, k, v, o) = (
+            proj("q_proj", q_rows, h)?,
+            proj("k_proj", kv_dim, h)?,
+            proj("v_proj", kv_dim, h)?,
+            proj("o_proj", h, q_dim)?,
+        );
         let qk_norm = match dims.qk_norm {
             QkNorm::None => None,
-            QkNorm::Full => Some((dims.q_dim(), dims.kv_dim())),
+            QkNorm::Full => Some((q_dim, kv_dim)),
             QkNorm::PerHead => Some((dims.head_dim, dims.head_dim)),
         };
         let qk_norm = match qk_norm {
             None => None,
-            Some((q_len, k_len)) => {
-                Some((Norm::load(c, t("q_norm.weight"), norm, q_len)?, Norm::load(c, t("k_norm.weight"), norm, k_len)?))
-            }
+            Some((q_len, k_len)) => Some((
+                Norm::load(b, &t("q_norm.weight"), norm, q_len)?,
+                Norm::load(b, &t("k_norm.weight"), norm, k_len)?,
+            )),
         };
-        let gqa = Self {
-            dims,
-            hidden: spec.hidden_size,
-            q: proj("q_proj"),
-            k: proj("k_proj"),
-            v: proj("v_proj"),
-            o: proj("o_proj"),
-            qk_norm,
-        };
-        let (h, q_dim, kv_dim) = (gqa.hidden, dims.q_dim(), dims.kv_dim());
-        let q_rows = if dims.output_gate { 2 * q_dim } else { q_dim };
-        for (p, rows, cols) in [(&gqa.q, q_rows, h), (&gqa.k, kv_dim, h), (&gqa.v, kv_dim, h), (&gqa.o, h, q_dim)] {
-            matrix(c, &p.weight, rows, cols)?;
-            if let Some(bias) = &p.bias {
-                vector(c, bias, rows)?;
-            }
-        }
-        Ok(gqa)
+        Ok(Self { dims, hidden: h, q, k, v, o, qk_norm })
     }
 
     /// What a sequence keeps in this layer: keys ([`KEYS`]) and values
@@ -100,21 +83,20 @@ impl Gqa {
     pub fn forward(
         &self,
         rt: &Runtime<'_>,
-        c: &Container,
+        b: &Backend,
         layer: usize,
         xs: &[f32],
         angles: Option<&Angles>,
         seqs: &mut [SeqBatch<'_>],
-    ) -> Result<Vec<f32>> {
+    ) -> Vec<f32> {
         let d = &self.dims;
         let n = xs.len() / self.hidden;
         let (q_dim, kv_dim) = (d.q_dim(), d.kv_dim());
-        let run = |p: &Projection| project(rt, c, &p.weight, p.bias.as_deref(), xs);
-        let (mut q, mut k, mut v) = (run(&self.q)?, run(&self.k)?, run(&self.v)?);
+        let (mut q, mut k, mut v) = (self.q.apply(rt, b, xs), self.k.apply(rt, b, xs), self.v.apply(rt, b, xs));
         let gate = d.output_gate.then(|| split_gate(&mut q, d.num_heads, d.head_dim));
         if let Some((qn, kn)) = &self.qk_norm {
-            qn.apply_rows(rt, c, &mut q)?;
-            kn.apply_rows(rt, c, &mut k)?;
+            qn.apply_rows(b, &mut q);
+            kn.apply_rows(b, &mut k);
         }
         if let Some(clip) = d.clip_qkv {
             for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
@@ -122,13 +104,9 @@ impl Gqa {
             }
         }
         if let Some(angles) = angles {
-            let rotated = angles.dim();
-            for (i, (q_row, k_row)) in q.chunks_exact_mut(q_dim).zip(k.chunks_exact_mut(kv_dim)).enumerate() {
-                let (cos, sin) = angles.at(i);
-                for head in q_row.chunks_exact_mut(d.head_dim).chain(k_row.chunks_exact_mut(d.head_dim)) {
-                    rotate(&mut head[..rotated], cos, sin, false);
-                }
-            }
+            let rotary = Rotary { head_width: d.head_dim, offset: 0, interleaved: false };
+            b.rotate(&mut q, angles, rotary);
+            b.rotate(&mut k, angles, rotary);
         }
         let shape = AttnShape {
             n_heads: d.num_heads,
@@ -159,11 +137,11 @@ impl Gqa {
             let values = seq.cache.rows(layer, VALUES, start + m);
             jobs.push(AttendJob { q: q_seq, keys, values, start, out: out_seq });
         }
-        rt.ops().attend(shape, jobs);
+        b.attend(rt, shape, jobs);
         if let Some(gate) = gate {
-            attn.iter_mut().zip(&gate).for_each(|(x, g)| *x *= ops::sigmoid(*g));
+            b.sigmoid_gate(&mut attn, &gate);
         }
-        project(rt, c, &self.o.weight, self.o.bias.as_deref(), &attn)
+        self.o.apply(rt, b, &attn)
     }
 }
 

@@ -3,9 +3,10 @@
 //! through GLM-5's DSA indexer ([`crate::dsa`]), whose selection a sharing
 //! layer takes from the full layer before it.
 
-use strata_format::{Container, IndexerKind, MlaAttention, ModelSpec, RopeSpec};
+use strata_format::{IndexerKind, MlaAttention, ModelSpec, RopeSpec};
 use strata_kv::StatePart;
 
+use crate::backend::Backend;
 use crate::dsa::Indexer;
 use crate::mla::Mla;
 use crate::rope::Angles;
@@ -39,17 +40,17 @@ enum IndexerSlot {
 
 impl LatentAttention {
     /// Layer `layer`'s tensors, shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, kind: &MlaAttention, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &ModelSpec, kind: &MlaAttention, layer: usize) -> Result<Self> {
         let indexer = match (kind.indexer, kind.dims.q_lora_rank) {
             (None, _) => IndexerSlot::Absent,
             (Some(ix), Some(rank)) if ix.kind == IndexerKind::Full => {
-                IndexerSlot::Own(Indexer::load(c, spec, &ix, rank, layer)?)
+                IndexerSlot::Own(Indexer::load(b, spec, &ix, rank, layer)?)
             }
             (Some(ix), Some(_)) if layer > 0 && ix.kind == IndexerKind::Shared => IndexerSlot::Shared,
             _ => return Err(Error::Unsupported(format!("layer {layer}: DSA indexer layout is inconsistent"))),
         };
         Ok(Self {
-            attn: Mla::load(c, spec, kind, layer)?,
+            attn: Mla::load(b, spec, kind, layer)?,
             rope: kind.rope,
             hidden: spec.hidden_size,
             indexer,
@@ -75,7 +76,7 @@ impl LatentAttention {
     pub fn forward(
         &self,
         rt: &Runtime<'_>,
-        c: &Container,
+        b: &Backend,
         l: usize,
         xs: &[f32],
         angles: &Angles,
@@ -83,10 +84,10 @@ impl LatentAttention {
         selections: &mut [Option<Vec<Vec<usize>>>],
     ) -> Result<Vec<f32>> {
         let h = self.hidden;
-        let queries = self.attn.queries(rt, c, xs, angles)?;
-        let latents = self.attn.latents(rt, c, xs, angles)?;
+        let queries = self.attn.queries(rt, b, xs, angles);
+        let latents = self.attn.latents(rt, b, xs, angles);
         let index_keys = match &self.indexer {
-            IndexerSlot::Own(indexer) => Some(indexer.keys(rt, c, xs, angles)?),
+            IndexerSlot::Own(indexer) => Some(indexer.keys(rt, b, xs, angles)),
             IndexerSlot::Absent | IndexerSlot::Shared => None,
         };
         let n = xs.len() / h;
@@ -107,13 +108,13 @@ impl LatentAttention {
                     let cw = compressed.len() / n;
                     *selection = Some(indexer.select(
                         rt,
-                        c,
+                        b,
                         &xs[rows.start * h..rows.end * h],
                         &compressed[rows.start * cw..rows.end * cw],
                         seq.cache.rows(l, INDEX_KEYS, start + m),
                         start,
                         &angles.rows(rows.clone()),
-                    )?);
+                    ));
                 }
                 (IndexerSlot::Shared, _) => {
                     // The stream has a row for every layer; a sharing layer
@@ -125,9 +126,9 @@ impl LatentAttention {
             }
             let q = &queries.q[rows.start * q_width..rows.end * q_width];
             let cached = seq.cache.rows(l, LATENT, start + m);
-            out.extend(self.attn.attend(rt, c, q, cached, start, selection.as_deref())?);
+            out.extend(self.attn.attend(rt, b, q, cached, start, selection.as_deref()));
             row += m;
         }
-        self.attn.output(rt, c, &out)
+        Ok(self.attn.output(rt, b, &out))
     }
 }

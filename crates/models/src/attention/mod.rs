@@ -3,19 +3,20 @@
 
 mod delta;
 mod gqa;
-pub mod grouped;
 mod latent;
 
-use strata_format::{AttentionKind, Container, ModelSpec, NormKind, RopeSpec};
+use strata_format::{AttentionKind, ModelSpec, NormKind, RopeSpec};
 use strata_kv::LayerLayout;
 
+use crate::backend::Backend;
 use crate::rope::Angles;
 use crate::{Result, Runtime, SeqBatch};
 
 /// One layer's attention block.
 pub enum Attention {
     Gqa(gqa::Gqa),
-    Mla(latent::LatentAttention),
+    /// Boxed: with its indexer it is the largest block by far.
+    Mla(Box<latent::LatentAttention>),
     DeltaNet(delta::DeltaNet),
 }
 
@@ -46,11 +47,11 @@ impl Pass {
 impl Attention {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
     /// `norm` is the layer's norm kind, which q/k norms follow.
-    pub fn load(c: &Container, spec: &ModelSpec, kind: &AttentionKind, norm: NormKind, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &ModelSpec, kind: &AttentionKind, norm: NormKind, layer: usize) -> Result<Self> {
         Ok(match kind {
-            AttentionKind::Gqa(gqa) => Attention::Gqa(gqa::Gqa::load(c, spec, *gqa, norm, layer)?),
-            AttentionKind::Mla(mla) => Attention::Mla(latent::LatentAttention::load(c, spec, mla, layer)?),
-            AttentionKind::GatedDeltaNet(gdn) => Attention::DeltaNet(delta::DeltaNet::load(c, spec, gdn, layer)?),
+            AttentionKind::Gqa(gqa) => Attention::Gqa(gqa::Gqa::load(b, spec, *gqa, norm, layer)?),
+            AttentionKind::Mla(mla) => Attention::Mla(Box::new(latent::LatentAttention::load(b, spec, mla, layer)?)),
+            AttentionKind::GatedDeltaNet(gdn) => Attention::DeltaNet(delta::DeltaNet::load(b, spec, gdn, layer)?),
         })
     }
 
@@ -72,7 +73,7 @@ impl Attention {
     pub fn forward(
         &self,
         rt: &Runtime<'_>,
-        c: &Container,
+        b: &Backend,
         layer: usize,
         xs: &[f32],
         pass: &mut Pass,
@@ -81,13 +82,13 @@ impl Attention {
         match self {
             Attention::Gqa(gqa) => {
                 let angles = gqa.rope().map(|rope| pass.parts(rope).0);
-                gqa.forward(rt, c, layer, xs, angles, seqs)
+                Ok(gqa.forward(rt, b, layer, xs, angles, seqs))
             }
             Attention::Mla(mla) => {
                 let (angles, selections) = pass.parts(mla.rope());
-                mla.forward(rt, c, layer, xs, angles, seqs, selections)
+                mla.forward(rt, b, layer, xs, angles, seqs, selections)
             }
-            Attention::DeltaNet(delta) => delta.forward(rt, c, layer, xs, seqs),
+            Attention::DeltaNet(delta) => Ok(delta.forward(rt, b, layer, xs, seqs)),
         }
     }
 }

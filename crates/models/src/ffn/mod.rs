@@ -4,48 +4,50 @@
 mod moe;
 mod router;
 
-use strata_format::{Container, FfnKind, ModelSpec, names};
+use strata_format::{FfnKind, ModelSpec, names};
 use strata_sched::Guess;
 
-use crate::weights::swiglu_names;
+use crate::backend::{Backend, MatrixHandle};
 use crate::{Result, Runtime};
 
 /// One layer's feed-forward block.
 pub enum Ffn {
     /// A resident SwiGLU MLP: gate, up, down.
-    Dense([String; 3]),
+    Dense([MatrixHandle; 3]),
     Moe(moe::Moe),
 }
 
 impl Ffn {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
-    pub fn load(c: &Container, spec: &ModelSpec, kind: &FfnKind, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &ModelSpec, kind: &FfnKind, layer: usize) -> Result<Self> {
         Ok(match kind {
             FfnKind::Dense { intermediate_size } => {
-                Ffn::Dense(swiglu_names(c, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?)
+                Ffn::Dense(load_swiglu(b, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?)
             }
-            FfnKind::Moe(block) => Ffn::Moe(moe::Moe::load(c, spec, block, layer)?),
+            FfnKind::Moe(block) => Ffn::Moe(moe::Moe::load(b, spec, block, layer)?),
         })
     }
 
     /// The distinct experts this block's router would pick for the rows of
     /// `xs`, in route order (`None` for a dense block): applied to an
     /// earlier layer's input, a guess at what this layer will read.
-    pub fn predict(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32]) -> Result<Option<Vec<usize>>> {
+    pub fn predict(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32]) -> Option<Vec<usize>> {
         match self {
-            Ffn::Dense(_) => Ok(None),
-            Ffn::Moe(moe) => moe.predict(rt, c, xs).map(Some),
+            Ffn::Dense(_) => None,
+            Ffn::Moe(moe) => Some(moe.predict(rt, b, xs)),
         }
     }
 
     /// Adds the block's output for `xs` (`[n, hidden]`, row `i` at sequence
-    /// position `positions[i]`) to the residual stream `out`, prefetching
-    /// `guess` while it runs.
+    /// position `positions[i]`) into `out`, the slot the layer's residual
+    /// hands it (the stream itself for the plain residual: the routed
+    /// experts' outputs then join it one by one, as the expert pipeline sums
+    /// them), prefetching `guess` while it runs.
     #[allow(clippy::too_many_arguments)]
     pub fn add_to(
         &self,
         rt: &Runtime<'_>,
-        c: &Container,
+        b: &Backend,
         layer: usize,
         positions: &[usize],
         xs: &[f32],
@@ -58,17 +60,26 @@ impl Ffn {
                     rt.store.prefetch(guess.layer, guess.experts)?;
                 }
                 let mut ys = vec![0.0f32; out.len()];
-                dense_swiglu(rt, c, mlp, xs, &mut ys)?;
+                b.swiglu(rt, mlp, xs, &mut ys);
                 out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
                 Ok(())
             }
-            Ffn::Moe(moe) => moe.add_to(rt, c, layer, positions, xs, out, guess),
+            Ffn::Moe(moe) => moe.add_to(rt, b, layer, positions, xs, out, guess),
         }
     }
 }
 
-/// `ys = down(silu(gate(xs)) * up(xs))` with resident weights.
-fn dense_swiglu(rt: &Runtime<'_>, c: &Container, [g, u, d]: &[String; 3], xs: &[f32], ys: &mut [f32]) -> Result<()> {
-    rt.ops().swiglu(&[c.dense(g)?, c.dense(u)?, c.dense(d)?], xs, ys);
-    Ok(())
+/// The gate, up and down matrices `names` of a SwiGLU MLP of width
+/// `intermediate_size`, registered.
+fn load_swiglu(
+    b: &mut Backend,
+    [gate, up, down]: [String; 3],
+    hidden: usize,
+    intermediate_size: usize,
+) -> Result<[MatrixHandle; 3]> {
+    Ok([
+        b.matrix(&gate, intermediate_size, hidden)?,
+        b.matrix(&up, intermediate_size, hidden)?,
+        b.matrix(&down, hidden, intermediate_size)?,
+    ])
 }

@@ -2,61 +2,60 @@
 //! routed experts run through the one expert pipeline ([`strata_sched`]),
 //! and shared experts, if any, run resident beside them.
 
-use strata_format::{Container, ExpertLayout, ModelSpec, MoeBlock, SharedExperts, names};
-use strata_kernels::ops;
-use strata_sched::{Guess, LayerStats, MoeBatch, Route};
+use strata_format::{ModelSpec, MoeBlock, SharedExperts, names};
+use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::TraceWriter;
 
-use super::dense_swiglu;
+use super::load_swiglu;
 use super::router::Router;
-use crate::common::project;
-use crate::weights::{matrix, swiglu_names};
+use crate::backend::{Backend, ExpertsHandle, MatrixHandle, MoeJob};
+use crate::common::Linear;
 use crate::{Result, Runtime};
 
 /// One layer's MoE block.
 pub struct Moe {
     router: Router,
+    experts: ExpertsHandle,
     top_k: usize,
     hidden: usize,
     /// The shared experts' gate, up, down.
-    shared: Option<[String; 3]>,
+    shared: Option<[MatrixHandle; 3]>,
     /// The shared expert's sigmoid gate, `[1, hidden]`, if it has one.
-    shared_gate: Option<String>,
+    shared_gate: Option<Linear>,
 }
 
 impl Moe {
     /// Layer `layer`'s router and shared experts, shape-checked, and its
     /// expert layout checked present.
-    pub fn load(c: &Container, spec: &ModelSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &ModelSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
         let h = spec.hidden_size;
-        let router = Router::load(c, spec, block, layer)?;
-        c.expert_layout(layer)?;
+        let router = Router::load(b, spec, block, layer)?;
+        let experts = b.experts(layer)?;
         let (shared, shared_gate) = match block.shared {
             SharedExperts::None => (None, None),
             SharedExperts::Plain { intermediate_size } => (
-                Some(swiglu_names(c, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?),
+                Some(load_swiglu(b, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?),
                 None,
             ),
             SharedExperts::Gated { intermediate_size } => {
-                let gate = names::shared_expert_gate_name(spec, layer);
-                matrix(c, &gate, 1, h)?;
-                let mlp = swiglu_names(c, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?;
+                let gate = Linear::load(b, &names::shared_expert_gate_name(spec, layer), None, 1, h)?;
+                let mlp = load_swiglu(b, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?;
                 (Some(mlp), Some(gate))
             }
         };
-        Ok(Self { router, top_k: block.top_k, hidden: h, shared, shared_gate })
+        Ok(Self { router, experts, top_k: block.top_k, hidden: h, shared, shared_gate })
     }
 
     /// The distinct experts the router picks for the rows of `xs`, in
     /// route order (each row's heaviest first).
-    pub fn predict(&self, rt: &Runtime<'_>, c: &Container, xs: &[f32]) -> Result<Vec<usize>> {
+    pub fn predict(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32]) -> Vec<usize> {
         let mut experts = Vec::new();
-        for route in self.router.route(rt, c, xs)? {
+        for route in self.router.route(rt, b, xs) {
             if !experts.contains(&route.expert) {
                 experts.push(route.expert);
             }
         }
-        Ok(experts)
+        experts
     }
 
     /// Adds the block's output for `xs` to the residual stream `out`,
@@ -65,33 +64,29 @@ impl Moe {
     pub fn add_to(
         &self,
         rt: &Runtime<'_>,
-        c: &Container,
+        b: &Backend,
         layer: usize,
         positions: &[usize],
         xs: &[f32],
         out: &mut [f32],
         guess: Option<Guess<'_>>,
     ) -> Result<()> {
-        let routes = self.router.route(rt, c, xs)?;
-        let layout = c.expert_layout(layer)?;
+        let routes = self.router.route(rt, b, xs);
         let Some(shared) = &self.shared else {
             // Without shared experts the routed outputs go straight into the
             // residual stream.
-            return self.run_routed(rt, layout, layer, positions, xs, &routes, out, guess);
+            return self.run_routed(rt, b, layer, positions, xs, &routes, out, guess);
         };
         // transformers adds the shared experts to the routed sum before the
         // residual; keep that order.
         let mut ys = vec![0.0f32; out.len()];
-        self.run_routed(rt, layout, layer, positions, xs, &routes, &mut ys, guess)?;
+        self.run_routed(rt, b, layer, positions, xs, &routes, &mut ys, guess)?;
         let mut shared_out = vec![0.0f32; ys.len()];
-        dense_swiglu(rt, c, shared, xs, &mut shared_out)?;
+        b.swiglu(rt, shared, xs, &mut shared_out);
         if let Some(gate) = &self.shared_gate {
             // sigmoid(w · x) per row scales that row's shared output.
-            let logits = project(rt, c, gate, None, xs)?;
-            for (row, logit) in shared_out.chunks_exact_mut(self.hidden).zip(&logits) {
-                let scale = ops::sigmoid(*logit);
-                row.iter_mut().for_each(|y| *y *= scale);
-            }
+            let logits = gate.apply(rt, b, xs);
+            b.sigmoid_gate(&mut shared_out, &logits);
         }
         ys.iter_mut().zip(&shared_out).for_each(|(y, v)| *y += v);
         out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
@@ -104,7 +99,7 @@ impl Moe {
     fn run_routed(
         &self,
         rt: &Runtime<'_>,
-        layout: &ExpertLayout,
+        b: &Backend,
         layer: usize,
         positions: &[usize],
         xs: &[f32],
@@ -115,9 +110,10 @@ impl Moe {
         if let Some(trace) = rt.trace {
             record_routes(&mut trace.lock().unwrap_or_else(|p| p.into_inner()), layer, positions, routes, self.top_k)?;
         }
-        let batch = MoeBatch { layer, layout, xs, hidden: self.hidden, routes, top_k: self.top_k, prefetch: guess };
+        assert_eq!(self.experts.layer, layer, "a block runs its own layer's experts");
+        let job = MoeJob { experts: self.experts, xs, hidden: self.hidden, routes, top_k: self.top_k, prefetch: guess };
         let mut layer_stats = LayerStats::default();
-        let result = rt.ops().moe_layer(rt.store, &batch, out, &mut layer_stats);
+        let result = b.run_moe_layer(rt, &job, out, &mut layer_stats);
         rt.stats.lock().unwrap_or_else(|p| p.into_inner()).add(layer_stats);
         result
     }

@@ -4,23 +4,19 @@ use rayon::prelude::*;
 use strata_kernels::simd::Isa;
 use strata_kernels::{Threads, ops};
 
-/// The shape of one attention layer, and its sink logits if it has them.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape<'a> {
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    /// Keys visible to a query, itself included (`None`: all earlier keys).
-    pub window: Option<usize>,
-    /// One learned logit per query head that joins the head's softmax
-    /// denominator and takes its share of the weight from the keys (gpt-oss);
-    /// `None`: a plain softmax.
-    pub sinks: Option<&'a [f32]>,
-}
+use crate::backend::{AttendJob, AttnShape};
 
 /// Smallest share of attention work worth a parallel task, in
 /// multiply-adds: below it the fork costs more than it saves.
 const MIN_TASK_MACS: usize = 32 * 1024;
+
+/// Several sequences' attention at once, shared out across the pool.
+pub fn attend_all(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<&[f32]>, jobs: Vec<AttendJob<'_>>) {
+    threads.pool().install(|| {
+        jobs.into_par_iter()
+            .for_each(|job| attend(threads, isa, shape, sinks, job.q, job.keys, job.values, job.start, job.out));
+    });
+}
 
 /// Attention of `n` queries at positions `start..start + n`.
 ///
@@ -28,13 +24,16 @@ const MIN_TASK_MACS: usize = 32 * 1024;
 /// `0..start + n`, `[start + n, n_kv_heads * head_dim]`; `out` receives
 /// `[n, n_heads * head_dim]`. Query head `h` reads kv head
 /// `h / (n_heads / n_kv_heads)`, as transformers' `repeat_kv` arranges.
+/// `sinks` are the values of `shape.sinks`.
 ///
 /// The (query, head) pairs are independent, so they are shared out across
 /// `threads`; each pair is computed the same way on any thread, so the
 /// result does not depend on the thread count.
-pub fn attend(
+fn attend(
     threads: &Threads,
-    shape: AttnShape<'_>,
+    isa: Isa,
+    shape: &AttnShape,
+    sinks: Option<&[f32]>,
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -49,18 +48,17 @@ pub fn attend(
     assert_eq!(values.len(), keys.len(), "values cover every position");
     assert_eq!(out.len(), q.len(), "output matches queries");
     assert!(shape.n_heads.is_multiple_of(shape.n_kv_heads), "query heads group evenly");
-    if let Some(sinks) = shape.sinks {
+    if let Some(sinks) = sinks {
         assert_eq!(sinks.len(), shape.n_heads, "one sink logit per query head");
     }
     let pairs = n * shape.n_heads;
     // Keys per query on average (causal: about half the new ones).
     let macs_per_pair = 2 * hd * (start + n.div_ceil(2)).max(1);
     let pairs_per_task = MIN_TASK_MACS.div_ceil(macs_per_pair).clamp(1, pairs.max(1));
-    let isa = threads.isa();
     let task = |first_pair: usize, chunk: &mut [f32], scores: &mut Vec<f32>| {
         for (j, oh) in chunk.chunks_exact_mut(hd).enumerate() {
             let pair = first_pair + j;
-            attend_pair(isa, shape, q, keys, values, start + pair / shape.n_heads, pair, oh, scores);
+            attend_pair(isa, shape, sinks, q, keys, values, start + pair / shape.n_heads, pair, oh, scores);
         }
     };
     if threads.n_threads() == 1 || pairs_per_task >= pairs {
@@ -80,7 +78,8 @@ pub fn attend(
 #[allow(clippy::too_many_arguments)]
 fn attend_pair(
     isa: Isa,
-    shape: AttnShape<'_>,
+    shape: &AttnShape,
+    sinks: Option<&[f32]>,
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -103,7 +102,7 @@ fn attend_pair(
     for s in scores.iter_mut() {
         *s *= scale;
     }
-    match shape.sinks {
+    match sinks {
         Some(sinks) => ops::softmax_with_sink_inplace(scores, sinks[pair % shape.n_heads]),
         None => ops::softmax_inplace(scores),
     }
@@ -119,11 +118,24 @@ mod tests {
         Threads::new(1).expect("pool")
     }
 
+    /// `attend` on one thread; `sinks` stand for `shape.sinks`.
+    fn attend_one(
+        shape: AttnShape,
+        sinks: Option<&[f32]>,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        start: usize,
+        out: &mut [f32],
+    ) {
+        attend(&one_thread(), Isa::detect(), &shape, sinks, q, keys, values, start, out);
+    }
+
     #[test]
     fn a_single_key_returns_its_value() {
         let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 2, window: None, sinks: None };
         let mut out = vec![0.0; 4];
-        attend(&one_thread(), shape, &[1.0, 2.0, 3.0, 4.0], &[0.5, 0.5], &[7.0, -1.0], 0, &mut out);
+        attend_one(shape, None, &[1.0, 2.0, 3.0, 4.0], &[0.5, 0.5], &[7.0, -1.0], 0, &mut out);
         assert_eq!(out, vec![7.0, -1.0, 7.0, -1.0]);
     }
 
@@ -131,13 +143,20 @@ mod tests {
     fn the_window_hides_old_keys() {
         let shape = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 1, window: Some(1), sinks: None };
         let mut out = vec![0.0; 1];
-        attend(&one_thread(), shape, &[1.0], &[1.0, 1.0], &[5.0, 9.0], 1, &mut out);
+        attend_one(shape, None, &[1.0], &[1.0, 1.0], &[5.0, 9.0], 1, &mut out);
         assert_eq!(out, vec![9.0]);
     }
 
     /// transformers' eager attention with sinks, in f64: scores over the
     /// window, the sink column appended, softmax, the sink column dropped.
-    fn reference(shape: AttnShape<'_>, q: &[f32], keys: &[f32], values: &[f32], start: usize) -> Vec<f64> {
+    fn reference(
+        shape: AttnShape,
+        sinks: Option<&[f32]>,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        start: usize,
+    ) -> Vec<f64> {
         let hd = shape.head_dim;
         let kv_dim = shape.n_kv_heads * hd;
         let group = shape.n_heads / shape.n_kv_heads;
@@ -155,7 +174,7 @@ mod tests {
                         qh.iter().zip(kh).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() / (hd as f64).sqrt()
                     })
                     .collect();
-                logits.push(shape.sinks.map_or(f64::NEG_INFINITY, |s| f64::from(s[h])));
+                logits.push(sinks.map_or(f64::NEG_INFINITY, |s| f64::from(s[h])));
                 let max = logits.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v));
                 let exps: Vec<f64> = logits.iter().map(|&v| (v - max).exp()).collect();
                 let sum: f64 = exps.iter().sum();
@@ -186,10 +205,10 @@ mod tests {
         // and none; with and without sinks.
         for window in [Some(1), Some(3), Some(100), None] {
             for sinks in [Some(&sinks[..]), None] {
-                let shape = AttnShape { n_heads, n_kv_heads, head_dim, window, sinks };
+                let shape = AttnShape { n_heads, n_kv_heads, head_dim, window, sinks: None };
                 let mut out = vec![0.0; q.len()];
-                attend(&one_thread(), shape, &q, &keys, &values, start, &mut out);
-                let want = reference(shape, &q, &keys, &values, start);
+                attend_one(shape, sinks, &q, &keys, &values, start, &mut out);
+                let want = reference(shape, sinks, &q, &keys, &values, start);
                 for (j, (&got, &want)) in out.iter().zip(&want).enumerate() {
                     let tol = 1e-5 * want.abs() + 1e-6;
                     assert!((f64::from(got) - want).abs() <= tol, "{window:?} {sinks:?} [{j}]: {got} vs {want}");
@@ -201,17 +220,17 @@ mod tests {
     #[test]
     fn a_sink_as_likely_as_the_only_key_takes_half_the_weight() {
         // q . k = 0, so the key's logit equals the sink's (0): weights 1/2, 1/2.
-        let shape = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 2, window: None, sinks: Some(&[0.0]) };
+        let shape = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 2, window: None, sinks: None };
         let mut out = vec![0.0; 2];
-        attend(&one_thread(), shape, &[1.0, -1.0], &[2.0, 2.0], &[8.0, -4.0], 0, &mut out);
+        attend_one(shape, Some(&[0.0]), &[1.0, -1.0], &[2.0, 2.0], &[8.0, -4.0], 0, &mut out);
         assert_eq!(out, vec![4.0, -2.0]);
     }
 
     #[test]
     #[should_panic(expected = "one sink logit per query head")]
     fn a_sink_per_kv_head_is_refused() {
-        let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 1, window: None, sinks: Some(&[0.0]) };
-        attend(&one_thread(), shape, &[1.0, 1.0], &[1.0], &[1.0], 0, &mut [0.0; 2]);
+        let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 1, window: None, sinks: None };
+        attend_one(shape, Some(&[0.0]), &[1.0, 1.0], &[1.0], &[1.0], 0, &mut [0.0; 2]);
     }
 
     #[test]
@@ -225,7 +244,17 @@ mod tests {
         let values: Vec<f32> = (0..(start + n) * 2 * 64).map(|i| value(i + 29)).collect();
         let run = |threads: usize| {
             let mut out = vec![0.0; q.len()];
-            attend(&Threads::new(threads).expect("pool"), shape, &q, &keys, &values, start, &mut out);
+            attend(
+                &Threads::new(threads).expect("pool"),
+                Isa::detect(),
+                &shape,
+                None,
+                &q,
+                &keys,
+                &values,
+                start,
+                &mut out,
+            );
             out
         };
         let one = run(1);

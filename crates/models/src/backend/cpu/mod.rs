@@ -1,0 +1,320 @@
+//! The CPU backend: weights are the container's resident bytes, resolved
+//! once at registration and viewed in place (no copy); operations are
+//! `strata-kernels`' SIMD paths on the runtime's pool, on the instruction
+//! set detected once, when the backend is made.
+
+mod attend;
+mod delta;
+mod index;
+mod latent;
+mod route;
+
+use std::sync::Arc;
+
+use strata_format::{Container, DenseId};
+use strata_kernels::simd::Isa;
+use strata_kernels::{Matrix, Threads, ops};
+use strata_sched::{LayerStats, MoeBatch, Route, swiglu};
+use strata_tier::ExpertStore;
+
+use super::{
+    AttendJob, AttnShape, DeltaJob, DeltaKind, Device, IndexJob, IndexShape, LatentJob, LatentShape, MatrixHandle,
+    MoeJob, Rotary, RouteKind, RouterSpec, TableHandle, VectorHandle,
+};
+use crate::Result;
+use crate::rope::Angles;
+
+/// The CPU's tensors and instruction set.
+pub struct Cpu {
+    container: Arc<Container>,
+    isa: Isa,
+    /// Registered matrices and tables, resolved in the container.
+    matrices: Vec<DenseId>,
+    vectors: Vec<Vector>,
+}
+
+/// Where a vector's values are.
+enum Vector {
+    /// The container's tensor, read in place.
+    Stored(DenseId),
+    /// Values computed at load.
+    Owned(Vec<f32>),
+}
+
+impl Cpu {
+    pub fn new(container: Arc<Container>) -> Self {
+        Self { container, isa: Isa::detect(), matrices: Vec::new(), vectors: Vec::new() }
+    }
+
+    pub fn container(&self) -> &Container {
+        &self.container
+    }
+
+    /// Resolves the resident matrix `name`; the slot of its handle.
+    pub fn register_matrix(&mut self, name: &str) -> Result<usize> {
+        let id = self.container.dense_id(name)?;
+        self.container.dense_at(id)?;
+        self.matrices.push(id);
+        Ok(self.matrices.len() - 1)
+    }
+
+    /// Resolves the f32 vector `name`; the slot of its handle.
+    pub fn register_vector(&mut self, name: &str) -> Result<usize> {
+        let id = self.container.dense_id(name)?;
+        self.container.dense_vec_at(id)?;
+        Ok(self.push_vector(Vector::Stored(id)))
+    }
+
+    /// Keeps `values`; the slot of their handle.
+    pub fn own_vector(&mut self, values: Vec<f32>) -> usize {
+        self.push_vector(Vector::Owned(values))
+    }
+
+    fn push_vector(&mut self, vector: Vector) -> usize {
+        self.vectors.push(vector);
+        self.vectors.len() - 1
+    }
+
+    /// Resolves the table `name` (its bytes may be on disk); the slot of
+    /// its handle.
+    pub fn register_table(&mut self, name: &str) -> Result<usize> {
+        self.matrices.push(self.container.dense_id(name)?);
+        Ok(self.matrices.len() - 1)
+    }
+
+    /// The matrix behind `m`, over the container's bytes.
+    fn matrix(&self, m: MatrixHandle) -> Matrix<'_> {
+        assert_eq!(m.device, Device::Cpu, "a CPU operation reads host tensors");
+        let matrix = self.container.dense_at(self.matrices[m.slot]).expect("resident and well-formed when registered");
+        assert_eq!((matrix.rows, matrix.cols), (m.rows, m.cols), "the handle's shape is its matrix's");
+        matrix
+    }
+
+    /// The values behind `v`.
+    pub fn vector(&self, v: VectorHandle) -> &[f32] {
+        assert_eq!(v.device, Device::Cpu, "a CPU operation reads host tensors");
+        let values = match &self.vectors[v.slot] {
+            Vector::Stored(id) => self.container.dense_vec_at(*id).expect("an f32 tensor when registered"),
+            Vector::Owned(values) => values,
+        };
+        assert_eq!(values.len(), v.len, "the handle's length is its vector's");
+        values
+    }
+
+    pub fn table_rows(&self, table: TableHandle, rows: &[usize], out: &mut [f32]) -> Result<()> {
+        assert_eq!(table.device, Device::Cpu, "a CPU operation reads host tensors");
+        Ok(self.container.dense_rows_at(self.matrices[table.slot], rows, out)?)
+    }
+
+    pub fn matmul(&self, threads: &Threads, w: MatrixHandle, xs: &[f32], out: &mut [f32]) {
+        let n = xs.len() / w.cols;
+        threads.matmul(&self.matrix(w), xs, n, out);
+    }
+
+    pub fn add_bias(&self, rows: &mut [f32], bias: VectorHandle) {
+        let bias = self.vector(bias);
+        for row in rows.chunks_exact_mut(bias.len()) {
+            row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+        }
+    }
+
+    pub fn rmsnorm(&self, weight: VectorHandle, eps: f32, xs: &[f32], out: &mut [f32]) {
+        let weight = self.vector(weight);
+        for (x, o) in xs.chunks_exact(weight.len()).zip(out.chunks_exact_mut(weight.len())) {
+            ops::rmsnorm(x, weight, eps, o);
+        }
+    }
+
+    pub fn rmsnorm_rows(&self, weight: VectorHandle, eps: f32, rows: &mut [f32]) {
+        let weight = self.vector(weight);
+        for row in rows.chunks_exact_mut(weight.len()) {
+            ops::rmsnorm_inplace(row, weight, eps);
+        }
+    }
+
+    pub fn rmsnorm_gated(&self, weight: VectorHandle, eps: f32, rows: &mut [f32], gates: &[f32]) {
+        let weight = self.vector(weight);
+        for (row, gate) in rows.chunks_exact_mut(weight.len()).zip(gates.chunks_exact(weight.len())) {
+            ops::rmsnorm_gated(row, gate, weight, eps);
+        }
+    }
+
+    pub fn layer_norm(&self, weight: VectorHandle, bias: VectorHandle, eps: f32, rows: &mut [f32]) {
+        let (w, b) = (self.vector(weight), self.vector(bias));
+        for x in rows.chunks_exact_mut(w.len()) {
+            let n = x.len() as f32;
+            let mean = x.iter().sum::<f32>() / n;
+            let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+            let inv = 1.0 / (var + eps).sqrt();
+            for ((v, &w), &b) in x.iter_mut().zip(w).zip(b) {
+                *v = (*v - mean) * inv * w + b;
+            }
+        }
+    }
+
+    pub fn swiglu(&self, threads: &Threads, [gate, up, down]: &[MatrixHandle; 3], xs: &[f32], ys: &mut [f32]) {
+        swiglu(threads, &[self.matrix(*gate), self.matrix(*up), self.matrix(*down)], xs, ys);
+    }
+
+    pub fn sigmoid_gate(&self, xs: &mut [f32], gates: &[f32]) {
+        let width = xs.len() / gates.len();
+        assert_eq!(xs.len(), width * gates.len(), "every value has its gate");
+        for (span, &gate) in xs.chunks_exact_mut(width).zip(gates) {
+            let scale = ops::sigmoid(gate);
+            span.iter_mut().for_each(|x| *x *= scale);
+        }
+    }
+
+    pub fn rotate(&self, rows: &mut [f32], angles: &Angles, rotary: Rotary) {
+        if rows.is_empty() {
+            return;
+        }
+        let width = rows.len() / angles.row_count();
+        assert_eq!(rows.len(), angles.row_count() * width, "one row per position");
+        let span = rotary.offset..rotary.offset + angles.dim();
+        for (i, row) in rows.chunks_exact_mut(width).enumerate() {
+            let (cos, sin) = angles.at(i);
+            for head in row.chunks_exact_mut(rotary.head_width) {
+                let x = &mut head[span.clone()];
+                if rotary.interleaved { ops::rope_interleaved(x, cos, sin) } else { ops::rope_neox(x, cos, sin) }
+            }
+        }
+    }
+
+    pub fn attend(&self, threads: &Threads, shape: AttnShape, jobs: Vec<AttendJob<'_>>) {
+        let sinks = shape.sinks.map(|sinks| self.vector(sinks));
+        attend::attend_all(threads, self.isa, &shape, sinks, jobs);
+    }
+
+    pub fn delta_step(&self, threads: &Threads, kind: &DeltaKind, job: DeltaJob<'_>) {
+        match *kind {
+            DeltaKind::GatedDeltaNet { dims, conv, dt_bias, a_log } => {
+                let weights = delta::GdnWeights {
+                    conv: self.vector(conv),
+                    dt_bias: self.vector(dt_bias),
+                    a_log: self.vector(a_log),
+                };
+                delta::gated_delta_net(threads, self.isa, &dims, &weights, job);
+            }
+        }
+    }
+
+    pub fn attend_latent(&self, threads: &Threads, shape: &LatentShape, job: LatentJob<'_>) -> Vec<f32> {
+        latent::attend(threads, self.isa, shape, &self.matrix(shape.kv_b), &job)
+    }
+
+    pub fn index_select(&self, threads: &Threads, shape: IndexShape, job: IndexJob<'_>) -> Vec<Vec<usize>> {
+        index::select(threads, self.isa, shape, &job)
+    }
+
+    pub fn route(&self, threads: &Threads, router: &RouterSpec, xs: &[f32]) -> Vec<Route> {
+        let num_experts = router.weight.rows;
+        let mut logits = vec![0.0f32; xs.len() / router.weight.cols * num_experts];
+        self.matmul(threads, router.weight, xs, &mut logits);
+        match router.kind {
+            RouteKind::SoftmaxTopK { renormalize } => {
+                route::softmax_top_k(&logits, num_experts, router.top_k, renormalize)
+            }
+            RouteKind::GroupedSigmoid { n_group, topk_group, renormalize, scaling, correction_bias } => {
+                let routing = route::GroupedSigmoid {
+                    n_group,
+                    topk_group,
+                    top_k: router.top_k,
+                    normalize: renormalize,
+                    scaling,
+                    bias: self.vector(correction_bias),
+                };
+                route::grouped_sigmoid_top_k(&logits, num_experts, &routing)
+            }
+        }
+    }
+
+    pub fn run_moe_layer(
+        &self,
+        threads: &Threads,
+        store: &ExpertStore,
+        job: &MoeJob<'_>,
+        out: &mut [f32],
+        stats: &mut LayerStats,
+    ) -> Result<()> {
+        assert_eq!(job.experts.device, Device::Cpu, "a CPU operation reads host tensors");
+        let batch = MoeBatch {
+            layer: job.experts.layer,
+            layout: self.container.expert_layout(job.experts.layer)?,
+            xs: job.xs,
+            hidden: job.hidden,
+            routes: job.routes,
+            top_k: job.top_k,
+            prefetch: job.prefetch,
+        };
+        Ok(strata_sched::run_moe_layer(store, threads, &batch, out, stats)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use strata_format::{ConvertOptions, QuantPreset};
+    use strata_kernels::MatData;
+
+    use super::*;
+    use crate::Error;
+    use crate::backend::Backend;
+
+    const Q_PROJ: &str = "model.layers.0.self_attn.q_proj.weight";
+    const NORM: &str = "model.layers.0.input_layernorm.weight";
+
+    /// The OLMoE fixture at f32, opened, and the directory that holds it.
+    fn olmoe() -> (tempfile::TempDir, Arc<Container>) {
+        let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/olmoe/hf");
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let model = dir.path().join("model");
+        strata_format::convert(&hf, &model, &ConvertOptions::new(QuantPreset::F32)).expect("convert");
+        let container = Arc::new(Container::open(&model).expect("open"));
+        (dir, container)
+    }
+
+    fn rows_cols(c: &Container, name: &str) -> (usize, usize) {
+        let m = c.dense(name).expect("stored");
+        (m.rows, m.cols)
+    }
+
+    #[test]
+    fn a_registered_tensor_is_the_containers_bytes_in_place() {
+        let (_dir, c) = olmoe();
+        let (rows, cols) = rows_cols(&c, Q_PROJ);
+        let norm_len = c.dense_vec(NORM).expect("stored").len();
+        let mut b = Backend::cpu(Arc::clone(&c));
+        let (m, v) = (b.matrix(Q_PROJ, rows, cols).expect("registered"), b.vector(NORM, norm_len).expect("registered"));
+        assert_eq!((m.device, v.device), (Device::Cpu, Device::Cpu));
+        let Backend::Cpu(cpu) = &b;
+        let (MatData::F32(held), MatData::F32(stored)) = (cpu.matrix(m).data, c.dense(Q_PROJ).expect("stored").data)
+        else {
+            panic!("an f32 container holds f32 matrices");
+        };
+        assert_eq!(held.as_ptr(), stored.as_ptr(), "no copy of the matrix");
+        assert_eq!(cpu.vector(v).as_ptr(), c.dense_vec(NORM).expect("stored").as_ptr(), "no copy of the vector");
+    }
+
+    #[test]
+    fn a_shape_other_than_the_stored_one_is_refused_at_registration() {
+        let (_dir, c) = olmoe();
+        let (rows, cols) = rows_cols(&c, Q_PROJ);
+        let mut b = Backend::cpu(Arc::clone(&c));
+        let refused = b.matrix(Q_PROJ, rows, cols + 1).expect_err("wrong shape");
+        assert!(matches!(refused, Error::Shape { ref name, .. } if name == Q_PROJ), "{refused}");
+        let refused = b.vector(NORM, 3).expect_err("wrong length");
+        assert!(matches!(refused, Error::Shape { ref name, .. } if name == NORM), "{refused}");
+        assert!(matches!(b.matrix("no.such.weight", 1, 1), Err(Error::Format(_))));
+    }
+
+    #[test]
+    fn values_made_at_load_are_held_by_the_backend() {
+        let (_dir, c) = olmoe();
+        let mut b = Backend::cpu(c);
+        let v = b.upload_vector(vec![1.5, -2.0]);
+        assert_eq!((v.device, v.len), (Device::Cpu, 2));
+        assert_eq!(b.vector_values(v), &[1.5, -2.0]);
+    }
+}

@@ -1,0 +1,432 @@
+//! The backend: the one place the blocks' weights live and their arithmetic
+//! runs. At load every block registers its tensors once ([`Backend::matrix`],
+//! [`Backend::vector`], ...) and keeps the typed handles it gets back; a
+//! forward pass hands those handles to coarse, declarative operations
+//! (attend with a shape, a delta-rule step of a kind, a route of a kind, an
+//! expert FFN over a batch union) and never looks a weight up by name.
+//! `crates/models` imports the kernels crate and rayon here only
+//! (`xtask` tidy test), so a device replaces these bodies, not the blocks.
+//!
+//! An enum, not a trait: the devices are a closed set this crate builds
+//! (`load` picks one), every operation matches on it so a new device cannot
+//! miss one, and the blocks stay free of a type parameter or a `dyn` whose
+//! methods could not be generic. Every handle names the [`Device`] its
+//! tensor lives on, and an operation asserts it is its own.
+//!
+//! Today the one device is the CPU ([`cpu::Cpu`]): its weights are the
+//! container's resident bytes, viewed in place, and its operations are
+//! `strata-kernels`' SIMD paths on the runtime's pool, the instruction set
+//! chosen once when the backend is made.
+
+mod cpu;
+
+use std::sync::Arc;
+
+use strata_format::{Container, MlaSpec};
+use strata_sched::{Guess, LayerStats, Route};
+
+/// The CPU's worker pool, which a pass runs on (`Runtime::threads`; the
+/// engine owns it).
+pub use strata_kernels::Threads;
+
+use crate::rope::Angles;
+use crate::{Error, Result, Runtime};
+
+/// Where a tensor lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// The host: weights in the container's resident bytes.
+    Cpu,
+}
+
+/// A `[rows, cols]` matrix the backend holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatrixHandle {
+    pub device: Device,
+    pub rows: usize,
+    pub cols: usize,
+    /// Its place in the backend's table of matrices.
+    slot: usize,
+}
+
+/// An f32 vector the backend holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VectorHandle {
+    pub device: Device,
+    pub len: usize,
+    slot: usize,
+}
+
+/// A `[rows, cols]` table the backend reads rows of (the token
+/// embedding), which may stay on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableHandle {
+    pub device: Device,
+    pub rows: usize,
+    pub cols: usize,
+    slot: usize,
+}
+
+/// A MoE layer's routed experts, streamed through the expert store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertsHandle {
+    pub device: Device,
+    pub layer: usize,
+}
+
+/// The devices a model's weights can live on, each with its tensors.
+pub enum Backend {
+    Cpu(cpu::Cpu),
+}
+
+/// The shape of one grouped-query attention layer.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Keys visible to a query, itself included (`None`: all earlier keys).
+    pub window: Option<usize>,
+    /// One learned logit per query head that joins the head's softmax
+    /// denominator and takes its share of the weight from the keys (gpt-oss);
+    /// `None`: a plain softmax.
+    pub sinks: Option<VectorHandle>,
+}
+
+/// One sequence's causal attention: its queries at positions
+/// `start..start + n`, the cached keys and values of positions
+/// `0..start + n`, and where the output goes.
+pub struct AttendJob<'a> {
+    pub q: &'a [f32],
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub start: usize,
+    pub out: &'a mut [f32],
+}
+
+/// A delta-rule recurrence and its weights.
+#[derive(Debug, Clone, Copy)]
+pub enum DeltaKind {
+    /// Qwen3-Next's Gated DeltaNet: a causal depthwise convolution + SiLU
+    /// over q, k and v, l2-normalised q and k, and the gated delta rule per
+    /// value head (docs/gdn.md).
+    GatedDeltaNet {
+        dims: strata_format::GdnDims,
+        /// `[conv_dim, conv_kernel]`.
+        conv: VectorHandle,
+        /// `[num_v_heads]` each.
+        dt_bias: VectorHandle,
+        a_log: VectorHandle,
+    },
+}
+
+/// One sequence's tokens through a delta-rule layer: `qkv` `[m, conv_dim]`
+/// (the input projection, convolved in place), the gate inputs `b` and `a`
+/// from the sequence's first row on, its state (the heads' recurrent
+/// states, then the convolution's), and `out` `[m, value_dim]`.
+pub struct DeltaJob<'a> {
+    pub qkv: &'a mut [f32],
+    pub b: &'a [f32],
+    pub a: &'a [f32],
+    pub state: &'a mut [f32],
+    pub out: &'a mut [f32],
+}
+
+/// The shape of one Multi-head Latent Attention layer.
+#[derive(Debug, Clone, Copy)]
+pub struct LatentShape {
+    pub heads: usize,
+    pub dims: MlaSpec,
+    /// Multiplies every score.
+    pub scale: f32,
+    /// `kv_b_proj`, `[heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]`.
+    pub kv_b: MatrixHandle,
+}
+
+/// One sequence's latent attention: queries at positions `start..start + n`
+/// (`[n, heads * qk_head_dim]`, each head `[nope | rotated rope]`), the
+/// cached latents of positions `0..start + n`, and, with DSA, the positions
+/// each query may see.
+pub struct LatentJob<'a> {
+    pub q: &'a [f32],
+    pub latents: &'a [f32],
+    pub start: usize,
+    pub selection: Option<&'a [Vec<usize>]>,
+}
+
+/// The DSA lightning indexer's shape.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexShape {
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Keys a query keeps.
+    pub topk: usize,
+}
+
+/// One sequence's indexer queries at positions `start..start + n`: `q`
+/// `[n, heads * head_dim]` (rotated), `weights` `[n, heads]` (scaled), and
+/// the cached indexer keys of positions `0..start + n`.
+pub struct IndexJob<'a> {
+    pub q: &'a [f32],
+    pub weights: &'a [f32],
+    pub keys: &'a [f32],
+    pub start: usize,
+}
+
+/// How a router's logits become each token's experts and weights.
+#[derive(Debug, Clone, Copy)]
+pub enum RouteKind {
+    /// Softmax over all experts, the `top_k` largest, optionally
+    /// renormalised (OLMoE, Qwen3-MoE, Mixtral).
+    SoftmaxTopK { renormalize: bool },
+    /// DeepSeek-V3's group-limited sigmoid (`noaux_tc`).
+    GroupedSigmoid {
+        n_group: usize,
+        topk_group: usize,
+        renormalize: bool,
+        /// Multiplies the final weights (`routed_scaling_factor`).
+        scaling: f32,
+        /// `e_score_correction_bias`, one per expert.
+        correction_bias: VectorHandle,
+    },
+}
+
+/// A router: its weight `[num_experts, hidden]`, its kind and `top_k`.
+#[derive(Debug, Clone, Copy)]
+pub struct RouterSpec {
+    pub weight: MatrixHandle,
+    pub kind: RouteKind,
+    pub top_k: usize,
+}
+
+/// Which part of each head RoPE rotates: rows hold heads `head_width`
+/// apart; each head's values `offset..offset + angles.dim()` turn.
+#[derive(Debug, Clone, Copy)]
+pub struct Rotary {
+    pub head_width: usize,
+    pub offset: usize,
+    /// Pairs `(x[2i], x[2i+1])` (DeepSeek's layout), else `(x[i], x[i + d/2])`.
+    pub interleaved: bool,
+}
+
+/// A MoE layer's batch for the routed experts: hidden states `xs`
+/// `[n, hidden]`, routes `[n][top_k]`, and a later layer's guess to
+/// prefetch.
+pub struct MoeJob<'a> {
+    pub experts: ExpertsHandle,
+    pub xs: &'a [f32],
+    pub hidden: usize,
+    pub routes: &'a [Route],
+    pub top_k: usize,
+    pub prefetch: Option<Guess<'a>>,
+}
+
+impl Backend {
+    /// The CPU backend over `container`'s resident bytes.
+    pub fn cpu(container: Arc<Container>) -> Self {
+        Backend::Cpu(cpu::Cpu::new(container))
+    }
+
+    fn container(&self) -> &Container {
+        match self {
+            Backend::Cpu(cpu) => cpu.container(),
+        }
+    }
+
+    /// Registers the matrix `name`, checked to be `[rows, cols]`.
+    pub fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<MatrixHandle> {
+        let m = self.container().dense(name)?;
+        if (m.rows, m.cols) != (rows, cols) {
+            return Err(Error::Shape {
+                name: name.to_owned(),
+                expected: vec![rows, cols],
+                found: vec![m.rows, m.cols],
+            });
+        }
+        let slot = match self {
+            Backend::Cpu(cpu) => cpu.register_matrix(name)?,
+        };
+        Ok(MatrixHandle { device: self.device(), rows, cols, slot })
+    }
+
+    /// Registers the f32 vector `name`, checked to hold `len` values.
+    pub fn vector(&mut self, name: &str, len: usize) -> Result<VectorHandle> {
+        let found = self.container().dense_vec(name)?.len();
+        if found != len {
+            return Err(Error::Shape { name: name.to_owned(), expected: vec![len], found: vec![found] });
+        }
+        let slot = match self {
+            Backend::Cpu(cpu) => cpu.register_vector(name)?,
+        };
+        Ok(VectorHandle { device: self.device(), len, slot })
+    }
+
+    /// The values of a registered vector, as the host holds them (to derive
+    /// another at load).
+    pub fn vector_values(&self, v: VectorHandle) -> &[f32] {
+        match self {
+            Backend::Cpu(cpu) => cpu.vector(v),
+        }
+    }
+
+    /// Takes `values`, computed at load (a norm's `1 + w`), as a vector.
+    pub fn upload_vector(&mut self, values: Vec<f32>) -> VectorHandle {
+        let len = values.len();
+        let slot = match self {
+            Backend::Cpu(cpu) => cpu.own_vector(values),
+        };
+        VectorHandle { device: self.device(), len, slot }
+    }
+
+    /// Registers the table `name`, checked to be `[rows, cols]` without
+    /// viewing its bytes, which may be on disk
+    /// (`strata_format::Embedding::ReadByRow`).
+    pub fn table(&mut self, name: &str, rows: usize, cols: usize) -> Result<TableHandle> {
+        let found = &self.container().dense_entry(name)?.shape;
+        if found[..] != [rows, cols] {
+            return Err(Error::Shape { name: name.to_owned(), expected: vec![rows, cols], found: found.clone() });
+        }
+        let slot = match self {
+            Backend::Cpu(cpu) => cpu.register_table(name)?,
+        };
+        Ok(TableHandle { device: self.device(), rows, cols, slot })
+    }
+
+    /// The routed experts of MoE layer `layer`, their layout checked present.
+    pub fn experts(&mut self, layer: usize) -> Result<ExpertsHandle> {
+        self.container().expert_layout(layer)?;
+        Ok(ExpertsHandle { device: self.device(), layer })
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> Device {
+        match self {
+            Backend::Cpu(_) => Device::Cpu,
+        }
+    }
+
+    /// Rows `rows` of `table`, one after another in `out`.
+    pub fn table_rows(&self, table: TableHandle, rows: &[usize], out: &mut [f32]) -> Result<()> {
+        match self {
+            Backend::Cpu(cpu) => cpu.table_rows(table, rows, out),
+        }
+    }
+
+    /// `out = W xs` for every `w.cols`-wide row of `xs`.
+    pub fn matmul(&self, rt: &Runtime<'_>, w: MatrixHandle, xs: &[f32], out: &mut [f32]) {
+        match self {
+            Backend::Cpu(cpu) => cpu.matmul(rt.threads, w, xs, out),
+        }
+    }
+
+    /// Adds `bias` to every row of `rows`.
+    pub fn add_bias(&self, rows: &mut [f32], bias: VectorHandle) {
+        match self {
+            Backend::Cpu(cpu) => cpu.add_bias(rows, bias),
+        }
+    }
+
+    /// RMS-normalises each `weight.len`-wide row of `xs` into `out`
+    /// (`w · x̂`).
+    pub fn rmsnorm(&self, weight: VectorHandle, eps: f32, xs: &[f32], out: &mut [f32]) {
+        match self {
+            Backend::Cpu(cpu) => cpu.rmsnorm(weight, eps, xs, out),
+        }
+    }
+
+    /// RMS-normalises each `weight.len`-wide row of `rows` in place.
+    pub fn rmsnorm_rows(&self, weight: VectorHandle, eps: f32, rows: &mut [f32]) {
+        match self {
+            Backend::Cpu(cpu) => cpu.rmsnorm_rows(weight, eps, rows),
+        }
+    }
+
+    /// The gated RMSNorm of each `weight.len`-wide row of `rows` in place:
+    /// `w · x̂ · silu(gate)`, `gates` laid out as `rows`.
+    pub fn rmsnorm_gated(&self, weight: VectorHandle, eps: f32, rows: &mut [f32], gates: &[f32]) {
+        match self {
+            Backend::Cpu(cpu) => cpu.rmsnorm_gated(weight, eps, rows, gates),
+        }
+    }
+
+    /// `nn.LayerNorm` of each `weight.len`-wide row of `rows` in place:
+    /// `(x - mean) / sqrt(var + eps) * w + b`, biased variance.
+    pub fn layer_norm(&self, weight: VectorHandle, bias: VectorHandle, eps: f32, rows: &mut [f32]) {
+        match self {
+            Backend::Cpu(cpu) => cpu.layer_norm(weight, bias, eps, rows),
+        }
+    }
+
+    /// `ys = down(silu(gate(xs)) * up(xs))`.
+    pub fn swiglu(&self, rt: &Runtime<'_>, weights: &[MatrixHandle; 3], xs: &[f32], ys: &mut [f32]) {
+        match self {
+            Backend::Cpu(cpu) => cpu.swiglu(rt.threads, weights, xs, ys),
+        }
+    }
+
+    /// Scales `xs` by the sigmoids of `gates`, each gate over
+    /// `xs.len() / gates.len()` consecutive values.
+    pub fn sigmoid_gate(&self, xs: &mut [f32], gates: &[f32]) {
+        match self {
+            Backend::Cpu(cpu) => cpu.sigmoid_gate(xs, gates),
+        }
+    }
+
+    /// Rotates each row `i` of `rows` by `angles.at(i)`, where `rotary`
+    /// says.
+    pub fn rotate(&self, rows: &mut [f32], angles: &Angles, rotary: Rotary) {
+        match self {
+            Backend::Cpu(cpu) => cpu.rotate(rows, angles, rotary),
+        }
+    }
+
+    /// Several sequences' causal grouped-query attention at once.
+    pub fn attend(&self, rt: &Runtime<'_>, shape: AttnShape, jobs: Vec<AttendJob<'_>>) {
+        match self {
+            Backend::Cpu(cpu) => cpu.attend(rt.threads, shape, jobs),
+        }
+    }
+
+    /// One sequence's tokens through a delta-rule layer of kind `kind`.
+    pub fn delta_step(&self, rt: &Runtime<'_>, kind: &DeltaKind, job: DeltaJob<'_>) {
+        match self {
+            Backend::Cpu(cpu) => cpu.delta_step(rt.threads, kind, job),
+        }
+    }
+
+    /// One sequence's latent attention, `[n, heads * v_head_dim]`.
+    pub fn attend_latent(&self, rt: &Runtime<'_>, shape: &LatentShape, job: LatentJob<'_>) -> Vec<f32> {
+        match self {
+            Backend::Cpu(cpu) => cpu.attend_latent(rt.threads, shape, job),
+        }
+    }
+
+    /// The DSA indexer's choice for each query: the positions it may attend
+    /// to, ascending (see `crate::dsa`).
+    pub fn index_select(&self, rt: &Runtime<'_>, shape: IndexShape, job: IndexJob<'_>) -> Vec<Vec<usize>> {
+        match self {
+            Backend::Cpu(cpu) => cpu.index_select(rt.threads, shape, job),
+        }
+    }
+
+    /// Each row of `xs`'s `top_k` routes, `[n][top_k]`.
+    pub fn route(&self, rt: &Runtime<'_>, router: &RouterSpec, xs: &[f32]) -> Vec<Route> {
+        match self {
+            Backend::Cpu(cpu) => cpu.route(rt.threads, router, xs),
+        }
+    }
+
+    /// Adds a MoE layer's routed experts' weighted outputs to `out`, the
+    /// experts of the batch's union each run once (`strata_sched`).
+    pub fn run_moe_layer(
+        &self,
+        rt: &Runtime<'_>,
+        job: &MoeJob<'_>,
+        out: &mut [f32],
+        stats: &mut LayerStats,
+    ) -> Result<()> {
+        match self {
+            Backend::Cpu(cpu) => cpu.run_moe_layer(rt.threads, rt.store, job, out, stats),
+        }
+    }
+}
