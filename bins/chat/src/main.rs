@@ -58,6 +58,9 @@ pub struct Cli {
 
 fn main() -> ExitCode {
     restore_sigpipe();
+    // The engine's news (a usage file ignored, a mirror falling back) as
+    // `chat: warning: ...` lines; `RUST_LOG` for more.
+    strata_engine::logging::init("chat", strata_engine::logging::LogFormat::Text, "warn");
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -84,9 +87,6 @@ fn run(cli: Cli) -> Result<()> {
     let resolved = resolve_model(cli.model.as_deref(), &cache_dir, interactive)?;
     let engine = Engine::open(&resolved.container_dir, &cli.engine.options())
         .with_context(|| format!("opening {}", resolved.container_dir.display()))?;
-    for warning in engine.warnings() {
-        eprintln!("chat: warning: {warning}");
-    }
     let text_dir = cli.tokenizer.clone().unwrap_or_else(|| engine.container().dir().to_path_buf());
     let text = TextModel::from_dir(&engine, &text_dir)?;
     let sampling = cli.sampling.resolve(&SamplingDefaults::from_dir(&text_dir))?.options;

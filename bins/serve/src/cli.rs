@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use strata_engine::ByteSize;
 use strata_engine::args::EngineArgs;
+use strata_engine::logging::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -96,6 +97,13 @@ pub struct Cli {
     /// closing them.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600))]
     pub shutdown_timeout_secs: u64,
+
+    /// How log lines on stderr are written: `text` for a person, `json` (one
+    /// object a line, with the request's id) for a log collector. Which
+    /// lines: `RUST_LOG` (default `info`: a line per request; `debug` adds
+    /// batch steps and expert loads), e.g. `RUST_LOG=strata_serve=warn`.
+    #[arg(long, value_enum, default_value_t)]
+    pub log_format: LogFormat,
 
     /// The engine flags every binary shares (`--ram-budget`, `--expert-cache`,
     /// `--cache-policy`, `--io`, `--threads`, `--context`, `--trace`, `--usage-file`).

@@ -55,7 +55,7 @@ impl ApiError {
     /// path says where models live and who runs them).
     pub fn internal(message: impl Into<String>) -> ApiError {
         let message = message.into();
-        crate::log!("serve: error: {message}");
+        tracing::error!("{message}");
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, without_paths(&message))
     }
 

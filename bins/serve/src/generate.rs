@@ -79,6 +79,8 @@ pub struct Generation {
     pub prompt_tokens: usize,
     pub stop: Vec<String>,
     rx: Option<mpsc::Receiver<Event>>,
+    /// The server's shutdown cut (`App::cut`).
+    cut: tokio::sync::watch::Receiver<bool>,
     detok: Detokenizer,
     stops: StopStrings,
     calls: Option<ToolCallParser>,
@@ -250,6 +252,7 @@ impl App {
             stops: StopStrings::new(request.stop.iter().cloned()),
             stop: request.stop,
             rx: Some(rx),
+            cut: self.cut.clone(),
             // Some families write their call markers as special tokens
             // (DeepSeek, Kimi): kept where calls are read.
             detok: self.tokenizer.detokenizer(request.calls.is_none()),
@@ -271,7 +274,19 @@ impl Generation {
             if let Some(piece) = self.ready.pop_front() {
                 return Some(piece);
             }
-            let event = self.rx.as_mut()?.recv().await;
+            let rx = self.rx.as_mut()?;
+            // The cut first: at the deadline, a reply still in the channel
+            // is not waited for either. A closed sender (the server gone)
+            // cuts too.
+            let event = tokio::select! {
+                biased;
+                _ = self.cut.wait_for(|cut| *cut) => None,
+                event = rx.recv() => Some(event),
+            };
+            let Some(event) = event else {
+                self.fail(shutdown_cut());
+                continue;
+            };
             match event {
                 Some(Event::Token(id)) => {
                     self.tokens += 1;
@@ -325,9 +340,7 @@ impl Generation {
             self.answer(out.text);
             self.finish_calls();
             let completion_tokens = end.map_or(self.tokens, |(_, n)| n);
-            self.ready.push_back(Ok(Piece::End { reason: Finish::StopString(index), completion_tokens }));
-            // Dropping the receiver tells the batcher to stop.
-            self.rx = None;
+            self.end(Finish::StopString(index), completion_tokens);
             return;
         }
         let mut text = out.text;
@@ -335,11 +348,18 @@ impl Generation {
             text.push_str(&self.stops.finish());
             self.answer(text);
             self.finish_calls();
-            self.ready.push_back(Ok(Piece::End { reason: finish, completion_tokens }));
-            self.rx = None;
+            self.end(finish, completion_tokens);
         } else {
             self.answer(text);
         }
+    }
+
+    /// The last piece. Dropping the receiver tells the batcher to stop (a
+    /// stop string) or that nothing more is to come.
+    fn end(&mut self, reason: Finish, completion_tokens: usize) {
+        tracing::info!(prompt_tokens = self.prompt_tokens, completion_tokens, finish = ?reason, "generated");
+        self.ready.push_back(Ok(Piece::End { reason, completion_tokens }));
+        self.rx = None;
     }
 
     /// Hands out `text` of the reply: its thinking apart, when the template
@@ -423,6 +443,16 @@ fn thinking_piece(event: ToolEvent) -> Piece {
     }
 }
 
+/// A reply still running at the shutdown deadline: an error the client can
+/// tell from a network fault, and retry elsewhere.
+fn shutdown_cut() -> ApiError {
+    ApiError {
+        retry_after: Some(1),
+        ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down; this reply was cut short")
+            .code("shutting_down")
+    }
+}
+
 fn shutting_down() -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down")
 }
@@ -453,6 +483,8 @@ mod tests {
             eos_token_ids: Vec::new(),
             tokens: 0,
             ready: VecDeque::new(),
+            // A sender dropped at once: the test's replies are never cut.
+            cut: tokio::sync::watch::channel(false).1,
         }
     }
 

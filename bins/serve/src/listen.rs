@@ -52,6 +52,10 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(20);
 /// How long a newcomer waits for the connection it displaced to close.
 const EVICTION_WAIT: Duration = Duration::from_millis(200);
 
+/// How long replies cut at the shutdown deadline get to send their last
+/// events.
+const CUT_REPLIES_END_WAIT: Duration = Duration::from_secs(1);
+
 /// Where a connection is in its current request: what displacing it costs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]
@@ -150,9 +154,16 @@ impl Registry {
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, then lets open
-/// requests finish for at most the shutdown deadline. Connections still open
-/// after it are abandoned to the caller's runtime shutdown.
-pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, shutdown: impl Future<Output = ()>) {
+/// requests finish for at most the shutdown deadline. After it, `cut` tells
+/// the replies still running to end; connections still open a moment later
+/// are abandoned to the caller's runtime shutdown.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnLimits,
+    shutdown: impl Future<Output = ()>,
+    cut: tokio::sync::watch::Sender<bool>,
+) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     let graceful = GracefulShutdown::new();
@@ -172,7 +183,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
                 // Once is enough to tell (an attack repeats it thousands of
                 // times); the loop keeps serving.
                 if !std::mem::replace(&mut told_accept_failed, true) {
-                    crate::log!("serve: warning: accepting a connection failed: {e} (retrying)");
+                    tracing::warn!("accepting a connection failed: {e} (retrying)");
                 }
                 tokio::time::sleep(ACCEPT_RETRY).await;
                 continue;
@@ -182,8 +193,8 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
             Ok(permit) => permit,
             Err(_) => {
                 if !std::mem::replace(&mut told_full, true) {
-                    crate::log!(
-                        "serve: warning: {} connections are open (--max-connections); new ones displace those \
+                    tracing::warn!(
+                        "{} connections are open (--max-connections); new ones displace those \
                          that have not sent a whole request, from the address holding the most",
                         limits.max_connections
                     );
@@ -224,11 +235,21 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
         });
     }
     drop(listener);
-    if tokio::time::timeout(limits.shutdown_deadline, graceful.shutdown()).await.is_err() {
-        crate::log!(
-            "serve: requests still open {} s after shutdown began; closing them",
-            limits.shutdown_deadline.as_secs()
-        );
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
+    if tokio::time::timeout(limits.shutdown_deadline, &mut drained).await.is_ok() {
+        return;
+    }
+    tracing::info!(
+        "requests still open {} s after shutdown began; ending their replies",
+        limits.shutdown_deadline.as_secs()
+    );
+    // Replies end with an error event (OpenAI's followed by `[DONE]`), so
+    // their clients can tell shutdown from a network fault; a client that
+    // does not read them is not waited for long.
+    cut.send_replace(true);
+    if tokio::time::timeout(CUT_REPLIES_END_WAIT, &mut drained).await.is_err() {
+        tracing::warn!("closing connections whose clients did not read the end of their replies");
     }
 }
 

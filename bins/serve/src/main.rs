@@ -17,7 +17,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use strata_engine::{
     BatchLimits, Batcher, ChatTemplate, Engine, EngineOptions, Tokenizer, ToolSyntax, default_cache_dir,
-    eos_ids_from_dir, resolve_model,
+    eos_ids_from_dir, logging, resolve_model,
 };
 use tokio::sync::Semaphore;
 
@@ -25,7 +25,7 @@ use strata_serve::cli::Cli;
 use strata_serve::generate::Defaults;
 use strata_serve::metrics::Metrics;
 use strata_serve::state::{App, ModelInfo};
-use strata_serve::{listen, log, openai, server, state};
+use strata_serve::{listen, openai, server, state};
 
 /// The least tokenizing budget (see `App::prepare`), so that a small
 /// `--max-body` still lets several small requests prepare at once.
@@ -37,10 +37,12 @@ const RUNTIME_STOP_WAIT: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Requests at info (one line each), the engine's news at warn and up.
+    logging::init("serve", cli.log_format, "info");
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            log!("serve: error: {}", strata_engine::args::error_line(&*err));
+            tracing::error!("{}", strata_engine::args::error_line(&*err));
             ExitCode::from(1)
         }
     }
@@ -52,7 +54,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let cache_dir = cli.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let resolved = resolve_model(cli.model.as_deref(), &cache_dir, true).context("finding the model")?;
     if resolved.converted {
-        log!("serve: converted the checkpoint into {}", resolved.container_dir.display());
+        tracing::info!("converted the checkpoint into {}", resolved.container_dir.display());
     }
     let model_name = cli.model_name.clone().unwrap_or_else(|| default_name(cli.model.as_deref()));
     let text_dir = cli.tokenizer.clone().unwrap_or_else(|| resolved.container_dir.clone());
@@ -61,7 +63,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     })?;
     let template = ChatTemplate::from_dir(&text_dir)?;
     if template.is_none() {
-        log!("serve: warning: {} has no chat template; only /v1/completions will work", text_dir.display());
+        tracing::warn!("{} has no chat template; only /v1/completions will work", text_dir.display());
     }
     let defaults = Defaults::from_dir(&text_dir);
     let tool_syntax = template
@@ -76,19 +78,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Engine::open(container_dir, &options).with_context(|| format!("opening {}", container_dir.display()))?;
     let eos_token_ids = eos_ids_from_dir(container_dir, &engine.core().eos_token_ids)?;
     let info = ModelInfo::of(&engine);
-    let mut warnings = engine.warnings().to_vec();
     // Past what the cache holds, streams that share few experts evict each
     // other's before their next tokens: more reads.
     if engine.batch_capacity() < cli.max_batch as usize {
-        warnings.push(format!(
+        tracing::warn!(
             "the expert cache holds the experts of {} stream(s) per token; batches of up to --max-batch {} may read \
              more per token than one stream (raise --ram-budget or --expert-cache, or lower --max-batch)",
             engine.batch_capacity(),
             cli.max_batch
-        ));
-    }
-    for warning in warnings {
-        log!("serve: warning: {warning}");
+        );
     }
     let metrics = Arc::new(Metrics::default());
     let limits = BatchLimits {
@@ -107,6 +105,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // u32 permits.
     let tokenize_bytes_in_flight = max_body.clamp(TOKENIZE_BYTES_IN_FLIGHT_MIN, u32::MAX as usize);
     let max_prompt_bytes = state::max_prompt_bytes(&tokenizer, context_tokens);
+    let (cut_sender, cut) = tokio::sync::watch::channel(false);
     let app = Arc::new(App {
         model_name: model_name.clone(),
         created: openai::unix_now(),
@@ -129,6 +128,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         tokenize_bytes_in_flight,
         tokenizing: Semaphore::new(tokenize_bytes_in_flight),
         max_prompt_bytes,
+        cut,
     });
     let router = server::router(Arc::clone(&app), max_body, &cli.cors_origins)?;
     drop(app);
@@ -160,7 +160,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             max_connections: connection_cap(cli.max_connections as usize),
             shutdown_deadline: Duration::from_secs(cli.shutdown_timeout_secs),
         };
-        listen::serve(listener, router, limits, shutdown_signal()).await;
+        listen::serve(listener, router, limits, shutdown_signal(), cut_sender).await;
         anyhow::Ok(())
     })?;
     // Connections the deadline gave up on are dropped with the runtime
@@ -183,8 +183,8 @@ fn connection_cap(wanted: usize) -> usize {
     let in_use = std::fs::read_dir("/proc/self/fd").map_or(0, |fds| fds.count());
     let room = usize::try_from(limit).unwrap_or(usize::MAX).saturating_sub(in_use + FDS_RESERVED).max(1);
     if room < wanted {
-        log!(
-            "serve: warning: --max-connections {wanted} lowered to {room} to stay under the file descriptor limit \
+        tracing::warn!(
+            "--max-connections {wanted} lowered to {room} to stay under the file descriptor limit \
              ({limit}; raise it with `ulimit -n`)"
         );
     }
@@ -216,7 +216,7 @@ fn raise_fd_limit() -> Option<u64> {
 /// The model's name for clients: ORG/NAME as pulled, else its directory's
 /// name.
 fn default_name(model: Option<&Path>) -> String {
-    let Some(dir) = model else { return "demo".to_owned() };
+    let Some(dir) = model else { return strata_engine::DEMO_NAME.to_owned() };
     if let Some(name) = dir.to_str().filter(|_| !dir.exists()).and_then(strata_engine::hub::ModelName::parse) {
         return name.repo;
     }
@@ -237,5 +237,5 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate => {}
     }
-    log!("serve: shutting down");
+    tracing::info!("shutting down");
 }

@@ -80,13 +80,13 @@ impl BatchObserver for Metrics {
         self.expert_cache_used_bytes.store(engine.memory_use().expert_cache_used_bytes, Relaxed);
     }
 
-    // The batcher's news goes to stderr, as every other line of the server's.
+    // The batcher's news goes to the log, as every other line of the server's.
     fn failed(&self, sequences: usize, message: &str) {
-        crate::log!("serve: error: {sequences} generation(s) failed: {message}");
+        tracing::error!(sequences, "generation(s) failed: {message}");
     }
 
     fn warning(&self, message: &str) {
-        crate::log!("serve: warning: {message}");
+        tracing::warn!("{message}");
     }
 }
 

@@ -456,7 +456,8 @@ enum Delta<'a> {
 }
 
 /// An OpenAI stream's events: a chunk per piece of text or call, the chunk
-/// with the finish reason, the usage chunk when asked for, and `[DONE]`.
+/// with the finish reason, the usage chunk when asked for, and `[DONE]`; or
+/// an error and `[DONE]`.
 /// `chunk(delta, finish)` builds one chunk of the endpoint's kind.
 fn chunk_events(
     pieces: impl futures_util::Stream<Item = Result<Piece, ApiError>> + Send + 'static,
@@ -484,7 +485,9 @@ fn chunk_events(
                 last.push(Ok(Event::default().data("[DONE]")));
                 last
             }
-            Err(e) => vec![data(&e.body())],
+            // `[DONE]` after the error too: the stream ended as the server
+            // meant, not by a network fault.
+            Err(e) => vec![data(&e.body()), Ok(Event::default().data("[DONE]"))],
         };
         futures_util::stream::iter(events)
     })

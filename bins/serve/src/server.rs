@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
-use axum::middleware::{Next, from_fn_with_state};
+use axum::middleware::{Next, from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -15,7 +15,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::error::{ApiError, Style};
 use crate::state::SharedApp;
-use crate::{anthropic, openai, page};
+use crate::{anthropic, openai, page, trace};
 
 /// The server's routes and guards.
 pub fn router(app: SharedApp, max_body_bytes: usize, cors_origins: &[String]) -> anyhow::Result<Router> {
@@ -37,8 +37,9 @@ pub fn router(app: SharedApp, max_body_bytes: usize, cors_origins: &[String]) ->
     if !cors_origins.is_empty() {
         router = router.layer(cors(cors_origins)?);
     }
-    // Outermost: a request for a host we do not answer to gets nothing else.
-    Ok(router.layer(from_fn_with_state(app.clone(), check_host)).with_state(app))
+    // A request for a host we do not answer to gets nothing else; but its
+    // id and log line, outermost.
+    Ok(router.layer(from_fn_with_state(app.clone(), check_host)).layer(from_fn(trace::trace_request)).with_state(app))
 }
 
 fn cors(origins: &[String]) -> anyhow::Result<CorsLayer> {

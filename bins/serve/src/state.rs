@@ -90,6 +90,10 @@ pub struct App {
     /// Prompt text longer than this cannot fit the context whatever it
     /// says, and is refused without tokenizing (see `max_prompt_bytes`).
     pub max_prompt_bytes: usize,
+    /// Turns true when shutdown's deadline has passed: replies still
+    /// running end with an error (see `Generation::next`) rather than be
+    /// cut off mid-stream.
+    pub cut: tokio::sync::watch::Receiver<bool>,
 }
 
 /// How much a tokenizer's normalizer may shrink text before it is split

@@ -319,3 +319,55 @@ fn the_token_limit_flag_has_the_name_chat_and_strata_use_too() {
     let server = Server::start(&["--max-new-tokens", "7"]);
     assert_eq!(server.get("/info").json()["limits"]["max_tokens"], 7);
 }
+
+/// `--log-format json`: every line a request logs carries its id, the id
+/// the response's `X-Request-Id` names (the client's own when it sends one),
+/// and its last line says how it ended and how long it took.
+#[test]
+fn a_requests_id_is_on_each_of_its_json_log_lines() {
+    let server = Server::start(&["--log-format", "json"]);
+    let body = json!({ "model": "demo", "prompt": "Once upon a time", "max_tokens": 4 });
+    let response = server.post("/v1/completions", &body);
+    assert_eq!(response.status, 200, "{}", response.text());
+    let id = response.header("x-request-id").expect("an X-Request-Id").to_owned();
+    assert!(id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+    let lines_of = |id: &str| -> Vec<Value> {
+        let stderr = server.stderr();
+        let lines = stderr.lines().map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")));
+        lines.filter(|l| l["spans"].as_array().is_some_and(|s| s.iter().any(|s| s["id"] == id))).collect()
+    };
+    let done = |lines: &[Value]| lines.iter().any(|l| l["fields"]["message"] == "done");
+    assert!(server.wait_for(std::time::Duration::from_secs(10), |_| done(&lines_of(&id))), "{}", server.stderr());
+    let lines = lines_of(&id);
+    assert!(lines.len() >= 2, "a line for the generation and one for the end: {lines:?}");
+    let end = lines.iter().find(|l| l["fields"]["message"] == "done").expect("the end");
+    assert_eq!(end["fields"]["status"], 200, "{end}");
+    assert!(end["fields"]["duration_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{end}");
+    assert!(end["timestamp"].is_string() && end["level"] == "INFO", "{end}");
+
+    let headers = [("Content-Type", "application/json"), ("X-Request-Id", "client-7.a_b")];
+    let response = request(server.addr, "POST", "/v1/completions", &headers, Some(body.to_string().as_bytes()));
+    assert_eq!(response.header("x-request-id"), Some("client-7.a_b"));
+    assert!(server.wait_for(std::time::Duration::from_secs(10), |_| done(&lines_of("client-7.a_b"))));
+}
+
+/// `RUST_LOG` chooses the lines: at `warn` a request writes none, at
+/// `debug` even the health checks that `info` leaves out are logged.
+#[test]
+fn rust_log_filters_the_log() {
+    let body = json!({ "model": "demo", "prompt": "Once upon a time", "max_tokens": 4 });
+    let quiet = Server::start_with_env(&[("RUST_LOG", "warn")], &[]);
+    let id = quiet.post("/v1/completions", &body).header("x-request-id").expect("an id").to_owned();
+    let health_id = quiet.get("/health").header("x-request-id").expect("an id").to_owned();
+    let verbose = Server::start_with_env(&[("RUST_LOG", "debug")], &[]);
+    let verbose_id = verbose.get("/health").header("x-request-id").expect("an id").to_owned();
+    assert!(
+        verbose.wait_for(std::time::Duration::from_secs(10), |s| s.stderr().contains(&verbose_id)),
+        "{}",
+        verbose.stderr()
+    );
+    // The verbose server has logged its health check; the quiet one had as
+    // long for its requests.
+    let stderr = quiet.stderr();
+    assert!(!stderr.contains(&id) && !stderr.contains(&health_id), "{stderr}");
+}

@@ -153,6 +153,67 @@ fn sigterm_completes_with_a_half_sent_request_open() {
     assert!(seconds < 5.0, "shutdown took {seconds:.1} s");
 }
 
+/// SIGTERM with streams running and queued, and no time given to finish
+/// them: every stream ends as its API ends an error (OpenAI: an error chunk
+/// and `[DONE]`; Anthropic: an `error` event), not with the connection cut
+/// mid-stream, which a client cannot tell from a network fault.
+#[test]
+fn streams_cut_at_the_shutdown_deadline_end_with_an_error_event() {
+    let mut server = Server::start(&["--shutdown-timeout-secs", "0", "--max-batch", "1"]);
+    let headers = [("Content-Type", "application/json")];
+    // One runs, the others wait their turn: far more tokens than the
+    // server makes before the deadline.
+    let streams: Vec<(bool, TcpStream, Vec<u8>)> = (0..8)
+        .map(|i| {
+            let anthropic = i % 2 == 1;
+            let (path, body) = if anthropic {
+                ("/v1/messages", json!({ "model": "demo", "max_tokens": 200, "stream": true, "messages": [{ "role": "user", "content": "Tell me a fortune." }] }))
+            } else {
+                ("/v1/chat/completions", json!({ "model": "demo", "max_tokens": 200, "stream": true, "ignore_eos": true, "messages": [{ "role": "user", "content": "Tell me a fortune." }] }))
+            };
+            let mut stream = send(server.addr, "POST", path, &headers, Some(body.to_string().as_bytes()));
+            let head = read_head(&mut stream);
+            (anthropic, stream, head)
+        })
+        .collect();
+    let status = server.terminate(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}: {}", server.stderr());
+    let mut cut = 0;
+    for (anthropic, mut stream, mut raw) in streams {
+        stream.read_to_end(&mut raw).expect("the rest of the stream");
+        let response = common::parse_response(&raw);
+        assert_eq!(response.status, 200, "{}", response.text());
+        let events = response.events();
+        let ended_by_error = if anthropic {
+            let (name, _) = events.last().expect("an event");
+            assert!(
+                matches!(name.as_deref(), Some("message_stop" | "error")),
+                "ended with {name:?}: {}",
+                response.text()
+            );
+            name.as_deref() == Some("error")
+        } else {
+            assert_eq!(events.last().map(|(_, data)| data.as_str()), Some("[DONE]"), "{}", response.text());
+            events.iter().any(|(_, data)| data.contains("shutting down"))
+        };
+        cut += usize::from(ended_by_error);
+    }
+    assert!(cut > 0, "no stream was running at the deadline");
+}
+
+/// A response's head, read as it arrives, with whatever of the body came
+/// along.
+fn read_head(stream: &mut TcpStream) -> Vec<u8> {
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut buf).expect("the response head");
+        assert!(n > 0, "closed before the head: {}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buf[..n]);
+    }
+    raw
+}
+
 /// A body that stops arriving gets 408 after `--body-timeout-secs`; a body
 /// that is not JSON gets 415 (a web page can send `text/plain` anywhere
 /// without a preflight).

@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use strata_engine::ByteSize;
 use strata_engine::args::SamplingArgs;
 use strata_engine::hub::ModelName;
+use strata_engine::{AUTO_CONVERT_PRESET, ByteSize};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,7 +36,7 @@ pub enum Command {
         hf_dir: PathBuf,
         out_dir: PathBuf,
         /// Weight format: f32, bf16, q8 or q4 (routed experts q4, dense q8).
-        #[arg(long, default_value = "q4")]
+        #[arg(long, default_value = AUTO_CONVERT_PRESET.name())]
         quant: String,
         /// Columns per scale of q4 tensors.
         #[arg(long, default_value_t = strata_format::Q4_DEFAULT_GROUP)]
@@ -126,6 +126,9 @@ pub enum Command {
     /// Write the container's weights, dequantized, as a Hugging Face checkpoint.
     #[command(after_help = "Example:\n  strata export my-model back-to-hf")]
     Export {
+        /// A container, a Hugging Face checkpoint, ORG/NAME pulled with
+        /// `strata pull`, or `demo` (the demo model built in).
+        #[arg(value_name = "MODEL")]
         model_dir: PathBuf,
         out_hf_dir: PathBuf,
         /// Replace OUT_HF_DIR if it exists.
@@ -180,7 +183,7 @@ HF_TOKEN, when set, is sent to the hub (gated and private repositories).")]
         #[arg(long, value_name = "URL")]
         endpoint: Option<String>,
         /// Weight format: f32, bf16, q8 or q4 (routed experts q4, dense q8).
-        #[arg(long, default_value = "q8")]
+        #[arg(long, default_value = AUTO_CONVERT_PRESET.name())]
         quant: String,
     },
     /// List the pulled models: name, revision, family, weight format, size

@@ -152,7 +152,7 @@ pub fn run(cli: Cli) -> Result<()> {
             if let (Some(detok), false) = (&mut detok, json) {
                 println!("{}", detok.finish().unwrap_or_default());
             }
-            for warning in session.take_warnings().into_iter().chain(engine.take_store_warnings()) {
+            for warning in session.take_warnings() {
                 eprintln!("strata: warning: {warning}");
             }
             let report = result?;
@@ -220,6 +220,7 @@ pub fn run(cli: Cli) -> Result<()> {
             crate::mirror::run(command, &model_dir)
         }
         Command::Export { model_dir, out_hf_dir, overwrite } => {
+            let model_dir = model(Some(model_dir))?;
             if overwrite && out_hf_dir.exists() {
                 std::fs::remove_dir_all(&out_hf_dir).with_context(|| format!("removing {}", out_hf_dir.display()))?;
             }
@@ -365,11 +366,7 @@ fn open(model_dir: &std::path::Path, run: &RunArgs) -> Result<Engine> {
 }
 
 fn open_with(model_dir: &std::path::Path, options: &strata_engine::EngineOptions) -> Result<Engine> {
-    let engine = Engine::open(model_dir, options).with_context(|| format!("opening {}", model_dir.display()))?;
-    for warning in engine.warnings() {
-        eprintln!("strata: warning: {warning}");
-    }
-    Ok(engine)
+    Engine::open(model_dir, options).with_context(|| format!("opening {}", model_dir.display()))
 }
 
 fn replay(file: &std::path::Path, expert_cache: ByteSize, learn: Option<&std::path::Path>) -> Result<()> {

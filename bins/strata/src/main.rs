@@ -13,6 +13,9 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     restore_sigpipe();
+    // The engine's news (a usage file ignored, a mirror falling back) as
+    // `strata: warning: ...` lines; `RUST_LOG` for more.
+    strata_engine::logging::init("strata", strata_engine::logging::LogFormat::Text, "warn");
     let cli = cli::Cli::parse();
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

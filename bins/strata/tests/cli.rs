@@ -58,6 +58,18 @@ fn convert_info_generate_logits_export_round_trip() {
     assert!(hf.join("config.json").exists() && hf.join("model.safetensors").exists());
 }
 
+/// `demo` names the built-in model wherever a model is named: its
+/// checkpoint can be exported without finding its folder in the cache.
+#[test]
+fn export_takes_the_demo_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = dir.path().join("demo-hf");
+    let cache = dir.path().join("cache");
+    let out = strata(&["--cache-dir", path(&cache), "export", "demo", path(&hf)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(hf.join("config.json").exists() && hf.join("model.safetensors").exists());
+}
+
 #[test]
 fn sampled_generation_is_reproducible_with_a_seed() {
     let dir = tempfile::tempdir().unwrap();

@@ -190,7 +190,6 @@ pub struct Engine {
     usage_file: PathBuf,
     pipeline: Mutex<LayerStats>,
     trace: Option<Mutex<TraceWriter>>,
-    warnings: Vec<String>,
     /// Whether saving learned usage has failed once already (see
     /// [`Engine::persist_learning_or_warn`]).
     learning_save_failed: AtomicBool,
@@ -285,7 +284,10 @@ impl Engine {
         let content_hash = container.content_hash().to_owned();
         let usage_file = options.usage_file.clone().unwrap_or_else(|| dir.join(USAGE_FILE_NAME));
         let experts_per_layer: Vec<usize> = sources.iter().map(|s| s.as_ref().map_or(0, |s| s.num_experts)).collect();
-        let (usage, warning) = Usage::load(&usage_file, &content_hash, &experts_per_layer)?;
+        let (usage, ignored) = Usage::load(&usage_file, &content_hash, &experts_per_layer)?;
+        if let Some(why) = ignored {
+            tracing::warn!(path = %usage_file.display(), "{why}");
+        }
         let store_options = StoreOptions {
             capacity_bytes: usize::try_from(capacity_bytes).unwrap_or(usize::MAX),
             policy: options.cache_policy,
@@ -315,7 +317,6 @@ impl Engine {
             usage_file,
             pipeline: Mutex::new(LayerStats::default()),
             trace,
-            warnings: warning.into_iter().collect(),
             learning_save_failed: AtomicBool::new(false),
         })
     }
@@ -374,21 +375,15 @@ impl Engine {
         }
     }
 
-    /// Things the user should know that did not stop the engine (e.g. a
-    /// usage file from another model was ignored).
-    pub fn warnings(&self) -> &[String] {
-        &self.warnings
-    }
-
     /// The most tokens a session may hold.
     pub fn context_tokens(&self) -> usize {
         self.context_tokens
     }
 
-    /// Warnings of the expert store since the last call (a mirror copy
-    /// that failed a read and is no longer used), each given once.
-    pub fn take_store_warnings(&self) -> Vec<String> {
-        self.store.take_warnings()
+    /// Mirror copies that failed a read and are no longer used; each was
+    /// logged as a warning when it failed.
+    pub fn failed_mirror_copies(&self) -> u64 {
+        self.store.mirrors().failed_copies()
     }
 
     /// Expert-store counters since the engine opened.

@@ -31,6 +31,8 @@ mod engine;
 mod error;
 mod grammar;
 pub mod hub;
+#[cfg(feature = "clap")]
+pub mod logging;
 pub mod mirror;
 mod persist;
 mod resolve;
@@ -48,7 +50,7 @@ pub use engine::{
 pub use error::{Error, Result};
 pub use grammar::{GRAMMAR_SCHEMA_BYTES_MAX, GRAMMAR_TOOLS_MAX, Grammar, GrammarCompiler};
 pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport, session_path, validate_session_name};
-pub use resolve::{AUTO_CONVERT_PRESET, ResolvedModel, default_cache_dir, resolve_model};
+pub use resolve::{AUTO_CONVERT_PRESET, DEMO_NAME, ResolvedModel, default_cache_dir, resolve_model};
 pub use sampler::{Sampler, SamplingDefaults, SamplingOptions};
 pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
 pub use strata_format::{CoreSpec, ModelArch};

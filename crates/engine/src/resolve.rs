@@ -12,8 +12,14 @@ use strata_format::{ConvertOptions, QuantPreset};
 
 use crate::{Error, Result};
 
+/// What names the demo model where a model is named (`strata export demo
+/// OUT`, `--model demo`), as `serve` names it to clients.
+pub const DEMO_NAME: &str = "demo";
+
 /// The preset a checkpoint is converted with when the user did not convert it
-/// first: near-lossless, half the size of f32.
+/// first, and the default of `strata convert` and `strata pull`: lossless in
+/// perplexity on the demo (docs/BENCHMARKS.md), half the size of f32.
+/// q4 is a flag away for a model that does not fit.
 pub const AUTO_CONVERT_PRESET: QuantPreset = QuantPreset::Q8;
 
 /// Where a model comes from, after [`resolve_model`].
@@ -25,15 +31,18 @@ pub struct ResolvedModel {
     pub converted: bool,
 }
 
-/// The container for `model` (`None`: the demo model built into the binary,
-/// models/demo). A directory with a
+/// The container for `model` (`None`, or `demo` where no such directory is
+/// here: the demo model built into the binary, models/demo). A directory with a
 /// `manifest.json` is a container; one with a `config.json` is a Hugging
 /// Face checkpoint, converted on first use into `cache_dir/<content hash>`
 /// and reused after. `ORG/NAME[@REVISION]` that is not a directory here is
 /// a model pulled into `cache_dir` by `strata pull` (its last use is set
 /// to now).
 pub fn resolve_model(model: Option<&Path>, cache_dir: &Path, progress: bool) -> Result<ResolvedModel> {
-    let Some(dir) = model else { return crate::demo::resolve_demo(cache_dir, progress) };
+    let named_demo = |dir: &&Path| *dir == Path::new(DEMO_NAME) && !dir.exists();
+    let Some(dir) = model.filter(|dir| !named_demo(dir)) else {
+        return crate::demo::resolve_demo(cache_dir, progress);
+    };
     let dir = dir.to_path_buf();
     // A directory wins over a name, so an existing `org/name` folder still
     // runs as it did before models had names.

@@ -92,6 +92,7 @@ pub fn run_moe_layer(
     assert_eq!(batch.routes.len(), n_tokens * batch.top_k, "routes are [n_tokens][top_k]");
     assert_eq!(out.len(), n_tokens * hidden, "output is [n_tokens, hidden]");
 
+    let _span = tracing::debug_span!("moe_layer", layer = batch.layer).entered();
     let groups = union(batch.routes, batch.top_k);
     let key = |expert| ExpertKey { layer: batch.layer, expert };
     // place: look every distinct expert up once, leasing the resident ones.
@@ -105,6 +106,8 @@ pub fn run_moe_layer(
     }
     // overlap: the loads run while the resident experts are computed, and
     // the next layer's guessed records are read behind them.
+    tracing::debug!(resident = resident.len(), loading = missing.len(), "experts placed");
+    let stall_before_ns = stats.stall_ns;
     let mut loads = store.fetch(missing)?;
     if let Some(guess) = batch.prefetch {
         store.prefetch(guess.layer, guess.experts)?;
@@ -135,6 +138,7 @@ pub fn run_moe_layer(
         stats.compute_ns += started.elapsed().as_nanos() as u64;
     }
     drop(loads);
+    tracing::debug!(stall_ns = stats.stall_ns - stall_before_ns, "experts loaded");
     // learn: what this batch used, token by token.
     let token_experts: Vec<Vec<usize>> =
         batch.routes.chunks(batch.top_k.max(1)).map(|token| token.iter().map(|route| route.expert).collect()).collect();

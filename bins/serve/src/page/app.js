@@ -5,7 +5,8 @@
 // The conversation is fitted to the model's context as a person expects:
 // the oldest turns are left out (never a system message or the message
 // just sent), the page says so and greys them, and a turn that failed is
-// not kept.
+// not kept. What the model is sent is kept in the browser's storage, so a
+// reload shows it again (as llama-server's page does).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -21,6 +22,7 @@ let tokensPerChar = 0.5;
 const MARKUP_CHARS = 16;
 // The share of the context kept for the answer when no max tokens is set.
 const ANSWER_SHARE = 0.25;
+const CONVERSATION_KEY = "strata-conversation";
 
 function apiKey() {
   return localStorage.getItem("strata-api-key") || "";
@@ -113,6 +115,32 @@ async function refreshInfo() {
   $("max-tokens").placeholder = "up to " + info.limits.max_tokens;
 }
 
+// Keeps what the model is sent; a full or disabled storage only loses the
+// conversation on the next reload.
+function saveConversation() {
+  try {
+    localStorage.setItem(CONVERSATION_KEY, JSON.stringify(conversation.map(({ role, content }) => ({ role, content }))));
+  } catch (e) {
+    // Nothing to do: the conversation goes on without being kept.
+  }
+}
+
+// Shows the conversation kept before a reload; what is not a message is
+// skipped.
+function restoreConversation() {
+  let saved;
+  try {
+    saved = JSON.parse(localStorage.getItem(CONVERSATION_KEY) || "[]");
+  } catch (e) {
+    return;
+  }
+  if (!Array.isArray(saved)) return;
+  for (const m of saved) {
+    if (!m || typeof m.content !== "string" || !["system", "user", "assistant"].includes(m.role)) continue;
+    conversation.push({ role: m.role, content: m.content, bubble: addMessage(m.role, m.content) });
+  }
+}
+
 function addMessage(role, text) {
   $("empty")?.remove();
   const div = document.createElement("div");
@@ -182,7 +210,6 @@ async function send(text) {
   controller = new AbortController();
   setBusy(true);
   const started = performance.now();
-  let firstAt = null;
   let usage = null;
   let finish = null;
   let reply = "";
@@ -246,7 +273,6 @@ async function send(text) {
           if (choice.finish_reason) finish = choice.finish_reason;
           const piece = choice.delta && choice.delta.content;
           if (piece) {
-            if (firstAt === null) firstAt = performance.now();
             reply += piece;
             body.textContent = reply;
             bubble.scrollIntoView({ block: "end" });
@@ -279,9 +305,13 @@ async function send(text) {
   } else {
     conversation.push({ role: "assistant", content: reply, bubble });
   }
+  saveConversation();
   const meta = document.createElement("span");
   meta.className = "meta";
-  const seconds = (performance.now() - (firstAt ?? started)) / 1000;
+  // From the request, not from the first token: a short reply arrives in
+  // one or two network reads, and its tokens over the milliseconds between
+  // them gave rates several times the model's.
+  const seconds = (performance.now() - started) / 1000;
   const parts = [];
   if (usage) {
     parts.push(usage.completion_tokens + " tokens");
@@ -314,6 +344,7 @@ $("stop").addEventListener("click", () => controller && controller.abort());
 $("clear").addEventListener("click", () => {
   if (controller) controller.abort();
   conversation.length = 0;
+  saveConversation();
   $("messages").replaceChildren();
 });
 
@@ -324,5 +355,6 @@ $("api-key").addEventListener("change", () => {
   refreshInfo();
 });
 
+restoreConversation();
 refreshInfo();
 setInterval(refreshInfo, 1000);

@@ -2,7 +2,7 @@
 // person would: waits for the model panel, types a message, watches the
 // answer stream in, stops a long reply, goes on for twenty exchanges (far
 // past the demo model's 256-token context) and one message too long to
-// answer, and takes a screenshot.
+// answer, reloads (the conversation stays), and takes a screenshot.
 //
 // Usage: node chat_page.cjs URL SCREENSHOT.png
 // Env: PLAYWRIGHT_CORE (the installed playwright-core), CHROMIUM (the browser).
@@ -203,6 +203,28 @@ async function main() {
         "at most " + longest + " messages sent; " + refused + " requests refused",
     );
     check(notices === 1 && greyed > 0, "the page said that it left out old turns, and greyed them");
+
+    // A reload shows the conversation the model is sent (greyed turns and
+    // failed ones are not part of it), and the next question carries it.
+    const kept = await page.evaluate(() => JSON.parse(localStorage.getItem("strata-conversation") || "[]"));
+    const lastText = (await lastReply()).text;
+    await page.reload();
+    await page.waitForFunction(() => document.querySelectorAll("#model-info dd").length > 5, null, { timeout: 15000 });
+    const shown = await page.$$eval(".msg.user, .msg.assistant", (b) => b.map((x) => x.textContent));
+    console.log("after a reload: " + shown.length + " messages of " + kept.length + " kept");
+    check(kept.length > 0 && shown.length === kept.length, "the kept conversation is shown after a reload");
+    check(shown[shown.length - 1] === lastText, "the last reply is shown after a reload");
+    // Idle now: nothing decoding, nothing queued.
+    await page.waitForFunction(() => document.getElementById("active").textContent === "0 / 0", null, {
+      timeout: 5000,
+    });
+    const after = await exchange(questions[1], "");
+    check(!after.error, "the exchange after a reload works: " + after.text);
+    const resent = sent[sent.length - 1].messages;
+    check(
+      resent.length > 1 && kept.some((m) => m.content === resent[0].content),
+      "the question after a reload carries the kept conversation",
+    );
 
     await page.screenshot({ path: screenshot, fullPage: true });
     check(problems.length === 0, problems.join("\n"));

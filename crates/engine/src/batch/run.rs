@@ -120,6 +120,7 @@ fn admit<'e>(
 /// `prefill_chunk_tokens` prompt tokens in all). Then one decode step for
 /// each sequence whose prompt is all in.
 fn step(prefill_chunk_tokens: usize, active: &mut Vec<Seq<'_>>, observer: &dyn BatchObserver) {
+    let _span = tracing::debug_span!("step", active = active.len()).entered();
     let started = Instant::now();
     let mut prompt_budget = prefill_chunk_tokens;
     // (index in `active`, tokens to feed); a sequence still waiting for its
@@ -165,6 +166,7 @@ fn step(prefill_chunk_tokens: usize, active: &mut Vec<Seq<'_>>, observer: &dyn B
     // token also sees its steps counted.
     let sampled = next_logits.iter().filter(|l| l.is_some()).count();
     observer.stepped(sequences, sampled, started.elapsed());
+    tracing::debug!(sequences, sampled, elapsed_us = started.elapsed().as_micros() as u64, "stepped");
     let mut index = 0;
     active.retain_mut(|seq| {
         let logits = next_logits[index].take();

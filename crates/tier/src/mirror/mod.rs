@@ -24,8 +24,8 @@ mod stage;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub use receipt::{RECEIPT_FILE_NAME, Receipt, ReceiptFile, hash_file};
@@ -135,7 +135,8 @@ impl Copy {
 struct Counters {
     /// Per mirror: bytes of records it served.
     bytes_read: Vec<AtomicU64>,
-    warnings: Mutex<Vec<String>>,
+    /// Copies that failed and are read no more.
+    failed_copies: AtomicU64,
 }
 
 /// The mirrors of a store, validated.
@@ -157,7 +158,7 @@ impl Mirrors {
     fn with(dirs: Vec<PathBuf>, rates_bytes_per_s: Vec<u64>, copies: HashMap<usize, Vec<Arc<Copy>>>) -> Self {
         let counters = Arc::new(Counters {
             bytes_read: dirs.iter().map(|_| AtomicU64::new(0)).collect(),
-            warnings: Mutex::new(Vec::new()),
+            failed_copies: AtomicU64::new(0),
         });
         Self { dirs, rates_bytes_per_s, copies, counters }
     }
@@ -207,9 +208,10 @@ impl Mirrors {
         self.counters.bytes_read.iter().map(|b| b.load(Ordering::Relaxed)).collect()
     }
 
-    /// Warnings since the last call: one per copy that failed.
-    pub fn take_warnings(&self) -> Vec<String> {
-        std::mem::take(&mut self.counters.warnings.lock().unwrap_or_else(|p| p.into_inner()))
+    /// Copies that failed (a read error, a record unlike the container's)
+    /// and are read no more; each was logged as a warning.
+    pub fn failed_copies(&self) -> u64 {
+        self.counters.failed_copies.load(Ordering::Relaxed)
     }
 
     /// Where records of `layer` are read from: `primary` alone, or `primary`
@@ -367,8 +369,13 @@ impl MirroredLayer {
                 Err(err @ Error::ReadStopped { .. }) => return Err(err),
                 Err(err) => {
                     if !copy.failed.swap(true, Ordering::Relaxed) {
-                        let warning = format!("{err}; reading layer {} from the container from now on", self.layer);
-                        self.counters.warnings.lock().unwrap_or_else(|p| p.into_inner()).push(warning);
+                        self.counters.failed_copies.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            mirror = copy.mirror,
+                            path = %copy.file.path().display(),
+                            "{err}; reading layer {} from the container from now on",
+                            self.layer
+                        );
                     }
                 }
             }

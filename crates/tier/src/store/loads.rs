@@ -31,12 +31,6 @@ impl ExpertStore {
         &self.mirrors
     }
 
-    /// Warnings since the last call (a mirror copy that failed and is no
-    /// longer read), each given once.
-    pub fn take_warnings(&self) -> Vec<String> {
-        self.mirrors.take_warnings()
-    }
-
     /// A completed read of `key` once the layer's check passed it: a record
     /// the check refuses is [`Error::RecordRejected`], never handed out.
     pub(super) fn checked(&self, key: ExpertKey, read: Result<Record>) -> Result<Record> {
