@@ -16,6 +16,7 @@ mod finite;
 mod layout;
 mod manifest;
 mod rows;
+mod seal;
 mod validate;
 mod verify;
 
@@ -35,6 +36,8 @@ pub use manifest::{
     AUX_FILES, ComponentEntry, DENSE_FILE, EXPERTS_DIR, ExpertLayerEntry, FORMAT_VERSION, FileEntry, MAGIC,
     MANIFEST_FILE, Manifest, QuantInfo, TensorEntry, expert_file_name,
 };
+pub use seal::SEAL_FIELD;
+pub(crate) use seal::seal_of;
 pub(crate) use validate::matrix_dims;
 pub(crate) use verify::hex as hex_digest;
 pub use verify::sha256_file;
@@ -94,8 +97,21 @@ impl Container {
     /// says. Its bytes are checked at open either way.
     pub fn open_with(dir: impl AsRef<Path>, embedding: Embedding) -> Result<Container> {
         let dir = dir.as_ref().to_path_buf();
-        let manifest = validate::read_manifest(&dir)?;
+        let (manifest, seal) = validate::read_manifest(&dir)?;
         let checked = validate::validate(&dir, &manifest)?;
+        // After validation, whose errors say more about a damaged manifest:
+        // what is left is an edit that still makes a model, another one.
+        if let Some(recorded) = &manifest.manifest_sha256
+            && *recorded != seal
+        {
+            return Err(Error::manifest(
+                dir.join(MANIFEST_FILE),
+                format!(
+                    "edited after it was written: its fields hash to {seal}, not the {SEAL_FIELD} {recorded} it \
+                     records (an edit of the model's settings changes the model: convert it again instead)"
+                ),
+            ));
+        }
         let dense_path = dir.join(DENSE_FILE);
         let file = std::fs::File::open(&dense_path).map_err(|e| Error::io(&dense_path, e))?;
         let table_name = crate::names::embedding_name(&manifest.spec);
@@ -159,6 +175,28 @@ impl Container {
             }
         }
         Ok(())
+    }
+
+    /// What this container cannot check, written before the checksums
+    /// existed, as one line for the user; `None` when it checks everything.
+    pub fn missing_checksums_notice(&self) -> Option<String> {
+        let manifest = &self.manifest;
+        let missing: Vec<&str> = [
+            (manifest.manifest_sha256.is_none(), "its model settings (manifest.json)"),
+            (manifest.tensors.iter().any(|t| t.crc32c.is_none()), "dense tensors (dense.bin)"),
+            (manifest.expert_layers.iter().any(|l| l.record_crc32c.is_none()), "expert records"),
+        ]
+        .into_iter()
+        .filter_map(|(is_missing, what)| is_missing.then_some(what))
+        .collect();
+        (!missing.is_empty()).then(|| {
+            format!(
+                "{} was written without checksums of {}: damage or edits there go undetected (convert it again to \
+                 add them)",
+                self.dir.display(),
+                missing.join(", ")
+            )
+        })
     }
 
     /// A hash that changes whenever any byte of the model does: the SHA-256
