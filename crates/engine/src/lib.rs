@@ -55,6 +55,6 @@ pub use strata_format::ModelSpec;
 pub use strata_kv::CutTail;
 pub use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget, StoreStats, resident_bytes};
 pub use text::{
-    ChatTemplate, Detokenizer, Message, ParsedCall, StopOutput, StopStrings, Tokenizer, ToolCall, ToolCallParser,
-    ToolEvent, ToolSyntax, eos_ids_from_dir,
+    ChatTemplate, Detokenizer, Message, ParsedCall, RENDER_OUTPUT_BYTES_MAX, StopOutput, StopStrings, Tokenizer,
+    ToolCall, ToolCallParser, ToolEvent, ToolSyntax, check_text_files, eos_ids_from_dir,
 };
