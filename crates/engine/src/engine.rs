@@ -283,6 +283,8 @@ impl Engine {
         let content_hash = container.content_hash().to_owned();
         let usage_file = options.usage_file.clone().unwrap_or_else(|| dir.join(USAGE_FILE_NAME));
         let experts_per_layer: Vec<usize> = sources.iter().map(|s| s.as_ref().map_or(0, |s| s.num_experts)).collect();
+        // Said on the first run only (no usage learned yet), not every run.
+        let checksums_notice = container.missing_checksums_notice().filter(|_| !usage_file.exists());
         let (usage, warning) = Usage::load(&usage_file, &content_hash, &experts_per_layer)?;
         let store_options = StoreOptions {
             capacity_bytes: usize::try_from(capacity_bytes).unwrap_or(usize::MAX),
@@ -313,7 +315,7 @@ impl Engine {
             usage_file,
             pipeline: Mutex::new(LayerStats::default()),
             trace,
-            warnings: warning.into_iter().collect(),
+            warnings: checksums_notice.into_iter().chain(warning).collect(),
             learning_save_failed: AtomicBool::new(false),
         })
     }
