@@ -11,7 +11,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 /// Every target: `fuzz/src/bin/<name>.rs`, seeded from `fuzz/corpus/<name>/`.
-const TARGETS: [&str; 10] = [
+const TARGETS: [&str; 14] = [
     "config_json",
     "safetensors_header",
     "manifest",
@@ -22,6 +22,10 @@ const TARGETS: [&str; 10] = [
     "tokenizer_json",
     "npy",
     "http_body",
+    "grammar",
+    "template_source",
+    "tokenize_text",
+    "hub_answers",
 ];
 /// What CI gives each target.
 const SECONDS_DEFAULT: u64 = 20;

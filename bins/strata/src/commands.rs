@@ -20,10 +20,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Convert { hf_dir, out_dir, quant, q4_group, overwrite } => {
             let preset: QuantPreset = quant.parse()?;
             let options = ConvertOptions { overwrite, q4_group, progress: true, ..ConvertOptions::new(preset) };
-            // Before minutes of conversion: a template that cannot be used
-            // (one that loops without end) would only fail at every start.
-            strata_engine::ChatTemplate::from_dir(&hf_dir)
-                .with_context(|| format!("converting {}", hf_dir.display()))?;
+            // Before minutes of conversion: a tokenizer or template that
+            // cannot be used would otherwise fail every start of the model.
+            strata_engine::check_text_files(&hf_dir).with_context(|| format!("converting {}", hf_dir.display()))?;
             let report = strata_format::convert(&hf_dir, &out_dir, &options)
                 .with_context(|| format!("converting {}", hf_dir.display()))?;
             println!(
@@ -500,6 +499,9 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     let container = std::sync::Arc::new(strata_format::Container::open(model_dir)?);
     if verify {
         container.verify()?;
+    }
+    if let Some(notice) = container.missing_checksums_notice() {
+        println!("notice: {notice}");
     }
     let arch = container.arch();
     let manifest = container.manifest();

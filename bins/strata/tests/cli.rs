@@ -318,6 +318,25 @@ fn info_reports_kv_per_token_and_fixed_state_of_the_hybrid_configs() {
     }
 }
 
+/// A malformed tokenizer.json was copied by `convert` without a word, and
+/// failed only when the converted model started. `convert` now refuses it
+/// first, in one line naming the file, and converts nothing.
+#[test]
+fn a_malformed_tokenizer_is_refused_at_convert_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = dir.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for entry in std::fs::read_dir(fixture("olmoe").join("hf")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), hf.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(hf.join("tokenizer.json"), r#"{"version": "1.0", "model": {"type": "BPE", "vocab": "#).unwrap();
+    let model = dir.path().join("model");
+    let out = strata(&["convert", path(&hf), path(&model), "--quant", "q8"]);
+    assert_clean_failure(&out, "tokenizer.json");
+    assert!(!model.exists(), "nothing converted");
+}
+
 /// A chat template that loops without end (ten billion iterations) was
 /// copied by `convert` and shown by `info` without a word, then hung every
 /// binary that loaded it. Both now refuse it in one line naming the file

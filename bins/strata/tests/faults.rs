@@ -35,11 +35,16 @@ fn assert_clean_failure(out: &Output, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "expected failure, stderr: {stderr}");
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    // The first run of a container without checksums says so first.
+    let failure_lines = stderr.trim_end().lines().filter(|line| !line.contains(MISSING_CHECKSUMS)).count();
+    assert_eq!(failure_lines, 1, "one line: {stderr}");
     for needle in needles {
         assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
     }
 }
+
+/// What the notice of a container without checksums says.
+const MISSING_CHECKSUMS: &str = "written without checksums";
 
 const GENERATE: [&str; 6] = ["--tokens", "1,2,3", "--max-new-tokens", "6", "--ignore-eos", "--json"];
 /// Greedy, so runs compare token for token and no drawn seed is printed to
@@ -356,8 +361,28 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// Removes the CRC32Cs from a container's manifest, as a container written
-/// before they existed.
+/// A container written before checksums existed ran with no word of what
+/// it could not check. `info` says so, and so does its first run (later
+/// runs, which find the usage it learned, do not repeat it).
+#[test]
+fn a_container_without_checksums_says_so_in_info_and_on_its_first_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    convert("olmoe", "q8", &model);
+    let info = |model: &Path| String::from_utf8(strata(&["info", path(model)]).stdout).unwrap();
+    assert!(!info(&model).contains(MISSING_CHECKSUMS), "{}", info(&model));
+    strip_checksums(&model);
+    let text = info(&model);
+    assert!(text.contains(MISSING_CHECKSUMS) && text.contains("model settings"), "{text}");
+    let (first, first_stderr) = generate_json(&model, &[]);
+    assert!(first_stderr.contains(MISSING_CHECKSUMS), "{first_stderr}");
+    let (second, second_stderr) = generate_json(&model, &[]);
+    assert!(!second_stderr.contains(MISSING_CHECKSUMS), "{second_stderr}");
+    assert_eq!(first, second);
+}
+
+/// Removes the CRC32Cs and the manifest's own checksum from a container's
+/// manifest, as a container written before they existed.
 fn strip_checksums(model: &Path) {
     let path = model.join("manifest.json");
     let mut manifest: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -367,6 +392,7 @@ fn strip_checksums(model: &Path) {
     for layer in manifest["expert_layers"].as_array_mut().unwrap() {
         layer.as_object_mut().unwrap().remove("record_crc32c");
     }
+    manifest.as_object_mut().unwrap().remove(strata_format::container::SEAL_FIELD);
     std::fs::write(&path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
 }
 

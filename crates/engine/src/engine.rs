@@ -284,6 +284,10 @@ impl Engine {
         let content_hash = container.content_hash().to_owned();
         let usage_file = options.usage_file.clone().unwrap_or_else(|| dir.join(USAGE_FILE_NAME));
         let experts_per_layer: Vec<usize> = sources.iter().map(|s| s.as_ref().map_or(0, |s| s.num_experts)).collect();
+        // Said on the first run only (no usage learned yet), not every run.
+        if let Some(notice) = container.missing_checksums_notice().filter(|_| !usage_file.exists()) {
+            tracing::warn!("{notice}");
+        }
         let (usage, ignored) = Usage::load(&usage_file, &content_hash, &experts_per_layer)?;
         if let Some(why) = ignored {
             tracing::warn!(path = %usage_file.display(), "{why}");

@@ -57,6 +57,7 @@ pub use strata_format::{CoreSpec, ModelArch};
 pub use strata_kv::CutTail;
 pub use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget, StoreStats, resident_bytes};
 pub use text::{
-    ChatTemplate, Detokenizer, Message, ParsedCall, ReasoningSplitter, Split, StopOutput, StopStrings, ThinkingBudget,
-    ThinkingMarkers, ThinkingStart, Tokenizer, ToolCall, ToolCallParser, ToolEvent, ToolSyntax, eos_ids_from_dir,
+    ChatTemplate, Detokenizer, Message, ParsedCall, RENDER_OUTPUT_BYTES_MAX, ReasoningSplitter, Split, StopOutput,
+    StopStrings, ThinkingBudget, ThinkingMarkers, ThinkingStart, Tokenizer, ToolCall, ToolCallParser, ToolEvent,
+    ToolSyntax, check_text_files, eos_ids_from_dir,
 };

@@ -84,6 +84,7 @@ pub fn resolve_model(model: Option<&Path>, cache_dir: &Path, progress: bool) -> 
     }
     fs::create_dir_all(cache_dir).map_err(|source| Error::Io { path: cache_dir.to_path_buf(), source })?;
     let options = ConvertOptions { progress, overwrite: true, ..ConvertOptions::new(AUTO_CONVERT_PRESET) };
+    crate::check_text_files(&dir)?;
     strata_format::convert(&dir, &container_dir, &options)?;
     Ok(ResolvedModel { container_dir, converted: true })
 }

@@ -22,7 +22,7 @@ use strata_kernels::{QuantFormat, quant};
 use crate::checkpoint::Checkpoint;
 use crate::container::{
     AUX_FILES, ComponentEntry, DENSE_FILE, EXPERTS_DIR, ExpertLayerEntry, ExpertLayout, FORMAT_VERSION, FileEntry,
-    MAGIC, MANIFEST_FILE, Manifest, ModelRecord, QuantInfo, TENSOR_ALIGN_BYTES, TensorEntry, expert_file_name,
+    MAGIC, MANIFEST_FILE, Manifest, ModelRecord, QuantInfo, TENSOR_ALIGN_BYTES, TensorEntry, expert_file_name, seal_of,
 };
 use crate::error::{Error, Result};
 use crate::names;
@@ -227,10 +227,13 @@ pub(crate) fn write_container(
         tensors,
         expert_layers,
         files: std::iter::once(dense_file).chain(expert_files).chain(aux_files).collect(),
+        manifest_sha256: None,
     };
+    let json_error = |source| Error::Json { what: MANIFEST_FILE.to_owned(), source };
+    let seal = seal_of(&serde_json::to_vec(&manifest).map_err(json_error)?).map_err(json_error)?;
+    let manifest = Manifest { manifest_sha256: Some(seal), ..manifest };
     // Written last: a directory without manifest.json is never a container.
-    let manifest_bytes = serde_json::to_vec_pretty(&manifest)
-        .map_err(|source| Error::Json { what: MANIFEST_FILE.to_owned(), source })?;
+    let manifest_bytes = serde_json::to_vec_pretty(&manifest).map_err(json_error)?;
     let mut out = HashingFile::create(work.tmp.join(MANIFEST_FILE))?;
     out.write(&manifest_bytes)?;
     out.finish(MANIFEST_FILE)?;

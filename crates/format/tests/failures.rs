@@ -315,8 +315,8 @@ fn truncated_or_corrupted_files() {
     assert!(matches!(err, Error::OutputExists { .. }), "{err}");
 }
 
-/// Removes the CRC32Cs from a container's manifest, as a container written
-/// before they existed.
+/// Removes the CRC32Cs and the manifest's own checksum from a container's
+/// manifest, as a container written before they existed.
 fn strip_checksums(dir: &Path) {
     let path = dir.join("manifest.json");
     let mut manifest: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -326,6 +326,7 @@ fn strip_checksums(dir: &Path) {
     for layer in manifest["expert_layers"].as_array_mut().unwrap() {
         layer.as_object_mut().unwrap().remove("record_crc32c").expect("record checksums");
     }
+    manifest.as_object_mut().unwrap().remove(strata_format::container::SEAL_FIELD).expect("the manifest's checksum");
     std::fs::write(&path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
 }
 
@@ -378,6 +379,40 @@ fn checksums_catch_flipped_bytes_when_read() {
         m["expert_layers"][0]["record_crc32c"] = serde_json::json!([1, 2]);
     });
     assert!(err.to_string().contains("record_crc32c"), "{err}");
+}
+
+/// A hand edit of the model's settings that still validates (the spec and
+/// config agreeing on `norm_topk_prob`, as the audit made them) used to open
+/// and change every answer. The manifest's checksum of itself refuses it,
+/// naming the manifest; reformatting it changes no value and still opens.
+#[test]
+fn a_hand_edit_of_the_model_settings_is_refused_naming_the_manifest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, good) = converted(tmp.path(), QuantPreset::Q8);
+    let bad = tmp.path().join("bad");
+    let err = open_with_manifest_edit(&good, &bad, |m| {
+        let flipped = !m["spec"]["moe"]["norm_topk_prob"].as_bool().expect("norm_topk_prob");
+        m["spec"]["moe"]["norm_topk_prob"] = flipped.into();
+        m["hf_config"]["norm_topk_prob"] = flipped.into();
+    });
+    let text = err.to_string();
+    assert!(matches!(err, Error::Manifest { .. }), "{text}");
+    assert!(text.contains("manifest.json") && text.contains("edited"), "{text}");
+
+    // Compact rather than pretty: the same values.
+    let path = bad.join("manifest.json");
+    copy_dir(&good, &bad);
+    let manifest: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let container = Container::open(&bad).unwrap();
+    assert_eq!(container.missing_checksums_notice(), None, "a container this build wrote checks everything");
+
+    // Without checksums (written before they existed): opens, and says what it cannot check.
+    strip_checksums(&bad);
+    let notice = Container::open(&bad).unwrap().missing_checksums_notice().expect("a notice");
+    for part in ["model settings (manifest.json)", "dense tensors", "expert records"] {
+        assert!(notice.contains(part), "{part:?} not in {notice}");
+    }
 }
 
 /// Writes `value` as the `index`-th f32 at `offset_bytes` of `file`.

@@ -64,12 +64,14 @@ pub(super) struct FileRequest<'a> {
 
 /// The headers the hub itself sets on a file (on its first answer, before
 /// any redirect to a CDN).
-#[derive(Default)]
-struct HubHeaders {
-    commit: Option<String>,
+#[derive(Debug, Default, Clone)]
+pub struct HubHeaders {
+    /// `X-Repo-Commit`.
+    pub commit: Option<String>,
     /// `X-Linked-Etag` of an LFS file, else `ETag`.
-    etag: Option<String>,
-    linked_size: Option<String>,
+    pub etag: Option<String>,
+    /// `X-Linked-Size`.
+    pub linked_size: Option<String>,
 }
 
 impl HubHeaders {
@@ -383,7 +385,7 @@ impl HubClient {
 /// The hub's headers on a file agree with its listing: the commit asked
 /// for, the digest listed, the size listed. Checked before a byte is
 /// written, and naming the value when not.
-fn check_hub_headers(headers: &HubHeaders, request: &FileRequest<'_>) -> Result<()> {
+pub(super) fn check_hub_headers(headers: &HubHeaders, request: &FileRequest<'_>) -> Result<()> {
     let refuse = |reason: String| Err(Error::HubMetadata { name: request.name.to_string(), reason });
     let file = request.file;
     let quoted = |value: &str| quoted_for_error(value, HUB_MESSAGE_CHARS_MAX);

@@ -27,6 +27,7 @@ use sha1::Sha1;
 use sha2::{Digest, Sha256};
 use strata_format::{ConvertOptions, QuantPreset};
 
+pub use self::client::HubHeaders;
 use self::client::{FileRequest, HubClient};
 use crate::{Error, Result};
 
@@ -350,7 +351,8 @@ fn fetch_checkpoint(client: &HubClient, name: &ModelName, revision: &str, downlo
         files += 1;
     }
     let index = snapshot.join(INDEX_FILE);
-    for file in weight_files(name, &info, index.is_file().then_some(index.as_path()))? {
+    let index_bytes = if index.is_file() { Some(read_bounded(&index)?) } else { None };
+    for file in weight_files(name, &info, index_bytes.as_deref())? {
         bytes = bytes.saturating_add(fetch(&file)?);
         files += 1;
     }
@@ -380,8 +382,8 @@ fn convert_and_publish(snapshot: &Path, dir: &Path, record: &PulledRecord, optio
     let staging = parent.join(format!(".{leaf}.{}.staging", std::process::id()));
     let convert_options =
         ConvertOptions { progress: options.progress, overwrite: true, ..ConvertOptions::new(options.preset) };
-    let published = strata_format::convert(snapshot, &staging, &convert_options)
-        .map_err(Error::from)
+    let published = crate::check_text_files(snapshot)
+        .and_then(|()| strata_format::convert(snapshot, &staging, &convert_options).map_err(Error::from))
         .and_then(|_| write_record(&staging, record))
         .and_then(|()| publish(&staging, dir));
     if published.is_err() {
@@ -394,12 +396,19 @@ fn convert_and_publish(snapshot: &Path, dir: &Path, record: &PulledRecord, optio
 /// bound), checked for what a pull needs before anything is fetched: the
 /// commit a 40-hex id, every file name a plain name inside the repository.
 fn repo_info(client: &HubClient, name: &ModelName, revision: &str) -> Result<RepoInfo> {
+    let body = client.repo_info(name, revision, REPO_INFO_BYTES_MAX)?.ok_or_else(|| Error::HubMetadata {
+        name: name.to_string(),
+        reason: format!("the repository's description is over {REPO_INFO_BYTES_MAX} bytes"),
+    })?;
+    parse_repo_info(name, &body)
+}
+
+/// The listing's body, parsed and checked: a commit id, plain file names,
+/// a config.json.
+fn parse_repo_info(name: &ModelName, body: &[u8]) -> Result<RepoInfo> {
     let metadata = |reason: String| Error::HubMetadata { name: name.to_string(), reason };
-    let body = client
-        .repo_info(name, revision, REPO_INFO_BYTES_MAX)?
-        .ok_or_else(|| metadata(format!("the repository's description is over {REPO_INFO_BYTES_MAX} bytes")))?;
     let info: RepoInfo =
-        serde_json::from_slice(&body).map_err(|e| metadata(format!("the repository's description: {e}")))?;
+        serde_json::from_slice(body).map_err(|e| metadata(format!("the repository's description: {e}")))?;
     if info.siblings.len() > SIBLINGS_MAX {
         return Err(metadata(format!("the repository lists {} files", info.siblings.len())));
     }
@@ -420,7 +429,7 @@ fn repo_info(client: &HubClient, name: &ModelName, revision: &str) -> Result<Rep
 
 /// The safetensors files of the checkpoint: the shards its index names, or
 /// else every `.safetensors` file at the top of the repository.
-fn weight_files(name: &ModelName, info: &RepoInfo, index: Option<&Path>) -> Result<Vec<String>> {
+fn weight_files(name: &ModelName, info: &RepoInfo, index: Option<&[u8]>) -> Result<Vec<String>> {
     let metadata = |reason: String| Error::HubMetadata { name: name.to_string(), reason };
     let mut files: Vec<String> = match index {
         Some(index) => {
@@ -428,8 +437,7 @@ fn weight_files(name: &ModelName, info: &RepoInfo, index: Option<&Path>) -> Resu
             struct Index {
                 weight_map: std::collections::BTreeMap<String, String>,
             }
-            let index: Index =
-                serde_json::from_slice(&read_bounded(index)?).map_err(|e| metadata(format!("{INDEX_FILE}: {e}")))?;
+            let index: Index = serde_json::from_slice(index).map_err(|e| metadata(format!("{INDEX_FILE}: {e}")))?;
             index.weight_map.into_values().collect()
         }
         None => info
@@ -455,6 +463,34 @@ fn weight_files(name: &ModelName, info: &RepoInfo, index: Option<&Path>) -> Resu
         return Err(metadata(format!("{INDEX_FILE} names {bad:?}, not a file of the repository's top level")));
     }
     Ok(files)
+}
+
+/// What a pull checks of the hub's answers before a name it sends reaches
+/// a path or a byte is written, without a network (the hub fuzz target's
+/// entry: the hub chooses every byte here): the listing's body, the headers
+/// of each listed file that has a digest (`headers`, as if the hub set the
+/// same ones on every file), and the index. The weight files a pull would
+/// fetch.
+pub fn check_hub_answers(
+    name: &ModelName,
+    listing: &[u8],
+    headers: &HubHeaders,
+    index: Option<&[u8]>,
+) -> Result<Vec<String>> {
+    let info = parse_repo_info(name, listing)?;
+    for sibling in &info.siblings {
+        if let Some((expected, size_bytes)) = expected_digest(sibling) {
+            let request = FileRequest {
+                name,
+                commit: &info.sha,
+                file: &sibling.rfilename,
+                size_bytes,
+                digest_hex: expected.hex(),
+            };
+            client::check_hub_headers(headers, &request)?;
+        }
+    }
+    weight_files(name, &info, index)
 }
 
 fn expected_digest(sibling: &Sibling) -> Option<(Expected, u64)> {

@@ -34,7 +34,8 @@ pub use reasoning::{
 };
 pub use stop::{StopOutput, StopStrings};
 pub use template::{
-    CHAT_TEMPLATE_FILE, ChatTemplate, Message, SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE, ToolCall,
+    CHAT_TEMPLATE_FILE, ChatTemplate, Message, RENDER_OUTPUT_BYTES_MAX, SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE,
+    ToolCall,
 };
 pub use tokenizer::{TOKENIZER_FILE, Tokenizer};
 pub use tools::{ParsedCall, ToolCallParser, ToolEvent, ToolSyntax};
@@ -48,6 +49,16 @@ pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 /// converted model must keep beside its weights to take and give text.
 pub const TEXT_FILES: [&str; 5] =
     [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE, SPECIAL_TOKENS_MAP_FILE, GENERATION_CONFIG_FILE];
+
+/// Refuses a model directory whose tokenizer.json or chat template cannot
+/// be used (malformed, or a template that loops without end), naming the
+/// file: conversion copies them, and a bad one would otherwise fail every
+/// start of the converted model instead.
+pub fn check_text_files(dir: &Path) -> Result<()> {
+    Tokenizer::from_dir(dir)?;
+    ChatTemplate::from_dir(dir)?;
+    Ok(())
+}
 
 /// Every token id that ends generation: `spec_ids` (the `eos_token_id` of
 /// `config.json`, as `CoreSpec::eos_token_ids` holds them) followed by those

@@ -543,7 +543,8 @@ fn generation_blocks_as_plain_blocks(source: &str) -> String {
     while let Some(open) = rest.find("{%") {
         out.push_str(&rest[..open]);
         let tag = &rest[open..];
-        let Some(close) = tag.find("%}") else {
+        // After the opening `{%`: in `{%}` its `%` is not also the close.
+        let Some(close) = tag[2..].find("%}").map(|at| at + 2) else {
             // Unclosed: left for the parser to report.
             rest = tag;
             break;
@@ -1063,6 +1064,20 @@ mod tests {
             "a{% if true %}b{%- endif -%}c{% if x %}{% endif %}"
         );
         assert_eq!(generation_blocks_as_plain_blocks("{{ 'generation' }}{%"), "{{ 'generation' }}{%");
+    }
+
+    /// Found by the `template_source` fuzz target: in `{%}` the search for
+    /// the tag's end found the `%}` overlapping its start and sliced
+    /// backwards, a panic while loading a model's template. Now the tag's
+    /// end is looked for after its start, and such a template is the
+    /// parser's error.
+    #[test]
+    fn a_block_tag_closed_by_its_own_percent_is_an_error_not_a_panic() {
+        let source = "{%}{% generation %}x{% endgeneration %}";
+        // The first tag runs to the next `%}`, as the parser reads it.
+        assert_eq!(generation_blocks_as_plain_blocks(source), "{%}{% generation %}x{% endif %}");
+        let err = ChatTemplate::new(source, BTreeMap::new()).unwrap_err();
+        assert!(matches!(err, Error::Template { .. }), "{err}");
     }
 
     #[test]

@@ -62,6 +62,11 @@ pub struct Manifest {
     pub expert_layers: Vec<ExpertLayerEntry>,
     /// Every data file with its size and SHA-256.
     pub files: Vec<FileEntry>,
+    /// The SHA-256 of every other field (`container::seal`), checked at
+    /// open: a hand edit of the model's settings is refused. Absent in
+    /// containers written before it existed (nothing is checked then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_sha256: Option<String>,
 }
 
 impl Manifest {

@@ -17,6 +17,7 @@ mod layout;
 mod manifest;
 mod record;
 mod rows;
+mod seal;
 mod validate;
 mod verify;
 
@@ -37,6 +38,8 @@ pub use manifest::{
     MANIFEST_FILE, Manifest, OLDEST_FORMAT_VERSION, QuantInfo, TensorEntry, expert_file_name,
 };
 pub use record::{FfnRecord, LayerRecord, MixerRecord, ModelRecord};
+pub use seal::SEAL_FIELD;
+pub(crate) use seal::seal_of;
 pub(crate) use validate::matrix_dims;
 pub(crate) use verify::hex as hex_digest;
 pub use verify::sha256_file;
@@ -103,8 +106,21 @@ impl Container {
     /// says. Its bytes are checked at open either way.
     pub fn open_with(dir: impl AsRef<Path>, embedding: Embedding) -> Result<Container> {
         let dir = dir.as_ref().to_path_buf();
-        let manifest = validate::read_manifest(&dir)?;
+        let (manifest, seal) = validate::read_manifest(&dir)?;
         let checked = validate::validate(&dir, &manifest)?;
+        // After validation, whose errors say more about a damaged manifest:
+        // what is left is an edit that still makes a model, another one.
+        if let Some(recorded) = &manifest.manifest_sha256
+            && *recorded != seal
+        {
+            return Err(Error::manifest(
+                dir.join(MANIFEST_FILE),
+                format!(
+                    "edited after it was written: its fields hash to {seal}, not the {SEAL_FIELD} {recorded} it \
+                     records (an edit of the model's settings changes the model: convert it again instead)"
+                ),
+            ));
+        }
         let dense_path = dir.join(DENSE_FILE);
         let file = std::fs::File::open(&dense_path).map_err(|e| Error::io(&dense_path, e))?;
         let table_name = crate::names::embedding_name(&checked.arch.core);
@@ -168,6 +184,28 @@ impl Container {
             }
         }
         Ok(())
+    }
+
+    /// What this container cannot check, written before the checksums
+    /// existed, as one line for the user; `None` when it checks everything.
+    pub fn missing_checksums_notice(&self) -> Option<String> {
+        let manifest = &self.manifest;
+        let missing: Vec<&str> = [
+            (manifest.manifest_sha256.is_none(), "its model settings (manifest.json)"),
+            (manifest.tensors.iter().any(|t| t.crc32c.is_none()), "dense tensors (dense.bin)"),
+            (manifest.expert_layers.iter().any(|l| l.record_crc32c.is_none()), "expert records"),
+        ]
+        .into_iter()
+        .filter_map(|(is_missing, what)| is_missing.then_some(what))
+        .collect();
+        (!missing.is_empty()).then(|| {
+            format!(
+                "{} was written without checksums of {}: damage or edits there go undetected (convert it again to \
+                 add them)",
+                self.dir.display(),
+                missing.join(", ")
+            )
+        })
     }
 
     /// A hash that changes whenever any byte of the model does: the SHA-256

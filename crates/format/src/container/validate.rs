@@ -42,8 +42,9 @@ pub(crate) fn matrix_dims(shape: &[usize]) -> Option<(usize, usize)> {
 }
 
 /// Reads manifest.json, checking magic and version before the full parse so
-/// a container from a newer build gets a version error, not a field error.
-pub(super) fn read_manifest(dir: &Path) -> Result<Manifest> {
+/// a container from a newer build gets a version error, not a field error;
+/// with the seal its fields hash to.
+pub(super) fn read_manifest(dir: &Path) -> Result<(Manifest, String)> {
     let path = dir.join(MANIFEST_FILE);
     let bytes = read_at_most(&path, MAX_MANIFEST_BYTES)?;
     #[derive(Deserialize)]
@@ -68,7 +69,8 @@ pub(super) fn read_manifest(dir: &Path) -> Result<Manifest> {
             ));
         }
     }
-    serde_json::from_slice(&bytes).map_err(json_err)
+    let manifest = serde_json::from_slice(&bytes).map_err(json_err)?;
+    Ok((manifest, super::seal_of(&bytes).map_err(json_err)?))
 }
 
 /// The model of a manifest: derived from its config, and checked against
