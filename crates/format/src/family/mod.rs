@@ -15,6 +15,7 @@
 
 mod deepseek_v3;
 mod glm_moe_dsa;
+mod gpt_oss;
 mod gqa;
 mod hybrid;
 mod kimi_k25;
@@ -63,6 +64,10 @@ pub enum Family {
     /// projections, in a multimodal wrapper on the hub.
     #[serde(rename = "qwen3_5_moe")]
     Qwen35Moe,
+    /// gpt-oss: sliding-window and full GQA layers with sinks and biases,
+    /// biased clamped experts published fused (dequantized or MXFP4).
+    #[serde(rename = "gpt_oss")]
+    GptOss,
 }
 
 /// What a family file provides.
@@ -125,7 +130,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -134,6 +139,7 @@ impl Family {
         Family::KimiK25,
         Family::Qwen3Next,
         Family::Qwen35Moe,
+        Family::GptOss,
     ];
 
     /// The registry: the file that describes this family.
@@ -147,6 +153,7 @@ impl Family {
             Family::KimiK25 => &kimi_k25::KimiK25,
             Family::Qwen3Next => &qwen3_next::Qwen3Next,
             Family::Qwen35Moe => &qwen3_5_moe::Qwen35Moe,
+            Family::GptOss => &gpt_oss::GptOss,
         }
     }
 
