@@ -381,8 +381,8 @@ fn checksums_catch_flipped_bytes_when_read() {
     assert!(err.to_string().contains("record_crc32c"), "{err}");
 }
 
-/// A hand edit of the model's settings that still validates (the spec and
-/// config agreeing on `norm_topk_prob`, as the audit made them) used to open
+/// A hand edit of the model's settings that still validates (the config's
+/// `norm_topk_prob`, which the layer record does not spell out) used to open
 /// and change every answer. The manifest's checksum of itself refuses it,
 /// naming the manifest; reformatting it changes no value and still opens.
 #[test]
@@ -391,8 +391,7 @@ fn a_hand_edit_of_the_model_settings_is_refused_naming_the_manifest() {
     let (_, good) = converted(tmp.path(), QuantPreset::Q8);
     let bad = tmp.path().join("bad");
     let err = open_with_manifest_edit(&good, &bad, |m| {
-        let flipped = !m["spec"]["moe"]["norm_topk_prob"].as_bool().expect("norm_topk_prob");
-        m["spec"]["moe"]["norm_topk_prob"] = flipped.into();
+        let flipped = !m["hf_config"]["norm_topk_prob"].as_bool().expect("norm_topk_prob");
         m["hf_config"]["norm_topk_prob"] = flipped.into();
     });
     let text = err.to_string();
