@@ -29,6 +29,13 @@ use crate::names;
 /// container carries.
 pub fn export(container_dir: impl AsRef<Path>, out_hf_dir: impl AsRef<Path>) -> Result<()> {
     let container = Container::open(container_dir)?;
+    let fused_interleaved = |layer: &crate::LayerSpec| matches!(&layer.ffn, crate::FfnKind::Moe(moe) if matches!(moe.experts, crate::ExpertKind::ClampedSwiGlu { .. }));
+    if container.arch().layers.iter().any(fused_interleaved) {
+        return Err(Error::ExportUnsupported {
+            family: container.arch().core.family.to_string(),
+            reason: "its experts' fused, interleaved gate/up layout is not written",
+        });
+    }
     let out = out_hf_dir.as_ref();
     if std::fs::symlink_metadata(out).is_ok() {
         let empty = out.is_dir() && std::fs::read_dir(out).map_err(|e| Error::io(out, e))?.next().is_none();
