@@ -209,9 +209,10 @@ const REFUSAL_BYTES_MAX: usize = 4096;
 /// A JSON schema or a tool list as a request carries them, compiled as
 /// `serve` does (`GrammarCompiler::json_schema`, `::tool_call`) over the
 /// demo's vocabulary, then decoded for a few steps. The first byte picks
-/// the kind: its low three bits 0, a `response_format` schema; 1 to 7, a
-/// tool list forced in that syntax, bit 3 set naming the first tool
-/// (`tool_choice: {"function": ...}`) rather than any (`"required"`).
+/// the kind: its low three bits 0, a `response_format` schema (bit 3 set:
+/// `strict: true`, undeclared keys closed); 1 to 7, a tool list forced in
+/// that syntax, bit 3 set naming the first tool (`tool_choice: {"function":
+/// ...}`) rather than any (`"required"`).
 pub fn grammar(data: &[u8]) {
     static COMPILER: OnceLock<GrammarCompiler> = OnceLock::new();
     let compiler = COMPILER.get_or_init(|| {
@@ -222,7 +223,7 @@ pub fn grammar(data: &[u8]) {
     let Some((&kind, json)) = data.split_first() else { return };
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(json) else { return };
     let compiled = match usize::from(kind & 7) {
-        0 => compiler.json_schema(&value),
+        0 => compiler.json_schema(&value, kind & 8 != 0),
         syntax => {
             let Some(tools) = value.as_array() else { return };
             let first_name = tools.first().and_then(|tool| tool["function"]["name"].as_str());
