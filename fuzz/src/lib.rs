@@ -190,17 +190,6 @@ fn spm_tokenizer() -> &'static Tokenizer {
     })
 }
 
-/// Every syntax a forced tool call can be written in, in the order the
-/// `grammar` target's first byte picks them.
-const TOOL_SYNTAXES: [ToolSyntax; 7] = [
-    ToolSyntax::JsonTags,
-    ToolSyntax::XmlFunction,
-    ToolSyntax::GlmArgs,
-    ToolSyntax::DeepSeek,
-    ToolSyntax::DeepSeekFenced,
-    ToolSyntax::Kimi,
-    ToolSyntax::Mistral,
-];
 /// Steps of decoding a compiled grammar is driven through.
 const GRAMMAR_STEPS: usize = 16;
 /// The longest refusal a client may get back (one line, never a dump).
@@ -228,7 +217,7 @@ pub fn grammar(data: &[u8]) {
             let Some(tools) = value.as_array() else { return };
             let first_name = tools.first().and_then(|tool| tool["function"]["name"].as_str());
             let name = if kind & 8 != 0 { first_name } else { None };
-            compiler.tool_call(TOOL_SYNTAXES[syntax - 1], tools, name)
+            compiler.tool_call(ToolSyntax::ALL[syntax - 1], tools, name)
         }
     };
     match compiled {

@@ -46,6 +46,17 @@ const KIMI_CALL_END: &str = "<|tool_call_end|>";
 const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
 
 impl ToolSyntax {
+    /// Every syntax, in declaration order.
+    pub const ALL: [ToolSyntax; 7] = [
+        ToolSyntax::JsonTags,
+        ToolSyntax::XmlFunction,
+        ToolSyntax::GlmArgs,
+        ToolSyntax::DeepSeek,
+        ToolSyntax::DeepSeekFenced,
+        ToolSyntax::Kimi,
+        ToolSyntax::Mistral,
+    ];
+
     /// The syntax a chat template writes calls in, from its text; `has_token`
     /// tells whether the vocabulary has a token, for templates that never
     /// render a call (Kimi K2's first template declares tools but prints no
@@ -552,16 +563,6 @@ mod tests {
         "\n",
     ];
 
-    const SYNTAXES: [ToolSyntax; 7] = [
-        ToolSyntax::JsonTags,
-        ToolSyntax::XmlFunction,
-        ToolSyntax::GlmArgs,
-        ToolSyntax::DeepSeek,
-        ToolSyntax::DeepSeekFenced,
-        ToolSyntax::Kimi,
-        ToolSyntax::Mistral,
-    ];
-
     proptest! {
         /// Whatever the model writes and however it is streamed: the same
         /// events as in one piece, and an answer without calls comes back
@@ -575,7 +576,7 @@ mod tests {
                 ],
                 0..12,
             ),
-            syntax in proptest::sample::select(SYNTAXES.to_vec()),
+            syntax in proptest::sample::select(ToolSyntax::ALL.to_vec()),
             cut in 0usize..64,
         ) {
             let output: String = parts.concat();
