@@ -7,13 +7,13 @@
 //! of 576-wide latents (144 KiB a token).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use strata_kv::{KvCache, LayerLayout, SessionFile, SessionHeader, StatePart};
+use strata_kv::{LayerLayout, SequenceState, SessionFile, SessionHeader, StatePart};
 
 /// Tokens a file takes before the bench starts a new one.
 const TOKENS_PER_FILE: usize = 128;
 
 /// A cache of `TOKENS_PER_FILE` tokens of made-up rows.
-fn filled(mut cache: KvCache) -> KvCache {
+fn filled(mut cache: SequenceState) -> SequenceState {
     cache.reserve(TOKENS_PER_FILE).expect("capacity");
     for layer in 0..cache.n_layers() {
         let parts = cache.layout(layer).parts.clone();
@@ -32,9 +32,9 @@ fn append(c: &mut Criterion) {
     let rows = |dims: &[usize]| LayerLayout::new(dims.iter().map(|&dim| StatePart::Rows { dim }).collect());
     let shapes = [
         // Keys and values.
-        ("qwen3-30b-a3b", KvCache::new(48, rows(&[512, 512]), TOKENS_PER_FILE)),
+        ("qwen3-30b-a3b", SequenceState::new(48, rows(&[512, 512]), TOKENS_PER_FILE)),
         // The latent with its rotary key.
-        ("deepseek-v3", KvCache::new(61, rows(&[512 + 64]), TOKENS_PER_FILE)),
+        ("deepseek-v3", SequenceState::new(61, rows(&[512 + 64]), TOKENS_PER_FILE)),
     ];
     let dir = tempfile::tempdir().expect("temp dir");
     let mut files = 0usize;

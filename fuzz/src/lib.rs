@@ -10,7 +10,7 @@ use strata_engine::hub::{self, HubHeaders, ModelName};
 use strata_engine::{
     ChatTemplate, Constraint, Error, Grammar, GrammarCompiler, Message, RENDER_OUTPUT_BYTES_MAX, Tokenizer, ToolSyntax,
 };
-use strata_kv::{HASH_BYTES, KvCache, LayerLayout, SessionFile, SessionHeader, StatePart};
+use strata_kv::{HASH_BYTES, SequenceState, LayerLayout, SessionFile, SessionHeader, StatePart};
 
 /// A directory private to this process for the parsers that read files;
 /// each input overwrites the last one's file.
@@ -102,7 +102,7 @@ pub fn kv_session(data: &[u8]) {
     });
     let file = if mode % 2 == 1 { rest.to_vec() } else { [valid_header.as_slice(), rest].concat() };
     let path = scratch_file("session.kv", &file);
-    let mut cache = KvCache::with_layers(kv_layouts(), KV_CAPACITY_TOKENS);
+    let mut cache = SequenceState::with_layers(kv_layouts(), KV_CAPACITY_TOKENS);
     let _ = SessionFile::open(&path, &header, &mut cache);
 }
 

@@ -427,7 +427,7 @@ fn info_config(dir: &Path) -> Result<()> {
 /// layers are of it (a hybrid's 48 layers are two lines).
 fn print_architecture(arch: &strata_format::ModelArch) {
     let core = &arch.core;
-    let moe_layers = arch.layers.iter().filter(|l| matches!(l.ffn, strata_format::FfnKind::Moe(_))).count();
+    let moe_layers = arch.layers.iter().filter(|l| matches!(l.ffn, strata_format::FfnSpec::Moe(_))).count();
     println!("family        {}", core.family);
     println!("layers        {} ({moe_layers} MoE)", arch.layers.len());
     println!("hidden        {}", core.hidden_size);

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use strata_format::{Container, CoreSpec, Embedding, LayerKind, LayerSpec, ModelArch};
+use strata_format::{Container, CoreSpec, Embedding, FfnKind, LayerSpec, ModelArch};
 use strata_kernels::Threads;
-use strata_kv::KvCache;
+use strata_kv::SequenceState;
 use strata_models::{CausalLm, Logits, Runtime};
 use strata_sched::LayerStats;
 use strata_tier::{
@@ -130,7 +130,7 @@ pub struct KvFootprint {
 pub fn kv_footprint(layers: &[LayerSpec]) -> KvFootprint {
     // One token of capacity: rows grow with use and a fresh state is zero
     // pages not yet touched, so the probe costs next to nothing.
-    let probe = KvCache::with_layers(strata_kv::layouts_of(layers), 1);
+    let probe = SequenceState::with_layers(strata_kv::layouts_of(layers), 1);
     KvFootprint {
         bytes_per_token: probe.bytes_per_token() as u64,
         state_bytes: probe.state_bytes() as u64,
@@ -460,7 +460,7 @@ impl Engine {
     /// computed by the same code whatever the pass), with the activations
     /// of one piece at a time. All or nothing: on error the cache is as it
     /// was.
-    pub(crate) fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Vec<f32>> {
+    pub(crate) fn forward(&self, tokens: &[u32], cache: &mut SequenceState, which: Logits) -> Result<Vec<f32>> {
         let pieces = tokens.len().div_ceil(self.prefill_chunk_tokens).max(1);
         let start = cache.len();
         if pieces > 1 {
@@ -533,7 +533,7 @@ pub(crate) fn check_logits(logits: &[f32], vocab: usize, first_position: usize) 
 }
 
 fn expert_source(container: &Container, layer: usize) -> Result<Option<ExpertSource>> {
-    if container.arch().layers[layer].ffn.kind() != LayerKind::Moe {
+    if container.arch().layers[layer].ffn.kind() != FfnKind::Moe {
         return Ok(None);
     }
     let layout = container.expert_layout(layer)?;

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
-use strata_kv::{CutTail, HASH_BYTES, KvCache, Persist, SessionFile, SessionHeader, parse_hash};
+use strata_kv::{CutTail, HASH_BYTES, Persist, SequenceState, SessionFile, SessionHeader, parse_hash};
 use strata_models::Logits;
 
 use crate::{Engine, Error, Result, Session};
@@ -147,7 +147,7 @@ impl Engine {
     /// What binds a session file to this model: the container's content
     /// hash, the tokenizer's SHA-256 (when there is a tokenizer.json) and
     /// the shape of `cache`.
-    pub fn session_header(&self, cache: &KvCache) -> Result<SessionHeader> {
+    pub fn session_header(&self, cache: &SequenceState) -> Result<SessionHeader> {
         let container = self.container();
         let content_hash = parse_hash(container.content_hash()).ok_or_else(|| {
             Error::InvalidRequest(format!("content hash {:?} is not a SHA-256", container.content_hash()))

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde::Serialize;
-use strata_kv::{KvCache, Persist, SessionFile};
+use strata_kv::{Persist, SequenceState, SessionFile};
 use strata_models::{Logits, SeqBatch};
 use strata_sched::LayerStats;
 use strata_tier::StoreStats;
@@ -182,7 +182,7 @@ pub struct GenerateReport {
 /// One sequence being extended.
 pub struct Session<'e> {
     engine: &'e Engine,
-    cache: KvCache,
+    cache: SequenceState,
     tokens: Vec<u32>,
     /// Logits after the last fed token, not yet consumed by sampling.
     pending_logits: Option<Vec<f32>>,
@@ -196,7 +196,7 @@ pub struct Session<'e> {
 }
 
 impl<'e> Session<'e> {
-    pub(crate) fn new(engine: &'e Engine, cache: KvCache) -> Self {
+    pub(crate) fn new(engine: &'e Engine, cache: SequenceState) -> Self {
         Self {
             engine,
             cache,
@@ -211,7 +211,7 @@ impl<'e> Session<'e> {
     /// A session read back from its file by [`Engine::open_session`].
     pub(crate) fn restored(
         engine: &'e Engine,
-        cache: KvCache,
+        cache: SequenceState,
         tokens: Vec<u32>,
         unfed: Option<u32>,
         persist: Option<Persist>,
@@ -341,7 +341,7 @@ impl<'e> Session<'e> {
 
     /// Records the recurrent state here, so that a later prompt sharing the
     /// sequence up to this point resumes without running it again (see
-    /// [`KvCache::snapshot`]; nothing for a cache without state), and saves
+    /// [`SequenceState::snapshot`]; nothing for a cache without state), and saves
     /// it to the session file. Taken at turn boundaries: the end of a
     /// prompt, the end of an answer.
     pub fn snapshot(&mut self) {

@@ -26,7 +26,7 @@ struct Toy {
 }
 
 impl Toy {
-    fn pass(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> strata_models::Result<Vec<f32>> {
+    fn pass(&self, tokens: &[u32], cache: &mut SequenceState, which: Logits) -> strata_models::Result<Vec<f32>> {
         cache.reserve(tokens.len())?;
         let start = cache.len();
         let rows: Vec<f32> = tokens.iter().flat_map(|&t| [t as f32 * 0.001, 1.0]).collect();
@@ -56,19 +56,19 @@ impl CausalLm for Toy {
         &self.spec
     }
 
-    fn new_cache(&self, capacity_tokens: usize) -> KvCache {
+    fn new_cache(&self, capacity_tokens: usize) -> SequenceState {
         let layouts = vec![
             LayerLayout::new(vec![StatePart::Rows { dim: 2 }]),
             LayerLayout::new(vec![StatePart::Fixed { floats: 4 }]),
         ];
-        KvCache::with_layers(layouts, capacity_tokens)
+        SequenceState::with_layers(layouts, capacity_tokens)
     }
 
     fn forward(
         &self,
         _: &Runtime<'_>,
         tokens: &[u32],
-        cache: &mut KvCache,
+        cache: &mut SequenceState,
         which: Logits,
     ) -> strata_models::Result<Vec<f32>> {
         self.pass(tokens, cache, which)

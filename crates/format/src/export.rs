@@ -29,7 +29,7 @@ use crate::names;
 /// container carries.
 pub fn export(container_dir: impl AsRef<Path>, out_hf_dir: impl AsRef<Path>) -> Result<()> {
     let container = Container::open(container_dir)?;
-    let fused_interleaved = |layer: &crate::LayerSpec| matches!(&layer.ffn, crate::FfnKind::Moe(moe) if matches!(moe.experts, crate::ExpertKind::ClampedSwiGlu { .. }));
+    let fused_interleaved = |layer: &crate::LayerSpec| matches!(&layer.ffn, crate::FfnSpec::Moe(moe) if matches!(moe.experts, crate::ExpertKind::ClampedSwiGlu { .. }));
     if container.arch().layers.iter().any(fused_interleaved) {
         return Err(Error::ExportUnsupported {
             family: container.arch().core.family.to_string(),

@@ -49,9 +49,9 @@ pub use export::export;
 pub use names::{ExpertProj, TensorDesc, TensorKind};
 pub use preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset};
 pub use spec::{
-    AttentionKind, CoreSpec, DsaSpec, ExpertKind, Family, FfnKind, GdnDims, GdnProjections, GdnSpec, GqaSpec,
-    IndexerKind, IndexerSpec, LayerKind, LayerSpec, MixerKind, MlaAttention, MlaSpec, ModelArch, ModelSpec, MoeBlock,
-    MoeSpec, NormKind, NormStyle, QkNorm, ResidualKind, RopeScaling, RopeSpec, RouterKind, RouterSpec, ScoringFunc,
+    CoreSpec, DsaSpec, ExpertKind, Family, FfnKind, FfnSpec, GdnDims, GdnProjections, GdnSpec, GqaSpec, IndexerKind,
+    IndexerSpec, LayerSpec, LayerType, MixerSpec, MlaAttention, MlaSpec, ModelArch, ModelSpec, MoeBlock, MoeSpec,
+    NormKind, NormStyle, QkNorm, ResidualKind, RopeScaling, RopeSpec, RouterKind, RouterSpec, ScoringFunc,
     SharedExperts,
 };
 pub use synth::{LIKE, SynthOptions, like_config, synth};

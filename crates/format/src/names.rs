@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::family::Naming;
 use crate::spec::{
-    AttentionKind, CoreSpec, ExpertKind, FfnKind, GdnProjections, GdnSpec, GqaSpec, IndexerKind, MlaAttention,
-    ModelArch, QkNorm, RouterKind, SharedExperts,
+    CoreSpec, ExpertKind, FfnSpec, GdnProjections, GdnSpec, GqaSpec, IndexerKind, MixerSpec, MlaAttention, ModelArch,
+    QkNorm, RouterKind, SharedExperts,
 };
 
 /// What role a non-expert tensor plays; decides its storage format.
@@ -211,14 +211,14 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
     for (layer, blocks) in arch.layers.iter().enumerate() {
         let t = |suffix: &str| layer_tensor(core, layer, suffix);
         push(t("input_layernorm.weight"), vec![h], TensorKind::Norm);
-        match &blocks.attention {
-            AttentionKind::Gqa(gqa) => gqa_attention_tensors(core, gqa, layer, &mut push),
-            AttentionKind::Mla(mla) => mla_attention_tensors(core, mla, layer, &mut push),
-            AttentionKind::GatedDeltaNet(gdn) => gdn_tensors(core, gdn, layer, &mut push),
+        match &blocks.mixer {
+            MixerSpec::Gqa(gqa) => gqa_attention_tensors(core, gqa, layer, &mut push),
+            MixerSpec::Mla(mla) => mla_attention_tensors(core, mla, layer, &mut push),
+            MixerSpec::GatedDeltaNet(gdn) => gdn_tensors(core, gdn, layer, &mut push),
         }
         push(t("post_attention_layernorm.weight"), vec![h], TensorKind::Norm);
         match &blocks.ffn {
-            FfnKind::Moe(moe) => {
+            FfnSpec::Moe(moe) => {
                 push(router_name(core, layer), vec![moe.num_experts, h], TensorKind::Router);
                 match moe.router {
                     RouterKind::GroupedSigmoid { .. } => {
@@ -246,7 +246,7 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
                     }
                 }
             }
-            FfnKind::Dense { intermediate_size } => {
+            FfnSpec::Dense { intermediate_size } => {
                 swiglu_tensors(dense_mlp_names(core, layer), h, *intermediate_size, &mut push);
             }
         }

@@ -121,7 +121,7 @@ pub struct RopeSpec {
 /// What the feed-forward block of one decoder layer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum LayerKind {
+pub enum FfnKind {
     /// A dense SwiGLU MLP of `dense_intermediate_size` (qwen3_moe only).
     Dense,
     /// A routed mixture of experts.
@@ -236,15 +236,15 @@ pub struct ModelSpec {
     /// The DSA lightning indexer (glm_moe_dsa only).
     #[serde(default)]
     pub dsa: Option<DsaSpec>,
-    /// Width of the dense MLP used by [`LayerKind::Dense`] layers; the config's
+    /// Width of the dense MLP used by [`FfnKind::Dense`] layers; the config's
     /// `intermediate_size` (equal to the expert width for olmoe/mixtral).
     pub dense_intermediate_size: usize,
     /// One entry per decoder layer.
-    pub layers: Vec<LayerKind>,
+    pub layers: Vec<FfnKind>,
     /// Each layer's token mixer (hybrid families); empty: every layer is
     /// full attention (and manifests written before hybrids keep meaning so).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mixers: Vec<MixerKind>,
+    pub mixers: Vec<LayerType>,
     /// The Gated DeltaNet layers' dimensions, on hybrid families.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub linear_attention: Option<GdnDims>,
@@ -289,7 +289,7 @@ impl ModelSpec {
 
     /// Whether decoder layer `layer` is a MoE layer.
     pub fn is_moe(&self, layer: usize) -> bool {
-        self.layers.get(layer) == Some(&LayerKind::Moe)
+        self.layers.get(layer) == Some(&FfnKind::Moe)
     }
 
     /// Indices of the MoE layers, ascending.
@@ -523,8 +523,8 @@ mod validate;
 
 pub use arch::{CoreSpec, ModelArch};
 pub use layer::{
-    AttentionKind, ExpertKind, FfnKind, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, MlaAttention, MoeBlock, NormKind,
+    ExpertKind, FfnSpec, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, MixerSpec, MlaAttention, MoeBlock, NormKind,
     ResidualKind, RouterKind, SharedExperts,
 };
-pub use linear::{GdnDims, GdnProjections, MixerKind};
+pub use linear::{GdnDims, GdnProjections, LayerType};
 pub use mla::{DsaSpec, IndexerKind, MlaSpec};

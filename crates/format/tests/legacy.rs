@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use strata_format::{AttentionKind, Container, ConvertOptions, Error, ModelArch, QuantPreset, convert};
+use strata_format::{Container, ConvertOptions, Error, MixerSpec, ModelArch, QuantPreset, convert};
 
 /// One family each of GQA, hybrid (Gated DeltaNet and gated attention) and
 /// MLA with the DSA indexer.
@@ -44,7 +44,7 @@ fn a_container_written_by_8fed96e_opens_with_the_layers_its_config_derives() {
         assert_eq!(derived.layers.len(), spec.num_layers, "{family}");
         // Every GQA layer has the heads the frozen spec gives the model.
         for layer in &derived.layers {
-            if let AttentionKind::Gqa(gqa) = &layer.attention {
+            if let MixerSpec::Gqa(gqa) = &layer.mixer {
                 assert_eq!(
                     (gqa.num_heads, gqa.num_kv_heads, gqa.head_dim),
                     (spec.num_heads, spec.num_kv_heads, spec.head_dim)

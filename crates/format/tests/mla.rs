@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use strata_format::{
-    Container, ConvertOptions, Family, IndexerKind, LayerKind, ModelSpec, QuantPreset, RopeScaling, ScoringFunc,
-    convert, export,
+    Container, ConvertOptions, Family, FfnKind, IndexerKind, ModelSpec, QuantPreset, RopeScaling, ScoringFunc, convert,
+    export,
 };
 
 fn fixture(family: &str) -> PathBuf {
@@ -42,7 +42,7 @@ fn fixture_specs_hold_the_mla_details() {
     assert_eq!(ds.router.scoring, ScoringFunc::Sigmoid);
     assert_eq!((ds.router.n_group, ds.router.topk_group, ds.moe.top_k), (4, 2, 3));
     assert_eq!(ds.shared_intermediate_size, Some(24));
-    assert_eq!(ds.layers, vec![LayerKind::Dense, LayerKind::Moe, LayerKind::Moe]);
+    assert_eq!(ds.layers, vec![FfnKind::Dense, FfnKind::Moe, FfnKind::Moe]);
     assert_eq!(ds.kv_bytes_per_token(), ds.num_layers * (32 + 16) * 4);
 
     let glm = spec_of(&fixture("glm_moe_dsa").join("hf"));
@@ -74,7 +74,7 @@ fn glm5_published_dims_cache_576_latent_floats_plus_index_keys() {
     let spec = ModelSpec::from_config_value(&config).unwrap();
     assert_eq!(spec.mla.unwrap().latent_dim(), 576);
     assert_eq!(spec.kv_bytes_per_token(), spec.num_layers * (576 + 128) * 4);
-    assert_eq!(spec.layers.iter().filter(|&&k| k == LayerKind::Dense).count(), 3);
+    assert_eq!(spec.layers.iter().filter(|&&k| k == FfnKind::Dense).count(), 3);
     assert!(spec.dsa.unwrap().indexer_types.iter().all(|&k| k == IndexerKind::Full));
 }
 

@@ -8,12 +8,12 @@
 //! budgeting treat every family alike.
 //!
 //! Positions are written during a pass and become part of the sequence only
-//! when [`KvCache::advance`] commits them, all parts at once, so a failed
+//! when [`SequenceState::advance`] commits them, all parts at once, so a failed
 //! pass leaves the committed sequence untouched. A part that cannot be cut
 //! back to any length (a ring past its window, a strided part inside a
 //! group, a fixed state) makes the cache keep a few snapshots of it
-//! ([`KvCache::snapshot`], taken at turn boundaries), and
-//! [`KvCache::truncate`] resumes from the longest prefix it can restore,
+//! ([`SequenceState::snapshot`], taken at turn boundaries), and
+//! [`SequenceState::truncate`] resumes from the longest prefix it can restore,
 //! saying which; the caller runs the rest again.
 
 mod store;
@@ -44,7 +44,7 @@ struct Snapshot {
 
 /// Every part of every layer for the tokens seen so far.
 #[derive(Debug, Clone)]
-pub struct KvCache {
+pub struct SequenceState {
     layouts: Vec<LayerLayout>,
     capacity_tokens: usize,
     len_tokens: usize,
@@ -56,7 +56,7 @@ pub struct KvCache {
     state_floats: usize,
     /// Ascending by length, all at most `len_tokens`, at most [`SNAPSHOTS_MAX`].
     snapshots: Vec<Snapshot>,
-    /// The length before the last [`KvCache::advance`] while every fixed
+    /// The length before the last [`SequenceState::advance`] while every fixed
     /// state's `staged` still holds the state from then (and rings and
     /// strided parts their rows from then): a free way back from the last
     /// pass.
@@ -66,7 +66,7 @@ pub struct KvCache {
     state_len_tokens: usize,
 }
 
-impl KvCache {
+impl SequenceState {
     /// An empty cache of `n_layers` layers that all keep `layout`, holding
     /// at most `capacity_tokens`.
     pub fn new(n_layers: usize, layout: LayerLayout, capacity_tokens: usize) -> Self {
@@ -514,7 +514,7 @@ mod tests {
 
     #[test]
     fn positions_commit_only_on_advance() {
-        let mut kv = KvCache::new(2, rows(&[2, 3]), 4);
+        let mut kv = SequenceState::new(2, rows(&[2, 3]), 4);
         kv.reserve(2).unwrap();
         for layer in 0..2 {
             kv.write(layer, KEYS, &[1.0, 2.0, 3.0, 4.0]);
@@ -532,22 +532,22 @@ mod tests {
 
     #[test]
     fn bytes_per_token_sum_every_part_of_every_layer() {
-        let latent_only = KvCache::new(3, rows(&[576]), 8);
+        let latent_only = SequenceState::new(3, rows(&[576]), 8);
         assert_eq!(latent_only.bytes_per_token(), 3 * 576 * 4);
-        let with_index_keys = KvCache::new(3, rows(&[576, 128]), 8);
+        let with_index_keys = SequenceState::new(3, rows(&[576, 128]), 8);
         assert_eq!(with_index_keys.bytes_per_token(), 3 * (576 + 128) * 4);
     }
 
     #[test]
     fn overflowing_the_context_is_an_error() {
-        let mut kv = KvCache::new(1, rows(&[1, 1]), 3);
+        let mut kv = SequenceState::new(1, rows(&[1, 1]), 3);
         let err = kv.reserve(4).unwrap_err().to_string();
         assert!(err.contains("4 tokens needed") && err.contains("at most 3"), "{err}");
     }
 
     /// Attention rows, a recurrent state, and a layer with both.
-    fn hybrid(capacity_tokens: usize) -> KvCache {
-        KvCache::with_layers(
+    fn hybrid(capacity_tokens: usize) -> SequenceState {
+        SequenceState::with_layers(
             vec![
                 rows(&[2, 2]),
                 LayerLayout::new(vec![StatePart::Fixed { floats: 3 }]),
@@ -637,7 +637,7 @@ mod tests {
 
     #[test]
     fn rows_only_caches_truncate_exactly_and_keep_no_snapshots() {
-        let mut kv = KvCache::new(2, rows(&[2, 2]), 8);
+        let mut kv = SequenceState::new(2, rows(&[2, 2]), 8);
         run(&mut kv, 3, false);
         kv.snapshot();
         assert_eq!(kv.snapshot_lens().count(), 0);
@@ -655,8 +655,8 @@ mod tests {
         assert_eq!(kv.state_bytes_max(), (3 + 2) * 4 * (2 + SNAPSHOTS_MAX));
     }
 
-    fn one_part(part: StatePart) -> KvCache {
-        KvCache::with_layers(vec![LayerLayout::new(vec![StatePart::Rows { dim: 1 }, part])], 64)
+    fn one_part(part: StatePart) -> SequenceState {
+        SequenceState::with_layers(vec![LayerLayout::new(vec![StatePart::Rows { dim: 1 }, part])], 64)
     }
 
     #[test]
@@ -739,7 +739,7 @@ mod tests {
             ]),
             LayerLayout::new(vec![StatePart::Strided { dim: 2, every: 2 }, StatePart::Fixed { floats: 2 }]),
         ];
-        let mut kv = KvCache::with_layers(layouts, 64);
+        let mut kv = SequenceState::with_layers(layouts, 64);
         run(&mut kv, 5, false);
         kv.snapshot();
         run(&mut kv, 4, false);

@@ -16,7 +16,7 @@ mod part;
 mod persist;
 mod spec;
 
-pub use cache::{KvCache, SNAPSHOTS_MAX, STATE_COPIES_MAX};
+pub use cache::{SNAPSHOTS_MAX, STATE_COPIES_MAX, SequenceState};
 pub use error::{Error, Result};
 pub use part::{LayerLayout, StatePart};
 pub use persist::{

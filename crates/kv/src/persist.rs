@@ -6,7 +6,7 @@
 //! Crash safety rests on ordering: records are written, fsynced, and only
 //! then counted as committed. Opening scans the records, loads every one
 //! whose checksum and place in the sequence are right straight into a
-//! [`KvCache`], and cuts the file back to the first one that is not (a torn
+//! [`SequenceState`], and cuts the file back to the first one that is not (a torn
 //! write from a killed process, or corruption), reporting how much was cut.
 //! A cache with state then resumes from the latest snapshot the file holds.
 //! A header for another model (content hash, tokenizer hash or dimensions)
@@ -32,7 +32,7 @@ use format::{
     encode_record,
 };
 
-use crate::{Error, KvCache, Result, StatePart};
+use crate::{Error, Result, SequenceState, StatePart};
 
 /// Bytes read at a time while scanning records on open.
 const SCAN_BUFFER_BYTES: usize = 1 << 20;
@@ -187,7 +187,7 @@ impl SessionFile {
     /// matches `expected` (content hash, tokenizer hash, dimensions), and
     /// loads its rows into `cache`, which must be empty and shaped like
     /// `expected`. A torn or corrupt tail is cut off the file and reported.
-    pub fn open(path: &Path, expected: &SessionHeader, cache: &mut KvCache) -> Result<(SessionFile, Recovered)> {
+    pub fn open(path: &Path, expected: &SessionHeader, cache: &mut SequenceState) -> Result<(SessionFile, Recovered)> {
         assert!(cache.is_empty(), "sessions load into an empty cache");
         assert_eq!(cache.layouts(), expected.layouts.as_slice(), "the cache is shaped like the expected header");
         let mut file = OpenOptions::new().read(true).append(true).open(path).map_err(|source| Error::Io {
@@ -242,7 +242,7 @@ impl SessionFile {
     /// `expected`) without changing the file or locking it: a published
     /// copy is never written again, and one that is damaged is refused
     /// as it is, so the user still holds every byte of it.
-    pub fn read_copy(path: &Path, expected: &SessionHeader, cache: &mut KvCache) -> Result<Recovered> {
+    pub fn read_copy(path: &Path, expected: &SessionHeader, cache: &mut SequenceState) -> Result<Recovered> {
         assert!(cache.is_empty(), "sessions load into an empty cache");
         assert_eq!(cache.layouts(), expected.layouts.as_slice(), "the cache is shaped like the expected header");
         let file = File::open(path).map_err(|source| Error::Io { path: path.to_owned(), action: "opening", source })?;
@@ -277,7 +277,7 @@ impl SessionFile {
     pub fn open_or_create(
         path: &Path,
         header: &SessionHeader,
-        cache: &mut KvCache,
+        cache: &mut SequenceState,
     ) -> Result<(SessionFile, Recovered)> {
         if !path.exists() {
             match Self::create(path, header) {
@@ -328,7 +328,7 @@ impl SessionFile {
     /// sequence: `token` with its rows taken from `cache` at that position
     /// when `with_rows`, else without rows (the last generated token, not
     /// yet run; nothing may follow it but [`Self::append_rows`]).
-    pub fn append(&mut self, token: u32, with_rows: bool, cache: &KvCache) -> Result<()> {
+    pub fn append(&mut self, token: u32, with_rows: bool, cache: &SequenceState) -> Result<()> {
         let position = self.written.tokens;
         if self.written.has_pending() {
             return Err(self.out_of_sequence(format!("token at position {position} after a token without rows")));
@@ -348,7 +348,7 @@ impl SessionFile {
 
     /// Appends, without committing, the rows of the trailing token that was
     /// recorded without them, taken from `cache`.
-    pub fn append_rows(&mut self, token: u32, cache: &KvCache) -> Result<()> {
+    pub fn append_rows(&mut self, token: u32, cache: &SequenceState) -> Result<()> {
         let position = self.written.rows_tokens;
         if !self.written.has_pending() || cache.len() <= position {
             return Err(self.out_of_sequence(format!("no pending token with rows at position {position}")));
@@ -390,7 +390,7 @@ impl SessionFile {
     /// `cache` (rows of its leading tokens) hold beyond the file: one record
     /// per new token, one fsync for all of them. Returns the records
     /// written. On error the file is rolled back to its committed length.
-    pub fn sync(&mut self, tokens: &[u32], cache: &KvCache) -> Result<usize> {
+    pub fn sync(&mut self, tokens: &[u32], cache: &SequenceState) -> Result<usize> {
         let result = self.append_new(tokens, cache).and_then(|records| self.commit().map(|()| records));
         if result.is_err() {
             self.rollback();
@@ -432,7 +432,7 @@ impl SessionFile {
         Ok(())
     }
 
-    fn append_new(&mut self, tokens: &[u32], cache: &KvCache) -> Result<usize> {
+    fn append_new(&mut self, tokens: &[u32], cache: &SequenceState) -> Result<usize> {
         if tokens.len() < self.written.tokens {
             let reason = format!("the sequence has {} tokens, the file {}", tokens.len(), self.written.tokens);
             return Err(self.out_of_sequence(reason));
@@ -460,7 +460,7 @@ impl SessionFile {
         Ok(records)
     }
 
-    fn write_record(&mut self, kind: RecordKind, position: usize, token: u32, cache: &KvCache) -> Result<()> {
+    fn write_record(&mut self, kind: RecordKind, position: usize, token: u32, cache: &SequenceState) -> Result<()> {
         if self.broken {
             return Err(self.out_of_sequence("an earlier failed append could not be rolled back".to_owned()));
         }
@@ -522,7 +522,7 @@ impl Persist {
     /// error) persisting stops: the file is cut back to its last committed
     /// record, this returns the one warning to show, and later calls do
     /// nothing. A session must not fail because its copy on disk did.
-    pub fn sync(&mut self, tokens: &[u32], cache: &KvCache) -> Option<String> {
+    pub fn sync(&mut self, tokens: &[u32], cache: &SequenceState) -> Option<String> {
         let result = self.file.as_mut()?.sync(tokens, cache);
         result.err().map(|e| self.stop(e))
     }
@@ -611,7 +611,7 @@ fn scan_records(
     path: &Path,
     header: &SessionHeader,
     header_bytes: u64,
-    cache: &mut KvCache,
+    cache: &mut SequenceState,
 ) -> Result<Scan> {
     let mut scan = Scan {
         tokens: Vec::new(),
@@ -742,7 +742,7 @@ fn out_of_place(
 /// little-endian f32) into the cache's next position, with `token` in the
 /// token parts, and commits them (the parts with state follow from the
 /// snapshots when loading ends).
-fn load_rows(cache: &mut KvCache, token: u32, bytes: &[u8], row: &mut Vec<f32>) {
+fn load_rows(cache: &mut SequenceState, token: u32, bytes: &[u8], row: &mut Vec<f32>) {
     let position = cache.len();
     let mut at = 0;
     for layer in 0..cache.n_layers() {

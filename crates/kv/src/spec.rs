@@ -2,7 +2,7 @@
 //! engine budgets with it without building the model, and the model's
 //! blocks are checked against it when they load.
 
-use strata_format::{AttentionKind, LayerSpec};
+use strata_format::{LayerSpec, MixerSpec};
 
 use crate::{LayerLayout, StatePart};
 
@@ -12,18 +12,18 @@ use crate::{LayerLayout, StatePart};
 /// latent with its rotary key, then the indexer keys with DSA (Multi-head
 /// Latent Attention); the delta-rule and convolution state (Gated DeltaNet).
 pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
-    let parts = match &spec.attention {
-        AttentionKind::Gqa(gqa) => {
+    let parts = match &spec.mixer {
+        MixerSpec::Gqa(gqa) => {
             let dim = gqa.kv_dim();
             // A sliding window needs only its last `window` keys and values.
             let part = gqa.sliding_window.map_or(StatePart::Rows { dim }, |window| StatePart::Ring { dim, window });
             vec![part; 2]
         }
-        AttentionKind::Mla(mla) => std::iter::once(mla.dims.latent_dim())
+        MixerSpec::Mla(mla) => std::iter::once(mla.dims.latent_dim())
             .chain(mla.indexer.map(|indexer| indexer.head_dim))
             .map(|dim| StatePart::Rows { dim })
             .collect(),
-        AttentionKind::GatedDeltaNet(gdn) => vec![StatePart::Fixed { floats: gdn.dims.state_floats() }],
+        MixerSpec::GatedDeltaNet(gdn) => vec![StatePart::Fixed { floats: gdn.dims.state_floats() }],
     };
     LayerLayout::new(parts)
 }
@@ -35,7 +35,7 @@ pub fn layouts_of(layers: &[LayerSpec]) -> Vec<LayerLayout> {
 
 #[cfg(test)]
 mod tests {
-    use strata_format::{AttentionKind, LIKE, ModelArch, like_config};
+    use strata_format::{LIKE, MixerSpec, ModelArch, like_config};
 
     use super::*;
 
@@ -56,7 +56,7 @@ mod tests {
     fn a_hybrid_model_keeps_rows_on_attention_layers_and_a_state_on_the_others() {
         let arch = ModelArch::from_config_json(&like_config("qwen3-next-80b-a3b", Some(4)).unwrap()).unwrap();
         let parts: Vec<Vec<StatePart>> = layouts_of(&arch.layers).into_iter().map(|l| l.parts).collect();
-        let AttentionKind::Gqa(full) = &arch.layers[3].attention else { panic!("layer 3 is full attention") };
+        let MixerSpec::Gqa(full) = &arch.layers[3].mixer else { panic!("layer 3 is full attention") };
         let kv_dim = full.kv_dim();
         let state = StatePart::Fixed { floats: arch.first_gdn().unwrap().dims.state_floats() };
         let rows = vec![StatePart::Rows { dim: kv_dim }; 2];

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use strata_format::{Container, CoreSpec, RopeSpec, names};
-use strata_kv::{KvCache, LayerLayout};
+use strata_kv::{LayerLayout, SequenceState};
 use strata_sched::Guess;
 
 use crate::attention::{Attention, Pass};
@@ -63,8 +63,8 @@ impl Decoder {
             let mut norm = |suffix: &str| Norm::load(b, &names::layer_tensor(&spec, l, suffix), layer.norm, h);
             let (input_norm, post_attn_norm) =
                 (norm("input_layernorm.weight")?, norm("post_attention_layernorm.weight")?);
-            let attention = Attention::load(b, &spec, &layer.attention, layer.norm, l)?;
-            if let Some(rope) = layer.attention.rope()
+            let attention = Attention::load(b, &spec, &layer.mixer, layer.norm, l)?;
+            if let Some(rope) = layer.mixer.rope()
                 && !ropes.iter().any(|(known, _)| known == rope)
             {
                 ropes.push((*rope, Rope::new(rope, rope.rotary_dim)?));
@@ -198,11 +198,11 @@ impl CausalLm for Decoder {
         &self.spec
     }
 
-    fn new_cache(&self, capacity_tokens: usize) -> KvCache {
-        KvCache::with_layers(self.cache_layouts.clone(), capacity_tokens)
+    fn new_cache(&self, capacity_tokens: usize) -> SequenceState {
+        SequenceState::with_layers(self.cache_layouts.clone(), capacity_tokens)
     }
 
-    fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Vec<f32>> {
+    fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut SequenceState, logits: Logits) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }

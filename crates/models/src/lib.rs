@@ -31,7 +31,7 @@ use std::sync::Mutex;
 
 use backend::Threads;
 use strata_format::{Container, CoreSpec};
-use strata_kv::KvCache;
+use strata_kv::SequenceState;
 use strata_sched::LayerStats;
 use strata_tier::{ExpertStore, TraceWriter};
 
@@ -61,11 +61,11 @@ pub trait CausalLm: Send + Sync {
     fn core(&self) -> &CoreSpec;
 
     /// An empty KV cache for this model holding at most `capacity_tokens`.
-    fn new_cache(&self, capacity_tokens: usize) -> KvCache;
+    fn new_cache(&self, capacity_tokens: usize) -> SequenceState;
 
     /// Runs `tokens` at positions `cache.len()..`, appends their keys and
     /// values to `cache`, and returns the requested logits.
-    fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut KvCache, logits: Logits) -> Result<Vec<f32>>;
+    fn forward(&self, rt: &Runtime<'_>, tokens: &[u32], cache: &mut SequenceState, logits: Logits) -> Result<Vec<f32>>;
 
     /// Runs several sequences' new tokens in one pass and returns each
     /// sequence's last-position logits. Every weight is read, and each MoE
@@ -79,7 +79,7 @@ pub trait CausalLm: Send + Sync {
 pub struct SeqBatch<'a> {
     /// New tokens, at positions `cache.len()..`.
     pub tokens: &'a [u32],
-    pub cache: &'a mut KvCache,
+    pub cache: &'a mut SequenceState,
 }
 
 /// Builds the container's model: its layers' blocks, every tensor checked.

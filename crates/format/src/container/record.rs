@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::spec::{AttentionKind, Family, FfnKind, LayerSpec, ModelArch};
+use crate::spec::{Family, FfnSpec, LayerSpec, MixerSpec, ModelArch};
 
 /// The model a version-2 manifest records.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,14 +81,14 @@ impl ModelRecord {
 impl LayerRecord {
     fn of(layer: &LayerSpec) -> LayerRecord {
         LayerRecord {
-            mixer: match layer.attention {
-                AttentionKind::Gqa(_) => MixerRecord::Gqa,
-                AttentionKind::Mla(_) => MixerRecord::Mla,
-                AttentionKind::GatedDeltaNet(_) => MixerRecord::GatedDeltanet,
+            mixer: match layer.mixer {
+                MixerSpec::Gqa(_) => MixerRecord::Gqa,
+                MixerSpec::Mla(_) => MixerRecord::Mla,
+                MixerSpec::GatedDeltaNet(_) => MixerRecord::GatedDeltanet,
             },
             ffn: match layer.ffn {
-                FfnKind::Dense { .. } => FfnRecord::Dense,
-                FfnKind::Moe(_) => FfnRecord::Moe,
+                FfnSpec::Dense { .. } => FfnRecord::Dense,
+                FfnSpec::Moe(_) => FfnRecord::Moe,
             },
             cache_floats_per_token: layer.cache_floats_per_token(),
             state_floats: layer.state_floats(),

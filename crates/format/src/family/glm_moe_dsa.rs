@@ -9,7 +9,7 @@ use super::mla::string_list;
 use super::{Family, FamilyDef, HF_NAMING, Naming, mla};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{IndexerKind, IndexerSpec, LayerKind, ModelArch};
+use crate::spec::{FfnKind, IndexerKind, IndexerSpec, ModelArch};
 
 pub(super) struct GlmMoeDsa;
 
@@ -78,7 +78,7 @@ impl FamilyDef for GlmMoeDsa {
         };
         let mut c = mla::config_json(arch, attention);
         let kinds: Vec<&str> =
-            arch.layer_kinds().iter().map(|k| if *k == LayerKind::Dense { "dense" } else { "sparse" }).collect();
+            arch.layer_kinds().iter().map(|k| if *k == FfnKind::Dense { "dense" } else { "sparse" }).collect();
         let indexer_types: Vec<IndexerKind> = mla::indexers(arch).map(|i| i.kind).collect();
         c.insert("mlp_layer_types".into(), json!(kinds));
         c.insert("index_topk".into(), json!(indexer.topk));
@@ -91,13 +91,13 @@ impl FamilyDef for GlmMoeDsa {
 
 /// GlmMoeDsaConfig: `mlp_layer_types` ("dense" / "sparse") if given, else
 /// `first_k_dense_replace` dense layers followed by sparse ones.
-fn layer_kinds(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerKind>> {
+fn layer_kinds(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<FfnKind>> {
     match string_list(cfg, "mlp_layer_types")? {
         Some(items) => items
             .iter()
             .map(|t| match t.as_str() {
-                "dense" => Ok(LayerKind::Dense),
-                "sparse" => Ok(LayerKind::Moe),
+                "dense" => Ok(FfnKind::Dense),
+                "sparse" => Ok(FfnKind::Moe),
                 other => Err(Error::invalid("mlp_layer_types", format!("unknown layer type {other:?}"))),
             })
             .collect(),

@@ -12,9 +12,7 @@ use serde_json::{Map, Value, json};
 use super::{Family, FamilyDef, Naming, gqa};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{
-    AttentionKind, ExpertKind, FfnKind, LayerKind, ModelArch, RopeScaling, RopeSpec, RouterKind, parse_rope,
-};
+use crate::spec::{ExpertKind, FfnKind, FfnSpec, MixerSpec, ModelArch, RopeScaling, RopeSpec, RouterKind, parse_rope};
 
 pub(super) struct GptOss;
 
@@ -117,18 +115,18 @@ impl FamilyDef for GptOss {
         };
         let sliding = sliding_layers(&cfg, parsed.num_layers)?;
         let full = parsed.attention;
-        let kinds = vec![LayerKind::Moe; parsed.num_layers];
+        let kinds = vec![FfnKind::Moe; parsed.num_layers];
         parsed.build(&kinds, |l| {
             let mut gqa = full;
             gqa.sliding_window = if sliding[l] { window } else { None };
-            AttentionKind::Gqa(gqa)
+            MixerSpec::Gqa(gqa)
         })
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {
         let ours = arch.layers.iter().all(|l| {
-            let attention = matches!(&l.attention, AttentionKind::Gqa(g) if g.sinks);
-            let ffn = matches!(&l.ffn, FfnKind::Moe(m) if m.router == RouterKind::TopKThenSoftmax
+            let attention = matches!(&l.mixer, MixerSpec::Gqa(g) if g.sinks);
+            let ffn = matches!(&l.ffn, FfnSpec::Moe(m) if m.router == RouterKind::TopKThenSoftmax
                 && matches!(m.experts, ExpertKind::ClampedSwiGlu { limit, .. } if limit >= 0.0));
             attention && ffn
         });
@@ -144,15 +142,15 @@ impl FamilyDef for GptOss {
     fn to_config_json(&self, arch: &ModelArch, _source: Option<&Value>) -> Value {
         let (attention, moe) = gqa::blocks(arch);
         let mut c = gqa::config_json(arch, &attention, &moe);
-        let window = arch.layers.iter().find_map(|l| match &l.attention {
-            AttentionKind::Gqa(g) => g.sliding_window,
+        let window = arch.layers.iter().find_map(|l| match &l.mixer {
+            MixerSpec::Gqa(g) => g.sliding_window,
             _ => None,
         });
         let types: Vec<&str> = arch
             .layers
             .iter()
-            .map(|l| match &l.attention {
-                AttentionKind::Gqa(g) if g.sliding_window.is_some() => "sliding_attention",
+            .map(|l| match &l.mixer {
+                MixerSpec::Gqa(g) if g.sliding_window.is_some() => "sliding_attention",
                 _ => "full_attention",
             })
             .collect();
@@ -179,15 +177,15 @@ mod tests {
     }
 
     fn gqa(layer: &LayerSpec) -> &GqaSpec {
-        match &layer.attention {
-            AttentionKind::Gqa(gqa) => gqa,
+        match &layer.mixer {
+            MixerSpec::Gqa(gqa) => gqa,
             other => panic!("{other:?}"),
         }
     }
 
     fn moe(layer: &LayerSpec) -> &MoeBlock {
         match &layer.ffn {
-            FfnKind::Moe(moe) => moe,
+            FfnSpec::Moe(moe) => moe,
             other => panic!("{other:?}"),
         }
     }

@@ -7,7 +7,7 @@ use super::{CoreDims, Family, Ffns, stack};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
-    AttentionKind, CoreSpec, ExpertKind, FfnKind, GqaSpec, LayerKind, LayerSpec, ModelArch, MoeBlock, NormKind, QkNorm,
+    CoreSpec, ExpertKind, FfnKind, FfnSpec, GqaSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, NormKind, QkNorm,
     RopeScaling, RopeSpec, RouterKind, SharedExperts, common_config, expert_count, parse_rope, special_tokens,
 };
 
@@ -44,15 +44,15 @@ pub(super) struct Parsed<'a> {
 impl Parsed<'_> {
     /// The model whose layer `l` has the attention block `attention(l)` and
     /// the feed-forward block `kinds[l]` names.
-    pub(super) fn build(self, kinds: &[LayerKind], attention: impl Fn(usize) -> AttentionKind) -> Result<ModelArch> {
+    pub(super) fn build(self, kinds: &[FfnKind], attention: impl Fn(usize) -> MixerSpec) -> Result<ModelArch> {
         let layers = stack(kinds, &self.ffns, self.core.final_norm, attention)?;
         Ok(ModelArch { core: self.core, layers })
     }
 
     /// The model whose every layer has the model's attention block and the
     /// feed-forward block `kinds[l]` names.
-    pub(super) fn build_alike(self, kinds: &[LayerKind]) -> Result<ModelArch> {
-        let attention = AttentionKind::Gqa(self.attention);
+    pub(super) fn build_alike(self, kinds: &[FfnKind]) -> Result<ModelArch> {
+        let attention = MixerSpec::Gqa(self.attention);
         self.build(kinds, |_| attention.clone())
     }
 
@@ -151,7 +151,7 @@ pub(super) fn parse_fields<'a>(cfg: Fields<'a>, family: Family, defaults: &Defau
 /// Qwen's layer pattern (`Qwen3MoeDecoderLayer`, `Qwen3NextDecoderLayer`):
 /// sparse iff not listed in `mlp_only_layers` and `(i + 1) %
 /// decoder_sparse_step == 0`.
-pub(super) fn sparse_step_layer_kinds(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerKind>> {
+pub(super) fn sparse_step_layer_kinds(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<FfnKind>> {
     let step = cfg.usize("decoder_sparse_step")?.unwrap_or(1);
     if step == 0 {
         return Err(Error::invalid("decoder_sparse_step", "must be >= 1"));
@@ -161,7 +161,7 @@ pub(super) fn sparse_step_layer_kinds(cfg: &Fields<'_>, num_layers: usize) -> Re
         return Err(Error::invalid("mlp_only_layers", format!("layer {bad} >= num_hidden_layers {num_layers}")));
     }
     let kind = |i: usize| {
-        if !mlp_only.contains(&i) && (i + 1).is_multiple_of(step) { LayerKind::Moe } else { LayerKind::Dense }
+        if !mlp_only.contains(&i) && (i + 1).is_multiple_of(step) { FfnKind::Moe } else { FfnKind::Dense }
     };
     Ok((0..num_layers).map(kind).collect())
 }
@@ -170,7 +170,7 @@ pub(super) fn sparse_step_layer_kinds(cfg: &Fields<'_>, num_layers: usize) -> Re
 /// plus an explicit `mlp_only_layers` reproduces any pattern exactly.
 pub(super) fn sparse_step_config(arch: &ModelArch, c: &mut Map<String, Value>) {
     let dense: Vec<usize> =
-        arch.layer_kinds().iter().enumerate().filter(|(_, k)| **k == LayerKind::Dense).map(|(l, _)| l).collect();
+        arch.layer_kinds().iter().enumerate().filter(|(_, k)| **k == FfnKind::Dense).map(|(l, _)| l).collect();
     c.insert("decoder_sparse_step".into(), json!(1));
     c.insert("mlp_only_layers".into(), json!(dense));
 }
@@ -186,12 +186,12 @@ pub(super) fn validate(arch: &ModelArch, has_dense_layers: bool) -> Result<()> {
     // The GQA families implement exactly the softmax router and no MLA.
     let plain = |layer: &LayerSpec| {
         let moe_ok = match &layer.ffn {
-            FfnKind::Moe(moe) => {
+            FfnSpec::Moe(moe) => {
                 matches!(moe.router, RouterKind::SoftmaxTopK { .. }) && moe.shared == SharedExperts::None
             }
-            FfnKind::Dense { .. } => true,
+            FfnSpec::Dense { .. } => true,
         };
-        moe_ok && matches!(layer.attention, AttentionKind::Gqa(_))
+        moe_ok && matches!(layer.mixer, MixerSpec::Gqa(_))
     };
     if !arch.layers.iter().all(plain) {
         return Err(Error::invalid(
@@ -205,8 +205,8 @@ pub(super) fn validate(arch: &ModelArch, has_dense_layers: bool) -> Result<()> {
 /// Every GQA layer keeps `holds`; else the error names `field` and says
 /// `what` the family requires.
 pub(super) fn every_gqa(arch: &ModelArch, holds: impl Fn(&GqaSpec) -> bool, field: &str, what: &str) -> Result<()> {
-    let all = arch.layers.iter().all(|l| match &l.attention {
-        AttentionKind::Gqa(gqa) => holds(gqa),
+    let all = arch.layers.iter().all(|l| match &l.mixer {
+        MixerSpec::Gqa(gqa) => holds(gqa),
         _ => true,
     });
     if !all {
@@ -274,9 +274,9 @@ mod tests {
                 1 => gqa.num_kv_heads = gqa.num_heads,
                 _ => gqa.rope = None,
             }
-            AttentionKind::Gqa(gqa)
+            MixerSpec::Gqa(gqa)
         };
-        let arch = parsed.build(&[LayerKind::Moe; 3], own).unwrap();
+        let arch = parsed.build(&[FfnKind::Moe; 3], own).unwrap();
         arch.validate().unwrap();
         let lines: Vec<String> = arch.layers.iter().map(LayerSpec::describe).collect();
         assert!(lines[0].starts_with("gqa 32 q / 8 kv heads x 128, rope 128, window 128;"), "{}", lines[0]);

@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
 use crate::spec::{
-    AttentionKind, FfnKind, GdnDims, GdnProjections, GdnSpec, LayerKind, LayerSpec, MixerKind, ModelArch, NormKind,
-    QkNorm, RouterKind, SharedExperts,
+    FfnKind, FfnSpec, GdnDims, GdnProjections, GdnSpec, LayerSpec, LayerType, MixerSpec, ModelArch, NormKind, QkNorm,
+    RouterKind, SharedExperts,
 };
 
 /// The config-class defaults both families share (transformers 5.23
@@ -41,7 +41,7 @@ const DEFAULT_FULL_ATTENTION_INTERVAL: usize = 4;
 pub(super) struct Parsed<'a> {
     pub gqa: gqa::Parsed<'a>,
     pub gdn: GdnSpec,
-    pub mixers: Vec<MixerKind>,
+    pub mixers: Vec<LayerType>,
 }
 
 impl<'a> Parsed<'a> {
@@ -52,12 +52,12 @@ impl<'a> Parsed<'a> {
 
     /// The model whose layer `l` runs the mixer `mixers[l]` and the FFN
     /// `kinds[l]` names.
-    pub(super) fn build(self, kinds: &[LayerKind]) -> Result<ModelArch> {
+    pub(super) fn build(self, kinds: &[FfnKind]) -> Result<ModelArch> {
         let Parsed { gqa, gdn, mixers } = self;
         let full = gqa.attention;
         gqa.build(kinds, |l| match mixers[l] {
-            MixerKind::Linear => AttentionKind::GatedDeltaNet(gdn),
-            MixerKind::Full => AttentionKind::Gqa(full),
+            LayerType::Linear => MixerSpec::GatedDeltaNet(gdn),
+            LayerType::Full => MixerSpec::Gqa(full),
         })
     }
 }
@@ -99,14 +99,14 @@ pub(super) fn parse<'a>(cfg: Fields<'a>, family: Family, projections: GdnProject
 }
 
 /// `layer_types`, or every `full_attention_interval`-th layer full.
-fn mixers(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<MixerKind>> {
+fn mixers(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerType>> {
     let Some(types) = cfg.map.get("layer_types").filter(|v| !v.is_null()) else {
         let interval = cfg.usize("full_attention_interval")?.unwrap_or(DEFAULT_FULL_ATTENTION_INTERVAL);
         if interval == 0 {
             return Err(Error::invalid("full_attention_interval", "must be >= 1"));
         }
         return Ok((0..num_layers)
-            .map(|i| if (i + 1).is_multiple_of(interval) { MixerKind::Full } else { MixerKind::Linear })
+            .map(|i| if (i + 1).is_multiple_of(interval) { LayerType::Full } else { LayerType::Linear })
             .collect());
     };
     let items = types.as_array().ok_or_else(|| Error::invalid("layer_types", "must be a list of strings"))?;
@@ -119,8 +119,8 @@ fn mixers(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<MixerKind>> {
     items
         .iter()
         .map(|item| match item.as_str() {
-            Some("full_attention") => Ok(MixerKind::Full),
-            Some("linear_attention") => Ok(MixerKind::Linear),
+            Some("full_attention") => Ok(LayerType::Full),
+            Some("linear_attention") => Ok(LayerType::Linear),
             _ => {
                 Err(Error::invalid("layer_types", format!("{item} is not \"full_attention\" or \"linear_attention\"")))
             }
@@ -134,17 +134,17 @@ fn mixers(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<MixerKind>> {
 pub(super) fn validate(arch: &ModelArch) -> Result<()> {
     let family = arch.core.family;
     let hybrid = |layer: &LayerSpec| {
-        let mixer_ok = match &layer.attention {
-            AttentionKind::Gqa(gqa) => gqa.qk_norm == QkNorm::PerHead && gqa.clip_qkv.is_none(),
-            AttentionKind::GatedDeltaNet(_) => true,
-            AttentionKind::Mla(_) => false,
+        let mixer_ok = match &layer.mixer {
+            MixerSpec::Gqa(gqa) => gqa.qk_norm == QkNorm::PerHead && gqa.clip_qkv.is_none(),
+            MixerSpec::GatedDeltaNet(_) => true,
+            MixerSpec::Mla(_) => false,
         };
         let ffn_ok = match &layer.ffn {
-            FfnKind::Moe(moe) => {
+            FfnSpec::Moe(moe) => {
                 matches!(moe.router, RouterKind::SoftmaxTopK { .. })
                     && matches!(moe.shared, SharedExperts::Gated { .. })
             }
-            FfnKind::Dense { .. } => true,
+            FfnSpec::Dense { .. } => true,
         };
         mixer_ok && ffn_ok && matches!(layer.norm, NormKind::OnePlusWeight { .. })
     };
@@ -167,8 +167,8 @@ pub(super) fn config_json(arch: &ModelArch) -> Map<String, Value> {
     let types: Vec<&str> = arch
         .layers
         .iter()
-        .map(|l| match l.attention {
-            AttentionKind::GatedDeltaNet(_) => "linear_attention",
+        .map(|l| match l.mixer {
+            MixerSpec::GatedDeltaNet(_) => "linear_attention",
             _ => "full_attention",
         })
         .collect();

@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Family, FamilyDef, Naming, gqa};
 use crate::error::Result;
-use crate::spec::{GqaSpec, LayerKind, ModelArch, QkNorm};
+use crate::spec::{FfnKind, GqaSpec, ModelArch, QkNorm};
 
 pub(super) struct Mixtral;
 
@@ -49,7 +49,7 @@ impl FamilyDef for Mixtral {
         // MixtralTopKRouter always renormalizes the top-k weights.
         parsed.softmax_router(true);
         parsed.attention.sliding_window = parsed.cfg.usize("sliding_window")?;
-        let kinds = vec![LayerKind::Moe; parsed.num_layers];
+        let kinds = vec![FfnKind::Moe; parsed.num_layers];
         parsed.build_alike(&kinds)
     }
 

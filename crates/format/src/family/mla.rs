@@ -11,7 +11,7 @@ use super::{CoreDims, Family, Ffns, stack};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
-    AttentionKind, CoreSpec, ExpertKind, FfnKind, IndexerSpec, LayerKind, MlaAttention, MlaSpec, ModelArch, MoeBlock,
+    CoreSpec, ExpertKind, FfnKind, FfnSpec, IndexerSpec, MixerSpec, MlaAttention, MlaSpec, ModelArch, MoeBlock,
     NormKind, RouterKind, SharedExperts, common_config, expert_count, parse_rope, special_tokens,
 };
 
@@ -35,14 +35,14 @@ pub(super) struct Parsed {
     pub core: CoreSpec,
     pub attention: MlaAttention,
     pub ffns: Ffns,
-    pub kinds: Vec<LayerKind>,
+    pub kinds: Vec<FfnKind>,
 }
 
 impl Parsed {
     /// The model whose layer `l` has the latent attention block with the
     /// indexer `indexer(l)`.
     pub(super) fn build(self, indexer: impl Fn(usize) -> Option<IndexerSpec>) -> Result<ModelArch> {
-        let attention = |l| AttentionKind::Mla(MlaAttention { indexer: indexer(l), ..self.attention });
+        let attention = |l| MixerSpec::Mla(MlaAttention { indexer: indexer(l), ..self.attention });
         let layers = stack(&self.kinds, &self.ffns, self.core.final_norm, attention)?;
         Ok(ModelArch { core: self.core, layers })
     }
@@ -128,9 +128,9 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
 }
 
 /// DeepseekV3DecoderLayer: MoE iff `layer >= first_k_dense_replace`.
-pub(super) fn dense_first_layer_kinds(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerKind>> {
+pub(super) fn dense_first_layer_kinds(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<FfnKind>> {
     let dense = cfg.usize("first_k_dense_replace")?.unwrap_or(3);
-    Ok((0..num_layers).map(|l| if l >= dense { LayerKind::Moe } else { LayerKind::Dense }).collect())
+    Ok((0..num_layers).map(|l| if l >= dense { FfnKind::Moe } else { FfnKind::Dense }).collect())
 }
 
 /// A list of strings, or `None` when absent or null.
@@ -154,10 +154,10 @@ pub(super) fn string_list(cfg: &Fields<'_>, key: &str) -> Result<Option<Vec<Stri
 pub(super) fn validate(arch: &ModelArch) -> Result<()> {
     let family = arch.core.family;
     for layer in &arch.layers {
-        if !matches!(layer.attention, AttentionKind::Mla(_)) {
+        if !matches!(layer.mixer, MixerSpec::Mla(_)) {
             return Err(Error::invalid("kv_lora_rank", format!("{family} needs its MLA dimensions")));
         }
-        let FfnKind::Moe(moe) = &layer.ffn else { continue };
+        let FfnSpec::Moe(moe) = &layer.ffn else { continue };
         if !matches!(moe.router, RouterKind::GroupedSigmoid { .. }) {
             return Err(Error::invalid("scoring_func", "the MLA families route by sigmoid with a correction bias"));
         }
@@ -176,8 +176,8 @@ pub(super) fn validate_dense_first_without_dsa(arch: &ModelArch) -> Result<()> {
     validate(arch)?;
     // The layer pattern must be expressible in the family's config.json.
     let kinds = arch.layer_kinds();
-    let dense = kinds.iter().take_while(|&&k| k == LayerKind::Dense).count();
-    if kinds[dense..].contains(&LayerKind::Dense) {
+    let dense = kinds.iter().take_while(|&&k| k == FfnKind::Dense).count();
+    if kinds[dense..].contains(&FfnKind::Dense) {
         return Err(Error::invalid("first_k_dense_replace", "dense layers must all come first"));
     }
     if indexers(arch).next().is_some() {
@@ -188,8 +188,8 @@ pub(super) fn validate_dense_first_without_dsa(arch: &ModelArch) -> Result<()> {
 
 /// Each layer's DSA indexer, where it has one.
 pub(super) fn indexers(arch: &ModelArch) -> impl Iterator<Item = &IndexerSpec> {
-    arch.layers.iter().filter_map(|l| match &l.attention {
-        AttentionKind::Mla(mla) => mla.indexer.as_ref(),
+    arch.layers.iter().filter_map(|l| match &l.mixer {
+        MixerSpec::Mla(mla) => mla.indexer.as_ref(),
         _ => None,
     })
 }
@@ -234,7 +234,7 @@ pub(super) fn config_json(arch: &ModelArch, mla: &MlaAttention) -> Map<String, V
     c.insert("topk_group".into(), json!(topk_group));
     c.insert("routed_scaling_factor".into(), json!(scaling));
     c.insert("attention_bias".into(), json!(mla.bias));
-    let dense = arch.layer_kinds().iter().take_while(|&&k| k == LayerKind::Dense).count();
+    let dense = arch.layer_kinds().iter().take_while(|&&k| k == FfnKind::Dense).count();
     c.insert("first_k_dense_replace".into(), json!(dense));
     c
 }

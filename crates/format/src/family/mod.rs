@@ -35,7 +35,7 @@ use serde_json::{Map, Value};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_LAYERS};
-use crate::spec::{AttentionKind, FfnKind, LayerKind, LayerSpec, ModelArch, MoeBlock, NormKind, ResidualKind};
+use crate::spec::{FfnKind, FfnSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, NormKind, ResidualKind};
 
 /// Model families this build knows, one per Hugging Face `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -223,16 +223,16 @@ impl CoreDims {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ffns {
     pub moe: MoeBlock,
-    /// Width of the dense MLP of [`LayerKind::Dense`] layers.
+    /// Width of the dense MLP of [`FfnKind::Dense`] layers.
     pub dense_intermediate_size: usize,
 }
 
 impl Ffns {
     /// The block of a layer of kind `kind`.
-    pub(crate) fn of(&self, kind: LayerKind) -> FfnKind {
+    pub(crate) fn of(&self, kind: FfnKind) -> FfnSpec {
         match kind {
-            LayerKind::Dense => FfnKind::Dense { intermediate_size: self.dense_intermediate_size },
-            LayerKind::Moe => FfnKind::Moe(self.moe),
+            FfnKind::Dense => FfnSpec::Dense { intermediate_size: self.dense_intermediate_size },
+            FfnKind::Moe => FfnSpec::Moe(self.moe),
         }
     }
 }
@@ -242,14 +242,14 @@ impl Ffns {
 /// plain residual. The config's MoE block must be valid even where no layer
 /// runs it (a config whose every layer is dense still declares experts).
 pub(crate) fn stack(
-    kinds: &[LayerKind],
+    kinds: &[FfnKind],
     ffns: &Ffns,
     norm: NormKind,
-    attention: impl Fn(usize) -> AttentionKind,
+    attention: impl Fn(usize) -> MixerSpec,
 ) -> Result<Vec<LayerSpec>> {
-    FfnKind::Moe(ffns.moe).validate()?;
-    let layer = |(l, kind): (usize, &LayerKind)| LayerSpec {
-        attention: attention(l),
+    FfnSpec::Moe(ffns.moe).validate()?;
+    let layer = |(l, kind): (usize, &FfnKind)| LayerSpec {
+        mixer: attention(l),
         ffn: ffns.of(*kind),
         norm,
         residual: ResidualKind::Plain,

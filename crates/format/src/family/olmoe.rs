@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Family, FamilyDef, HF_NAMING, Naming, gqa};
 use crate::error::{Error, Result};
-use crate::spec::{AttentionKind, LayerKind, ModelArch, QkNorm, f32_to_json};
+use crate::spec::{FfnKind, MixerSpec, ModelArch, QkNorm, f32_to_json};
 
 pub(super) struct Olmoe;
 
@@ -42,7 +42,7 @@ impl FamilyDef for Olmoe {
         parsed.attention.bias = cfg.bool("attention_bias")?.unwrap_or(false);
         parsed.attention.qk_norm = QkNorm::Full;
         parsed.softmax_router(renormalize);
-        let kinds = vec![LayerKind::Moe; parsed.num_layers];
+        let kinds = vec![FfnKind::Moe; parsed.num_layers];
         parsed.build_alike(&kinds)
     }
 
@@ -51,8 +51,8 @@ impl FamilyDef for Olmoe {
         // (hidden_size / heads) * kv_heads: only consistent when
         // head_dim == hidden_size / num_heads.
         let hidden = arch.core.hidden_size;
-        let narrow = arch.layers.iter().find_map(|l| match &l.attention {
-            AttentionKind::Gqa(gqa) if gqa.q_dim() != hidden => Some(gqa),
+        let narrow = arch.layers.iter().find_map(|l| match &l.mixer {
+            MixerSpec::Gqa(gqa) if gqa.q_dim() != hidden => Some(gqa),
             _ => None,
         });
         if let Some(gqa) = narrow {

@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use super::{Family, FamilyDef, Naming, hybrid};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::{GdnProjections, LayerKind, ModelArch, special_tokens};
+use crate::spec::{FfnKind, GdnProjections, ModelArch, special_tokens};
 
 pub(super) struct Qwen35Moe;
 
@@ -56,7 +56,7 @@ impl FamilyDef for Qwen35Moe {
         let mut parsed = hybrid::parse(cfg, Family::Qwen35Moe, GdnProjections::Split)?;
         // Qwen3_5MoeTopKRouter always renormalises; every layer is MoE.
         parsed.gqa.softmax_router(true);
-        let kinds = vec![LayerKind::Moe; parsed.gqa.num_layers];
+        let kinds = vec![FfnKind::Moe; parsed.gqa.num_layers];
         if nested {
             // The wrapper owns tying (class default false) and, where it
             // gives them, the special ids.

@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::fields::Fields;
 use super::{
-    AttentionKind, Family, FfnKind, GdnSpec, GqaSpec, LayerKind, LayerSpec, MlaAttention, ModelSpec, MoeBlock,
-    NormKind, RopeSpec,
+    Family, FfnKind, FfnSpec, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention, ModelSpec, MoeBlock, NormKind,
+    RopeSpec,
 };
 use crate::error::{Error, Result};
 
@@ -73,20 +73,20 @@ impl ModelArch {
     }
 
     /// Each layer's feed-forward kind, in order.
-    pub fn layer_kinds(&self) -> Vec<LayerKind> {
+    pub fn layer_kinds(&self) -> Vec<FfnKind> {
         self.layers.iter().map(|l| l.ffn.kind()).collect()
     }
 
     /// Indices of the MoE layers, ascending.
     pub fn moe_layers(&self) -> Vec<usize> {
-        (0..self.layers.len()).filter(|&l| self.layers[l].ffn.kind() == LayerKind::Moe).collect()
+        (0..self.layers.len()).filter(|&l| self.layers[l].ffn.kind() == FfnKind::Moe).collect()
     }
 
     /// The first MoE layer's block (`None`: every layer is dense).
     pub fn first_moe(&self) -> Option<&MoeBlock> {
         self.layers.iter().find_map(|l| match &l.ffn {
-            FfnKind::Moe(moe) => Some(moe),
-            FfnKind::Dense { .. } => None,
+            FfnSpec::Moe(moe) => Some(moe),
+            FfnSpec::Dense { .. } => None,
         })
     }
 
@@ -110,38 +110,38 @@ impl ModelArch {
     /// The first dense layer's MLP width (`None`: no dense layer).
     pub fn dense_intermediate_size(&self) -> Option<usize> {
         self.layers.iter().find_map(|l| match l.ffn {
-            FfnKind::Dense { intermediate_size } => Some(intermediate_size),
-            FfnKind::Moe(_) => None,
+            FfnSpec::Dense { intermediate_size } => Some(intermediate_size),
+            FfnSpec::Moe(_) => None,
         })
     }
 
     /// The first grouped-query attention block.
     pub fn first_gqa(&self) -> Option<&GqaSpec> {
-        self.layers.iter().find_map(|l| match &l.attention {
-            AttentionKind::Gqa(gqa) => Some(gqa),
+        self.layers.iter().find_map(|l| match &l.mixer {
+            MixerSpec::Gqa(gqa) => Some(gqa),
             _ => None,
         })
     }
 
     /// The first latent attention block.
     pub fn first_mla(&self) -> Option<&MlaAttention> {
-        self.layers.iter().find_map(|l| match &l.attention {
-            AttentionKind::Mla(mla) => Some(mla),
+        self.layers.iter().find_map(|l| match &l.mixer {
+            MixerSpec::Mla(mla) => Some(mla),
             _ => None,
         })
     }
 
     /// The first Gated DeltaNet block.
     pub fn first_gdn(&self) -> Option<&GdnSpec> {
-        self.layers.iter().find_map(|l| match &l.attention {
-            AttentionKind::GatedDeltaNet(gdn) => Some(gdn),
+        self.layers.iter().find_map(|l| match &l.mixer {
+            MixerSpec::GatedDeltaNet(gdn) => Some(gdn),
             _ => None,
         })
     }
 
     /// The first rotary embedding a layer applies.
     pub fn first_rope(&self) -> Option<&RopeSpec> {
-        self.layers.iter().find_map(|l| l.attention.rope())
+        self.layers.iter().find_map(|l| l.mixer.rope())
     }
 
     /// A stored model's architecture: derived from the config it was
@@ -195,7 +195,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::spec::MixerKind;
+    use crate::spec::LayerType;
     use crate::synth::like_config;
 
     fn like(name: &str) -> String {
@@ -217,8 +217,8 @@ mod tests {
         let config = like("qwen3-next-80b-a3b");
         let mut frozen = ModelSpec::from_config_json(&config).unwrap();
         assert_eq!(ModelArch::from_stored(&config, &frozen).unwrap(), frozen.arch());
-        let first_linear = frozen.mixers.iter().position(|m| *m == MixerKind::Linear).unwrap();
-        frozen.mixers[first_linear] = MixerKind::Full;
+        let first_linear = frozen.mixers.iter().position(|m| *m == LayerType::Linear).unwrap();
+        frozen.mixers[first_linear] = LayerType::Full;
         let err = ModelArch::from_stored(&config, &frozen).unwrap_err();
         assert!(matches!(err, Error::SpecDisagrees { .. }), "{err}");
         assert!(err.to_string().contains(&format!("layer {first_linear}: gated deltanet")), "{err}");

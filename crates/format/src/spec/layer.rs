@@ -9,14 +9,14 @@
 //! activation width, what `strata info` prints) is a method here, computed
 //! in this one place.
 
-use super::{GdnDims, IndexerKind, LayerKind, MlaSpec, QkNorm, RopeSpec};
+use super::{FfnKind, GdnDims, IndexerKind, MlaSpec, QkNorm, RopeSpec};
 
 /// The blocks of one decoder layer: `x += attention(norm(x))`, then
 /// `x += ffn(norm(x))`, the additions as `residual` says.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerSpec {
-    pub attention: AttentionKind,
-    pub ffn: FfnKind,
+    pub mixer: MixerSpec,
+    pub ffn: FfnSpec,
     /// Both of the layer's norms (before attention and before the FFN).
     pub norm: NormKind,
     pub residual: ResidualKind,
@@ -32,12 +32,12 @@ pub enum ResidualKind {
 impl LayerSpec {
     /// f32 values one token adds to this layer's cache.
     pub fn cache_floats_per_token(&self) -> usize {
-        self.attention.cache_floats_per_token()
+        self.mixer.cache_floats_per_token()
     }
 
     /// f32 values of fixed state one sequence keeps in this layer.
     pub fn state_floats(&self) -> usize {
-        self.attention.state_floats()
+        self.mixer.state_floats()
     }
 
     /// An upper estimate of the f32 values one token of a forward pass
@@ -47,17 +47,17 @@ impl LayerSpec {
     /// twice the attention's working row (its input and its output).
     pub fn activation_floats_per_token(&self, hidden: usize) -> usize {
         let experts = match &self.ffn {
-            FfnKind::Dense { .. } => 0,
-            FfnKind::Moe(moe) => 2 * moe.top_k * hidden + moe.num_experts,
+            FfnSpec::Dense { .. } => 0,
+            FfnSpec::Moe(moe) => 2 * moe.top_k * hidden + moe.num_experts,
         };
-        4 * hidden + experts + 2 * self.attention.working_floats_per_token()
+        4 * hidden + experts + 2 * self.mixer.working_floats_per_token()
     }
 
     /// One line saying what the layer is: its mixer with its dimensions, its
     /// feed-forward block, and what a sequence keeps in it.
     pub fn describe(&self) -> String {
-        let mixer = match &self.attention {
-            AttentionKind::Gqa(gqa) => {
+        let mixer = match &self.mixer {
+            MixerSpec::Gqa(gqa) => {
                 let rope = gqa.rope.map_or("no rope".to_owned(), |r| format!("rope {}", r.rotary_dim));
                 let window = gqa.sliding_window.map(|w| format!(", window {w}")).unwrap_or_default();
                 let flags = [(gqa.bias, ", bias"), (gqa.sinks, ", sinks"), (gqa.output_gate, ", gated")];
@@ -67,7 +67,7 @@ impl LayerSpec {
                     gqa.num_heads, gqa.num_kv_heads, gqa.head_dim
                 )
             }
-            AttentionKind::Mla(mla) => {
+            MixerSpec::Mla(mla) => {
                 let index = match mla.indexer {
                     None => String::new(),
                     Some(ix) if ix.kind == IndexerKind::Full => format!(", {} index-key top-{}", ix.head_dim, ix.topk),
@@ -75,7 +75,7 @@ impl LayerSpec {
                 };
                 format!("mla {} heads, {} latent{index}", mla.num_heads, mla.dims.latent_dim())
             }
-            AttentionKind::GatedDeltaNet(gdn) => format!(
+            MixerSpec::GatedDeltaNet(gdn) => format!(
                 "gated deltanet {} k / {} v heads x {}/{}, conv {}",
                 gdn.dims.num_k_heads,
                 gdn.dims.num_v_heads,
@@ -85,8 +85,8 @@ impl LayerSpec {
             ),
         };
         let ffn = match &self.ffn {
-            FfnKind::Dense { intermediate_size } => format!("dense {intermediate_size}"),
-            FfnKind::Moe(moe) => {
+            FfnSpec::Dense { intermediate_size } => format!("dense {intermediate_size}"),
+            FfnSpec::Moe(moe) => {
                 let shared = match moe.shared {
                     SharedExperts::None => String::new(),
                     SharedExperts::Plain { intermediate_size } => format!(" + shared {intermediate_size}"),
@@ -117,7 +117,7 @@ impl LayerSpec {
 
 /// The token-mixing block of a layer.
 #[derive(Debug, Clone, PartialEq)]
-pub enum AttentionKind {
+pub enum MixerSpec {
     /// Grouped-query attention (OLMoE, Qwen3-MoE, Mixtral).
     Gqa(GqaSpec),
     /// Multi-head Latent Attention (DeepSeek-V3, Kimi K2.5, GLM-5).
@@ -127,14 +127,14 @@ pub enum AttentionKind {
     GatedDeltaNet(GdnSpec),
 }
 
-impl AttentionKind {
+impl MixerSpec {
     /// The rotary embedding the block applies, which fixes its RoPE table
     /// (`None`: the block uses no positions).
     pub fn rope(&self) -> Option<&RopeSpec> {
         match self {
-            AttentionKind::Gqa(gqa) => gqa.rope.as_ref(),
-            AttentionKind::Mla(mla) => Some(&mla.rope),
-            AttentionKind::GatedDeltaNet(_) => None,
+            MixerSpec::Gqa(gqa) => gqa.rope.as_ref(),
+            MixerSpec::Mla(mla) => Some(&mla.rope),
+            MixerSpec::GatedDeltaNet(_) => None,
         }
     }
 
@@ -143,24 +143,24 @@ impl AttentionKind {
     /// (Gated DeltaNet).
     pub fn working_floats_per_token(&self) -> usize {
         match self {
-            AttentionKind::Gqa(gqa) => gqa.q_dim(),
-            AttentionKind::Mla(mla) => mla.num_heads * mla.dims.qk_head_dim().max(mla.dims.v_head_dim),
-            AttentionKind::GatedDeltaNet(gdn) => gdn.dims.conv_dim(),
+            MixerSpec::Gqa(gqa) => gqa.q_dim(),
+            MixerSpec::Mla(mla) => mla.num_heads * mla.dims.qk_head_dim().max(mla.dims.v_head_dim),
+            MixerSpec::GatedDeltaNet(gdn) => gdn.dims.conv_dim(),
         }
     }
 }
 
-impl AttentionKind {
+impl MixerSpec {
     /// f32 values one token adds to this layer's cache: keys and values
     /// (GQA; none under a sliding window, whose ring is fixed state); the
     /// latent with its rotary key, plus the indexer key with DSA (MLA); none
     /// for a recurrent layer.
     pub fn cache_floats_per_token(&self) -> usize {
         match self {
-            AttentionKind::Gqa(gqa) if gqa.sliding_window.is_some() => 0,
-            AttentionKind::Gqa(gqa) => 2 * gqa.kv_dim(),
-            AttentionKind::Mla(mla) => mla.dims.latent_dim() + mla.indexer.map_or(0, |i| i.head_dim),
-            AttentionKind::GatedDeltaNet(_) => 0,
+            MixerSpec::Gqa(gqa) if gqa.sliding_window.is_some() => 0,
+            MixerSpec::Gqa(gqa) => 2 * gqa.kv_dim(),
+            MixerSpec::Mla(mla) => mla.dims.latent_dim() + mla.indexer.map_or(0, |i| i.head_dim),
+            MixerSpec::GatedDeltaNet(_) => 0,
         }
     }
 
@@ -168,9 +168,9 @@ impl AttentionKind {
     /// keys and values of a sliding window's last `window` positions.
     pub fn state_floats(&self) -> usize {
         match self {
-            AttentionKind::Gqa(gqa) => gqa.sliding_window.map_or(0, |window| 2 * gqa.kv_dim() * window),
-            AttentionKind::Mla(_) => 0,
-            AttentionKind::GatedDeltaNet(gdn) => gdn.dims.state_floats(),
+            MixerSpec::Gqa(gqa) => gqa.sliding_window.map_or(0, |window| 2 * gqa.kv_dim() * window),
+            MixerSpec::Mla(_) => 0,
+            MixerSpec::GatedDeltaNet(gdn) => gdn.dims.state_floats(),
         }
     }
 }
@@ -245,19 +245,19 @@ pub struct IndexerSpec {
 
 /// The feed-forward block of a layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum FfnKind {
+pub enum FfnSpec {
     /// A resident SwiGLU MLP.
     Dense { intermediate_size: usize },
     /// Routed SwiGLU experts streamed through the expert store.
     Moe(MoeBlock),
 }
 
-impl FfnKind {
+impl FfnSpec {
     /// Whether the block is dense or routed.
-    pub fn kind(&self) -> LayerKind {
+    pub fn kind(&self) -> FfnKind {
         match self {
-            FfnKind::Dense { .. } => LayerKind::Dense,
-            FfnKind::Moe(_) => LayerKind::Moe,
+            FfnSpec::Dense { .. } => FfnKind::Dense,
+            FfnSpec::Moe(_) => FfnKind::Moe,
         }
     }
 }

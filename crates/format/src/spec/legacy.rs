@@ -5,7 +5,7 @@
 //! from the flat spec.
 
 use super::{
-    AttentionKind, CoreSpec, ExpertKind, FfnKind, GdnSpec, GqaSpec, IndexerSpec, LayerKind, LayerSpec, MixerKind,
+    CoreSpec, ExpertKind, FfnKind, FfnSpec, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, LayerType, MixerSpec,
     MlaAttention, ModelArch, ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, QkNorm, ResidualKind, RopeScaling,
     RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts,
 };
@@ -75,8 +75,8 @@ impl ModelSpec {
         };
         let shared = moe.map_or(SharedExperts::None, |m| m.shared);
         let linear_attention = arch.first_gdn().map(|gdn| gdn.dims);
-        let indexed = arch.layers.iter().filter_map(|l| match &l.attention {
-            AttentionKind::Mla(mla) => mla.indexer,
+        let indexed = arch.layers.iter().filter_map(|l| match &l.mixer {
+            MixerSpec::Mla(mla) => mla.indexer,
             _ => None,
         });
         let indexers: Vec<IndexerSpec> = indexed.collect();
@@ -122,9 +122,9 @@ impl ModelSpec {
                 Some(_) => arch
                     .layers
                     .iter()
-                    .map(|l| match l.attention {
-                        AttentionKind::GatedDeltaNet(_) => MixerKind::Linear,
-                        _ => MixerKind::Full,
+                    .map(|l| match l.mixer {
+                        MixerSpec::GatedDeltaNet(_) => LayerType::Linear,
+                        _ => LayerType::Full,
                     })
                     .collect(),
                 None => Vec::new(),
@@ -150,24 +150,24 @@ impl ModelSpec {
     }
 
     /// The blocks of decoder layer `layer`, of feed-forward kind `kind`.
-    fn layer_spec(&self, layer: usize, kind: LayerKind) -> LayerSpec {
+    fn layer_spec(&self, layer: usize, kind: FfnKind) -> LayerSpec {
         let ffn = match kind {
-            LayerKind::Dense => FfnKind::Dense { intermediate_size: self.dense_intermediate_size },
-            LayerKind::Moe => FfnKind::Moe(self.moe_block()),
+            FfnKind::Dense => FfnSpec::Dense { intermediate_size: self.dense_intermediate_size },
+            FfnKind::Moe => FfnSpec::Moe(self.moe_block()),
         };
-        LayerSpec { attention: self.attention(layer), ffn, norm: self.norm_kind(), residual: ResidualKind::Plain }
+        LayerSpec { mixer: self.attention(layer), ffn, norm: self.norm_kind(), residual: ResidualKind::Plain }
     }
 
     /// Layer `layer`'s mixer: latent attention (with its DSA indexer) where
     /// the spec has MLA dimensions, Gated DeltaNet where the layer's mixer
     /// is linear, else grouped-query attention with the model's heads.
-    fn attention(&self, layer: usize) -> AttentionKind {
+    fn attention(&self, layer: usize) -> MixerSpec {
         if let Some(dims) = self.mla {
-            return AttentionKind::Mla(self.mla_attention(dims, layer));
+            return MixerSpec::Mla(self.mla_attention(dims, layer));
         }
         match (self.mixers.get(layer), self.linear_attention) {
-            (Some(MixerKind::Linear), Some(dims)) => self.gdn(dims),
-            _ => AttentionKind::Gqa(GqaSpec {
+            (Some(LayerType::Linear), Some(dims)) => self.gdn(dims),
+            _ => MixerSpec::Gqa(GqaSpec {
                 num_heads: self.num_heads,
                 num_kv_heads: self.num_kv_heads,
                 head_dim: self.head_dim,
@@ -194,8 +194,8 @@ impl ModelSpec {
         MlaAttention { num_heads: self.num_heads, dims, rope: self.rope, bias: self.attention_bias, indexer }
     }
 
-    fn gdn(&self, dims: GdnDims) -> AttentionKind {
-        AttentionKind::GatedDeltaNet(GdnSpec { dims, eps: self.rms_norm_eps })
+    fn gdn(&self, dims: GdnDims) -> MixerSpec {
+        MixerSpec::GatedDeltaNet(GdnSpec { dims, eps: self.rms_norm_eps })
     }
 
     fn moe_block(&self) -> MoeBlock {
@@ -267,7 +267,7 @@ mod tests {
     #[test]
     fn layers_with_their_own_windows_have_no_flat_spec() {
         let mut arch = ModelArch::from_config_json(&like_config("mixtral-8x7b", Some(2)).unwrap()).unwrap();
-        let AttentionKind::Gqa(gqa) = &mut arch.layers[1].attention else { panic!("mixtral is gqa") };
+        let MixerSpec::Gqa(gqa) = &mut arch.layers[1].mixer else { panic!("mixtral is gqa") };
         gqa.sliding_window = Some(128);
         assert!(matches!(ModelSpec::frozen(&arch), Err(Error::SpecDisagrees { .. })));
     }
@@ -277,7 +277,7 @@ mod tests {
         let arch = ModelArch::from_config_json(GLM).unwrap();
         let mut spec = ModelSpec::frozen(&arch).unwrap();
         spec.dsa.as_mut().unwrap().indexer_types.truncate(1);
-        assert!(matches!(spec.arch().layers[1].attention, AttentionKind::Mla(MlaAttention { indexer: None, .. })));
+        assert!(matches!(spec.arch().layers[1].mixer, MixerSpec::Mla(MlaAttention { indexer: None, .. })));
         assert_eq!(IndexerKind::Full, spec.dsa.unwrap().indexer_types[0]);
     }
 }

@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use super::{AttentionKind, FfnKind, LayerSpec, ModelArch, MoeBlock, RouterKind, SharedExperts};
+use super::{FfnSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, RouterKind, SharedExperts};
 use crate::error::{Error, Result};
 
 /// Decoder layers (`num_hidden_layers`).
@@ -108,14 +108,14 @@ pub(super) fn check(arch: &ModelArch) -> Result<()> {
 /// Every size of one layer, with the config field that gives it and its
 /// maximum.
 fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
-    let mut sizes = match &layer.attention {
-        AttentionKind::Gqa(gqa) => vec![
+    let mut sizes = match &layer.mixer {
+        MixerSpec::Gqa(gqa) => vec![
             ("num_attention_heads", gqa.num_heads, MAX_HEADS),
             ("num_key_value_heads", gqa.num_kv_heads, MAX_HEADS),
             ("head_dim", gqa.head_dim, MAX_HEAD_DIM),
             ("sliding_window", gqa.sliding_window.unwrap_or(0), MAX_POSITIONS),
         ],
-        AttentionKind::Mla(mla) => {
+        MixerSpec::Mla(mla) => {
             let (topk, head_dim, n_heads) = mla.indexer.map_or((0, 0, 0), |i| (i.topk, i.head_dim, i.n_heads));
             vec![
                 ("num_attention_heads", mla.num_heads, MAX_HEADS),
@@ -129,7 +129,7 @@ fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
                 ("index_n_heads", n_heads, MAX_HEADS),
             ]
         }
-        AttentionKind::GatedDeltaNet(gdn) => vec![
+        MixerSpec::GatedDeltaNet(gdn) => vec![
             ("linear_num_key_heads", gdn.dims.num_k_heads, MAX_HEADS),
             ("linear_num_value_heads", gdn.dims.num_v_heads, MAX_HEADS),
             ("linear_key_head_dim", gdn.dims.head_k_dim, MAX_HEAD_DIM),
@@ -137,8 +137,8 @@ fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
         ],
     };
     match &layer.ffn {
-        FfnKind::Dense { intermediate_size } => sizes.push(("intermediate_size", *intermediate_size, MAX_INTERMEDIATE)),
-        FfnKind::Moe(moe) => sizes.extend(moe_sizes(moe)),
+        FfnSpec::Dense { intermediate_size } => sizes.push(("intermediate_size", *intermediate_size, MAX_INTERMEDIATE)),
+        FfnSpec::Moe(moe) => sizes.extend(moe_sizes(moe)),
     }
     sizes
 }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// The token mixer of one decoder layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum MixerKind {
+pub enum LayerType {
     /// Softmax attention over every earlier token (`full_attention`).
     Full,
     /// A Gated DeltaNet layer (`linear_attention`).

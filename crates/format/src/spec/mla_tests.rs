@@ -65,7 +65,7 @@ fn deepseek_v3_as_published() {
     assert_eq!((s.router.n_group, s.router.topk_group, s.router.routed_scaling_factor), (8, 4, 2.5));
     assert!(s.router.score_correction_bias && s.moe.norm_topk_prob);
     assert_eq!((s.moe.num_experts, s.moe.intermediate_size, s.shared_intermediate_size), (256, 2048, Some(2048)));
-    assert_eq!(s.layers.iter().filter(|&&k| k == LayerKind::Dense).count(), 3);
+    assert_eq!(s.layers.iter().filter(|&&k| k == FfnKind::Dense).count(), 3);
     assert!(s.dsa.is_none());
     assert_eq!(s.kv_bytes_per_token(), s.num_layers * (576) * 4);
     let back = ModelSpec::from_config_value(&s.to_config_json()).unwrap();
@@ -85,7 +85,7 @@ fn deepseek_defaults_and_spellings() {
     assert_eq!(s.mla.unwrap().q_lora_rank, None);
     assert_eq!((s.router.n_group, s.router.topk_group, s.router.routed_scaling_factor), (8, 4, 2.5));
     assert_eq!(s.rope.scaling, RopeScaling::None);
-    assert_eq!(s.layers[..4], [LayerKind::Dense, LayerKind::Dense, LayerKind::Dense, LayerKind::Moe]);
+    assert_eq!(s.layers[..4], [FfnKind::Dense, FfnKind::Dense, FfnKind::Dense, FfnKind::Moe]);
     // YaRN without a factor takes max / original positions; beta 0 means default.
     let s = edited(deepseek_v3(), |m| {
         m.insert(
@@ -151,7 +151,7 @@ fn glm_indexer_schedules() {
     let dsa = s.dsa.clone().unwrap();
     assert_eq!(dsa.index_topk, 2048);
     assert_eq!(dsa.indexer_types, vec![IndexerKind::Full; 4]);
-    assert_eq!(s.layers, vec![LayerKind::Dense, LayerKind::Dense, LayerKind::Dense, LayerKind::Moe]);
+    assert_eq!(s.layers, vec![FfnKind::Dense, FfnKind::Dense, FfnKind::Dense, FfnKind::Moe]);
     assert_eq!((s.router.n_group, s.rms_norm_eps, s.max_position_embeddings), (1, 1e-5, 202_752));
     assert_eq!(s.kv_bytes_per_token(), s.num_layers * (16 + 8 + 16) * 4);
     let full_shared = |pattern: &str| -> Vec<IndexerKind> {

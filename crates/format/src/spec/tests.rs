@@ -110,7 +110,7 @@ fn olmoe_4x() {
     assert_eq!(s.clip_qkv, None);
     assert_eq!(s.rope, RopeSpec { theta: 10000.0, scaling: RopeScaling::None, rotary_dim: 128 });
     assert_eq!(s.rms_norm_eps, 1e-5);
-    assert_eq!(s.layers, vec![LayerKind::Moe; 16]);
+    assert_eq!(s.layers, vec![FfnKind::Moe; 16]);
     assert_eq!((s.bos_token_id, s.eos_token_ids.as_slice()), (None, &[50279][..]));
     assert!(!s.tie_word_embeddings && !s.attention_bias);
     assert_eq!(s.sliding_window, None);
@@ -141,7 +141,7 @@ fn qwen3_moe_4x() {
     assert_eq!(s.rope.theta, 1e6);
     assert_eq!(s.rms_norm_eps, 1e-6);
     assert_eq!(s.max_position_embeddings, 40960);
-    assert_eq!(s.layers, vec![LayerKind::Moe; 48]);
+    assert_eq!(s.layers, vec![FfnKind::Moe; 48]);
     assert_eq!((s.bos_token_id, s.eos_token_ids.as_slice()), (Some(151643), &[151645][..]));
     assert_eq!(s.sliding_window, None);
 }
@@ -151,7 +151,7 @@ fn qwen3_moe_5x_dense_layers_and_aliases() {
     let s = parse(QWEN_5X);
     assert_eq!(s.moe.num_experts, 8, "num_local_experts alias");
     // step 2: layers 1 and 3 are sparse, but 3 is in mlp_only_layers.
-    assert_eq!(s.layers, vec![LayerKind::Dense, LayerKind::Moe, LayerKind::Dense, LayerKind::Dense]);
+    assert_eq!(s.layers, vec![FfnKind::Dense, FfnKind::Moe, FfnKind::Dense, FfnKind::Dense]);
     assert_eq!(s.moe_layers(), vec![1]);
     assert!(s.is_moe(1) && !s.is_moe(0) && !s.is_moe(99));
     assert_eq!(s.dense_intermediate_size, 96);
@@ -420,7 +420,7 @@ fn defaults_for_optional_scalars() {
     assert_eq!(s.max_position_embeddings, 32768);
     assert!(!s.moe.norm_topk_prob && !s.tie_word_embeddings && !s.attention_bias);
     assert_eq!((s.bos_token_id, s.eos_token_ids.len()), (None, 0));
-    assert_eq!(s.layers, vec![LayerKind::Moe; 48]);
+    assert_eq!(s.layers, vec![FfnKind::Moe; 48]);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! Errors name the config.json field at fault.
 
 use super::{
-    AttentionKind, CoreSpec, FfnKind, GdnSpec, GqaSpec, LayerSpec, MlaAttention, ModelArch, MoeBlock, NormKind,
+    CoreSpec, FfnSpec, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention, ModelArch, MoeBlock, NormKind,
     RopeScaling, RopeSpec, RouterKind, SharedExperts, limits,
 };
 use crate::error::{Error, Result};
@@ -42,10 +42,10 @@ impl LayerSpec {
     /// The invariants of one layer's blocks, whatever its family.
     pub(crate) fn validate(&self) -> Result<()> {
         self.norm.validate()?;
-        match &self.attention {
-            AttentionKind::Gqa(gqa) => gqa.validate()?,
-            AttentionKind::Mla(mla) => mla.validate()?,
-            AttentionKind::GatedDeltaNet(gdn) => gdn.validate()?,
+        match &self.mixer {
+            MixerSpec::Gqa(gqa) => gqa.validate()?,
+            MixerSpec::Mla(mla) => mla.validate()?,
+            MixerSpec::GatedDeltaNet(gdn) => gdn.validate()?,
         }
         self.ffn.validate()
     }
@@ -171,13 +171,13 @@ impl RopeSpec {
     }
 }
 
-impl FfnKind {
+impl FfnSpec {
     /// The invariants of a feed-forward block (also of the MoE block a
     /// config gives when no layer uses it: transformers builds it anyway).
     pub(crate) fn validate(&self) -> Result<()> {
         match self {
-            FfnKind::Dense { intermediate_size } => positive(&[("intermediate_size", *intermediate_size)]),
-            FfnKind::Moe(moe) => moe.validate(),
+            FfnSpec::Dense { intermediate_size } => positive(&[("intermediate_size", *intermediate_size)]),
+            FfnSpec::Moe(moe) => moe.validate(),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The storage of one part of one layer, and how each kind writes, commits,
-//! cuts back, snapshots and restores. [`super::KvCache`] runs the protocol
+//! cuts back, snapshots and restores. [`super::SequenceState`] runs the protocol
 //! (passes, the undo, snapshots) over these.
 
 use crate::StatePart;
@@ -22,7 +22,7 @@ pub(super) enum Store {
     Tokens(Vec<u32>),
 }
 
-/// A fixed state and its staged copy (see [`super::KvCache::stage_state`]).
+/// A fixed state and its staged copy (see [`super::SequenceState::stage_state`]).
 #[derive(Debug, Clone)]
 pub(super) struct Fixed {
     /// The state after the committed tokens.

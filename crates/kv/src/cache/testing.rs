@@ -2,7 +2,7 @@
 //! that depend only on (layer, part, position, column), so any state can be
 //! checked against the one a single uninterrupted run gives.
 
-use crate::{KvCache, StatePart};
+use crate::{SequenceState, StatePart};
 
 /// A distinct value for every (layer, part, position, column).
 pub(crate) fn value(layer: usize, part: usize, position: usize, column: usize) -> f32 {
@@ -33,7 +33,7 @@ fn rows(layer: usize, part: usize, positions: std::ops::Range<usize>, dim: usize
 /// Writes `n` more positions into every part of every layer, as a model
 /// pass would, and commits them unless `fail` (a pass that errs before
 /// `advance`).
-pub(crate) fn run(kv: &mut KvCache, n: usize, fail: bool) {
+pub(crate) fn run(kv: &mut SequenceState, n: usize, fail: bool) {
     let start = kv.len();
     kv.reserve(n).unwrap();
     for layer in 0..kv.n_layers() {
@@ -62,7 +62,7 @@ pub(crate) fn run(kv: &mut KvCache, n: usize, fail: bool) {
 }
 
 /// Asserts that every part holds what one run of `n_tokens` gives.
-pub(crate) fn assert_at(kv: &KvCache, n_tokens: usize) {
+pub(crate) fn assert_at(kv: &SequenceState, n_tokens: usize) {
     assert_eq!(kv.len(), n_tokens);
     for layer in 0..kv.n_layers() {
         for (i, &part) in kv.layout(layer).parts.iter().enumerate() {

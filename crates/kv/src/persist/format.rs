@@ -4,7 +4,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::{KvCache, LayerLayout, StatePart};
+use crate::{LayerLayout, SequenceState, StatePart};
 
 /// First bytes of every KV session file.
 pub const SESSION_MAGIC: [u8; 8] = *b"STRATAKV";
@@ -54,7 +54,7 @@ pub struct SessionHeader {
     pub content_hash: [u8; HASH_BYTES],
     /// SHA-256 of the tokenizer, when the model has one.
     pub tokenizer_hash: Option<[u8; HASH_BYTES]>,
-    /// What each layer keeps (see [`KvCache::layout`]). Versions 1 and 2
+    /// What each layer keeps (see [`SequenceState::layout`]). Versions 1 and 2
     /// read as rows parts, then a fixed state if the layer has one.
     pub layouts: Vec<LayerLayout>,
     /// The writing program, for humans; at most 32 bytes are kept and it is
@@ -67,7 +67,7 @@ impl SessionHeader {
     pub fn for_cache(
         content_hash: [u8; HASH_BYTES],
         tokenizer_hash: Option<[u8; HASH_BYTES]>,
-        cache: &KvCache,
+        cache: &SequenceState,
         created_by: impl Into<String>,
     ) -> Self {
         Self { content_hash, tokenizer_hash, layouts: cache.layouts().to_vec(), created_by: created_by.into() }
@@ -458,7 +458,7 @@ pub(crate) fn encode_record(
     kind: RecordKind,
     position: usize,
     token: u32,
-    cache: &KvCache,
+    cache: &SequenceState,
     header: &SessionHeader,
 ) {
     let start = out.len();

@@ -22,8 +22,8 @@ fn rows_layout(dims: &[usize]) -> LayerLayout {
     LayerLayout::new(dims.iter().map(|&dim| StatePart::Rows { dim }).collect())
 }
 
-fn empty_cache(capacity_tokens: usize) -> KvCache {
-    KvCache::new(N_LAYERS, rows_layout(&ROW_DIMS), capacity_tokens)
+fn empty_cache(capacity_tokens: usize) -> SequenceState {
+    SequenceState::new(N_LAYERS, rows_layout(&ROW_DIMS), capacity_tokens)
 }
 
 fn record_bytes(kind: RecordKind) -> u64 {
@@ -53,7 +53,7 @@ fn write_session(path: &Path, with_rows: usize, pending: bool) -> Vec<u32> {
     tokens
 }
 
-fn open(path: &Path) -> Result<(SessionFile, Recovered, KvCache)> {
+fn open(path: &Path) -> Result<(SessionFile, Recovered, SequenceState)> {
     let mut cache = empty_cache(64);
     let (file, recovered) = SessionFile::open(path, &header(), &mut cache)?;
     Ok((file, recovered, cache))
@@ -248,7 +248,7 @@ fn a_header_for_another_model_is_refused_naming_both_values() {
     let err = SessionFile::open(&path, &other, &mut empty_cache(8)).unwrap_err().to_string();
     assert!(err.contains("tokenizer hash") && err.contains(&"11".repeat(32)) && err.contains("none"), "{err}");
 
-    let mut cache = KvCache::new(3, rows_layout(&[4, 5]), 8);
+    let mut cache = SequenceState::new(3, rows_layout(&[4, 5]), 8);
     let other = SessionHeader { layouts: cache.layouts().to_vec(), ..header() };
     let err = SessionFile::open(&path, &other, &mut cache).unwrap_err().to_string();
     assert!(err.contains("n_layers 2 in the file, 3 for this model"), "{err}");
@@ -509,8 +509,8 @@ fn stateful_header() -> SessionHeader {
     SessionHeader { layouts: stateful_layouts(), ..header() }
 }
 
-fn stateful_cache() -> KvCache {
-    KvCache::with_layers(stateful_layouts(), 64)
+fn stateful_cache() -> SequenceState {
+    SequenceState::with_layers(stateful_layouts(), 64)
 }
 
 /// A stateful session as `Session::generate` writes one: a 3-token prompt
@@ -535,7 +535,7 @@ fn write_stateful_session(path: &Path) -> Vec<u32> {
     tokens
 }
 
-fn open_stateful(path: &Path) -> Result<(SessionFile, Recovered, KvCache)> {
+fn open_stateful(path: &Path) -> Result<(SessionFile, Recovered, SequenceState)> {
     let mut cache = stateful_cache();
     let (file, recovered) = SessionFile::open(path, &stateful_header(), &mut cache)?;
     Ok((file, recovered, cache))
@@ -765,13 +765,13 @@ fn every_kind_of_part_persists_and_resumes_at_the_latest_snapshot() {
     let path = dir.path().join("s.kvs");
     let header = SessionHeader { layouts: every_part_layouts(), ..header() };
     let open_parts = |path: &Path| {
-        let mut cache = KvCache::with_layers(every_part_layouts(), 64);
+        let mut cache = SequenceState::with_layers(every_part_layouts(), 64);
         let (file, recovered) = SessionFile::open(path, &header, &mut cache).unwrap();
         (file, recovered, cache)
     };
     let tokens: Vec<u32> = (0..12).map(crate::cache::testing::token).collect();
     let mut file = SessionFile::create(&path, &header).unwrap();
-    let mut cache = KvCache::with_layers(every_part_layouts(), 64);
+    let mut cache = SequenceState::with_layers(every_part_layouts(), 64);
     run(&mut cache, 5, false);
     cache.snapshot();
     assert_eq!(file.sync(&tokens[..5], &cache).unwrap(), 6);

@@ -2,7 +2,7 @@
 //! Qwen3.5/3.6): input projections, a causal depthwise convolution + SiLU
 //! over q, k and v, l2-normalised q and k, the gated delta rule per value
 //! head over a fixed-size state, a gated RMSNorm per head, and `out_proj`.
-//! Its state lives in the sequence's cache (`KvCache::stage_state`):
+//! Its state lives in the sequence's cache (`SequenceState::stage_state`):
 //! per value head the `[d_k, d_v]` delta-rule state, then per channel the
 //! convolution's last `kernel - 1` inputs. The math is in docs/gdn.md.
 //!

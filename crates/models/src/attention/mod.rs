@@ -1,11 +1,11 @@
 //! Attention blocks: each layer's token mixer, chosen by its
-//! [`AttentionKind`], reading and extending the sequences' KV caches.
+//! [`MixerSpec`], reading and extending the sequences' KV caches.
 
 mod delta;
 mod gqa;
 mod latent;
 
-use strata_format::{AttentionKind, CoreSpec, NormKind, RopeSpec};
+use strata_format::{CoreSpec, MixerSpec, NormKind, RopeSpec};
 use strata_kv::LayerLayout;
 
 use crate::backend::Backend;
@@ -47,11 +47,11 @@ impl Pass {
 impl Attention {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
     /// `norm` is the layer's norm kind, which q/k norms follow.
-    pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &AttentionKind, norm: NormKind, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &MixerSpec, norm: NormKind, layer: usize) -> Result<Self> {
         Ok(match kind {
-            AttentionKind::Gqa(gqa) => Attention::Gqa(gqa::Gqa::load(b, spec, *gqa, norm, layer)?),
-            AttentionKind::Mla(mla) => Attention::Mla(Box::new(latent::LatentAttention::load(b, spec, mla, layer)?)),
-            AttentionKind::GatedDeltaNet(gdn) => Attention::DeltaNet(delta::DeltaNet::load(b, spec, gdn, layer)?),
+            MixerSpec::Gqa(gqa) => Attention::Gqa(gqa::Gqa::load(b, spec, *gqa, norm, layer)?),
+            MixerSpec::Mla(mla) => Attention::Mla(Box::new(latent::LatentAttention::load(b, spec, mla, layer)?)),
+            MixerSpec::GatedDeltaNet(gdn) => Attention::DeltaNet(delta::DeltaNet::load(b, spec, gdn, layer)?),
         })
     }
 

@@ -1,10 +1,10 @@
 //! Feed-forward blocks: each layer's dense SwiGLU MLP or mixture of
-//! experts, chosen by its [`FfnKind`].
+//! experts, chosen by its [`FfnSpec`].
 
 mod moe;
 mod router;
 
-use strata_format::{CoreSpec, FfnKind, names};
+use strata_format::{CoreSpec, FfnSpec, names};
 use strata_sched::Guess;
 
 use crate::backend::{Backend, MatrixHandle};
@@ -19,12 +19,12 @@ pub enum Ffn {
 
 impl Ffn {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
-    pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &FfnKind, layer: usize) -> Result<Self> {
+    pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &FfnSpec, layer: usize) -> Result<Self> {
         Ok(match kind {
-            FfnKind::Dense { intermediate_size } => {
+            FfnSpec::Dense { intermediate_size } => {
                 Ffn::Dense(load_swiglu(b, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?)
             }
-            FfnKind::Moe(block) => Ffn::Moe(moe::Moe::load(b, spec, block, layer)?),
+            FfnSpec::Moe(block) => Ffn::Moe(moe::Moe::load(b, spec, block, layer)?),
         })
     }
 
