@@ -20,10 +20,11 @@
 
 use strata_format::{CoreSpec, MlaAttention, MlaSpec, names};
 
+use crate::backend::Runtime;
 use crate::backend::{Backend, LatentJob, LatentShape, Rotary, VectorHandle};
 use crate::common::Linear;
+use crate::error::Result;
 use crate::rope::Angles;
-use crate::{Result, Runtime};
 
 /// How the query is produced.
 #[derive(Debug, Clone)]
