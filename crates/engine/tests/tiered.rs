@@ -27,8 +27,15 @@ fn convert(family: &str, preset: QuantPreset) -> tempfile::TempDir {
     dir
 }
 
+/// Options whose expert reads are all on demand: these tests count and
+/// check the reads a pass makes, which a model that fits its budget would
+/// otherwise do at open (`preload_experts`; logit_hashes.rs runs it).
 fn options(dir: &tempfile::TempDir) -> EngineOptions {
-    EngineOptions { usage_file: Some(dir.path().join("usage.json")), ..EngineOptions::default() }
+    EngineOptions {
+        usage_file: Some(dir.path().join("usage.json")),
+        preload_experts: false,
+        ..EngineOptions::default()
+    }
 }
 
 fn open(dir: &tempfile::TempDir, options: &EngineOptions) -> Engine {
