@@ -19,10 +19,11 @@
 
 use strata_format::{CoreSpec, MlaAttention, MlaSpec, names};
 
+use crate::backend::Runtime;
 use crate::backend::{Backend, LatentJob, LatentShape, Rotary, VectorHandle};
 use crate::common::Linear;
+use crate::error::Result;
 use crate::rope::Angles;
-use crate::{Result, Runtime};
 
 /// `q_a_layernorm` and `kv_a_layernorm` are built without an eps in every
 /// MLA family, so they use the RMSNorm class default, not `rms_norm_eps`.

@@ -7,10 +7,12 @@ use strata_format::{CoreSpec, IndexerKind, MlaAttention, RopeSpec};
 use strata_kv::StatePart;
 
 use crate::backend::Backend;
+use crate::backend::Runtime;
 use crate::dsa::Indexer;
+use crate::error::{Error, Result};
+use crate::lm::SeqBatch;
 use crate::mla::Mla;
 use crate::rope::Angles;
-use crate::{Error, Result, Runtime, SeqBatch};
 
 /// The cache part of the latent rows (with the rotated shared key).
 const LATENT: usize = 0;

@@ -9,8 +9,10 @@ use strata_format::{CoreSpec, MixerSpec, NormKind, RopeSpec};
 use strata_kv::LayerLayout;
 
 use crate::backend::Backend;
+use crate::backend::Runtime;
+use crate::error::Result;
+use crate::lm::SeqBatch;
 use crate::rope::Angles;
-use crate::{Result, Runtime, SeqBatch};
 
 /// One layer's attention block.
 pub enum Attention {
