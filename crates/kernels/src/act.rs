@@ -14,6 +14,12 @@
 //! `vpdpwssd`, with exact int32 sums) at 256 times less error: at most
 //! 5.5e-4 × std on the fixtures (f32 inputs: 3e-6 × std).
 //!
+//! int8 stays available as an explicit, lossy choice
+//! ([`ActivationPrecision::Int8`], `--activations q8`): half the multiplies
+//! (`vpdpbusd`, `vpmaddubsw`), for 4.6e-2 to 2.9 × std on the fixtures
+//! (about what q8 weights cost each of them) and +0.01% perplexity on the
+//! demo model (docs/BENCHMARKS.md, "int8 activations").
+//!
 //! # Quantization
 //!
 //! The columns of every product lane (4 for q8, 8 for q4, see [`Layout`])
