@@ -135,7 +135,7 @@ impl Cpu {
     pub fn rmsnorm_gated(&self, weight: VectorHandle, eps: f32, rows: &mut [f32], gates: &[f32]) {
         let weight = self.vector(weight);
         for (row, gate) in rows.chunks_exact_mut(weight.len()).zip(gates.chunks_exact(weight.len())) {
-            ops::rmsnorm_gated(row, gate, weight, eps);
+            ops::rmsnorm_gated(row, gate, weight, eps, ops::NormGate::Silu);
         }
     }
 
