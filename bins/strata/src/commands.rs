@@ -161,6 +161,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 let store = engine.store_stats();
                 stats["mirror_bytes_read"] = store.mirror_bytes_read.into();
                 stats["mirror_rates_bytes_per_s"] = store.mirror_rates_bytes_per_s.into();
+                stats["activations"] = engine.activations().name().into();
                 if let Some(opened) = &opened {
                     // Documented in docs/FORMAT.md, "strata generate --json".
                     stats["session_reopened_tokens"] = opened.reopened_tokens.into();
@@ -349,6 +350,7 @@ fn perplexity(model_dir: &Path, text_file: &Path, json: bool, run: &RunArgs) -> 
         let line = serde_json::json!({
             "perplexity": ppl, "mean_nll": nll / predicted as f64, "tokens": ids.len(),
             "predicted_tokens": predicted, "window_tokens": window, "tokens_per_s": tokens_per_s,
+            "activations": engine.activations().name(),
         });
         println!("{line}");
     } else {

@@ -99,6 +99,7 @@ async function refreshInfo() {
     ["experts", m.experts + ", top-" + m.experts_per_token],
     ["vocabulary", m.vocab_size],
     ["weights", m.quant],
+    ["activations", m.activations === "q8" ? "q8 (lossy)" : m.activations],
     ["context", m.context_tokens + " tokens"],
     ["dense", bytes(m.dense_bytes)],
     ["experts on disk", bytes(m.expert_bytes)],
