@@ -15,7 +15,7 @@ pub(super) struct KimiK25;
 
 /// The DeepSeek-V3 text model's keys, in `text_config`.
 const TEXT: ConfigKeys = ConfigKeys {
-    read: &[CORE_READ, mla::READ, &["model_type", "rope_interleave"]],
+    read: &[CORE_READ, mla::READ, &["rope_interleave"]],
     inert: &[HF_INERT, mla::INERT],
     nested: ROPE_AND_QUANTIZATION,
 };

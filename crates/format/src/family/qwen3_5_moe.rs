@@ -21,7 +21,7 @@ pub(super) struct Qwen35Moe;
 /// at the top of a text model saved on its own.
 const TEXT: ConfigKeys = ConfigKeys {
     read: &[CORE_READ, gqa::READ, hybrid::READ, &["num_experts", "num_local_experts", "moe_intermediate_size"]],
-    inert: &[HF_INERT, &["model_type"]],
+    inert: &[HF_INERT],
     nested: ROPE_AND_QUANTIZATION,
 };
 

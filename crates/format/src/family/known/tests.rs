@@ -197,3 +197,62 @@ fn a_star_matches_any_run_and_nothing_else_does() {
     assert!(!past_last_layer("model.layers.2.mlp.gate.weight", "model.", 3));
     assert!(!past_last_layer("model.layers.x.mlp", "model.", 3));
 }
+
+/// `keys` sorted, deduplicated and in backticks.
+fn ticked<'a>(keys: impl Iterator<Item = &'a str>) -> String {
+    let keys: BTreeSet<&str> = keys.collect();
+    keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+}
+
+/// One table's lines for docs/FORMAT.md: what it reads, what else it knows
+/// (beyond [`HF_INERT`]), and its nested objects.
+fn table_lines(name: &str, table: &ConfigKeys, indent: &str, out: &mut Vec<String>) {
+    out.push(format!("{indent}* {name} reads {}", ticked(table.read_keys())));
+    let inert = ticked(table.inert_keys().filter(|k| !HF_INERT.contains(k)));
+    if !inert.is_empty() {
+        out.push(format!("{indent}  and knows {inert} not to change the computation"));
+    }
+    for (key, nested) in table.nested {
+        match *key {
+            "rope_parameters" | "rope_scaling" | "quantization_config" => {}
+            _ => table_lines(&format!("`{key}`"), nested, &format!("{indent}  "), out),
+        }
+    }
+}
+
+/// The lists docs/FORMAT.md gives, generated from the tables.
+fn format_md_lists() -> String {
+    let mut out = vec![
+        format!("Every family knows {} not to change the computation.", ticked(HF_INERT.iter().copied())),
+        format!("The rope object (`rope_parameters`, or `rope_scaling`) may hold {}.", ticked(ROPE.read_keys())),
+        format!(
+            "`quantization_config` may hold {} (read) and {}.",
+            ticked(QUANTIZATION.read_keys()),
+            ticked(QUANTIZATION.inert_keys())
+        ),
+        format!("Every family leaves {} unread.", ticked(UNUSED_EVERYWHERE.iter().copied())),
+        String::new(),
+    ];
+    for family in Family::ALL {
+        let known = family.def().known();
+        table_lines(&format!("`{family}`"), &known.config, "", &mut out);
+        let mut unused: Vec<String> = known.unused_tensors.iter().map(|p| format!("`{p}`")).collect();
+        if known.extra_layers_unused {
+            unused.push("decoder layers past `num_hidden_layers` (multi-token prediction)".to_owned());
+        }
+        if !unused.is_empty() {
+            out.push(format!("  and leaves {} unread", unused.join(", ")));
+        }
+    }
+    out.join("\n")
+}
+
+#[test]
+fn format_md_lists_every_family_table_as_the_code_has_it() {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/FORMAT.md")).unwrap();
+    let (begin, end) = ("<!-- known keys: begin -->\n", "\n<!-- known keys: end -->");
+    let start = doc.find(begin).expect("FORMAT.md has the known keys' begin marker") + begin.len();
+    let stop = doc[start..].find(end).expect("and the end marker") + start;
+    let want = format_md_lists();
+    assert!(doc[start..stop] == want, "docs/FORMAT.md's lists differ from the tables; they are:\n{want}");
+}
