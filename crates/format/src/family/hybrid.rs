@@ -50,6 +50,10 @@ pub(super) const READ: &[&str] = &[
     "attention_bias",
 ];
 
+/// The Hub's keys of the multi-token-prediction module both families
+/// publish under `mtp.`, which is not loaded.
+pub(super) const MTP_INERT: &[&str] = &["mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"];
+
 /// What both families read, on top of the GQA fields: the gated,
 /// per-head-normed full attention, the Gated DeltaNet block, each layer's
 /// mixer, zero-centred norms and the gated shared expert.

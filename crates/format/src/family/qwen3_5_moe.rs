@@ -9,7 +9,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::known::{ConfigKeys, HF_INERT, Known, QUANTIZATION, ROPE_AND_QUANTIZATION};
+use super::known::{ConfigKeys, HF_INERT, Known, QUANTIZATION, ROPE};
 use super::{CORE_READ, Family, FamilyDef, Naming, gqa, hybrid};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
@@ -17,12 +17,18 @@ use crate::spec::{FfnKind, GdnProjections, ModelArch, special_tokens};
 
 pub(super) struct Qwen35Moe;
 
+/// The rope object of the Hub's configs: multimodal RoPE's sections give a
+/// text token the same position in each, the plain rotation.
+const MROPE: ConfigKeys =
+    ConfigKeys { read: ROPE.read, inert: &[&["mrope_section", "mrope_interleaved"]], nested: &[] };
+
 /// The text model's keys (`Qwen3_5MoeTextConfig`), in `text_config` or
-/// at the top of a text model saved on its own.
+/// at the top of a text model saved on its own; the Hub's
+/// multi-token-prediction module is not loaded.
 const TEXT: ConfigKeys = ConfigKeys {
     read: &[CORE_READ, gqa::READ, hybrid::READ, &["num_experts", "num_local_experts", "moe_intermediate_size"]],
-    inert: &[HF_INERT],
-    nested: ROPE_AND_QUANTIZATION,
+    inert: &[HF_INERT, hybrid::MTP_INERT],
+    nested: &[("rope_parameters", &MROPE), ("rope_scaling", &MROPE), ("quantization_config", &QUANTIZATION)],
 };
 
 /// What a qwen3_5_moe checkpoint may hold (`Qwen3_5MoeConfig`): the

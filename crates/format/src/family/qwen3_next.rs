@@ -25,7 +25,7 @@ const KNOWN: Known = Known {
             hybrid::READ,
             &["num_experts", "num_local_experts", "moe_intermediate_size", "norm_topk_prob"],
         ],
-        inert: &[HF_INERT],
+        inert: &[HF_INERT, hybrid::MTP_INERT],
         nested: ROPE_AND_QUANTIZATION,
     },
     unused_tensors: &["mtp.*"],

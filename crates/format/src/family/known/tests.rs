@@ -92,6 +92,21 @@ fn allow_unknown_config_lets_exactly_the_named_keys_through() {
 }
 
 #[test]
+fn multimodal_rope_sections_are_known_to_qwen3_5_moe_only() {
+    let mrope = |config: &mut Value| {
+        config["mrope_section"] = json!([11, 11, 10]);
+        config["mrope_interleaved"] = json!(true);
+    };
+    let mut qwen35 = fixture("qwen3_5_moe");
+    mrope(&mut qwen35["text_config"]["rope_parameters"]);
+    check_config_keys(&qwen35, &[]).unwrap();
+    let mut next = fixture("qwen3_next");
+    mrope(&mut next["rope_parameters"]);
+    let err = refusal(&next, &[]);
+    assert!(err.contains("rope_parameters.mrope_interleaved, rope_parameters.mrope_section:"), "{err}");
+}
+
+#[test]
 fn a_tower_the_family_does_not_load_is_inert_as_a_whole() {
     let mut config = fixture("kimi_k25");
     config["vision_config"]["anything_at_all"] = json!(1);
@@ -214,7 +229,13 @@ fn table_lines(name: &str, table: &ConfigKeys, indent: &str, out: &mut Vec<Strin
     }
     for (key, nested) in table.nested {
         match *key {
-            "rope_parameters" | "rope_scaling" | "quantization_config" => {}
+            "rope_parameters" => {
+                let inert = ticked(nested.inert_keys());
+                if !inert.is_empty() {
+                    out.push(format!("{indent}  and knows {inert} in the rope object not to change the computation"));
+                }
+            }
+            "rope_scaling" | "quantization_config" => {}
             _ => table_lines(&format!("`{key}`"), nested, &format!("{indent}  "), out),
         }
     }
