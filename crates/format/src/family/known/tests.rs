@@ -11,18 +11,19 @@ fn testdata() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
 
-/// Every committed config.json: each family's `hf*/` fixtures and the
-/// `*_hub` configs as published.
+/// Every committed config.json: each family's `hf*/` fixtures, the
+/// `*_hub` configs as published, and the demo model's.
 fn committed_configs() -> Vec<(PathBuf, Value)> {
-    let mut found = Vec::new();
+    let mut dirs = vec![testdata().join("../models/demo")];
     for family in std::fs::read_dir(testdata()).unwrap() {
-        let family = family.unwrap().path();
-        let Ok(dirs) = std::fs::read_dir(&family) else { continue };
-        for dir in dirs {
-            let config = dir.unwrap().path().join("config.json");
-            if let Ok(text) = std::fs::read_to_string(&config) {
-                found.push((config, serde_json::from_str(&text).unwrap()));
-            }
+        let Ok(inside) = std::fs::read_dir(family.unwrap().path()) else { continue };
+        dirs.extend(inside.map(|dir| dir.unwrap().path()));
+    }
+    let mut found = Vec::new();
+    for dir in dirs {
+        let config = dir.join("config.json");
+        if let Ok(text) = std::fs::read_to_string(&config) {
+            found.push((config, serde_json::from_str(&text).unwrap()));
         }
     }
     found.sort_by(|a, b| a.0.cmp(&b.0));
