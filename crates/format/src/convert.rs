@@ -122,6 +122,12 @@ pub(crate) trait Source {
     fn tensor_names(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Whether tensor `name` has elements: one without (transformers saves
+    /// the shared experts of `n_shared_experts: 0` as `[0, H]`) computes
+    /// nothing, read or not.
+    fn has_elements(&self, _name: &str) -> bool {
+        true
+    }
     /// The source tensors holding `layer`'s routed experts.
     fn expert_sources(&self, _arch: &ModelArch, _layer: usize) -> Vec<String> {
         Vec::new()
@@ -159,6 +165,10 @@ impl Source for Checkpoint {
 
     fn tensor_names(&self) -> Vec<String> {
         self.names().map(str::to_owned).collect()
+    }
+
+    fn has_elements(&self, name: &str) -> bool {
+        self.shape(name).is_ok_and(|shape| !shape.contains(&0))
     }
 
     fn expert_sources(&self, arch: &ModelArch, layer: usize) -> Vec<String> {
@@ -200,7 +210,8 @@ pub(crate) fn write_container(source: &dyn Source, out_dir: &Path, opts: &Conver
     crate::check_config_keys(&config, &opts.allow_unknown_config)?;
     let read = tensors_read(source, &arch)?;
     let unread: BTreeSet<String> = source.tensor_names().into_iter().filter(|n| !read.contains(n)).collect();
-    let unknown = crate::family::unknown_tensors(&arch, &unread);
+    let unknown: Vec<String> =
+        crate::family::unknown_tensors(&arch, &unread).into_iter().filter(|n| source.has_elements(n)).collect();
     if !unknown.is_empty() {
         return Err(Error::UnknownTensors { family: arch.core.family.to_string(), names: listed(&unknown) });
     }

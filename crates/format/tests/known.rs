@@ -24,6 +24,12 @@ fn f32_options() -> ConvertOptions {
 /// `edit`, and a zero tensor of shape [1] for each of `extra` stored in a
 /// second shard.
 fn edited_fixture(family: &str, dir: &Path, edit: impl FnOnce(&mut Value), extra: &[&str]) -> PathBuf {
+    let extra: Vec<(&str, &[usize])> = extra.iter().map(|name| (*name, &[1usize][..])).collect();
+    edited_fixture_with(family, dir, edit, &extra)
+}
+
+/// [`edited_fixture`] with zero tensors of the given shapes.
+fn edited_fixture_with(family: &str, dir: &Path, edit: impl FnOnce(&mut Value), extra: &[(&str, &[usize])]) -> PathBuf {
     let source = testdata().join(family).join("hf");
     std::fs::create_dir_all(dir).unwrap();
     let mut config: Value = serde_json::from_slice(&std::fs::read(source.join("config.json")).unwrap()).unwrap();
@@ -32,14 +38,18 @@ fn edited_fixture(family: &str, dir: &Path, edit: impl FnOnce(&mut Value), extra
     let (own, added) = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors");
     let weights = std::fs::read(source.join("model.safetensors")).unwrap();
     std::fs::write(dir.join(own), &weights).unwrap();
-    let zeros: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> =
-        extra.iter().map(|name| ((*name).to_owned(), vec![1], Dtype::F32, vec![0; 4])).collect();
+    let zeros: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = extra
+        .iter()
+        .map(|(name, shape)| {
+            ((*name).to_owned(), shape.to_vec(), Dtype::F32, vec![0; 4 * shape.iter().product::<usize>()])
+        })
+        .collect();
     common::write_safetensors(&dir.join(added), &zeros);
     let mut weight_map = serde_json::Map::new();
     for tensor in read_safetensors_header(&weights, &source).unwrap() {
         weight_map.insert(tensor.name, json!(own));
     }
-    for name in extra {
+    for (name, _) in extra {
         weight_map.insert((*name).to_owned(), json!(added));
     }
     std::fs::write(dir.join("model.safetensors.index.json"), json!({"weight_map": weight_map}).to_string()).unwrap();
@@ -130,6 +140,12 @@ fn tensors_the_family_knows_to_be_unused_are_left_out_without_a_word() {
         report.ignored_tensors,
         ["model.layers.0.self_attn.rotary_emb.inv_freq", "model.layers.3.eh_proj.weight"]
     );
+    // A tensor without elements computes nothing (transformers saves
+    // n_shared_experts: 0 as shared experts of width 0).
+    let empty = "model.layers.0.mlp.shared_experts.gate_proj.weight";
+    let hf = edited_fixture_with("mixtral", &tmp.path().join("empty"), |_| {}, &[(empty, &[0, 64])]);
+    let report = convert(&hf, tmp.path().join("empty-out"), &f32_options()).unwrap();
+    assert_eq!(report.ignored_tensors, [empty]);
     // Past the last layer is known only where the family appends MTP layers.
     let hf = edited_fixture("mixtral", &tmp.path().join("mixtral"), |_| {}, &["model.layers.2.eh_proj.weight"]);
     let err = refused(&hf, &tmp.path().join("mixtral-out"), &f32_options());
