@@ -47,13 +47,6 @@ pub enum Error {
     )]
     SpecDisagrees { what: String },
 
-    /// A RoPE scaling scheme we do not implement (yet).
-    /// A model whose checkpoint layout `strata export` cannot write yet
-    /// (gpt-oss's fused, interleaved experts): refused rather than written
-    /// in a layout transformers would load as another model.
-    #[error("strata export does not write {family} checkpoints yet ({reason})")]
-    ExportUnsupported { family: String, reason: &'static str },
-
     /// config.json has keys the family's file neither reads nor knows to be
     /// inert: converting would run a model other than the one described.
     #[error(
@@ -67,6 +60,7 @@ pub enum Error {
     #[error("{family} checkpoint: no block reads {names}: Strata would run another model than the one stored")]
     UnknownTensors { family: String, names: String },
 
+    /// A RoPE scaling scheme we do not implement (yet).
     #[error("unsupported rope_type {rope_type:?} (supported: default, linear; yarn for the MLA families)")]
     UnsupportedRope { rope_type: String },
 

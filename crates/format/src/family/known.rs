@@ -215,6 +215,7 @@ pub(crate) fn unknown_tensors(arch: &ModelArch, unread: &BTreeSet<String>) -> Ve
         let aliased = naming
             .aliases
             .iter()
+            .chain(naming.saved_as)
             .filter_map(move |(from, to)| canonical.strip_prefix(from).map(|rest| format!("{to}{rest}")));
         std::iter::once(canonical.to_owned()).chain(aliased)
     };
