@@ -46,6 +46,7 @@ pub use container::{ComponentLayout, Container, DenseId, Embedding, ExpertLayout
 pub use convert::{CHUNK_ELEMS, ConvertOptions, ConvertReport, convert};
 pub use error::{Error, Result};
 pub use export::export;
+pub use family::check_config_keys;
 pub use names::{ExpertProj, TensorDesc, TensorKind};
 pub use preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset};
 pub use spec::{
