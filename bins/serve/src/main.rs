@@ -16,13 +16,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use strata_engine::{
-    BatchLimits, Batcher, ChatTemplate, Engine, EngineOptions, Tokenizer, ToolSyntax, default_cache_dir,
-    eos_ids_from_dir, logging, resolve_model,
+    BatchLimits, Batcher, ChatTemplate, Engine, EngineOptions, SamplingDefaults, Tokenizer, ToolSyntax,
+    default_cache_dir, eos_ids_from_dir, logging, resolve_model,
 };
 use tokio::sync::Semaphore;
 
 use strata_serve::cli::Cli;
-use strata_serve::generate::Defaults;
 use strata_serve::metrics::Metrics;
 use strata_serve::state::{App, ModelInfo};
 use strata_serve::{listen, openai, server, state};
@@ -65,7 +64,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if template.is_none() {
         tracing::warn!("{} has no chat template; only /v1/completions will work", text_dir.display());
     }
-    let defaults = Defaults::from_dir(&text_dir);
+    let defaults = SamplingDefaults::from_dir(&text_dir);
     let tool_syntax = template
         .as_ref()
         .and_then(|t| ToolSyntax::detect(t.source(), |token| tokenizer.token_to_id(token).is_some()))
