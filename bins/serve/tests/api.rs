@@ -356,7 +356,10 @@ fn a_requests_id_is_on_each_of_its_json_log_lines() {
 /// loads (layer, experts, bytes, stall) join a request's lines by its id.
 #[test]
 fn batch_steps_and_expert_loads_carry_the_request_ids_of_their_batch() {
-    let server = Server::start_with_env(&[("RUST_LOG", "strata=debug")], &["--log-format", "json"]);
+    // A cache smaller than the demo's experts: they are streamed, not all
+    // read at open.
+    let args = ["--log-format", "json", "--expert-cache", "1MiB"];
+    let server = Server::start_with_env(&[("RUST_LOG", "strata=debug")], &args);
     let body = json!({ "model": "demo", "prompt": "Once upon a time", "max_tokens": 3 }).to_string();
     let headers = [("Content-Type", "application/json"), ("X-Request-Id", "joined-by-id")];
     let response = request(server.addr, "POST", "/v1/completions", &headers, Some(body.as_bytes()));
@@ -387,7 +390,7 @@ fn batch_steps_and_expert_loads_carry_the_request_ids_of_their_batch() {
         assert!(first["fields"][field].is_u64(), "{field}: {first}");
     }
     assert!(first["fields"]["stall_ms"].is_f64(), "{first}");
-    // A fresh server's cache is cold: its first request reads experts.
+    // A fresh server's small cache is cold: its first request reads experts.
     let bytes_loaded: u64 = loads.iter().filter_map(|l| l["fields"]["bytes_loaded"].as_u64()).sum();
     assert!(bytes_loaded > 0, "{loads:?}");
 }
