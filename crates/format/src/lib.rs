@@ -40,6 +40,8 @@ mod preset;
 pub mod spec;
 mod synth;
 pub mod temporaries;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;
 
 pub use checkpoint::Checkpoint;
 pub use container::{ComponentLayout, Container, DenseId, Embedding, ExpertLayout, Manifest};
