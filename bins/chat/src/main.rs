@@ -5,7 +5,7 @@
 //! (converted once into a cache), `--model ORG/NAME` a model pulled with
 //! `strata pull`. Piped input (`echo question | chat`) prints one answer and
 //! exits. A thin binary: flags, the line editor and printing are here; the
-//! conversation itself is `strata_engine::Chat`.
+//! conversation itself is `strata_text::Chat`.
 
 mod repl;
 
