@@ -20,8 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-use clap::error::ErrorKind;
 use clap::{ArgAction, Parser};
+
+use crate::cli::{non_empty, parse_cli, workspace_root};
 
 /// Families with fixtures, in generation order.
 pub const FAMILIES: &[&str] = &[
@@ -105,32 +106,6 @@ struct Opts {
     allow_other_versions: bool,
 }
 
-/// Parses the arguments of `cargo xtask <name>` into `T`; `args` may start with `name` itself. `Ok(None)`
-/// after printing the help for `-h`/`--help`.
-pub(crate) fn parse_cli<T: Parser>(name: &str, args: &[String]) -> Result<Option<T>> {
-    let args = match args.split_first() {
-        Some((first, rest)) if first == name => rest,
-        _ => args,
-    };
-    match T::try_parse_from(std::iter::once(format!("xtask {name}")).chain(args.iter().cloned())) {
-        Ok(cli) => Ok(Some(cli)),
-        Err(e) if e.kind() == ErrorKind::DisplayHelp => {
-            print!("{}", e.render());
-            Ok(None)
-        }
-        // clap's rendering ("error: ...", usage, "try '--help'") without its prefix: main adds "Error: ".
-        Err(e) => {
-            let msg = e.render().to_string();
-            bail!("{}", msg.trim_end().strip_prefix("error: ").unwrap_or(msg.trim_end()))
-        }
-    }
-}
-
-/// The items of comma lists (`--family a,,b`) without the empty ones.
-pub(crate) fn non_empty(items: Vec<String>) -> Vec<String> {
-    items.into_iter().filter(|s| !s.is_empty()).collect()
-}
-
 fn parse_args(args: &[String]) -> Result<Option<Opts>> {
     let Some(cli) = parse_cli::<Cli>("fixtures", args)? else {
         return Ok(None);
@@ -168,7 +143,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let Some(opts) = parse_args(args)? else {
         return Ok(());
     };
-    let root = workspace_root()?;
+    let root = workspace_root();
     let script_dir = root.join("xtask").join("fixtures");
     let script = script_dir.join("gen_fixtures.py");
     if !script.is_file() {
@@ -253,11 +228,6 @@ pub(crate) fn resolve_python(root: &Path, explicit: Option<&Path>, base_python: 
         }
         None => ensure_venv(root, &root.join("xtask").join("fixtures").join("requirements.txt"), base_python),
     }
-}
-
-pub(crate) fn workspace_root() -> Result<PathBuf> {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().map(Path::to_path_buf).context("xtask has no parent directory")
 }
 
 pub(crate) fn path_str(p: &Path) -> Result<String> {

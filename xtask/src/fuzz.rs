@@ -5,10 +5,11 @@
 //! the inputs, which then become regression tests in the crate that owns the
 //! parser (fuzz/README.md).
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+
+use crate::cli::{target_dir, workspace_root};
 
 /// Every target: `fuzz/src/bin/<name>.rs`, seeded from `fuzz/corpus/<name>/`.
 const TARGETS: [&str; 14] = [
@@ -65,9 +66,8 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         None => TARGETS.to_vec(),
     };
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let fuzz_dir = root.join("fuzz");
-    let target_root = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let fuzz_dir = workspace_root().join("fuzz");
+    let target_root = target_dir();
     // Its own target directory: instrumented builds must not replace the
     // workspace's artifacts.
     let build_dir = target_root.join("fuzz");

@@ -9,12 +9,7 @@
 //!   (fuzz/README.md).
 
 mod bench;
-mod bench_agent;
-mod bench_batching;
-mod bench_drives;
-mod bench_peer;
-mod bench_quiet;
-mod bench_report;
+mod cli;
 mod fixtures;
 mod fuzz;
 mod sweep;

@@ -28,9 +28,8 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{ArgAction, Parser};
 
-use crate::fixtures::{
-    build_strata, non_empty, parse_cli, path_str, python_cmd, resolve_python, run_cmd, workspace_root,
-};
+use crate::cli::{non_empty, parse_cli, workspace_root};
+use crate::fixtures::{build_strata, path_str, python_cmd, resolve_python, run_cmd};
 
 /// The options of `cargo xtask sweep`.
 #[derive(Debug, Parser)]
@@ -236,7 +235,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let Some(opts) = parse_args(args)? else {
         return Ok(());
     };
-    let root = workspace_root()?;
+    let root = workspace_root();
     let script = root.join("xtask").join("fixtures").join("sweep.py");
     if !script.is_file() {
         bail!("missing {}", script.display());

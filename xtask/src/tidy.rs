@@ -2,13 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::cli::workspace_root;
+
 /// The library crates, bottom layer first. A crate may depend only on crates
 /// listed before it (docs/ARCHITECTURE.md).
 const LAYERS: [&str; 10] = ["kernels", "format", "tier", "kv", "sched", "models", "engine", "text", "grammar", "hub"];
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
-}
 
 fn internal_deps(manifest: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(manifest).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
@@ -22,7 +20,7 @@ fn internal_deps(manifest: &Path) -> Vec<String> {
 #[test]
 fn no_crate_depends_on_a_layer_above_it() {
     for (rank, name) in LAYERS.iter().enumerate() {
-        let manifest = root().join("crates").join(name).join("Cargo.toml");
+        let manifest = workspace_root().join("crates").join(name).join("Cargo.toml");
         for dep in internal_deps(&manifest) {
             let dep_rank = LAYERS
                 .iter()
@@ -36,7 +34,7 @@ fn no_crate_depends_on_a_layer_above_it() {
 #[test]
 fn binaries_depend_only_on_library_crates() {
     for bin in ["strata", "chat", "serve"] {
-        let manifest = root().join("bins").join(bin).join("Cargo.toml");
+        let manifest = workspace_root().join("bins").join(bin).join("Cargo.toml");
         for dep in internal_deps(&manifest) {
             assert!(LAYERS.contains(&dep.as_str()), "bins/{bin} depends on strata-{dep}");
         }
@@ -54,7 +52,7 @@ fn linked_crates(package: &str) -> Vec<String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = std::process::Command::new(cargo)
         .args(["tree", "--manifest-path"])
-        .arg(root().join("Cargo.toml"))
+        .arg(workspace_root().join("Cargo.toml"))
         .args(["-p", package, "--all-features", "-e", "normal"])
         .args(["--prefix", "none", "--format", "{p}"])
         .output()
@@ -93,10 +91,10 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// never means editing the graph, the names or the engine. Tests may.
 #[test]
 fn a_model_family_is_named_only_in_its_registry() {
-    let registry = root().join("crates/format/src/family");
+    let registry = workspace_root().join("crates/format/src/family");
     let mut files = Vec::new();
     for dir in ["crates", "bins"] {
-        rust_files(&root().join(dir), &mut files);
+        rust_files(&workspace_root().join(dir), &mut files);
     }
     for file in files {
         let is_test = file.components().any(|c| c.as_os_str() == "tests")
@@ -129,10 +127,10 @@ fn builds_a_model_spec(line: &str) -> bool {
 /// `LayerSpec` per layer.
 #[test]
 fn a_model_spec_is_built_only_by_the_legacy_conversion() {
-    let allowed = [root().join("crates/format/src/spec/legacy.rs")];
+    let allowed = [workspace_root().join("crates/format/src/spec/legacy.rs")];
     let mut files = Vec::new();
     for dir in ["crates", "bins"] {
-        rust_files(&root().join(dir), &mut files);
+        rust_files(&workspace_root().join(dir), &mut files);
     }
     for file in files {
         if allowed.iter().any(|a| file.starts_with(a)) {
@@ -156,12 +154,12 @@ fn a_model_spec_is_built_only_by_the_legacy_conversion() {
 #[test]
 fn no_crate_outside_format_names_the_flat_spec() {
     // This file names it to look for it.
-    let this_file = root().join("xtask/src/tidy.rs");
+    let this_file = workspace_root().join("xtask/src/tidy.rs");
     let mut files = Vec::new();
     for dir in ["crates", "bins", "benches", "fuzz", "xtask"] {
-        rust_files(&root().join(dir), &mut files);
+        rust_files(&workspace_root().join(dir), &mut files);
     }
-    let format = root().join("crates/format");
+    let format = workspace_root().join("crates/format");
     for file in files {
         if file.starts_with(&format) || file == this_file {
             continue;
@@ -201,7 +199,7 @@ fn names_crate(line: &str, krate: &str) -> bool {
 /// the blocks.
 #[test]
 fn crates_models_calls_the_kernels_only_in_its_backend() {
-    let src = root().join("crates/models/src");
+    let src = workspace_root().join("crates/models/src");
     let backend = src.join("backend");
     let mut files = Vec::new();
     rust_files(&src, &mut files);

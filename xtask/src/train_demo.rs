@@ -16,7 +16,8 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::{ArgAction, Parser};
 
-use crate::fixtures::{ensure_venv, parse_cli};
+use crate::cli::{parse_cli, workspace_root};
+use crate::fixtures::ensure_venv;
 
 /// Where Debian's `fortunes` and `fortunes-min` packages put the fortune files.
 const FORTUNES_DIR: &str = "/usr/share/games/fortunes";
@@ -128,7 +129,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let Some(opts) = parse_args(args)? else {
         return Ok(());
     };
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("xtask has no parent directory")?.to_path_buf();
+    let root = workspace_root();
     let script = root.join("xtask").join("train_demo").join("train.py");
     if !script.is_file() {
         bail!("missing {}", script.display());

@@ -25,9 +25,6 @@ pub const MAX_STOP_BYTES: usize = 1024;
 /// Requests prepared (templated and tokenized) at once, at most.
 pub const TOKENIZE_MAX_CONCURRENT: usize = 4;
 
-/// Sampling defaults from the model's `generation_config.json` (shared with `chat`).
-pub use strata_engine::SamplingDefaults as Defaults;
-
 /// A generation request in the terms every API shares.
 #[derive(Default)]
 pub struct GenRequest {

@@ -15,13 +15,12 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use strata_engine::{BatchLimits, Batcher, Engine, EngineOptions, logging};
+use strata_engine::{BatchLimits, Batcher, Engine, EngineOptions, SamplingDefaults, logging};
 use strata_hub::{default_cache_dir, resolve_model};
 use strata_text::{ChatTemplate, Tokenizer, ToolSyntax, eos_ids_from_dir};
 use tokio::sync::Semaphore;
 
 use strata_serve::cli::Cli;
-use strata_serve::generate::Defaults;
 use strata_serve::metrics::Metrics;
 use strata_serve::state::{App, ModelInfo};
 use strata_serve::{listen, openai, server, state};
@@ -64,7 +63,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if template.is_none() {
         tracing::warn!("{} has no chat template; only /v1/completions will work", text_dir.display());
     }
-    let defaults = Defaults::from_dir(&text_dir);
+    let defaults = SamplingDefaults::from_dir(&text_dir);
     let tool_syntax = template
         .as_ref()
         .and_then(|t| ToolSyntax::detect(t.source(), |token| tokenizer.token_to_id(token).is_some()))

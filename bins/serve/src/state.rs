@@ -6,13 +6,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
-use strata_engine::{Batcher, Engine};
+use strata_engine::{Batcher, Engine, SamplingDefaults};
 use strata_grammar::GrammarCompiler;
 use strata_text::{ChatTemplate, Message, ThinkingStart, Tokenizer, ToolSyntax};
 use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
-use crate::generate::Defaults;
 use crate::metrics::Metrics;
 
 /// The model as the info panel and `/info` describe it.
@@ -69,7 +68,7 @@ pub struct App {
     /// Built on first use by a request with a grammar (see `App::constraint`);
     /// the error, if building failed, as text.
     pub grammars: OnceLock<Result<GrammarCompiler, String>>,
-    pub defaults: Defaults,
+    pub defaults: SamplingDefaults,
     pub vocab_size: usize,
     pub context_tokens: usize,
     pub max_tokens_limit: usize,

@@ -43,7 +43,10 @@ fn convert_info_generate_logits_export_round_trip() {
     let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     let tokens = last["tokens"].as_array().unwrap();
     assert!(!tokens.is_empty() && tokens.len() <= 5, "{last}");
-    assert!(last["stats"]["expert_misses"].as_u64().unwrap() > 0, "{last}");
+    // The model fits the default budget, so every expert was read at open:
+    // its first tokens find them all cached.
+    assert!(last["stats"]["expert_hits"].as_u64().unwrap() > 0, "{last}");
+    assert_eq!(last["stats"]["expert_misses"].as_u64(), Some(0), "{last}");
 
     let npy = dir.path().join("logits.npy");
     let out = strata(&["logits", path(&model), "--tokens", "4,5,6", "--out", path(&npy), "--expert-cache", "16KiB"]);

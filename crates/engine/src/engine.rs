@@ -53,6 +53,11 @@ pub struct EngineOptions {
     pub mirrors: Vec<MirrorSpec>,
     /// Whether to read the next layer's predicted experts ahead of demand.
     pub prefetch: Prefetch,
+    /// Read every expert at open when the expert cache can hold them all
+    /// (`ExpertStore::load_all`), so the first tokens do not wait for
+    /// their first use of each one. Off only where a test or bench counts
+    /// the first uses.
+    pub preload_experts: bool,
 }
 
 /// Look-ahead prefetch (`--prefetch`): while a layer computes, the next
@@ -160,6 +165,7 @@ impl Default for EngineOptions {
             // As `--prefetch`'s default: not yet measured faster everywhere
             // it would turn on (docs/BENCHMARKS.md, "Prefetch").
             prefetch: Prefetch::Off,
+            preload_experts: true,
         }
     }
 }
@@ -303,6 +309,12 @@ impl Engine {
         };
         let mirrors = crate::mirror::mirror_options(&container, &options.mirrors)?;
         let store = ExpertStore::open_mirrored(sources, store_options, usage, &mirrors)?;
+        if options.preload_experts {
+            let bytes_read = store.load_all()?;
+            if bytes_read > 0 {
+                tracing::info!(bytes_read, "every expert read at open: the model fits its budget");
+            }
+        }
         let trace = options
             .trace_file
             .as_deref()

@@ -14,13 +14,7 @@ use std::path::{Path, PathBuf};
 use strata_engine::{Engine, EngineOptions, GenerateOptions};
 use strata_format::{ConvertOptions, QuantPreset, npy};
 
-const FAMILIES: [&str; 8] =
-    ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe"];
-
-/// The families with f32 and bf16 references. gpt-oss has no q8/q4
-/// references yet: they are made from `strata export`, which does not write
-/// its fused experts (it refuses them).
-const EXACT_FAMILIES: [&str; 9] =
+const FAMILIES: [&str; 9] =
     ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe", "gpt_oss"];
 
 /// Greedy steps whose reference margin (top-1 minus top-2 logit) is below
@@ -82,7 +76,7 @@ fn reference_logits(family: &str, file: &str) -> (Vec<usize>, Vec<f32>) {
 
 #[test]
 fn f32_logits_match_transformers_at_every_position() {
-    for family in EXACT_FAMILIES {
+    for family in FAMILIES {
         let r = reference(family);
         let (shape, want) = reference_logits(family, "logits_f32.npy");
         let dir = convert(family, "hf", QuantPreset::F32);
@@ -98,7 +92,7 @@ fn f32_logits_match_transformers_at_every_position() {
 /// absorbed form over the cached latents) at every position.
 #[test]
 fn one_token_at_a_time_matches_transformers_at_every_position() {
-    for family in EXACT_FAMILIES {
+    for family in FAMILIES {
         let r = reference(family);
         let (shape, want) = reference_logits(family, "logits_f32.npy");
         let vocab = shape[1];
@@ -119,7 +113,7 @@ fn one_token_at_a_time_matches_transformers_at_every_position() {
 
 #[test]
 fn greedy_continuation_matches_transformers() {
-    for family in EXACT_FAMILIES {
+    for family in FAMILIES {
         let r = reference(family);
         let (_, want) = reference_logits(family, "logits_f32.npy");
         let clear = CLEAR_MARGIN_STD * std_dev(&want);
@@ -136,7 +130,7 @@ fn greedy_continuation_matches_transformers() {
 
 #[test]
 fn bf16_checkpoint_with_4x_config_matches_within_2e_3_std() {
-    for family in EXACT_FAMILIES {
+    for family in FAMILIES {
         let r = reference(family);
         let (_, want) = reference_logits(family, "logits_bf16.npy");
         let dir = convert(family, "hf_bf16", QuantPreset::Bf16);
@@ -183,7 +177,7 @@ fn quantized_containers_match_transformers_on_their_dequantized_weights() {
 
 #[test]
 fn logits_are_bit_identical_with_an_expert_cache_smaller_than_one_layer() {
-    for family in EXACT_FAMILIES {
+    for family in FAMILIES {
         let r = reference(family);
         for preset in [QuantPreset::F32, QuantPreset::Q4] {
             let dir = convert(family, "hf", preset);

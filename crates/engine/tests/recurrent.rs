@@ -1,7 +1,9 @@
-//! The hybrid families' recurrent state through everything that splits a
-//! sequence, on the real Qwen3-Next and Qwen3.5 fixtures: a session saved and
-//! reopened, a prefix reused after a cut, and chunked prefill give the
-//! tokens of one uninterrupted greedy run.
+//! State beyond rows per token through everything that splits a sequence,
+//! on the real fixtures: the hybrid families' recurrent state (Qwen3-Next,
+//! Qwen3.5) and gpt-oss's sliding-window ring (a window of 6, shorter than
+//! the prompt). A session saved and reopened, a prefix reused after a cut,
+//! and chunked prefill give the tokens of one uninterrupted greedy run,
+//! with an expert cache smaller than one layer.
 
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -9,7 +11,7 @@ use std::path::Path;
 use strata_engine::{Engine, EngineOptions, GenerateOptions, Session};
 use strata_format::{ConvertOptions, QuantPreset};
 
-const FAMILIES: [&str; 2] = ["qwen3_next", "qwen3_5_moe"];
+const FAMILIES: [&str; 3] = ["qwen3_next", "qwen3_5_moe", "gpt_oss"];
 const PROMPT: [u32; 9] = [17, 44, 5, 230, 91, 12, 150, 7, 66];
 
 fn engine(dir: &Path, family: &str, prefill_chunk_tokens: Option<usize>) -> Engine {
@@ -18,8 +20,12 @@ fn engine(dir: &Path, family: &str, prefill_chunk_tokens: Option<usize>) -> Engi
     if !model.exists() {
         strata_format::convert(hf, &model, &ConvertOptions::new(QuantPreset::F32)).unwrap();
     }
-    let options =
-        EngineOptions { usage_file: Some(dir.join("usage.json")), prefill_chunk_tokens, ..EngineOptions::default() };
+    let options = EngineOptions {
+        usage_file: Some(dir.join("usage.json")),
+        prefill_chunk_tokens,
+        expert_cache_bytes: Some(16 << 10),
+        ..EngineOptions::default()
+    };
     Engine::open(&model, &options).unwrap()
 }
 
@@ -29,7 +35,7 @@ fn greedy(session: &mut Session<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
 }
 
 #[test]
-fn a_hybrid_session_saved_and_reopened_continues_as_one_run() {
+fn a_session_with_state_saved_and_reopened_continues_as_one_run() {
     for family in FAMILIES {
         let dir = tempfile::tempdir().unwrap();
         let engine = engine(dir.path(), family, None);
@@ -46,7 +52,7 @@ fn a_hybrid_session_saved_and_reopened_continues_as_one_run() {
 }
 
 #[test]
-fn a_hybrid_session_cut_back_and_chunked_prefill_give_the_tokens_of_one_pass() {
+fn a_session_with_state_cut_back_and_chunked_prefill_give_the_tokens_of_one_pass() {
     for family in FAMILIES {
         let dir = tempfile::tempdir().unwrap();
         let whole = greedy(&mut engine(dir.path(), family, None).session(), &PROMPT, 10);

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use strata_engine::{Engine, EngineOptions, IoBackend, PolicyKind, RamBudget};
 use strata_format::{Container, ConvertOptions, QuantPreset, names};
 
-/// The GQA families and the hybrid ones (recurrent state beside the streamed experts).
-const FAMILIES: [&str; 5] = ["olmoe", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_moe"];
+/// The GQA families (gpt-oss: biased experts, a window's ring) and the
+/// hybrid ones (recurrent state beside the streamed experts).
+const FAMILIES: [&str; 6] = ["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "qwen3_next", "qwen3_5_moe"];
 
 fn fixture(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(family)
@@ -263,8 +264,8 @@ fn an_expert_file_that_is_missing_or_unreadable_fails_at_open() {
 }
 
 /// Every family, the MLA ones included.
-const ALL_FAMILIES: [&str; 8] =
-    ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe"];
+const ALL_FAMILIES: [&str; 9] =
+    ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe", "gpt_oss"];
 
 /// A look-ahead guess moves bytes, never results: with a 16 KiB cache, so
 /// that guesses are made for every layer and read, cancelled, dropped or

@@ -17,7 +17,7 @@ use serde_json::Value;
 mod interleaved;
 
 pub use interleaved::InterleavedExperts;
-pub(crate) use interleaved::interleaved_sources;
+pub(crate) use interleaved::{fused_down, fused_gate_up, interleave, interleaved_sources};
 
 use crate::error::{Error, Result};
 use crate::fp8::{self, ScaleGrid};

@@ -48,12 +48,6 @@ pub enum Error {
     SpecDisagrees { what: String },
 
     /// A RoPE scaling scheme we do not implement (yet).
-    /// A model whose checkpoint layout `strata export` cannot write yet
-    /// (gpt-oss's fused, interleaved experts): refused rather than written
-    /// in a layout transformers would load as another model.
-    #[error("strata export does not write {family} checkpoints yet ({reason})")]
-    ExportUnsupported { family: String, reason: &'static str },
-
     #[error("unsupported rope_type {rope_type:?} (supported: default, linear; yarn for the MLA families)")]
     UnsupportedRope { rope_type: String },
 

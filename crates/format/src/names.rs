@@ -134,6 +134,18 @@ pub fn expert_bias_names(core: &CoreSpec, layer: usize) -> [String; 3] {
     ["gate_proj_bias", "up_proj_bias", "down_proj_bias"].map(|p| format!("{base}{p}"))
 }
 
+/// The fused tensors of a layer's biased experts
+/// ([`ExpertKind::ClampedSwiGlu`]) as transformers' `save_pretrained`
+/// writes gpt-oss's: `gate_up_proj` `[E, hidden, 2·intermediate]` (gate
+/// on even columns, up on odd ones), `gate_up_proj_bias`
+/// `[E, 2·intermediate]` (interleaved alike) and `down_proj`
+/// `[E, intermediate, hidden]`; `down_proj_bias` is
+/// [`expert_bias_names`]'s own. Read by `checkpoint::InterleavedExperts`.
+pub fn interleaved_expert_names(core: &CoreSpec, layer: usize) -> [String; 3] {
+    let base = layer_tensor(core, layer, &format!("{}.experts.", naming(core).moe_module));
+    ["gate_up_proj", "gate_up_proj_bias", "down_proj"].map(|p| format!("{base}{p}"))
+}
+
 /// The shared experts of a MoE layer: gate, up, down (`shared_experts`
 /// when ungated, DeepSeek's name; `shared_expert` beside its gate, Qwen's).
 pub fn shared_expert_names(core: &CoreSpec, layer: usize, shared: SharedExperts) -> [String; 3] {
@@ -190,14 +202,26 @@ pub fn fused_expert_names(layer: usize) -> (String, String) {
 
 /// Other names under which a checkpoint may store canonical tensor `name`
 /// (transformers 5.x renames some modules when loading, and saves them so
-/// unless asked for the original format).
+/// unless asked for the original format; a family's saved spelling).
 pub fn aliases(core: &CoreSpec, name: &str) -> Vec<String> {
-    naming(core)
+    let naming = naming(core);
+    naming
         .aliases
         .iter()
+        .chain(naming.saved_as)
         .filter(|(canonical, _)| name.contains(canonical))
         .map(|(canonical, stored)| name.replacen(canonical, stored, 1))
         .collect()
+}
+
+/// Canonical tensor `name` as transformers' `save_pretrained` writes it
+/// (gpt-oss's router is `mlp.router.`), which export writes.
+pub fn saved_name(core: &CoreSpec, name: &str) -> String {
+    naming(core)
+        .saved_as
+        .iter()
+        .find(|(canonical, _)| name.contains(canonical))
+        .map_or_else(|| name.to_owned(), |(canonical, saved)| name.replacen(canonical, saved, 1))
 }
 
 /// Every non-expert tensor of the model, in file order: embeddings, then each

@@ -527,4 +527,4 @@ pub use layer::{
     ResidualKind, RouterKind, SharedExperts,
 };
 pub use linear::{GdnDims, GdnProjections, LayerType};
-pub use mla::{DsaSpec, IndexerKind, MlaSpec};
+pub use mla::{DsaSpec, IndexerKind, LATENT_NORM_EPS, MlaSpec};

@@ -9,6 +9,7 @@
 //! spares callers from threading an [`Isa`] through attention code.
 
 use crate::scalar;
+pub use crate::scalar::NormGate;
 use crate::simd::Isa;
 
 /// `out = weight * (x * rsqrt(mean(x^2) + eps))` in f32, the operation order
@@ -31,14 +32,14 @@ pub fn rmsnorm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
 }
 
 /// Gated RMSNorm in place: `(weight * (x * rsqrt(mean(x^2) + eps))) *
-/// silu(gate)` in f32 (see [`scalar::rmsnorm_gated`]; plain `weight`, not
+/// act(gate)` in f32 (see [`scalar::rmsnorm_gated`]; plain `weight`, not
 /// `1 + weight`).
 ///
 /// # Panics
 /// If `gate` or `weight` is not as long as `x`.
-pub fn rmsnorm_gated(x: &mut [f32], gate: &[f32], weight: &[f32], eps: f32) {
+pub fn rmsnorm_gated(x: &mut [f32], gate: &[f32], weight: &[f32], eps: f32, gate_act: NormGate) {
     let inv_rms = scalar::inv_rms(Isa::detect().dot_f32(x, x), x.len(), eps);
-    scalar::apply_rmsnorm_gated(x, gate, weight, inv_rms);
+    scalar::apply_rmsnorm_gated(x, gate, weight, inv_rms, gate_act);
 }
 
 /// `x *= rsqrt(sum(x^2) + eps)` in place (see [`scalar::l2norm`]).
@@ -46,6 +47,11 @@ pub fn l2norm(x: &mut [f32], eps: f32) {
     let isa = Isa::detect();
     let inv_norm = scalar::inv_l2norm(isa.dot_f32(x, x), eps);
     isa.scale(inv_norm, x);
+}
+
+/// `x /= sqrt(sum(x^2) + eps)` in place (see [`scalar::l2norm_divided`]).
+pub fn l2norm_divided(x: &mut [f32], eps: f32) {
+    scalar::divide(scalar::l2_norm(Isa::detect().dot_f32(x, x), eps), x);
 }
 
 /// `1 / (1 + exp(-x))`, as torch's `sigmoid` on f32 (routers, output and

@@ -230,23 +230,42 @@ pub(crate) fn apply_rmsnorm_inplace(x: &mut [f32], weight: &[f32], inv_rms: f32)
     }
 }
 
+/// The activation on the gate of [`rmsnorm_gated`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormGate {
+    /// `silu(gate)`: Gated DeltaNet (`Qwen3NextRMSNormGated`).
+    Silu,
+    /// `sigmoid(gate)`: Kimi Delta Attention (`KimiLinearRMSNormGated`).
+    Sigmoid,
+}
+
+impl NormGate {
+    fn apply(self, gate: f32) -> f32 {
+        match self {
+            NormGate::Silu => silu(gate),
+            NormGate::Sigmoid => sigmoid(gate),
+        }
+    }
+}
+
 /// Gated RMSNorm in place, the order of transformers' `Qwen3NextRMSNormGated`
-/// (and `Qwen3_5MoeRMSNormGated`): `(weight * (x * rsqrt(mean(x^2) + eps)))
-/// * silu(gate)`, all in f32. The weight multiplies as is (initialised to
-/// ones), not as the `(1 + w)` of the zero-centred decoder norms.
+/// (and `Qwen3_5MoeRMSNormGated`, `KimiLinearRMSNormGated`): `(weight * (x *
+/// rsqrt(mean(x^2) + eps))) * act(gate)`, all in f32, `act` as `gate_act`
+/// says. The weight multiplies as is (initialised to ones), not as the
+/// `(1 + w)` of the zero-centred decoder norms.
 ///
 /// # Panics
 /// If `gate` or `weight` is not as long as `x`.
-pub fn rmsnorm_gated(x: &mut [f32], gate: &[f32], weight: &[f32], eps: f32) {
+pub fn rmsnorm_gated(x: &mut [f32], gate: &[f32], weight: &[f32], eps: f32, gate_act: NormGate) {
     let inv_rms = inv_rms(dot_f32(x, x), x.len(), eps);
-    apply_rmsnorm_gated(x, gate, weight, inv_rms);
+    apply_rmsnorm_gated(x, gate, weight, inv_rms, gate_act);
 }
 
-pub(crate) fn apply_rmsnorm_gated(x: &mut [f32], gate: &[f32], weight: &[f32], inv_rms: f32) {
+pub(crate) fn apply_rmsnorm_gated(x: &mut [f32], gate: &[f32], weight: &[f32], inv_rms: f32, gate_act: NormGate) {
     assert_eq!(gate.len(), x.len(), "rmsnorm_gated: gate length differs");
     assert_eq!(weight.len(), x.len(), "rmsnorm_gated: weight length differs");
     for ((xi, &gi), &wi) in x.iter_mut().zip(gate).zip(weight) {
-        *xi = (wi * (*xi * inv_rms)) * silu(gi);
+        *xi = (wi * (*xi * inv_rms)) * gate_act.apply(gi);
     }
 }
 
@@ -256,6 +275,25 @@ pub(crate) fn apply_rmsnorm_gated(x: &mut [f32], gate: &[f32], weight: &[f32], i
 pub fn l2norm(x: &mut [f32], eps: f32) {
     let inv_norm = inv_l2norm(dot_f32(x, x), eps);
     scale(inv_norm, x);
+}
+
+/// L2 normalisation in place, transformers' kimi_linear `l2norm`:
+/// `x / sqrt(sum(x^2) + eps)`, a division per element (FLA's Triton
+/// rounding), where [`l2norm`] multiplies by the reciprocal.
+pub fn l2norm_divided(x: &mut [f32], eps: f32) {
+    divide(l2_norm(dot_f32(x, x), eps), x);
+}
+
+/// `x[i] /= divisor`.
+pub(crate) fn divide(divisor: f32, x: &mut [f32]) {
+    for v in x {
+        *v /= divisor;
+    }
+}
+
+/// `sqrt(sum_sq + eps)`.
+pub(crate) fn l2_norm(sum_sq: f32, eps: f32) -> f32 {
+    (sum_sq + eps).sqrt()
 }
 
 /// `1 / sqrt(sum_sq + eps)`.

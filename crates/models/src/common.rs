@@ -1,7 +1,8 @@
 //! Projections with optional biases, as every block runs them.
 
+use crate::backend::Runtime;
 use crate::backend::{Backend, MatrixHandle, VectorHandle};
-use crate::{Result, Runtime};
+use crate::error::Result;
 
 /// A registered weight `[rows, cols]` and its optional bias `[rows]`.
 #[derive(Debug, Clone, Copy)]

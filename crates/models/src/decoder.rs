@@ -16,12 +16,16 @@ use strata_kv::{LayerLayout, SequenceState};
 use strata_sched::Guess;
 
 use crate::attention::{Attention, Pass};
+use crate::backend::Runtime;
 use crate::backend::{Backend, MatrixHandle, TableHandle};
+use crate::error::{Error, Result};
 use crate::ffn::Ffn;
+use crate::lm::CausalLm;
+use crate::lm::Logits;
+use crate::lm::SeqBatch;
 use crate::norm::Norm;
 use crate::residual::{Residual, Streams};
 use crate::rope::{Angles, Rope};
-use crate::{CausalLm, Error, Logits, Result, Runtime, SeqBatch};
 
 /// A loaded model: its layers' blocks over the backend's tensors.
 pub struct Decoder {

@@ -13,10 +13,11 @@
 
 use strata_format::{CoreSpec, IndexerSpec, names};
 
+use crate::backend::Runtime;
 use crate::backend::{Backend, IndexJob, IndexShape, Rotary, VectorHandle};
 use crate::common::Linear;
+use crate::error::Result;
 use crate::rope::Angles;
-use crate::{Result, Runtime};
 
 /// `nn.LayerNorm(index_head_dim, eps=1e-6)` of the indexer keys.
 const KEY_NORM_EPS: f32 = 1e-6;

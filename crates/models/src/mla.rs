@@ -2,7 +2,8 @@
 //!
 //! Every token caches one latent row per layer: the RMS-normalised
 //! compressed key/value `c` (`kv_lora_rank`) followed by the rotated key
-//! `k_pe` shared by all heads (`qk_rope_head_dim`). Heads see
+//! `k_pe` shared by all heads (`qk_rope_head_dim`; unrotated in a layer
+//! without RoPE, Kimi-Linear's, where it may also be empty). Heads see
 //! `k_h = [W_uk_h c ; k_pe]` and `v_h = W_uv_h c`, where `W_uk_h`, `W_uv_h`
 //! are row blocks of `kv_b_proj`.
 //!
@@ -19,14 +20,11 @@
 
 use strata_format::{CoreSpec, MlaAttention, MlaSpec, names};
 
+use crate::backend::Runtime;
 use crate::backend::{Backend, LatentJob, LatentShape, Rotary, VectorHandle};
 use crate::common::Linear;
+use crate::error::Result;
 use crate::rope::Angles;
-use crate::{Result, Runtime};
-
-/// `q_a_layernorm` and `kv_a_layernorm` are built without an eps in every
-/// MLA family, so they use the RMSNorm class default, not `rms_norm_eps`.
-pub const LATENT_NORM_EPS: f32 = 1e-6;
 
 /// How the query is produced.
 #[derive(Debug, Clone)]
@@ -44,6 +42,8 @@ pub struct Mla {
     query: Query,
     kv_a: Linear,
     kv_norm: VectorHandle,
+    /// Epsilon of `q_a_layernorm` and `kv_a_layernorm`.
+    latent_norm_eps: f32,
     o: Linear,
 }
 
@@ -84,41 +84,50 @@ impl Mla {
             b.matrix(&t("kv_b_proj.weight"), heads * (dims.qk_nope_head_dim + dims.v_head_dim), dims.kv_lora_rank)?;
         let o = Linear::load(b, &t("o_proj.weight"), bias("o_proj").as_deref(), h, heads * dims.v_head_dim)?;
         // transformers: qk_head_dim^-0.5, times mscale^2 under YaRN.
-        let scale = ((dims.qk_head_dim() as f64).powf(-0.5) * kind.rope.scaling.softmax_scale_factor()) as f32;
-        Ok(Self { shape: LatentShape { heads, dims, scale, kv_b }, query, kv_a, kv_norm, o })
+        let softmax_factor = kind.rope.map_or(1.0, |rope| rope.scaling.softmax_scale_factor());
+        let scale = ((dims.qk_head_dim() as f64).powf(-0.5) * softmax_factor) as f32;
+        let latent_norm_eps = kind.latent_norm_eps;
+        Ok(Self { shape: LatentShape { heads, dims, scale, kv_b }, query, kv_a, kv_norm, latent_norm_eps, o })
     }
 
     fn dims(&self) -> &MlaSpec {
         &self.shape.dims
     }
 
-    /// Queries of `xs` (`[n, hidden]`), rope applied at `angles`.
-    pub fn queries(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32], angles: &Angles) -> Queries {
+    /// Queries of `xs` (`[n, hidden]`), rope applied at `angles` (none
+    /// without RoPE).
+    pub fn queries(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32], angles: Option<&Angles>) -> Queries {
         let (mut q, compressed) = match &self.query {
             Query::Direct(q) => (q.apply(rt, b, xs), None),
             Query::Compressed { a, norm, b: q_b } => {
                 let mut qa = a.apply(rt, b, xs);
-                b.rmsnorm_rows(*norm, LATENT_NORM_EPS, &mut qa);
+                b.rmsnorm_rows(*norm, self.latent_norm_eps, &mut qa);
                 (q_b.apply(rt, b, &qa), Some(qa))
             }
         };
         let d = self.dims();
-        let rotary = Rotary { head_width: d.qk_head_dim(), offset: d.qk_nope_head_dim, interleaved: d.rope_interleave };
-        b.rotate(&mut q, angles, rotary);
+        if let Some(angles) = angles {
+            let rotary =
+                Rotary { head_width: d.qk_head_dim(), offset: d.qk_nope_head_dim, interleaved: d.rope_interleave };
+            b.rotate(&mut q, angles, rotary);
+        }
         Queries { q, compressed }
     }
 
     /// The cache rows of `xs`: `[n, kv_lora_rank + qk_rope_head_dim]`, the
-    /// normalised latent then the rotated shared key.
-    pub fn latents(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32], angles: &Angles) -> Vec<f32> {
+    /// normalised latent then the shared key, rotated at `angles` (not
+    /// without RoPE).
+    pub fn latents(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32], angles: Option<&Angles>) -> Vec<f32> {
         let mut rows = self.kv_a.apply(rt, b, xs);
         let d = self.dims();
         let r = d.kv_lora_rank;
         for row in rows.chunks_exact_mut(d.latent_dim()) {
-            b.rmsnorm_rows(self.kv_norm, LATENT_NORM_EPS, &mut row[..r]);
+            b.rmsnorm_rows(self.kv_norm, self.latent_norm_eps, &mut row[..r]);
         }
-        let rotary = Rotary { head_width: d.latent_dim(), offset: r, interleaved: d.rope_interleave };
-        b.rotate(&mut rows, angles, rotary);
+        if let Some(angles) = angles {
+            let rotary = Rotary { head_width: d.latent_dim(), offset: r, interleaved: d.rope_interleave };
+            b.rotate(&mut rows, angles, rotary);
+        }
         rows
     }
 

@@ -5,8 +5,8 @@
 
 use strata_format::NormKind;
 
-use crate::Result;
 use crate::backend::{Backend, VectorHandle};
+use crate::error::Result;
 
 /// One RMSNorm: its weight (as stored or shifted by one) and epsilon.
 pub struct Norm {

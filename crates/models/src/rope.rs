@@ -3,7 +3,7 @@
 
 use strata_format::{RopeScaling, RopeSpec};
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Inverse frequencies of one rotary head, computed the way transformers does
 /// (in f32), so angles match the reference to the last bit where possible.

@@ -68,6 +68,28 @@ fn split_rows(rows: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) {
     (gate, up)
 }
 
+/// The inverse of [`split_rows`]: gate and up (`[n, run]` each) as
+/// alternating runs of `run` values, the gate's first. Runs of one make
+/// `gate_up_proj_bias` of the split biases.
+pub(crate) fn interleave(gate: &[f32], up: &[f32], run: usize) -> Vec<f32> {
+    assert_eq!(gate.len(), up.len(), "gate and up pair up");
+    assert!(run > 0 && gate.len().is_multiple_of(run), "whole runs of {run}");
+    gate.chunks_exact(run).zip(up.chunks_exact(run)).flat_map(|(g, u)| g.iter().chain(u)).copied().collect()
+}
+
+/// One expert's slab of `gate_up_proj`, `[hidden, 2·inter]`, from its gate
+/// and up (`[inter, hidden]` each): what the reader takes apart.
+pub(crate) fn fused_gate_up(gate: &[f32], up: &[f32], hidden: usize) -> Vec<f32> {
+    let rows = interleave(gate, up, hidden);
+    transpose(&rows, rows.len() / hidden, hidden)
+}
+
+/// One expert's slab of `down_proj`, `[inter, hidden]`, from its down
+/// (`[hidden, inter]`).
+pub(crate) fn fused_down(down: &[f32], hidden: usize) -> Vec<f32> {
+    transpose(down, hidden, down.len() / hidden)
+}
+
 /// The transpose of a row-major `[rows, cols]` matrix.
 fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     assert_eq!(m.len(), rows * cols, "a [rows, cols] matrix");
@@ -269,6 +291,22 @@ mod tests {
             assert_eq!(saved.rows_f32(&name, 1, 2).unwrap(), want[32..96]);
         }
         assert_eq!(saved.resolve(&["model.layers.0.mlp.experts.nothing_bias".to_owned()]), None);
+    }
+
+    /// What export writes reads back as what it was written from.
+    #[test]
+    fn fused_slabs_split_back_into_gate_up_and_down() {
+        let (h, i) = (3, 2);
+        let gate: Vec<f32> = (0..i * h).map(|x| x as f32).collect();
+        let up: Vec<f32> = (0..i * h).map(|x| 100.0 + x as f32).collect();
+        let down: Vec<f32> = (0..h * i).map(|x| 200.0 + x as f32).collect();
+        let gate_up = fused_gate_up(&gate, &up, h);
+        // gate_up[c][2r] is gate row r, column c; [c][2r + 1] up's.
+        assert_eq!((gate_up[2 * 2 * i + 2], gate_up[2 * 2 * i + 3]), (gate[h + 2], up[h + 2]));
+        assert_eq!(split_rows(&transpose(&gate_up, h, 2 * i), h), (gate.clone(), up.clone()));
+        assert_eq!(transpose(&fused_down(&down, h), i, h), down);
+        let biases = interleave(&gate[..i], &up[..i], 1);
+        assert_eq!((take_columns(&biases, 0), take_columns(&biases, 1)), (gate[..i].to_vec(), up[..i].to_vec()));
     }
 
     #[test]

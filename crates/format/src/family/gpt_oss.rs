@@ -37,7 +37,8 @@ const NAMING: Naming = Naming {
     lm_head: "lm_head.weight",
     moe_module: "mlp",
     expert_projections: ["gate_proj", "up_proj", "down_proj"],
-    aliases: &[(".mlp.gate.", ".mlp.router.")],
+    aliases: &[],
+    saved_as: &[(".mlp.gate.", ".mlp.router.")],
 };
 
 /// `layer_types`, else `GptOssConfig`'s default: sliding on even layers.

@@ -20,6 +20,7 @@ const NAMING: Naming = Naming {
     // transformers 5.x keeps the text model at `model.language_model` and
     // its head at `lm_head` in memory (conversion_mapping.py).
     aliases: &[("language_model.model.", "model.language_model."), ("language_model.lm_head.", "lm_head.")],
+    saved_as: &[],
 };
 
 impl FamilyDef for KimiK25 {

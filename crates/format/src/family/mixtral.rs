@@ -29,6 +29,7 @@ const NAMING: Naming = Naming {
     // transformers 5.x renames `.block_sparse_moe.` to `.mlp.` when loading
     // and only reverts it when saving in the original format.
     aliases: &[(".block_sparse_moe.", ".mlp.")],
+    saved_as: &[],
 };
 
 impl FamilyDef for Mixtral {

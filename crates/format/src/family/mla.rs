@@ -11,8 +11,9 @@ use super::{CoreDims, Family, Ffns, stack};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
-    CoreSpec, ExpertKind, FfnKind, FfnSpec, IndexerSpec, MixerSpec, MlaAttention, MlaSpec, ModelArch, MoeBlock,
-    NormKind, RouterKind, SharedExperts, common_config, expert_count, parse_rope, special_tokens,
+    CoreSpec, ExpertKind, FfnKind, FfnSpec, IndexerSpec, LATENT_NORM_EPS, MixerSpec, MlaAttention, MlaSpec, ModelArch,
+    MoeBlock, NormKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, common_config, expert_count, parse_rope,
+    special_tokens,
 };
 
 /// A family's config-class defaults for the fields all of them read.
@@ -112,8 +113,14 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
         bos_token_id,
         eos_token_ids,
     };
-    let attention =
-        MlaAttention { num_heads, dims, rope, bias: cfg.bool("attention_bias")?.unwrap_or(false), indexer: None };
+    let attention = MlaAttention {
+        num_heads,
+        dims,
+        rope: Some(rope),
+        latent_norm_eps: LATENT_NORM_EPS,
+        bias: cfg.bool("attention_bias")?.unwrap_or(false),
+        indexer: None,
+    };
     let moe = MoeBlock {
         num_experts,
         top_k,
@@ -212,7 +219,10 @@ pub(super) fn config_json(arch: &ModelArch, mla: &MlaAttention) -> Map<String, V
         RouterKind::SoftmaxTopK { .. } | RouterKind::TopKThenSoftmax => (1, 1, 1.0),
     };
     let heads = (mla.num_heads, mla.num_heads);
-    let mut c = common_config(&arch.core, arch.layers.len(), heads, &mla.rope, dims.qk_rope_head_dim);
+    // Without RoPE the rope keys written are transformers' defaults, which
+    // the config's reader ignores.
+    let rope = mla.rope.unwrap_or(RopeSpec { theta: 10_000.0, scaling: RopeScaling::None, rotary_dim: 0 });
+    let mut c = common_config(&arch.core, arch.layers.len(), heads, &rope, dims.qk_rope_head_dim);
     c.insert("q_lora_rank".into(), json!(dims.q_lora_rank));
     c.insert("kv_lora_rank".into(), json!(dims.kv_lora_rank));
     c.insert("qk_nope_head_dim".into(), json!(dims.qk_nope_head_dim));

@@ -117,6 +117,10 @@ pub(crate) struct Naming {
     /// `(canonical, stored)`: a checkpoint may spell the part `canonical`
     /// of a tensor name as `stored` instead.
     pub aliases: &'static [(&'static str, &'static str)],
+    /// `(canonical, saved)`: parts of canonical names that transformers'
+    /// `save_pretrained` spells `saved`; export writes that spelling, and
+    /// a checkpoint may store it (an alias too).
+    pub saved_as: &'static [(&'static str, &'static str)],
 }
 
 /// The naming of most Hugging Face MoE checkpoints.
@@ -126,6 +130,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
     moe_module: "mlp",
     expert_projections: ["gate_proj", "up_proj", "down_proj"],
     aliases: &[],
+    saved_as: &[],
 };
 
 impl Family {

@@ -26,6 +26,7 @@ const NAMING: Naming = Naming {
     expert_projections: ["gate_proj", "up_proj", "down_proj"],
     // A text-only checkpoint saved without the conversion mapping.
     aliases: &[("model.language_model.", "model.")],
+    saved_as: &[],
 };
 
 impl FamilyDef for Qwen35Moe {

@@ -73,7 +73,8 @@ impl LayerSpec {
                     Some(ix) if ix.kind == IndexerKind::Full => format!(", {} index-key top-{}", ix.head_dim, ix.topk),
                     Some(_) => ", shared index".to_owned(),
                 };
-                format!("mla {} heads, {} latent{index}", mla.num_heads, mla.dims.latent_dim())
+                let rope = if mla.rope.is_some() { "" } else { ", no rope" };
+                format!("mla {} heads, {} latent{rope}{index}", mla.num_heads, mla.dims.latent_dim())
             }
             MixerSpec::GatedDeltaNet(gdn) => format!(
                 "gated deltanet {} k / {} v heads x {}/{}, conv {}",
@@ -133,7 +134,7 @@ impl MixerSpec {
     pub fn rope(&self) -> Option<&RopeSpec> {
         match self {
             MixerSpec::Gqa(gqa) => gqa.rope.as_ref(),
-            MixerSpec::Mla(mla) => Some(&mla.rope),
+            MixerSpec::Mla(mla) => mla.rope.as_ref(),
             MixerSpec::GatedDeltaNet(_) => None,
         }
     }
@@ -216,8 +217,11 @@ pub struct MlaAttention {
     pub num_heads: usize,
     pub dims: MlaSpec,
     /// The rotary embedding of the `qk_rope_head_dim` part; under YaRN it
-    /// also scales the softmax.
-    pub rope: RopeSpec,
+    /// also scales the softmax. `None`: no rotation anywhere (Kimi-Linear:
+    /// the `qk_rope_head_dim` part, if any, is attended unrotated).
+    pub rope: Option<RopeSpec>,
+    /// Epsilon of the latent norms (`q_a_layernorm`, `kv_a_layernorm`).
+    pub latent_norm_eps: f32,
     /// The down-projections and o_proj carry biases.
     pub bias: bool,
     /// The DSA lightning indexer, on models that have one.

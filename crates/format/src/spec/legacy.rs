@@ -9,7 +9,7 @@ use super::{
     MlaAttention, ModelArch, ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, QkNorm, ResidualKind, RopeScaling,
     RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts,
 };
-use super::{DsaSpec, GdnDims, MlaSpec};
+use super::{DsaSpec, GdnDims, LATENT_NORM_EPS, MlaSpec};
 use crate::error::{Error, Result};
 
 impl ModelSpec {
@@ -191,7 +191,14 @@ impl ModelSpec {
                 n_heads: dsa.index_n_heads,
             })
         });
-        MlaAttention { num_heads: self.num_heads, dims, rope: self.rope, bias: self.attention_bias, indexer }
+        MlaAttention {
+            num_heads: self.num_heads,
+            dims,
+            rope: Some(self.rope),
+            latent_norm_eps: LATENT_NORM_EPS,
+            bias: self.attention_bias,
+            indexer,
+        }
     }
 
     fn gdn(&self, dims: GdnDims) -> MixerSpec {

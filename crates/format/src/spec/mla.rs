@@ -4,6 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Epsilon of the latent norms (`q_a_layernorm`, `kv_a_layernorm`) where
+/// the model builds them without one (DeepSeek-V3, Kimi K2.5, GLM-5,
+/// Kimi-Linear): the RMSNorm class default, not `rms_norm_eps`.
+pub const LATENT_NORM_EPS: f32 = 1e-6;
+
 /// Multi-head Latent Attention dimensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MlaSpec {

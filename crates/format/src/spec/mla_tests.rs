@@ -214,3 +214,43 @@ fn mla_sizes_have_maxima_too() {
     });
     assert!(err.contains("kv_lora_rank") && err.contains("at most"), "{err}");
 }
+
+/// DeepSeek-V3's layers with `edit` applied to each latent attention block.
+fn deepseek_v3_mla_edited(edit: impl Fn(&mut MlaAttention)) -> Result<()> {
+    let mut arch = ModelArch::from_config_value(&deepseek_v3()).unwrap();
+    for layer in &mut arch.layers {
+        let MixerSpec::Mla(mla) = &mut layer.mixer else { panic!("{layer:?}") };
+        edit(mla);
+    }
+    arch.validate()
+}
+
+#[test]
+fn mla_without_rope_is_valid_with_or_without_a_rope_part() {
+    deepseek_v3_mla_edited(|mla| mla.rope = None).unwrap();
+    deepseek_v3_mla_edited(|mla| {
+        mla.rope = None;
+        mla.dims.qk_rope_head_dim = 0;
+    })
+    .unwrap();
+    let arch = ModelArch::from_config_value(&deepseek_v3()).unwrap();
+    let MixerSpec::Mla(mla) = &arch.layers[0].mixer else { panic!() };
+    assert_eq!((mla.latent_norm_eps, arch.layers[0].mixer.rope().map(|r| r.rotary_dim)), (1e-6, Some(64)));
+}
+
+#[test]
+fn mla_with_rope_needs_rope_dimensions() {
+    let err = deepseek_v3_mla_edited(|mla| {
+        mla.dims.qk_rope_head_dim = 0;
+        mla.rope.as_mut().unwrap().rotary_dim = 0;
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("qk_rope_head_dim") && err.contains("> 0"), "{err}");
+}
+
+#[test]
+fn a_latent_norm_eps_of_zero_is_refused() {
+    let err = deepseek_v3_mla_edited(|mla| mla.latent_norm_eps = 0.0).unwrap_err().to_string();
+    assert!(err.contains("latent norms' eps"), "{err}");
+}

@@ -96,21 +96,27 @@ impl MlaAttention {
             ("num_attention_heads", self.num_heads),
             ("kv_lora_rank", dims.kv_lora_rank),
             ("qk_nope_head_dim", dims.qk_nope_head_dim),
-            ("qk_rope_head_dim", dims.qk_rope_head_dim),
             ("v_head_dim", dims.v_head_dim),
             ("q_lora_rank", dims.q_lora_rank.unwrap_or(1)),
         ])?;
-        // RoPE rotates exactly the qk_rope_head_dim part of each head.
-        if self.rope.rotary_dim != dims.qk_rope_head_dim || !dims.qk_rope_head_dim.is_multiple_of(2) {
-            return Err(Error::invalid(
-                "qk_rope_head_dim",
-                format!(
-                    "RoPE must rotate all {} rope dimensions (an even number), not {}",
-                    dims.qk_rope_head_dim, self.rope.rotary_dim
-                ),
-            ));
+        if !(self.latent_norm_eps.is_finite() && self.latent_norm_eps > 0.0) {
+            return Err(Error::invalid("rms_norm_eps", "the latent norms' eps must be finite and > 0"));
         }
-        self.rope.validate(dims.qk_head_dim(), "qk_rope_head_dim")?;
+        // RoPE rotates exactly the qk_rope_head_dim part of each head; without
+        // RoPE that part (possibly empty) is attended as it is.
+        if let Some(rope) = &self.rope {
+            let rope_dims = dims.qk_rope_head_dim;
+            if rope.rotary_dim != rope_dims || rope_dims == 0 || !rope_dims.is_multiple_of(2) {
+                return Err(Error::invalid(
+                    "qk_rope_head_dim",
+                    format!(
+                        "RoPE must rotate all {rope_dims} rope dimensions (an even number > 0), not {}",
+                        rope.rotary_dim
+                    ),
+                ));
+            }
+            rope.validate(dims.qk_head_dim(), "qk_rope_head_dim")?;
+        }
         if let Some(indexer) = &self.indexer {
             positive(&[("index_topk", indexer.topk), ("index_n_heads", indexer.n_heads)])?;
             if indexer.head_dim < dims.qk_rope_head_dim {

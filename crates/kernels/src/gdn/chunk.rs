@@ -35,7 +35,7 @@
 //! zero-padded chunk: padded tokens have `k = v = beta = g = 0` and change
 //! neither the real outputs nor the state.
 
-use super::DeltaTokens;
+use super::{DeltaTokens, LogDecays};
 use crate::simd::Isa;
 
 /// Tokens per chunk, transformers' `chunk_size` default.
@@ -47,10 +47,17 @@ pub const CHUNK_TOKENS: usize = 64;
 /// [`super::delta_rule_recurrent`] to rounding (within 1e-5 of the largest
 /// value in the tests; see `docs/gdn.md`).
 ///
+/// Gated DeltaNet only: Kimi Delta Attention's per-channel decay runs the
+/// recurrence (docs/gdn.md says why).
+///
 /// # Panics
-/// If the lengths do not fit the state's `d_k` and `d_v`.
+/// If the lengths do not fit the state's `d_k` and `d_v`, or the decay is
+/// per channel.
 pub fn delta_rule_chunked(isa: Isa, state: &mut [f32], d_v: usize, tokens: &DeltaTokens<'_>, out: &mut [f32]) {
     let (d_k, d_v) = tokens.check(state, d_v, out);
+    let LogDecays::Head(g) = tokens.g else {
+        panic!("delta rule: the chunked form takes one decay per head, not per channel");
+    };
     let mut scratch = Scratch::new(d_k, d_v);
     let mut start = 0;
     while start < tokens.len() {
@@ -59,10 +66,10 @@ pub fn delta_rule_chunked(isa: Isa, state: &mut [f32], d_v: usize, tokens: &Delt
             q: &tokens.q[start * d_k..(start + len) * d_k],
             k: &tokens.k[start * d_k..(start + len) * d_k],
             v: &tokens.v[start * d_v..(start + len) * d_v],
-            g: &tokens.g[start..start + len],
+            g: LogDecays::Head(&g[start..start + len]),
             beta: &tokens.beta[start..start + len],
         };
-        scratch.chunk(isa, state, &chunk, &mut out[start * d_v..(start + len) * d_v]);
+        scratch.chunk(isa, state, &chunk, &g[start..start + len], &mut out[start * d_v..(start + len) * d_v]);
         start += len;
     }
 }
@@ -106,12 +113,13 @@ impl Scratch {
         }
     }
 
-    /// One chunk of `L <= CHUNK_TOKENS` tokens.
-    fn chunk(&mut self, isa: Isa, state: &mut [f32], tokens: &DeltaTokens<'_>, out: &mut [f32]) {
+    /// One chunk of `L <= CHUNK_TOKENS` tokens, `g` their per-head log
+    /// decays.
+    fn chunk(&mut self, isa: Isa, state: &mut [f32], tokens: &DeltaTokens<'_>, g: &[f32], out: &mut [f32]) {
         let (d_k, d_v, l, c) = (self.d_k, self.d_v, tokens.len(), CHUNK_TOKENS);
         debug_assert!((1..=c).contains(&l));
         let mut acc = 0.0f32;
-        for (gc, &g) in self.g_cum.iter_mut().zip(tokens.g) {
+        for (gc, &g) in self.g_cum.iter_mut().zip(g) {
             acc += g;
             *gc = acc;
         }

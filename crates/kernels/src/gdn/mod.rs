@@ -1,9 +1,12 @@
-//! Gated DeltaNet kernels (the linear-attention layers of Qwen3-Next
-//! `qwen3_next` and Qwen3.5/3.6 `qwen3_5_moe`): the gated delta rule for one
-//! value head, as a per-token recurrence (decode) and in the chunked form
-//! (prefill), and the causal depthwise conv1d + SiLU with its short state.
-//! The math, shapes and the transformers code they follow are in
-//! `docs/gdn.md`; the scalar definitions in [`crate::scalar::gdn`].
+//! Delta rule kernels: Gated DeltaNet (the linear-attention layers of
+//! Qwen3-Next `qwen3_next` and Qwen3.5/3.6 `qwen3_5_moe`) and Kimi Delta
+//! Attention (`kimi_linear`), which differ only in the decay: one factor per
+//! value head and token in GDN, one per key channel in KDA ([`LogDecay`]).
+//! The delta rule for one value head, as a per-token recurrence (decode and
+//! prefill) and, GDN only, in the chunked form, and the causal depthwise
+//! conv1d + SiLU with its short state. The math, shapes and the
+//! transformers code they follow are in `docs/gdn.md`; the scalar
+//! definitions in [`crate::scalar::gdn`].
 //!
 //! The l2norm of q and k and the gated RMSNorm of the output are in
 //! [`crate::ops`] ([`crate::ops::l2norm`], [`crate::ops::rmsnorm_gated`]).
@@ -25,7 +28,7 @@
 mod chunk;
 
 use crate::scalar;
-use crate::simd::Isa;
+use crate::simd::{Isa, RowScale};
 
 pub use chunk::{CHUNK_TOKENS, delta_rule_chunked};
 
@@ -48,6 +51,18 @@ pub fn log_decay(a: f32, dt_bias: f32, a_log: f32) -> f32 {
     -a_log.exp() * softplus
 }
 
+/// The log decay of one key channel for one token in Kimi Delta Attention
+/// (`KimiLinearForgetGate`): `g = -exp(a_log) * softplus(f + dt_bias)`
+/// with `f` the channel's low-rank forget-gate projection, in f32. Its
+/// softplus is written out as `log(1 + exp(x))` (`x` itself above 20),
+/// which rounds differently from torch's `softplus` (`log1p`) of
+/// [`log_decay`].
+pub fn channel_log_decay(f: f32, dt_bias: f32, a_log: f32) -> f32 {
+    let x = f + dt_bias;
+    let softplus = if x > 20.0 { x } else { (1.0 + x.exp()).ln() };
+    -a_log.exp() * softplus
+}
+
 /// The write strength of one value head for one token: `sigmoid(b)`.
 pub fn write_strength(b: f32) -> f32 {
     crate::ops::sigmoid(b)
@@ -60,6 +75,25 @@ pub const fn state_bytes(d_k: usize, d_v: usize) -> usize {
     d_k * d_v * size_of::<f32>()
 }
 
+/// The log decay of one token for one value head: row `i` of the
+/// `[d_k, d_v]` state is multiplied by `exp(g_i)`.
+#[derive(Debug, Clone, Copy)]
+pub enum LogDecay<'a> {
+    /// One `g` for every row (Gated DeltaNet).
+    Head(f32),
+    /// One `g` per key channel, `d_k` values (Kimi Delta Attention).
+    Channel(&'a [f32]),
+}
+
+/// The log decays of a run of tokens for one value head.
+#[derive(Debug, Clone, Copy)]
+pub enum LogDecays<'a> {
+    /// `[tokens]`: one per token (Gated DeltaNet).
+    Head(&'a [f32]),
+    /// `[tokens, d_k]`: one per token and key channel (Kimi Delta Attention).
+    Channel(&'a [f32]),
+}
+
 /// The inputs of one token for one value head (see the module docs for
 /// what `q` and `k` must already be).
 #[derive(Debug, Clone, Copy)]
@@ -70,9 +104,9 @@ pub struct DeltaToken<'a> {
     pub k: &'a [f32],
     /// `d_v` values.
     pub v: &'a [f32],
-    /// Log decay: the state is multiplied by `exp(g)` (`g <= 0` in the
-    /// models: `-exp(A_log) * softplus(a + dt_bias)`).
-    pub g: f32,
+    /// Log decay: the state's rows are multiplied by `exp(g)` (`g <= 0` in
+    /// the models: [`log_decay`], [`channel_log_decay`]).
+    pub g: LogDecay<'a>,
     /// Write strength, `sigmoid(b)` in the models.
     pub beta: f32,
 }
@@ -89,30 +123,34 @@ impl DeltaToken<'_> {
         assert_eq!(self.q.len(), d_k, "delta rule: q and k lengths differ");
         assert_eq!(state.len(), d_k * d_v, "delta rule: state must be [d_k, d_v] = [{d_k}, {d_v}]");
         assert_eq!(out.len(), d_v, "delta rule: output must hold d_v = {d_v} values");
+        if let LogDecay::Channel(g) = self.g {
+            assert_eq!(g.len(), d_k, "delta rule: one log decay per key channel, d_k = {d_k}");
+        }
         (d_k, d_v)
     }
 }
 
 /// A run of tokens for one value head, token-major: `q`, `k` are
-/// `[tokens, d_k]`, `v` is `[tokens, d_v]`, `g` and `beta` `[tokens]`.
+/// `[tokens, d_k]`, `v` is `[tokens, d_v]`, `beta` `[tokens]`, `g` as
+/// [`LogDecays`] says.
 #[derive(Debug, Clone, Copy)]
 pub struct DeltaTokens<'a> {
     pub q: &'a [f32],
     pub k: &'a [f32],
     pub v: &'a [f32],
-    pub g: &'a [f32],
+    pub g: LogDecays<'a>,
     pub beta: &'a [f32],
 }
 
 impl<'a> DeltaTokens<'a> {
     /// Number of tokens.
     pub fn len(&self) -> usize {
-        self.g.len()
+        self.beta.len()
     }
 
     /// Whether there are no tokens.
     pub fn is_empty(&self) -> bool {
-        self.g.is_empty()
+        self.beta.is_empty()
     }
 
     /// Token `t`, for heads of `d_k` key and `d_v` value components.
@@ -121,7 +159,10 @@ impl<'a> DeltaTokens<'a> {
             q: &self.q[t * d_k..(t + 1) * d_k],
             k: &self.k[t * d_k..(t + 1) * d_k],
             v: &self.v[t * d_v..(t + 1) * d_v],
-            g: self.g[t],
+            g: match self.g {
+                LogDecays::Head(g) => LogDecay::Head(g[t]),
+                LogDecays::Channel(g) => LogDecay::Channel(&g[t * d_k..(t + 1) * d_k]),
+            },
             beta: self.beta[t],
         }
     }
@@ -136,7 +177,11 @@ impl<'a> DeltaTokens<'a> {
         assert!(d_v > 0 && state.len().is_multiple_of(d_v), "delta rule: state is not [d_k, d_v = {d_v}]");
         let d_k = state.len() / d_v;
         assert!(d_k > 0, "delta rule: empty state");
-        assert_eq!(self.beta.len(), n, "delta rule: {n} tokens of g but {} of beta", self.beta.len());
+        let (g, g_per_token) = match self.g {
+            LogDecays::Head(g) => (g, 1),
+            LogDecays::Channel(g) => (g, d_k),
+        };
+        assert_eq!(g.len(), n * g_per_token, "delta rule: {n} tokens of beta, so g must be [{n}, {g_per_token}]");
         assert_eq!(self.q.len(), n * d_k, "delta rule: q must be [{n}, {d_k}]");
         assert_eq!(self.k.len(), n * d_k, "delta rule: k must be [{n}, {d_k}]");
         assert_eq!(self.v.len(), n * d_v, "delta rule: v must be [{n}, {d_v}]");
@@ -150,18 +195,38 @@ impl<'a> DeltaTokens<'a> {
 /// that update row by row make one call per row, not one per block.
 const DELTA_BLOCK_COLS: usize = 256;
 
-/// One decode step of the gated delta rule for one value head, on `isa`:
-/// the operations and order of [`scalar::gdn::delta_rule_step`] in two
-/// passes over the `[d_k, d_v]` state with [`Isa::update_rows`] (decay and
+/// Rows of the state per decay pass of [`delta_rule_step`] with per-channel
+/// decay (their factors live on the stack): the models' `d_k = 128` in one.
+const DECAY_BLOCK_ROWS: usize = 256;
+
+/// One decode step of the delta rule for one value head, on `isa`: the
+/// operations and order of [`scalar::gdn::delta_rule_step`] in two passes
+/// over the `[d_k, d_v]` state with [`Isa::update_rows`] (decay and
 /// `k^T S`; rank-1 update and `q^T S`), so the state is read and written
 /// once from memory and once more from L2. Writes `q^T S` to `out`.
 ///
 /// # Panics
 /// If the lengths do not fit `d_k = k.len()`, `d_v = v.len()` (both > 0).
 pub fn delta_rule_step(isa: Isa, state: &mut [f32], token: &DeltaToken<'_>, out: &mut [f32]) {
-    let (_, d_v) = token.check(state, out);
+    let (d_k, d_v) = token.check(state, out);
     out.fill(0.0);
-    isa.update_rows(token.g.exp(), None, state, d_v, token.k, out);
+    match token.g {
+        LogDecay::Head(g) => isa.update_rows(RowScale::Uniform(g.exp()), None, state, d_v, token.k, out),
+        LogDecay::Channel(g) => {
+            // Row blocks accumulate k^T S into `out` in row order, as one
+            // call over every row would.
+            let mut decay = [0.0f32; DECAY_BLOCK_ROWS];
+            for r0 in (0..d_k).step_by(DECAY_BLOCK_ROWS) {
+                let rows = DECAY_BLOCK_ROWS.min(d_k - r0);
+                let decay = &mut decay[..rows];
+                for (d, &gi) in decay.iter_mut().zip(&g[r0..r0 + rows]) {
+                    *d = gi.exp();
+                }
+                let block = &mut state[r0 * d_v..(r0 + rows) * d_v];
+                isa.update_rows(RowScale::PerRow(decay), None, block, d_v, &token.k[r0..r0 + rows], out);
+            }
+        }
+    }
     // `out` holds kv_mem = k^T S; it becomes delta, then the output.
     for (o, &vj) in out.iter_mut().zip(token.v) {
         *o = (vj - *o) * token.beta;
@@ -174,7 +239,7 @@ pub fn delta_rule_step(isa: Isa, state: &mut [f32], token: &DeltaToken<'_>, out:
         let (delta, out) = (&mut delta[..cols], &mut out[c0..c0 + cols]);
         delta.copy_from_slice(out);
         out.fill(0.0);
-        isa.update_rows(1.0, Some((token.k, &*delta)), &mut state[c0..], d_v, token.q, out);
+        isa.update_rows(RowScale::Uniform(1.0), Some((token.k, &*delta)), &mut state[c0..], d_v, token.q, out);
     }
 }
 

@@ -1,17 +1,18 @@
-//! Scalar references of the Gated DeltaNet kernels of [`crate::gdn`].
+//! Scalar references of the delta rule kernels of [`crate::gdn`].
 //!
 //! The order of operations is that of transformers'
 //! `torch_recurrent_gated_delta_rule` and `torch_causal_conv1d_update`
-//! (qwen3_next), with sums over the key dimension taken in index order and
+//! (qwen3_next; kimi_linear's `recurrent_kimi_delta_attention` is the same
+//! with the decay per key channel), with sums over the key dimension taken in index order and
 //! separate multiplies and adds (no FMA).
 
-use crate::gdn::DeltaToken;
+use crate::gdn::{DeltaToken, LogDecay};
 
-/// One step of the gated delta rule for one value head; `state` is
+/// One step of the delta rule for one value head; `state` is
 /// `[d_k, d_v]` row-major (row `i` belongs to key component `i`):
 ///
 /// ```text
-/// S      = S * exp(g)
+/// S      = S * exp(g)                (row i by exp(g_i) with LogDecay::Channel)
 /// kv_mem = k^T S                     (d_v)
 /// delta  = (v - kv_mem) * beta
 /// S      = S + k delta^T             (rank-1 update)
@@ -25,9 +26,21 @@ use crate::gdn::DeltaToken;
 /// If the lengths do not fit `d_k = k.len()`, `d_v = v.len()` (both > 0).
 pub fn delta_rule_step(state: &mut [f32], token: &DeltaToken<'_>, out: &mut [f32]) {
     let (d_k, d_v) = token.check(state, out);
-    let decay = token.g.exp();
-    for s in state.iter_mut() {
-        *s *= decay;
+    match token.g {
+        LogDecay::Head(g) => {
+            let decay = g.exp();
+            for s in state.iter_mut() {
+                *s *= decay;
+            }
+        }
+        LogDecay::Channel(g) => {
+            for (row, &gi) in state.chunks_exact_mut(d_v).zip(g) {
+                let decay = gi.exp();
+                for s in row {
+                    *s *= decay;
+                }
+            }
+        }
     }
     // kv_mem, accumulated in `out` row by row (key index order).
     out.fill(0.0);

@@ -8,6 +8,7 @@
 
 use std::arch::x86_64::*;
 
+use super::RowScale;
 use super::lanes::{Lanes, axpy_vectors, dot_chains, fma4, impl_lanes, scale_vectors, sum4};
 
 /// `f32` lanes per vector.
@@ -327,17 +328,17 @@ pub(crate) unsafe fn axpy_rows(w: &[f32], rows: &[f32], stride: usize, y: &mut [
     }
 }
 
-/// `row_t = alpha * row_t (+ c[t] * u)`, then `y += w[t] * row_t`, for the
+/// `row_t = alpha_t * row_t (+ c[t] * u)`, then `y += w[t] * row_t`, for the
 /// `w.len()` rows of `y.len()` values `stride` apart in `rows`: one pass
 /// that rewrites a matrix and reduces it by rows, as [`axpy_rows`] keeps 64
 /// columns of `y` (and of `u`) in registers while every row goes by.
 ///
-/// Requires `w.is_empty() || rows.len() >= (w.len() - 1) * stride + y.len()`
-/// and, with `rank1 = Some((c, u))`, `c.len() == w.len()` and
+/// Requires `w.is_empty() || rows.len() >= (w.len() - 1) * stride + y.len()`,
+/// with `RowScale::PerRow(a)` `a.len() == w.len()`, and with `rank1 = Some((c, u))`, `c.len() == w.len()` and
 /// `u.len() == y.len()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn update_rows(
-    alpha: f32,
+    scale: RowScale<'_>,
     rank1: Option<(&[f32], &[f32])>,
     rows: &mut [f32],
     stride: usize,
@@ -349,8 +350,8 @@ pub(crate) unsafe fn update_rows(
     // features enabled.
     unsafe {
         match rank1 {
-            Some((c, u)) => update_rows_body::<true>(alpha, c, u, rows, stride, w, y),
-            None => update_rows_body::<false>(alpha, &[], &[], rows, stride, w, y),
+            Some((c, u)) => update_rows_body::<true>(scale, c, u, rows, stride, w, y),
+            None => update_rows_body::<false>(scale, &[], &[], rows, stride, w, y),
         }
     }
 }
@@ -364,7 +365,7 @@ pub(crate) unsafe fn update_rows(
 /// [`update_rows`] hold.
 #[inline(always)]
 unsafe fn update_rows_body<const RANK1: bool>(
-    alpha: f32,
+    scale: RowScale<'_>,
     c: &[f32],
     u: &[f32],
     rows: &mut [f32],
@@ -381,7 +382,6 @@ unsafe fn update_rows_body<const RANK1: bool>(
     // when RANK1); `rows` and `y` are distinct exclusive borrows and `u` a
     // shared one, so none alias.
     unsafe {
-        let alpha_v = _mm512_set1_ps(alpha);
         while c0 < len {
             let masks: [__mmask16; BLOCKS] =
                 std::array::from_fn(|k| first_lanes((len - c0).saturating_sub(k * W).min(W)));
@@ -397,6 +397,7 @@ unsafe fn update_rows_body<const RANK1: bool>(
             for (t, &wt) in w.iter().enumerate() {
                 let wv = _mm512_set1_ps(wt);
                 let cv = if RANK1 { _mm512_set1_ps(c[t]) } else { _mm512_setzero_ps() };
+                let alpha_v = _mm512_set1_ps(scale.row(t));
                 let row = pr.wrapping_add(t * stride + c0);
                 for k in 0..BLOCKS {
                     let p = row.wrapping_add(k * W);

@@ -247,21 +247,24 @@ impl Isa {
     }
 
     /// For each row `t` of `rows` (`w.len()` rows of `y.len()` values,
-    /// `stride` apart): `row_t = alpha * row_t`, plus `c[t] * u` with
-    /// `rank1 = Some((c, u))`, then `y += w[t] * row_t`. One pass that
-    /// rewrites a matrix and reduces it by rows on the way: the Gated
-    /// DeltaNet state's decay with its `k^T S` read, and its rank-1 update
-    /// with its `q^T S` read. Tiers without their own body run [`Isa::scale`]
-    /// and [`Isa::axpy`] row by row (the scalar tier in the order of
+    /// `stride` apart): `row_t = alpha_t * row_t` (`alpha_t` from `scale`),
+    /// plus `c[t] * u` with `rank1 = Some((c, u))`, then
+    /// `y += w[t] * row_t`. One pass that rewrites a matrix and reduces it
+    /// by rows on the way: the delta rule state's decay (one factor per head
+    /// in Gated DeltaNet, one per key channel in Kimi Delta Attention) with
+    /// its `k^T S` read, and its rank-1 update with its `q^T S` read. Tiers
+    /// without their own body run [`Isa::scale`] and [`Isa::axpy`] row by
+    /// row (the scalar tier in the order of
     /// [`crate::scalar::gdn::delta_rule_step`]).
     ///
     /// # Panics
-    /// If `rows` is too short for `w.len()` rows `stride` apart, or with
+    /// If `rows` is too short for `w.len()` rows `stride` apart, with
+    /// `RowScale::PerRow(a)` if `a.len() != w.len()`, or with
     /// `rank1 = Some((c, u))` if `c.len() != w.len()` or
     /// `u.len() != y.len()`.
     pub fn update_rows(
         self,
-        alpha: f32,
+        scale: RowScale<'_>,
         rank1: Option<(&[f32], &[f32])>,
         rows: &mut [f32],
         stride: usize,
@@ -269,6 +272,9 @@ impl Isa {
         y: &mut [f32],
     ) {
         check_rows_len("update_rows", w.len(), rows.len(), stride, y.len());
+        if let RowScale::PerRow(a) = scale {
+            assert_eq!(a.len(), w.len(), "update_rows: one scale factor per row");
+        }
         if let Some((c, u)) = rank1 {
             assert_eq!(c.len(), w.len(), "update_rows: one rank-1 coefficient per row");
             assert_eq!(u.len(), y.len(), "update_rows: rank-1 vector and y lengths differ");
@@ -277,18 +283,18 @@ impl Isa {
         if matches!(self.level, IsaLevel::Avx512 | IsaLevel::Avx512Vnni) {
             // SAFETY: supported tier; the rows' extent and the rank-1
             // lengths are checked above.
-            return unsafe { avx512::update_rows(alpha, rank1, rows, stride, w, y) };
+            return unsafe { avx512::update_rows(scale, rank1, rows, stride, w, y) };
         }
         // Rewrite the rows, then sum them: with whole-row calls this beats
         // both calls row by row (measured on AVX2).
         let len = y.len();
-        // A multiply by one is exact: the rank-1 pass skips it.
-        if alpha != 1.0 {
-            if stride == len {
-                self.scale(alpha, &mut rows[..w.len() * len]);
-            } else {
+        match scale {
+            // A multiply by one is exact: the rank-1 pass skips it.
+            RowScale::Uniform(1.0) => {}
+            RowScale::Uniform(alpha) if stride == len => self.scale(alpha, &mut rows[..w.len() * len]),
+            _ => {
                 for t in 0..w.len() {
-                    self.scale(alpha, &mut rows[t * stride..t * stride + len]);
+                    self.scale(scale.row(t), &mut rows[t * stride..t * stride + len]);
                 }
             }
         }
@@ -310,6 +316,26 @@ impl Isa {
             IsaLevel::Scalar => {}
         }
         scalar::scale(alpha, x);
+    }
+}
+
+/// The factor on each row of [`Isa::update_rows`].
+#[derive(Debug, Clone, Copy)]
+pub enum RowScale<'a> {
+    /// One factor for every row (Gated DeltaNet's per-head decay, or 1).
+    Uniform(f32),
+    /// One factor per row (Kimi Delta Attention's per-channel decay).
+    PerRow(&'a [f32]),
+}
+
+impl RowScale<'_> {
+    /// The factor on row `t`.
+    #[inline(always)]
+    pub(crate) fn row(self, t: usize) -> f32 {
+        match self {
+            RowScale::Uniform(alpha) => alpha,
+            RowScale::PerRow(a) => a[t],
+        }
     }
 }
 

@@ -1,11 +1,12 @@
-//! Gated DeltaNet kernels: every tier's decode step against the scalar
-//! reference, the chunked form against the recurrence, and the conv1d's
-//! decode form against its many-token form.
+//! Delta rule kernels (Gated DeltaNet's per-head decay and Kimi Delta
+//! Attention's per-channel one): every tier's decode step against the
+//! scalar reference, the chunked form against the recurrence, and the
+//! conv1d's decode form against its many-token form.
 
 use proptest::prelude::*;
 
 use super::CASES;
-use crate::gdn::{self, DeltaToken, DeltaTokens};
+use crate::gdn::{self, DeltaToken, DeltaTokens, LogDecay, LogDecays};
 use crate::scalar;
 use crate::simd::Isa;
 
@@ -61,7 +62,10 @@ pub(crate) struct Run {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
+    /// `[tokens]`, or `[tokens, d_k]` with `per_channel`.
     pub g: Vec<f32>,
+    /// Kimi Delta Attention's decay, one per key channel.
+    pub per_channel: bool,
     pub beta: Vec<f32>,
     pub state: Vec<f32>,
 }
@@ -81,11 +85,24 @@ impl Run {
         let g = rng.vec(tokens).iter().map(|x| -(1.0 + x)).collect();
         let beta = rng.vec(tokens).iter().map(|x| 0.5 + 0.49 * x).collect();
         let state = rng.vec(d_k * d_v);
-        Run { d_k, d_v, q, k, v, g, beta, state }
+        Run { d_k, d_v, q, k, v, g, per_channel: false, beta, state }
+    }
+
+    /// [`Run::random`] with a decay per key channel (Kimi Delta
+    /// Attention), or per head when `per_channel` is false.
+    fn random_decay(seed: u64, tokens: usize, d_k: usize, d_v: usize, per_channel: bool) -> Self {
+        let mut run = Run::random(seed, tokens, d_k, d_v);
+        if per_channel {
+            let mut rng = Lcg(seed.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
+            run.g = rng.vec(tokens * d_k).iter().map(|x| -(1.0 + x)).collect();
+            run.per_channel = true;
+        }
+        run
     }
 
     pub(crate) fn tokens(&self) -> DeltaTokens<'_> {
-        DeltaTokens { q: &self.q, k: &self.k, v: &self.v, g: &self.g, beta: &self.beta }
+        let g = if self.per_channel { LogDecays::Channel(&self.g) } else { LogDecays::Head(&self.g) };
+        DeltaTokens { q: &self.q, k: &self.k, v: &self.v, g, beta: &self.beta }
     }
 
     fn token(&self, t: usize) -> DeltaToken<'_> {
@@ -104,7 +121,7 @@ impl Run {
     /// Outputs `[tokens, d_v]` and final state of the scalar reference.
     fn reference(&self) -> (Vec<f32>, Vec<f32>) {
         let mut state = self.state.clone();
-        let mut out = vec![f32::NAN; self.g.len() * self.d_v];
+        let mut out = vec![f32::NAN; self.beta.len() * self.d_v];
         for (t, out_t) in out.chunks_exact_mut(self.d_v).enumerate() {
             scalar::gdn::delta_rule_step(&mut state, &self.token(t), out_t);
         }
@@ -126,8 +143,13 @@ proptest! {
     /// Three decode steps on every tier (the scalar one included, through
     /// the dispatching code) against the scalar reference.
     #[test]
-    fn decode_step_matches_scalar(d_k in head_dim(), d_v in head_dim(), seed in any::<u64>()) {
-        let run = Run::random(seed, 3, d_k, d_v);
+    fn decode_step_matches_scalar(
+        d_k in head_dim(),
+        d_v in head_dim(),
+        per_channel in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let run = Run::random_decay(seed, 3, d_k, d_v, per_channel);
         let (want_out, want_state) = run.reference();
         for isa in Isa::all_supported() {
             let mut state = run.state.clone();
@@ -143,8 +165,13 @@ proptest! {
 
     /// The dispatched step on the scalar tier is the reference, bit for bit.
     #[test]
-    fn scalar_tier_step_is_the_reference(d_k in head_dim(), d_v in head_dim(), seed in any::<u64>()) {
-        let run = Run::random(seed, 2, d_k, d_v);
+    fn scalar_tier_step_is_the_reference(
+        d_k in head_dim(),
+        d_v in head_dim(),
+        per_channel in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let run = Run::random_decay(seed, 2, d_k, d_v, per_channel);
         let (want_out, want_state) = run.reference();
         let mut state = run.state.clone();
         let mut out = vec![f32::NAN; 2 * d_v];
@@ -163,6 +190,58 @@ proptest! {
         seed in any::<u64>(),
     ) {
         check_chunked(&Run::random(seed, tokens, d_k, d_v));
+    }
+
+    /// A per-channel decay whose channels all hold the head's `g` is the
+    /// per-head decay, bit for bit, on every tier.
+    #[test]
+    fn per_channel_decay_of_equal_channels_is_the_head_decay(
+        d_k in head_dim(),
+        d_v in head_dim(),
+        seed in any::<u64>(),
+    ) {
+        let head = Run::random(seed, 3, d_k, d_v);
+        let mut channel = Run::random(seed, 3, d_k, d_v);
+        channel.g = head.g.iter().flat_map(|&g| std::iter::repeat_n(g, d_k)).collect();
+        channel.per_channel = true;
+        for isa in Isa::all_supported() {
+            let mut outs = Vec::new();
+            for run in [&head, &channel] {
+                let mut state = run.state.clone();
+                let mut out = vec![f32::NAN; 3 * d_v];
+                gdn::delta_rule_recurrent(isa, &mut state, d_v, &run.tokens(), &mut out);
+                outs.push((bits(&out), bits(&state)));
+            }
+            prop_assert_eq!(&outs[0], &outs[1], "{:?}", isa);
+        }
+    }
+
+    /// The recurrent prefill with a per-channel decay is its decode steps,
+    /// bit for bit, on every tier.
+    #[test]
+    fn per_channel_recurrent_is_its_steps(d_k in head_dim(), d_v in head_dim(), seed in any::<u64>()) {
+        let run = Run::random_decay(seed, 5, d_k, d_v, true);
+        for isa in Isa::all_supported() {
+            let (mut state, mut out) = (run.state.clone(), vec![f32::NAN; 5 * d_v]);
+            gdn::delta_rule_recurrent(isa, &mut state, d_v, &run.tokens(), &mut out);
+            let (mut step_state, mut step_out) = (run.state.clone(), vec![f32::NAN; 5 * d_v]);
+            for (t, out_t) in step_out.chunks_exact_mut(d_v).enumerate() {
+                gdn::delta_rule_step(isa, &mut step_state, &run.token(t), out_t);
+            }
+            prop_assert_eq!(bits(&out), bits(&step_out));
+            prop_assert_eq!(bits(&state), bits(&step_state));
+        }
+    }
+
+    /// Kimi's forget gate against its definition evaluated in f64.
+    #[test]
+    fn channel_log_decay_matches_definition(f in -30.0f32..30.0, dt_bias in -2.0f32..2.0, a_log in -3.0f32..3.0) {
+        let x = f64::from(f + dt_bias);
+        let softplus = if x > 20.0 { x } else { (1.0 + x.exp()).ln() };
+        let want = -f64::from(a_log).exp() * softplus;
+        let got = f64::from(gdn::channel_log_decay(f, dt_bias, a_log));
+        prop_assert!(got <= 0.0);
+        prop_assert!((got - want).abs() <= 1e-5 * want.abs() + 1e-6, "{got} vs {want}");
     }
 
     /// The conv's many-token form equals its decode form bit for bit,
@@ -219,7 +298,7 @@ fn check_chunked(run: &Run) {
         let mut out = vec![f32::NAN; want_out.len()];
         gdn::delta_rule_chunked(isa, &mut state, run.d_v, &run.tokens(), &mut out);
         let tol = CHUNK_REL_TOL * scale;
-        assert_within(&out, &want_out, tol, &format!("{isa:?} chunked out, {} tokens", run.g.len()));
+        assert_within(&out, &want_out, tol, &format!("{isa:?} chunked out, {} tokens", run.beta.len()));
         assert_within(&state, &want_state, tol, &format!("{isa:?} chunked state"));
         let mut state = run.state.clone();
         gdn::delta_rule_recurrent(isa, &mut state, run.d_v, &run.tokens(), &mut out);
@@ -258,13 +337,57 @@ fn empty_runs_leave_the_state() {
 fn decode_step_known_values() {
     // S = [1, 2]^T, g = ln 0.5 -> S = [0.5, 1]; kv_mem = k.S = 0.5;
     // delta = (3 - 0.5) * 0.4 = 1; S = [1.5, 1]; out = q.S = 1.5 * 2 = 3.
-    let token = DeltaToken { q: &[2.0, 0.0], k: &[1.0, 0.0], v: &[3.0], g: 0.5f32.ln(), beta: 0.4 };
+    let token = DeltaToken { q: &[2.0, 0.0], k: &[1.0, 0.0], v: &[3.0], g: LogDecay::Head(0.5f32.ln()), beta: 0.4 };
     for isa in Isa::all_supported() {
         let (mut state, mut out) = ([1.0f32, 2.0], [0.0f32]);
         gdn::delta_rule_step(isa, &mut state, &token, &mut out);
         assert!((state[0] - 1.5).abs() < 1e-6 && (state[1] - 1.0).abs() < 1e-6, "{isa:?}: {state:?}");
         assert!((out[0] - 3.0).abs() < 1e-6, "{isa:?}: {out:?}");
     }
+}
+
+/// A hand-computed step with a decay per key channel: d_k = 2, d_v = 1.
+#[test]
+fn per_channel_decode_step_known_values() {
+    // S = [1, 2]^T, g = [ln 0.5, ln 0.25] -> S = [0.5, 0.5]; kv_mem = k.S =
+    // 0.5; delta = (3 - 0.5) * 0.4 = 1; S = [1.5, 0.5]; out = q.S = 3 + 1.
+    let g = [0.5f32.ln(), 0.25f32.ln()];
+    let token = DeltaToken { q: &[2.0, 2.0], k: &[1.0, 0.0], v: &[3.0], g: LogDecay::Channel(&g), beta: 0.4 };
+    for isa in Isa::all_supported() {
+        let (mut state, mut out) = ([1.0f32, 2.0], [0.0f32]);
+        gdn::delta_rule_step(isa, &mut state, &token, &mut out);
+        assert!((state[0] - 1.5).abs() < 1e-6 && (state[1] - 0.5).abs() < 1e-6, "{isa:?}: {state:?}");
+        assert!((out[0] - 4.0).abs() < 1e-6, "{isa:?}: {out:?}");
+    }
+}
+
+/// Key heads wider than one block of per-channel decay factors: the
+/// blocks sum `k^T S` in row order, as the reference does.
+#[test]
+fn per_channel_decay_over_several_row_blocks_matches_scalar() {
+    let run = Run::random_decay(11, 3, 300, 17, true);
+    let (want_out, want_state) = run.reference();
+    let tol = STEP_REL_TOL * run.value_scale(&want_out, &want_state);
+    for isa in Isa::all_supported() {
+        let (mut state, mut out) = (run.state.clone(), vec![f32::NAN; 3 * 17]);
+        gdn::delta_rule_recurrent(isa, &mut state, 17, &run.tokens(), &mut out);
+        assert_within(&out, &want_out, tol, &format!("{isa:?} out"));
+        assert_within(&state, &want_state, tol, &format!("{isa:?} state"));
+    }
+}
+
+#[test]
+#[should_panic(expected = "one decay per head")]
+fn chunked_form_refuses_a_per_channel_decay() {
+    let run = Run::random_decay(3, 2, 4, 3, true);
+    gdn::delta_rule_chunked(Isa::scalar(), &mut run.state.clone(), 3, &run.tokens(), &mut [0.0; 6]);
+}
+
+#[test]
+#[should_panic(expected = "one log decay per key channel")]
+fn step_asserts_one_decay_per_key_channel() {
+    let token = DeltaToken { q: &[0.0; 2], k: &[0.0; 2], v: &[0.0; 3], g: LogDecay::Channel(&[0.0; 3]), beta: 0.0 };
+    gdn::delta_rule_step(Isa::scalar(), &mut [0.0; 6], &token, &mut [0.0; 3]);
 }
 
 #[test]
@@ -279,7 +402,7 @@ fn state_bytes_and_scale() {
 #[test]
 #[should_panic(expected = "state must be [d_k, d_v]")]
 fn step_asserts_state_shape() {
-    let token = DeltaToken { q: &[0.0; 2], k: &[0.0; 2], v: &[0.0; 3], g: 0.0, beta: 0.0 };
+    let token = DeltaToken { q: &[0.0; 2], k: &[0.0; 2], v: &[0.0; 3], g: LogDecay::Head(0.0), beta: 0.0 };
     gdn::delta_rule_step(Isa::scalar(), &mut [0.0; 5], &token, &mut [0.0; 3]);
 }
 

@@ -1,13 +1,15 @@
-//! The Gated DeltaNet kernels against transformers' own torch functions on a
+//! The delta rule kernels against transformers' own torch functions on a
 //! small seeded case (`testdata/gdn/*.npy`, written by
-//! `xtask/fixtures/gdn_ref.py`): both forms of the delta rule from a
+//! `xtask/fixtures/gdn_ref.py`): both forms of the gated delta rule from a
 //! non-zero state over 70 tokens (one full chunk and a partial one), l2norm,
-//! the gated RMSNorm and both conv1d paths.
+//! the gated RMSNorm and both conv1d paths; and Kimi Delta Attention's
+//! forget gate, its recurrence against both of kimi_linear's forms, its
+//! l2norm and its sigmoid-gated RMSNorm (`kda_*`).
 
 use std::path::PathBuf;
 
 use super::gdn::assert_all_close;
-use crate::gdn::{self, DeltaTokens};
+use crate::gdn::{self, DeltaTokens, LogDecays};
 use crate::simd::Isa;
 use crate::{ops, scalar};
 
@@ -71,7 +73,7 @@ fn delta_rule_matches_transformers() {
                     ops::l2norm(kt, gdn::L2NORM_EPS);
                 }
                 let (v_h, g_h, beta_h) = (middle(&v, &v_shape, h), column(&g, &g_shape, h), column(&beta, &g_shape, h));
-                let run = DeltaTokens { q: &q_h, k: &k_h, v: &v_h, g: &g_h, beta: &beta_h };
+                let run = DeltaTokens { q: &q_h, k: &k_h, v: &v_h, g: LogDecays::Head(&g_h), beta: &beta_h };
                 let mut state = state0[h * d_k * d_v..(h + 1) * d_k * d_v].to_vec();
                 let mut out = vec![f32::NAN; tokens * d_v];
                 // Each Strata form against the torch form of the same name,
@@ -81,6 +83,61 @@ fn delta_rule_matches_transformers() {
                     _ => gdn::delta_rule_chunked(isa, &mut state, d_v, &run, &mut out),
                 }
                 let what = format!("{isa:?} {form} head {h}");
+                assert_all_close(&out, &middle(&want_out, &v_shape, h), TORCH_REL_TOL, &format!("{what} out"));
+                let want_state_h = &want_state[h * d_k * d_v..(h + 1) * d_k * d_v];
+                assert_all_close(&state, want_state_h, TORCH_REL_TOL, &format!("{what} state"));
+            }
+        }
+    }
+}
+
+/// Kimi Delta Attention: the forget gate's per-channel g, then the
+/// recurrence (the one form Strata runs) against kimi_linear's recurrent and
+/// chunked forms, on the GDN case's q, k, v, beta and state.
+#[test]
+fn kimi_delta_attention_matches_transformers() {
+    let (q_shape, q) = load("q");
+    let (_, k) = load("k");
+    let (v_shape, v) = load("v");
+    let (beta_shape, beta) = load("beta");
+    let (_, state0) = load("state0");
+    let (g_shape, want_g) = load("kda_g");
+    let (_, f) = load("kda_f");
+    let (_, dt_bias) = load("kda_dt_bias");
+    let (_, a_log) = load("kda_a_log");
+    let [tokens, heads, d_k] = q_shape[..] else { panic!("q shape {q_shape:?}") };
+    assert_eq!(g_shape, q_shape);
+    let d_v = v_shape[2];
+    let g: Vec<f32> = f
+        .iter()
+        .enumerate()
+        .map(|(i, &fi)| {
+            let channel = i % (heads * d_k);
+            gdn::channel_log_decay(fi, dt_bias[channel], a_log[channel / d_k])
+        })
+        .collect();
+    assert_all_close(&g, &want_g, TORCH_REL_TOL, "forget gate g");
+    for (form, (out_name, state_name)) in
+        [("recurrent", ("kda_recurrent_out", "kda_recurrent_state")), ("chunk", ("kda_chunk_out", "kda_chunk_state"))]
+    {
+        let (_, want_out) = load(out_name);
+        let (_, want_state) = load(state_name);
+        for isa in Isa::all_supported() {
+            for h in 0..heads {
+                let mut q_h = middle(&q, &q_shape, h);
+                let mut k_h = middle(&k, &q_shape, h);
+                for (qt, kt) in q_h.chunks_exact_mut(d_k).zip(k_h.chunks_exact_mut(d_k)) {
+                    ops::l2norm_divided(qt, gdn::L2NORM_EPS);
+                    ops::scale(gdn::query_scale(d_k), qt);
+                    ops::l2norm_divided(kt, gdn::L2NORM_EPS);
+                }
+                let (v_h, g_h) = (middle(&v, &v_shape, h), middle(&g, &g_shape, h));
+                let beta_h = column(&beta, &beta_shape, h);
+                let run = DeltaTokens { q: &q_h, k: &k_h, v: &v_h, g: LogDecays::Channel(&g_h), beta: &beta_h };
+                let mut state = state0[h * d_k * d_v..(h + 1) * d_k * d_v].to_vec();
+                let mut out = vec![f32::NAN; tokens * d_v];
+                gdn::delta_rule_recurrent(isa, &mut state, d_v, &run, &mut out);
+                let what = format!("{isa:?} KDA against torch's {form} form, head {h}");
                 assert_all_close(&out, &middle(&want_out, &v_shape, h), TORCH_REL_TOL, &format!("{what} out"));
                 let want_state_h = &want_state[h * d_k * d_v..(h + 1) * d_k * d_v];
                 assert_all_close(&state, want_state_h, TORCH_REL_TOL, &format!("{what} state"));
@@ -101,18 +158,28 @@ fn norms_match_transformers() {
         assert_all_close(&got, want_row, TORCH_REL_TOL, "l2norm");
         assert_all_close(&reference, want_row, TORCH_REL_TOL, "scalar l2norm");
     }
+    let (_, want) = load("kda_l2norm_out");
+    for (row, want_row) in x.chunks_exact(n).zip(want.chunks_exact(n)) {
+        let (mut got, mut reference) = (row.to_vec(), row.to_vec());
+        ops::l2norm_divided(&mut got, gdn::L2NORM_EPS);
+        scalar::l2norm_divided(&mut reference, gdn::L2NORM_EPS);
+        assert_all_close(&got, want_row, TORCH_REL_TOL, "kimi l2norm");
+        assert_all_close(&reference, want_row, TORCH_REL_TOL, "scalar kimi l2norm");
+    }
 
     let (shape, x) = load("norm_x");
     let (_, z) = load("norm_z");
     let (_, weight) = load("norm_weight");
-    let (_, want) = load("norm_out");
     let n = shape[1];
-    for ((row, gate), want_row) in x.chunks_exact(n).zip(z.chunks_exact(n)).zip(want.chunks_exact(n)) {
-        let (mut got, mut reference) = (row.to_vec(), row.to_vec());
-        ops::rmsnorm_gated(&mut got, gate, &weight, 1e-6);
-        scalar::rmsnorm_gated(&mut reference, gate, &weight, 1e-6);
-        assert_all_close(&got, want_row, TORCH_REL_TOL, "rmsnorm_gated");
-        assert_all_close(&reference, want_row, TORCH_REL_TOL, "scalar rmsnorm_gated");
+    for (gate_act, want_name) in [(ops::NormGate::Silu, "norm_out"), (ops::NormGate::Sigmoid, "kda_norm_out")] {
+        let (_, want) = load(want_name);
+        for ((row, gate), want_row) in x.chunks_exact(n).zip(z.chunks_exact(n)).zip(want.chunks_exact(n)) {
+            let (mut got, mut reference) = (row.to_vec(), row.to_vec());
+            ops::rmsnorm_gated(&mut got, gate, &weight, 1e-6, gate_act);
+            scalar::rmsnorm_gated(&mut reference, gate, &weight, 1e-6, gate_act);
+            assert_all_close(&got, want_row, TORCH_REL_TOL, &format!("rmsnorm_gated {gate_act:?}"));
+            assert_all_close(&reference, want_row, TORCH_REL_TOL, &format!("scalar rmsnorm_gated {gate_act:?}"));
+        }
     }
 }
 

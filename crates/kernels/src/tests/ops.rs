@@ -53,18 +53,40 @@ proptest! {
         }
     }
 
+    /// kimi_linear's `l2norm`: a division by the norm, eps on the sum.
     #[test]
-    fn rmsnorm_gated_matches_definition(x in (1usize..=300).prop_flat_map(values), eps in 1e-6f32..1e-3) {
+    fn l2norm_divided_matches_definition(x in vector(), eps in prop_oneof![Just(1e-6f32), 1e-6f32..1e-2]) {
+        let sum_sq: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let norm = (sum_sq + f64::from(eps)).sqrt();
+        let (mut got, mut reference) = (x.clone(), x.clone());
+        ops::l2norm_divided(&mut got, eps);
+        scalar::l2norm_divided(&mut reference, eps);
+        for i in 0..x.len() {
+            let want = f64::from(x[i]) / norm;
+            prop_assert!((f64::from(got[i]) - want).abs() <= 1e-5 * want.abs() + 1e-7, "{} vs {want}", got[i]);
+            prop_assert!((f64::from(reference[i]) - want).abs() <= 1e-5 * want.abs() + 1e-7);
+        }
+    }
+
+    #[test]
+    fn rmsnorm_gated_matches_definition(
+        x in (1usize..=300).prop_flat_map(values),
+        eps in 1e-6f32..1e-3,
+        sigmoid_gate in any::<bool>(),
+    ) {
+        let gate_act = if sigmoid_gate { ops::NormGate::Sigmoid } else { ops::NormGate::Silu };
         let gate: Vec<f32> = x.iter().map(|v| 1.0 - 2.0 * v).collect();
         let weight: Vec<f32> = (0..x.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
         let mean_sq = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64;
         let inv_rms = 1.0 / (mean_sq + f64::from(eps)).sqrt();
         let (mut got, mut reference) = (x.clone(), x.clone());
-        ops::rmsnorm_gated(&mut got, &gate, &weight, eps);
-        scalar::rmsnorm_gated(&mut reference, &gate, &weight, eps);
+        ops::rmsnorm_gated(&mut got, &gate, &weight, eps, gate_act);
+        scalar::rmsnorm_gated(&mut reference, &gate, &weight, eps, gate_act);
         for i in 0..x.len() {
             let g = f64::from(gate[i]);
-            let want = f64::from(weight[i]) * f64::from(x[i]) * inv_rms * (g / (1.0 + (-g).exp()));
+            let sigmoid = 1.0 / (1.0 + (-g).exp());
+            let act = if sigmoid_gate { sigmoid } else { g * sigmoid };
+            let want = f64::from(weight[i]) * f64::from(x[i]) * inv_rms * act;
             let tol = 1e-5 * want.abs() + 1e-6;
             prop_assert!((f64::from(got[i]) - want).abs() <= tol, "{} vs {want}", got[i]);
             prop_assert!((f64::from(reference[i]) - want).abs() <= tol);

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use super::{CASES, assert_close, cols, group, magnitude, values};
 use crate::quant::{bf16_to_f32, f32_to_bf16_bits, q4_at};
 use crate::scalar;
-use crate::simd::{Isa, IsaLevel};
+use crate::simd::{Isa, IsaLevel, RowScale};
 
 /// The vector tiers to check (the scalar tier is the reference itself).
 fn vector_isas() -> Vec<Isa> {
@@ -101,20 +101,26 @@ proptest! {
     fn update_rows_matches_scalar(
         (len, stride, count, rows0, y0, w) in strided_rows(),
         alpha in prop_oneof![Just(1.0f32), 0.0f32..1.5],
+        per_row in any::<bool>(),
         rank1 in any::<bool>(),
     ) {
+        // Per row (Kimi Delta Attention's per-channel decay): a factor of
+        // its own for each row, around `alpha`.
+        let alphas: Vec<f32> = w.iter().map(|wt| alpha * (0.5 + wt)).collect();
+        let scale = if per_row { RowScale::PerRow(&alphas) } else { RowScale::Uniform(alpha) };
+        let alpha_of = |t: usize| if per_row { alphas[t] } else { alpha };
         let c: Vec<f32> = w.iter().map(|wt| 1.0 - 2.0 * wt).collect();
         let u: Vec<f32> = y0.iter().map(|v| 0.5 - v).collect();
         let rank1 = rank1.then_some((c.as_slice(), u.as_slice()));
         let (mut want_rows, mut want_y) = (rows0.clone(), y0.clone());
-        Isa::scalar().update_rows(alpha, rank1, &mut want_rows, stride, &w, &mut want_y);
+        Isa::scalar().update_rows(scale, rank1, &mut want_rows, stride, &w, &mut want_y);
         // The scalar tier is the definition, written out.
         let mut def_rows = rows0.clone();
         let mut def_y = y0.clone();
         for t in 0..count {
             for j in 0..len {
                 let r = &mut def_rows[t * stride + j];
-                *r *= alpha;
+                *r *= alpha_of(t);
                 if let Some((c, u)) = rank1 {
                     *r += c[t] * u[j];
                 }
@@ -125,7 +131,7 @@ proptest! {
         prop_assert_eq!(&want_y, &def_y);
         for isa in vector_isas() {
             let (mut got_rows, mut got_y) = (rows0.clone(), y0.clone());
-            isa.update_rows(alpha, rank1, &mut got_rows, stride, &w, &mut got_y);
+            isa.update_rows(scale, rank1, &mut got_rows, stride, &w, &mut got_y);
             for (i, (g, v)) in got_rows.iter().zip(&want_rows).enumerate() {
                 let (t, j) = (i / stride, i % stride);
                 if j >= len {
@@ -133,7 +139,7 @@ proptest! {
                     prop_assert_eq!(g.to_bits(), rows0[i].to_bits());
                     continue;
                 }
-                let mag = (alpha * rows0[i]).abs() + rank1.map_or(0.0, |(c, u)| (c[t] * u[j]).abs());
+                let mag = (alpha_of(t) * rows0[i]).abs() + rank1.map_or(0.0, |(c, u)| (c[t] * u[j]).abs());
                 assert_close(*g, *v, mag, &format!("{isa:?} row {t} column {j}"));
             }
             for (j, (g, v)) in got_y.iter().zip(&want_y).enumerate() {
@@ -353,13 +359,15 @@ mod x86 {
         let (rows_n, len, stride) = (7, 23, 29);
         let coef: Vec<f32> = c.x[..rows_n].to_vec();
         let (u, w) = (&c.a[100..100 + len], &c.x[50..50 + rows_n]);
-        for rank1 in [None, Some((coef.as_slice(), u))] {
+        let per_row: Vec<f32> = (0..rows_n).map(|t| 0.5 + 0.1 * t as f32).collect();
+        let scales = [RowScale::Uniform(0.75), RowScale::PerRow(&per_row)];
+        for (rank1, scale) in [None, Some((coef.as_slice(), u))].into_iter().flat_map(|r| scales.map(|s| (r, s))) {
             let (mut want_rows, mut want_y) = (c.a.clone(), c.x[..len].to_vec());
-            Isa::scalar().update_rows(0.75, rank1, &mut want_rows, stride, w, &mut want_y);
+            Isa::scalar().update_rows(scale, rank1, &mut want_rows, stride, w, &mut want_y);
             let (mut got_rows, mut got_y) = (c.a.clone(), c.x[..len].to_vec());
             // SAFETY: features detected above; 6 * 29 + 23 <= 203 values,
-            // and the rank-1 lengths match.
-            unsafe { avx512::update_rows(0.75, rank1, &mut got_rows, stride, w, &mut got_y) };
+            // one factor per row, and the rank-1 lengths match.
+            unsafe { avx512::update_rows(scale, rank1, &mut got_rows, stride, w, &mut got_y) };
             for (i, (g, v)) in got_rows.iter().zip(&want_rows).enumerate() {
                 assert_close(*g, *v, c.a[i].abs() + 4.0, &format!("row value {i}"));
             }

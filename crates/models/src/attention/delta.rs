@@ -15,9 +15,11 @@
 use strata_format::{CoreSpec, GdnDims, GdnProjections, GdnSpec, names};
 use strata_kv::StatePart;
 
+use crate::backend::Runtime;
 use crate::backend::{Backend, DeltaJob, DeltaKind, VectorHandle};
 use crate::common::Linear;
-use crate::{Result, Runtime, SeqBatch};
+use crate::error::Result;
+use crate::lm::SeqBatch;
 
 /// The cache part of the state.
 const STATE: usize = 0;

@@ -9,11 +9,13 @@
 use strata_format::{CoreSpec, GqaSpec, NormKind, QkNorm, RopeSpec, names};
 use strata_kv::StatePart;
 
+use crate::backend::Runtime;
 use crate::backend::{AttendJob, AttnShape, Backend, Rotary, VectorHandle};
 use crate::common::Linear;
+use crate::error::Result;
+use crate::lm::SeqBatch;
 use crate::norm::Norm;
 use crate::rope::Angles;
-use crate::{Result, Runtime, SeqBatch};
 
 /// The cache part of the keys.
 const KEYS: usize = 0;

@@ -7,10 +7,12 @@ use strata_format::{CoreSpec, IndexerKind, MlaAttention, RopeSpec};
 use strata_kv::StatePart;
 
 use crate::backend::Backend;
+use crate::backend::Runtime;
 use crate::dsa::Indexer;
+use crate::error::{Error, Result};
+use crate::lm::SeqBatch;
 use crate::mla::Mla;
 use crate::rope::Angles;
-use crate::{Error, Result, Runtime, SeqBatch};
 
 /// The cache part of the latent rows (with the rotated shared key).
 const LATENT: usize = 0;
@@ -20,7 +22,7 @@ const INDEX_KEYS: usize = 1;
 /// One layer's MLA block.
 pub struct LatentAttention {
     attn: Mla,
-    rope: RopeSpec,
+    rope: Option<RopeSpec>,
     hidden: usize,
     indexer: IndexerSlot,
     /// Width of the indexer keys the cache holds, with DSA.
@@ -49,6 +51,10 @@ impl LatentAttention {
             (Some(ix), Some(_)) if layer > 0 && ix.kind == IndexerKind::Shared => IndexerSlot::Shared,
             _ => return Err(Error::Unsupported(format!("layer {layer}: DSA indexer layout is inconsistent"))),
         };
+        // The indexer rotates its keys and queries with the layer's RoPE.
+        if kind.indexer.is_some() && kind.rope.is_none() {
+            return Err(Error::Unsupported(format!("layer {layer}: a DSA indexer without RoPE")));
+        }
         Ok(Self {
             attn: Mla::load(b, spec, kind, layer)?,
             rope: kind.rope,
@@ -65,9 +71,10 @@ impl LatentAttention {
         std::iter::once(self.latent_dim).chain(self.index_head_dim).map(|dim| StatePart::Rows { dim }).collect()
     }
 
-    /// RoPE rotates the `qk_rope_head_dim` part of each head.
-    pub fn rope(&self) -> &RopeSpec {
-        &self.rope
+    /// RoPE rotates the `qk_rope_head_dim` part of each head (`None`: no
+    /// rotation).
+    pub fn rope(&self) -> Option<&RopeSpec> {
+        self.rope.as_ref()
     }
 
     /// See [`super::Attention::forward`]. `selections[k]` carries sequence
@@ -79,7 +86,7 @@ impl LatentAttention {
         b: &Backend,
         l: usize,
         xs: &[f32],
-        angles: &Angles,
+        angles: Option<&Angles>,
         seqs: &mut [SeqBatch<'_>],
         selections: &mut [Option<Vec<Vec<usize>>>],
     ) -> Result<Vec<f32>> {
@@ -87,7 +94,7 @@ impl LatentAttention {
         let queries = self.attn.queries(rt, b, xs, angles);
         let latents = self.attn.latents(rt, b, xs, angles);
         let index_keys = match &self.indexer {
-            IndexerSlot::Own(indexer) => Some(indexer.keys(rt, b, xs, angles)),
+            IndexerSlot::Own(indexer) => Some(indexer.keys(rt, b, xs, indexer_angles(angles))),
             IndexerSlot::Absent | IndexerSlot::Shared => None,
         };
         let n = xs.len() / h;
@@ -113,7 +120,7 @@ impl LatentAttention {
                         &compressed[rows.start * cw..rows.end * cw],
                         seq.cache.rows(l, INDEX_KEYS, start + m),
                         start,
-                        &angles.rows(rows.clone()),
+                        &indexer_angles(angles).rows(rows.clone()),
                     ));
                 }
                 (IndexerSlot::Shared, _) => {
@@ -131,4 +138,10 @@ impl LatentAttention {
         }
         Ok(self.attn.output(rt, b, &out))
     }
+}
+
+/// The angles of a layer with a DSA indexer, which [`LatentAttention::load`]
+/// refuses without RoPE.
+fn indexer_angles(angles: Option<&Angles>) -> &Angles {
+    angles.expect("a layer with a DSA indexer has RoPE")
 }

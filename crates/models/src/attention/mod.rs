@@ -9,8 +9,10 @@ use strata_format::{CoreSpec, MixerSpec, NormKind, RopeSpec};
 use strata_kv::LayerLayout;
 
 use crate::backend::Backend;
+use crate::backend::Runtime;
+use crate::error::Result;
+use crate::lm::SeqBatch;
 use crate::rope::Angles;
-use crate::{Result, Runtime, SeqBatch};
 
 /// One layer's attention block.
 pub enum Attention {
@@ -20,6 +22,9 @@ pub enum Attention {
     DeltaNet(delta::DeltaNet),
 }
 
+/// A sequence's DSA choice: its positions per query, if chosen.
+type Selection = Option<Vec<Vec<usize>>>;
+
 /// What a forward pass carries from layer to layer besides the hidden
 /// states: the rope angles of its rows, and each sequence's DSA selection,
 /// which a sharing layer takes from the full layer before it.
@@ -27,7 +32,7 @@ pub struct Pass {
     /// cos/sin of every row, per rotary embedding.
     angles: Vec<(RopeSpec, Angles)>,
     /// `selections[k]`: sequence `k`'s positions per query, if chosen.
-    selections: Vec<Option<Vec<Vec<usize>>>>,
+    selections: Vec<Selection>,
 }
 
 impl Pass {
@@ -36,10 +41,13 @@ impl Pass {
     }
 
     /// The angles of `rope` (built for every rotary embedding a layer
-    /// uses), and the sequences' selections.
-    fn parts(&mut self, rope: &RopeSpec) -> (&Angles, &mut [Option<Vec<Vec<usize>>>]) {
-        let (_, angles) =
-            self.angles.iter().find(|(known, _)| known == rope).expect("angles for every rotary embedding");
+    /// uses; none without one), and the sequences' selections.
+    fn parts(&mut self, rope: Option<&RopeSpec>) -> (Option<&Angles>, &mut [Selection]) {
+        let angles = rope.map(|rope| {
+            let (_, angles) =
+                self.angles.iter().find(|(known, _)| known == rope).expect("angles for every rotary embedding");
+            angles
+        });
         (angles, &mut self.selections)
     }
 }
@@ -81,7 +89,7 @@ impl Attention {
     ) -> Result<Vec<f32>> {
         match self {
             Attention::Gqa(gqa) => {
-                let angles = gqa.rope().map(|rope| pass.parts(rope).0);
+                let angles = pass.parts(gqa.rope()).0;
                 Ok(gqa.forward(rt, b, layer, xs, angles, seqs))
             }
             Attention::Mla(mla) => {

@@ -20,17 +20,29 @@
 
 mod cpu;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use strata_format::{Container, MlaSpec};
 use strata_sched::{Guess, LayerStats, Route};
+use strata_tier::{ExpertStore, TraceWriter};
 
 /// The CPU's worker pool, which a pass runs on (`Runtime::threads`; the
 /// engine owns it).
 pub use strata_kernels::Threads;
 
+use crate::error::{Error, Result};
 use crate::rope::Angles;
-use crate::{Error, Result, Runtime};
+
+/// What a forward pass needs besides the model: the thread pool, the
+/// routed-expert store, and where to account time and record routing.
+pub struct Runtime<'a> {
+    pub threads: &'a Threads,
+    pub store: &'a ExpertStore,
+    /// Stall and compute time of the MoE pipeline, accumulated.
+    pub stats: &'a Mutex<LayerStats>,
+    /// Where to record every routing decision, if anywhere.
+    pub trace: Option<&'a Mutex<TraceWriter>>,
+}
 
 /// Where a tensor lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

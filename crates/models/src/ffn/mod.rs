@@ -7,8 +7,9 @@ mod router;
 use strata_format::{CoreSpec, FfnSpec, names};
 use strata_sched::Guess;
 
+use crate::backend::Runtime;
 use crate::backend::{Backend, MatrixHandle};
-use crate::{Result, Runtime};
+use crate::error::Result;
 
 /// One layer's feed-forward block.
 pub enum Ffn {

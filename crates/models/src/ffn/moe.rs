@@ -8,9 +8,10 @@ use strata_tier::TraceWriter;
 
 use super::load_swiglu;
 use super::router::Router;
+use crate::backend::Runtime;
 use crate::backend::{Backend, ExpertFfnKind, ExpertsHandle, MatrixHandle, MoeJob};
 use crate::common::Linear;
-use crate::{Result, Runtime};
+use crate::error::Result;
 
 /// One layer's MoE block.
 pub struct Moe {

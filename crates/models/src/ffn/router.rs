@@ -4,8 +4,9 @@
 use strata_format::{CoreSpec, MoeBlock, RouterKind, names};
 use strata_sched::Route;
 
+use crate::backend::Runtime;
 use crate::backend::{Backend, RouteKind, RouterSpec};
-use crate::{Result, Runtime};
+use crate::error::Result;
 
 /// One MoE layer's router: its weight, `[num_experts, hidden]`, and how its
 /// logits become routes.

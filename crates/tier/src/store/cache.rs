@@ -113,6 +113,11 @@ impl ExpertStore {
         }
     }
 
+    /// Whether `key`'s record is cached (no lookup counted, no lease).
+    pub(super) fn is_cached(&self, key: ExpertKey) -> bool {
+        self.lock().entries.contains_key(&key)
+    }
+
     pub(super) fn take_buffer(&self, record_bytes: usize) -> AlignedBuf {
         let mut cache = self.lock();
         match cache.free.iter().position(|b| b.len() == record_bytes) {

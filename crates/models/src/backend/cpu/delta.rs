@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 use strata_format::GdnDims;
-use strata_kernels::gdn::{self, DeltaTokens};
+use strata_kernels::gdn::{self, DeltaTokens, LogDecays};
 use strata_kernels::simd::Isa;
 use strata_kernels::{Threads, ops};
 
@@ -55,7 +55,7 @@ pub fn gated_delta_net(threads: &Threads, isa: Isa, d: &GdnDims, w: &GdnWeights<
             qkv.chunks_exact(d.conv_dim()).flat_map(|token| &token[v_offset..v_offset + d_v]).copied().collect();
         let g: Vec<f32> = (0..m).map(|t| gdn::log_decay(a[t * n_v + head], w.dt_bias[head], w.a_log[head])).collect();
         let beta: Vec<f32> = (0..m).map(|t| gdn::write_strength(b[t * n_v + head])).collect();
-        let tokens = DeltaTokens { q: &qs[k_head], k: &ks[k_head], v: &v, g: &g, beta: &beta };
+        let tokens = DeltaTokens { q: &qs[k_head], k: &ks[k_head], v: &v, g: LogDecays::Head(&g), beta: &beta };
         let mut head_out = vec![0.0f32; m * d_v];
         gdn::delta_rule_recurrent(isa, state, d_v, &tokens, &mut head_out);
         head_out

@@ -21,7 +21,7 @@ use super::{
     AttendJob, AttnShape, DeltaJob, DeltaKind, Device, ExpertFfnKind, IndexJob, IndexShape, LatentJob, LatentShape,
     MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, TableHandle, VectorHandle,
 };
-use crate::Result;
+use crate::error::Result;
 use crate::rope::Angles;
 
 /// The CPU's tensors and instruction set.
@@ -135,7 +135,7 @@ impl Cpu {
     pub fn rmsnorm_gated(&self, weight: VectorHandle, eps: f32, rows: &mut [f32], gates: &[f32]) {
         let weight = self.vector(weight);
         for (row, gate) in rows.chunks_exact_mut(weight.len()).zip(gates.chunks_exact(weight.len())) {
-            ops::rmsnorm_gated(row, gate, weight, eps);
+            ops::rmsnorm_gated(row, gate, weight, eps, ops::NormGate::Silu);
         }
     }
 
@@ -274,8 +274,8 @@ mod tests {
     use strata_kernels::MatData;
 
     use super::*;
-    use crate::Error;
     use crate::backend::Backend;
+    use crate::error::Error;
 
     const Q_PROJ: &str = "model.layers.0.self_attn.q_proj.weight";
     const NORM: &str = "model.layers.0.input_layernorm.weight";

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use plotters::prelude::*;
 use serde_json::{Value, json};
 
-use crate::bench_quiet::Load;
+use super::quiet::Load;
 
 /// One measured figure next to the limit that bounds it.
 #[derive(Debug, Clone)]
@@ -101,7 +101,7 @@ impl Report {
     /// row (`bench_quiet::measured`); a row pushed with no new runs shares
     /// the previous row's runs, and so its load.
     pub(crate) fn push(&mut self, mut row: Row) {
-        let recorded = crate::bench_quiet::take_recorded();
+        let recorded = super::quiet::take_recorded();
         row.load = Load::worst(&recorded).or_else(|| self.rows.last().and_then(|r| r.load));
         self.rows.push(row);
     }
@@ -305,7 +305,7 @@ fn spread(runs: &[f64], bound_runs: &[f64]) -> String {
     let one = |v: &[f64]| {
         let min = v.iter().copied().fold(f64::INFINITY, f64::min);
         let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        format!("{} / {} / {}", fmt_value(min), fmt_value(crate::bench::median(v)), fmt_value(max))
+        format!("{} / {} / {}", fmt_value(min), fmt_value(super::stats::median(v)), fmt_value(max))
     };
     match (runs.is_empty(), bound_runs.is_empty()) {
         (true, _) => String::new(),
@@ -375,7 +375,7 @@ mod tests {
         // the row's run is measured.
         let mut spinner = std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap();
         std::thread::sleep(Duration::from_millis(100));
-        let measured = crate::bench_quiet::measured_within(Duration::ZERO, || {
+        let measured = crate::bench::quiet::measured_within(Duration::ZERO, || {
             std::thread::sleep(Duration::from_millis(1500));
             Ok(())
         });

@@ -17,8 +17,10 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
-use crate::bench::{Bins, Options, demo_container, evict, median, model_files, run_json, synth};
-use crate::bench_report::{Report, Row};
+use super::common::{Bins, demo_container, evict, model_files, run_json, synth};
+use super::options::Options;
+use super::report::{Report, Row};
+use super::stats::median;
 
 /// The bar: 4 streams reach 2.5 × the tokens/s of one.
 const GOAL_SPEEDUP: f64 = 2.5;

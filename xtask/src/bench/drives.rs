@@ -20,8 +20,10 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::bench::{Bins, Options, evict, footprint, median, model_files, num, run_json, synth};
-use crate::bench_report::{Report, Row};
+use super::common::{Bins, evict, footprint, model_files, num, run_json, synth};
+use super::options::Options;
+use super::report::{Report, Row};
+use super::stats::median;
 
 /// The emulated drives' read rates, bytes per second: a fast and a slow one,
 /// together under half of what this machine's disk gives at its worst
@@ -42,7 +44,7 @@ pub(crate) fn suite_drives(bins: &Bins, opts: &Options, report: &mut Report) -> 
     let fp = footprint(&model)?;
     let budget_bytes = (fp.total_bytes / 4.0).max(1.2 * (1u64 << 30) as f64);
     let budget = format!("{}MiB", (budget_bytes / (1u64 << 20) as f64).round());
-    let expert_cache = crate::bench::streaming_expert_cache(&fp);
+    let expert_cache = super::common::streaming_expert_cache(&fp);
     let headroom = |bytes: f64| (bytes * 1.1) as u64 + (256 << 20);
     let drives = Drives::create(&opts.out.join("drives"), [headroom(fp.total_bytes), headroom(fp.total_bytes)])?;
     eprintln!("drives: copying the container onto drive A and staging a full mirror on drive B");
@@ -298,7 +300,7 @@ impl Drives {
 
     /// One `strata generate --json` run inside the cgroup; its stats.
     fn generate(&self, bins: &Bins, model: &Path, extra: &[&str], max_new: usize) -> Result<Value> {
-        let mut a: Vec<String> = ["generate", &model.display().to_string(), "--tokens", crate::bench::PROMPT]
+        let mut a: Vec<String> = ["generate", &model.display().to_string(), "--tokens", super::common::PROMPT]
             .iter()
             .map(|s| s.to_string())
             .collect();

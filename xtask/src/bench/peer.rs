@@ -34,8 +34,10 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::bench::{Options, median, workspace_root};
-use crate::bench_report::{Report, Row};
+use super::options::Options;
+use super::report::{Report, Row};
+use super::stats::median;
+use crate::cli::workspace_root;
 
 const SDIST: &str = "llama_cpp_python-0.3.36";
 
@@ -65,9 +67,9 @@ pub(crate) fn run(peer: &str, opts: &Options) -> Result<()> {
     let started = std::time::Instant::now();
     let dir = opts.out.join("peer");
     std::fs::create_dir_all(&dir)?;
-    let bins = crate::bench::build()?;
+    let bins = super::common::build()?;
     let llama_bench = build_llama_cpp(&dir)?;
-    let model = crate::bench::synth(&bins, opts, "olmoe-1b-7b", 4)?;
+    let model = super::common::synth(&bins, opts, "olmoe-1b-7b", 4)?;
     let gguf = dir.join("olmoe-1b-7b-l4-q4.gguf");
     if !gguf.exists() {
         eprintln!("peer: converting {} to GGUF (Q4_0 experts, Q8_0 the rest)", model.display());
@@ -84,7 +86,7 @@ pub(crate) fn run(peer: &str, opts: &Options) -> Result<()> {
         }
         std::fs::rename(&tmp, &gguf)?;
     }
-    let mut report = Report::new(crate::bench::machine_info());
+    let mut report = Report::new(super::common::machine_info());
     resident(&bins, &llama_bench, &model, &gguf, opts, &mut report)?;
     bigger_than_ram(&bins, &llama_bench, &model, &gguf, opts, &mut report)?;
     report.notes.push(format!(
@@ -186,7 +188,7 @@ fn output(bin: &Path, args: &[String], cgroup: bool) -> Result<String> {
         Command::new(bin)
     };
     cmd.args(args);
-    let out = crate::bench_quiet::measured(|| cmd.output().with_context(|| format!("running {}", bin.display())))?;
+    let out = super::quiet::measured(|| cmd.output().with_context(|| format!("running {}", bin.display())))?;
     if !out.status.success() {
         bail!(
             "{} failed with {} (an OOM kill shows as signal 9): {}",
@@ -294,7 +296,7 @@ struct DecodeRuns {
 }
 
 impl DecodeRuns {
-    fn run(&mut self, bins: &crate::bench::Bins, bench: &Path, model: &Path, gguf: &Path) -> Result<()> {
+    fn run(&mut self, bins: &super::common::Bins, bench: &Path, model: &Path, gguf: &Path) -> Result<()> {
         self.theirs.push(llama_bench_ts(bench, gguf, 0, 32, &[], false)?);
         let stats = strata(&bins.strata, model, "1,2,3,4,5,6,7,8", 48, &["--ram-budget", "16GiB"], false)?;
         let steps: Vec<f64> = stats["per_token"]
@@ -320,7 +322,7 @@ const RESIDENT_RUNS_MIN: usize = 5;
 const COMPETING_RUNS: usize = 3;
 
 fn resident(
-    bins: &crate::bench::Bins,
+    bins: &super::common::Bins,
     bench: &Path,
     model: &Path,
     gguf: &Path,
@@ -332,7 +334,7 @@ fn resident(
     // bigger-than-RAM runs of an earlier bench leave them evicted. (Only the
     // GGUF was read until 2026-12-02, so Strata's first run read its
     // container from disk.)
-    for file in std::iter::once(gguf.to_path_buf()).chain(crate::bench::model_files(model)?) {
+    for file in std::iter::once(gguf.to_path_buf()).chain(super::common::model_files(model)?) {
         std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
     }
     let reps = opts.reps.max(RESIDENT_RUNS_MIN);
@@ -364,7 +366,7 @@ fn resident(
             .chain(["--steps", "1", "--warm", "1"])
             .map(String::from)
             .collect();
-        let v = crate::bench::run_json(bins.probe(), &a)?;
+        let v = super::common::run_json(bins.probe(), &a)?;
         ours_pp.push(v["prefill_tokens_per_s"].as_f64().context("prefill_tokens_per_s")?);
     }
     report.push(row(
@@ -380,7 +382,7 @@ fn resident(
     // core they lost.
     let mut competing = DecodeRuns::default();
     {
-        let _busy = crate::bench_quiet::BusyCore::start(1)?;
+        let _busy = super::quiet::BusyCore::start(1)?;
         for rep in 0..COMPETING_RUNS {
             eprintln!("peer: resident beside a busy core, run {}/{COMPETING_RUNS}", rep + 1);
             competing.run(bins, bench, model, gguf)?;
@@ -403,7 +405,7 @@ fn resident(
 }
 
 fn bigger_than_ram(
-    bins: &crate::bench::Bins,
+    bins: &super::common::Bins,
     bench: &Path,
     model: &Path,
     gguf: &Path,
@@ -416,17 +418,17 @@ fn bigger_than_ram(
     std::fs::write(format!("{CGROUP}/memory.limit_in_bytes"), limit.to_string()).context("setting the memory limit")?;
     let budget = format!("{}MiB", (limit - STRATA_SLACK_BYTES) >> 20);
     let mut files = vec![gguf.to_path_buf()];
-    files.extend(crate::bench::model_files(model)?);
+    files.extend(super::common::model_files(model)?);
     let (mut ours, mut theirs, mut notes) = (Vec::new(), Vec::new(), Vec::new());
     let result = (|| -> Result<()> {
         for rep in 0..opts.reps {
             eprintln!("peer: 40% of the model in a cgroup ({} MiB), run {}/{}", limit >> 20, rep + 1, opts.reps);
-            crate::bench::evict(bins, &files)?;
+            super::common::evict(bins, &files)?;
             match llama_bench_ts(bench, gguf, 0, 16, &["--repack", "0"], true) {
                 Ok(ts) => theirs.push(ts),
                 Err(e) => notes.push(format!("llama.cpp run {rep}: {e}")),
             }
-            crate::bench::evict(bins, &files)?;
+            super::common::evict(bins, &files)?;
             let extra = ["--ram-budget", budget.as_str(), "--io", "direct", "--context", CGROUP_CONTEXT];
             let stats = strata(&bins.strata, model, "1,2,3,4,5,6,7,8", 16, &extra, true)?;
             ours.push(stats["decode_tokens_per_s"].as_f64().context("decode_tokens_per_s")?);

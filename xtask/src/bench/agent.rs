@@ -18,11 +18,13 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
-use crate::bench::{
-    Bins, Limits, Options, demo_container, direct_read_gbs, evict, footprint, median, model_files, num, run_json, synth,
+use super::batching::expert_bytes;
+use super::common::{
+    Bins, Limits, demo_container, direct_read_gbs, evict, footprint, model_files, num, run_json, synth,
 };
-use crate::bench_batching::expert_bytes;
-use crate::bench_report::{Report, Row};
+use super::options::Options;
+use super::report::{Report, Row};
+use super::stats::median;
 
 /// An agent's prompt: system text, tool schemas and history.
 const PROMPT_TOKENS: usize = 8192;
