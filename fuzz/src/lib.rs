@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use strata_engine::hub::{self, HubHeaders, ModelName};
-use strata_engine::{
-    ChatTemplate, Constraint, Error, Grammar, GrammarCompiler, Message, RENDER_OUTPUT_BYTES_MAX, Tokenizer, ToolSyntax,
-};
+use strata_engine::Constraint;
+use strata_grammar::{Error, Grammar, GrammarCompiler};
+use strata_hub::{self as hub, HubHeaders, ModelName};
+use strata_text::{ChatTemplate, Message, RENDER_OUTPUT_BYTES_MAX, Tokenizer, ToolSyntax};
 use strata_kv::{HASH_BYTES, SequenceState, LayerLayout, SessionFile, SessionHeader, StatePart};
 
 /// A directory private to this process for the parsers that read files;

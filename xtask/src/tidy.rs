@@ -6,7 +6,7 @@ use crate::cli::workspace_root;
 
 /// The library crates, bottom layer first. A crate may depend only on crates
 /// listed before it (docs/ARCHITECTURE.md).
-const LAYERS: [&str; 7] = ["kernels", "format", "tier", "kv", "sched", "models", "engine"];
+const LAYERS: [&str; 10] = ["kernels", "format", "tier", "kv", "sched", "models", "engine", "text", "grammar", "hub"];
 
 fn internal_deps(manifest: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(manifest).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
@@ -38,6 +38,39 @@ fn binaries_depend_only_on_library_crates() {
         for dep in internal_deps(&manifest) {
             assert!(LAYERS.contains(&dep.as_str()), "bins/{bin} depends on strata-{dep}");
         }
+    }
+}
+
+/// What text, grammars and pulling from the hub bring (docs/ARCHITECTURE.md):
+/// `tokenizers`, the Jinja engine, the grammar engine and its token trie, the
+/// HTTP client. They live in strata-text, strata-grammar and strata-hub.
+const NOT_IN_THE_ENGINE: [&str; 6] = ["tokenizers", "minijinja", "minijinja-contrib", "llguidance", "toktrie", "ureq"];
+
+/// The crates a program that depends only on `package` (with all its
+/// features, on this platform) links: `cargo tree`'s normal edges.
+fn linked_crates(package: &str) -> Vec<String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = std::process::Command::new(cargo)
+        .args(["tree", "--manifest-path"])
+        .arg(workspace_root().join("Cargo.toml"))
+        .args(["-p", package, "--all-features", "-e", "normal"])
+        .args(["--prefix", "none", "--format", "{p}"])
+        .output()
+        .expect("cargo tree runs");
+    assert!(output.status.success(), "cargo tree -p {package}: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).expect("cargo tree prints UTF-8");
+    text.lines().filter_map(|line| line.split_whitespace().next()).map(str::to_owned).collect()
+}
+
+/// A program that only runs a model (token ids in, token ids out) links the
+/// engine and nothing of text, grammars or the hub: those are crates of
+/// their own, above it.
+#[test]
+fn the_engine_links_no_tokenizer_template_grammar_or_http_crate() {
+    let linked = linked_crates("strata-engine");
+    assert!(linked.iter().any(|name| name == "strata-models"), "cargo tree lists the engine's crates: {linked:?}");
+    for name in NOT_IN_THE_ENGINE {
+        assert!(!linked.iter().any(|linked| linked == name), "strata-engine links {name}");
     }
 }
 

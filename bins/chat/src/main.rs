@@ -5,7 +5,7 @@
 //! (converted once into a cache), `--model ORG/NAME` a model pulled with
 //! `strata pull`. Piped input (`echo question | chat`) prints one answer and
 //! exits. A thin binary: flags, the line editor and printing are here; the
-//! conversation itself is `strata_engine::Chat`.
+//! conversation itself is `strata_text::Chat`.
 
 mod repl;
 
@@ -17,7 +17,9 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 use strata_engine::args::{EngineArgs, SamplingArgs};
-use strata_engine::{Chat, Engine, ReplyOptions, SamplingDefaults, TextModel, default_cache_dir, resolve_model};
+use strata_engine::{Engine, SamplingDefaults};
+use strata_hub::{default_cache_dir, resolve_model};
+use strata_text::{Chat, ReplyOptions, TextModel};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -115,7 +117,7 @@ fn answer_piped(chat: &mut Chat<'_>, options: &ReplyOptions) -> Result<()> {
     let mut stdout = std::io::stdout();
     // The answer only: a script reading it wants no thinking.
     chat.say(question, options, |split| {
-        if let strata_engine::Split::Answer(text) = split {
+        if let strata_text::Split::Answer(text) = split {
             let _ = stdout.write_all(text.as_bytes());
             let _ = stdout.flush();
         }

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result};
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
-use strata_engine::{ByteSize, Chat, Engine, Reply, ReplyOptions, RunStats, SaveCounts, Split};
+use strata_engine::{ByteSize, Engine, RunStats};
+use strata_text::{Chat, Reply, ReplyOptions, SaveCounts, Split};
 
 const HELP: &str = "\
 /help          this text

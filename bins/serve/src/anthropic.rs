@@ -15,7 +15,8 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use strata_engine::{Finish, Message, ParsedCall, ToolCall};
+use strata_engine::Finish;
+use strata_text::{Message, ParsedCall, ToolCall};
 
 use crate::body::JsonBody;
 use crate::error::{ApiError, Style};

@@ -147,15 +147,27 @@ fn without_paths(message: &str) -> String {
 }
 
 impl From<strata_engine::Error> for ApiError {
-    /// Engine errors met while preparing a request are the request's fault
-    /// (a template refusing the conversation, text the tokenizer cannot
-    /// take); the rest are ours.
+    /// An engine error met while preparing a request is the request's fault
+    /// when the engine says so; the rest are ours.
     fn from(e: strata_engine::Error) -> ApiError {
+        match e {
+            strata_engine::Error::InvalidRequest(reason) => ApiError::invalid(reason),
+            other => ApiError::internal(other.to_string()),
+        }
+    }
+}
+
+impl From<strata_text::Error> for ApiError {
+    /// Text errors met while preparing a request are the request's fault (a
+    /// template refusing the conversation, text the tokenizer cannot take);
+    /// the rest are ours.
+    fn from(e: strata_text::Error) -> ApiError {
         // The reasons only: paths on the server are no business of clients.
         match e {
-            strata_engine::Error::Template { reason, .. } => ApiError::invalid(format!("chat template: {reason}")),
-            strata_engine::Error::Tokenizer { reason, .. } => ApiError::invalid(format!("tokenizer: {reason}")),
-            strata_engine::Error::InvalidRequest(reason) => ApiError::invalid(reason),
+            strata_text::Error::Template { reason, .. } => ApiError::invalid(format!("chat template: {reason}")),
+            strata_text::Error::Tokenizer { reason, .. } => ApiError::invalid(format!("tokenizer: {reason}")),
+            strata_text::Error::InvalidRequest(reason) => ApiError::invalid(reason),
+            strata_text::Error::Engine(e) => e.into(),
             other => ApiError::internal(other.to_string()),
         }
     }

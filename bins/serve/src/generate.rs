@@ -9,9 +9,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use axum::http::StatusCode;
 use strata_engine::{
-    Admission, Constraint, Detokenizer, Error as EngineError, Event, EventSink, Finish, GenerateOptions, Job,
-    ParsedCall, ReasoningSplitter, SamplingOptions, Split, StopStrings, ToolCallParser, ToolEvent,
+    Admission, Constraint, Error as EngineError, Event, EventSink, Finish, GenerateOptions, Job, SamplingOptions,
 };
+use strata_text::{Detokenizer, ParsedCall, ReasoningSplitter, Split, StopStrings, ToolCallParser, ToolEvent};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
@@ -463,7 +463,7 @@ fn shutting_down() -> ApiError {
 mod tests {
     use std::path::Path;
 
-    use strata_engine::{ThinkingStart, Tokenizer, ToolSyntax};
+    use strata_text::{ThinkingStart, Tokenizer, ToolSyntax};
 
     use super::*;
 

@@ -15,10 +15,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use strata_engine::{
-    BatchLimits, Batcher, ChatTemplate, Engine, EngineOptions, SamplingDefaults, Tokenizer, ToolSyntax,
-    default_cache_dir, eos_ids_from_dir, logging, resolve_model,
-};
+use strata_engine::{BatchLimits, Batcher, Engine, EngineOptions, SamplingDefaults, logging};
+use strata_hub::{default_cache_dir, resolve_model};
+use strata_text::{ChatTemplate, Tokenizer, ToolSyntax, eos_ids_from_dir};
 use tokio::sync::Semaphore;
 
 use strata_serve::cli::Cli;
@@ -216,8 +215,8 @@ fn raise_fd_limit() -> Option<u64> {
 /// The model's name for clients: ORG/NAME as pulled, else its directory's
 /// name.
 fn default_name(model: Option<&Path>) -> String {
-    let Some(dir) = model else { return strata_engine::DEMO_NAME.to_owned() };
-    if let Some(name) = dir.to_str().filter(|_| !dir.exists()).and_then(strata_engine::hub::ModelName::parse) {
+    let Some(dir) = model else { return strata_hub::DEMO_NAME.to_owned() };
+    if let Some(name) = dir.to_str().filter(|_| !dir.exists()).and_then(strata_hub::ModelName::parse) {
         return name.repo;
     }
     let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());

@@ -18,7 +18,8 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use strata_engine::{Finish, Message, ParsedCall, ToolCall};
+use strata_engine::Finish;
+use strata_text::{Message, ParsedCall, ToolCall};
 
 use crate::body::JsonBody;
 use crate::error::ApiError;

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
-use strata_engine::{
-    Batcher, ChatTemplate, Engine, GrammarCompiler, Message, SamplingDefaults, ThinkingStart, Tokenizer, ToolSyntax,
-};
+use strata_engine::{Batcher, Engine, SamplingDefaults};
+use strata_grammar::GrammarCompiler;
+use strata_text::{ChatTemplate, Message, ThinkingStart, Tokenizer, ToolSyntax};
 use tokio::sync::Semaphore;
 
 use crate::error::ApiError;

@@ -5,7 +5,8 @@
 //! at its budget (and holds only the answer to a grammar).
 
 use serde_json::{Map, Value};
-use strata_engine::{Constraint, ReasoningSplitter, ThinkingBudget, ThinkingMarkers, ThinkingStart, text};
+use strata_engine::Constraint;
+use strata_text::{ReasoningSplitter, ThinkingBudget, ThinkingMarkers, ThinkingStart};
 
 use crate::error::ApiError;
 use crate::state::App;
@@ -65,7 +66,7 @@ pub fn template_kwargs(value: Option<Value>) -> Result<Map<String, Value>, ApiEr
 impl App {
     /// Whether this model's template marks thinking.
     pub fn thinks(&self) -> bool {
-        self.template.as_ref().is_some_and(|t| text::template_thinks(t.source()))
+        self.template.as_ref().is_some_and(|t| strata_text::template_thinks(t.source()))
     }
 
     /// The splitter for a reply that starts at `start` (`ChatPrompt`), when
@@ -87,7 +88,8 @@ impl App {
             return Ok(inner);
         }
         let ids = |marker: &str| self.tokenizer.encode(marker, false).map_err(|e| ApiError::internal(e.to_string()));
-        let markers = ThinkingMarkers { open_ids: ids(text::THINK_OPEN)?, close_ids: ids(text::THINK_CLOSE)? };
+        let markers =
+            ThinkingMarkers { open_ids: ids(strata_text::THINK_OPEN)?, close_ids: ids(strata_text::THINK_CLOSE)? };
         if markers.open_ids.is_empty() || markers.close_ids.is_empty() {
             return Ok(inner);
         }

@@ -4,7 +4,9 @@
 //! the reply to them.
 
 use serde_json::Value;
-use strata_engine::{Constraint, Error as EngineError, GrammarCompiler, Message, ToolCallParser};
+use strata_engine::Constraint;
+use strata_grammar::GrammarCompiler;
+use strata_text::{Message, ToolCallParser};
 
 use crate::error::ApiError;
 use crate::state::App;
@@ -113,7 +115,7 @@ impl App {
         };
         match grammar {
             Ok(grammar) => Ok(Some(Box::new(grammar))),
-            Err(EngineError::InvalidRequest(message)) => Err(ApiError::invalid_param(param, message)),
+            Err(strata_grammar::Error::InvalidRequest(message)) => Err(ApiError::invalid_param(param, message)),
             Err(e) => Err(ApiError::internal(e.to_string())),
         }
     }

@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use strata_engine::ByteSize;
 use strata_engine::args::SamplingArgs;
-use strata_engine::hub::ModelName;
-use strata_engine::{AUTO_CONVERT_PRESET, ByteSize};
+use strata_hub::{AUTO_CONVERT_PRESET, ModelName};
 
 #[derive(Debug, Parser)]
 #[command(

@@ -5,9 +5,10 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use strata_engine::hub::{self, ModelName};
-use strata_engine::{ByteSize, Engine, GenerateOptions, SamplingDefaults, TextModel, default_cache_dir, resolve_model};
+use strata_engine::{ByteSize, Engine, GenerateOptions, SamplingDefaults};
 use strata_format::{ConvertOptions, QuantPreset, SynthOptions};
+use strata_hub::{self as hub, ModelName, default_cache_dir, resolve_model};
+use strata_text::TextModel;
 
 use crate::cli::{Cli, Command, RunArgs, TraceCommand};
 
@@ -29,7 +30,7 @@ pub fn run(cli: Cli) -> Result<()> {
             };
             // Before minutes of conversion: a tokenizer or template that
             // cannot be used would otherwise fail every start of the model.
-            strata_engine::check_text_files(&hf_dir).with_context(|| format!("converting {}", hf_dir.display()))?;
+            strata_text::check_text_files(&hf_dir).with_context(|| format!("converting {}", hf_dir.display()))?;
             let report = strata_format::convert(&hf_dir, &out_dir, &options)
                 .with_context(|| format!("converting {}", hf_dir.display()))?;
             println!(
@@ -540,7 +541,7 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     println!("bytes total   {} ({})", total_bytes, ByteSize(total_bytes));
     // Loading checks the template as every binary that chats does (a sample
     // conversation within the render limits).
-    match strata_engine::ChatTemplate::from_dir(model_dir)? {
+    match strata_text::ChatTemplate::from_dir(model_dir)? {
         Some(template) => println!("chat template {}", template.path().display()),
         None => println!("chat template none (only plain prompts)"),
     }

@@ -17,48 +17,39 @@
 //! # }
 //! ```
 //!
+//! Token ids in, token ids out: text (tokenizers, chat templates) is
+//! `strata-text`'s, grammars `strata-grammar`'s, and finding a model (the
+//! demo, the checkpoint cache, pulling from the hub) `strata-hub`'s; a
+//! program that only runs a model links none of them.
+//!
 //! **Architecture invariant:** the engine holds no global state. Everything a
 //! run depends on (threads, cache size, sampling) is passed in explicitly.
 
 #[cfg(feature = "clap")]
 pub mod args;
 mod batch;
-mod chat;
 mod constraint;
 mod decode;
-mod demo;
 mod engine;
 mod error;
-mod grammar;
-pub mod hub;
 #[cfg(feature = "clap")]
 pub mod logging;
 pub mod mirror;
 mod persist;
-mod resolve;
 mod sampler;
 mod session;
-pub mod text;
 
 pub use batch::{Admission, BatchLimits, BatchObserver, Batcher, Event, EventSink, Events, Job};
-pub use chat::{Chat, Reply, ReplyOptions, SaveCounts, TextModel};
 pub use constraint::Constraint;
 pub use decode::{Finish, Generation, Step};
 pub use engine::{
     CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch, USAGE_FILE_NAME, kv_footprint,
 };
 pub use error::{Error, Result};
-pub use grammar::{GRAMMAR_SCHEMA_BYTES_MAX, GRAMMAR_TOOLS_MAX, Grammar, GrammarCompiler};
 pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport, session_path, validate_session_name};
-pub use resolve::{AUTO_CONVERT_PRESET, DEMO_NAME, ResolvedModel, default_cache_dir, resolve_model};
 pub use sampler::{Sampler, SamplingDefaults, SamplingOptions};
 pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
 pub use strata_format::{CoreSpec, ModelArch};
 pub use strata_kernels::ActivationPrecision;
 pub use strata_kv::CutTail;
 pub use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget, StoreStats, resident_bytes};
-pub use text::{
-    ChatTemplate, Detokenizer, Message, ParsedCall, RENDER_OUTPUT_BYTES_MAX, ReasoningSplitter, Split, StopOutput,
-    StopStrings, ThinkingBudget, ThinkingMarkers, ThinkingStart, Tokenizer, ToolCall, ToolCallParser, ToolEvent,
-    ToolSyntax, check_text_files, eos_ids_from_dir,
-};

@@ -11,7 +11,7 @@
 //!   holds only what follows to an inner constraint (a forced call's or a
 //!   response format's grammar applies to the answer, as vLLM applies it).
 
-use crate::{Constraint, Result};
+use strata_engine::{Constraint, Result};
 
 /// The marker that opens a model's thinking.
 pub const THINK_OPEN: &str = "<think>";
@@ -245,7 +245,7 @@ impl Constraint for ThinkingBudget {
         if let Some(token) = self.forced_next() {
             let allowed = token as usize;
             if allowed >= logits.len() {
-                return Err(crate::Error::Grammar(format!(
+                return Err(strata_engine::Error::Grammar(format!(
                     "the close marker's token {token} is outside the vocabulary"
                 )));
             }
@@ -439,11 +439,11 @@ mod tests {
         }
     }
 
-    fn committed_template(name: &str) -> crate::text::ChatTemplate {
+    fn committed_template(name: &str) -> crate::ChatTemplate {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/templates").join(name);
         let tokens = [("bos_token", "<｜begin▁of▁sentence｜>"), ("eos_token", "<|im_end|>")];
         let tokens = tokens.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        crate::text::ChatTemplate::new(std::fs::read_to_string(path).unwrap(), tokens).unwrap()
+        crate::ChatTemplate::new(std::fs::read_to_string(path).unwrap(), tokens).unwrap()
     }
 
     fn variables(json: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
@@ -456,7 +456,7 @@ mod tests {
     /// thinking of the turn still going on (a call and its result) is shown.
     #[test]
     fn each_thinking_template_opens_and_drops_thinking_as_it_says() {
-        use crate::text::{Message, ToolCall};
+        use crate::{Message, ToolCall};
         use ThinkingStart::{Closed, MayOpen, Opened};
         let cases = [
             ("qwen3.jinja", serde_json::json!({}), MayOpen),

@@ -14,10 +14,15 @@
 //! - [`ReasoningSplitter`], [`ThinkingBudget`]: a reasoning model's thinking
 //!   kept apart from its answer, and held to a budget of tokens.
 //! - [`eos_ids_from_dir`]: every id that ends generation.
+//! - [`Chat`]: a conversation in text over an engine's session.
 //!
 //! Nothing here downloads anything: every file is read from the directory.
+//! The engine knows token ids only; this crate is what a program that takes
+//! and gives text adds to it.
 
+mod chat;
 mod detok;
+mod error;
 mod reasoning;
 mod stop;
 mod template;
@@ -28,7 +33,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
+pub use chat::{Chat, Reply, ReplyOptions, SaveCounts, TextModel};
 pub use detok::Detokenizer;
+pub use error::{Error, Result};
 pub use reasoning::{
     ReasoningSplitter, Split, THINK_CLOSE, THINK_OPEN, ThinkingBudget, ThinkingMarkers, ThinkingStart, template_thinks,
 };
@@ -39,8 +46,6 @@ pub use template::{
 };
 pub use tokenizer::{TOKENIZER_FILE, Tokenizer};
 pub use tools::{ParsedCall, ToolCallParser, ToolEvent, ToolSyntax};
-
-use crate::{Error, Result};
 
 /// The file Hugging Face writes generation defaults to.
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";

@@ -5,8 +5,9 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use strata_engine::{Chat, Engine, EngineOptions, ReplyOptions, SamplingOptions, TextModel};
+use strata_engine::{Engine, EngineOptions, SamplingOptions};
 use strata_format::{ConvertOptions, QuantPreset};
+use strata_text::{Chat, ReplyOptions, TextModel};
 
 /// The demo checkpoint in the repository.
 const DEMO_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/demo");

@@ -8,7 +8,8 @@ use serde_json::Value;
 
 use super::closed::closed_objects;
 use super::with_json_options;
-use crate::text::ToolSyntax;
+use strata_text::ToolSyntax;
+
 use crate::{Error, Result};
 
 /// The grammar of one call of `name` (any of `tools` when `None`) in

@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 
 use proptest::prelude::*;
 use serde_json::Value;
-use strata_engine::{ChatTemplate, Message, StopStrings, Tokenizer, eos_ids_from_dir};
+use strata_text::{ChatTemplate, Message, StopStrings, Tokenizer, eos_ids_from_dir};
 
 fn testdata() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")

@@ -1,9 +1,13 @@
+//! Where models come from: the demo model built into the binary, Hugging
+//! Face checkpoints converted once into a cache keyed by their content, and
+//! models by name ([`resolve_model`]); the engine opens containers only.
+//!
 //! Models by name, as Ollama has them: `pull` fetches a Hugging Face
 //! repository (`ORG/NAME[@REVISION]`) over the hub's HTTP protocol
 //! ([`client`]), checks every file against the digest the hub publishes for
 //! it, converts the checkpoint into the model cache and publishes the
 //! container there under its name; from then `--model ORG/NAME` opens it
-//! (crate::resolve). `list` and `remove` are `strata models` and `strata rm`.
+//! ([`resolve_model`]). `list` and `remove` are `strata models` and `strata rm`.
 //!
 //! The cache (docs/FORMAT.md, "The model cache"). Every path below is built
 //! here from checked names ([`names`]): nothing the hub sends chooses one.
@@ -15,7 +19,10 @@
 //! ```
 
 mod client;
+mod demo;
+mod error;
 mod names;
+mod resolve;
 
 use std::fs;
 use std::io::Read;
@@ -29,7 +36,8 @@ use strata_format::{ConvertOptions, QuantPreset};
 
 pub use self::client::HubHeaders;
 use self::client::{FileRequest, HubClient};
-use crate::{Error, Result};
+pub use self::error::{Error, Result};
+pub use self::resolve::{AUTO_CONVERT_PRESET, DEMO_NAME, ResolvedModel, default_cache_dir, resolve_model};
 
 /// Where pulled containers live, under the model cache.
 pub const PULLED_DIR: &str = "pulled";
@@ -402,7 +410,8 @@ fn convert_and_publish(snapshot: &Path, dir: &Path, record: &PulledRecord, optio
         allow_unknown_config: options.allow_unknown_config.clone(),
         ..ConvertOptions::new(options.preset)
     };
-    let published = crate::check_text_files(snapshot)
+    let published = strata_text::check_text_files(snapshot)
+        .map_err(Error::from)
         .and_then(|()| strata_format::convert(snapshot, &staging, &convert_options).map_err(Error::from))
         .and_then(|_| write_record(&staging, record))
         .and_then(|()| publish(&staging, dir));

@@ -1,7 +1,7 @@
 //! Finding the model to run: the built-in demo model when none is named
 //! (crate::demo), a container as is, a Hugging Face checkpoint converted
 //! once into a cache keyed by its content, or a model pulled by name
-//! (crate::hub).
+//! ([`crate::pull`]).
 
 use std::fs;
 use std::io::Read;
@@ -54,9 +54,9 @@ pub fn resolve_model(
     // A directory wins over a name, so an existing `org/name` folder still
     // runs as it did before models had names.
     if !dir.exists()
-        && let Some(name) = dir.to_str().and_then(crate::hub::ModelName::parse)
+        && let Some(name) = dir.to_str().and_then(crate::ModelName::parse)
     {
-        return match crate::hub::open_pulled(cache_dir, &name)? {
+        return match crate::open_pulled(cache_dir, &name)? {
             Some(container_dir) => Ok(ResolvedModel { container_dir, converted: false }),
             None => Err(Error::NotPulled { name: name.to_string() }),
         };
@@ -96,7 +96,7 @@ pub fn resolve_model(
         allow_unknown_config: allow_unknown_config.to_vec(),
         ..ConvertOptions::new(AUTO_CONVERT_PRESET)
     };
-    crate::check_text_files(&dir)?;
+    strata_text::check_text_files(&dir)?;
     strata_format::convert(&dir, &container_dir, &options)?;
     Ok(ResolvedModel { container_dir, converted: true })
 }

@@ -8,11 +8,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use strata_engine::{
-    Constraint, Engine, EngineOptions, Grammar, GrammarCompiler, Message, Sampler, SamplingOptions, TextModel,
-    ToolCallParser, ToolEvent, ToolSyntax,
-};
+use strata_engine::{Constraint, Engine, EngineOptions, Sampler, SamplingOptions};
 use strata_format::{ConvertOptions, QuantPreset};
+use strata_grammar::{Grammar, GrammarCompiler};
+use strata_text::{Message, TextModel, ToolCallParser, ToolEvent, ToolSyntax};
 
 const DEMO_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/demo");
 const SEEDS: u64 = 50;
@@ -223,25 +222,25 @@ fn forced_tool_calls_parse_in_every_syntax() {
 
 #[test]
 fn an_unsatisfiable_or_malformed_schema_is_the_requests_error() {
-    let tokenizer = strata_engine::Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
+    let tokenizer = strata_text::Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
     let eos = tokenizer.token_to_id("<|end|>").unwrap();
     let compiler = GrammarCompiler::new(&tokenizer, &[eos]).unwrap();
     for schema in [json!("not a schema"), json!({"type": "nonsense"})] {
         let err = compiler.json_schema(&schema, false).unwrap_err();
-        assert!(matches!(err, strata_engine::Error::InvalidRequest(_)), "{schema}: {err}");
+        assert!(matches!(err, strata_grammar::Error::InvalidRequest(_)), "{schema}: {err}");
     }
 }
 
 fn demo_compiler() -> GrammarCompiler {
-    let tokenizer = strata_engine::Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
+    let tokenizer = strata_text::Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
     let eos = tokenizer.token_to_id("<|end|>").unwrap();
     GrammarCompiler::new(&tokenizer, &[eos]).unwrap()
 }
 
 /// The request's error, as one line of text (it goes to the client).
-fn one_line_refusal(result: strata_engine::Result<Grammar>) -> String {
+fn one_line_refusal(result: strata_grammar::Result<Grammar>) -> String {
     let err = result.unwrap_err();
-    assert!(matches!(err, strata_engine::Error::InvalidRequest(_)), "{err}");
+    assert!(matches!(err, strata_grammar::Error::InvalidRequest(_)), "{err}");
     let message = err.to_string();
     assert!(!message.contains('\n') && message.len() < 300, "{message}");
     message
@@ -263,7 +262,7 @@ fn too_many_forced_tools_are_refused_naming_the_limit() {
     };
     let tools: Vec<Value> = (0..4000).map(tool).collect();
     let message = one_line_refusal(demo_compiler().tool_call(ToolSyntax::JsonTags, &tools, None));
-    assert!(message.contains(&strata_engine::GRAMMAR_TOOLS_MAX.to_string()), "{message}");
+    assert!(message.contains(&strata_grammar::GRAMMAR_TOOLS_MAX.to_string()), "{message}");
 }
 
 #[test]
@@ -272,12 +271,12 @@ fn a_schema_past_the_byte_limit_is_refused_naming_it() {
         (0..20_000).map(|i| (format!("property_{i}"), json!({"type": "integer"}))).collect();
     let schema = json!({"type": "object", "properties": properties});
     let message = one_line_refusal(demo_compiler().json_schema(&schema, false));
-    assert!(message.contains(&strata_engine::GRAMMAR_SCHEMA_BYTES_MAX.to_string()), "{message}");
+    assert!(message.contains(&strata_grammar::GRAMMAR_SCHEMA_BYTES_MAX.to_string()), "{message}");
 }
 
 /// Whether `grammar` allows `text`, fed token by token as sampling would:
 /// each token must survive the step's mask.
-fn allows(grammar: &mut Grammar, tokenizer: &strata_engine::Tokenizer, text: &str) -> bool {
+fn allows(grammar: &mut Grammar, tokenizer: &strata_text::Tokenizer, text: &str) -> bool {
     for token in tokenizer.encode(text, false).unwrap() {
         let mut logits = vec![0.0; tokenizer.vocab_size()];
         grammar.mask(&mut logits).unwrap();
@@ -294,7 +293,7 @@ fn allows(grammar: &mut Grammar, tokenizer: &strata_engine::Tokenizer, text: &st
 /// keys do, not run on into keys nobody declared.
 #[test]
 fn a_schema_without_additional_properties_allows_no_undeclared_key_when_strict_or_forced() {
-    let tokenizer = strata_engine::Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
+    let tokenizer = strata_text::Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
     let compiler = demo_compiler();
     let parameters = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
     let (declared, undeclared) = (r#"{"city": "Paris"}"#, r#"{"city": "Paris", "x": 1}"#);

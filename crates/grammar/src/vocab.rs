@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use tokenizers::DecoderWrapper;
 use toktrie::{TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
-use crate::text::Tokenizer;
+use strata_text::Tokenizer;
+
 use crate::{Error, Result};
 
 /// A tokenizer and the trie of its tokens' bytes.
@@ -31,7 +32,7 @@ impl Vocab {
     /// The vocabulary of `tokenizer`, ending generation at `eos_ids` (the
     /// model's, all of them: a grammar that is complete allows exactly these).
     pub(super) fn new(tokenizer: &Tokenizer, eos_ids: &[u32]) -> Result<Vocab> {
-        let bad = |reason: String| Error::Grammar(format!("{}: {reason}", tokenizer.path().display()));
+        let bad = |reason: String| Error::Vocabulary(format!("{}: {reason}", tokenizer.path().display()));
         let hf = tokenizer.hf();
         let spelling = hf
             .get_decoder()

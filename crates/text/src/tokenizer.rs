@@ -108,7 +108,7 @@ impl Tokenizer {
 
     /// The `tokenizers` crate's tokenizer, for what reads its vocabulary's
     /// spelling (the grammar's token trie).
-    pub(crate) fn hf(&self) -> &tokenizers::Tokenizer {
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
 

@@ -11,12 +11,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::persist::{SESSION_FILE_EXTENSION, validate_session_name};
-use crate::text::{
-    ChatTemplate, Message, ReasoningSplitter, Split, StopStrings, ThinkingStart, Tokenizer, eos_ids_from_dir,
-    template_thinks,
+use strata_engine::{
+    Engine, Finish, GenerateOptions, RunStats, SESSION_FILE_EXTENSION, SamplingOptions, Session, validate_session_name,
 };
-use crate::{Engine, Error, Finish, GenerateOptions, Result, RunStats, SamplingOptions, Session};
+
+use crate::{
+    ChatTemplate, Error, Message, ReasoningSplitter, Result, Split, StopStrings, ThinkingStart, Tokenizer,
+    eos_ids_from_dir, template_thinks,
+};
 
 /// The suffix of a saved conversation's record: `<kv_dir>/NAME.chat.json`.
 const SAVED_CHAT_SUFFIX: &str = ".chat.json";
@@ -440,7 +442,11 @@ impl<'e> Chat<'e> {
         });
         let report = match (report, failure) {
             (Ok(report), None) => report,
-            (Err(err), _) | (Ok(_), Some(err)) => {
+            (Err(err), _) => {
+                self.messages = before;
+                return Err(err.into());
+            }
+            (Ok(_), Some(err)) => {
                 self.messages = before;
                 return Err(err);
             }

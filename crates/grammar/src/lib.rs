@@ -7,10 +7,11 @@
 //!
 //! [`GrammarCompiler`] is built once per model (the token trie of its
 //! vocabulary); each request gets its own [`Grammar`], a
-//! [`Constraint`](crate::Constraint) that the decode step asks for the mask
+//! [`Constraint`] that the decode step asks for the mask
 //! before sampling and tells the token chosen after.
 
 mod closed;
+mod error;
 mod tool_call;
 mod vocab;
 
@@ -22,9 +23,11 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 use toktrie::SimpleVob;
 
-use crate::text::{Tokenizer, ToolSyntax};
-use crate::{Constraint, Error, Result};
+use strata_engine::Constraint;
+use strata_text::{Tokenizer, ToolSyntax};
 use vocab::Vocab;
+
+pub use error::{Error, Result};
 
 /// JSON as llguidance writes it under our grammars: Python's `json.dumps`
 /// separators, no free whitespace. Fixed separators keep a small model from
@@ -71,7 +74,7 @@ impl GrammarCompiler {
     pub fn new(tokenizer: &Tokenizer, eos_ids: &[u32]) -> Result<GrammarCompiler> {
         let vocab = Arc::new(Vocab::new(tokenizer, eos_ids)?);
         let env: toktrie::TokEnv = vocab.clone();
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Grammar(e.to_string()))?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Vocabulary(e.to_string()))?;
         // Warnings and errors come back as values; nothing is printed.
         factory.quiet();
         // Errors go back to the client whose schema caused them: the reason,
@@ -175,13 +178,13 @@ impl Grammar {
         (self.mask_time, self.masks)
     }
 
-    fn error(&self, what: &str, e: impl std::fmt::Display) -> Error {
-        Error::Grammar(format!("{what}: {e}"))
+    fn error(&self, what: &str, e: impl std::fmt::Display) -> strata_engine::Error {
+        strata_engine::Error::Grammar(format!("{what}: {e}"))
     }
 }
 
 impl Constraint for Grammar {
-    fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
+    fn mask(&mut self, logits: &mut [f32]) -> strata_engine::Result<()> {
         let start = Instant::now();
         let allowed = match self.first_mask.take() {
             Some(mask) => mask,
@@ -209,7 +212,7 @@ impl Constraint for Grammar {
         Ok(())
     }
 
-    fn accept(&mut self, token: u32) -> Result<()> {
+    fn accept(&mut self, token: u32) -> strata_engine::Result<()> {
         self.matcher.consume_token(token).map_err(|e| self.error("accept", e))
     }
 

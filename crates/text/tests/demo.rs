@@ -7,11 +7,9 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use strata_engine::text::Tokenizer;
-use strata_engine::{
-    ActivationPrecision, Chat, Engine, EngineOptions, GenerateOptions, Reply, ReplyOptions, SamplingOptions, TextModel,
-};
+use strata_engine::{ActivationPrecision, Engine, EngineOptions, GenerateOptions, SamplingOptions};
 use strata_format::{ConvertOptions, QuantPreset, npy};
+use strata_text::{Chat, Reply, ReplyOptions, TextModel, Tokenizer};
 
 /// The demo checkpoint in the repository (the binaries carry a copy).
 const DEMO_MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/demo");
@@ -59,7 +57,7 @@ fn demo_tokenizer_matches_transformers_ids() {
     assert_eq!(tokenizer.encode("Once upon a time", false).unwrap(), ids(&reference()["prompt"]));
 }
 
-fn say(chat: &mut Chat<'_>, text: &str, options: &ReplyOptions) -> strata_engine::Result<Reply> {
+fn say(chat: &mut Chat<'_>, text: &str, options: &ReplyOptions) -> strata_text::Result<Reply> {
     chat.say(text, options, |_| ControlFlow::Continue(()))
 }
 
