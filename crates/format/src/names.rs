@@ -111,7 +111,7 @@ pub fn router_name(core: &CoreSpec, layer: usize) -> String {
 
 /// The per-expert selection bias of a sigmoid router, `[num_experts]`.
 pub fn correction_bias_name(core: &CoreSpec, layer: usize) -> String {
-    layer_tensor(core, layer, "mlp.gate.e_score_correction_bias")
+    layer_tensor(core, layer, &format!("{}.gate.e_score_correction_bias", naming(core).moe_module))
 }
 
 /// The bias of a router that has one ([`RouterKind::TopKThenSoftmax`]),
@@ -153,7 +153,8 @@ pub fn shared_expert_names(core: &CoreSpec, layer: usize, shared: SharedExperts)
         SharedExperts::Gated { .. } => "shared_expert",
         SharedExperts::Plain { .. } | SharedExperts::None => "shared_experts",
     };
-    ["gate_proj", "up_proj", "down_proj"].map(|p| layer_tensor(core, layer, &format!("mlp.{module}.{p}.weight")))
+    let moe = naming(core).moe_module;
+    ["gate_proj", "up_proj", "down_proj"].map(|p| layer_tensor(core, layer, &format!("{moe}.{module}.{p}.weight")))
 }
 
 /// The gate of a gated shared expert, `[1, hidden]`.
