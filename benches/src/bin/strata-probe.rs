@@ -177,7 +177,7 @@ fn record_check(a: &Args) -> Result<serde_json::Value> {
 fn batch_decode(a: &Args) -> Result<serde_json::Value> {
     let model: String = a.get("model", String::new())?;
     let dir = if model.is_empty() { None } else { Some(std::path::PathBuf::from(&model)) };
-    let resolved = strata_engine::resolve_model(dir.as_deref(), &strata_engine::default_cache_dir(), false)?;
+    let resolved = strata_engine::resolve_model(dir.as_deref(), &strata_engine::default_cache_dir(), false, &[])?;
     let streams = a.get("streams", 1usize)?;
     let mut options = strata_engine::EngineOptions {
         threads: a.get("threads", 0usize)?,

@@ -37,6 +37,11 @@ pub struct Cli {
     /// Where pulled models and converted checkpoints are cached (default: ~/.cache/strata/models).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// A config.json key to accept although the model's family does not
+    /// know it, when a Hugging Face checkpoint is converted (repeatable;
+    /// dotted for nested keys, e.g. `text_config.moe_latent_dim`).
+    #[arg(long, value_name = "KEY")]
+    allow_unknown_config: Vec<String>,
     /// Take tokenizer.json and the chat template from this directory instead
     /// of the model's (e.g. for a `strata synth` container, which has none).
     #[arg(long)]
@@ -84,7 +89,7 @@ fn restore_sigpipe() {
 fn run(cli: Cli) -> Result<()> {
     let cache_dir = cli.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let interactive = std::io::stdin().is_terminal();
-    let resolved = resolve_model(cli.model.as_deref(), &cache_dir, interactive)?;
+    let resolved = resolve_model(cli.model.as_deref(), &cache_dir, interactive, &cli.allow_unknown_config)?;
     let engine = Engine::open(&resolved.container_dir, &cli.engine.options())
         .with_context(|| format!("opening {}", resolved.container_dir.display()))?;
     let text_dir = cli.tokenizer.clone().unwrap_or_else(|| engine.container().dir().to_path_buf());

@@ -38,6 +38,11 @@ pub struct Cli {
     /// Where pulled models and converted checkpoints are cached (default: ~/.cache/strata/models).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// A config.json key to accept although the model's family does not
+    /// know it, when a Hugging Face checkpoint is converted (repeatable;
+    /// dotted for nested keys, e.g. `text_config.moe_latent_dim`).
+    #[arg(long, value_name = "KEY")]
+    pub allow_unknown_config: Vec<String>,
 
     /// Address to listen on. Loopback by default: the server is for this
     /// machine unless asked otherwise.

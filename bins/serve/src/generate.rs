@@ -237,7 +237,12 @@ impl App {
             extra_eos_token_ids: self.eos_token_ids.clone(),
         };
         let (events, rx) = mpsc::channel(max_tokens + 1);
-        let job = Job { prompt: request.prompt, options, constraint: request.constraint };
+        let job = Job {
+            prompt: request.prompt,
+            options,
+            constraint: request.constraint,
+            request_id: crate::trace::request_id(),
+        };
         // Checked above as the APIs word it; the batcher's own check agrees.
         admission.send(job, Box::new(RequestSink(events))).map_err(|e| match e {
             EngineError::BatcherStopped => shutting_down(),

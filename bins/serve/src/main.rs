@@ -51,7 +51,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // Before the model loads: a bad key file fails in a moment, not minutes.
     let api_key = cli.api_key()?;
     let cache_dir = cli.cache_dir.clone().unwrap_or_else(default_cache_dir);
-    let resolved = resolve_model(cli.model.as_deref(), &cache_dir, true).context("finding the model")?;
+    let resolved = resolve_model(cli.model.as_deref(), &cache_dir, true, &cli.allow_unknown_config)
+        .context("finding the model")?;
     if resolved.converted {
         tracing::info!("converted the checkpoint into {}", resolved.container_dir.display());
     }

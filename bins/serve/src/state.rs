@@ -30,6 +30,8 @@ pub struct ModelInfo {
     pub dense_bytes: u64,
     pub expert_cache_bytes: u64,
     pub expert_bytes: u64,
+    /// `--activations`: `exact` or the lossy `q8`.
+    pub activations: &'static str,
 }
 
 impl ModelInfo {
@@ -51,6 +53,7 @@ impl ModelInfo {
             dense_bytes: budget.dense_bytes,
             expert_cache_bytes: engine.expert_cache_bytes() as u64,
             expert_bytes: manifest.expert_layers.iter().map(|l| l.record_bytes * l.num_experts as u64).sum(),
+            activations: engine.activations().name(),
         }
     }
 }

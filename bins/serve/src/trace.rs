@@ -24,6 +24,17 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The longest client-sent id kept; a longer one is replaced.
 const CLIENT_ID_MAX_BYTES: usize = 64;
 
+tokio::task_local! {
+    /// The id of the request a handler runs for: the batcher names its
+    /// jobs by it on its own thread, outside the request's span.
+    static HANDLED_ID: String;
+}
+
+/// The id of the request being handled, `None` outside a request's task.
+pub fn request_id() -> Option<String> {
+    HANDLED_ID.try_with(String::clone).ok()
+}
+
 /// Runs the request inside its span and logs its end.
 pub async fn trace_request(request: Request, next: Next) -> Response {
     let id = request.headers().get(&REQUEST_ID).and_then(client_id).unwrap_or_else(fresh_id);
@@ -32,7 +43,7 @@ pub async fn trace_request(request: Request, next: Next) -> Response {
     // would bury the API's.
     let polled = matches!(request.uri().path(), "/health" | "/metrics" | "/info");
     let started = Instant::now();
-    let mut response = next.run(request).instrument(span.clone()).await;
+    let mut response = HANDLED_ID.scope(id.clone(), next.run(request)).instrument(span.clone()).await;
     // The id is made of header-safe characters (see `client_id`, `fresh_id`).
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID, value);

@@ -351,6 +351,50 @@ fn a_requests_id_is_on_each_of_its_json_log_lines() {
     assert!(server.wait_for(std::time::Duration::from_secs(10), |_| done(&lines_of("client-7.a_b"))));
 }
 
+/// `RUST_LOG=strata=debug`: each batch step's span names the requests it
+/// carries, so its end (tokens, milliseconds) and each MoE layer's expert
+/// loads (layer, experts, bytes, stall) join a request's lines by its id.
+#[test]
+fn batch_steps_and_expert_loads_carry_the_request_ids_of_their_batch() {
+    // A cache smaller than the demo's experts: they are streamed, not all
+    // read at open.
+    let args = ["--log-format", "json", "--expert-cache", "1MiB"];
+    let server = Server::start_with_env(&[("RUST_LOG", "strata=debug")], &args);
+    let body = json!({ "model": "demo", "prompt": "Once upon a time", "max_tokens": 3 }).to_string();
+    let headers = [("Content-Type", "application/json"), ("X-Request-Id", "joined-by-id")];
+    let response = request(server.addr, "POST", "/v1/completions", &headers, Some(body.as_bytes()));
+    assert_eq!(response.status, 200, "{}", response.text());
+    let in_its_steps = |message: &str| -> Vec<Value> {
+        let stderr = server.stderr();
+        let lines = stderr.lines().map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")));
+        let carries = |span: &Value| {
+            span["name"] == "step"
+                && span["requests"].as_str().is_some_and(|ids| ids.split(',').any(|id| id == "joined-by-id"))
+        };
+        lines
+            .filter(|l| l["fields"]["message"] == message)
+            .filter(|l| l["spans"].as_array().is_some_and(|spans| spans.iter().any(carries)))
+            .collect()
+    };
+    let steps_logged = |_: &Server| in_its_steps("stepped").len() >= 3;
+    assert!(server.wait_for(std::time::Duration::from_secs(10), steps_logged), "{}", server.stderr());
+    let steps = in_its_steps("stepped");
+    let prompt_tokens: u64 = steps.iter().map(|l| l["fields"]["prompt_tokens"].as_u64().expect("prompt tokens")).sum();
+    assert!(prompt_tokens > 0, "the prompt is fed in the request's steps: {steps:?}");
+    assert!(steps.iter().all(|l| l["fields"]["elapsed_ms"].as_f64().is_some_and(|ms| ms > 0.0)), "{steps:?}");
+    let loads = in_its_steps("experts loaded");
+    let first = loads.first().unwrap_or_else(|| panic!("no expert loads in the request's steps:\n{}", server.stderr()));
+    let layer = first["spans"].as_array().and_then(|spans| spans.iter().find(|s| s["name"] == "moe_layer"));
+    assert!(layer.is_some_and(|span| span["layer"].is_u64()), "{first}");
+    for field in ["resident_experts", "loaded_experts", "bytes_loaded"] {
+        assert!(first["fields"][field].is_u64(), "{field}: {first}");
+    }
+    assert!(first["fields"]["stall_ms"].is_f64(), "{first}");
+    // A fresh server's small cache is cold: its first request reads experts.
+    let bytes_loaded: u64 = loads.iter().filter_map(|l| l["fields"]["bytes_loaded"].as_u64()).sum();
+    assert!(bytes_loaded > 0, "{loads:?}");
+}
+
 /// `RUST_LOG` chooses the lines: at `warn` a request writes none, at
 /// `debug` even the health checks that `info` leaves out are logged.
 #[test]

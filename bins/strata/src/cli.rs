@@ -24,6 +24,11 @@ pub struct Cli {
     /// given as models, converted (default: ~/.cache/strata/models).
     #[arg(long, global = true)]
     pub cache_dir: Option<PathBuf>,
+    /// A config.json key to accept although the model's family does not
+    /// know it, when a Hugging Face checkpoint is converted (repeatable;
+    /// dotted for nested keys, e.g. `text_config.moe_latent_dim`).
+    #[arg(long, global = true, value_name = "KEY")]
+    pub allow_unknown_config: Vec<String>,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -13,13 +13,20 @@ use crate::cli::{Cli, Command, RunArgs, TraceCommand};
 
 pub fn run(cli: Cli) -> Result<()> {
     let cache_dir = cli.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let allowed = cli.allow_unknown_config.clone();
     let model = |dir: Option<PathBuf>| -> Result<PathBuf> {
-        Ok(resolve_model(dir.as_deref(), &cache_dir, std::io::stderr().is_terminal())?.container_dir)
+        Ok(resolve_model(dir.as_deref(), &cache_dir, std::io::stderr().is_terminal(), &allowed)?.container_dir)
     };
     match cli.command {
         Command::Convert { hf_dir, out_dir, quant, q4_group, overwrite } => {
             let preset: QuantPreset = quant.parse()?;
-            let options = ConvertOptions { overwrite, q4_group, progress: true, ..ConvertOptions::new(preset) };
+            let options = ConvertOptions {
+                overwrite,
+                q4_group,
+                progress: true,
+                allow_unknown_config: allowed.clone(),
+                ..ConvertOptions::new(preset)
+            };
             // Before minutes of conversion: a tokenizer or template that
             // cannot be used would otherwise fail every start of the model.
             strata_engine::check_text_files(&hf_dir).with_context(|| format!("converting {}", hf_dir.display()))?;
@@ -161,6 +168,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 let store = engine.store_stats();
                 stats["mirror_bytes_read"] = store.mirror_bytes_read.into();
                 stats["mirror_rates_bytes_per_s"] = store.mirror_rates_bytes_per_s.into();
+                stats["activations"] = engine.activations().name().into();
                 if let Some(opened) = &opened {
                     // Documented in docs/FORMAT.md, "strata generate --json".
                     stats["session_reopened_tokens"] = opened.reopened_tokens.into();
@@ -202,7 +210,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Trace { command: TraceCommand::Replay { file, expert_cache, learn } } => {
             replay(&file, expert_cache, learn.as_deref())
         }
-        Command::Pull { name, endpoint, quant } => pull(&name, endpoint, &quant, &cache_dir),
+        Command::Pull { name, endpoint, quant } => pull(&name, endpoint, &quant, &cache_dir, allowed.clone()),
         Command::Models => models(&cache_dir),
         Command::Rm { name } => {
             let removed = hub::remove(&cache_dir, &name)?;
@@ -232,12 +240,23 @@ pub fn run(cli: Cli) -> Result<()> {
 
 /// `strata pull`: the hub from `--endpoint`, else `HF_ENDPOINT`, and the
 /// token from `HF_TOKEN`, the conventions of Hugging Face's own clients.
-fn pull(name: &ModelName, endpoint: Option<String>, quant: &str, cache_dir: &Path) -> Result<()> {
+fn pull(
+    name: &ModelName,
+    endpoint: Option<String>,
+    quant: &str,
+    cache_dir: &Path,
+    allow_unknown_config: Vec<String>,
+) -> Result<()> {
     let preset: QuantPreset = quant.parse()?;
     let non_empty = |var: &str| std::env::var(var).ok().filter(|v| !v.is_empty());
     let endpoint = endpoint.or_else(|| non_empty("HF_ENDPOINT")).unwrap_or_else(|| hub::DEFAULT_ENDPOINT.to_owned());
-    let options =
-        hub::PullOptions { endpoint, token: non_empty("HF_TOKEN"), progress: std::io::stderr().is_terminal(), preset };
+    let options = hub::PullOptions {
+        endpoint,
+        token: non_empty("HF_TOKEN"),
+        progress: std::io::stderr().is_terminal(),
+        preset,
+        allow_unknown_config,
+    };
     let report = hub::pull(name, cache_dir, &options)?;
     let seconds = report.download_time.as_secs_f64();
     let record = &report.model.record;
@@ -349,6 +368,7 @@ fn perplexity(model_dir: &Path, text_file: &Path, json: bool, run: &RunArgs) -> 
         let line = serde_json::json!({
             "perplexity": ppl, "mean_nll": nll / predicted as f64, "tokens": ids.len(),
             "predicted_tokens": predicted, "window_tokens": window, "tokens_per_s": tokens_per_s,
+            "activations": engine.activations().name(),
         });
         println!("{line}");
     } else {

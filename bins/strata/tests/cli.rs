@@ -175,6 +175,31 @@ fn unknown_family_names_the_supported_ones() {
 }
 
 #[test]
+fn a_config_key_the_family_does_not_know_is_refused_unless_allowed_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = dir.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    let source = fixture("deepseek_v3").join("hf");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(source.join("config.json")).unwrap()).unwrap();
+    config["attn_logit_softcapping"] = 30.into();
+    std::fs::write(hf.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(source.join("model.safetensors"), hf.join("model.safetensors")).unwrap();
+    let (out, cache) = (dir.path().join("out"), dir.path().join("cache"));
+    let refused = "deepseek_v3 does not know attn_logit_softcapping: Strata would run another model than the one \
+                   described (--allow-unknown-config KEY";
+    assert_clean_failure(&strata(&["convert", path(&hf), path(&out), "--quant", "f32"]), refused);
+    assert!(!out.exists(), "no container left behind");
+    // The same for a checkpoint given as the model, converted on first use.
+    assert_clean_failure(&strata(&["info", "--model", path(&hf), "--cache-dir", path(&cache)]), refused);
+    let allowed = ["--allow-unknown-config", "attn_logit_softcapping"];
+    let converted = strata(&[&["convert", path(&hf), path(&out), "--quant", "f32"][..], &allowed].concat());
+    assert!(converted.status.success(), "{}", String::from_utf8_lossy(&converted.stderr));
+    let info = strata(&[&["info", "--model", path(&hf), "--cache-dir", path(&cache)][..], &allowed].concat());
+    assert!(info.status.success(), "{}", String::from_utf8_lossy(&info.stderr));
+}
+
+#[test]
 fn out_of_vocabulary_token_is_an_error_not_garbage() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m");

@@ -686,6 +686,24 @@ fn an_unsupported_architecture_is_refused_after_config_json_and_nothing_is_kept(
 }
 
 #[test]
+fn a_config_key_the_family_does_not_know_is_refused_after_config_json_unless_allowed() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut files = single_file_repo();
+    let mut config: serde_json::Value = serde_json::from_slice(&files[0].bytes).unwrap();
+    config["attn_logit_softcapping"] = 30.into();
+    files[0] = HubFile::new("config.json", serde_json::to_vec(&config).unwrap());
+    let (hub, endpoint) = Hub::start(REPO, files);
+    let refused = failure(&strata(cache.path(), &endpoint, &["pull", REPO]));
+    assert!(
+        refused.contains("does not know attn_logit_softcapping") && refused.contains("nothing beyond config.json"),
+        "{refused}"
+    );
+    let requested: Vec<String> = hub.log.lock().unwrap().requests.iter().map(|(f, _)| f.clone()).collect();
+    assert_eq!(requested, ["config.json"]);
+    ok(&strata(cache.path(), &endpoint, &["pull", REPO, "--allow-unknown-config", "attn_logit_softcapping"]));
+}
+
+#[test]
 fn a_partial_download_is_shown_by_models_and_removed_by_rm() {
     let cache = tempfile::tempdir().unwrap();
     let (hub, endpoint) = Hub::start(REPO, single_file_repo());

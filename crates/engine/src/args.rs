@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget};
 
-use crate::{EngineOptions, Prefetch, SamplingDefaults, SamplingOptions};
+use crate::{ActivationPrecision, EngineOptions, Prefetch, SamplingDefaults, SamplingOptions};
 
 /// Flags of every command that runs a model.
 #[derive(Debug, Clone, Args)]
@@ -50,6 +50,11 @@ pub struct EngineArgs {
     /// but slower on a random-weight streaming model (docs/BENCHMARKS.md).
     #[arg(long, default_value = "off")]
     pub prefetch: Prefetch,
+    /// How q8/q4 products quantize their inputs: exact (int16, within the
+    /// tolerance q8/q4 models are tested to) or q8 (int8 as llama.cpp
+    /// computes it: faster, but LOSSY, the tokens differ).
+    #[arg(long, default_value = "exact")]
+    pub activations: ActivationPrecision,
 }
 
 impl EngineArgs {
@@ -66,6 +71,7 @@ impl EngineArgs {
             usage_file: self.usage_file.clone(),
             mirrors: self.mirrors.clone(),
             prefetch: self.prefetch,
+            activations: self.activations,
             ..EngineOptions::default()
         }
     }
@@ -152,6 +158,25 @@ mod tests {
         let resolved = args.resolve(&DEFAULTS).unwrap();
         assert_eq!(resolved.options, SamplingOptions { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 7 });
         assert!(!resolved.seed_drawn);
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    fn engine_options(flags: &[&str]) -> Result<EngineOptions, clap::Error> {
+        use clap::Parser;
+        Cli::try_parse_from(std::iter::once("strata").chain(flags.iter().copied())).map(|cli| cli.engine.options())
+    }
+
+    #[test]
+    fn int8_activations_are_on_only_when_the_flag_asks() {
+        assert_eq!(engine_options(&[]).unwrap().activations, ActivationPrecision::Int16);
+        assert_eq!(engine_options(&["--activations", "exact"]).unwrap().activations, ActivationPrecision::Int16);
+        assert_eq!(engine_options(&["--activations", "q8"]).unwrap().activations, ActivationPrecision::Int8);
+        assert!(engine_options(&["--activations", "int8"]).is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use strata_format::{Container, CoreSpec, Embedding, FfnKind, LayerSpec, ModelArch};
-use strata_kernels::Threads;
+use strata_kernels::{ActivationPrecision, Threads};
 use strata_kv::SequenceState;
 use strata_models::{CausalLm, Logits, Runtime};
 use strata_sched::LayerStats;
@@ -58,6 +58,9 @@ pub struct EngineOptions {
     /// their first use of each one. Off only where a test or bench counts
     /// the first uses.
     pub preload_experts: bool,
+    /// How finely q8/q4 products quantize their inputs (`--activations`):
+    /// int16 by default; int8 is faster and lossy, so only ever asked for.
+    pub activations: ActivationPrecision,
 }
 
 /// Look-ahead prefetch (`--prefetch`): while a layer computes, the next
@@ -166,6 +169,7 @@ impl Default for EngineOptions {
             // it would turn on (docs/BENCHMARKS.md, "Prefetch").
             prefetch: Prefetch::Off,
             preload_experts: true,
+            activations: ActivationPrecision::Int16,
         }
     }
 }
@@ -294,6 +298,14 @@ impl Engine {
         if let Some(notice) = container.missing_checksums_notice().filter(|_| !usage_file.exists()) {
             tracing::warn!("{notice}");
         }
+        if options.activations.is_lossy() {
+            // Said on every run: the tokens differ from the exact path's.
+            tracing::warn!(
+                activations = options.activations.name(),
+                "int8 activations: faster q8/q4 products, but lossy (the logits and so the tokens differ from \
+                 the default's); --activations exact restores the default"
+            );
+        }
         let (usage, ignored) = Usage::load(&usage_file, &content_hash, &experts_per_layer)?;
         if let Some(why) = ignored {
             tracing::warn!(path = %usage_file.display(), "{why}");
@@ -323,7 +335,7 @@ impl Engine {
         Ok(Self {
             container,
             model,
-            threads: Threads::new(threads)?,
+            threads: Threads::new(threads)?.with_activations(options.activations),
             store,
             plan,
             stream_working_set_bytes,
@@ -394,6 +406,11 @@ impl Engine {
     /// The most tokens a session may hold.
     pub fn context_tokens(&self) -> usize {
         self.context_tokens
+    }
+
+    /// The precision q8/q4 products quantize their inputs to.
+    pub fn activations(&self) -> ActivationPrecision {
+        self.threads.activations()
     }
 
     /// Mirror copies that failed a read and are no longer used; each was
@@ -513,9 +530,12 @@ impl Engine {
     /// parallel product inside it then forks from a pool thread, which
     /// costs a work-stealing push instead of the cross-thread wake-up of
     /// entering the pool from outside (measured on the demo model: a
-    /// 2-thread decode step went from 0.59 ms to 0.33 ms).
+    /// 2-thread decode step went from 0.59 ms to 0.33 ms). The caller's
+    /// span goes along, so a layer's log lines name the batch step (and
+    /// its requests) they ran for.
     pub(crate) fn run<R: Send>(&self, f: impl FnOnce(&dyn CausalLm, &Runtime<'_>) -> R + Send) -> R {
-        self.threads.pool().install(|| f(&*self.model, &self.runtime()))
+        let span = tracing::Span::current();
+        self.threads.pool().install(|| span.in_scope(|| f(&*self.model, &self.runtime())))
     }
 
     pub(crate) fn model(&self) -> &dyn CausalLm {

@@ -54,6 +54,7 @@ pub use resolve::{AUTO_CONVERT_PRESET, DEMO_NAME, ResolvedModel, default_cache_d
 pub use sampler::{Sampler, SamplingDefaults, SamplingOptions};
 pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
 pub use strata_format::{CoreSpec, ModelArch};
+pub use strata_kernels::ActivationPrecision;
 pub use strata_kv::CutTail;
 pub use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget, StoreStats, resident_bytes};
 pub use text::{

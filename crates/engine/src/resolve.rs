@@ -37,8 +37,15 @@ pub struct ResolvedModel {
 /// Face checkpoint, converted on first use into `cache_dir/<content hash>`
 /// and reused after. `ORG/NAME[@REVISION]` that is not a directory here is
 /// a model pulled into `cache_dir` by `strata pull` (its last use is set
-/// to now).
-pub fn resolve_model(model: Option<&Path>, cache_dir: &Path, progress: bool) -> Result<ResolvedModel> {
+/// to now). A checkpoint whose config.json has keys its family does not
+/// know is refused, but for those in `allow_unknown_config`
+/// (`--allow-unknown-config`).
+pub fn resolve_model(
+    model: Option<&Path>,
+    cache_dir: &Path,
+    progress: bool,
+    allow_unknown_config: &[String],
+) -> Result<ResolvedModel> {
     let named_demo = |dir: &&Path| *dir == Path::new(DEMO_NAME) && !dir.exists();
     let Some(dir) = model.filter(|dir| !named_demo(dir)) else {
         return crate::demo::resolve_demo(cache_dir, progress);
@@ -83,7 +90,12 @@ pub fn resolve_model(model: Option<&Path>, cache_dir: &Path, progress: bool) -> 
         return Ok(ResolvedModel { container_dir, converted: false });
     }
     fs::create_dir_all(cache_dir).map_err(|source| Error::Io { path: cache_dir.to_path_buf(), source })?;
-    let options = ConvertOptions { progress, overwrite: true, ..ConvertOptions::new(AUTO_CONVERT_PRESET) };
+    let options = ConvertOptions {
+        progress,
+        overwrite: true,
+        allow_unknown_config: allow_unknown_config.to_vec(),
+        ..ConvertOptions::new(AUTO_CONVERT_PRESET)
+    };
     crate::check_text_files(&dir)?;
     strata_format::convert(&dir, &container_dir, &options)?;
     Ok(ResolvedModel { container_dir, converted: true })
@@ -160,19 +172,38 @@ mod tests {
     #[test]
     fn a_checkpoint_is_converted_once_and_reused() {
         let cache = tempfile::tempdir().unwrap();
-        let first = resolve_model(Some(&fixture()), cache.path(), false).unwrap();
+        let first = resolve_model(Some(&fixture()), cache.path(), false, &[]).unwrap();
         assert!(first.converted);
-        let second = resolve_model(Some(&fixture()), cache.path(), false).unwrap();
+        let second = resolve_model(Some(&fixture()), cache.path(), false, &[]).unwrap();
         assert_eq!(second, ResolvedModel { container_dir: first.container_dir.clone(), converted: false });
         // A container is used as it is.
-        let direct = resolve_model(Some(&first.container_dir), cache.path(), false).unwrap();
+        let direct = resolve_model(Some(&first.container_dir), cache.path(), false, &[]).unwrap();
         assert_eq!(direct.container_dir, first.container_dir);
+    }
+
+    #[test]
+    fn a_checkpoint_whose_config_has_a_key_its_family_does_not_know_is_refused_unless_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let hf = dir.path().join("hf");
+        fs::create_dir(&hf).unwrap();
+        for entry in fs::read_dir(fixture()).unwrap() {
+            let from = entry.unwrap().path();
+            fs::copy(&from, hf.join(from.file_name().unwrap())).unwrap();
+        }
+        let mut config: serde_json::Value = serde_json::from_slice(&fs::read(hf.join("config.json")).unwrap()).unwrap();
+        config["use_sliding_window"] = true.into();
+        fs::write(hf.join("config.json"), config.to_string()).unwrap();
+        let cache = dir.path().join("cache");
+        let err = resolve_model(Some(&hf), &cache, false, &[]).unwrap_err().to_string();
+        assert!(err.contains("mixtral does not know use_sliding_window"), "{err}");
+        let resolved = resolve_model(Some(&hf), &cache, false, &["use_sliding_window".to_owned()]).unwrap();
+        assert!(resolved.converted);
     }
 
     #[test]
     fn a_name_not_pulled_says_how_to_pull_it() {
         let cache = tempfile::tempdir().unwrap();
-        let err = resolve_model(Some(Path::new("no-such-org/no-such-model")), cache.path(), false).unwrap_err();
+        let err = resolve_model(Some(Path::new("no-such-org/no-such-model")), cache.path(), false, &[]).unwrap_err();
         assert_eq!(
             err.to_string(),
             "no-such-org/no-such-model is not pulled; run `strata pull no-such-org/no-such-model`"
@@ -186,19 +217,19 @@ mod tests {
         let gguf = dir.path().join("model-Q4_K_M.bin");
         fs::write(&gguf, b"GGUF\x03\0\0\0rest").unwrap();
         for given in [gguf.as_path(), dir.path()] {
-            let err = resolve_model(Some(given), dir.path(), false).unwrap_err().to_string();
+            let err = resolve_model(Some(given), dir.path(), false, &[]).unwrap_err().to_string();
             assert!(err.contains("is a GGUF file") && err.contains("strata pull"), "{err}");
         }
         let other = dir.path().join("notes.txt");
         fs::write(&other, b"hello").unwrap();
-        let err = resolve_model(Some(&other), dir.path(), false).unwrap_err().to_string();
+        let err = resolve_model(Some(&other), dir.path(), false, &[]).unwrap_err().to_string();
         assert!(err.contains("is a file: --model takes a directory"), "{err}");
     }
 
     #[test]
     fn a_directory_that_is_neither_is_a_clear_error() {
         let empty = tempfile::tempdir().unwrap();
-        let err = resolve_model(Some(empty.path()), empty.path(), false).unwrap_err().to_string();
+        let err = resolve_model(Some(empty.path()), empty.path(), false, &[]).unwrap_err().to_string();
         assert!(err.contains("neither a Strata container"), "{err}");
     }
 }

@@ -82,7 +82,7 @@ fn jobs_batched_by_the_engine_give_the_tokens_of_generate_alone() {
         let events: Vec<Events> = jobs
             .iter()
             .map(|(prompt, options)| {
-                let job = Job { prompt: prompt.clone(), options: options.clone(), constraint: None };
+                let job = Job { prompt: prompt.clone(), options: options.clone(), constraint: None, request_id: None };
                 batcher.submit(job).unwrap()
             })
             .collect();
@@ -91,7 +91,8 @@ fn jobs_batched_by_the_engine_give_the_tokens_of_generate_alone() {
             assert_eq!(tokens, want[i], "{family} job {i}");
             assert_eq!((finish, completion_tokens), (Finish::Length, want[i].len()), "{family} job {i}");
         }
-        let events = batcher.submit(Job { prompt: turn, options: options(4, 3), constraint: None }).unwrap();
+        let events =
+            batcher.submit(Job { prompt: turn, options: options(4, 3), constraint: None, request_id: None }).unwrap();
         assert_eq!(collect(&events).0, want_turn, "{family}: a prompt extending a finished job");
         assert!(reuse.0.load(Relaxed) > 0, "{family}: the finished job's KV was reused");
         drop(batcher);
@@ -145,10 +146,15 @@ fn a_constrained_job_emits_only_allowed_tokens_and_leaves_its_neighbour_alone() 
 
     let limits = BatchLimits { max_batch: 2, prefill_chunk_tokens: 64, queue_jobs_max: 2 };
     let (batcher, thread) = Batcher::spawn(Arc::new(engine), limits, Arc::new(())).unwrap();
-    let constrained =
-        Job { prompt: constrained_prompt, options: options(8, 5), constraint: Some(Box::new(allow_list())) };
+    let constrained = Job {
+        prompt: constrained_prompt,
+        options: options(8, 5),
+        constraint: Some(Box::new(allow_list())),
+        request_id: None,
+    };
     let constrained = batcher.submit(constrained).unwrap();
-    let free = batcher.submit(Job { prompt: free_prompt, options: free_options, constraint: None }).unwrap();
+    let free =
+        batcher.submit(Job { prompt: free_prompt, options: free_options, constraint: None, request_id: None }).unwrap();
     let (tokens, finish, completion_tokens) = collect(&constrained);
     assert!(tokens.iter().all(|t| allowed.contains(t)), "{tokens:?} outside {allowed:?}");
     assert_eq!((finish, completion_tokens), (Finish::Stop, 5), "the constraint ended it");
@@ -184,9 +190,10 @@ fn a_panicking_constraint_fails_its_own_job_only() {
     let want = alone(&engine, &prompt, &options(6, 2));
     let limits = BatchLimits { max_batch: 2, prefill_chunk_tokens: 64, queue_jobs_max: 2 };
     let (batcher, thread) = Batcher::spawn(Arc::new(engine), limits, Arc::new(())).unwrap();
-    let broken = Job { prompt: vec![5, 9], options: options(6, 1), constraint: Some(Box::new(Broken)) };
+    let broken =
+        Job { prompt: vec![5, 9], options: options(6, 1), constraint: Some(Box::new(Broken)), request_id: None };
     let broken = batcher.submit(broken).unwrap();
-    let fine = batcher.submit(Job { prompt, options: options(6, 2), constraint: None }).unwrap();
+    let fine = batcher.submit(Job { prompt, options: options(6, 2), constraint: None, request_id: None }).unwrap();
     match broken.recv() {
         Some(Event::Failed(message)) => assert!(message.contains("a broken constraint"), "{message}"),
         other => panic!("the broken job failed, not {other:?}"),
@@ -209,12 +216,17 @@ fn a_full_queue_refuses_and_a_dropped_place_is_given_back() {
     drop(held);
     assert_eq!(batcher.queue_depth(), 0);
     // A job the batch could not run is refused before it is queued.
-    let empty = Job { prompt: Vec::new(), options: options(4, 0), constraint: None };
+    let empty = Job { prompt: Vec::new(), options: options(4, 0), constraint: None, request_id: None };
     assert!(matches!(batcher.submit(empty), Err(Error::InvalidRequest(_))));
     assert_eq!(batcher.queue_depth(), 0);
     // A job whose events are dropped is cancelled, and the next one runs.
-    drop(batcher.submit(Job { prompt: vec![1, 2, 3], options: options(40, 0), constraint: None }).unwrap());
-    let events = batcher.submit(Job { prompt: vec![4, 5], options: options(3, 0), constraint: None }).unwrap();
+    drop(
+        batcher
+            .submit(Job { prompt: vec![1, 2, 3], options: options(40, 0), constraint: None, request_id: None })
+            .unwrap(),
+    );
+    let events =
+        batcher.submit(Job { prompt: vec![4, 5], options: options(3, 0), constraint: None, request_id: None }).unwrap();
     assert_eq!(collect(&events).0.len(), 3);
     drop(batcher);
     thread.join().unwrap();

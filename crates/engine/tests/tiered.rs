@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use strata_engine::{Engine, EngineOptions, IoBackend, PolicyKind, RamBudget};
 use strata_format::{Container, ConvertOptions, QuantPreset, names};
+use strata_tier::test_util::WarningLog;
 
 /// The GQA families (gpt-oss: biased experts, a window's ring) and the
 /// hybrid ones (recurrent state beside the streamed experts).
@@ -27,8 +28,15 @@ fn convert(family: &str, preset: QuantPreset) -> tempfile::TempDir {
     dir
 }
 
+/// Options whose expert reads are all on demand: these tests count and
+/// check the reads a pass makes, which a model that fits its budget would
+/// otherwise do at open (`preload_experts`; logit_hashes.rs runs it).
 fn options(dir: &tempfile::TempDir) -> EngineOptions {
-    EngineOptions { usage_file: Some(dir.path().join("usage.json")), ..EngineOptions::default() }
+    EngineOptions {
+        usage_file: Some(dir.path().join("usage.json")),
+        preload_experts: false,
+        ..EngineOptions::default()
+    }
 }
 
 fn open(dir: &tempfile::TempDir, options: &EngineOptions) -> Engine {
@@ -338,27 +346,7 @@ fn record_check_is_on_by_default_and_off_only_when_asked() {
 
 /// What `run` returns, and the warnings it logged on its own thread.
 fn logged_warnings<T>(run: impl FnOnce() -> T) -> (T, Vec<String>) {
-    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = std::sync::Arc::clone(&log);
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || Appender(std::sync::Arc::clone(&sink)))
-        .finish();
-    let out = tracing::subscriber::with_default(subscriber, run);
-    let bytes = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    (out, String::from_utf8_lossy(&bytes).lines().map(str::to_owned).collect())
-}
-
-struct Appender(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Appender {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+    let log = WarningLog::default();
+    let out = tracing::subscriber::with_default(log.subscriber(), run);
+    (out, log.lines())
 }

@@ -8,7 +8,7 @@
 //! conversion never leaves a directory named OUT that opens as a container,
 //! and the next conversion to OUT removes what a killed one left.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -44,12 +44,22 @@ pub struct ConvertOptions {
     pub progress: bool,
     /// Replace a non-empty existing output directory.
     pub overwrite: bool,
+    /// config.json keys to accept although the family does not know them
+    /// (dotted paths, as the refusal names them): the explicit opt-out of
+    /// [`crate::check_config_keys`].
+    pub allow_unknown_config: Vec<String>,
 }
 
 impl ConvertOptions {
     /// `preset` with the default q4 group, no progress bar, no overwrite.
     pub fn new(preset: QuantPreset) -> ConvertOptions {
-        ConvertOptions { preset, q4_group: Q4_DEFAULT_GROUP, progress: false, overwrite: false }
+        ConvertOptions {
+            preset,
+            q4_group: Q4_DEFAULT_GROUP,
+            progress: false,
+            overwrite: false,
+            allow_unknown_config: Vec::new(),
+        }
     }
 }
 
@@ -68,13 +78,15 @@ pub struct ConvertReport {
     pub total_bytes: u64,
     pub num_dense_tensors: usize,
     pub num_moe_layers: usize,
-    /// Checkpoint tensors the model does not use (e.g. a tied lm_head).
+    /// Checkpoint tensors the model does not use, all of them known to its
+    /// family as unused (a tied lm_head, a vision tower).
     pub ignored_tensors: Vec<String>,
     pub elapsed: Duration,
 }
 
 /// Converts the Hugging Face checkpoint in `hf_dir` into a container at
-/// `out_dir` (see docs/FORMAT.md).
+/// `out_dir` (see docs/FORMAT.md). A config key or a tensor its family does
+/// not know is refused before anything is written.
 pub fn convert(hf_dir: impl AsRef<Path>, out_dir: impl AsRef<Path>, opts: &ConvertOptions) -> Result<ConvertReport> {
     let ckpt = match Checkpoint::open(hf_dir.as_ref()) {
         Ok(ckpt) => ckpt,
@@ -88,7 +100,7 @@ pub fn convert(hf_dir: impl AsRef<Path>, out_dir: impl AsRef<Path>, opts: &Conve
             return Err(err);
         }
     };
-    write_container(&ckpt, out_dir.as_ref(), opts.preset, opts.q4_group, opts.progress, opts.overwrite)
+    write_container(&ckpt, out_dir.as_ref(), opts)
 }
 
 /// Where a container's weights come from: a Hugging Face checkpoint, or a
@@ -109,6 +121,12 @@ pub(crate) trait Source {
     /// Every tensor name in the source, to report the ones left unused.
     fn tensor_names(&self) -> Vec<String> {
         Vec::new()
+    }
+    /// Whether tensor `name` has elements: one without (transformers saves
+    /// the shared experts of `n_shared_experts: 0` as `[0, H]`) computes
+    /// nothing, read or not.
+    fn has_elements(&self, _name: &str) -> bool {
+        true
     }
     /// The source tensors holding `layer`'s routed experts.
     fn expert_sources(&self, _arch: &ModelArch, _layer: usize) -> Vec<String> {
@@ -149,6 +167,10 @@ impl Source for Checkpoint {
         self.names().map(str::to_owned).collect()
     }
 
+    fn has_elements(&self, name: &str) -> bool {
+        self.shape(name).is_ok_and(|shape| !shape.contains(&0))
+    }
+
     fn expert_sources(&self, arch: &ModelArch, layer: usize) -> Vec<String> {
         // Published per-expert names, or the fused 3-D tensors of transformers 5.x.
         let (fused_gate_up, fused_down) = names::fused_expert_names(layer);
@@ -176,32 +198,35 @@ impl Source for Checkpoint {
 }
 
 /// Writes the container for `source` at `out_dir`, atomically.
-pub(crate) fn write_container(
-    source: &dyn Source,
-    out_dir: &Path,
-    preset: QuantPreset,
-    q4_group: usize,
-    progress: bool,
-    overwrite: bool,
-) -> Result<ConvertReport> {
+pub(crate) fn write_container(source: &dyn Source, out_dir: &Path, opts: &ConvertOptions) -> Result<ConvertReport> {
     let started = Instant::now();
-    if q4_group == 0 {
+    if opts.q4_group == 0 {
         return Err(Error::InvalidOption { option: "q4_group".into(), reason: "must be > 0".into() });
     }
-    let opts = ConvertOptions { preset, q4_group, progress, overwrite };
-    let arch = ModelArch::from_config_json(source.config_json())?;
+    let config: serde_json::Value = serde_json::from_str(source.config_json())
+        .map_err(|e| Error::Json { what: format!("config.json of {}", source.describe()), source: e })?;
+    // The architecture first: a model of another family is named as such.
+    let arch = ModelArch::from_config_value(&config)?;
+    crate::check_config_keys(&config, &opts.allow_unknown_config)?;
+    let read = tensors_read(source, &arch)?;
+    let unread: BTreeSet<String> = source.tensor_names().into_iter().filter(|n| !read.contains(n)).collect();
+    let unknown: Vec<String> =
+        crate::family::unknown_tensors(&arch, &unread).into_iter().filter(|n| source.has_elements(n)).collect();
+    if !unknown.is_empty() {
+        return Err(Error::UnknownTensors { family: arch.core.family.to_string(), names: listed(&unknown) });
+    }
     let hf_config = RawValue::from_string(source.config_json().trim().to_owned())
         .map_err(|e| Error::Json { what: format!("config.json of {}", source.describe()), source: e })?;
 
     // Dropping `staging` on any early return removes the temporary tree.
-    let staging = Staging::prepare(out_dir, overwrite)?;
+    let staging = Staging::prepare(out_dir, opts.overwrite)?;
     let work = Work {
         source,
         arch: &arch,
-        opts: &opts,
+        opts,
         tmp: staging.tmp.clone(),
         bar: progress_bar(
-            progress,
+            opts.progress,
             (names::dense_tensors(&arch).len() + arch.moe_layers().len() * arch.num_experts()) as u64,
         ),
     };
@@ -220,7 +245,7 @@ pub(crate) fn write_container(
         magic: MAGIC.to_owned(),
         format_version: FORMAT_VERSION,
         created_by: format!("strata-format {}", env!("CARGO_PKG_VERSION")),
-        quant: QuantInfo { preset, q8_group: Q8_GROUP, q4_group },
+        quant: QuantInfo { preset: opts.preset, q8_group: Q8_GROUP, q4_group: opts.q4_group },
         spec: None,
         model: Some(ModelRecord::of(&arch)),
         hf_config,
@@ -242,10 +267,11 @@ pub(crate) fn write_container(
     let out_dir = staging.publish()?;
     work.bar.finish_and_clear();
 
-    let ignored_tensors: Vec<String> = source.tensor_names().into_iter().filter(|n| !used.contains(n)).collect();
+    debug_assert!(used == read, "conversion read other tensors than it planned to");
+    let ignored_tensors: Vec<String> = unread.into_iter().collect();
     Ok(ConvertReport {
         out_dir,
-        preset,
+        preset: opts.preset,
         dense_bytes,
         expert_record_bytes: manifest.expert_layers.first().map_or(0, |l| l.record_bytes),
         expert_bytes,
@@ -255,6 +281,39 @@ pub(crate) fn write_container(
         ignored_tensors,
         elapsed: started.elapsed(),
     })
+}
+
+/// The tensors of `source` that converting `arch` reads: each dense
+/// tensor's stored name, and every layer's expert tensors.
+fn tensors_read(source: &dyn Source, arch: &ModelArch) -> Result<HashSet<String>> {
+    let mut read: HashSet<String> = HashSet::new();
+    for desc in names::dense_tensors(arch) {
+        read.insert(resolve_dense(source, arch, &desc.name)?);
+    }
+    for layer in arch.moe_layers() {
+        read.extend(source.expert_sources(arch, layer));
+    }
+    Ok(read)
+}
+
+/// The name `source` stores the dense tensor `name` under (its published
+/// name or an alias).
+fn resolve_dense(source: &dyn Source, arch: &ModelArch, name: &str) -> Result<String> {
+    let mut candidates = vec![name.to_owned()];
+    candidates.extend(names::aliases(&arch.core, name));
+    source
+        .resolve(&candidates)
+        .ok_or_else(|| Error::MissingTensor { name: name.to_owned(), hint: format!(" in {}", source.describe()) })
+}
+
+/// The first few of `names` and how many more, for a one-line error.
+fn listed(names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let shown = names.iter().take(SHOWN).map(String::as_str).collect::<Vec<_>>().join(", ");
+    match names.len().checked_sub(SHOWN) {
+        Some(more) if more > 0 => format!("{shown} and {more} more"),
+        _ => shown,
+    }
 }
 
 fn progress_bar(enabled: bool, total: u64) -> ProgressBar {
@@ -286,12 +345,7 @@ impl Work<'_> {
         let mut out = HashingFile::create(self.tmp.join(DENSE_FILE))?;
         let mut tensors = Vec::with_capacity(descs.len());
         for desc in descs {
-            let mut candidates = vec![desc.name.clone()];
-            candidates.extend(names::aliases(&self.arch.core, &desc.name));
-            let source = self.source.resolve(&candidates).ok_or_else(|| Error::MissingTensor {
-                name: desc.name.clone(),
-                hint: format!(" in {}", self.source.describe()),
-            })?;
+            let source = resolve_dense(self.source, self.arch, &desc.name)?;
             self.source.check_shape(&source, &desc.shape)?;
             let format = self.opts.preset.dense_format(desc.kind);
             let group = group_for(format, self.opts.q4_group);

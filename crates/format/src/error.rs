@@ -47,6 +47,19 @@ pub enum Error {
     )]
     SpecDisagrees { what: String },
 
+    /// config.json has keys the family's file neither reads nor knows to be
+    /// inert: converting would run a model other than the one described.
+    #[error(
+        "config.json: {family} does not know {keys}: Strata would run another model than the one described \
+         (--allow-unknown-config KEY, once for each, converts anyway)"
+    )]
+    UnknownConfigKeys { family: String, keys: String },
+
+    /// The checkpoint has tensors no block reads that the family does not
+    /// know to be unused.
+    #[error("{family} checkpoint: no block reads {names}: Strata would run another model than the one stored")]
+    UnknownTensors { family: String, names: String },
+
     /// A RoPE scaling scheme we do not implement (yet).
     #[error("unsupported rope_type {rope_type:?} (supported: default, linear; yarn for the MLA families)")]
     UnsupportedRope { rope_type: String },

@@ -40,12 +40,15 @@ mod preset;
 pub mod spec;
 mod synth;
 pub mod temporaries;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;
 
 pub use checkpoint::Checkpoint;
 pub use container::{ComponentLayout, Container, DenseId, Embedding, ExpertLayout, Manifest};
 pub use convert::{CHUNK_ELEMS, ConvertOptions, ConvertReport, convert};
 pub use error::{Error, Result};
 pub use export::export;
+pub use family::check_config_keys;
 pub use names::{ExpertProj, TensorDesc, TensorKind};
 pub use preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset};
 pub use spec::{

@@ -401,11 +401,11 @@ pub(crate) fn special_tokens(
     cfg: &Fields<'_>,
     (default_bos, default_eos): (Option<u32>, Vec<u32>),
 ) -> Result<(Option<u32>, Vec<u32>)> {
-    let bos_token_id = match cfg.map.get("bos_token_id") {
+    let bos_token_id = match cfg.raw("bos_token_id") {
         None => default_bos,
         Some(_) => cfg.u32("bos_token_id")?,
     };
-    let eos_token_ids = match cfg.map.get("eos_token_id") {
+    let eos_token_ids = match cfg.raw("eos_token_id") {
         None => default_eos,
         Some(Value::Null) => vec![],
         Some(Value::Array(items)) => items.iter().map(|v| as_u32(v, "eos_token_id")).collect::<Result<_>>()?,
@@ -441,7 +441,8 @@ pub(crate) fn parse_rope(
     let (params, prefix) = match (cfg.object("rope_scaling")?, cfg.object("rope_parameters")?) {
         (Some(p), _) => (Some(p), "rope_scaling."),
         (None, Some(p)) => (Some(p), "rope_parameters."),
-        (None, None) => (None, ""),
+        // No object: its keys are all absent, named as 5.x spells them.
+        (None, None) => (None, "rope_parameters."),
     };
     let empty = Map::new();
     let p = Fields { map: params.unwrap_or(&empty), prefix };

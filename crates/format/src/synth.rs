@@ -12,7 +12,7 @@ use std::path::Path;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::convert::{ConvertReport, Source, write_container};
+use crate::convert::{ConvertOptions, ConvertReport, Source, write_container};
 use crate::names;
 use crate::preset::{Q4_DEFAULT_GROUP, QuantPreset};
 use crate::spec::ModelArch;
@@ -136,7 +136,13 @@ pub fn synth(out_dir: impl AsRef<Path>, options: &SynthOptions) -> Result<Conver
     // Parsed here too so a bad --layers fails before anything is written.
     ModelArch::from_config_json(&config_json)?;
     let source = RandomSource { config_json, seed: options.seed };
-    write_container(&source, out_dir.as_ref(), options.preset, options.q4_group, options.progress, options.overwrite)
+    let convert_options = ConvertOptions {
+        q4_group: options.q4_group,
+        progress: options.progress,
+        overwrite: options.overwrite,
+        ..ConvertOptions::new(options.preset)
+    };
+    write_container(&source, out_dir.as_ref(), &convert_options)
 }
 
 /// Weights drawn from a seeded generator, each tensor (and each row block)

@@ -56,20 +56,13 @@ pub fn remove_stale(dir: &Path, is_ours: impl Fn(&str) -> bool) -> Vec<PathBuf> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A pid no process has: the child's, once it has been waited for.
-    fn dead_pid() -> u32 {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        child.wait().unwrap();
-        assert!(owner_is_gone(pid));
-        pid
-    }
+    use crate::test_util::dead_pid;
 
     #[test]
     fn only_temporaries_of_ended_processes_with_our_stem_are_removed() {
         let dir = tempfile::tempdir().unwrap();
         let dead = dead_pid();
+        assert!(owner_is_gone(dead));
         let live = std::process::id();
         let parent = std::os::unix::process::parent_id();
         for name in [

@@ -9,6 +9,7 @@ use common::{Layout, Store, TinyModel, olmoe_config, read_record};
 use safetensors::tensor::Dtype;
 use serde_json::Value;
 use strata_format::spec::{MAX_MANIFEST_BYTES, MAX_TOKENIZER_BYTES};
+use strata_format::test_util::dead_pid;
 use strata_format::{Container, ConvertOptions, Embedding, Error, QuantPreset, convert, export};
 
 fn converted(tmp: &Path, preset: QuantPreset) -> (TinyModel, std::path::PathBuf) {
@@ -98,14 +99,6 @@ fn failing_tensor_mid_conversion_leaves_no_output() {
     let err = convert(&hf, &out, &ConvertOptions::new(QuantPreset::F32)).unwrap_err();
     assert!(matches!(&err, Error::MissingTensor { name, .. } if name == "model.norm.weight"), "{err}");
     assert!(stray_entries(tmp.path(), &["hf"]).is_empty());
-}
-
-/// A pid no process has: a child's, once it has been waited for.
-fn dead_pid() -> u32 {
-    let mut child = std::process::Command::new("true").spawn().unwrap();
-    let pid = child.id();
-    child.wait().unwrap();
-    pid
 }
 
 #[test]

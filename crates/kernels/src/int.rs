@@ -1,4 +1,4 @@
-//! Integer products of q8/q4 weights with int16 activations
+//! Integer products of q8/q4 weights with int16 (or int8) activations
 //! ([`crate::act`]): the fast path of [`crate::Matrix`] products on x86_64.
 //!
 //! # Definition
@@ -20,8 +20,9 @@
 //! bit**, and a product does not depend on which tile shape, thread or
 //! batch computed it.
 //!
-//! Lane sums are exact in `f32` too: `|isum| <= 4 * 127 * 32767 < 2^24` for
-//! q8 (4 columns a lane) and `8 * 8 * 32767` for q4.
+//! Lane sums are exact in `f32` too: `|isum| <= 4 * 128 * 32767 < 2^24` for
+//! q8 (4 columns a lane) and `8 * 8 * 32767` for q4 (int8 activations: far
+//! less).
 //!
 //! Against the f32 reference ([`crate::scalar::dot_q8`]) the only
 //! difference beyond rounding is the activation quantization, at most
@@ -29,9 +30,16 @@
 
 use std::ops::Range;
 
-use crate::act::{ActRow, LANES, Layout, QuantizedActs};
+use crate::act::{ActElem, ActRow, LANES, Layout, QuantizedActs};
 use crate::quant::Q4_OFFSET;
 use crate::simd::{Isa, IsaLevel};
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) use crate::act::ActElem as IntElem;
+/// The activation codes the integer kernels take: on x86_64 those the
+/// vector bodies have a step for.
+#[cfg(target_arch = "x86_64")]
+pub(crate) use crate::simd::int_lanes::ChunkStep as IntElem;
 
 /// Bytes of weights per block: 64 q8 columns or 128 q4 columns.
 pub(crate) const BLOCK_BYTES: usize = 64;
@@ -171,7 +179,7 @@ pub(crate) fn reduce_lanes(l: [f32; LANES]) -> f32 {
 /// Row `r` of `w` times one activation vector: the definition (module docs)
 /// in scalar code.
 #[cfg_attr(not(test), allow(dead_code))]
-pub(crate) fn dot_ref(w: &IntWeights<'_>, r: usize, act: ActRow<'_>) -> f32 {
+pub(crate) fn dot_ref<E: ActElem>(w: &IntWeights<'_>, r: usize, act: ActRow<'_, E>) -> f32 {
     let layout = w.layout;
     let (block, lane_cols) = (layout.block_cols(), layout.lane_cols());
     let mut facc = [0.0f32; LANES];
@@ -182,7 +190,7 @@ pub(crate) fn dot_ref(w: &IntWeights<'_>, r: usize, act: ActRow<'_>) -> f32 {
             for j in k * lane_cols..(k + 1) * lane_cols {
                 let c = b * block + j;
                 if c < w.cols {
-                    isum += w.code(r, c) * i32::from(act.q[b * block + layout.position(j)]);
+                    isum += w.code(r, c) * act.q[b * block + layout.position::<E>(j)].into();
                 }
             }
             let s = w_scales[k] * act.lane_scales[b * LANES + k];
@@ -204,10 +212,10 @@ pub(crate) fn isa_has_int(isa: Isa) -> bool {
 ///
 /// # Panics
 /// If the shapes disagree or `isa` has no integer kernels.
-pub(crate) fn products(
+pub(crate) fn products<E: IntElem>(
     isa: Isa,
     w: &IntWeights<'_>,
-    acts: &QuantizedActs,
+    acts: &QuantizedActs<E>,
     rows: Range<usize>,
     out: &mut [f32],
     out_stride: usize,
@@ -228,10 +236,10 @@ pub(crate) fn products(
 /// Runs the tier's row kernel on groups of [`TOKENS_PER_TILE`] activation
 /// vectors (the remainder one at a time).
 #[cfg(target_arch = "x86_64")]
-fn by_token_groups(
+fn by_token_groups<E: IntElem>(
     isa: Isa,
     w: &IntWeights<'_>,
-    acts: &QuantizedActs,
+    acts: &QuantizedActs<E>,
     rows: Range<usize>,
     out: &mut [f32],
     out_stride: usize,
@@ -241,7 +249,7 @@ fn by_token_groups(
     while t0 < n {
         let out = &mut out[t0 * out_stride..];
         if t0 + TOKENS_PER_TILE <= n {
-            let a: [ActRow<'_>; TOKENS_PER_TILE] = std::array::from_fn(|i| acts.row(t0 + i));
+            let a: [ActRow<'_, E>; TOKENS_PER_TILE] = std::array::from_fn(|i| acts.row(t0 + i));
             x86_rows(isa, w, rows.clone(), &a, out, out_stride);
             t0 += TOKENS_PER_TILE;
         } else {
@@ -257,11 +265,11 @@ fn by_token_groups(
 const TOKENS_PER_TILE: usize = 4;
 
 #[cfg(target_arch = "x86_64")]
-fn x86_rows<const T: usize>(
+fn x86_rows<E: IntElem, const T: usize>(
     isa: Isa,
     w: &IntWeights<'_>,
     rows: Range<usize>,
-    acts: &[ActRow<'_>; T],
+    acts: &[ActRow<'_, E>; T],
     out: &mut [f32],
     out_stride: usize,
 ) {
@@ -284,10 +292,10 @@ fn x86_rows<const T: usize>(
 /// corrections), and `out[t * out_stride + i]` exists for every vector `t`
 /// and row offset `i`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) fn check_rows<const T: usize>(
+pub(crate) fn check_rows<E, const T: usize>(
     w: &IntWeights<'_>,
     rows: Range<usize>,
-    acts: &[ActRow<'_>; T],
+    acts: &[ActRow<'_, E>; T],
     out: &[f32],
     out_stride: usize,
 ) {
@@ -324,9 +332,9 @@ pub(crate) fn store_tile<const R: usize, const T: usize>(
 
 /// The scalar definition over the same loops as [`products`], for tests.
 #[cfg_attr(not(test), allow(dead_code))]
-pub(crate) fn products_ref(
+pub(crate) fn products_ref<E: ActElem>(
     w: &IntWeights<'_>,
-    acts: &QuantizedActs,
+    acts: &QuantizedActs<E>,
     rows: Range<usize>,
     out: &mut [f32],
     out_stride: usize,

@@ -20,6 +20,7 @@ pub mod scalar;
 pub mod simd;
 pub mod threads;
 
+pub use act::ActivationPrecision;
 pub use error::{Error, Result};
 pub use matrix::{MatData, Matrix};
 pub use quant::QuantFormat;

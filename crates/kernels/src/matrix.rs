@@ -10,13 +10,13 @@
 //! bit and [`crate::Threads`] results do not depend on the thread count.
 //!
 //! q8 and q4 matrices take the integer path of [`crate::int`] on x86_64
-//! (inputs quantized to int16 once per product, see [`crate::act`]) when
-//! their group size allows it; f32, bf16, other group sizes and the scalar
-//! tier use the f32 row-dot kernels of [`crate::simd`].
+//! (inputs quantized to int16, or int8 when asked for, once per product, see
+//! [`crate::act`]) when their group size allows it; f32, bf16, other group
+//! sizes and the scalar tier use the f32 row-dot kernels of [`crate::simd`].
 
 use std::ops::Range;
 
-use crate::act::{Layout, QuantizedActs};
+use crate::act::{ActivationPrecision, Layout, QuantizedActs};
 use crate::error::{Error, Result};
 use crate::int::{self, IntWeights};
 use crate::quant::{QuantFormat, bf16_to_f32};
@@ -27,7 +27,9 @@ pub(crate) enum Prepared<'x> {
     /// Row-dot kernels read the f32 inputs directly.
     F32(&'x [f32]),
     /// The integer path reads int16 inputs.
-    Int(QuantizedActs),
+    Int16(QuantizedActs<i16>),
+    /// The integer path reads int8 inputs ([`ActivationPrecision::Int8`]).
+    Int8(QuantizedActs<i8>),
 }
 
 /// The storage of a [`Matrix`], one variant per [`QuantFormat`].
@@ -224,12 +226,12 @@ impl<'a> Matrix<'a> {
     pub fn matvec_with(&self, isa: Isa, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec: x length differs from cols");
         assert_eq!(y.len(), self.rows, "matvec: y length differs from rows");
-        let prepared = self.prepare(isa, x, 1);
+        let prepared = self.prepare(isa, ActivationPrecision::Int16, x, 1);
         self.products(isa, &prepared, 1, 0..self.rows, y, self.rows);
     }
 
     /// Whether products with this matrix on `isa` take the integer path
-    /// (int16 inputs, see [`crate::int`]) rather than f32 row dots.
+    /// (int16 or int8 inputs, see [`crate::int`]) rather than f32 row dots.
     pub fn uses_int_path(&self, isa: Isa) -> bool {
         self.int_weights(isa).is_some()
     }
@@ -251,11 +253,19 @@ impl<'a> Matrix<'a> {
         }
     }
 
-    /// Prepares `n` inputs (`[n, cols]`) for [`Matrix::products`].
-    pub(crate) fn prepare<'x>(&self, isa: Isa, xs: &'x [f32], n: usize) -> Prepared<'x> {
-        match self.int_weights(isa) {
-            Some(w) => Prepared::Int(QuantizedActs::new(w.layout, xs, n, self.cols)),
-            None => Prepared::F32(xs),
+    /// Prepares `n` inputs (`[n, cols]`) for [`Matrix::products`], at
+    /// `precision` where they take the integer path.
+    pub(crate) fn prepare<'x>(
+        &self,
+        isa: Isa,
+        precision: ActivationPrecision,
+        xs: &'x [f32],
+        n: usize,
+    ) -> Prepared<'x> {
+        match (self.int_weights(isa), precision) {
+            (Some(w), ActivationPrecision::Int16) => Prepared::Int16(QuantizedActs::new(w.layout, xs, n, self.cols)),
+            (Some(w), ActivationPrecision::Int8) => Prepared::Int8(QuantizedActs::new(w.layout, xs, n, self.cols)),
+            (None, _) => Prepared::F32(xs),
         }
     }
 
@@ -270,12 +280,11 @@ impl<'a> Matrix<'a> {
         out: &mut [f32],
         out_stride: usize,
     ) {
+        let int_weights = || self.int_weights(isa).expect("prepared for the integer path on another tier");
         match prepared {
             Prepared::F32(xs) => self.matmul_rows(isa, xs, n, rows, out, out_stride),
-            Prepared::Int(acts) => {
-                let w = self.int_weights(isa).expect("prepared for the integer path on another tier");
-                int::products(isa, &w, acts, rows, out, out_stride);
-            }
+            Prepared::Int16(acts) => int::products(isa, &int_weights(), acts, rows, out, out_stride),
+            Prepared::Int8(acts) => int::products(isa, &int_weights(), acts, rows, out, out_stride),
         }
     }
 
@@ -290,8 +299,14 @@ impl<'a> Matrix<'a> {
 
     /// [`Matrix::matmul`] on a chosen instruction set.
     pub fn matmul_with(&self, isa: Isa, xs: &[f32], n: usize, ys: &mut [f32]) {
+        self.matmul_at(isa, ActivationPrecision::Int16, xs, n, ys);
+    }
+
+    /// [`Matrix::matmul_with`] with the inputs of the integer path quantized
+    /// at `precision` (int8 is lossy: see [`ActivationPrecision`]).
+    pub fn matmul_at(&self, isa: Isa, precision: ActivationPrecision, xs: &[f32], n: usize, ys: &mut [f32]) {
         self.check_matmul(xs, n, ys);
-        let prepared = self.prepare(isa, xs, n);
+        let prepared = self.prepare(isa, precision, xs, n);
         self.products(isa, &prepared, n, 0..self.rows, ys, self.rows);
     }
 

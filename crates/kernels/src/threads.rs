@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use crate::error::{Error, Result};
 use std::ops::Range;
 
+use crate::act::ActivationPrecision;
 use crate::matrix::{Matrix, Prepared};
 
 /// The activation between a gated feed-forward block's gate/up products and
@@ -45,12 +46,14 @@ const CHUNKS_PER_THREAD: usize = 4;
 /// Smallest chunk worth a task, in multiply-adds.
 const MIN_CHUNK_MACS: usize = 64 * 1024;
 
-/// A fixed-size worker pool plus the instruction set detected once for it.
+/// A fixed-size worker pool plus the instruction set detected once for it
+/// and the precision its integer products quantize inputs to.
 #[derive(Debug)]
 pub struct Threads {
     pool: rayon::ThreadPool,
     n_threads: usize,
     isa: Isa,
+    activations: ActivationPrecision,
 }
 
 impl Threads {
@@ -64,7 +67,18 @@ impl Threads {
             .thread_name(|i| format!("strata-kernel-{i}"))
             .build()
             .map_err(|e| Error::ThreadPool { n_threads, reason: e.to_string() })?;
-        Ok(Self { pool, n_threads, isa: Isa::detect() })
+        Ok(Self { pool, n_threads, isa: Isa::detect(), activations: ActivationPrecision::default() })
+    }
+
+    /// This pool with the inputs of every integer product quantized at
+    /// `activations` (default int16; int8 is lossy, an explicit opt-in).
+    pub fn with_activations(self, activations: ActivationPrecision) -> Self {
+        Self { activations, ..self }
+    }
+
+    /// The precision integer products quantize their inputs to.
+    pub fn activations(&self) -> ActivationPrecision {
+        self.activations
     }
 
     /// Number of worker threads.
@@ -90,7 +104,7 @@ impl Threads {
     pub fn matvec(&self, m: &Matrix<'_>, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), m.cols, "matvec: x length differs from cols");
         assert_eq!(y.len(), m.rows, "matvec: y length differs from rows");
-        let prepared = m.prepare(self.isa, x, 1);
+        let prepared = m.prepare(self.isa, self.activations, x, 1);
         self.products(m, &prepared, 1, y);
     }
 
@@ -101,7 +115,7 @@ impl Threads {
     /// If `xs.len() != n * m.cols` or `ys.len() != n * m.rows`.
     pub fn matmul(&self, m: &Matrix<'_>, xs: &[f32], n: usize, ys: &mut [f32]) {
         m.check_matmul(xs, n, ys);
-        let prepared = m.prepare(self.isa, xs, n);
+        let prepared = m.prepare(self.isa, self.activations, xs, n);
         self.products(m, &prepared, n, ys);
     }
 
@@ -160,7 +174,7 @@ impl Threads {
         assert_eq!(Some(xs.len()), n.checked_mul(hidden), "expert_ffn: xs must be [n, hidden]");
         assert_eq!(Some(ys.len()), n.checked_mul(hidden), "expert_ffn: ys must be [n, hidden]");
         let isa = self.isa;
-        let x_gate = gate.prepare(isa, xs, n);
+        let x_gate = gate.prepare(isa, self.activations, xs, n);
         // gate and up of one record share a format, so usually one
         // quantization of the inputs serves both.
         let same_inputs = match (gate.int_weights(isa), up.int_weights(isa)) {
@@ -168,7 +182,7 @@ impl Threads {
             (None, None) => true,
             _ => false,
         };
-        let x_up_own = (!same_inputs).then(|| up.prepare(isa, xs, n));
+        let x_up_own = (!same_inputs).then(|| up.prepare(isa, self.activations, xs, n));
         let x_up = x_up_own.as_ref().unwrap_or(&x_gate);
 
         // gate and up, rows chunk by chunk, with SwiGLU applied per chunk.
@@ -209,7 +223,7 @@ impl Threads {
                 scatter(&blocks, chunk_rows, n, inter, &mut h);
             }
         }
-        let h_prepared = down.prepare(isa, &h, n);
+        let h_prepared = down.prepare(isa, self.activations, &h, n);
         self.products(down, &h_prepared, n, ys);
         if let GatedAct::Clamped { down_bias, .. } = act {
             ys.chunks_exact_mut(hidden).for_each(|row| add_bias(row, down_bias));

@@ -106,8 +106,9 @@ pub fn run_moe_layer(
     }
     // overlap: the loads run while the resident experts are computed, and
     // the next layer's guessed records are read behind them.
-    tracing::debug!(resident = resident.len(), loading = missing.len(), "experts placed");
+    let (resident_experts, loaded_experts) = (resident.len(), missing.len());
     let stall_before_ns = stats.stall_ns;
+    let mut bytes_loaded = 0usize;
     let mut loads = store.fetch(missing)?;
     if let Some(guess) = batch.prefetch {
         store.prefetch(guess.layer, guess.experts)?;
@@ -131,6 +132,7 @@ pub fn run_moe_layer(
         let Some((loaded, buf)) = loads.next() else { break };
         stats.stall_ns += waiting.elapsed().as_nanos() as u64;
         let buf = buf?;
+        bytes_loaded += buf.len();
         let started = Instant::now();
         let members = &groups[&loaded.expert];
         let ys = apply_expert(threads, batch, loaded.expert, &buf, members)?;
@@ -138,7 +140,13 @@ pub fn run_moe_layer(
         stats.compute_ns += started.elapsed().as_nanos() as u64;
     }
     drop(loads);
-    tracing::debug!(stall_ns = stats.stall_ns - stall_before_ns, "experts loaded");
+    tracing::debug!(
+        resident_experts,
+        loaded_experts,
+        bytes_loaded,
+        stall_ms = (stats.stall_ns - stall_before_ns) as f64 / 1e6,
+        "experts loaded"
+    );
     // learn: what this batch used, token by token.
     let token_experts: Vec<Vec<usize>> =
         batch.routes.chunks(batch.top_k.max(1)).map(|token| token.iter().map(|route| route.expert).collect()).collect();

@@ -22,6 +22,8 @@ mod record;
 mod replay;
 mod size;
 mod store;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;
 mod trace;
 mod usage;
 

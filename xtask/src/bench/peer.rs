@@ -13,8 +13,9 @@
 //!
 //! Rows (ratio = Strata ÷ llama.cpp, the peer being the bound here):
 //! - resident decode: llama-bench `tg` (model in the page cache, mmap)
-//!   against every decode step of `strata generate` (as a user sees it) and
-//!   against its fully cached steps, at least five alternations; resident
+//!   against every decode step of `strata generate` (as a user sees it),
+//!   against its fully cached steps, and against `--activations q8` (lossy
+//!   int8 inputs, as llama.cpp computes), at least five alternations; resident
 //!   prefill (64 tokens); both engines again beside a competing process (a
 //!   busy loop on one core, a known load: a row with no goal);
 //! - bigger than RAM: both under a cgroup v1 memory limit of 40% of the
@@ -287,18 +288,28 @@ fn row(name: &str, strata: &[f64], peer: &[f64], goal: Option<f64>, note: &str) 
 
 /// Resident decode runs of `strata generate` and llama-bench `tg32`,
 /// alternated: Strata's rate over every decode step, over its fully cached
-/// steps, and llama.cpp's.
+/// steps, with `--activations q8` (int8 inputs, lossy) where asked for, and
+/// llama.cpp's.
 #[derive(Default)]
 struct DecodeRuns {
     ours_all: Vec<f64>,
     ours_cached: Vec<f64>,
+    ours_lossy: Vec<f64>,
     theirs: Vec<f64>,
 }
 
+/// Strata's flags for the resident decode runs.
+const RESIDENT_FLAGS: [&str; 2] = ["--ram-budget", "16GiB"];
+
 impl DecodeRuns {
-    fn run(&mut self, bins: &super::common::Bins, bench: &Path, model: &Path, gguf: &Path) -> Result<()> {
+    fn run(&mut self, bins: &super::common::Bins, bench: &Path, model: &Path, gguf: &Path, lossy: bool) -> Result<()> {
         self.theirs.push(llama_bench_ts(bench, gguf, 0, 32, &[], false)?);
-        let stats = strata(&bins.strata, model, "1,2,3,4,5,6,7,8", 48, &["--ram-budget", "16GiB"], false)?;
+        if lossy {
+            let flags = [RESIDENT_FLAGS.as_slice(), &["--activations", "q8"]].concat();
+            let stats = strata(&bins.strata, model, "1,2,3,4,5,6,7,8", 48, &flags, false)?;
+            self.ours_lossy.push(stats["decode_tokens_per_s"].as_f64().context("decode_tokens_per_s")?);
+        }
+        let stats = strata(&bins.strata, model, "1,2,3,4,5,6,7,8", 48, &RESIDENT_FLAGS, false)?;
         let steps: Vec<f64> = stats["per_token"]
             .as_array()
             .into_iter()
@@ -340,7 +351,7 @@ fn resident(
     let reps = opts.reps.max(RESIDENT_RUNS_MIN);
     for rep in 0..reps {
         eprintln!("peer: resident, run {}/{reps}", rep + 1);
-        decode.run(bins, bench, model, gguf)?;
+        decode.run(bins, bench, model, gguf, true)?;
     }
     report.push(row(
         "resident decode as a user runs it, Strata q4 vs llama.cpp Q4_0 (2 threads)",
@@ -348,6 +359,14 @@ fn resident(
         &decode.theirs,
         Some(1.0),
         "Strata: every decode step of `strata generate` (48 tokens, the expert cache filling from the page cache); llama.cpp: llama-bench tg32 (mmap, repack on)",
+    ));
+    report.push(row(
+        "resident decode with --activations q8 (int8 inputs: lossy), as a user runs it",
+        &decode.ours_lossy,
+        &decode.theirs,
+        Some(1.2),
+        "Strata: as the row above with `--activations q8` (llama.cpp's int8 arithmetic; logit costs in docs/BENCHMARKS.md, \
+         \"int8 activations\"), alternated with it; llama.cpp: the same llama-bench tg32 runs",
     ));
     report.push(row(
         "resident decode, warm steps, Strata q4 vs llama.cpp Q4_0 (2 threads)",
@@ -385,7 +404,7 @@ fn resident(
         let _busy = super::quiet::BusyCore::start(1)?;
         for rep in 0..COMPETING_RUNS {
             eprintln!("peer: resident beside a busy core, run {}/{COMPETING_RUNS}", rep + 1);
-            competing.run(bins, bench, model, gguf)?;
+            competing.run(bins, bench, model, gguf, false)?;
         }
     }
     report.push(row(
@@ -398,6 +417,7 @@ fn resident(
     ));
     report.raw.push(json!({
         "peer": "resident", "strata_tg": decode.ours_cached, "strata_tg_all_steps": decode.ours_all,
+        "strata_tg_all_steps_activations_q8": decode.ours_lossy,
         "llama_tg": decode.theirs, "strata_pp": ours_pp, "llama_pp": theirs_pp,
         "competing": { "strata_tg_all_steps": competing.ours_all, "llama_tg": competing.theirs },
     }));

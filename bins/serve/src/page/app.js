@@ -99,6 +99,7 @@ async function refreshInfo() {
     ["experts", m.experts + ", top-" + m.experts_per_token],
     ["vocabulary", m.vocab_size],
     ["weights", m.quant],
+    ["activations", m.activations === "q8" ? "q8 (lossy)" : m.activations],
     ["context", m.context_tokens + " tokens"],
     ["dense", bytes(m.dense_bytes)],
     ["experts on disk", bytes(m.expert_bytes)],
@@ -149,6 +150,21 @@ function addMessage(role, text) {
   $("messages").append(div);
   div.scrollIntoView({ block: "end" });
   return div;
+}
+
+// A reply's thinking: dimmed, open while it streams, folded once the
+// answer begins (a click shows it again). Only the answer is kept in the
+// conversation: templates drop earlier turns' thinking anyway.
+function addThinking(bubble, body) {
+  const details = document.createElement("details");
+  details.className = "thinking";
+  details.open = true;
+  const summary = document.createElement("summary");
+  summary.textContent = "Thinking";
+  const text = document.createElement("div");
+  details.append(summary, text);
+  bubble.insertBefore(details, body);
+  return { details, text };
 }
 
 function setBusy(busy) {
@@ -207,6 +223,8 @@ async function send(text) {
   const bubble = addMessage("assistant streaming", "");
   const body = document.createTextNode("");
   bubble.append(body);
+  // The model's thinking (`reasoning_content`), shown apart from the answer.
+  let thinking = null;
   controller = new AbortController();
   setBusy(true);
   const started = performance.now();
@@ -271,8 +289,16 @@ async function send(text) {
           const choice = chunk.choices && chunk.choices[0];
           if (!choice) continue;
           if (choice.finish_reason) finish = choice.finish_reason;
+          const thought = choice.delta && choice.delta.reasoning_content;
+          if (thought) {
+            thinking ??= addThinking(bubble, body);
+            thinking.text.textContent += thought;
+            bubble.scrollIntoView({ block: "end" });
+          }
           const piece = choice.delta && choice.delta.content;
           if (piece) {
+            // The answer has begun: the thinking folds away.
+            if (thinking) thinking.details.open = false;
             reply += piece;
             body.textContent = reply;
             bubble.scrollIntoView({ block: "end" });
@@ -292,6 +318,7 @@ async function send(text) {
     controller = null;
     setBusy(false);
     bubble.classList.remove("streaming");
+    if (thinking) thinking.details.open = false;
   }
   if (dropped > 0) {
     const where = contextTokens ? "the model's " + contextTokens + "-token context" : "the model's context";

@@ -2,7 +2,8 @@
 // person would: waits for the model panel, types a message, watches the
 // answer stream in, stops a long reply, goes on for twenty exchanges (far
 // past the demo model's 256-token context) and one message too long to
-// answer, reloads (the conversation stays), and takes a screenshot.
+// answer, reloads (the conversation stays), shows a reasoning reply's
+// thinking apart from its answer, and takes a screenshot.
 //
 // Usage: node chat_page.cjs URL SCREENSHOT.png
 // Env: PLAYWRIGHT_CORE (the installed playwright-core), CHROMIUM (the browser).
@@ -224,6 +225,51 @@ async function main() {
     check(
       resent.length > 1 && kept.some((m) => m.content === resent[0].content),
       "the question after a reload carries the kept conversation",
+    );
+
+    // A reasoning model's reply (the demo does not think, so the stream is
+    // the server's shape, played back): the thinking is shown apart,
+    // dimmed, folded once the answer comes, and not sent back as the answer.
+    const thought = "The user wants a fortune. A short one will do.";
+    const answer = "You will find what you are looking for.";
+    const chunk = (delta, extra) =>
+      "data: " + JSON.stringify({ object: "chat.completion.chunk", choices: [{ index: 0, delta, ...extra }] }) + "\n\n";
+    const stream =
+      chunk({ role: "assistant" }) +
+      chunk({ reasoning_content: thought.slice(0, 20) }) +
+      chunk({ reasoning_content: thought.slice(20) }) +
+      chunk({ content: answer }) +
+      chunk({}, { finish_reason: "stop" }) +
+      "data: [DONE]\n\n";
+    await page.route(
+      "**/v1/chat/completions",
+      (route) => route.fulfill({ status: 200, contentType: "text/event-stream", body: stream }),
+      { times: 1 },
+    );
+    const thinking = await exchange("Tell me a fortune, and think first.", "");
+    check(!thinking.error, "the reasoning reply shows: " + thinking.text);
+    const shownApart = await page.$$eval(".msg.assistant", (b) => {
+      const bubble = b[b.length - 1];
+      const details = bubble.querySelector("details.thinking");
+      const answerText = [...bubble.childNodes].filter((n) => n.nodeType === Node.TEXT_NODE).map((n) => n.textContent);
+      return details && {
+        thinking: details.querySelector("div").textContent,
+        open: details.open,
+        dimmed: getComputedStyle(details).color !== getComputedStyle(bubble).color,
+        answer: answerText.join(""),
+      };
+    });
+    console.log("reasoning reply: " + JSON.stringify(shownApart));
+    check(shownApart && shownApart.thinking === thought, "the thinking is shown apart from the answer");
+    check(shownApart.answer === answer, "the answer holds no thinking");
+    check(shownApart.dimmed && !shownApart.open, "the thinking is dimmed and folded");
+    const followUp = await exchange(questions[2], "");
+    check(!followUp.error, "the exchange after a reasoning reply works: " + followUp.text);
+    const history = sent[sent.length - 1].messages;
+    const previous = history[history.length - 2];
+    check(
+      previous.role === "assistant" && previous.content === answer,
+      "the reasoning reply goes back as its answer alone: " + JSON.stringify(previous),
     );
 
     await page.screenshot({ path: screenshot, fullPage: true });

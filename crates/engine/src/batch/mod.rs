@@ -36,7 +36,7 @@
 //! let engine = Arc::new(Engine::open("path/to/container".as_ref(), &options)?);
 //! let limits = BatchLimits { max_batch: 4, prefill_chunk_tokens: 512, queue_jobs_max: 16 };
 //! let (batcher, thread) = Batcher::spawn(engine, limits, Arc::new(()))?;
-//! let job = |prompt: Vec<u32>| Job { prompt, options: GenerateOptions::default(), constraint: None };
+//! let job = |prompt: Vec<u32>| Job { prompt, options: GenerateOptions::default(), constraint: None, request_id: None };
 //! // Decoded together; each gets the tokens it would get alone.
 //! let (a, b) = (batcher.submit(job(vec![1, 2, 3]))?, batcher.submit(job(vec![4, 5]))?);
 //! while let Some(Event::Token(token)) = a.recv() {
@@ -84,6 +84,10 @@ pub struct Job {
     pub prompt: Vec<u32>,
     pub options: GenerateOptions,
     pub constraint: Option<Box<dyn Constraint>>,
+    /// Names the job on the batch's debug log lines (each step's span lists
+    /// the ids of the jobs it carries), so a tool can join them with the
+    /// submitter's own lines: `serve` gives its request's `X-Request-Id`.
+    pub request_id: Option<String>,
 }
 
 /// What the batcher tells a job.

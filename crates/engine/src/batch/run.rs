@@ -21,6 +21,22 @@ struct Seq<'e> {
     sink: Box<dyn EventSink>,
     /// Ended (stop or length): its session goes to the idle pool.
     finished: bool,
+    /// [`crate::Job::request_id`].
+    request_id: Option<String>,
+}
+
+/// The request ids of a step's sequences, `-` for a job without one:
+/// `a1,-,c3`. Formatted only when a log line is written.
+struct RequestIds<'a, 'e>(&'a [Seq<'e>]);
+
+impl std::fmt::Display for RequestIds<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, seq) in self.0.iter().enumerate() {
+            let separator = if i == 0 { "" } else { "," };
+            write!(f, "{separator}{}", seq.request_id.as_deref().unwrap_or("-"))?;
+        }
+        Ok(())
+    }
 }
 
 /// Runs until every sender of `jobs` is dropped and the last job has ended.
@@ -112,6 +128,7 @@ fn admit<'e>(
         to_feed: job.prompt[reused..].to_vec(),
         sink,
         finished: false,
+        request_id: job.request_id,
     });
 }
 
@@ -120,7 +137,9 @@ fn admit<'e>(
 /// `prefill_chunk_tokens` prompt tokens in all). Then one decode step for
 /// each sequence whose prompt is all in.
 fn step(prefill_chunk_tokens: usize, active: &mut Vec<Seq<'_>>, observer: &dyn BatchObserver) {
-    let _span = tracing::debug_span!("step", active = active.len()).entered();
+    // A disabled span evaluates no field: nothing is formatted per step
+    // unless debug lines are on.
+    let _span = tracing::debug_span!("step", requests = %RequestIds(active)).entered();
     let started = Instant::now();
     let mut prompt_budget = prefill_chunk_tokens;
     // (index in `active`, tokens to feed); a sequence still waiting for its
@@ -149,6 +168,7 @@ fn step(prefill_chunk_tokens: usize, active: &mut Vec<Seq<'_>>, observer: &dyn B
         Err(panic) => return fail_all(active, &panic_message(&*panic), observer),
     };
     let sequences = inputs.len();
+    let prompt_tokens: usize = inputs.iter().map(|(_, tokens)| tokens.len()).sum();
     let mut next_logits: Vec<Option<Vec<f32>>> = vec![None; active.len()];
     for ((i, fed), logits) in inputs.into_iter().zip(logits) {
         // Mid-prompt logits are not sampled from.
@@ -165,8 +185,9 @@ fn step(prefill_chunk_tokens: usize, active: &mut Vec<Seq<'_>>, observer: &dyn B
     // Counted before any token goes out, so a listener that has its last
     // token also sees its steps counted.
     let sampled = next_logits.iter().filter(|l| l.is_some()).count();
-    observer.stepped(sequences, sampled, started.elapsed());
-    tracing::debug!(sequences, sampled, elapsed_us = started.elapsed().as_micros() as u64, "stepped");
+    let elapsed = started.elapsed();
+    observer.stepped(sequences, sampled, elapsed);
+    tracing::debug!(sequences, prompt_tokens, sampled, elapsed_ms = elapsed.as_secs_f64() * 1e3, "stepped");
     let mut index = 0;
     active.retain_mut(|seq| {
         let logits = next_logits[index].take();

@@ -143,6 +143,9 @@ pub struct PullOptions {
     pub progress: bool,
     /// The weight format of the container.
     pub preset: QuantPreset,
+    /// config.json keys to accept although the family does not know them
+    /// (`--allow-unknown-config`).
+    pub allow_unknown_config: Vec<String>,
 }
 
 /// What [`pull`] did.
@@ -253,12 +256,13 @@ pub fn pull(name: &ModelName, cache_dir: &Path, options: &PullOptions) -> Result
 
     let started = Instant::now();
     let revision = name.revision.clone().unwrap_or_else(|| DEFAULT_REVISION.to_owned());
-    let checkpoint = fetch_checkpoint(&client, name, &revision, &downloads).inspect_err(|error| {
-        if matches!(error, Error::HubRefused { .. } | Error::HubMetadata { .. }) {
-            let _ = fs::remove_dir_all(&downloads);
-            remove_if_empty(downloads.parent());
-        }
-    })?;
+    let checkpoint = fetch_checkpoint(&client, name, &revision, &downloads, &options.allow_unknown_config)
+        .inspect_err(|error| {
+            if matches!(error, Error::HubRefused { .. } | Error::HubMetadata { .. }) {
+                let _ = fs::remove_dir_all(&downloads);
+                remove_if_empty(downloads.parent());
+            }
+        })?;
     let download_time = started.elapsed();
 
     let started = Instant::now();
@@ -314,7 +318,13 @@ struct Checkpoint {
 /// describes, each checked against it: config.json first (a model this
 /// build cannot run is refused there, before any weights), then the other
 /// small files, then the weights the index names.
-fn fetch_checkpoint(client: &HubClient, name: &ModelName, revision: &str, downloads: &Path) -> Result<Checkpoint> {
+fn fetch_checkpoint(
+    client: &HubClient,
+    name: &ModelName,
+    revision: &str,
+    downloads: &Path,
+    allow_unknown_config: &[String],
+) -> Result<Checkpoint> {
     let metadata = |reason: String| Error::HubMetadata { name: name.to_string(), reason };
     let info = repo_info(client, name, revision)?;
     // A checked commit id: one plain directory name.
@@ -344,7 +354,7 @@ fn fetch_checkpoint(client: &HubClient, name: &ModelName, revision: &str, downlo
         Ok(size_bytes)
     };
     let mut bytes = fetch(CONFIG_FILE)?;
-    check_architecture(name, &snapshot.join(CONFIG_FILE))?;
+    check_architecture(name, &snapshot.join(CONFIG_FILE), allow_unknown_config)?;
     let mut files = 1;
     for file in CHECKPOINT_FILES.iter().filter(|file| info.siblings.iter().any(|s| s.rfilename == **file)) {
         bytes = bytes.saturating_add(fetch(file)?);
@@ -359,12 +369,18 @@ fn fetch_checkpoint(client: &HubClient, name: &ModelName, revision: &str, downlo
     Ok(Checkpoint { snapshot, commit: info.sha, files, bytes })
 }
 
-/// Refuses a config.json this build cannot run (another architecture, or
-/// values out of range) before anything else is downloaded.
-fn check_architecture(name: &ModelName, config: &Path) -> Result<()> {
+/// Refuses a config.json this build cannot run (another architecture,
+/// values out of range, keys its family does not know but those in
+/// `allow_unknown_config`) before anything else is downloaded.
+fn check_architecture(name: &ModelName, config: &Path, allow_unknown_config: &[String]) -> Result<()> {
     let text = String::from_utf8(read_bounded(config)?)
         .map_err(|e| Error::ModelFile { path: config.to_path_buf(), reason: e.to_string() })?;
-    strata_format::ModelArch::from_config_json(&text).map(drop).map_err(|e| Error::HubMetadata {
+    let checked = strata_format::ModelArch::from_config_json(&text).and_then(|_| {
+        let value = serde_json::from_str(&text)
+            .map_err(|source| strata_format::Error::Json { what: CONFIG_FILE.into(), source })?;
+        strata_format::check_config_keys(&value, allow_unknown_config)
+    });
+    checked.map_err(|e| Error::HubMetadata {
         name: name.to_string(),
         reason: format!("{CONFIG_FILE}: {e}; nothing beyond {CONFIG_FILE} was downloaded"),
     })
@@ -380,8 +396,12 @@ fn convert_and_publish(snapshot: &Path, dir: &Path, record: &PulledRecord, optio
     // Per process and beside the target, so two pulls never share a staging
     // directory and the rename stays on one filesystem.
     let staging = parent.join(format!(".{leaf}.{}.staging", std::process::id()));
-    let convert_options =
-        ConvertOptions { progress: options.progress, overwrite: true, ..ConvertOptions::new(options.preset) };
+    let convert_options = ConvertOptions {
+        progress: options.progress,
+        overwrite: true,
+        allow_unknown_config: options.allow_unknown_config.clone(),
+        ..ConvertOptions::new(options.preset)
+    };
     let published = crate::check_text_files(snapshot)
         .and_then(|()| strata_format::convert(snapshot, &staging, &convert_options).map_err(Error::from))
         .and_then(|_| write_record(&staging, record))

@@ -5,12 +5,25 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Family, FamilyDef, HF_NAMING, Naming, mla};
+use super::known::{ConfigKeys, HF_INERT, Known, ROPE_AND_QUANTIZATION};
+use super::{CORE_READ, Family, FamilyDef, HF_NAMING, Naming, mla};
 use crate::error::Result;
 use crate::spec::ModelArch;
 use crate::spec::fields::Fields;
 
 pub(super) struct DeepseekV3;
+
+/// What a deepseek_v3 checkpoint may hold (`DeepseekV3Config`; its
+/// multi-token-prediction layers follow the last decoder layer).
+const KNOWN: Known = Known {
+    config: ConfigKeys {
+        read: &[CORE_READ, mla::READ, &["rope_interleave"]],
+        inert: &[HF_INERT, mla::INERT],
+        nested: ROPE_AND_QUANTIZATION,
+    },
+    unused_tensors: &[],
+    extra_layers_unused: true,
+};
 
 impl FamilyDef for DeepseekV3 {
     fn model_type(&self) -> &'static str {
@@ -19,6 +32,10 @@ impl FamilyDef for DeepseekV3 {
 
     fn architecture(&self) -> &'static str {
         "DeepseekV3ForCausalLM"
+    }
+
+    fn known(&self) -> &'static Known {
+        &KNOWN
     }
 
     fn naming(&self) -> &'static Naming {

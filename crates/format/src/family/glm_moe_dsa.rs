@@ -5,13 +5,33 @@
 
 use serde_json::{Map, Value, json};
 
+use super::known::{ConfigKeys, HF_INERT, Known, ROPE_AND_QUANTIZATION};
 use super::mla::string_list;
-use super::{Family, FamilyDef, HF_NAMING, Naming, mla};
+use super::{CORE_READ, Family, FamilyDef, HF_NAMING, Naming, mla};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{FfnKind, IndexerKind, IndexerSpec, ModelArch};
 
 pub(super) struct GlmMoeDsa;
+
+/// What a glm_moe_dsa checkpoint may hold (`GlmMoeDsaConfig`: its
+/// `layer_types`, `mlp_bias` and `rope_interleave` are not read by the
+/// 5.23 model, which always interleaves; multi-token-prediction layers
+/// follow the last decoder layer).
+const KNOWN: Known = Known {
+    config: ConfigKeys {
+        read: &[
+            CORE_READ,
+            mla::READ,
+            &["index_topk", "index_head_dim", "index_n_heads", "mlp_layer_types", "indexer_types"],
+            &["index_topk_pattern", "index_topk_freq", "index_skip_topk_offset"],
+        ],
+        inert: &[HF_INERT, mla::INERT, &["layer_types", "mlp_bias", "rope_interleave"]],
+        nested: ROPE_AND_QUANTIZATION,
+    },
+    unused_tensors: &[],
+    extra_layers_unused: true,
+};
 
 const DEFAULTS: mla::Defaults =
     mla::Defaults { rms_norm_eps: 1e-5, max_position_embeddings: 202_752, n_group: 1, topk_group: 1 };
@@ -23,6 +43,10 @@ impl FamilyDef for GlmMoeDsa {
 
     fn architecture(&self) -> &'static str {
         "GlmMoeDsaForCausalLM"
+    }
+
+    fn known(&self) -> &'static Known {
+        &KNOWN
     }
 
     fn naming(&self) -> &'static Naming {
@@ -116,7 +140,7 @@ fn indexer_types(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<IndexerKind>
     if let Some(items) = string_list(cfg, "indexer_types")? {
         return items.iter().map(|t| parse_kind(t, "indexer_types")).collect();
     }
-    match cfg.map.get("index_topk_pattern") {
+    match cfg.raw("index_topk_pattern") {
         Some(Value::String(pattern)) => {
             return pattern.chars().map(|c| parse_kind(&c.to_string(), "index_topk_pattern")).collect();
         }

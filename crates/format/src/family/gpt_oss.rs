@@ -9,12 +9,31 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Family, FamilyDef, Naming, gqa};
+use super::known::{ConfigKeys, HF_INERT, Known, ROPE_AND_QUANTIZATION};
+use super::{CORE_READ, Family, FamilyDef, Naming, gqa};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{ExpertKind, FfnKind, FfnSpec, MixerSpec, ModelArch, RopeScaling, RopeSpec, RouterKind, parse_rope};
 
 pub(super) struct GptOss;
+
+/// What a gpt_oss checkpoint may hold (`GptOssConfig`; the Hub's
+/// `experts_per_token` and `initial_context_length` come from OpenAI's
+/// own code and are not read by transformers).
+const KNOWN: Known = Known {
+    config: ConfigKeys {
+        read: &[
+            CORE_READ,
+            gqa::READ,
+            &["num_local_experts", "num_experts", "attention_bias", "swiglu_alpha", "swiglu_limit"],
+            &["sliding_window", "layer_types", "original_max_position_embeddings"],
+        ],
+        inert: &[HF_INERT, &["experts_per_token", "initial_context_length"]],
+        nested: ROPE_AND_QUANTIZATION,
+    },
+    unused_tensors: &[],
+    extra_layers_unused: false,
+};
 
 const DEFAULTS: gqa::Defaults = gqa::Defaults {
     num_kv_heads: Some(8),
@@ -43,7 +62,7 @@ const NAMING: Naming = Naming {
 
 /// `layer_types`, else `GptOssConfig`'s default: sliding on even layers.
 fn sliding_layers(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<bool>> {
-    let Some(types) = cfg.map.get("layer_types").filter(|v| !v.is_null()) else {
+    let Some(types) = cfg.raw("layer_types").filter(|v| !v.is_null()) else {
         return Ok((0..num_layers).map(|l| l % 2 == 0).collect());
     };
     let items = types.as_array().ok_or_else(|| Error::invalid("layer_types", "must be a list of strings"))?;
@@ -90,6 +109,10 @@ impl FamilyDef for GptOss {
         "GptOssForCausalLM"
     }
 
+    fn known(&self) -> &'static Known {
+        &KNOWN
+    }
+
     fn naming(&self) -> &'static Naming {
         &NAMING
     }
@@ -110,7 +133,7 @@ impl FamilyDef for GptOss {
             alpha: cfg.f64("swiglu_alpha")?.unwrap_or(SWIGLU_ALPHA) as f32,
             limit: cfg.f64("swiglu_limit")?.unwrap_or(SWIGLU_LIMIT) as f32,
         };
-        let window = match cfg.map.get("sliding_window") {
+        let window = match cfg.raw("sliding_window") {
             None => Some(SLIDING_WINDOW),
             Some(_) => cfg.usize("sliding_window")?,
         };

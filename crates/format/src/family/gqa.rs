@@ -28,6 +28,13 @@ pub(super) struct Defaults {
     pub expert_width: &'static str,
 }
 
+/// The keys every GQA family reads alike, beyond [`super::CORE_READ`]
+/// (the expert count's and width's names are the family's own).
+pub(super) const READ: &[&str] = &["num_key_value_heads", "head_dim", "num_experts_per_tok", "intermediate_size"];
+
+/// The keys of Qwen's layer pattern ([`sparse_step_layer_kinds`]).
+pub(super) const SPARSE_STEP_READ: &[&str] = &["decoder_sparse_step", "mlp_only_layers"];
+
 /// What every GQA family reads alike: the common part, the model's
 /// attention block (no biases, q/k norms, clip or window; RoPE on every
 /// layer) and its feed-forward blocks (experts as wide as the family's
@@ -70,14 +77,13 @@ pub(super) fn parse<'a>(map: &'a Map<String, Value>, family: Family, defaults: &
 /// [`parse`] of a config object that may sit inside another (`cfg.prefix`
 /// names where, for errors).
 pub(super) fn parse_fields<'a>(cfg: Fields<'a>, family: Family, defaults: &Defaults) -> Result<Parsed<'a>> {
-    let map = cfg.map;
     let CoreDims { vocab_size, hidden_size, num_layers, num_heads } = CoreDims::read(&cfg)?;
     if num_heads == 0 {
         return Err(Error::invalid("num_attention_heads", "must be > 0"));
     }
     // null means "same as num_attention_heads" in every family's
     // __post_init__ (and in 4.x); an absent key takes the class default.
-    let num_kv_heads = match map.get("num_key_value_heads") {
+    let num_kv_heads = match cfg.raw("num_key_value_heads") {
         None => defaults.num_kv_heads.unwrap_or(num_heads),
         Some(Value::Null) => num_heads,
         Some(_) => cfg.req_usize("num_key_value_heads")?,

@@ -35,6 +35,25 @@ const DEFAULT_PARTIAL_ROTARY_FACTOR: f64 = 0.25;
 /// `full_attention_interval` when neither it nor `layer_types` is given.
 const DEFAULT_FULL_ATTENTION_INTERVAL: usize = 4;
 
+/// The keys both families read beyond [`super::CORE_READ`] and
+/// [`gqa::READ`]: the layer pattern, the Gated DeltaNet dimensions, the
+/// gated shared expert and the attention biases.
+pub(super) const READ: &[&str] = &[
+    "layer_types",
+    "full_attention_interval",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "shared_expert_intermediate_size",
+    "attention_bias",
+];
+
+/// The Hub's keys of the multi-token-prediction module both families
+/// publish under `mtp.`, which is not loaded.
+pub(super) const MTP_INERT: &[&str] = &["mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"];
+
 /// What both families read, on top of the GQA fields: the gated,
 /// per-head-normed full attention, the Gated DeltaNet block, each layer's
 /// mixer, zero-centred norms and the gated shared expert.
@@ -68,7 +87,7 @@ pub(super) fn parse<'a>(cfg: Fields<'a>, family: Family, projections: GdnProject
     let mut parsed = gqa::parse_fields(cfg, family, &DEFAULTS)?;
     let cfg = &parsed.cfg;
     let rope_params = cfg.object("rope_parameters")?.into_iter().chain(cfg.object("rope_scaling")?);
-    let partial_given = cfg.map.contains_key("partial_rotary_factor")
+    let partial_given = cfg.raw("partial_rotary_factor").is_some()
         || rope_params.into_iter().any(|p| p.contains_key("partial_rotary_factor"));
     let attention = &mut parsed.attention;
     if !partial_given && let Some(rope) = &mut attention.rope {
@@ -115,7 +134,7 @@ fn mixers(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerType>> {
 /// `layer_types` (`full_attention` or `linear_attention`, one per layer),
 /// or `None` when absent or null.
 pub(super) fn listed_layer_types(cfg: &Fields<'_>, num_layers: usize) -> Result<Option<Vec<LayerType>>> {
-    let Some(types) = cfg.map.get("layer_types").filter(|v| !v.is_null()) else {
+    let Some(types) = cfg.raw("layer_types").filter(|v| !v.is_null()) else {
         return Ok(None);
     };
     let items = types.as_array().ok_or_else(|| Error::invalid("layer_types", "must be a list of strings"))?;

@@ -5,12 +5,38 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Family, FamilyDef, Naming, mla};
+use super::known::{ConfigKeys, HF_INERT, Known, QUANTIZATION, ROPE_AND_QUANTIZATION};
+use super::{CORE_READ, Family, FamilyDef, Naming, mla};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{ModelArch, special_tokens};
 
 pub(super) struct KimiK25;
+
+/// The DeepSeek-V3 text model's keys, in `text_config`.
+const TEXT: ConfigKeys = ConfigKeys {
+    read: &[CORE_READ, mla::READ, &["rope_interleave"]],
+    inert: &[HF_INERT, mla::INERT],
+    nested: ROPE_AND_QUANTIZATION,
+};
+
+/// What a kimi_k25 checkpoint may hold (`Kimi_K25Config`): the wrapper's
+/// tying and special ids, the text model, and the vision tower's config,
+/// token ids and tensors, which are not loaded.
+const KNOWN: Known = Known {
+    config: ConfigKeys {
+        read: &[&["model_type", "tie_word_embeddings", "bos_token_id", "eos_token_id"]],
+        inert: &[
+            HF_INERT,
+            &["vision_config", "projection_hidden_size", "projection_layer_norm_eps", "ignore_index"],
+            &["image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"],
+            &["media_placeholder_token_id", "use_unified_vision_chunk", "video_placeholder"],
+        ],
+        nested: &[("text_config", &TEXT), ("quantization_config", &QUANTIZATION)],
+    },
+    unused_tensors: &["vision_tower.*", "mm_projector.*", "model.vision_tower.*", "model.mm_projector.*"],
+    extra_layers_unused: true,
+};
 
 const NAMING: Naming = Naming {
     model_prefix: "language_model.model.",
@@ -30,6 +56,10 @@ impl FamilyDef for KimiK25 {
 
     fn architecture(&self) -> &'static str {
         "Kimi_K25ForConditionalGeneration"
+    }
+
+    fn known(&self) -> &'static Known {
+        &KNOWN
     }
 
     fn naming(&self) -> &'static Naming {
@@ -56,7 +86,7 @@ impl FamilyDef for KimiK25 {
         // the top too.
         let mut merged = text.clone();
         for key in ["bos_token_id", "eos_token_id"] {
-            if let Some(v) = root.get(key) {
+            if let Some(v) = top.raw(key) {
                 merged.insert(key.to_owned(), v.clone());
             }
         }

@@ -10,7 +10,8 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{CoreDims, Family, FamilyDef, Naming, hybrid, mla, stack};
+use super::known::{ConfigKeys, HF_INERT, Known, ROPE_AND_QUANTIZATION};
+use super::{CORE_READ, CoreDims, Family, FamilyDef, Naming, hybrid, mla, stack};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
@@ -71,12 +72,43 @@ const NAMING: Naming = Naming {
     saved_as: &[(".mlp.", ".block_sparse_moe.")],
 };
 
+/// What a kimi_linear checkpoint may hold (`KimiLinearConfig`, and the
+/// hub's `linear_attn_config`).
+const KNOWN: Known = Known {
+    config: ConfigKeys {
+        read: &[
+            CORE_READ,
+            mla::READ,
+            &["model_max_length", "moe_renormalize", "num_expert_group", "num_experts", "num_experts_per_token"],
+            &["num_shared_experts", "num_local_experts", "mlp_layer_types", "layer_types"],
+            &["linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim", "rope_interleave"],
+        ],
+        inert: &[HF_INERT, mla::INERT],
+        nested: &[
+            ("linear_attn_config", &LINEAR_ATTN_CONFIG),
+            ROPE_AND_QUANTIZATION[0],
+            ROPE_AND_QUANTIZATION[1],
+            ROPE_AND_QUANTIZATION[2],
+        ],
+    },
+    unused_tensors: &[],
+    extra_layers_unused: true,
+};
+
+/// The hub's `linear_attn_config`.
+const LINEAR_ATTN_CONFIG: ConfigKeys = ConfigKeys {
+    read: &[&["num_heads", "head_dim", "short_conv_kernel_size", "kda_layers", "full_attn_layers"]],
+    inert: &[],
+    nested: &[],
+};
+
 /// `root` with Kimi's spellings read into the MLA reader's and the class
 /// defaults filled in; a field given in both spellings must agree.
 fn normalized(root: &Map<String, Value>) -> Result<Map<String, Value>> {
     let mut map = root.clone();
+    let top = Fields { map: root, prefix: "" };
     for (theirs, kimi) in SPELLINGS {
-        let Some(v) = root.get(kimi) else { continue };
+        let Some(v) = top.raw(kimi) else { continue };
         if root.get(theirs).is_some_and(|other| other != v) {
             return Err(Error::invalid(kimi, format!("disagrees with {theirs} ({} vs {v})", root[theirs])));
         }
@@ -92,7 +124,7 @@ fn normalized(root: &Map<String, Value>) -> Result<Map<String, Value>> {
 fn linear_dims(cfg: &Fields<'_>, linear: Option<&Fields<'_>>) -> Result<GdnDims> {
     let read = |(field, nested, default): (&str, &str, usize)| -> Result<usize> {
         let given = match linear {
-            Some(linear) if linear.map.contains_key(nested) => linear.usize(nested)?,
+            Some(linear) if linear.raw(nested).is_some() => linear.usize(nested)?,
             _ => cfg.usize(field)?,
         };
         Ok(given.unwrap_or(default))
@@ -162,6 +194,10 @@ impl FamilyDef for KimiLinear {
 
     fn naming(&self) -> &'static Naming {
         &NAMING
+    }
+
+    fn known(&self) -> &'static Known {
+        &KNOWN
     }
 
     fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {

@@ -4,11 +4,23 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Family, FamilyDef, Naming, gqa};
+use super::known::{ConfigKeys, HF_INERT, Known, ROPE_AND_QUANTIZATION};
+use super::{CORE_READ, Family, FamilyDef, Naming, gqa};
 use crate::error::Result;
 use crate::spec::{FfnKind, GqaSpec, ModelArch, QkNorm};
 
 pub(super) struct Mixtral;
+
+/// What a mixtral checkpoint may hold (`MixtralConfig`).
+const KNOWN: Known = Known {
+    config: ConfigKeys {
+        read: &[CORE_READ, gqa::READ, &["num_local_experts", "num_experts", "sliding_window"]],
+        inert: &[HF_INERT, &["router_jitter_noise"]],
+        nested: ROPE_AND_QUANTIZATION,
+    },
+    unused_tensors: &[],
+    extra_layers_unused: false,
+};
 
 pub(super) const DEFAULTS: gqa::Defaults = gqa::Defaults {
     num_kv_heads: Some(8),
@@ -39,6 +51,10 @@ impl FamilyDef for Mixtral {
 
     fn architecture(&self) -> &'static str {
         "MixtralForCausalLM"
+    }
+
+    fn known(&self) -> &'static Known {
+        &KNOWN
     }
 
     fn naming(&self) -> &'static Naming {

@@ -28,6 +28,49 @@ pub(super) struct Defaults {
 pub(super) const DEEPSEEK_DEFAULTS: Defaults =
     Defaults { rms_norm_eps: 1e-6, max_position_embeddings: 4096, n_group: 8, topk_group: 4 };
 
+/// The keys every MLA family reads alike, beyond [`super::CORE_READ`].
+pub(super) const READ: &[&str] = &[
+    "num_key_value_heads",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "original_max_position_embeddings",
+    "n_routed_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "scoring_func",
+    "n_group",
+    "topk_group",
+    "norm_topk_prob",
+    "routed_scaling_factor",
+    "n_shared_experts",
+    "attention_bias",
+    "intermediate_size",
+    "first_k_dense_replace",
+];
+
+/// Keys of the MLA families' configs that transformers does not read:
+/// `head_dim` and `qk_head_dim` are recomputed by `__post_init__`,
+/// multi-token prediction does not change the next token's logits, and the
+/// rest are DeepSeek's training settings (`topk_method` and
+/// `moe_layer_freq` included: the 5.23 model routes by `noaux_tc` and
+/// places MoE layers by `first_k_dense_replace` only).
+pub(super) const INERT: &[&str] = &[
+    "head_dim",
+    "qk_head_dim",
+    "num_nextn_predict_layers",
+    "num_mtp_layers",
+    "pretraining_tp",
+    "topk_method",
+    "moe_layer_freq",
+    "aux_loss_alpha",
+    "seq_aux",
+    "ep_size",
+];
+
 /// What every MLA family reads alike: the common part, the latent
 /// attention block (no indexer), the feed-forward blocks and the layer
 /// pattern (`first_k_dense_replace` dense layers first), for the family
@@ -62,7 +105,7 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
             format!("MLA expands the latent to every head: must equal num_attention_heads ({num_heads})"),
         ));
     }
-    let q_lora_rank = match cfg.map.get("q_lora_rank") {
+    let q_lora_rank = match cfg.raw("q_lora_rank") {
         None => return Err(Error::MissingField { field: "q_lora_rank".into() }),
         Some(_) => cfg.usize("q_lora_rank")?,
     };
@@ -142,7 +185,7 @@ pub(super) fn dense_first_layer_kinds(cfg: &Fields<'_>, num_layers: usize) -> Re
 
 /// A list of strings, or `None` when absent or null.
 pub(super) fn string_list(cfg: &Fields<'_>, key: &str) -> Result<Option<Vec<String>>> {
-    match cfg.map.get(key) {
+    match cfg.raw(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(items)) => items
             .iter()

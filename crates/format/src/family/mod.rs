@@ -20,6 +20,7 @@ mod gqa;
 mod hybrid;
 mod kimi_k25;
 mod kimi_linear;
+mod known;
 mod mixtral;
 mod mla;
 mod olmoe;
@@ -37,6 +38,8 @@ use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_LAYERS};
 use crate::spec::{FfnKind, FfnSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, NormKind, ResidualKind};
+pub use known::check_config_keys;
+pub(crate) use known::{Known, unknown_tensors};
 
 /// Model families this build knows, one per Hugging Face `model_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -91,6 +94,10 @@ pub(crate) trait FamilyDef: Sync {
 
     /// How the family's tensors are named in its published checkpoints.
     fn naming(&self) -> &'static Naming;
+
+    /// The config keys the family reads and those known not to change the
+    /// computation, and the tensors known to be unused (`known.rs`).
+    fn known(&self) -> &'static Known;
 
     /// A config.json object of this family → its architecture: the common
     /// part and one spec per layer, defaults filled in as the family's
@@ -203,6 +210,25 @@ impl FromStr for Family {
 fn supported_model_types() -> String {
     Family::ALL.map(Family::model_type).join(", ")
 }
+
+/// The config keys every family reads alike: [`CoreDims`], the final
+/// norm, the rope's top-level spelling (`parse_rope`), tying and the
+/// special ids.
+pub(crate) const CORE_READ: &[&str] = &[
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "hidden_act",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "rope_theta",
+    "partial_rotary_factor",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+];
 
 /// The dimensions every family reads first, alike: the activation (only
 /// SiLU is supported), vocabulary, hidden size, layer count (bounded before

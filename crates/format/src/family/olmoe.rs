@@ -4,11 +4,27 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Family, FamilyDef, HF_NAMING, Naming, gqa};
+use super::known::{ConfigKeys, HF_INERT, Known, ROPE_AND_QUANTIZATION};
+use super::{CORE_READ, Family, FamilyDef, HF_NAMING, Naming, gqa};
 use crate::error::{Error, Result};
 use crate::spec::{FfnKind, MixerSpec, ModelArch, QkNorm, f32_to_json};
 
 pub(super) struct Olmoe;
+
+/// What an olmoe checkpoint may hold (`OlmoeConfig`).
+const KNOWN: Known = Known {
+    config: ConfigKeys {
+        read: &[
+            CORE_READ,
+            gqa::READ,
+            &["num_experts", "num_local_experts", "norm_topk_prob", "clip_qkv", "attention_bias"],
+        ],
+        inert: &[HF_INERT],
+        nested: ROPE_AND_QUANTIZATION,
+    },
+    unused_tensors: &[],
+    extra_layers_unused: false,
+};
 
 const DEFAULTS: gqa::Defaults = gqa::Defaults {
     num_kv_heads: None,
@@ -28,6 +44,10 @@ impl FamilyDef for Olmoe {
 
     fn architecture(&self) -> &'static str {
         "OlmoeForCausalLM"
+    }
+
+    fn known(&self) -> &'static Known {
+        &KNOWN
     }
 
     fn naming(&self) -> &'static Naming {

@@ -9,12 +9,44 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Family, FamilyDef, Naming, hybrid};
+use super::known::{ConfigKeys, HF_INERT, Known, QUANTIZATION, ROPE};
+use super::{CORE_READ, Family, FamilyDef, Naming, gqa, hybrid};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{FfnKind, GdnProjections, ModelArch, special_tokens};
 
 pub(super) struct Qwen35Moe;
+
+/// The rope object of the Hub's configs: multimodal RoPE's sections give a
+/// text token the same position in each, the plain rotation.
+const MROPE: ConfigKeys =
+    ConfigKeys { read: ROPE.read, inert: &[&["mrope_section", "mrope_interleaved"]], nested: &[] };
+
+/// The text model's keys (`Qwen3_5MoeTextConfig`), in `text_config` or
+/// at the top of a text model saved on its own; the Hub's
+/// multi-token-prediction module is not loaded.
+const TEXT: ConfigKeys = ConfigKeys {
+    read: &[CORE_READ, gqa::READ, hybrid::READ, &["num_experts", "num_local_experts", "moe_intermediate_size"]],
+    inert: &[HF_INERT, hybrid::MTP_INERT],
+    nested: &[("rope_parameters", &MROPE), ("rope_scaling", &MROPE), ("quantization_config", &QUANTIZATION)],
+};
+
+/// What a qwen3_5_moe checkpoint may hold (`Qwen3_5MoeConfig`): the
+/// wrapper's tying and special ids, the text model, and the vision tower's
+/// config, token ids and tensors, which are not loaded; the Hub's
+/// multi-token-prediction module sits under `mtp.`.
+const KNOWN: Known = Known {
+    config: ConfigKeys {
+        read: &[&["model_type", "tie_word_embeddings", "bos_token_id", "eos_token_id"]],
+        inert: &[
+            HF_INERT,
+            &["vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"],
+        ],
+        nested: &[("text_config", &TEXT), ("quantization_config", &QUANTIZATION)],
+    },
+    unused_tensors: &["model.visual.*", "visual.*", "mtp.*"],
+    extra_layers_unused: false,
+};
 
 /// `model_type` of the text model alone.
 const TEXT_MODEL_TYPE: &str = "qwen3_5_moe_text";
@@ -42,6 +74,10 @@ impl FamilyDef for Qwen35Moe {
         "Qwen3_5MoeForCausalLM"
     }
 
+    fn known(&self) -> &'static Known {
+        &KNOWN
+    }
+
     fn naming(&self) -> &'static Naming {
         &NAMING
     }
@@ -63,7 +99,7 @@ impl FamilyDef for Qwen35Moe {
             // gives them, the special ids.
             let mut merged = parsed.cfg().map.clone();
             for key in ["bos_token_id", "eos_token_id"] {
-                if let Some(v) = root.get(key) {
+                if let Some(v) = top.raw(key) {
                     merged.insert(key.to_owned(), v.clone());
                 }
             }

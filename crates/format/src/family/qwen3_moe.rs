@@ -4,11 +4,30 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Family, FamilyDef, HF_NAMING, Naming, gqa};
+use super::known::{ConfigKeys, HF_INERT, Known, ROPE_AND_QUANTIZATION};
+use super::{CORE_READ, Family, FamilyDef, HF_NAMING, Naming, gqa};
 use crate::error::Result;
 use crate::spec::{ModelArch, QkNorm};
 
 pub(super) struct Qwen3Moe;
+
+/// What a qwen3_moe checkpoint may hold (`Qwen3MoeConfig`; the Hub's
+/// `max_window_layers` is a Qwen2 field 5.23 does not read).
+const KNOWN: Known = Known {
+    config: ConfigKeys {
+        read: &[
+            CORE_READ,
+            gqa::READ,
+            gqa::SPARSE_STEP_READ,
+            &["num_experts", "num_local_experts", "moe_intermediate_size", "norm_topk_prob"],
+            &["use_sliding_window", "sliding_window", "attention_bias"],
+        ],
+        inert: &[HF_INERT, &["max_window_layers"]],
+        nested: ROPE_AND_QUANTIZATION,
+    },
+    unused_tensors: &[],
+    extra_layers_unused: false,
+};
 
 const DEFAULTS: gqa::Defaults = gqa::Defaults {
     num_kv_heads: Some(4),
@@ -30,6 +49,10 @@ impl FamilyDef for Qwen3Moe {
         "Qwen3MoeForCausalLM"
     }
 
+    fn known(&self) -> &'static Known {
+        &KNOWN
+    }
+
     fn naming(&self) -> &'static Naming {
         &HF_NAMING
     }
@@ -41,7 +64,7 @@ impl FamilyDef for Qwen3Moe {
         let kinds = gqa::sparse_step_layer_kinds(cfg, parsed.num_layers)?;
         // __post_init__ drops the window unless use_sliding_window.
         parsed.attention.sliding_window = if cfg.bool("use_sliding_window")?.unwrap_or(false) {
-            match root.get("sliding_window") {
+            match cfg.raw("sliding_window") {
                 None => Some(4096),
                 Some(_) => cfg.usize("sliding_window")?,
             }

@@ -6,12 +6,31 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Family, FamilyDef, HF_NAMING, Naming, gqa, hybrid};
+use super::known::{ConfigKeys, HF_INERT, Known, ROPE_AND_QUANTIZATION};
+use super::{CORE_READ, Family, FamilyDef, HF_NAMING, Naming, gqa, hybrid};
 use crate::error::Result;
 use crate::spec::fields::Fields;
 use crate::spec::{GdnProjections, ModelArch};
 
 pub(super) struct Qwen3Next;
+
+/// What a qwen3_next checkpoint may hold (`Qwen3NextConfig`; the Hub's
+/// multi-token-prediction module sits under `mtp.`).
+const KNOWN: Known = Known {
+    config: ConfigKeys {
+        read: &[
+            CORE_READ,
+            gqa::READ,
+            gqa::SPARSE_STEP_READ,
+            hybrid::READ,
+            &["num_experts", "num_local_experts", "moe_intermediate_size", "norm_topk_prob"],
+        ],
+        inert: &[HF_INERT, hybrid::MTP_INERT],
+        nested: ROPE_AND_QUANTIZATION,
+    },
+    unused_tensors: &["mtp.*"],
+    extra_layers_unused: false,
+};
 
 impl FamilyDef for Qwen3Next {
     fn model_type(&self) -> &'static str {
@@ -20,6 +39,10 @@ impl FamilyDef for Qwen3Next {
 
     fn architecture(&self) -> &'static str {
         "Qwen3NextForCausalLM"
+    }
+
+    fn known(&self) -> &'static Known {
+        &KNOWN
     }
 
     fn naming(&self) -> &'static Naming {

@@ -27,7 +27,15 @@ impl<'a> Fields<'a> {
     }
 
     fn get(&self, key: &str) -> Option<&'a Value> {
-        self.map.get(key).filter(|v| !v.is_null())
+        self.raw(key).filter(|v| !v.is_null())
+    }
+
+    /// The value of `key` as given, `null` included: for the readers that
+    /// tell null from absent.
+    pub(crate) fn raw(&self, key: &str) -> Option<&'a Value> {
+        #[cfg(test)]
+        looked_up::record(self.prefix, key);
+        self.map.get(key)
     }
 
     fn wrong(&self, key: &str, expected: &str, v: &Value) -> Error {
@@ -94,5 +102,30 @@ impl<'a> Fields<'a> {
                     .collect()
             })
             .transpose()
+    }
+}
+
+/// Every key a parse looks up, recorded in tests so that each family's
+/// table of the keys it reads (`family/known.rs`) can be checked against
+/// what its parser really reads.
+#[cfg(test)]
+pub(crate) mod looked_up {
+    use std::cell::RefCell;
+    use std::collections::BTreeSet;
+
+    thread_local! {
+        static KEYS: RefCell<BTreeSet<String>> = const { RefCell::new(BTreeSet::new()) };
+    }
+
+    pub(super) fn record(prefix: &str, key: &str) {
+        KEYS.with(|keys| keys.borrow_mut().insert(format!("{prefix}{key}")));
+    }
+
+    /// The keys looked up while `run` ran (on this thread), as
+    /// `prefix + key`.
+    pub(crate) fn during(run: impl FnOnce()) -> BTreeSet<String> {
+        KEYS.with(|keys| keys.borrow_mut().clear());
+        run();
+        KEYS.with(|keys| std::mem::take(&mut *keys.borrow_mut()))
     }
 }

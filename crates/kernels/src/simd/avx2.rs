@@ -268,230 +268,88 @@ pub(crate) unsafe fn scale(alpha: f32, x: &mut [f32]) {
 }
 
 // ---------------------------------------------------------------------------
-// Integer products of q8/q4 weights with int16 activations (`crate::int`).
-//
-// A 512-bit block is handled as two 256-bit halves: half `h` holds lanes
-// `8h..8h + 8` of the definition, so each lane sees the same operations as
-// on AVX-512 and the results agree bit for bit.
+// Integer products of q8/q4 weights with int16 or int8 activations
+// (`crate::int`), written once in `int_lanes`: a 512-bit block of the
+// definition is two 256-bit chunks here.
 // ---------------------------------------------------------------------------
 
 use std::ops::Range;
 
-use crate::act::{ActRow, LANES, Layout};
-use crate::int::{BLOCK_BYTES, IntWeights, store_tile};
+use super::int_lanes::{self, ChunkStep, Madd, impl_int_lanes};
+use crate::act::{ActRow, LANES};
+use crate::int::IntWeights;
 
-/// Sums the two halves' 8 lanes in the tree of [`crate::int::reduce_lanes`]
-/// (`lo[i] + hi[i]` is lane `i` plus lane `i + 8`).
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn reduce_halves(lo: __m256, hi: __m256) -> f32 {
-    hsum(_mm256_add_ps(lo, hi))
-}
+impl_int_lanes!(Avx2, __m256i, {
+    splat: _mm256_set1_ps,
+    load: _mm256_loadu_si256,
+    splat16: _mm256_set1_epi16,
+    and: _mm256_and_si256,
+    srli16: _mm256_srli_epi16,
+    srai16: _mm256_srai_epi16,
+    slli16: _mm256_slli_epi16,
+    srai32: _mm256_srai_epi32,
+    add32: _mm256_add_epi32,
+    madd16: _mm256_madd_epi16,
+    to_f32: _mm256_cvtepi32_ps,
+    abs8: _mm256_abs_epi8,
+    maddubs: _mm256_maddubs_epi16,
+}, {
+    /// Lanes `0..8` and `8..16` of a block.
+    type Acc = [__m256; 2];
+    /// The mask of the groups a chunk's masked load reads, and the group
+    /// each lane takes.
+    type Pick = (__m256i, __m256i);
 
-/// Expands a half block's weight scales to its 8 lanes. Groups are powers
-/// of two, so block-to-group indexing is a shift.
-#[derive(Clone, Copy)]
-struct LaneScales {
-    /// A group spans `1 << shift` blocks (`wide`), or a half block spans
-    /// `1 << shift` groups.
-    wide: bool,
-    shift: u32,
-    mask: __m256i,
-    idx: __m256i,
-}
-
-impl LaneScales {
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn new(w: &IntWeights<'_>) -> Self {
-        let (block, lane_cols) = (w.layout.block_cols(), w.layout.lane_cols());
-        if w.group >= block {
-            let zero = _mm256_setzero_si256();
-            return LaneScales { wide: true, shift: (w.group / block).trailing_zeros(), mask: zero, idx: zero };
-        }
-        // A power of two below the block size divides the half block.
-        let groups_per_half = block / 2 / w.group;
-        let group_shift = w.group.trailing_zeros();
-        let idx: [i32; 8] = std::array::from_fn(|k| ((k * lane_cols) >> group_shift) as i32);
-        let mask: [i32; 8] = std::array::from_fn(|k| if k < groups_per_half { -1 } else { 0 });
-        // SAFETY: reads the 8 values of local arrays.
-        unsafe {
-            LaneScales {
-                wide: false,
-                shift: groups_per_half.trailing_zeros(),
-                mask: _mm256_loadu_si256(mask.as_ptr().cast()),
-                idx: _mm256_loadu_si256(idx.as_ptr().cast()),
-            }
-        }
+    #[inline(always)]
+    unsafe fn acc_zero() -> [__m256; 2] {
+        // SAFETY: the caller enables AVX2 (see `int_lanes`).
+        unsafe { [_mm256_setzero_ps(); 2] }
     }
 
-    /// The lane scales of half `h` of full block `b` of a row whose scales
-    /// start at `s`.
-    ///
-    /// # Safety
-    /// Block `b` must lie entirely inside the row.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn half(self, s: *const f32, b: usize, h: usize) -> __m256 {
-        // SAFETY: a full block's groups all exist in the row's scales; the
-        // masked load touches only those.
-        unsafe {
-            if self.wide {
-                _mm256_set1_ps(*s.add(b >> self.shift))
-            } else {
-                let first = (2 * b + h) << self.shift;
-                _mm256_permutevar8x32_ps(_mm256_maskload_ps(s.add(first), self.mask), self.idx)
-            }
-        }
+    /// `lo[i] + hi[i]` is lane `i` plus lane `i + 8`, the first level of
+    /// the tree.
+    #[inline(always)]
+    unsafe fn reduce([lo, hi]: [__m256; 2]) -> f32 {
+        // SAFETY: the caller enables AVX2 and FMA.
+        unsafe { hsum(_mm256_add_ps(lo, hi)) }
     }
-}
 
-/// One half block (32 bytes) of one row against `T` activation vectors.
-#[inline(always)]
-unsafe fn half_step<const Q4: bool, const T: usize>(
-    w: __m256i,
-    w_scales: __m256,
-    acts: &[ActRow<'_>; T],
-    b: usize,
-    h: usize,
-    facc: &mut [[__m256; 2]; T],
-) {
-    let block = if Q4 { Layout::Q4 } else { Layout::Q8 }.block_cols();
-    // SAFETY: callers enable avx2/fma; `check_tile` guarantees each vector
-    // holds block `b` (planes of 32 words, this half's 16 at `16h`) and its
-    // lane scales.
-    unsafe {
-        let load = |p: *const i16| _mm256_loadu_si256(p.cast());
-        let madd = |a, x| _mm256_madd_epi16(a, x);
-        // The decoders of the AVX-512 path (see `avx512::block_step`).
-        let planes: [__m256i; 4] = if Q4 {
-            let low = _mm256_set1_epi16(0x000F);
-            let high = _mm256_set1_epi16(0x00F0);
-            let w_hi = _mm256_srli_epi16::<8>(w);
-            [
-                _mm256_and_si256(w, low),
-                _mm256_and_si256(w, high),
-                _mm256_and_si256(w_hi, low),
-                _mm256_and_si256(w_hi, high),
-            ]
-        } else {
-            let zero = _mm256_setzero_si256();
-            [_mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(w)), _mm256_srai_epi16::<8>(w), zero, zero]
-        };
-        for t in 0..T {
-            let x = acts[t].q.as_ptr().add(b * block + 16 * h);
-            let isum = if Q4 {
-                let corr = _mm256_loadu_si256(acts[t].lane_corr.as_ptr().add(b * LANES + 8 * h).cast());
-                let even = _mm256_add_epi32(
-                    _mm256_add_epi32(corr, madd(planes[0], load(x))),
-                    madd(planes[2], load(x.add(64))),
-                );
-                let odd = _mm256_add_epi32(madd(planes[1], load(x.add(32))), madd(planes[3], load(x.add(96))));
-                _mm256_add_epi32(even, _mm256_srai_epi32::<4>(odd))
-            } else {
-                _mm256_add_epi32(madd(planes[0], load(x)), madd(planes[1], load(x.add(32))))
-            };
-            let xs = _mm256_loadu_ps(acts[t].lane_scales.as_ptr().add(b * LANES + 8 * h));
-            let s = _mm256_mul_ps(w_scales, xs);
-            facc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), s, facc[t][h]);
-        }
+    #[inline(always)]
+    unsafe fn pick(groups: usize, idx: &[i32; LANES]) -> (__m256i, __m256i) {
+        let mask: [i32; 8] = std::array::from_fn(|k| if k < groups { -1 } else { 0 });
+        // SAFETY: reads 8 values of local arrays.
+        unsafe { (_mm256_loadu_si256(mask.as_ptr().cast()), _mm256_loadu_si256(idx.as_ptr().cast())) }
     }
-}
 
-/// Rows `rows` of `w` times `T` activation vectors, in tiles of 2 rows
-/// (16 vector registers hold a 2 × 2 tile's accumulators and the decoded
-/// planes): `out[t * out_stride + (r - rows.start)]`.
-#[inline(always)]
-unsafe fn int_rows_body<const Q4: bool, const T: usize>(
-    w: &IntWeights<'_>,
-    rows: Range<usize>,
-    acts: &[ActRow<'_>; T],
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    // SAFETY: callers enable the features and uphold `crate::int::check_rows`.
-    unsafe {
-        let lane_scales = LaneScales::new(w);
-        let mut r = rows.start;
-        while r < rows.end {
-            if r + 2 <= rows.end {
-                let mut tile = [[0.0f32; T]; 2];
-                int_tile_body::<Q4, 2, T>(w, lane_scales, r, acts, &mut tile);
-                store_tile(&tile, r - rows.start, out, out_stride);
-                r += 2;
-            } else {
-                let mut tile = [[0.0f32; T]; 1];
-                int_tile_body::<Q4, 1, T>(w, lane_scales, r, acts, &mut tile);
-                store_tile(&tile, r - rows.start, out, out_stride);
-                r += 1;
-            }
-        }
+    #[inline(always)]
+    unsafe fn pick_scales((mask, idx): (__m256i, __m256i), s: *const f32) -> __m256 {
+        // SAFETY: the masked load reads only the groups the caller allows.
+        unsafe { _mm256_permutevar8x32_ps(_mm256_maskload_ps(s, mask), idx) }
     }
-}
 
-#[inline(always)]
-unsafe fn int_tile_body<const Q4: bool, const R: usize, const T: usize>(
-    w: &IntWeights<'_>,
-    lane_scales: LaneScales,
-    row0: usize,
-    acts: &[ActRow<'_>; T],
-    out: &mut [[f32; T]; R],
-) {
-    // SAFETY: callers enable the features and uphold `check_rows`; full
-    // blocks lie inside their rows, and the tail block is a local copy.
-    unsafe {
-        let full = w.full_blocks();
-        let qs: [*const u8; R] = std::array::from_fn(|i| w.row_qs(row0 + i).as_ptr());
-        let scales: [*const f32; R] = std::array::from_fn(|i| w.row_scales(row0 + i).as_ptr());
-        let next = w.next_tile_rows::<R>(row0);
-        let mut facc = [[[_mm256_setzero_ps(); 2]; T]; R];
-        for b in 0..full {
-            for i in 0..R {
-                // As on AVX-512: fetch the next tile's rows while this one runs.
-                _mm_prefetch::<_MM_HINT_T1>(next[i].wrapping_add(b * BLOCK_BYTES).cast());
-                for h in 0..2 {
-                    let wv = _mm256_loadu_si256(qs[i].add(b * BLOCK_BYTES + 32 * h).cast());
-                    half_step::<Q4, T>(wv, lane_scales.half(scales[i], b, h), acts, b, h, &mut facc[i]);
-                }
-            }
-        }
-        if full < w.blocks() {
-            for i in 0..R {
-                let tail = w.tail_block(row0 + i);
-                let tail_scales = w.lane_scales(row0 + i, full);
-                for h in 0..2 {
-                    let wv = _mm256_loadu_si256(tail.as_ptr().add(32 * h).cast());
-                    let ws = _mm256_loadu_ps(tail_scales.as_ptr().add(8 * h));
-                    half_step::<Q4, T>(wv, ws, acts, full, h, &mut facc[i]);
-                }
-            }
-        }
-        for i in 0..R {
-            for t in 0..T {
-                out[i][t] = reduce_halves(facc[i][t][0], facc[i][t][1]);
-            }
-        }
+    #[inline(always)]
+    unsafe fn sign8(a: __m256i, sign: __m256i) -> __m256i {
+        // SAFETY: the caller enables AVX2. `vpsignb` zeroes `a` where `sign`
+        // is zero, which only meets zero magnitudes here.
+        unsafe { _mm256_sign_epi8(a, sign) }
     }
-}
+});
 
-/// Integer rows with `vpmaddwd` + `vpaddd`.
+/// Integer rows with `vpmaddwd` + `vpaddd` (int8: `vpmaddubsw` first), in
+/// tiles of 2 rows (16 vector registers hold a 2 × 2 tile's accumulators
+/// and the decoded planes).
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA, and `crate::int::check_rows` must
 /// hold for these arguments.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn int_rows<const T: usize>(
+pub(crate) unsafe fn int_rows<E: ChunkStep, const T: usize>(
     w: &IntWeights<'_>,
     rows: Range<usize>,
-    acts: &[ActRow<'_>; T],
+    acts: &[ActRow<'_, E>; T],
     out: &mut [f32],
     out_stride: usize,
 ) {
-    // SAFETY: forwarded to the caller.
-    unsafe {
-        match w.layout {
-            Layout::Q4 => int_rows_body::<true, T>(w, rows, acts, out, out_stride),
-            Layout::Q8 => int_rows_body::<false, T>(w, rows, acts, out, out_stride),
-        }
-    }
+    // SAFETY: forwarded to the caller; the body is inlined here.
+    unsafe { int_lanes::int_rows::<Avx2, Madd, E, 2, T>(w, rows, acts, out, out_stride) }
 }

@@ -435,301 +435,153 @@ pub(crate) unsafe fn scale(alpha: f32, x: &mut [f32]) {
 }
 
 // ---------------------------------------------------------------------------
-// Integer products of q8/q4 weights with int16 activations (`crate::int`).
-//
-// Port budget: on Intel server cores 512-bit shifts and int->float
-// conversions issue on one port only and shuffles on another; AMD Zen 4
-// splits every 512-bit op in two 256-bit halves. Either way the decoders
-// below unpack codes with few shifts and no shuffles, which lets one
-// core outrun DRAM (in L2, about 25 GB/s of q4 and 36 GB/s of q8 on this
-// project's AMD EPYC VM, against about 20 GB/s of DRAM read).
+// Integer products of q8/q4 weights with int16 or int8 activations
+// (`crate::int`), written once in `int_lanes`: a 512-bit block of the
+// definition is one vector here.
 // ---------------------------------------------------------------------------
 
 use std::arch::asm;
 use std::ops::Range;
 
-use crate::act::{ActRow, LANES, Layout};
-use crate::int::{BLOCK_BYTES, IntWeights, store_tile};
+use super::int_lanes::{self, ChunkStep, Madd, PairDot, impl_int_lanes};
+use crate::act::{ActRow, LANES};
+use crate::int::IntWeights;
 
-/// How pairs of int16 products are accumulated: `vpdpwssd` (VNNI) or
-/// `vpmaddwd` + `vpaddd`. Both give the same exact int32 sums.
-trait PairDot {
-    /// `acc + a0*b0 + a1*b1` per 32-bit lane.
-    unsafe fn acc(acc: __m512i, a: __m512i, b: __m512i) -> __m512i;
-}
+impl_int_lanes!(Avx512, __m512i, {
+    splat: _mm512_set1_ps,
+    load: _mm512_loadu_si512,
+    splat16: _mm512_set1_epi16,
+    and: _mm512_and_si512,
+    srli16: _mm512_srli_epi16,
+    srai16: _mm512_srai_epi16,
+    slli16: _mm512_slli_epi16,
+    srai32: _mm512_srai_epi32,
+    add32: _mm512_add_epi32,
+    madd16: _mm512_madd_epi16,
+    to_f32: _mm512_cvtepi32_ps,
+    abs8: _mm512_abs_epi8,
+    maddubs: _mm512_maddubs_epi16,
+}, {
+    /// All 16 lanes of a block.
+    type Acc = [__m512; 1];
+    /// The mask of the groups a block's masked load reads, and the group
+    /// each lane takes.
+    type Pick = (__mmask16, __m512i);
 
+    #[inline(always)]
+    unsafe fn acc_zero() -> [__m512; 1] {
+        // SAFETY: the caller enables AVX-512 (see `int_lanes`).
+        unsafe { [_mm512_setzero_ps()] }
+    }
+
+    #[inline(always)]
+    unsafe fn reduce([v]: [__m512; 1]) -> f32 {
+        // SAFETY: the caller enables AVX-512, whose features include AVX2's.
+        unsafe {
+            let lo = _mm512_castps512_ps256(v);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            super::avx2::hsum(_mm256_add_ps(lo, hi))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn pick(groups: usize, idx: &[i32; LANES]) -> (__mmask16, __m512i) {
+        // SAFETY: reads the 16 values of `idx`, with AVX-512 enabled by the
+        // caller.
+        (first_lanes(groups), unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) })
+    }
+
+    #[inline(always)]
+    unsafe fn pick_scales((mask, idx): (__mmask16, __m512i), s: *const f32) -> __m512 {
+        // SAFETY: the masked load reads only the groups the caller allows.
+        unsafe { _mm512_permutexvar_ps(idx, _mm512_maskz_loadu_ps(mask, s)) }
+    }
+
+    /// AVX-512 has no `vpsignb`: a masked subtract from zero.
+    #[inline(always)]
+    unsafe fn sign8(a: __m512i, sign: __m512i) -> __m512i {
+        // SAFETY: the caller enables AVX-512 BW.
+        unsafe { _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(sign), _mm512_setzero_si512(), a) }
+    }
+});
+
+/// `vpdpwssd` and `vpdpbusd`: one instruction for [`Madd`]'s two (three).
 struct Vnni;
-struct Madd;
 
-impl PairDot for Vnni {
+impl PairDot<Avx512> for Vnni {
     #[inline(always)]
     unsafe fn acc(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
-        // SAFETY: only reached from `int_tile_vnni`, which enables avx512vnni.
+        // SAFETY: only reached from `int_rows_vnni`, which enables avx512vnni.
         unsafe { dpwssd(acc, a, b) }
     }
-}
 
-impl PairDot for Madd {
     #[inline(always)]
-    unsafe fn acc(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
-        // SAFETY: only reached from `int_tile_madd`, which enables avx512bw.
-        unsafe { _mm512_add_epi32(acc, _mm512_madd_epi16(a, b)) }
+    unsafe fn acc4(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
+        // SAFETY: as in `acc`; `vpdpbusd` never saturates.
+        unsafe { dpbusd(acc, u, s) }
     }
 }
 
-/// `vpdpwssd`, written as assembly: LLVM's generic tuning rewrites the
-/// intrinsic into `vpmaddwd` + `vpaddd`, which costs a uop per call on the
-/// ports this kernel is bound by.
-#[inline]
-#[target_feature(enable = "avx512f,avx512vnni")]
-fn dpwssd(mut acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
-    // SAFETY: a register-only instruction of an enabled feature; no memory,
-    // stack or flags are touched.
-    unsafe {
-        asm!(
-            "vpdpwssd {acc}, {a}, {b}",
-            acc = inout(zmm_reg) acc,
-            a = in(zmm_reg) a,
-            b = in(zmm_reg) b,
-            options(pure, nomem, nostack, preserves_flags),
-        );
-    }
-    acc
+/// Defines `$name(acc, a, b)`: `$insn acc, a, b`, written as assembly:
+/// LLVM's generic tuning rewrites the VNNI intrinsics into their
+/// multiply-add and add, which costs a uop per call on the ports this
+/// kernel is bound by.
+macro_rules! vnni_asm {
+    ($name:ident, $insn:literal) => {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512vnni")]
+        fn $name(mut acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+            // SAFETY: a register-only instruction of an enabled feature; no
+            // memory, stack or flags are touched.
+            unsafe {
+                asm!(
+                    concat!($insn, " {acc}, {a}, {b}"),
+                    acc = inout(zmm_reg) acc,
+                    a = in(zmm_reg) a,
+                    b = in(zmm_reg) b,
+                    options(pure, nomem, nostack, preserves_flags),
+                );
+            }
+            acc
+        }
+    };
 }
 
-/// Sums the 16 lanes in the tree of [`crate::int::reduce_lanes`].
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn reduce_lanes(v: __m512) -> f32 {
-    let lo = _mm512_castps512_ps256(v);
-    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-    super::avx2::hsum(_mm256_add_ps(lo, hi))
-}
+vnni_asm!(dpwssd, "vpdpwssd");
+// Unsigned bytes of `a` times signed bytes of `b`, in fours.
+vnni_asm!(dpbusd, "vpdpbusd");
 
-/// Expands one block's weight scales to its 16 lanes. Groups are powers of
-/// two ([`Layout::supports_group`]), so block-to-group indexing is a shift.
-#[derive(Clone, Copy)]
-struct LaneScales {
-    /// A group spans `1 << shift` blocks (`wide`), or a block spans
-    /// `1 << shift` groups.
-    wide: bool,
-    shift: u32,
-    mask: __mmask16,
-    /// Lane `k` takes the block's group `idx[k]`.
-    idx: __m512i,
-}
-
-impl LaneScales {
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    fn new(w: &IntWeights<'_>) -> Self {
-        let (block, lane_cols) = (w.layout.block_cols(), w.layout.lane_cols());
-        if w.group >= block {
-            let shift = (w.group / block).trailing_zeros();
-            return LaneScales { wide: true, shift, mask: 0, idx: _mm512_setzero_si512() };
-        }
-        let group_shift = w.group.trailing_zeros();
-        let idx: [i32; LANES] = std::array::from_fn(|k| ((k * lane_cols) >> group_shift) as i32);
-        let groups_per_block = block / w.group;
-        LaneScales {
-            wide: false,
-            shift: groups_per_block.trailing_zeros(),
-            mask: first_lanes(groups_per_block),
-            // SAFETY: reads the 16 values of a local array.
-            idx: unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) },
-        }
-    }
-
-    /// The lane scales of full block `b` of a row whose scales start at `s`.
-    ///
-    /// # Safety
-    /// Block `b` must lie entirely inside the row.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn block(self, s: *const f32, b: usize) -> __m512 {
-        // SAFETY: a full block's groups all exist in the row's scales; the
-        // masked load touches only those.
-        unsafe {
-            if self.wide {
-                _mm512_set1_ps(*s.add(b >> self.shift))
-            } else {
-                _mm512_permutexvar_ps(self.idx, _mm512_maskz_loadu_ps(self.mask, s.add(b << self.shift)))
-            }
-        }
-    }
-}
-
-/// One block of one row against `T` activation vectors: accumulates each
-/// vector's lanes into `facc[t]`.
-///
-/// q8: a 16-bit word of codes holds columns `2j` (low byte) and `2j + 1`;
-/// shifts sign-extend each into a plane of words (no cross-lane shuffle).
-///
-/// q4: a word holds the nibbles `q + 8` of columns `4j..4j + 4`. Masks
-/// alone give planes 0 and 2 as `n` and planes 1 and 3 as `16 n`, which
-/// needs one shift for the pair instead of two per plane: the `16 n` sums
-/// are shifted back once (exact: they are multiples of 16), and the
-/// activations' `-8 Σ q_x` corrections seed the accumulator.
-#[inline(always)]
-unsafe fn block_step<D: PairDot, const Q4: bool, const T: usize>(
-    w: __m512i,
-    w_scales: __m512,
-    acts: &[ActRow<'_>; T],
-    b: usize,
-    facc: &mut [__m512; T],
-) {
-    let block = if Q4 { Layout::Q4 } else { Layout::Q8 }.block_cols();
-    // SAFETY: callers enable the features, and `check_tile` guarantees every
-    // activation vector holds block `b` (planes of 32 words), its 16 lane
-    // scales and, for q4, its 16 corrections.
-    unsafe {
-        let load = |p: *const i16| _mm512_loadu_si512(p.cast());
-        if Q4 {
-            let low = _mm512_set1_epi16(0x000F);
-            let high = _mm512_set1_epi16(0x00F0);
-            let w_hi = _mm512_srli_epi16::<8>(w);
-            let planes = [
-                _mm512_and_si512(w, low),
-                _mm512_and_si512(w, high),
-                _mm512_and_si512(w_hi, low),
-                _mm512_and_si512(w_hi, high),
-            ];
-            for t in 0..T {
-                let x = acts[t].q.as_ptr().add(b * block);
-                let corr = _mm512_loadu_si512(acts[t].lane_corr.as_ptr().add(b * LANES).cast());
-                let even = D::acc(D::acc(corr, planes[0], load(x)), planes[2], load(x.add(64)));
-                let odd = D::acc(_mm512_madd_epi16(planes[1], load(x.add(32))), planes[3], load(x.add(96)));
-                let isum = _mm512_add_epi32(even, _mm512_srai_epi32::<4>(odd));
-                let s = _mm512_mul_ps(w_scales, _mm512_loadu_ps(acts[t].lane_scales.as_ptr().add(b * LANES)));
-                facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, facc[t]);
-            }
-        } else {
-            let planes = [_mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(w)), _mm512_srai_epi16::<8>(w)];
-            for t in 0..T {
-                let x = acts[t].q.as_ptr().add(b * block);
-                let isum = D::acc(_mm512_madd_epi16(planes[0], load(x)), planes[1], load(x.add(32)));
-                let s = _mm512_mul_ps(w_scales, _mm512_loadu_ps(acts[t].lane_scales.as_ptr().add(b * LANES)));
-                facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, facc[t]);
-            }
-        }
-    }
-}
-
-/// Rows `rows` of `w` times `T` activation vectors, in tiles of 4 rows:
-/// `out[t * out_stride + (r - rows.start)]`.
-#[inline(always)]
-unsafe fn int_rows_body<D: PairDot, const Q4: bool, const T: usize>(
-    w: &IntWeights<'_>,
-    rows: Range<usize>,
-    acts: &[ActRow<'_>; T],
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    // SAFETY: callers enable the features and uphold `crate::int::check_rows`.
-    unsafe {
-        let lane_scales = LaneScales::new(w);
-        let mut r = rows.start;
-        while r < rows.end {
-            if r + 4 <= rows.end {
-                let mut tile = [[0.0f32; T]; 4];
-                int_tile_body::<D, Q4, 4, T>(w, lane_scales, r, acts, &mut tile);
-                store_tile(&tile, r - rows.start, out, out_stride);
-                r += 4;
-            } else {
-                let mut tile = [[0.0f32; T]; 1];
-                int_tile_body::<D, Q4, 1, T>(w, lane_scales, r, acts, &mut tile);
-                store_tile(&tile, r - rows.start, out, out_stride);
-                r += 1;
-            }
-        }
-    }
-}
-
-/// An `R × T` tile of integer products (see `crate::int`).
-#[inline(always)]
-unsafe fn int_tile_body<D: PairDot, const Q4: bool, const R: usize, const T: usize>(
-    w: &IntWeights<'_>,
-    lane_scales: LaneScales,
-    row0: usize,
-    acts: &[ActRow<'_>; T],
-    out: &mut [[f32; T]; R],
-) {
-    // SAFETY: callers enable the features and uphold `check_rows`; full
-    // blocks lie inside their rows, and the tail block is a local copy.
-    unsafe {
-        let full = w.full_blocks();
-        let qs: [*const u8; R] = std::array::from_fn(|i| w.row_qs(row0 + i).as_ptr());
-        let scales: [*const f32; R] = std::array::from_fn(|i| w.row_scales(row0 + i).as_ptr());
-        let next = w.next_tile_rows::<R>(row0);
-        let mut facc = [[_mm512_setzero_ps(); T]; R];
-        for b in 0..full {
-            for i in 0..R {
-                // One block is one cache line; prefetching never faults, and
-                // `wrapping_add` keeps the address arithmetic defined. Into
-                // L2, not L1: L1's few miss buffers cap the lines in flight
-                // below what DRAM needs to stream (T0 measured about half
-                // of T1's speed on a 1 GiB matvec).
-                _mm_prefetch::<_MM_HINT_T1>(next[i].wrapping_add(b * BLOCK_BYTES).cast());
-                let wv = _mm512_loadu_si512(qs[i].add(b * BLOCK_BYTES).cast());
-                block_step::<D, Q4, T>(wv, lane_scales.block(scales[i], b), acts, b, &mut facc[i]);
-            }
-        }
-        if full < w.blocks() {
-            for i in 0..R {
-                let tail = w.tail_block(row0 + i);
-                let tail_scales = w.lane_scales(row0 + i, full);
-                let wv = _mm512_loadu_si512(tail.as_ptr().cast());
-                block_step::<D, Q4, T>(wv, _mm512_loadu_ps(tail_scales.as_ptr()), acts, full, &mut facc[i]);
-            }
-        }
-        for i in 0..R {
-            for t in 0..T {
-                out[i][t] = reduce_lanes(facc[i][t]);
-            }
-        }
-    }
-}
-
-/// Integer rows with `vpdpwssd`.
+/// Integer rows with `vpdpwssd` (int8: `vpdpbusd`), in tiles of 4 rows.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI, and `crate::int::check_rows`
 /// must hold for these arguments.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn int_rows_vnni<const T: usize>(
+pub(crate) unsafe fn int_rows_vnni<E: ChunkStep, const T: usize>(
     w: &IntWeights<'_>,
     rows: Range<usize>,
-    acts: &[ActRow<'_>; T],
+    acts: &[ActRow<'_, E>; T],
     out: &mut [f32],
     out_stride: usize,
 ) {
-    // SAFETY: forwarded to the caller.
-    unsafe {
-        match w.layout {
-            Layout::Q4 => int_rows_body::<Vnni, true, T>(w, rows, acts, out, out_stride),
-            Layout::Q8 => int_rows_body::<Vnni, false, T>(w, rows, acts, out, out_stride),
-        }
-    }
+    // SAFETY: forwarded to the caller; the body is inlined here.
+    unsafe { int_lanes::int_rows::<Avx512, Vnni, E, 4, T>(w, rows, acts, out, out_stride) }
 }
 
-/// Integer rows with `vpmaddwd` + `vpaddd` (AVX-512 without VNNI).
+/// Integer rows with `vpmaddwd` + `vpaddd` (int8: `vpmaddubsw` first;
+/// AVX-512 without VNNI), in tiles of 4 rows.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL, and `crate::int::check_rows` must
 /// hold for these arguments.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn int_rows_madd<const T: usize>(
+pub(crate) unsafe fn int_rows_madd<E: ChunkStep, const T: usize>(
     w: &IntWeights<'_>,
     rows: Range<usize>,
-    acts: &[ActRow<'_>; T],
+    acts: &[ActRow<'_, E>; T],
     out: &mut [f32],
     out_stride: usize,
 ) {
-    // SAFETY: forwarded to the caller.
-    unsafe {
-        match w.layout {
-            Layout::Q4 => int_rows_body::<Madd, true, T>(w, rows, acts, out, out_stride),
-            Layout::Q8 => int_rows_body::<Madd, false, T>(w, rows, acts, out, out_stride),
-        }
-    }
+    // SAFETY: forwarded to the caller; the body is inlined here.
+    unsafe { int_lanes::int_rows::<Avx512, Madd, E, 4, T>(w, rows, acts, out, out_stride) }
 }

@@ -6,10 +6,10 @@
 //! whose features its intrinsics then compile with, so the code generated
 //! is the code the entry point would hold written out. What differs between
 //! the ISAs stays in their files: the tails (scalar on AVX2, masked on
-//! AVX-512), the horizontal sums and the decoders of packed weights, and
-//! the integer products (AVX2 works on half blocks). AVX-512 calls AVX2's
-//! 8-lane sum and 128-bit q4 unpacking directly: its features include
-//! AVX2's.
+//! AVX-512), the horizontal sums and the decoders of packed weights. The
+//! integer products are written once too, over [`super::int_lanes`]'s
+//! `IntLanes`, which extends this trait. AVX-512 calls AVX2's 8-lane sum
+//! and 128-bit q4 unpacking directly: its features include AVX2's.
 //!
 //! Every loop keeps the order of operations per lane that the bodies had
 //! when written out, so results are the same bit for bit.
@@ -19,7 +19,7 @@
 //! with the pointer requirements listed per function.
 
 /// A vector of `N` `f32` lanes and the operations the shared loops need.
-pub(super) trait Lanes {
+pub(crate) trait Lanes {
     /// The vector type.
     type F: Copy;
     /// `f32` lanes per vector.

@@ -6,7 +6,8 @@
 //! tests can force the scalar path next to the vector ones in one process.
 //!
 //! The `#[target_feature]` bodies live in `avx512` and `avx2` (x86_64 only),
-//! and the loops they share, written once over the lane width, in `lanes`.
+//! and the loops they share, written once over the lane width, in `lanes`
+//! (f32, bf16, q8 and q4 row dots) and `int_lanes` (the integer products).
 //! Every dispatching method asserts the length invariants those bodies rely
 //! on before entering them, which is what makes the `unsafe` calls sound.
 //! On other architectures everything runs the [`crate::scalar`] reference.
@@ -15,6 +16,8 @@
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod int_lanes;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::io::tests::{record_pattern, write_records};
+use crate::test_util::WarningLog;
 use crate::{ExpertKey, ExpertSource, ExpertStore, PolicyKind, StoreOptions, Usage};
+use strata_format::test_util::dead_pid;
 
 const RECORD_BYTES: usize = 4096;
 const NUM_EXPERTS: usize = 16;
@@ -202,33 +204,13 @@ fn a_copy_corrupted_or_truncated_after_open_falls_back_with_one_warning() {
 /// The warnings every thread of this test process logged so far (the
 /// mirrors' reads run on the I/O pool's threads), one a line.
 fn logged_warnings() -> Vec<String> {
-    static LOG: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> = std::sync::OnceLock::new();
+    static LOG: std::sync::OnceLock<WarningLog> = std::sync::OnceLock::new();
     let log = LOG.get_or_init(|| {
-        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = std::sync::Arc::clone(&log);
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || Appender(std::sync::Arc::clone(&sink)))
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("the only logger of the tests");
+        let log = WarningLog::default();
+        tracing::subscriber::set_global_default(log.subscriber()).expect("the only logger of the tests");
         log
     });
-    let bytes = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    String::from_utf8_lossy(&bytes).lines().map(str::to_owned).collect()
-}
-
-struct Appender(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Appender {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+    log.lines()
 }
 
 #[test]
@@ -307,14 +289,6 @@ fn verify_adopts_hand_made_copies_and_plan_takes_the_hottest_layers() {
     let layers: Vec<usize> = plan(&fx.files, &usage, budget).iter().map(|p| p.file.layer).collect();
     assert_eq!(layers, [1, 2]);
     assert!(plan(&fx.files, &usage, 10).is_empty());
-}
-
-/// A pid no process has: a child's, once it has been waited for.
-fn dead_pid() -> u32 {
-    let mut child = std::process::Command::new("true").spawn().unwrap();
-    let pid = child.id();
-    child.wait().unwrap();
-    pid
 }
 
 #[test]
