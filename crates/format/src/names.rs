@@ -111,7 +111,7 @@ pub fn router_name(core: &CoreSpec, layer: usize) -> String {
 
 /// The per-expert selection bias of a sigmoid router, `[num_experts]`.
 pub fn correction_bias_name(core: &CoreSpec, layer: usize) -> String {
-    layer_tensor(core, layer, "mlp.gate.e_score_correction_bias")
+    layer_tensor(core, layer, &format!("{}.gate.e_score_correction_bias", naming(core).moe_module))
 }
 
 /// The bias of a router that has one ([`RouterKind::TopKThenSoftmax`]),
@@ -153,7 +153,8 @@ pub fn shared_expert_names(core: &CoreSpec, layer: usize, shared: SharedExperts)
         SharedExperts::Gated { .. } => "shared_expert",
         SharedExperts::Plain { .. } | SharedExperts::None => "shared_experts",
     };
-    ["gate_proj", "up_proj", "down_proj"].map(|p| layer_tensor(core, layer, &format!("mlp.{module}.{p}.weight")))
+    let moe = naming(core).moe_module;
+    ["gate_proj", "up_proj", "down_proj"].map(|p| layer_tensor(core, layer, &format!("{moe}.{module}.{p}.weight")))
 }
 
 /// The gate of a gated shared expert, `[1, hidden]`.
@@ -162,8 +163,8 @@ pub fn shared_expert_gate_name(core: &CoreSpec, layer: usize) -> String {
 }
 
 /// A Gated DeltaNet layer's tensor `suffix` (under `linear_attn.`).
-pub fn linear_attn_tensor(core: &CoreSpec, layer: usize, suffix: &str) -> String {
-    layer_tensor(core, layer, &format!("linear_attn.{suffix}"))
+pub fn linear_attn_tensor(core: &CoreSpec, projections: GdnProjections, layer: usize, suffix: &str) -> String {
+    layer_tensor(core, layer, &format!("{}.{suffix}", projections.module()))
 }
 
 /// The dense MLP of a dense layer: gate, up, down.
@@ -373,19 +374,41 @@ fn mla_attention_tensors(core: &CoreSpec, attn: &MlaAttention, layer: usize, pus
 fn gdn_tensors(core: &CoreSpec, gdn: &GdnSpec, layer: usize, push: &mut Push<'_>) {
     let h = core.hidden_size;
     let d = &gdn.dims;
-    let t = |suffix: &str| linear_attn_tensor(core, layer, suffix);
+    let t = |suffix: &str| linear_attn_tensor(core, d.projections, layer, suffix);
     let (key_dim, value_dim, n_v) = (d.key_dim(), d.value_dim(), d.num_v_heads);
-    let projections: &[(&str, usize)] = match d.projections {
-        GdnProjections::Grouped => &[("in_proj_qkvz", 2 * key_dim + 2 * value_dim), ("in_proj_ba", 2 * n_v)],
+    let projections: &[(&str, usize, usize)] = match d.projections {
+        GdnProjections::Grouped => &[("in_proj_qkvz", 2 * key_dim + 2 * value_dim, h), ("in_proj_ba", 2 * n_v, h)],
         GdnProjections::Split => &[
-            ("in_proj_qkv", 2 * key_dim + value_dim),
-            ("in_proj_z", value_dim),
-            ("in_proj_b", n_v),
-            ("in_proj_a", n_v),
+            ("in_proj_qkv", 2 * key_dim + value_dim, h),
+            ("in_proj_z", value_dim, h),
+            ("in_proj_b", n_v, h),
+            ("in_proj_a", n_v, h),
+        ],
+        GdnProjections::Kimi => &[
+            ("q_proj", key_dim, h),
+            ("k_proj", key_dim, h),
+            ("v_proj", value_dim, h),
+            ("b_proj", n_v, h),
+            ("f_a_proj", d.head_k_dim, h),
+            ("f_b_proj", key_dim, d.head_k_dim),
+            ("g_a_proj", d.head_v_dim, h),
+            ("g_b_proj", value_dim, d.head_v_dim),
         ],
     };
-    for &(name, rows) in projections {
-        push(t(&format!("{name}.weight")), vec![rows, h], TensorKind::Linear);
+    for &(name, rows, cols) in projections {
+        push(t(&format!("{name}.weight")), vec![rows, cols], TensorKind::Linear);
+    }
+    if d.projections == GdnProjections::Kimi {
+        for (conv, channels) in KIMI_CONVS.into_iter().zip([key_dim, key_dim, value_dim]) {
+            push(t(&format!("{conv}.weight")), vec![channels, 1, d.conv_kernel], TensorKind::Recurrence);
+        }
+        // Per key channel; A_log as the hub shapes it, to broadcast over
+        // `[batch, tokens, heads, d_k]`.
+        push(t("dt_bias"), vec![key_dim], TensorKind::Recurrence);
+        push(t("A_log"), vec![1, 1, n_v, 1], TensorKind::Recurrence);
+        push(t("o_norm.weight"), vec![d.head_v_dim], TensorKind::Norm);
+        push(t("o_proj.weight"), vec![h, value_dim], TensorKind::Linear);
+        return;
     }
     push(t("conv1d.weight"), vec![d.conv_dim(), 1, d.conv_kernel], TensorKind::Recurrence);
     push(t("dt_bias"), vec![n_v], TensorKind::Recurrence);
@@ -393,3 +416,7 @@ fn gdn_tensors(core: &CoreSpec, gdn: &GdnSpec, layer: usize, push: &mut Push<'_>
     push(t("norm.weight"), vec![d.head_v_dim], TensorKind::Norm);
     push(t("out_proj.weight"), vec![h, value_dim], TensorKind::Linear);
 }
+
+/// Kimi Delta Attention's convolutions, one per input (q, k, v), in the
+/// order the block joins them into one over `conv_dim` channels.
+pub const KIMI_CONVS: [&str; 3] = ["q_conv1d", "k_conv1d", "v_conv1d"];

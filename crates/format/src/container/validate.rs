@@ -37,6 +37,9 @@ pub(crate) fn matrix_dims(shape: &[usize]) -> Option<(usize, usize)> {
         // A depthwise convolution's `[channels, 1, taps]` kernel is stored
         // as its `[channels, taps]` matrix.
         [rows, cols] | [rows, 1, cols] => Some((rows, cols)),
+        // A per-head vector shaped to broadcast over `[batch, tokens,
+        // heads, d]` (Kimi-Linear's `A_log`) is stored as its `[heads]`.
+        [1, 1, n, 1] => Some((1, n)),
         _ => None,
     }
 }

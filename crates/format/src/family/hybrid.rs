@@ -119,14 +119,23 @@ pub(super) fn parse<'a>(cfg: Fields<'a>, family: Family, projections: GdnProject
 
 /// `layer_types`, or every `full_attention_interval`-th layer full.
 fn mixers(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerType>> {
+    if let Some(listed) = listed_layer_types(cfg, num_layers)? {
+        return Ok(listed);
+    }
+    let interval = cfg.usize("full_attention_interval")?.unwrap_or(DEFAULT_FULL_ATTENTION_INTERVAL);
+    if interval == 0 {
+        return Err(Error::invalid("full_attention_interval", "must be >= 1"));
+    }
+    Ok((0..num_layers)
+        .map(|i| if (i + 1).is_multiple_of(interval) { LayerType::Full } else { LayerType::Linear })
+        .collect())
+}
+
+/// `layer_types` (`full_attention` or `linear_attention`, one per layer),
+/// or `None` when absent or null.
+pub(super) fn listed_layer_types(cfg: &Fields<'_>, num_layers: usize) -> Result<Option<Vec<LayerType>>> {
     let Some(types) = cfg.raw("layer_types").filter(|v| !v.is_null()) else {
-        let interval = cfg.usize("full_attention_interval")?.unwrap_or(DEFAULT_FULL_ATTENTION_INTERVAL);
-        if interval == 0 {
-            return Err(Error::invalid("full_attention_interval", "must be >= 1"));
-        }
-        return Ok((0..num_layers)
-            .map(|i| if (i + 1).is_multiple_of(interval) { LayerType::Full } else { LayerType::Linear })
-            .collect());
+        return Ok(None);
     };
     let items = types.as_array().ok_or_else(|| Error::invalid("layer_types", "must be a list of strings"))?;
     if items.len() != num_layers {
@@ -144,7 +153,8 @@ fn mixers(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerType>> {
                 Err(Error::invalid("layer_types", format!("{item} is not \"full_attention\" or \"linear_attention\"")))
             }
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }
 
 /// What both families' models keep: every layer Gated DeltaNet or gated

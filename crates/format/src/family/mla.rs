@@ -207,23 +207,34 @@ pub(super) fn validate(arch: &ModelArch) -> Result<()> {
         if !matches!(layer.mixer, MixerSpec::Mla(_)) {
             return Err(Error::invalid("kv_lora_rank", format!("{family} needs its MLA dimensions")));
         }
-        let FfnSpec::Moe(moe) = &layer.ffn else { continue };
-        if !matches!(moe.router, RouterKind::GroupedSigmoid { .. }) {
-            return Err(Error::invalid("scoring_func", "the MLA families route by sigmoid with a correction bias"));
-        }
-        match moe.shared {
-            SharedExperts::None => {}
-            SharedExperts::Plain { intermediate_size } if intermediate_size.is_multiple_of(moe.intermediate_size) => {}
-            _ => return Err(Error::invalid("n_shared_experts", "shared experts must be whole experts")),
-        }
+        validate_ffn(&layer.ffn)?;
     }
     Ok(())
+}
+
+/// A layer's feed-forward block as the DeepSeek-V3 MoE has it: routed by
+/// sigmoid scores with a correction bias, its shared experts whole experts.
+pub(super) fn validate_ffn(ffn: &FfnSpec) -> Result<()> {
+    let FfnSpec::Moe(moe) = ffn else { return Ok(()) };
+    if !matches!(moe.router, RouterKind::GroupedSigmoid { .. }) {
+        return Err(Error::invalid("scoring_func", "the MLA families route by sigmoid with a correction bias"));
+    }
+    match moe.shared {
+        SharedExperts::None => Ok(()),
+        SharedExperts::Plain { intermediate_size } if intermediate_size.is_multiple_of(moe.intermediate_size) => Ok(()),
+        _ => Err(Error::invalid("n_shared_experts", "shared experts must be whole experts")),
+    }
 }
 
 /// The checks of a family whose config says only `first_k_dense_replace`
 /// and has no DSA indexer.
 pub(super) fn validate_dense_first_without_dsa(arch: &ModelArch) -> Result<()> {
     validate(arch)?;
+    validate_dense_first(arch)
+}
+
+/// The layer pattern `first_k_dense_replace` can say, and no DSA indexer.
+pub(super) fn validate_dense_first(arch: &ModelArch) -> Result<()> {
     // The layer pattern must be expressible in the family's config.json.
     let kinds = arch.layer_kinds();
     let dense = kinds.iter().take_while(|&&k| k == FfnKind::Dense).count();
@@ -262,9 +273,10 @@ pub(super) fn config_json(arch: &ModelArch, mla: &MlaAttention) -> Map<String, V
         RouterKind::SoftmaxTopK { .. } | RouterKind::TopKThenSoftmax => (1, 1, 1.0),
     };
     let heads = (mla.num_heads, mla.num_heads);
-    // Without RoPE the rope keys written are transformers' defaults, which
-    // the config's reader ignores.
-    let rope = mla.rope.unwrap_or(RopeSpec { theta: 10_000.0, scaling: RopeScaling::None, rotary_dim: 0 });
+    // Without RoPE the rope keys written are transformers' defaults (the
+    // whole rope part rotated), which the config's reader ignores.
+    let unrotated = RopeSpec { theta: 10_000.0, scaling: RopeScaling::None, rotary_dim: dims.qk_rope_head_dim };
+    let rope = mla.rope.unwrap_or(unrotated);
     let mut c = common_config(&arch.core, arch.layers.len(), heads, &rope, dims.qk_rope_head_dim);
     c.insert("q_lora_rank".into(), json!(dims.q_lora_rank));
     c.insert("kv_lora_rank".into(), json!(dims.kv_lora_rank));

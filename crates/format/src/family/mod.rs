@@ -19,6 +19,7 @@ mod gpt_oss;
 mod gqa;
 mod hybrid;
 mod kimi_k25;
+mod kimi_linear;
 mod known;
 mod mixtral;
 mod mla;
@@ -71,6 +72,10 @@ pub enum Family {
     /// biased clamped experts published fused (dequantized or MXFP4).
     #[serde(rename = "gpt_oss")]
     GptOss,
+    /// Kimi-Linear: Kimi Delta Attention layers between unrotated MLA
+    /// ones, the DeepSeek-V3 MoE.
+    #[serde(rename = "kimi_linear")]
+    KimiLinear,
 }
 
 /// What a family file provides.
@@ -142,7 +147,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 9] = [
+    pub const ALL: [Family; 10] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -152,6 +157,7 @@ impl Family {
         Family::Qwen3Next,
         Family::Qwen35Moe,
         Family::GptOss,
+        Family::KimiLinear,
     ];
 
     /// The registry: the file that describes this family.
@@ -166,6 +172,7 @@ impl Family {
             Family::Qwen3Next => &qwen3_next::Qwen3Next,
             Family::Qwen35Moe => &qwen3_5_moe::Qwen35Moe,
             Family::GptOss => &gpt_oss::GptOss,
+            Family::KimiLinear => &kimi_linear::KimiLinear,
         }
     }
 

@@ -25,6 +25,24 @@ pub enum GdnProjections {
     /// Qwen3.5/3.6: `in_proj_qkv` (all q heads, all k heads, all v heads),
     /// `in_proj_z`, `in_proj_b`, `in_proj_a`.
     Split,
+    /// Kimi Delta Attention (`kimi_linear`): `q_proj`, `k_proj`, `v_proj`
+    /// (one head count, no key-head sharing, `d_k = d_v`), each with its own
+    /// `[C, 1, K]` convolution, `b_proj`, a low-rank forget gate (`f_a_proj`,
+    /// `f_b_proj`) whose decay is per key channel, a low-rank output gate
+    /// (`g_a_proj`, `g_b_proj`) through a sigmoid, under `self_attn.`. The
+    /// state has GDN's shape, so [`GdnDims::state_floats`] holds for it.
+    Kimi,
+}
+
+impl GdnProjections {
+    /// The module the layer's tensors sit under: Qwen's `linear_attn`,
+    /// Kimi-Linear's `self_attn` (the name its MLA layers use too).
+    pub fn module(self) -> &'static str {
+        match self {
+            GdnProjections::Grouped | GdnProjections::Split => "linear_attn",
+            GdnProjections::Kimi => "self_attn",
+        }
+    }
 }
 
 /// The dimensions every Gated DeltaNet layer of a model shares.

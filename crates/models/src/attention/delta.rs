@@ -1,5 +1,7 @@
-//! The Gated DeltaNet block (the linear-attention layers of Qwen3-Next and
-//! Qwen3.5/3.6): input projections, a causal depthwise convolution + SiLU
+//! The delta-rule block: Gated DeltaNet (the linear-attention layers of
+//! Qwen3-Next and Qwen3.5/3.6) and Kimi Delta Attention (Kimi-Linear's,
+//! the same block with a decay per key channel, low-rank forget and output
+//! gates and a sigmoid-gated norm): input projections, a causal depthwise convolution + SiLU
 //! over q, k and v, l2-normalised q and k, the gated delta rule per value
 //! head over a fixed-size state, a gated RMSNorm per head, and `out_proj`.
 //! Its state lives in the sequence's cache (`SequenceState::stage_state`):
@@ -13,6 +15,7 @@
 //! give exactly the logits of one pass.
 
 use strata_format::{CoreSpec, GdnDims, GdnProjections, GdnSpec, names};
+use strata_kernels::ops::NormGate;
 use strata_kv::StatePart;
 
 use crate::backend::Runtime;
@@ -30,8 +33,9 @@ pub struct DeltaNet {
     eps: f32,
     hidden: usize,
     /// The input projections, in the order of [`GdnDims::projections`]:
-    /// `in_proj_qkvz`, `in_proj_ba` (grouped) or `in_proj_qkv`, `in_proj_z`,
-    /// `in_proj_b`, `in_proj_a` (split).
+    /// `in_proj_qkvz`, `in_proj_ba` (grouped), `in_proj_qkv`, `in_proj_z`,
+    /// `in_proj_b`, `in_proj_a` (split), or `q_proj`, `k_proj`, `v_proj`,
+    /// `b_proj`, `f_a_proj`, `f_b_proj`, `g_a_proj`, `g_b_proj` (Kimi).
     inputs: Vec<Linear>,
     /// The delta rule and its convolution, dt bias and decay.
     rule: DeltaKind,
@@ -41,7 +45,8 @@ pub struct DeltaNet {
 
 /// A pass's rows after the input projections, in the split layout: `qkv`
 /// `[n, conv_dim]` (all q heads, all k heads, all v heads), `z` `[n,
-/// value_dim]`, `b` and `a` `[n, num_v_heads]`.
+/// value_dim]`, `b` `[n, num_v_heads]` and `a` `[n, a_width]` (see
+/// [`a_width`]).
 struct Inputs {
     qkv: Vec<f32>,
     z: Vec<f32>,
@@ -54,30 +59,58 @@ impl DeltaNet {
     pub fn load(b: &mut Backend, spec: &CoreSpec, gdn: &GdnSpec, layer: usize) -> Result<Self> {
         let d = gdn.dims;
         let h = spec.hidden_size;
-        let t = |suffix: &str| names::linear_attn_tensor(spec, layer, suffix);
-        let shapes: Vec<(&str, usize)> = match d.projections {
+        let t = |suffix: &str| names::linear_attn_tensor(spec, d.projections, layer, suffix);
+        let shapes: Vec<(&str, usize, usize)> = match d.projections {
             GdnProjections::Grouped => {
-                vec![("in_proj_qkvz", 2 * d.key_dim() + 2 * d.value_dim()), ("in_proj_ba", 2 * d.num_v_heads)]
+                vec![("in_proj_qkvz", 2 * d.key_dim() + 2 * d.value_dim(), h), ("in_proj_ba", 2 * d.num_v_heads, h)]
             }
             GdnProjections::Split => vec![
-                ("in_proj_qkv", d.conv_dim()),
-                ("in_proj_z", d.value_dim()),
-                ("in_proj_b", d.num_v_heads),
-                ("in_proj_a", d.num_v_heads),
+                ("in_proj_qkv", d.conv_dim(), h),
+                ("in_proj_z", d.value_dim(), h),
+                ("in_proj_b", d.num_v_heads, h),
+                ("in_proj_a", d.num_v_heads, h),
+            ],
+            GdnProjections::Kimi => vec![
+                ("q_proj", d.key_dim(), h),
+                ("k_proj", d.key_dim(), h),
+                ("v_proj", d.value_dim(), h),
+                ("b_proj", d.num_v_heads, h),
+                ("f_a_proj", d.head_k_dim, h),
+                ("f_b_proj", d.key_dim(), d.head_k_dim),
+                ("g_a_proj", d.head_v_dim, h),
+                ("g_b_proj", d.value_dim(), d.head_v_dim),
             ],
         };
         let mut inputs = Vec::with_capacity(shapes.len());
-        for (name, rows) in shapes {
-            inputs.push(Linear::load(b, &t(&format!("{name}.weight")), None, rows, h)?);
+        for (name, rows, cols) in shapes {
+            inputs.push(Linear::load(b, &t(&format!("{name}.weight")), None, rows, cols)?);
         }
-        let rule = DeltaKind::GatedDeltaNet {
-            dims: d,
-            conv: b.vector(&t("conv1d.weight"), d.conv_dim() * d.conv_kernel)?,
-            dt_bias: b.vector(&t("dt_bias"), d.num_v_heads)?,
-            a_log: b.vector(&t("A_log"), d.num_v_heads)?,
+        let (rule, norm, out) = if d.projections == GdnProjections::Kimi {
+            assert_eq!(d.num_k_heads, d.num_v_heads, "KDA shares no key heads");
+            // The hub keeps one convolution per input; the step runs one
+            // over q | k | v, so they are joined here, once.
+            let mut conv = Vec::with_capacity(d.conv_dim() * d.conv_kernel);
+            for (name, channels) in names::KIMI_CONVS.into_iter().zip([d.key_dim(), d.key_dim(), d.value_dim()]) {
+                let part = b.vector(&t(&format!("{name}.weight")), channels * d.conv_kernel)?;
+                conv.extend_from_slice(b.vector_values(part));
+            }
+            let rule = DeltaKind::KimiDelta {
+                dims: d,
+                conv: b.upload_vector(conv),
+                dt_bias: b.vector(&t("dt_bias"), d.key_dim())?,
+                a_log: b.vector(&t("A_log"), d.num_v_heads)?,
+            };
+            (rule, b.vector(&t("o_norm.weight"), d.head_v_dim)?, t("o_proj.weight"))
+        } else {
+            let rule = DeltaKind::GatedDeltaNet {
+                dims: d,
+                conv: b.vector(&t("conv1d.weight"), d.conv_dim() * d.conv_kernel)?,
+                dt_bias: b.vector(&t("dt_bias"), d.num_v_heads)?,
+                a_log: b.vector(&t("A_log"), d.num_v_heads)?,
+            };
+            (rule, b.vector(&t("norm.weight"), d.head_v_dim)?, t("out_proj.weight"))
         };
-        let norm = b.vector(&t("norm.weight"), d.head_v_dim)?;
-        let out = Linear::load(b, &t("out_proj.weight"), None, h, d.value_dim())?;
+        let out = Linear::load(b, &out, None, h, d.value_dim())?;
         Ok(Self { dims: d, eps: gdn.eps, hidden: h, inputs, rule, norm, out })
     }
 
@@ -101,6 +134,7 @@ impl DeltaNet {
         let n = xs.len() / self.hidden;
         let mut inputs = self.project_inputs(rt, b, xs);
         let mut core = vec![0.0f32; n * d.value_dim()];
+        let a_width = a_width(d);
         let mut row = 0;
         for seq in seqs.iter_mut() {
             let rows = row..row + seq.tokens.len();
@@ -108,14 +142,16 @@ impl DeltaNet {
             let job = DeltaJob {
                 qkv: &mut inputs.qkv[rows.start * d.conv_dim()..rows.end * d.conv_dim()],
                 b: &inputs.b[rows.start * d.num_v_heads..],
-                a: &inputs.a[rows.start * d.num_v_heads..],
+                a: &inputs.a[rows.start * a_width..],
                 state: seq.cache.stage_state(layer, STATE),
                 out: &mut core[rows.start * d.value_dim()..rows.end * d.value_dim()],
             };
             b.delta_step(rt, &self.rule, job);
         }
-        // The gated norm per head: weight · x̂ · silu(z).
-        b.rmsnorm_gated(self.norm, self.eps, &mut core, &inputs.z);
+        // The gated norm per head: weight · x̂ · silu(z) (GDN) or
+        // sigmoid(z) (KDA).
+        let gate_act = if d.projections == GdnProjections::Kimi { NormGate::Sigmoid } else { NormGate::Silu };
+        b.rmsnorm_gated(self.norm, self.eps, &mut core, &inputs.z, gate_act);
         self.out.apply(rt, b, &core)
     }
 
@@ -131,7 +167,29 @@ impl DeltaNet {
                 a: run(&self.inputs[3]),
             },
             GdnProjections::Grouped => ungroup(&self.dims, &run(&self.inputs[0]), &run(&self.inputs[1])),
+            GdnProjections::Kimi => {
+                let [q, k, v] = [0, 1, 2].map(|i| run(&self.inputs[i]));
+                let (key_dim, value_dim) = (self.dims.key_dim(), self.dims.value_dim());
+                let qkv = q
+                    .chunks_exact(key_dim)
+                    .zip(k.chunks_exact(key_dim))
+                    .zip(v.chunks_exact(value_dim))
+                    .flat_map(|((q, k), v)| [q, k, v].concat())
+                    .collect();
+                // The low-rank gates: f_b(f_a(x)) and g_b(g_a(x)).
+                let low_rank = |first: usize| self.inputs[first + 1].apply(rt, b, &run(&self.inputs[first]));
+                Inputs { qkv, b: run(&self.inputs[3]), a: low_rank(4), z: low_rank(6) }
+            }
         }
+    }
+}
+
+/// Values of `a` per row: GDN's one per value head, or KDA's forget-gate
+/// projection, one per key channel.
+fn a_width(d: &GdnDims) -> usize {
+    match d.projections {
+        GdnProjections::Grouped | GdnProjections::Split => d.num_v_heads,
+        GdnProjections::Kimi => d.key_dim(),
     }
 }
 

@@ -23,6 +23,7 @@ mod cpu;
 use std::sync::{Arc, Mutex};
 
 use strata_format::{Container, MlaSpec};
+use strata_kernels::ops::NormGate;
 use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::{ExpertStore, TraceWriter};
 
@@ -143,11 +144,24 @@ pub enum DeltaKind {
         dt_bias: VectorHandle,
         a_log: VectorHandle,
     },
+    /// Kimi Delta Attention: the same convolution over q | k | v, q and k
+    /// l2-normalised by division, and the delta rule with a decay per key
+    /// channel (docs/gdn.md).
+    KimiDelta {
+        dims: strata_format::GdnDims,
+        /// `[conv_dim, conv_kernel]`: the q, k and v convolutions joined.
+        conv: VectorHandle,
+        /// `[key_dim]`: one per key channel.
+        dt_bias: VectorHandle,
+        /// `[num_v_heads]`.
+        a_log: VectorHandle,
+    },
 }
 
 /// One sequence's tokens through a delta-rule layer: `qkv` `[m, conv_dim]`
-/// (the input projection, convolved in place), the gate inputs `b` and `a`
-/// from the sequence's first row on, its state (the heads' recurrent
+/// (the input projection, convolved in place), the gate inputs `b` (`[m,
+/// num_v_heads]`) and `a` (GDN: `[m, num_v_heads]`; KDA: the forget gate's
+/// projection, `[m, key_dim]`) from the sequence's first row on, its state (the heads' recurrent
 /// states, then the convolution's), and `out` `[m, value_dim]`.
 pub struct DeltaJob<'a> {
     pub qkv: &'a mut [f32],
@@ -373,9 +387,9 @@ impl Backend {
 
     /// The gated RMSNorm of each `weight.len`-wide row of `rows` in place:
     /// `w · x̂ · silu(gate)`, `gates` laid out as `rows`.
-    pub fn rmsnorm_gated(&self, weight: VectorHandle, eps: f32, rows: &mut [f32], gates: &[f32]) {
+    pub fn rmsnorm_gated(&self, weight: VectorHandle, eps: f32, rows: &mut [f32], gates: &[f32], gate_act: NormGate) {
         match self {
-            Backend::Cpu(cpu) => cpu.rmsnorm_gated(weight, eps, rows, gates),
+            Backend::Cpu(cpu) => cpu.rmsnorm_gated(weight, eps, rows, gates, gate_act),
         }
     }
 

@@ -123,10 +123,12 @@ fn owner(looked_up: &str) -> (&str, &str) {
             return ("rope", key);
         }
     }
-    match looked_up.strip_prefix("text_config.") {
-        Some(key) => ("text_config", key),
-        None => ("", looked_up),
+    for object in ["text_config", "linear_attn_config"] {
+        if let Some(key) = looked_up.strip_prefix(object).and_then(|k| k.strip_prefix('.')) {
+            return (object, key);
+        }
     }
+    ("", looked_up)
 }
 
 /// `object.key`, or `key` at the top level.
@@ -137,6 +139,27 @@ fn path(object: &str, key: &str) -> String {
 /// A config of each shape the readers branch on that no committed config
 /// has, so that every key a table lists as read is looked up by one.
 fn variants() -> Vec<Value> {
+    // kimi_linear has no oracle fixture yet: a tiny config as the hub
+    // writes it (linear_attn_config, Kimi's spellings) stands in.
+    let kimi_linear = json!({
+        "model_type": "kimi_linear", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "kv_lora_rank": 16, "q_lora_rank": null,
+        "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "intermediate_size": 48,
+        "moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 1,
+        "moe_renormalize": true, "num_expert_group": 1, "topk_group": 1, "model_max_length": 128,
+        "routed_scaling_factor": 2.446, "first_k_dense_replace": 1, "rms_norm_eps": 1e-5,
+        "rope_scaling": {"rope_type": "yarn", "factor": 2.0}, "original_max_position_embeddings": 64,
+        "linear_attn_config": {"head_dim": 8, "num_heads": 2, "short_conv_kernel_size": 4,
+            "kda_layers": [1, 2, 4], "full_attn_layers": [3]}
+    });
+    let mut kimi_linear_saved = kimi_linear.clone();
+    kimi_linear_saved.as_object_mut().unwrap().remove("linear_attn_config");
+    kimi_linear_saved["layer_types"] =
+        json!(["linear_attention", "linear_attention", "full_attention", "linear_attention"]);
+    kimi_linear_saved["mlp_layer_types"] = json!(["dense", "sparse", "sparse", "sparse"]);
+    for (key, value) in [("linear_head_dim", 8), ("linear_num_heads", 2), ("linear_conv_kernel_dim", 4)] {
+        kimi_linear_saved[key] = json!(value);
+    }
     let mut sliding = fixture("qwen3_moe");
     sliding["use_sliding_window"] = json!(true);
     let mut by_interval = fixture("qwen3_next");
@@ -147,7 +170,7 @@ fn variants() -> Vec<Value> {
     glm.as_object_mut().unwrap().remove("indexer_types");
     let mut glm_yarn = fixture("glm_moe_dsa");
     glm_yarn["rope_parameters"] = fixture("deepseek_v3")["rope_parameters"].clone();
-    vec![sliding, by_interval, linear, glm, glm_yarn]
+    vec![sliding, by_interval, linear, glm, glm_yarn, kimi_linear, kimi_linear_saved]
 }
 
 /// The tables cannot drift from the parsers: every key a family's parser
@@ -178,7 +201,12 @@ fn each_family_table_lists_exactly_the_keys_its_parser_reads() {
             }
         }
         assert!(!seen.is_empty(), "{family}: no committed config");
-        let tables = [("", Some(own)), ("text_config", own.nested_table("text_config")), ("rope", Some(&ROPE))];
+        let tables = [
+            ("", Some(own)),
+            ("text_config", own.nested_table("text_config")),
+            ("linear_attn_config", own.nested_table("linear_attn_config")),
+            ("rope", Some(&ROPE)),
+        ];
         for (object, table) in tables {
             let Some(table) = table else { continue };
             let listed: BTreeSet<&str> = table.read_keys().chain(table.inert_keys()).collect();

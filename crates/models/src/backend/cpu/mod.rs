@@ -132,10 +132,17 @@ impl Cpu {
         }
     }
 
-    pub fn rmsnorm_gated(&self, weight: VectorHandle, eps: f32, rows: &mut [f32], gates: &[f32]) {
+    pub fn rmsnorm_gated(
+        &self,
+        weight: VectorHandle,
+        eps: f32,
+        rows: &mut [f32],
+        gates: &[f32],
+        gate_act: ops::NormGate,
+    ) {
         let weight = self.vector(weight);
         for (row, gate) in rows.chunks_exact_mut(weight.len()).zip(gates.chunks_exact(weight.len())) {
-            ops::rmsnorm_gated(row, gate, weight, eps, ops::NormGate::Silu);
+            ops::rmsnorm_gated(row, gate, weight, eps, gate_act);
         }
     }
 
@@ -195,6 +202,14 @@ impl Cpu {
                     a_log: self.vector(a_log),
                 };
                 delta::gated_delta_net(threads, self.isa, &dims, &weights, job);
+            }
+            DeltaKind::KimiDelta { dims, conv, dt_bias, a_log } => {
+                let weights = delta::GdnWeights {
+                    conv: self.vector(conv),
+                    dt_bias: self.vector(dt_bias),
+                    a_log: self.vector(a_log),
+                };
+                delta::kimi_delta_attention(threads, self.isa, &dims, &weights, job);
             }
         }
     }
