@@ -8,7 +8,7 @@ use std::path::Path;
 
 use strata_format::ConvertOptions;
 
-use crate::resolve::{AUTO_CONVERT_PRESET, ResolvedModel};
+use crate::resolved::{AUTO_CONVERT_PRESET, ResolvedModel};
 use crate::{Error, Result};
 
 include!(concat!(env!("OUT_DIR"), "/demo.rs"));

@@ -23,6 +23,7 @@ mod demo;
 mod error;
 mod names;
 mod resolve;
+mod resolved;
 
 use std::fs;
 use std::io::Read;
@@ -37,7 +38,8 @@ use strata_format::{ConvertOptions, QuantPreset};
 pub use self::client::HubHeaders;
 use self::client::{FileRequest, HubClient};
 pub use self::error::{Error, Result};
-pub use self::resolve::{AUTO_CONVERT_PRESET, DEMO_NAME, ResolvedModel, default_cache_dir, resolve_model};
+pub use self::resolve::{DEMO_NAME, default_cache_dir, resolve_model};
+pub use self::resolved::{AUTO_CONVERT_PRESET, ResolvedModel};
 
 /// Where pulled containers live, under the model cache.
 pub const PULLED_DIR: &str = "pulled";

@@ -8,28 +8,14 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
-use strata_format::{ConvertOptions, QuantPreset};
+use strata_format::ConvertOptions;
 
+use crate::resolved::{AUTO_CONVERT_PRESET, ResolvedModel};
 use crate::{Error, Result};
 
 /// What names the demo model where a model is named (`strata export demo
 /// OUT`, `--model demo`), as `serve` names it to clients.
 pub const DEMO_NAME: &str = "demo";
-
-/// The preset a checkpoint is converted with when the user did not convert it
-/// first, and the default of `strata convert` and `strata pull`: lossless in
-/// perplexity on the demo (docs/BENCHMARKS.md), half the size of f32.
-/// q4 is a flag away for a model that does not fit.
-pub const AUTO_CONVERT_PRESET: QuantPreset = QuantPreset::Q8;
-
-/// Where a model comes from, after [`resolve_model`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedModel {
-    /// The container to open.
-    pub container_dir: PathBuf,
-    /// Whether this call converted a checkpoint into the cache.
-    pub converted: bool,
-}
 
 /// The container for `model` (`None`, or `demo` where no such directory is
 /// here: the demo model built into the binary, models/demo). A directory with a

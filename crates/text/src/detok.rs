@@ -43,6 +43,13 @@ pub struct Detokenizer {
     emitted: usize,
 }
 
+impl Tokenizer {
+    /// A streaming decoder over this tokenizer.
+    pub fn detokenizer(&self, skip_special_tokens: bool) -> Detokenizer {
+        Detokenizer::new(self.clone(), skip_special_tokens)
+    }
+}
+
 impl Detokenizer {
     pub(super) fn new(tokenizer: Tokenizer, skip_special_tokens: bool) -> Detokenizer {
         Detokenizer { tokenizer, skip_special_tokens, ids: Vec::new(), read: 0, prefix_text: String::new(), emitted: 0 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use strata_format::spec::{MAX_TOKENIZER_BYTES, read_at_most};
 
-use super::detok::Detokenizer;
 use crate::{Error, Result};
 
 /// The file Hugging Face writes a fast tokenizer to.
@@ -83,11 +82,6 @@ impl Tokenizer {
         // tokenizers (every supported family's): the plain decode is its text.
         unpanic(&self.path, "decode", || self.inner.decode(ids, skip_special_tokens))?
             .map_err(|e| self.error("decode", e))
-    }
-
-    /// A streaming decoder over this tokenizer.
-    pub fn detokenizer(&self, skip_special_tokens: bool) -> Detokenizer {
-        Detokenizer::new(self.clone(), skip_special_tokens)
     }
 
     /// Ids in the vocabulary, added tokens included.
