@@ -6,7 +6,7 @@
 //! with the decay per key channel), with sums over the key dimension taken in index order and
 //! separate multiplies and adds (no FMA).
 
-use crate::gdn::{DeltaToken, LogDecay};
+use crate::gdn::token::{DeltaToken, LogDecay};
 
 /// One step of the delta rule for one value head; `state` is
 /// `[d_k, d_v]` row-major (row `i` belongs to key component `i`):
