@@ -277,7 +277,7 @@ use std::ops::Range;
 
 use super::int_lanes::{self, ChunkStep, Madd, impl_int_lanes};
 use crate::act::{ActRow, LANES};
-use crate::int::IntWeights;
+use crate::int::weights::IntWeights;
 
 impl_int_lanes!(Avx2, __m256i, {
     splat: _mm256_set1_ps,

@@ -445,7 +445,7 @@ use std::ops::Range;
 
 use super::int_lanes::{self, ChunkStep, Madd, PairDot, impl_int_lanes};
 use crate::act::{ActRow, LANES};
-use crate::int::IntWeights;
+use crate::int::weights::IntWeights;
 
 impl_int_lanes!(Avx512, __m512i, {
     splat: _mm512_set1_ps,

@@ -28,7 +28,7 @@ use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
 
 use super::lanes::Lanes;
 use crate::act::{ActElem, ActRow, LANES, Layout};
-use crate::int::{BLOCK_BYTES, IntWeights, store_tile};
+use crate::int::weights::{BLOCK_BYTES, IntWeights, store_tile};
 
 /// The integer side of a lane width: `N` `i32` lanes (`2 N` `i16` words) a
 /// vector, and what the integer products need beyond [`Lanes`].
