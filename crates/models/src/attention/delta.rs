@@ -14,8 +14,8 @@
 //! into passes, so chunked prefill, prefix reuse and a reopened session
 //! give exactly the logits of one pass.
 
+use crate::backend::NormGate;
 use strata_format::{CoreSpec, GdnDims, GdnProjections, GdnSpec, names};
-use strata_kernels::ops::NormGate;
 use strata_kv::StatePart;
 
 use crate::backend::Runtime;

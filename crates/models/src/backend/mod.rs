@@ -23,13 +23,15 @@ mod cpu;
 use std::sync::{Arc, Mutex};
 
 use strata_format::{Container, MlaSpec};
-use strata_kernels::ops::NormGate;
 use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::{ExpertStore, TraceWriter};
 
 /// The CPU's worker pool, which a pass runs on (`Runtime::threads`; the
 /// engine owns it).
 pub use strata_kernels::Threads;
+/// What gates a gated RMSNorm's output: SiLU (Gated DeltaNet) or a sigmoid
+/// (Kimi Delta Attention).
+pub use strata_kernels::ops::NormGate;
 
 use crate::error::{Error, Result};
 use crate::rope::Angles;
