@@ -51,7 +51,8 @@ fn log_scale(pos: usize, floor: f32, alpha: f32) -> f32 {
 }
 
 /// The layer's output for its whole input, its queries attended in passes
-/// of `passes` tokens over the keys and values of every position so far.
+/// of `passes` tokens over the keys and values of the positions so far (on
+/// a windowed layer, only those its ring would hold).
 fn inkling_attention(case: &Case, passes: &[usize]) -> Vec<f32> {
     let (x_shape, x) = load(&format!("attn_{}_x", case.name));
     let w = |part: &str| load(&format!("attn_{}_{part}", case.name));
@@ -105,11 +106,14 @@ fn inkling_attention(case: &Case, passes: &[usize]) -> Vec<f32> {
     let mut start = 0;
     for &m in passes {
         let end = start + m;
+        // A windowed layer's ring holds no key before the first query's
+        // window.
+        let first_key = case.window.map_or(0, |w| (start + 1).saturating_sub(w));
         let job = AttendJob {
             q: &q[start * q_dim..end * q_dim],
-            keys: &k[..end * kv_dim],
-            values: &v[..end * kv_dim],
-            first_key: 0,
+            keys: &k[first_key * kv_dim..end * kv_dim],
+            values: &v[first_key * kv_dim..end * kv_dim],
+            first_key,
             start,
             bias: Some(PositionBias {
                 rows: &bias[start * case.n_heads * extent..end * case.n_heads * extent],
