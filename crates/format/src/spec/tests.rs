@@ -618,3 +618,14 @@ fn hyper_connection_weights_are_f32_tensors_of_every_layer_and_the_sigmoid_head(
     let head = crate::names::dense_tensors(&mean).into_iter().filter(|t| t.name.contains("hc_head")).count();
     assert_eq!(head, 0, "the mean head has no weights");
 }
+
+#[test]
+fn strata_info_names_a_layers_streams_and_swiglu_limit() {
+    let mut arch = hyper_connected(4, HyperHead::Mean);
+    let FfnSpec::Moe(moe) = &mut arch.layers[0].ffn else { panic!("olmoe layers are MoE") };
+    moe.swiglu = SwiGlu::Limited { limit: 10.0 };
+    let line = arch.layers[0].describe();
+    assert!(line.contains(", swiglu limit 10;") && line.ends_with("; 4 hyper-connection streams"), "{line}");
+    let plain = ModelArch::from_config_json(OLMOE_5X).unwrap().layers[0].describe();
+    assert!(!plain.contains("swiglu") && !plain.contains("streams"), "{plain}");
+}
