@@ -5,9 +5,16 @@
 
 mod attend;
 mod delta;
+// Qwen3.8-Flash-Next's blocks, checked against transformers; the backend
+// calls them once the `qwen4_exp` spec variant lands (docs/qwen4_exp.md).
+#[allow(dead_code)]
+mod gated_hyper;
 mod hyper;
 mod index;
 mod latent;
+// As `gated_hyper`: wired with the `qwen4_exp` spec variant.
+#[allow(dead_code)]
+mod qsa;
 mod route;
 
 #[cfg(test)]
