@@ -46,6 +46,15 @@ pub enum ResidualKind {
         eps: f32,
         head: HyperHead,
     },
+    /// Gated residual hyper-connections (Qwen3.8-Flash-Next:
+    /// transformers' `Qwen4ExpTextGatedResidual`): `streams` copies of the
+    /// hidden state (`hc_count`), each normed on its own with `1 + w`; the
+    /// block's input is the mean over streams of `σ(up(SiLU(down(x̂) /
+    /// streams))) ⊙ x̂` (`down` to `lowrank`, `hc_lowrank`), and every
+    /// stream gains the block's output times its own `2σ(inject(x̂) /
+    /// streams)`. The streams never mix with each other; the head is the
+    /// same mix without injection (`hyper_connection_mixer`).
+    GatedStreams { streams: usize, lowrank: usize },
 }
 
 impl ResidualKind {
@@ -53,7 +62,7 @@ impl ResidualKind {
     pub fn streams(&self) -> usize {
         match *self {
             ResidualKind::Plain => 1,
-            ResidualKind::HyperConnections { streams, .. } => streams,
+            ResidualKind::HyperConnections { streams, .. } | ResidualKind::GatedStreams { streams, .. } => streams,
         }
     }
 }
@@ -101,6 +110,9 @@ impl LayerSpec {
         match self.residual {
             ResidualKind::Plain => 0,
             ResidualKind::HyperConnections { streams, .. } => (2 * streams + 1) * hidden + 2 * (2 + streams) * streams,
+            // The normed streams and their gates, the block's input and
+            // output, the low-rank row and the injection weights.
+            ResidualKind::GatedStreams { streams, lowrank } => (2 * streams + 2) * hidden + lowrank + streams,
         }
     }
 
@@ -169,6 +181,7 @@ impl LayerSpec {
         let streams = match self.residual {
             ResidualKind::Plain => String::new(),
             ResidualKind::HyperConnections { streams, .. } => format!("; {streams} hyper-connection streams"),
+            ResidualKind::GatedStreams { streams, .. } => format!("; {streams} gated residual streams"),
         };
         format!("{mixer}; {ffn}; {state}{streams}")
     }

@@ -5,14 +5,12 @@
 
 mod attend;
 mod delta;
-// Qwen3.8-Flash-Next's blocks, checked against transformers; the backend
-// calls them once the `qwen4_exp` spec variant lands (docs/qwen4_exp.md).
-#[allow(dead_code)]
 mod gated_hyper;
 mod hyper;
 mod index;
 mod latent;
-// As `gated_hyper`: wired with the `qwen4_exp` spec variant.
+// Qwen3.8-Flash-Next's QSA, checked against transformers; the attention
+// layer calls it once the family lands (docs/qwen4_exp.md).
 #[allow(dead_code)]
 mod qsa;
 mod route;
@@ -29,9 +27,9 @@ use strata_sched::{ExpertFfn, LayerStats, MoeBatch, Route, gated_ffn};
 use strata_tier::ExpertStore;
 
 use super::{
-    AttendJob, AttnShape, DeltaJob, DeltaKind, Device, ExpertFfnKind, HyperConnection, IndexJob, IndexShape, LatentJob,
-    LatentShape, MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, StreamHead, StreamWeights, TableHandle,
-    VectorHandle,
+    AttendJob, AttnShape, DeltaJob, DeltaKind, Device, ExpertFfnKind, GatedResidual, HyperConnection, IndexJob,
+    IndexShape, LatentJob, LatentShape, MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, StreamHead, StreamWeights,
+    TableHandle, VectorHandle,
 };
 use crate::error::Result;
 use crate::rope::Angles;
@@ -214,13 +212,39 @@ impl Cpu {
         hyper::combine(hc.streams, hidden, &weights.post, &weights.comb, out, streams);
     }
 
+    fn gated_mixer(&self, gated: &GatedResidual) -> gated_hyper::GatedMixer<'_> {
+        gated_hyper::GatedMixer {
+            streams: gated.streams,
+            norm: self.vector(gated.norm),
+            down: self.matrix(gated.down),
+            up: self.matrix(gated.up),
+            inject: gated.inject.map(|inject| self.matrix(inject)),
+            norm_eps: gated.norm_eps,
+        }
+    }
+
+    pub fn gated_mix(&self, threads: &Threads, gated: &GatedResidual, streams: &[f32], input: &mut [f32]) -> Vec<f32> {
+        assert!(gated.inject.is_some(), "a block's gated residual injects its output");
+        gated_hyper::mix(threads, &self.gated_mixer(gated), streams, input)
+    }
+
+    pub fn gated_combine(gated: &GatedResidual, injection: &[f32], out: &[f32], streams: &mut [f32]) {
+        gated_hyper::combine(gated.streams, injection, out, streams);
+    }
+
     pub fn collapse_streams(&self, threads: &Threads, head: &StreamHead, streams: Vec<f32>, hidden: usize) -> Vec<f32> {
         let mut out = match *head {
             StreamHead::One => return streams,
-            StreamHead::Mean { .. } | StreamHead::Sigmoid { .. } => vec![0.0f32; streams.len() / head.streams()],
+            StreamHead::Mean { .. } | StreamHead::Sigmoid { .. } | StreamHead::Gated(_) => {
+                vec![0.0f32; streams.len() / head.streams()]
+            }
         };
         match *head {
             StreamHead::One => {}
+            StreamHead::Gated(gated) => {
+                let injection = gated_hyper::mix(threads, &self.gated_mixer(&gated), &streams, &mut out);
+                assert!(injection.is_empty(), "the final mixer injects nothing");
+            }
             StreamHead::Mean { streams: n } => hyper::mean_head(n, hidden, &streams, &mut out),
             StreamHead::Sigmoid { streams: n, mixes, base, scale, eps, norm_eps } => {
                 let head = hyper::SigmoidHead {
