@@ -30,6 +30,10 @@ impl Router {
             RouterKind::TopKThenSoftmax => {
                 RouteKind::TopKThenSoftmax { bias: b.vector(&names::router_bias_name(spec, layer), block.num_experts)? }
             }
+            RouterKind::SqrtSoftplus { scaling } => RouteKind::SqrtSoftplus {
+                scaling: scaling as f32,
+                correction_bias: b.vector(&names::correction_bias_name(spec, layer), block.num_experts)?,
+            },
         };
         Ok(Self { spec: RouterSpec { weight, kind, top_k: block.top_k } })
     }

@@ -4,11 +4,14 @@
 //! set detected once, when the backend is made.
 
 mod attend;
+mod compress;
 mod delta;
 mod index;
 mod latent;
 mod route;
+mod shared_kv;
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use strata_format::{Container, DenseId};
@@ -18,8 +21,9 @@ use strata_sched::{ExpertFfn, LayerStats, MoeBatch, Route, swiglu};
 use strata_tier::ExpertStore;
 
 use super::{
-    AttendJob, AttnShape, DeltaJob, DeltaKind, Device, ExpertFfnKind, IndexJob, IndexShape, LatentJob, LatentShape,
-    MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, TableHandle, VectorHandle,
+    AttendJob, AttnShape, CompressJob, DeltaJob, DeltaKind, Device, ExpertFfnKind, IndexJob, IndexShape, LatentJob,
+    LatentShape, MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, SharedKvJob, SharedKvShape, TableHandle,
+    VectorHandle,
 };
 use crate::error::Result;
 use crate::rope::Angles;
@@ -109,6 +113,19 @@ impl Cpu {
     pub fn matmul(&self, threads: &Threads, w: MatrixHandle, xs: &[f32], out: &mut [f32]) {
         let n = xs.len() / w.cols;
         threads.matmul(&self.matrix(w), xs, n, out);
+    }
+
+    pub fn matmul_rows(&self, threads: &Threads, w: MatrixHandle, rows: Range<usize>, xs: &[f32], out: &mut [f32]) {
+        let block = self.matrix(w).row_range(rows.start, rows.len()).expect("rows within the matrix");
+        threads.matmul(&block, xs, xs.len() / w.cols, out);
+    }
+
+    pub fn attend_shared_kv(&self, threads: &Threads, shape: SharedKvShape, jobs: Vec<SharedKvJob<'_>>) {
+        shared_kv::attend_all(threads, self.isa, &shape, self.vector(shape.sinks), jobs);
+    }
+
+    pub fn compress_windows(&self, job: &CompressJob<'_>) -> Vec<f32> {
+        compress::compress_windows(job)
     }
 
     pub fn add_bias(&self, rows: &mut [f32], bias: VectorHandle) {
@@ -245,6 +262,9 @@ impl Cpu {
                 self.add_bias(&mut logits, bias);
                 route::top_k_then_softmax(&logits, num_experts, router.top_k)
             }
+            RouteKind::SqrtSoftplus { scaling, correction_bias } => {
+                route::sqrt_softplus_top_k(&logits, num_experts, router.top_k, scaling, self.vector(correction_bias))
+            }
         }
     }
 
@@ -278,6 +298,26 @@ impl Cpu {
             prefetch: job.prefetch,
         };
         Ok(strata_sched::run_moe_layer(store, threads, &batch, out, stats)?)
+    }
+}
+
+/// The values of `testdata/{dir}/{name}.npy` and their shape (the reference
+/// tensors of the tests against torch).
+#[cfg(test)]
+fn fixture(dir: &str, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(dir).join(format!("{name}.npy"));
+    strata_format::npy::read_f32(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Agreement of `got` with torch's `want`, relative to `want`'s largest
+/// magnitude.
+#[cfg(test)]
+fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1.0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-5 * scale, "{what}[{i}]: {g} vs torch's {w}");
     }
 }
 

@@ -116,6 +116,41 @@ pub fn grouped_sigmoid_top_k(logits: &[f32], n_experts: usize, cfg: &GroupedSigm
     routes
 }
 
+/// DeepSeek V4's router (`DeepseekV4TopKRouter`): scores
+/// `s = sqrt(softplus(logit))` (softplus as torch's: the logit itself above
+/// 20), the `top_k` best by `s + bias` taken with weights `s` renormalised
+/// (plus 1e-20) and times `scaling`.
+///
+/// `logits` is `[n_tokens, n_experts]`; the result is `[n_tokens][top_k]` in
+/// descending choice-score order. Ties go to the lower index.
+pub fn sqrt_softplus_top_k(logits: &[f32], n_experts: usize, top_k: usize, scaling: f32, bias: &[f32]) -> Vec<Route> {
+    assert!(top_k >= 1 && top_k <= n_experts, "top-k within the expert count");
+    assert_eq!(bias.len(), n_experts, "one correction bias per expert");
+    let mut routes = Vec::with_capacity(logits.len() / n_experts * top_k);
+    let mut scores = vec![0.0f32; n_experts];
+    let mut choice = vec![0.0f32; n_experts];
+    let mut order: Vec<usize> = Vec::with_capacity(n_experts);
+    for row in logits.chunks_exact(n_experts) {
+        for ((s, c), (&logit, &b)) in scores.iter_mut().zip(choice.iter_mut()).zip(row.iter().zip(bias)) {
+            *s = softplus(logit).sqrt();
+            *c = *s + b;
+        }
+        order.clear();
+        order.extend(0..n_experts);
+        order.sort_by(by_score(&choice));
+        let chosen = &order[..top_k];
+        let denominator = chosen.iter().map(|&e| scores[e]).sum::<f32>() + 1e-20;
+        routes.extend(chosen.iter().map(|&expert| Route { expert, weight: scores[expert] / denominator * scaling }));
+    }
+    routes
+}
+
+/// torch's `softplus` (beta 1, threshold 20): `ln(1 + e^x)`, or `x` where
+/// that is `x` to f32 precision.
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,6 +184,37 @@ mod tests {
         let cfg = GroupedSigmoid { topk_group: 2, normalize: false, scaling: 1.0, ..cfg };
         let routes = grouped_sigmoid_top_k(&logits, 4, &cfg);
         assert_eq!((routes[0].expert, routes[0].weight), (3, 0.5));
+    }
+
+    /// transformers' `DeepseekV4TopKRouter` on the fixture's logits
+    /// (xtask/fixtures/deepseek_v4_blocks.py: 4 experts, top 2, scaling 1.5,
+    /// two rows past softplus's threshold): the same experts, the same
+    /// weights.
+    #[test]
+    fn sqrt_softplus_routes_match_transformers() {
+        let load = |name: &str| crate::backend::cpu::fixture("deepseek_v4/blocks", name);
+        let (logits_shape, logits) = load("router_logits");
+        let (bias, want_weights) = (load("router_bias").1, load("router_weights").1);
+        let want_experts = load("router_indices").1;
+        let (n_experts, top_k) = (logits_shape[1], 2);
+        let routes = sqrt_softplus_top_k(&logits, n_experts, top_k, 1.5, &bias);
+        let by_expert = |pairs: Vec<(usize, f32)>| {
+            let mut pairs = pairs;
+            pairs.sort_by_key(|&(expert, _)| expert);
+            pairs
+        };
+        for (t, (got, (experts, weights))) in routes
+            .chunks_exact(top_k)
+            .zip(want_experts.chunks_exact(top_k).zip(want_weights.chunks_exact(top_k)))
+            .enumerate()
+        {
+            let got = by_expert(got.iter().map(|r| (r.expert, r.weight)).collect());
+            let want = by_expert(experts.iter().map(|&e| e as usize).zip(weights.iter().copied()).collect());
+            for ((e, w), (want_e, want_w)) in got.into_iter().zip(want) {
+                assert_eq!(e, want_e, "token {t}");
+                assert!((w - want_w).abs() <= 1e-6 * want_w.abs().max(1.0), "token {t}: {w} vs torch's {want_w}");
+            }
+        }
     }
 
     #[test]
