@@ -114,6 +114,12 @@ pub fn correction_bias_name(core: &CoreSpec, layer: usize) -> String {
     layer_tensor(core, layer, &format!("{}.gate.e_score_correction_bias", naming(core).moe_module))
 }
 
+/// The expert ids of each token of a hash-routed layer ([`RouterKind::Hash`]),
+/// `[vocab, top_k]`.
+pub fn hash_table_name(core: &CoreSpec, layer: usize) -> String {
+    layer_tensor(core, layer, &format!("{}.gate.tid2eid", naming(core).moe_module))
+}
+
 /// The bias of a router that has one ([`RouterKind::TopKThenSoftmax`]),
 /// `[num_experts]`, beside its weight.
 pub fn router_bias_name(core: &CoreSpec, layer: usize) -> String {
@@ -252,6 +258,11 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
                     }
                     RouterKind::TopKThenSoftmax => {
                         push(router_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
+                    }
+                    RouterKind::Hash { .. } => {
+                        // Expert ids (integers in the checkpoint), f32 like a
+                        // router: exact below 2^24, far above any expert count.
+                        push(hash_table_name(core, layer), vec![core.vocab_size, moe.top_k], TensorKind::Router);
                     }
                     RouterKind::SoftmaxTopK { .. } => {}
                 }

@@ -113,6 +113,7 @@ impl LayerSpec {
                 let router = match moe.router {
                     RouterKind::TopKThenSoftmax => ", top-k then softmax",
                     RouterKind::SqrtSoftplus { .. } => ", sqrt-softplus",
+                    RouterKind::Hash { .. } => ", hash-routed",
                     RouterKind::SoftmaxTopK { .. } | RouterKind::GroupedSigmoid { .. } => "",
                 };
                 format!(
@@ -332,6 +333,10 @@ pub enum RouterKind {
     /// bias for choosing only, the chosen scores always renormalised (plus
     /// 1e-20) and then scaled.
     SqrtSoftplus { scaling: f64 },
+    /// DeepSeek V4's first layers: each token's experts from a fixed table by
+    /// its id (`tid2eid`, `[vocab, top_k]`), weighted by their sqrt-softplus
+    /// scores renormalised (plus 1e-20) and scaled.
+    Hash { scaling: f64 },
 }
 
 impl RouterKind {
@@ -340,7 +345,7 @@ impl RouterKind {
     pub fn renormalizes(&self) -> bool {
         match *self {
             RouterKind::SoftmaxTopK { renormalize } | RouterKind::GroupedSigmoid { renormalize, .. } => renormalize,
-            RouterKind::SqrtSoftplus { .. } => true,
+            RouterKind::SqrtSoftplus { .. } | RouterKind::Hash { .. } => true,
             // The softmax over the chosen k already sums to one.
             RouterKind::TopKThenSoftmax => false,
         }

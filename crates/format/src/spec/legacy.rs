@@ -71,7 +71,7 @@ impl ModelSpec {
             ),
             Some(RouterKind::SoftmaxTopK { renormalize }) => (RouterSpec::default(), renormalize),
             // Not expressible flat: the check below refuses the spec.
-            Some(RouterKind::TopKThenSoftmax | RouterKind::SqrtSoftplus { .. }) | None => {
+            Some(RouterKind::TopKThenSoftmax | RouterKind::SqrtSoftplus { .. } | RouterKind::Hash { .. }) | None => {
                 (RouterSpec::default(), false)
             }
         };

@@ -176,7 +176,10 @@ fn moe_sizes(moe: &MoeBlock) -> [(&'static str, usize, usize); 4] {
         SharedExperts::Plain { intermediate_size } | SharedExperts::Gated { intermediate_size } => intermediate_size,
     };
     let n_group = match moe.router {
-        RouterKind::SoftmaxTopK { .. } | RouterKind::TopKThenSoftmax | RouterKind::SqrtSoftplus { .. } => 1,
+        RouterKind::SoftmaxTopK { .. }
+        | RouterKind::TopKThenSoftmax
+        | RouterKind::SqrtSoftplus { .. }
+        | RouterKind::Hash { .. } => 1,
         RouterKind::GroupedSigmoid { n_group, .. } => n_group,
     };
     [

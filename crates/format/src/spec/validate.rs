@@ -215,7 +215,7 @@ impl MoeBlock {
     }
 
     fn validate_router(&self) -> Result<()> {
-        if let RouterKind::SqrtSoftplus { scaling } = self.router
+        if let RouterKind::SqrtSoftplus { scaling } | RouterKind::Hash { scaling } = self.router
             && !scaling.is_finite()
         {
             return Err(Error::invalid("routed_scaling_factor", "must be finite"));

@@ -300,6 +300,10 @@ pub enum RouteKind {
     /// DeepSeek V4: `sqrt(softplus(logit))` scores, the `top_k` best by score
     /// plus correction bias, renormalised (plus 1e-20) and scaled.
     SqrtSoftplus { scaling: f32, correction_bias: VectorHandle },
+    /// DeepSeek V4's hash layers: each token's experts from `table`
+    /// (`[vocab, top_k]`, whole numbers below the expert count, checked at
+    /// load), weighted by their sqrt-softplus scores renormalised and scaled.
+    Hash { scaling: f32, table: VectorHandle },
 }
 
 /// A router: its weight `[num_experts, hidden]`, its kind and `top_k`.
@@ -546,10 +550,11 @@ impl Backend {
         }
     }
 
-    /// Each row of `xs`'s `top_k` routes, `[n][top_k]`.
-    pub fn route(&self, rt: &Runtime<'_>, router: &RouterSpec, xs: &[f32]) -> Vec<Route> {
+    /// Each row of `xs`'s `top_k` routes, `[n][top_k]`; row `i` is token
+    /// `tokens[i]`'s (which a hash router reads).
+    pub fn route(&self, rt: &Runtime<'_>, router: &RouterSpec, xs: &[f32], tokens: &[u32]) -> Vec<Route> {
         match self {
-            Backend::Cpu(cpu) => cpu.route(rt.threads, router, xs),
+            Backend::Cpu(cpu) => cpu.route(rt.threads, router, xs, tokens),
         }
     }
 

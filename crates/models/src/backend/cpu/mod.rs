@@ -239,7 +239,7 @@ impl Cpu {
         index::select(threads, self.isa, shape, &job)
     }
 
-    pub fn route(&self, threads: &Threads, router: &RouterSpec, xs: &[f32]) -> Vec<Route> {
+    pub fn route(&self, threads: &Threads, router: &RouterSpec, xs: &[f32], tokens: &[u32]) -> Vec<Route> {
         let num_experts = router.weight.rows;
         let mut logits = vec![0.0f32; xs.len() / router.weight.cols * num_experts];
         self.matmul(threads, router.weight, xs, &mut logits);
@@ -264,6 +264,9 @@ impl Cpu {
             }
             RouteKind::SqrtSoftplus { scaling, correction_bias } => {
                 route::sqrt_softplus_top_k(&logits, num_experts, router.top_k, scaling, self.vector(correction_bias))
+            }
+            RouteKind::Hash { scaling, table } => {
+                route::hash_routes(&logits, num_experts, router.top_k, scaling, self.vector(table), tokens)
             }
         }
     }
