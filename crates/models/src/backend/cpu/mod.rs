@@ -11,6 +11,9 @@ mod latent;
 mod route;
 mod shared_kv;
 
+#[cfg(test)]
+mod inkling_torch;
+
 use std::ops::Range;
 use std::sync::Arc;
 
