@@ -29,7 +29,7 @@ pub fn select(threads: &Threads, isa: Isa, shape: IndexShape, job: &IndexJob<'_>
     };
     let keys_in_pass = job.keys.len() / d;
     let seen = |i: usize| (start + i + 1) / job.every;
-    assert!(seen(n - 1) <= keys_in_pass, "every key a query sees is in the row");
+    assert!(seen(n.saturating_sub(1)) <= keys_in_pass, "every key a query sees is in the row");
     // `scores` are query i's, for the keys it sees.
     let choose = |scores: &[f32]| -> Vec<usize> {
         if scores.len() <= shape.topk {
