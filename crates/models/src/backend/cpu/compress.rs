@@ -55,31 +55,12 @@ pub fn compress_windows(job: &CompressJob<'_>) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
-    use strata_format::{CompressorState, RopeScaling, RopeSpec};
+    use strata_format::CompressorState;
 
     use super::*;
     use crate::backend::compressor_rows;
-    use crate::backend::cpu::{assert_close, fixture};
-    use crate::rope::{Angles, Rope};
-
-    /// The rotation of the compressed layers of xtask/fixtures/
-    /// deepseek_v4_blocks.py's config: θ 160000, YaRN x4 over 16 positions
-    /// with the attention factor forced to 1, on 8 values.
-    const ROTARY_DIM: usize = 8;
-
-    fn compress_rope() -> Rope {
-        let scaling = RopeScaling::Yarn {
-            factor: 4.0,
-            original_max_position_embeddings: 16,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-            mscale: 0.0,
-            mscale_all_dim: 0.0,
-            attention_factor: Some(1.0),
-            truncate: true,
-        };
-        Rope::new(&RopeSpec { theta: 160000.0, scaling, rotary_dim: ROTARY_DIM }, ROTARY_DIM).expect("a rotation")
-    }
+    use crate::backend::cpu::{COMPRESS_ROTARY_DIM, assert_close, compress_rope, fixture};
+    use crate::rope::Angles;
 
     /// The entries of every window of the fixture's sequence, normalised and
     /// rotated as the block does, against those transformers' compressor
@@ -100,7 +81,7 @@ mod tests {
         for (i, entry) in entries.chunks_exact_mut(state.width).enumerate() {
             ops::rmsnorm_inplace(entry, &norm, 1e-6);
             let (cos, sin) = angles.at(i);
-            ops::rope_interleaved(&mut entry[state.width - ROTARY_DIM..], cos, sin);
+            ops::rope_interleaved(&mut entry[state.width - COMPRESS_ROTARY_DIM..], cos, sin);
         }
         assert_close(&entries, &load("entries"), prefix);
     }

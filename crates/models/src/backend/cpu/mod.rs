@@ -327,6 +327,28 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
     }
 }
 
+/// The rotary width of xtask/fixtures/deepseek_v4_blocks.py's config.
+#[cfg(test)]
+const COMPRESS_ROTARY_DIM: usize = 8;
+
+/// The rotation of that config's compressed layers: θ 160000, YaRN x4 over
+/// 16 positions with the attention factor forced to 1.
+#[cfg(test)]
+fn compress_rope() -> crate::rope::Rope {
+    let scaling = strata_format::RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_position_embeddings: 16,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        mscale: 0.0,
+        mscale_all_dim: 0.0,
+        attention_factor: Some(1.0),
+        truncate: true,
+    };
+    let spec = strata_format::RopeSpec { theta: 160000.0, scaling, rotary_dim: COMPRESS_ROTARY_DIM };
+    crate::rope::Rope::new(&spec, COMPRESS_ROTARY_DIM).expect("a rotation")
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
