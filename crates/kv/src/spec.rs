@@ -47,7 +47,7 @@ pub fn layouts_of(layers: &[LayerSpec]) -> Vec<LayerLayout> {
 mod tests {
     use strata_format::{
         CompressedIndexer, Compression, FfnSpec, LIKE, MixerSpec, ModelArch, NormKind, ResidualKind, RopeScaling,
-        RopeSpec, SharedKvAttention, like_config,
+        RopeSpec, SharedKvAttention, SwiGlu, like_config,
     };
 
     use super::*;
@@ -85,7 +85,7 @@ mod tests {
             };
             let layer = LayerSpec {
                 mixer: MixerSpec::SharedKv(attention),
-                ffn: FfnSpec::Dense { intermediate_size: 16 },
+                ffn: FfnSpec::Dense { intermediate_size: 16, swiglu: SwiGlu::Plain },
                 norm: NormKind::Weight { eps: 1e-6 },
                 residual: ResidualKind::Plain,
             };
