@@ -202,3 +202,28 @@ fn the_published_model_keeps_seven_latent_rows_per_token_and_twenty_kda_states()
     let kda_floats = 32 * 128 * 128 + (4 - 1) * 3 * 32 * 128;
     assert_eq!(arch.state_bytes_per_sequence(), 20 * kda_floats * size_of::<f32>());
 }
+
+/// KimiLinearConfig defaults `pad_token_id` to 163839, outside a small
+/// vocabulary, where transformers refuses to build the embedding: an
+/// exported config keeps the source's pad id, else names none.
+#[test]
+fn the_saved_config_names_no_pad_id_outside_the_vocabulary() {
+    let arch = parse(&hub_config());
+    assert_eq!(arch.to_config_json()["pad_token_id"], Value::Null);
+    let mut source = hub_config();
+    source["pad_token_id"] = json!(0);
+    assert_eq!(arch.to_config_json_from(&source)["pad_token_id"], json!(0));
+}
+
+/// A model of latent layers alone says so: without `layer_types`
+/// transformers would take its default pattern, KDA but every fourth.
+#[test]
+fn a_model_of_latent_layers_alone_saves_its_pattern() {
+    let mut config = hub_config();
+    config["linear_attn_config"]["kda_layers"] = json!([]);
+    config["linear_attn_config"]["full_attn_layers"] = json!([1, 2, 3, 4]);
+    let arch = parse(&config);
+    let saved = arch.to_config_json();
+    assert_eq!(saved["layer_types"], json!(vec!["full_attention"; 4]));
+    assert_eq!(parse(&saved), arch);
+}

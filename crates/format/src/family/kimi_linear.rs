@@ -300,12 +300,9 @@ impl FamilyDef for KimiLinear {
         mla::validate_dense_first(arch)
     }
 
-    fn to_config_json(&self, arch: &ModelArch, _source: Option<&Value>) -> Value {
-        let (Some(attention), Some(gdn)) = (arch.first_mla(), arch.first_gdn()) else {
-            // validate() guarantees a latent layer; a model of those alone
-            // is written without the KDA dimensions, which it does not use.
-            return arch.first_mla().map_or(Value::Null, |a| Value::Object(mla::config_json(arch, a)));
-        };
+    fn to_config_json(&self, arch: &ModelArch, source: Option<&Value>) -> Value {
+        // validate() guarantees a latent layer.
+        let Some(attention) = arch.first_mla() else { return Value::Null };
         let mut c = mla::config_json(arch, attention);
         for (theirs, kimi) in SPELLINGS {
             if let Some(v) = c.remove(theirs) {
@@ -316,16 +313,25 @@ impl FamilyDef for KimiLinear {
         if let Some(v) = c.remove("n_routed_experts") {
             c.insert("num_experts".into(), v);
         }
-        let d = gdn.dims;
-        for ((field, _, _), value) in LINEAR_DIMS.into_iter().zip([d.num_v_heads, d.head_k_dim, d.conv_kernel]) {
-            c.insert(field.into(), json!(value));
+        // A model of latent layers alone has no KDA dimensions to write.
+        if let Some(gdn) = arch.first_gdn() {
+            let d = gdn.dims;
+            for ((field, _, _), value) in LINEAR_DIMS.into_iter().zip([d.num_v_heads, d.head_k_dim, d.conv_kernel]) {
+                c.insert(field.into(), json!(value));
+            }
         }
+        // Always written: without it the class default pattern would apply.
         let types: Vec<&str> = arch
             .layers
             .iter()
             .map(|l| if matches!(l.mixer, MixerSpec::Mla(_)) { "full_attention" } else { "linear_attention" })
             .collect();
         c.insert("layer_types".into(), json!(types));
+        // KimiLinearConfig's default pad id (163839) lies outside any smaller
+        // vocabulary, and transformers refuses to build such an embedding:
+        // the source's pad id is kept, else none is named.
+        let pad = source.and_then(|s| s.get("pad_token_id")).cloned().unwrap_or(Value::Null);
+        c.insert("pad_token_id".into(), pad);
         Value::Object(c)
     }
 }
