@@ -9,7 +9,7 @@
 //! activation width, what `strata info` prints) is a method here, computed
 //! in this one place.
 
-use super::{Compression, FfnKind, GdnDims, IndexerKind, MlaSpec, QkNorm, RopeSpec, SharedKvAttention};
+use super::{Compression, FfnKind, GdnDims, GdnProjections, IndexerKind, MlaSpec, QkNorm, RopeSpec, SharedKvAttention};
 
 /// The blocks of one decoder layer: `x += attention(norm(x))`, then
 /// `x += ffn(norm(x))`, the additions as `residual` says.
@@ -127,14 +127,22 @@ impl LayerSpec {
                 let rope = if mla.rope.is_some() { "" } else { ", no rope" };
                 format!("mla {} heads, {} latent{rope}{index}", mla.num_heads, mla.dims.latent_dim())
             }
-            MixerSpec::GatedDeltaNet(gdn) => format!(
-                "gated deltanet {} k / {} v heads x {}/{}, conv {}",
-                gdn.dims.num_k_heads,
-                gdn.dims.num_v_heads,
-                gdn.dims.head_k_dim,
-                gdn.dims.head_v_dim,
-                gdn.dims.conv_kernel
-            ),
+            MixerSpec::GatedDeltaNet(gdn) => {
+                let d = gdn.dims;
+                match d.projections {
+                    // One head count for q, k and v, and d_k = d_v.
+                    GdnProjections::Kimi => {
+                        format!(
+                            "kimi delta attention {} heads x {}, conv {}",
+                            d.num_v_heads, d.head_k_dim, d.conv_kernel
+                        )
+                    }
+                    GdnProjections::Grouped | GdnProjections::Split => format!(
+                        "gated deltanet {} k / {} v heads x {}/{}, conv {}",
+                        d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, d.conv_kernel
+                    ),
+                }
+            }
             MixerSpec::SharedKv(sk) => {
                 let compression = match sk.compression {
                     None => String::new(),
