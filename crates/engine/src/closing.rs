@@ -18,7 +18,7 @@ use crate::{Constraint, Result};
 
 /// The longest way out kept, in tokens: the decode step asks for it over
 /// this many last steps before the limit, and no longer one is forced.
-pub const CLOSING_TOKENS_MAX: usize = 64;
+pub const CLOSING_TOKENS_MAX: usize = 128;
 
 /// One constrained sequence's way out.
 #[derive(Debug, Clone, Default)]
