@@ -389,9 +389,14 @@ fn a_strict_json_reply_with_an_unbounded_string_closes_before_a_tiny_max_tokens(
     let format = json!({ "response_format": { "type": "json_schema", "json_schema": { "name": "p", "schema": schema, "strict": true } }, "max_tokens": 24 });
     for seed in 0..8 {
         let messages = json!([{ "role": "user", "content": "Describe a person." }]);
-        let choice = server.post("/v1/chat/completions", &chat(messages, seed, format.clone())).json()["choices"][0].clone();
+        let choice =
+            server.post("/v1/chat/completions", &chat(messages, seed, format.clone())).json()["choices"][0].clone();
         assert_eq!(choice["finish_reason"], "stop", "{choice}");
-        let content: Value = serde_json::from_str(choice["message"]["content"].as_str().expect("content")).expect("JSON");
-        assert!(content["name"].is_string() && content["tags"].is_array() && content.as_object().unwrap().len() == 2, "{content}");
+        let content: Value =
+            serde_json::from_str(choice["message"]["content"].as_str().expect("content")).expect("JSON");
+        assert!(
+            content["name"].is_string() && content["tags"].is_array() && content.as_object().unwrap().len() == 2,
+            "{content}"
+        );
     }
 }

@@ -228,7 +228,8 @@ impl Grammar {
                 break;
             }
             let (piece, _) = self.vocab.tokenize_bytes_marker(&text);
-            if tokens.len() + piece.len() > CLOSING_TOKENS_MAX || probe.try_consume_tokens(&piece).ok()? != piece.len() {
+            if tokens.len() + piece.len() > CLOSING_TOKENS_MAX || probe.try_consume_tokens(&piece).ok()? != piece.len()
+            {
                 return None;
             }
             progress.feed(&text);

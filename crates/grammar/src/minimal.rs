@@ -255,7 +255,8 @@ mod tests {
         assert_eq!(min(json!({"enum": ["fahrenheit", "celsius"]})).unwrap(), "\"celsius\"");
         assert_eq!(min(json!({"const": {"k": [1, 2]}})).unwrap(), r#"{"k": [1, 2]}"#);
         assert_eq!(min(json!({"anyOf": [{"type": "string", "minLength": 9}, {"type": "null"}]})).unwrap(), "null");
-        let parts = json!({"allOf": [{"properties": {"x": {"type": "integer"}}, "required": ["x"]}, {"required": ["y"]}]});
+        let parts =
+            json!({"allOf": [{"properties": {"x": {"type": "integer"}}, "required": ["x"]}, {"required": ["y"]}]});
         assert_eq!(min(parts).unwrap(), r#"{"x": 0, "y": 0}"#);
     }
 

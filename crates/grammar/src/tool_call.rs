@@ -38,7 +38,12 @@ fn json_call(syntax: ToolSyntax, fname: &str) -> Option<(Vec<Piece>, Vec<Piece>)
             vec![Text("}\n".to_owned()), Marker("</tool_call>")],
         ),
         ToolSyntax::DeepSeek => (
-            vec![Marker("<｜tool▁calls▁begin｜>"), Marker("<｜tool▁call▁begin｜>"), Text(fname.to_owned()), Marker("<｜tool▁sep｜>")],
+            vec![
+                Marker("<｜tool▁calls▁begin｜>"),
+                Marker("<｜tool▁call▁begin｜>"),
+                Text(fname.to_owned()),
+                Marker("<｜tool▁sep｜>"),
+            ],
             vec![Marker("<｜tool▁call▁end｜>"), Marker("<｜tool▁calls▁end｜>")],
         ),
         ToolSyntax::DeepSeekFenced => (

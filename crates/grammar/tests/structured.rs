@@ -316,7 +316,9 @@ fn a_schema_without_additional_properties_allows_no_undeclared_key_when_strict_o
 /// model writes it.
 fn call_text(syntax: ToolSyntax, arguments: &str) -> String {
     match syntax {
-        ToolSyntax::JsonTags => format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {arguments}}}\n</tool_call>"),
+        ToolSyntax::JsonTags => {
+            format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {arguments}}}\n</tool_call>")
+        }
         ToolSyntax::DeepSeek => format!(
             "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{arguments}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
         ),
@@ -351,7 +353,9 @@ fn completed_at(
         let ahead = grammar.closing(&[next]).unwrap();
         let mut stepped = new_grammar();
         for &token in &tokens[..=cut] {
-            stepped.accept(token).unwrap_or_else(|e| panic!("{cut}: {:?}: {e}", tokenizer.decode(&tokens[..=cut], false)));
+            stepped
+                .accept(token)
+                .unwrap_or_else(|e| panic!("{cut}: {:?}: {e}", tokenizer.decode(&tokens[..=cut], false)));
         }
         assert_eq!(ahead, stepped.closing(&[]).unwrap(), "{cut}: one token ahead");
     }
@@ -420,8 +424,10 @@ fn a_reply_cut_after_any_token_completes_to_one_that_parses() {
 fn a_required_call_cut_inside_its_name_completes_to_a_tool_that_fits() {
     let tokenizer = strata_text::Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
     let compiler = demo_compiler();
-    let tool = |name: &str| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object",
-        "properties": {"q": {"type": "string"}}, "required": ["q"]}}});
+    let tool = |name: &str| {
+        json!({"type": "function", "function": {"name": name, "parameters": {"type": "object",
+        "properties": {"q": {"type": "string"}}, "required": ["q"]}}})
+    };
     let tools = [tool("search"), tool("get_weather"), tool("get_time")];
     let text = "<tool_call>\n{\"name\": \"get_t";
     let mut grammar = compiler.tool_call(ToolSyntax::JsonTags, &tools, None).unwrap();
