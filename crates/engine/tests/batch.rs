@@ -15,8 +15,18 @@ fn engine(dir: &tempfile::TempDir, family: &str) -> Engine {
 }
 
 /// Every family, the hybrid ones' recurrent state included.
-const FAMILIES: [&str; 9] =
-    ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe", "gpt_oss"];
+const FAMILIES: [&str; 10] = [
+    "olmoe",
+    "qwen3_moe",
+    "mixtral",
+    "deepseek_v3",
+    "glm_moe_dsa",
+    "kimi_k25",
+    "qwen3_next",
+    "qwen3_5_moe",
+    "gpt_oss",
+    "kimi_linear",
+];
 
 const PROMPTS: [&[u32]; 3] = [&[5, 9, 14, 2, 77], &[101, 3], &[40, 41, 42, 43, 44, 45, 46, 47]];
 const STEPS: usize = 6;

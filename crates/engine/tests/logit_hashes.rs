@@ -21,8 +21,18 @@ use strata_engine::{Engine, EngineOptions, Sampler, SamplingOptions, Session};
 use strata_format::{ConvertOptions, QuantPreset};
 use strata_kernels::simd::{Isa, IsaLevel};
 
-const FAMILIES: [&str; 9] =
-    ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe", "gpt_oss"];
+const FAMILIES: [&str; 10] = [
+    "olmoe",
+    "qwen3_moe",
+    "mixtral",
+    "deepseek_v3",
+    "glm_moe_dsa",
+    "kimi_k25",
+    "qwen3_next",
+    "qwen3_5_moe",
+    "gpt_oss",
+    "kimi_linear",
+];
 
 const PRESETS: [(&str, QuantPreset); 3] = [("f32", QuantPreset::F32), ("q8", QuantPreset::Q8), ("q4", QuantPreset::Q4)];
 

@@ -52,6 +52,10 @@ impl LayerSpec {
             MixerSpec::Gqa(gqa) => gqa.validate()?,
             MixerSpec::Mla(mla) => mla.validate()?,
             MixerSpec::GatedDeltaNet(gdn) => gdn.validate()?,
+            MixerSpec::SharedKv(sk) => {
+                sk.rope.validate(sk.head_dim, "partial_rotary_factor")?;
+                sk.validate()?
+            }
         }
         self.ffn.validate()
     }
@@ -249,6 +253,11 @@ impl MoeBlock {
     }
 
     fn validate_router(&self) -> Result<()> {
+        if let RouterKind::SqrtSoftplus { scaling } | RouterKind::Hash { scaling } = self.router
+            && !scaling.is_finite()
+        {
+            return Err(Error::invalid("routed_scaling_factor", "must be finite"));
+        }
         let RouterKind::GroupedSigmoid { n_group, topk_group, scaling, .. } = self.router else {
             return Ok(());
         };

@@ -20,9 +20,10 @@
 
 mod cpu;
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use strata_format::{Container, MlaSpec, SwiGlu};
+use strata_format::{CompressorState, Container, MlaSpec, SwiGlu};
 use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::{ExpertStore, TraceWriter};
 
@@ -218,6 +219,65 @@ pub struct AttendJob<'a> {
     pub out: &'a mut [f32],
 }
 
+/// The shape of one shared key-value attention layer (DeepSeek V4): every
+/// query head reads the one key-value head, as key and as value.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedKvShape {
+    pub n_heads: usize,
+    pub head_dim: usize,
+    /// Window rows visible to a query, itself included.
+    pub window: usize,
+    /// One sink logit per query head.
+    pub sinks: VectorHandle,
+}
+
+/// One sequence's shared key-value attention: queries at positions
+/// `start..start + n`, the window's rows of positions `first_key..start + n`
+/// (its ring), the compressed entries `[entries, head_dim]` and, per query,
+/// the entries it sees, ascending.
+pub struct SharedKvJob<'a> {
+    pub q: &'a [f32],
+    pub rows: &'a [f32],
+    pub first_key: usize,
+    pub start: usize,
+    pub entries: &'a [f32],
+    pub visible: &'a [Vec<usize>],
+    pub out: &'a mut [f32],
+}
+
+/// The windows `windows` one sequence's compressor closes, read from what
+/// its parts hold: the current-half kv of positions `current_from..`
+/// (`[_, width]`) and the rest of each token's projection of positions
+/// `rest_from..` (`[_, state.rest_width()]`: its gates, and with overlap
+/// its first-half kv first), every gate with its slot's position bias.
+pub struct CompressJob<'a> {
+    pub state: CompressorState,
+    pub current: &'a [f32],
+    pub current_from: usize,
+    pub rest: &'a [f32],
+    pub rest_from: usize,
+    pub windows: Range<usize>,
+}
+
+/// The rows a compressor's parts keep of tokens' projections `kv` and
+/// (biased) `gate` (`[n, projection]` each): the current-half kv
+/// (`[n, width]`, pending with the entries) and the rest (`[n,
+/// rest_width]`: with overlap the first-half kv, then both gates; else the
+/// gate), as [`CompressJob`] reads them.
+pub fn compressor_rows(state: &CompressorState, kv: &[f32], gate: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (w, p) = (state.width, state.projection_width());
+    let current = if state.overlap { w..2 * w } else { 0..w };
+    let mut rows = (Vec::with_capacity(kv.len() / p * w), Vec::with_capacity(kv.len() / p * state.rest_width()));
+    for (kv, gate) in kv.chunks_exact(p).zip(gate.chunks_exact(p)) {
+        rows.0.extend_from_slice(&kv[current.clone()]);
+        if state.overlap {
+            rows.1.extend_from_slice(&kv[..w]);
+        }
+        rows.1.extend_from_slice(gate);
+    }
+    rows
+}
+
 /// A delta-rule recurrence and its weights.
 #[derive(Debug, Clone, Copy)]
 pub enum DeltaKind {
@@ -292,12 +352,16 @@ pub struct IndexShape {
 
 /// One sequence's indexer queries at positions `start..start + n`: `q`
 /// `[n, heads * head_dim]` (rotated), `weights` `[n, heads]` (scaled), and
-/// the cached indexer keys of positions `0..start + n`.
+/// every key of the pass (DSA: one per position `0..start + n`; a
+/// compressor: one per window closed by then).
 pub struct IndexJob<'a> {
     pub q: &'a [f32],
     pub weights: &'a [f32],
     pub keys: &'a [f32],
     pub start: usize,
+    /// Tokens per key: 1 (DSA, a key per position), or a compressor's ratio
+    /// (a query at `p` sees the keys of the `(p + 1) / every` closed windows).
+    pub every: usize,
 }
 
 /// How a router's logits become each token's experts and weights.
@@ -319,6 +383,13 @@ pub enum RouteKind {
     /// gpt-oss: the router's bias added to its logits, the `top_k` largest,
     /// then a softmax over those alone.
     TopKThenSoftmax { bias: VectorHandle },
+    /// DeepSeek V4: `sqrt(softplus(logit))` scores, the `top_k` best by score
+    /// plus correction bias, renormalised (plus 1e-20) and scaled.
+    SqrtSoftplus { scaling: f32, correction_bias: VectorHandle },
+    /// DeepSeek V4's hash layers: each token's experts from `table`
+    /// (`[vocab, top_k]`, whole numbers below the expert count, checked at
+    /// load), weighted by their sqrt-softplus scores renormalised and scaled.
+    Hash { scaling: f32, table: VectorHandle },
 }
 
 /// A router: its weight `[num_experts, hidden]`, its kind and `top_k`.
@@ -448,6 +519,30 @@ impl Backend {
     pub fn matmul(&self, rt: &Runtime<'_>, w: MatrixHandle, xs: &[f32], out: &mut [f32]) {
         match self {
             Backend::Cpu(cpu) => cpu.matmul(rt.threads, w, xs, out),
+        }
+    }
+
+    /// `out = W[rows] xs`: the block `rows` of `w`'s rows (a group of a
+    /// block-diagonal projection) for every `w.cols`-wide row of `xs`.
+    pub fn matmul_rows(&self, rt: &Runtime<'_>, w: MatrixHandle, rows: Range<usize>, xs: &[f32], out: &mut [f32]) {
+        assert!(rows.end <= w.rows, "rows {rows:?} of a {}-row matrix", w.rows);
+        match self {
+            Backend::Cpu(cpu) => cpu.matmul_rows(rt.threads, w, rows, xs, out),
+        }
+    }
+
+    /// Several sequences' shared key-value attention at once (DeepSeek V4).
+    pub fn attend_shared_kv(&self, rt: &Runtime<'_>, shape: SharedKvShape, jobs: Vec<SharedKvJob<'_>>) {
+        match self {
+            Backend::Cpu(cpu) => cpu.attend_shared_kv(rt.threads, shape, jobs),
+        }
+    }
+
+    /// The entries, before their norm and rotation, of the windows a
+    /// compressor closes, `[windows, width]`.
+    pub fn compress_windows(&self, job: &CompressJob<'_>) -> Vec<f32> {
+        match self {
+            Backend::Cpu(cpu) => cpu.compress_windows(job),
         }
     }
 
@@ -589,10 +684,11 @@ impl Backend {
         }
     }
 
-    /// Each row of `xs`'s `top_k` routes, `[n][top_k]`.
-    pub fn route(&self, rt: &Runtime<'_>, router: &RouterSpec, xs: &[f32]) -> Vec<Route> {
+    /// Each row of `xs`'s `top_k` routes, `[n][top_k]`; row `i` is token
+    /// `tokens[i]`'s (which a hash router reads).
+    pub fn route(&self, rt: &Runtime<'_>, router: &RouterSpec, xs: &[f32], tokens: &[u32]) -> Vec<Route> {
         match self {
-            Backend::Cpu(cpu) => cpu.route(rt.threads, router, xs),
+            Backend::Cpu(cpu) => cpu.route(rt.threads, router, xs, tokens),
         }
     }
 
