@@ -2,6 +2,8 @@
 //! the logits; a batch reads each distinct expert once; learned usage and
 //! routing traces are written; disk failures are clear errors.
 
+mod families;
+
 use std::path::{Path, PathBuf};
 
 use strata_engine::{Engine, EngineOptions, IoBackend, PolicyKind, RamBudget};
@@ -271,19 +273,7 @@ fn an_expert_file_that_is_missing_or_unreadable_fails_at_open() {
     assert!(err.contains(file.file_name().unwrap().to_str().unwrap()), "{err}");
 }
 
-/// Every family, the MLA ones included.
-const ALL_FAMILIES: [&str; 10] = [
-    "olmoe",
-    "qwen3_moe",
-    "mixtral",
-    "deepseek_v3",
-    "glm_moe_dsa",
-    "kimi_k25",
-    "qwen3_next",
-    "qwen3_5_moe",
-    "gpt_oss",
-    "kimi_linear",
-];
+const ALL_FAMILIES: [&str; 10] = families::CHECKED;
 
 /// A look-ahead guess moves bytes, never results: with a 16 KiB cache, so
 /// that guesses are made for every layer and read, cancelled, dropped or
