@@ -444,6 +444,22 @@ pub fn silu_mul_limited(gate: &mut [f32], up: &[f32], limit: f32) {
     }
 }
 
+/// Kimi K3's SiTU-GLU: `gate[i] = b1·tanh(g/b1)·σ(g) · b2·tanh(u/b2)` with
+/// `b1 = beta`, `b2 = linear_beta` (a SiLU whose gate saturates at ±b1,
+/// times the up softly clamped to ±b2; docs/kimi_k3.md), in the order of
+/// operations of the reference (`xtask/fixtures/kimi_k3_ref.py`,
+/// `situ_glu`).
+///
+/// # Panics
+/// If the lengths differ, or a beta is not a positive number.
+pub fn situ_mul(gate: &mut [f32], up: &[f32], beta: f32, linear_beta: f32) {
+    assert_eq!(gate.len(), up.len(), "situ_mul: operand lengths differ");
+    assert!(beta > 0.0 && linear_beta > 0.0, "situ_mul: betas {beta}, {linear_beta} must be positive numbers");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = beta * (*g / beta).tanh() * sigmoid(*g) * (linear_beta * (u / linear_beta).tanh());
+    }
+}
+
 /// `(min(gate, limit), clamp(up, -limit, limit))`, as torch's
 /// `gate.clamp(max=limit)` and `up.clamp(-limit, limit)`: a NaN stays NaN.
 /// `limit` is checked non-negative by the callers (`f32::clamp` panics on

@@ -211,14 +211,11 @@ fn gated_ffn_clamped_equals_the_interleaved_scalar_reference_for_any_thread_coun
     });
 }
 
-/// The SwiGLU with a limit through the fused path, on every instruction
-/// set this CPU has (the integer path for q8/q4 where the tier has one),
-/// equals that tier's unfused products with the scalar reference of the
-/// limit between them, bit for bit, for every thread count.
-#[test]
-fn gated_ffn_limited_equals_the_scalar_reference_on_every_tier_for_any_thread_count() {
-    // A limit the products cross in both directions.
-    let limit = 0.5;
+/// `act` through the fused path, on every instruction set this CPU has
+/// (the integer path for q8/q4 where the tier has one), equals that tier's
+/// unfused products with `reference`, the scalar reference of the
+/// activation, between them, bit for bit, for every thread count.
+fn assert_fused_equals_unfused(act: GatedAct<'_>, reference: impl Fn(&mut [f32], &[f32])) {
     for_each_expert_format(|format, m| {
         for n in [1, 2, 5] {
             let xs = sample(n * EXPERT_HIDDEN);
@@ -229,16 +226,32 @@ fn gated_ffn_limited_equals_the_scalar_reference_on_every_tier_for_any_thread_co
                     ys
                 };
                 let mut h = products(&m[0], &xs, EXPERT_INTER);
-                crate::scalar::silu_mul_limited(&mut h, &products(&m[1], &xs, EXPERT_INTER), limit);
+                reference(&mut h, &products(&m[1], &xs, EXPERT_INTER));
                 let want = products(&m[2], &h, EXPERT_HIDDEN);
                 for threads in [1, 2, 3] {
                     let pool = Threads::new(threads).unwrap().with_isa(isa);
                     let mut got = vec![f32::NAN; n * EXPERT_HIDDEN];
-                    pool.gated_ffn(&m[0], &m[1], &m[2], GatedAct::LimitedSwiGlu { limit }, &xs, n, &mut got);
-                    assert_eq!(bits(&got), bits(&want), "{format}, n {n}, {isa:?}, {threads} threads");
+                    pool.gated_ffn(&m[0], &m[1], &m[2], act, &xs, n, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "{act:?}: {format}, n {n}, {isa:?}, {threads} threads");
                 }
             }
         }
+    });
+}
+
+#[test]
+fn gated_ffn_limited_equals_the_scalar_reference_on_every_tier_for_any_thread_count() {
+    // A limit the products cross in both directions.
+    let limit = 0.5;
+    assert_fused_equals_unfused(GatedAct::LimitedSwiGlu { limit }, |g, u| crate::scalar::silu_mul_limited(g, u, limit));
+}
+
+#[test]
+fn gated_ffn_situ_equals_the_scalar_reference_on_every_tier_for_any_thread_count() {
+    // Betas the products reach, so both tanh bend.
+    let (beta, linear_beta) = (0.4, 0.6);
+    assert_fused_equals_unfused(GatedAct::SituGlu { beta, linear_beta }, |g, u| {
+        crate::scalar::situ_mul(g, u, beta, linear_beta)
     });
 }
 
