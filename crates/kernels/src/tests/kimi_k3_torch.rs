@@ -1,8 +1,10 @@
-//! Kimi K3's SiTU-GLU and latent MoE against its PyTorch reference
+//! Kimi K3's MXFP4 tensors, SiTU-GLU and latent MoE against its PyTorch reference
 //! (`testdata/kimi_k3/*.npy`, written by `xtask/fixtures/kimi_k3_ref.py`):
 //! the kernels composed as the reference composes its blocks.
 
 use super::gdn::assert_all_close;
+use crate::quant::QuantFormat;
+use crate::simd::Isa;
 use crate::{GatedAct, MatData, Matrix, Threads, ops};
 
 /// Agreement with torch, relative to the largest magnitude of the output:
@@ -109,4 +111,25 @@ fn the_latent_moe_composed_of_kernels_matches_kimi_k3_s_reference() {
     pool.gated_ffn(&gate_s, &up_s, &matrix(hidden, shared_inter, &shared_down), act, &x, tokens, &mut shared);
     ops::axpy(1.0, &shared, &mut got);
     assert_all_close(&got, &load("latent_moe_out").1, TORCH_REL_TOL, "output");
+}
+
+/// The hub's "mxfp4-pack-quantized" `weight_packed`/`weight_scale` of a
+/// weight, as the reference packs them, kept as they are: the matrix holds
+/// the weight exactly, and its products on every tier are the weight's.
+#[test]
+fn the_reference_s_packed_mxfp4_tensors_are_its_weight() {
+    let (shape, weight) = load("mxfp4_weight");
+    let [rows, cols] = shape[..] else { panic!("weight shape {shape:?}") };
+    let bytes = |name: &str| load(name).1.iter().map(|&v| v as u8).collect::<Vec<u8>>();
+    let (packed, scale) = (bytes("mxfp4_packed"), bytes("mxfp4_scale"));
+    let kept = Matrix::from_bytes(QuantFormat::Mxfp4, rows, cols, 0, &packed, &scale).unwrap();
+    assert_eq!(kept.to_f32(), weight);
+    let x: Vec<f32> = (0..cols).map(|c| (c as f32 * 0.37).sin()).collect();
+    let mut want = vec![0.0f32; rows];
+    matrix(rows, cols, &weight).matvec_with(Isa::scalar(), &x, &mut want);
+    for isa in Isa::all_supported() {
+        let mut got = vec![0.0f32; rows];
+        kept.matvec_with(isa, &x, &mut got);
+        assert_all_close(&got, &want, TORCH_REL_TOL, &format!("{isa:?}"));
+    }
 }
