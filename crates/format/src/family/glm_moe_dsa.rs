@@ -77,7 +77,7 @@ impl FamilyDef for GlmMoeDsa {
                 format!("{} entries for {num_layers} layers", parsed.kinds.len()),
             ));
         }
-        parsed.build(|l| Some(IndexerSpec { kind: kinds[l], topk, head_dim, n_heads }))
+        parsed.build(|l| Some(IndexerSpec { kind: kinds[l], topk, head_dim, n_heads, pool: None }))
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

@@ -148,7 +148,7 @@ pub enum DeltaKind {
     },
     /// Kimi Delta Attention: the same convolution over q | k | v, q and k
     /// l2-normalised by division, and the delta rule with a decay per key
-    /// channel (docs/gdn.md).
+    /// channel, from Kimi's gate or a bounded one (docs/gdn.md).
     KimiDelta {
         dims: strata_format::GdnDims,
         /// `[conv_dim, conv_kernel]`: the q, k and v convolutions joined.
@@ -157,6 +157,8 @@ pub enum DeltaKind {
         dt_bias: VectorHandle,
         /// `[num_v_heads]`.
         a_log: VectorHandle,
+        /// GLM-5.3-Flash's bounded forget gate (`GdnSpec::gate_lower_bound`).
+        gate_lower_bound: Option<f32>,
     },
 }
 
@@ -200,13 +202,18 @@ pub struct LatentJob<'a> {
 pub struct IndexShape {
     pub heads: usize,
     pub head_dim: usize,
-    /// Keys a query keeps.
+    /// Tokens a query keeps (besides its own incomplete pool).
     pub topk: usize,
+    /// Tokens per candidate key: 1 (a key per token), or the pooled
+    /// indexer's pool size.
+    pub pool: usize,
 }
 
 /// One sequence's indexer queries at positions `start..start + n`: `q`
-/// `[n, heads * head_dim]` (rotated), `weights` `[n, heads]` (scaled), and
-/// the cached indexer keys of positions `0..start + n`.
+/// `[n, heads * head_dim]` (rotated where the layer rotates), `weights`
+/// `[n, heads]` (scaled), and the candidate keys complete within
+/// `0..start + n`: the cached indexer key of every position, or of every
+/// whole pool.
 pub struct IndexJob<'a> {
     pub q: &'a [f32],
     pub weights: &'a [f32],
@@ -452,6 +459,15 @@ impl Backend {
     pub fn index_select(&self, rt: &Runtime<'_>, shape: IndexShape, job: IndexJob<'_>) -> Vec<Vec<usize>> {
         match self {
             Backend::Cpu(cpu) => cpu.index_select(rt.threads, shape, job),
+        }
+    }
+
+    /// The pooled indexer's key of each whole pool of `keys` and their gate
+    /// logits `gates` (`[pools · pool, head_dim]`, `pool` the rows of `ape`
+    /// `[pool, head_dim]`), `[pools, head_dim]` (see `crate::dsa`).
+    pub fn pool_index_keys(&self, ape: VectorHandle, pool: usize, keys: &[f32], gates: &[f32]) -> Vec<f32> {
+        match self {
+            Backend::Cpu(cpu) => cpu.pool_index_keys(ape, pool, keys, gates),
         }
     }
 
