@@ -71,6 +71,12 @@ pub fn softmax_with_sink_inplace(x: &mut [f32], sink: f32) {
     scalar::softmax_with_sink_inplace(x, sink);
 }
 
+/// Each sigmoid of `x` over their sum, in log space (see
+/// [`scalar::softmax_of_log_sigmoids_inplace`]).
+pub fn softmax_of_log_sigmoids_inplace(x: &mut [f32]) {
+    scalar::softmax_of_log_sigmoids_inplace(x);
+}
+
 /// `gate[i] = silu(gate[i]) * up[i]`, `silu(g) = g / (1 + exp(-g))`.
 ///
 /// # Panics

@@ -327,6 +327,24 @@ pub fn softmax_with_sink_inplace(x: &mut [f32], sink: f32) {
     }
 }
 
+/// Softmax over the log-sigmoids of `x`, in place, in torch's order:
+/// `l = logsigmoid(x) = min(x, 0) - log1p(exp(-|x|))`, then
+/// `exp(l - logsumexp(l))`, `logsumexp(l) = max + ln(sum exp(l - max))`
+/// (summed left to right). That is each sigmoid over the sum of them all,
+/// taken in log space, so logits whose sigmoids underflow keep their
+/// ratios (Inkling's router weighs its chosen and shared experts so).
+pub fn softmax_of_log_sigmoids_inplace(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        *v = v.min(0.0) - (-v.abs()).exp().ln_1p();
+    }
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let sum: f32 = x.iter().map(|&v| (v - max).exp()).sum();
+    let log_sum = max + sum.ln();
+    for v in x.iter_mut() {
+        *v = (*v - log_sum).exp();
+    }
+}
+
 /// `gate[i] = silu(gate[i]) * up[i]` with `silu(g) = g / (1 + exp(-g))`.
 ///
 /// # Panics

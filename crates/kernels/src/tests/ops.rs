@@ -189,6 +189,25 @@ fn softmax_known_values() {
 }
 
 #[test]
+fn log_sigmoid_weights_are_the_sigmoids_share_even_where_they_underflow() {
+    let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
+    let logits = [1.5f32, -0.25, 0.0, -3.0, 4.0];
+    let mut got = logits;
+    ops::softmax_of_log_sigmoids_inplace(&mut got);
+    let total: f64 = logits.iter().map(|&x| sigmoid(f64::from(x))).sum();
+    for (&g, &x) in got.iter().zip(&logits) {
+        let want = sigmoid(f64::from(x)) / total;
+        assert!((f64::from(g) - want).abs() < 1e-6, "{x}: {g} vs {want}");
+    }
+    // sigmoid(-200) is 0 in f32 (a share of 0/0); in log space the two
+    // keep their ratio e : 1.
+    let mut far = [-200.0f32, -201.0];
+    ops::softmax_of_log_sigmoids_inplace(&mut far);
+    let e = std::f32::consts::E;
+    assert!((far[0] - e / (e + 1.0)).abs() < 1e-5 && (far[1] - 1.0 / (e + 1.0)).abs() < 1e-5, "{far:?}");
+}
+
+#[test]
 fn a_sink_takes_its_share_of_the_softmax() {
     // exp(0) : exp(ln 2) : exp(ln 2) for x0, x1, sink: the sink's 2/5 is dropped.
     let mut x = [0.0f32, (2.0f32).ln()];

@@ -117,18 +117,33 @@ pub struct AttnShape {
     /// denominator and takes its share of the weight from the keys (gpt-oss);
     /// `None`: a plain softmax.
     pub sinks: Option<VectorHandle>,
+    /// Multiplies every `q · k`: `1 / sqrt(head_dim)`, or `1 / head_dim`
+    /// where q and k are RMS-normalised per head (Inkling).
+    pub scale: f32,
+}
+
+/// A bias on each query head's scores by backward distance (Inkling's
+/// `rel_logits_proj`): `rows` is `[n, n_heads, extent]`, one row per query
+/// and head, and entry `d` of a row is added to the scaled score of the key
+/// `d` positions before the query (the query's own at `d = 0`); keys
+/// `extent` or more positions back get none.
+#[derive(Debug, Clone, Copy)]
+pub struct PositionBias<'a> {
+    pub rows: &'a [f32],
+    pub extent: usize,
 }
 
 /// One sequence's causal attention: its queries at positions
 /// `start..start + n`, the cached keys and values of positions
-/// `first_key..start + n` (0 unless a window's ring holds fewer), and where
-/// the output goes.
+/// `first_key..start + n` (0 unless a window's ring holds fewer), the bias
+/// by distance of its queries' scores, if any, and where the output goes.
 pub struct AttendJob<'a> {
     pub q: &'a [f32],
     pub keys: &'a [f32],
     pub values: &'a [f32],
     pub first_key: usize,
     pub start: usize,
+    pub bias: Option<PositionBias<'a>>,
     pub out: &'a mut [f32],
 }
 

@@ -9,6 +9,9 @@ mod index;
 mod latent;
 mod route;
 
+#[cfg(test)]
+mod inkling_torch;
+
 use std::sync::Arc;
 
 use strata_format::{Container, DenseId};
