@@ -79,7 +79,7 @@ impl Decoder {
             assert_eq!(layout, strata_kv::layout_of(layer), "layer {l}: the blocks keep what the spec says");
             cache_layouts.push(layout);
             layers.push(Layer {
-                residual: Residual::new(layer.residual),
+                residual: Residual::new(layer.residual)?,
                 input_norm,
                 attention,
                 post_attn_norm,

@@ -23,6 +23,8 @@ use std::borrow::Cow;
 
 use strata_format::ResidualKind;
 
+use crate::error::{Error, Result};
+
 /// The hidden states of a pass, `[tokens, streams, hidden]`.
 pub struct Streams {
     rows: Vec<f32>,
@@ -63,9 +65,12 @@ pub enum Residual {
 }
 
 impl Residual {
-    pub fn new(kind: ResidualKind) -> Self {
+    pub fn new(kind: ResidualKind) -> Result<Self> {
         match kind {
-            ResidualKind::Plain => Residual::Plain,
+            ResidualKind::Plain => Ok(Residual::Plain),
+            ResidualKind::HyperConnections { .. } => {
+                Err(Error::Unsupported("hyper-connections are not built yet".into()))
+            }
         }
     }
 
@@ -107,7 +112,7 @@ mod tests {
 
     #[test]
     fn the_plain_residual_adds_a_blocks_output_into_its_one_stream() {
-        let residual = Residual::new(ResidualKind::Plain);
+        let residual = Residual::new(ResidualKind::Plain).unwrap();
         let mut streams = Streams::expand(&residual, vec![1.0, 2.0, 3.0, 4.0], 2);
         assert_eq!(streams.tokens(), 2);
         assert_eq!(&*residual.mix(&streams), &[1.0, 2.0, 3.0, 4.0]);

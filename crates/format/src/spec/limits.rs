@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use super::{FfnSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, RouterKind, SharedExperts};
+use super::{FfnSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, ResidualKind, RouterKind, SharedExperts};
 use crate::error::{Error, Result};
 
 /// Decoder layers (`num_hidden_layers`).
@@ -34,6 +34,12 @@ pub const MAX_HEADS: usize = 1024;
 pub const MAX_HEAD_DIM: usize = 4096;
 /// Positions (`max_position_embeddings`, `sliding_window`, `index_topk`).
 pub const MAX_POSITIONS: usize = 1 << 24;
+/// Residual streams of hyper-connections (`hc_mult`; published models have
+/// 4).
+pub const MAX_STREAMS: usize = 64;
+/// Sinkhorn rounds of a hyper-connection's `comb` (`hc_sinkhorn_iters`;
+/// published models run 20), each run per token and block.
+pub const MAX_SINKHORN_ITERS: usize = 1024;
 
 /// End-of-sequence token ids (`eos_token_id` as a list; published models
 /// list at most a handful).
@@ -139,8 +145,13 @@ fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
         ],
     };
     match &layer.ffn {
-        FfnSpec::Dense { intermediate_size } => sizes.push(("intermediate_size", *intermediate_size, MAX_INTERMEDIATE)),
+        FfnSpec::Dense { intermediate_size, .. } => {
+            sizes.push(("intermediate_size", *intermediate_size, MAX_INTERMEDIATE))
+        }
         FfnSpec::Moe(moe) => sizes.extend(moe_sizes(moe)),
+    }
+    if let ResidualKind::HyperConnections { streams, sinkhorn_iters, .. } = layer.residual {
+        sizes.extend([("hc_mult", streams, MAX_STREAMS), ("hc_sinkhorn_iters", sinkhorn_iters, MAX_SINKHORN_ITERS)]);
     }
     sizes
 }

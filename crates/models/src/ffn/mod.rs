@@ -4,12 +4,12 @@
 mod moe;
 mod router;
 
-use strata_format::{CoreSpec, FfnSpec, names};
+use strata_format::{CoreSpec, FfnSpec, SwiGlu, names};
 use strata_sched::Guess;
 
 use crate::backend::Runtime;
 use crate::backend::{Backend, MatrixHandle};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// One layer's feed-forward block.
 pub enum Ffn {
@@ -22,7 +22,8 @@ impl Ffn {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
     pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &FfnSpec, layer: usize) -> Result<Self> {
         Ok(match kind {
-            FfnSpec::Dense { intermediate_size } => {
+            FfnSpec::Dense { swiglu: SwiGlu::Limited { .. }, .. } => return Err(limited_swiglu()),
+            FfnSpec::Dense { intermediate_size, swiglu: SwiGlu::Plain } => {
                 Ffn::Dense(load_swiglu(b, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?)
             }
             FfnSpec::Moe(block) => Ffn::Moe(moe::Moe::load(b, spec, block, layer)?),
@@ -83,4 +84,9 @@ fn load_swiglu(
         b.matrix(&up, intermediate_size, hidden)?,
         b.matrix(&down, hidden, intermediate_size)?,
     ])
+}
+
+/// The refusal of a SwiGLU with a limit, until its kernel lands.
+fn limited_swiglu() -> Error {
+    Error::Unsupported("a SwiGLU with swiglu_limit is not built yet".into())
 }

@@ -2,7 +2,7 @@
 //! routed experts run through the one expert pipeline ([`strata_sched`]),
 //! and shared experts, if any, run resident beside them.
 
-use strata_format::{CoreSpec, ExpertKind, MoeBlock, SharedExperts, names};
+use strata_format::{CoreSpec, ExpertKind, MoeBlock, SharedExperts, SwiGlu, names};
 use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::TraceWriter;
 
@@ -32,6 +32,9 @@ impl Moe {
     /// Layer `layer`'s router and shared experts, shape-checked, and its
     /// expert layout checked present.
     pub fn load(b: &mut Backend, spec: &CoreSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
+        if block.swiglu != SwiGlu::Plain {
+            return Err(super::limited_swiglu());
+        }
         let h = spec.hidden_size;
         let router = Router::load(b, spec, block, layer)?;
         let experts = b.experts(layer)?;
