@@ -9,12 +9,12 @@ use strata_sched::Guess;
 
 use crate::backend::Runtime;
 use crate::backend::{Backend, MatrixHandle};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// One layer's feed-forward block.
 pub enum Ffn {
-    /// A resident SwiGLU MLP: gate, up, down.
-    Dense([MatrixHandle; 3]),
+    /// A resident SwiGLU MLP: gate, up, down, and what its SwiGLU clamps.
+    Dense([MatrixHandle; 3], SwiGlu),
     Moe(moe::Moe),
 }
 
@@ -22,9 +22,9 @@ impl Ffn {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
     pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &FfnSpec, layer: usize) -> Result<Self> {
         Ok(match kind {
-            FfnSpec::Dense { swiglu: SwiGlu::Limited { .. }, .. } => return Err(limited_swiglu()),
-            FfnSpec::Dense { intermediate_size, swiglu: SwiGlu::Plain } => {
-                Ffn::Dense(load_swiglu(b, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?)
+            FfnSpec::Dense { intermediate_size, swiglu } => {
+                let mlp = load_swiglu(b, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?;
+                Ffn::Dense(mlp, *swiglu)
             }
             FfnSpec::Moe(block) => Ffn::Moe(moe::Moe::load(b, spec, block, layer)?),
         })
@@ -35,7 +35,7 @@ impl Ffn {
     /// earlier layer's input, a guess at what this layer will read.
     pub fn predict(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32]) -> Option<Vec<usize>> {
         match self {
-            Ffn::Dense(_) => None,
+            Ffn::Dense(..) => None,
             Ffn::Moe(moe) => Some(moe.predict(rt, b, xs)),
         }
     }
@@ -57,12 +57,12 @@ impl Ffn {
         guess: Option<Guess<'_>>,
     ) -> Result<()> {
         match self {
-            Ffn::Dense(mlp) => {
+            Ffn::Dense(mlp, swiglu) => {
                 if let Some(guess) = guess {
                     rt.store.prefetch(guess.layer, guess.experts)?;
                 }
                 let mut ys = vec![0.0f32; out.len()];
-                b.swiglu(rt, mlp, xs, &mut ys);
+                b.swiglu(rt, mlp, *swiglu, xs, &mut ys);
                 out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
                 Ok(())
             }
@@ -84,9 +84,4 @@ fn load_swiglu(
         b.matrix(&up, intermediate_size, hidden)?,
         b.matrix(&down, hidden, intermediate_size)?,
     ])
-}
-
-/// The refusal of a SwiGLU with a limit, until its kernel lands.
-fn limited_swiglu() -> Error {
-    Error::Unsupported("a SwiGLU with swiglu_limit is not built yet".into())
 }

@@ -24,6 +24,8 @@ pub struct Moe {
     hidden: usize,
     /// The shared experts' gate, up, down.
     shared: Option<[MatrixHandle; 3]>,
+    /// What the shared experts' SwiGLU clamps.
+    shared_swiglu: SwiGlu,
     /// The shared expert's sigmoid gate, `[1, hidden]`, if it has one.
     shared_gate: Option<Linear>,
 }
@@ -32,14 +34,14 @@ impl Moe {
     /// Layer `layer`'s router and shared experts, shape-checked, and its
     /// expert layout checked present.
     pub fn load(b: &mut Backend, spec: &CoreSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
-        if block.swiglu != SwiGlu::Plain {
-            return Err(super::limited_swiglu());
-        }
         let h = spec.hidden_size;
         let router = Router::load(b, spec, block, layer)?;
         let experts = b.experts(layer)?;
         let ffn = match block.experts {
-            ExpertKind::SwiGlu => ExpertFfnKind::SwiGlu,
+            ExpertKind::SwiGlu => match block.swiglu {
+                SwiGlu::Plain => ExpertFfnKind::SwiGlu,
+                SwiGlu::Limited { limit } => ExpertFfnKind::LimitedSwiGlu { limit },
+            },
             ExpertKind::ClampedSwiGlu { alpha, limit } => {
                 // A row per expert (bounded sizes: MAX_EXPERTS x MAX_INTERMEDIATE).
                 let [gate, up, down] = names::expert_bias_names(spec, layer);
@@ -65,7 +67,16 @@ impl Moe {
                 (Some(mlp), Some(gate))
             }
         };
-        Ok(Self { router, experts, ffn: Box::new(ffn), top_k: block.top_k, hidden: h, shared, shared_gate })
+        Ok(Self {
+            router,
+            experts,
+            ffn: Box::new(ffn),
+            top_k: block.top_k,
+            hidden: h,
+            shared,
+            shared_swiglu: block.swiglu,
+            shared_gate,
+        })
     }
 
     /// The distinct experts the router picks for the rows of `xs`, in
@@ -104,7 +115,7 @@ impl Moe {
         let mut ys = vec![0.0f32; out.len()];
         self.run_routed(rt, b, layer, positions, xs, &routes, &mut ys, guess)?;
         let mut shared_out = vec![0.0f32; ys.len()];
-        b.swiglu(rt, shared, xs, &mut shared_out);
+        b.swiglu(rt, shared, self.shared_swiglu, xs, &mut shared_out);
         if let Some(gate) = &self.shared_gate {
             // sigmoid(w · x) per row scales that row's shared output.
             let logits = gate.apply(rt, b, xs);
