@@ -39,6 +39,8 @@ const fn rotary(head_dim: usize) -> Rotary {
 #[derive(Debug, Clone)]
 pub struct Indexer {
     shape: IndexShape,
+    /// Tokens per candidate key (1 unless pooled).
+    pool: usize,
     wq_b: Linear,
     wk: Linear,
     k_norm: VectorHandle,
@@ -72,7 +74,8 @@ impl Indexer {
             }),
         };
         Ok(Self {
-            shape: IndexShape { heads: dsa.n_heads, head_dim: d, topk: dsa.topk, pool: dsa.pool.unwrap_or(1) },
+            shape: IndexShape { heads: dsa.n_heads, head_dim: d, topk: dsa.topk, pools: dsa.pool.is_some() },
+            pool: dsa.pool.unwrap_or(1),
             wq_b: Linear::load(b, &t("wq_b.weight"), None, dsa.n_heads * d, q_lora_rank)?,
             wk: Linear::load(b, &t("wk.weight"), None, d, h)?,
             k_norm: b.vector(&t("k_norm.weight"), d)?,
@@ -84,7 +87,7 @@ impl Indexer {
 
     /// Tokens per candidate key (1 unless pooled).
     pub fn pool(&self) -> usize {
-        self.shape.pool
+        self.pool
     }
 
     /// Width of a key.
@@ -117,7 +120,7 @@ impl Indexer {
     /// If the indexer is not pooled.
     pub fn pool_keys(&self, b: &Backend, keys: &[f32], gate_logits: &[f32]) -> Vec<f32> {
         let pooling = self.pooling.as_ref().expect("a pooled indexer");
-        b.pool_index_keys(pooling.ape, self.shape.pool, keys, gate_logits)
+        b.pool_index_keys(pooling.ape, self.pool, keys, gate_logits)
     }
 
     /// For each query at positions `start..start + n`, the positions it may
@@ -147,6 +150,6 @@ impl Indexer {
         let mut weights = self.weights_proj.apply(rt, b, xs);
         let head_weight = (self.shape.heads as f32).powf(-0.5);
         weights.iter_mut().for_each(|w| *w *= head_weight);
-        b.index_select(rt, self.shape, IndexJob { q: &q, weights: &weights, keys, start })
+        b.index_select(rt, self.shape, IndexJob { q: &q, weights: &weights, keys, start, every: self.pool })
     }
 }

@@ -71,7 +71,9 @@ impl ModelSpec {
             ),
             Some(RouterKind::SoftmaxTopK { renormalize }) => (RouterSpec::default(), renormalize),
             // Not expressible flat: the check below refuses the spec.
-            Some(RouterKind::TopKThenSoftmax) | None => (RouterSpec::default(), false),
+            Some(RouterKind::TopKThenSoftmax | RouterKind::SqrtSoftplus { .. } | RouterKind::Hash { .. }) | None => {
+                (RouterSpec::default(), false)
+            }
         };
         let shared = moe.map_or(SharedExperts::None, |m| m.shared);
         let linear_attention = arch.first_gdn().map(|gdn| gdn.dims);

@@ -52,6 +52,10 @@ impl LayerSpec {
             MixerSpec::Gqa(gqa) => gqa.validate()?,
             MixerSpec::Mla(mla) => mla.validate()?,
             MixerSpec::GatedDeltaNet(gdn) => gdn.validate()?,
+            MixerSpec::SharedKv(sk) => {
+                sk.rope.validate(sk.head_dim, "partial_rotary_factor")?;
+                sk.validate()?
+            }
         }
         self.ffn.validate()
     }
@@ -69,7 +73,13 @@ impl NormKind {
 
 impl ResidualKind {
     fn validate(&self) -> Result<()> {
-        let ResidualKind::HyperConnections { streams, eps, .. } = *self else { return Ok(()) };
+        let (streams, eps) = match *self {
+            ResidualKind::Plain => return Ok(()),
+            ResidualKind::GatedStreams { streams, lowrank } => {
+                return positive(&[("hc_count", streams), ("hc_lowrank", lowrank)]);
+            }
+            ResidualKind::HyperConnections { streams, eps, .. } => (streams, eps),
+        };
         positive(&[("hc_mult", streams)])?;
         if !(eps.is_finite() && eps >= 0.0) {
             return Err(Error::invalid("hc_eps", "must be finite and >= 0"));
@@ -272,6 +282,11 @@ impl MoeBlock {
     }
 
     fn validate_router(&self) -> Result<()> {
+        if let RouterKind::SqrtSoftplus { scaling } | RouterKind::Hash { scaling } = self.router
+            && !scaling.is_finite()
+        {
+            return Err(Error::invalid("routed_scaling_factor", "must be finite"));
+        }
         let RouterKind::GroupedSigmoid { n_group, topk_group, scaling, .. } = self.router else {
             return Ok(());
         };

@@ -1,5 +1,7 @@
-//! The DSA lightning indexer's scoring and choice on the CPU (`crate::dsa`),
-//! and the pooled indexer's key pooling.
+//! The lightning indexer's scoring and choice on the CPU: DSA's over every
+//! position (`crate::dsa`) or over pools of positions (GLM-5.3-Flash), and
+//! DeepSeek V4's over compressed entries; and the pooled indexer's key
+//! pooling.
 
 use rayon::prelude::*;
 use strata_kernels::simd::Isa;
@@ -13,22 +15,29 @@ use crate::torch_topk::torch_topk;
 /// `-inf`, or `f32::MIN` for a pool not yet visible).
 const MASKED: f32 = f32::NEG_INFINITY;
 
-/// For each query of `job`, the positions it may attend to, ascending. The
-/// candidates are the keys of `job` (one per `shape.pool` tokens); among
-/// those whose last token is at or before the query's position, the
-/// `topk / pool` best by `Σ_h w_h · relu(q_h · k_c / sqrt(d))`, or all of
-/// them, each expanded to its tokens, then the query's own incomplete pool
-/// (nothing with pools of one token). Ties go as `torch.topk` breaks them
-/// on the row of every candidate complete within the pass, later ones
-/// masked.
+/// For each query of `job`, what it may attend to, ascending. The
+/// candidates are the keys of `job`, one per `job.every` tokens; a query at
+/// `p` sees keys `0..(p + 1) / every`, the `topk` best of them by
+/// `Σ_h w_h · relu(q_h · k_c / sqrt(d))`, or all of them: DSA's positions
+/// (`every` 1), V4's compressed entries. With `shape.pools` the keys are
+/// pools and `topk` counts tokens: the `topk / every` best pools, each
+/// expanded to its tokens, then the query's own incomplete pool. Ties go as
+/// `torch.topk` breaks them on the row of all the pass's keys, the unseen
+/// ones masked.
 pub fn select(threads: &Threads, isa: Isa, shape: IndexShape, job: &IndexJob<'_>) -> Vec<Vec<usize>> {
-    let (heads, d, pool) = (shape.heads, shape.head_dim, shape.pool);
-    assert!(pool > 0 && shape.topk >= pool, "at least one candidate of {pool} tokens a query");
+    let (heads, d, every) = (shape.heads, shape.head_dim, job.every);
+    assert!(every > 0, "a key stands for at least one token");
     let n = job.q.len() / (heads * d);
     let start = job.start;
-    let candidates_in_pass = (start + n) / pool;
-    assert_eq!(job.keys.len(), candidates_in_pass * d, "one key per candidate complete within the pass");
-    let keep = shape.topk / pool;
+    let keys_in_pass = (start + n) / every;
+    assert_eq!(job.keys.len(), keys_in_pass * d, "one key per {every} tokens complete within the pass");
+    // Pools are chosen whole, so `topk` tokens are `topk / every` pools.
+    let keep = if shape.pools {
+        assert!(shape.topk >= every, "at least one pool of {every} tokens a query");
+        shape.topk / every
+    } else {
+        shape.topk
+    };
     let scale = (d as f32).powf(-0.5);
     let score = |i: usize, c: usize| -> f32 {
         let key = &job.keys[c * d..][..d];
@@ -36,37 +45,41 @@ pub fn select(threads: &Threads, isa: Isa, shape: IndexShape, job: &IndexJob<'_>
         let w_i = &job.weights[i * heads..][..heads];
         q_i.chunks_exact(d).zip(w_i).map(|(q_h, &w)| w * (isa.dot_f32(q_h, key) * scale).max(0.0)).sum()
     };
-    // `scores` are the query's, for its visible candidates.
+    let seen = |i: usize| (start + i + 1) / every;
+    // `scores` are query i's, for the keys it sees.
     let choose = |scores: &[f32]| -> Vec<usize> {
         if scores.len() <= keep {
             return (0..scores.len()).collect();
         }
         let mut row = scores.to_vec();
-        row.resize(candidates_in_pass, MASKED);
+        row.resize(keys_in_pass, MASKED);
         let mut chosen: Vec<usize> = torch_topk(&row, keep).into_iter().filter(|&c| c < scores.len()).collect();
         chosen.sort_unstable();
         chosen
     };
-    // The chosen candidates' tokens, then the open pool's up to the query.
-    let tokens = |chosen: Vec<usize>, position: usize| -> Vec<usize> {
-        let open_from = (position + 1) / pool * pool;
-        chosen.into_iter().flat_map(|c| c * pool..(c + 1) * pool).chain(open_from..=position).collect()
+    // Pools stand for their tokens, then the query's open pool's up to it;
+    // other keys stand for themselves.
+    let expand = |chosen: Vec<usize>, position: usize| -> Vec<usize> {
+        if !shape.pools {
+            return chosen;
+        }
+        let open_from = (position + 1) / every * every;
+        chosen.into_iter().flat_map(|c| c * every..(c + 1) * every).chain(open_from..=position).collect()
     };
-    let visible = |position: usize| (position + 1) / pool;
     // Each score is computed by the same code whichever thread runs it,
     // so the choice does not depend on the thread count. One query (a
     // decode step) splits its candidates over threads; a batch splits
     // queries.
     threads.pool().install(|| {
         if n == 1 {
-            let scores: Vec<f32> = (0..visible(start)).into_par_iter().map(|c| score(0, c)).collect();
-            vec![tokens(choose(&scores), start)]
+            let scores: Vec<f32> = (0..seen(0)).into_par_iter().map(|c| score(0, c)).collect();
+            vec![expand(choose(&scores), start)]
         } else {
             (0..n)
                 .into_par_iter()
                 .map(|i| {
-                    let scores: Vec<f32> = (0..visible(start + i)).map(|c| score(i, c)).collect();
-                    tokens(choose(&scores), start + i)
+                    let scores: Vec<f32> = (0..seen(i)).map(|c| score(i, c)).collect();
+                    expand(choose(&scores), start + i)
                 })
                 .collect()
         }
@@ -99,26 +112,16 @@ pub fn pool_keys(ape: &[f32], pool: usize, keys: &[f32], gates: &[f32]) -> Vec<f
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
-    use strata_format::npy;
-    use strata_kernels::Threads;
-    use strata_kernels::simd::Isa;
-
-    use super::{pool_keys, select};
-    use crate::backend::{IndexJob, IndexShape};
+    use super::*;
+    use crate::backend::cpu::{assert_close, fixture};
 
     /// testdata/dsa/pool_*.npy's indexer (xtask/fixtures/dsa_pool_ref.py).
     const HEADS: usize = 8;
     const POOL: usize = 4;
 
-    fn load(name: &str) -> (Vec<usize>, Vec<f32>) {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/dsa").join(format!("{name}.npy"));
-        npy::read_f32(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-    }
-
     /// The pooled keys of every whole pool of the fixture's prompt.
     fn pooled() -> Vec<f32> {
+        let load = |name: &str| fixture("dsa", name);
         let (shape, keys) = load("pool_keys_in");
         let (_, gates) = load("pool_gates");
         let (_, ape) = load("pool_ape");
@@ -126,15 +129,21 @@ mod tests {
         pool_keys(&ape, POOL, &keys[..whole], &gates[..whole])
     }
 
+    /// A `[rows, k]` index fixture's rows, `-1` (none) dropped, ascending.
+    fn kept_rows(shape: &[usize], values: &[f32]) -> Vec<Vec<usize>> {
+        values
+            .chunks_exact(shape[1])
+            .map(|row| {
+                let mut kept: Vec<usize> = row.iter().filter(|&&e| e >= 0.0).map(|&e| e as usize).collect();
+                kept.sort_unstable();
+                kept
+            })
+            .collect()
+    }
+
     #[test]
     fn pooled_keys_match_glm5_next_get_pooled_states() {
-        let (_, want) = load("pool_keys");
-        let got = pooled();
-        assert_eq!(got.len(), want.len(), "one key per whole pool");
-        let scale = want.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!((g - w).abs() <= 1e-5 * scale, "pooled key [{i}]: {g} vs torch's {w}");
-        }
+        assert_close(&pooled(), &fixture("dsa", "pool_keys").1, "pooled keys");
     }
 
     /// Each query's tokens as `Glm5NextTextIndexer` returns them for
@@ -143,34 +152,51 @@ mod tests {
     /// own pooled keys.
     #[test]
     fn pooled_choices_match_glm5_next_indexer_in_one_pass_or_two() {
-        let (q_shape, q) = load("pool_q");
-        let (_, weights) = load("pool_weights");
+        let (q_shape, q) = fixture("dsa", "pool_q");
+        let (_, weights) = fixture("dsa", "pool_weights");
         let keys = pooled();
         let (tokens, head_dim) = (q_shape[0], q_shape[1] / HEADS);
         let threads = Threads::new(2).expect("a pool of two");
         for topk in [8, 40] {
-            let (shape, want) = load(&format!("pool_topk_{topk}"));
-            let want: Vec<Vec<usize>> = want
-                .chunks_exact(shape[1])
-                .map(|row| {
-                    let mut row: Vec<usize> = row.iter().filter(|&&t| t >= 0.0).map(|&t| t as usize).collect();
-                    row.sort_unstable();
-                    row
-                })
-                .collect();
-            let shape = IndexShape { heads: HEADS, head_dim, topk, pool: POOL };
+            let (want_shape, want) = fixture("dsa", &format!("pool_topk_{topk}"));
+            let want = kept_rows(&want_shape, &want);
+            let shape = IndexShape { heads: HEADS, head_dim, topk, pools: true };
             let pass = |start: usize, end: usize| {
                 let job = IndexJob {
                     q: &q[start * HEADS * head_dim..end * HEADS * head_dim],
                     weights: &weights[start * HEADS..end * HEADS],
                     keys: &keys[..end / POOL * head_dim],
                     start,
+                    every: POOL,
                 };
                 select(&threads, Isa::detect(), shape, &job)
             };
             assert_eq!(pass(0, tokens), want, "top-{topk}, one pass");
             let split = 10;
             assert_eq!([pass(0, split), pass(split, tokens)].concat(), want, "top-{topk}, two passes");
+        }
+    }
+
+    /// Each pass of the fixture's CSA layer (xtask/fixtures/
+    /// deepseek_v4_blocks.py: passes of 9, 1, 4 and 7 tokens, a window of 4
+    /// tokens per entry, 8 heads, top 2): the entries transformers' indexer
+    /// keeps for each query (`-1`: none), from its scorer's inputs.
+    #[test]
+    fn compressed_entries_are_chosen_as_transformers_indexer_chooses_them() {
+        let load = |name: &str| fixture("deepseek_v4/blocks", name);
+        let mut start = 0;
+        for (p, n) in [9, 1, 4, 7].into_iter().enumerate() {
+            let (q_shape, q) = load(&format!("index{p}_q"));
+            let (weights, keys) = (load(&format!("index{p}_weights")).1, load(&format!("index{p}_keys")).1);
+            let (topk_shape, topk) = load(&format!("index{p}_topk"));
+            let [rows, heads, head_dim] = q_shape[..] else { panic!("q shape {q_shape:?}") };
+            assert_eq!(rows, n);
+            let want = kept_rows(&topk_shape, &topk);
+            let shape = IndexShape { heads, head_dim, topk: 2, pools: false };
+            let job = IndexJob { q: &q, weights: &weights, keys: &keys, start, every: 4 };
+            let got = select(&Threads::new(2).expect("a pool of two"), Isa::detect(), shape, &job);
+            assert_eq!(got, want, "pass {p}");
+            start += n;
         }
     }
 }
