@@ -42,6 +42,19 @@ fn ci() -> Result<()> {
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     cargo(&["test", "--workspace"])?;
+    ci_gpu()
+}
+
+/// The GPU backend, off by default: its lints, and the tests that run on a
+/// device (the kernels against the CPU, every family through `--device
+/// gpu`, the VRAM budget's invariance). Without an adapter they skip,
+/// saying why; .ci/run installs Mesa's lavapipe and sets
+/// `STRATA_GPU_TESTS=require`, so that there they fail instead.
+fn ci_gpu() -> Result<()> {
+    let gpu = ["-p", "strata-kernels", "-p", "strata-models", "-p", "strata-engine", "--features", "strata-engine/gpu"];
+    cargo(&[&["clippy"][..], &gpu, &["--all-targets", "--", "-D", "warnings"]].concat())?;
+    cargo(&["test", "-p", "strata-kernels", "--features", "gpu", "--lib", "gpu"])?;
+    cargo(&["test", "-p", "strata-engine", "--features", "gpu", "--test", "oracle", "gpu"])?;
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 
 mod gdn;
 mod gdn_torch;
+mod gpu;
 mod int;
 mod matrix;
 mod mxfp4;

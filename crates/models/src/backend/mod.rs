@@ -19,6 +19,7 @@
 //! chosen once when the backend is made.
 
 mod cpu;
+mod gpu;
 
 use std::sync::{Arc, Mutex};
 
@@ -32,6 +33,8 @@ pub use strata_kernels::Threads;
 /// What gates a gated RMSNorm's output: SiLU (Gated DeltaNet) or a sigmoid
 /// (Kimi Delta Attention).
 pub use strata_kernels::ops::NormGate;
+/// Why a device could not be had: no adapter, or a build without it.
+pub use strata_kernels::Error as DeviceError;
 
 use crate::error::{Error, Result};
 use crate::rope::Angles;
@@ -52,6 +55,20 @@ pub struct Runtime<'a> {
 pub enum Device {
     /// The host: weights in the container's resident bytes.
     Cpu,
+    /// A GPU (`strata_kernels::gpu`): a matrix uploaded as the container
+    /// stores it, whose host bytes stay too.
+    Gpu,
+}
+
+/// Where a model runs (`--device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceRequest {
+    /// Everything on the CPU.
+    #[default]
+    Cpu,
+    /// The first GPU adapter, holding at most `vram_budget_bytes` of
+    /// matrices (`None`: all it takes); the rest on the CPU.
+    Gpu { vram_budget_bytes: Option<u64> },
 }
 
 /// A `[rows, cols]` matrix the backend holds.
@@ -62,6 +79,15 @@ pub struct MatrixHandle {
     pub cols: usize,
     /// Its place in the backend's table of matrices.
     slot: usize,
+}
+
+impl MatrixHandle {
+    /// The same matrix as the host holds it: the GPU backend keeps every
+    /// matrix's host bytes (the container's), so an operation the device
+    /// lacks runs there.
+    pub fn on_host(self) -> Self {
+        Self { device: Device::Cpu, ..self }
+    }
 }
 
 /// An f32 vector the backend holds.
@@ -103,6 +129,7 @@ pub enum ExpertFfnKind {
 /// The devices a model's weights can live on, each with its tensors.
 pub enum Backend {
     Cpu(cpu::Cpu),
+    Gpu(gpu::Gpu),
 }
 
 /// The shape of one grouped-query attention layer.
@@ -273,10 +300,15 @@ impl Backend {
         Backend::Cpu(cpu::Cpu::new(container))
     }
 
+    /// The GPU backend over `container`, its matrices on the first GPU
+    /// adapter within `vram_budget_bytes` (`None`: all the device takes);
+    /// fails where there is no adapter, or the build has no GPU support.
+    pub fn gpu(container: Arc<Container>, vram_budget_bytes: Option<u64>) -> Result<Self> {
+        Ok(Backend::Gpu(gpu::Gpu::new(container, vram_budget_bytes)?))
+    }
+
     fn container(&self) -> &Container {
-        match self {
-            Backend::Cpu(cpu) => cpu.container(),
-        }
+        self.host().container()
     }
 
     /// Registers the matrix `name`, checked to be `[rows, cols]`.
@@ -289,10 +321,11 @@ impl Backend {
                 found: vec![m.rows, m.cols],
             });
         }
-        let slot = match self {
-            Backend::Cpu(cpu) => cpu.register_matrix(name)?,
+        let (slot, device) = match self {
+            Backend::Cpu(cpu) => (cpu.register_matrix(name)?, Device::Cpu),
+            Backend::Gpu(gpu) => gpu.register_matrix(name)?,
         };
-        Ok(MatrixHandle { device: self.device(), rows, cols, slot })
+        Ok(MatrixHandle { device, rows, cols, slot })
     }
 
     /// Registers the f32 vector `name`, checked to hold `len` values.
@@ -301,27 +334,21 @@ impl Backend {
         if found != len {
             return Err(Error::Shape { name: name.to_owned(), expected: vec![len], found: vec![found] });
         }
-        let slot = match self {
-            Backend::Cpu(cpu) => cpu.register_vector(name)?,
-        };
-        Ok(VectorHandle { device: self.device(), len, slot })
+        let slot = self.host_mut().register_vector(name)?;
+        Ok(VectorHandle { device: Device::Cpu, len, slot })
     }
 
     /// The values of a registered vector, as the host holds them (to derive
     /// another at load).
     pub fn vector_values(&self, v: VectorHandle) -> &[f32] {
-        match self {
-            Backend::Cpu(cpu) => cpu.vector(v),
-        }
+        self.host().vector(v)
     }
 
     /// Takes `values`, computed at load (a norm's `1 + w`), as a vector.
     pub fn upload_vector(&mut self, values: Vec<f32>) -> VectorHandle {
         let len = values.len();
-        let slot = match self {
-            Backend::Cpu(cpu) => cpu.own_vector(values),
-        };
-        VectorHandle { device: self.device(), len, slot }
+        let slot = self.host_mut().own_vector(values);
+        VectorHandle { device: Device::Cpu, len, slot }
     }
 
     /// Registers the table `name`, checked to be `[rows, cols]` without
@@ -334,132 +361,138 @@ impl Backend {
         }
         let slot = match self {
             Backend::Cpu(cpu) => cpu.register_table(name)?,
+            Backend::Gpu(gpu) => gpu.register_table(name)?,
         };
-        Ok(TableHandle { device: self.device(), rows, cols, slot })
+        Ok(TableHandle { device: Device::Cpu, rows, cols, slot })
     }
 
     /// The routed experts of MoE layer `layer`, their layout checked present.
     pub fn experts(&mut self, layer: usize) -> Result<ExpertsHandle> {
         self.container().expert_layout(layer)?;
-        Ok(ExpertsHandle { device: self.device(), layer })
+        Ok(ExpertsHandle { device: Device::Cpu, layer })
     }
 
-    /// The device the weights live on.
+    /// The device the backend's products run on (on a GPU, those of the
+    /// matrices it holds: see [`Backend::summary`]).
     pub fn device(&self) -> Device {
         match self {
             Backend::Cpu(_) => Device::Cpu,
+            Backend::Gpu(_) => Device::Gpu,
+        }
+    }
+
+    /// What runs where, for a start-up line: `None` on the CPU, where
+    /// everything does.
+    pub fn summary(&self) -> Option<String> {
+        match self {
+            Backend::Cpu(_) => None,
+            Backend::Gpu(gpu) => Some(gpu.summary()),
+        }
+    }
+
+    /// The CPU backend, which runs everything on the CPU and, on a GPU, what
+    /// the device does not.
+    fn host(&self) -> &cpu::Cpu {
+        match self {
+            Backend::Cpu(cpu) => cpu,
+            Backend::Gpu(gpu) => gpu.host(),
+        }
+    }
+
+    fn host_mut(&mut self) -> &mut cpu::Cpu {
+        match self {
+            Backend::Cpu(cpu) => cpu,
+            Backend::Gpu(gpu) => gpu.host_mut(),
         }
     }
 
     /// Rows `rows` of `table`, one after another in `out`.
     pub fn table_rows(&self, table: TableHandle, rows: &[usize], out: &mut [f32]) -> Result<()> {
-        match self {
-            Backend::Cpu(cpu) => cpu.table_rows(table, rows, out),
-        }
+        self.host().table_rows(table, rows, out)
     }
 
     /// `out = W xs` for every `w.cols`-wide row of `xs`.
     pub fn matmul(&self, rt: &Runtime<'_>, w: MatrixHandle, xs: &[f32], out: &mut [f32]) {
         match self {
             Backend::Cpu(cpu) => cpu.matmul(rt.threads, w, xs, out),
+            Backend::Gpu(gpu) => gpu.matmul(rt.threads, w, xs, out),
         }
     }
 
     /// Adds `bias` to every row of `rows`.
     pub fn add_bias(&self, rows: &mut [f32], bias: VectorHandle) {
-        match self {
-            Backend::Cpu(cpu) => cpu.add_bias(rows, bias),
-        }
+        self.host().add_bias(rows, bias)
     }
 
     /// RMS-normalises each `weight.len`-wide row of `xs` into `out`
     /// (`w · x̂`).
     pub fn rmsnorm(&self, weight: VectorHandle, eps: f32, xs: &[f32], out: &mut [f32]) {
-        match self {
-            Backend::Cpu(cpu) => cpu.rmsnorm(weight, eps, xs, out),
-        }
+        self.host().rmsnorm(weight, eps, xs, out)
     }
 
     /// RMS-normalises each `weight.len`-wide row of `rows` in place.
     pub fn rmsnorm_rows(&self, weight: VectorHandle, eps: f32, rows: &mut [f32]) {
-        match self {
-            Backend::Cpu(cpu) => cpu.rmsnorm_rows(weight, eps, rows),
-        }
+        self.host().rmsnorm_rows(weight, eps, rows)
     }
 
     /// The gated RMSNorm of each `weight.len`-wide row of `rows` in place:
     /// `w · x̂ · silu(gate)`, `gates` laid out as `rows`.
     pub fn rmsnorm_gated(&self, weight: VectorHandle, eps: f32, rows: &mut [f32], gates: &[f32], gate_act: NormGate) {
-        match self {
-            Backend::Cpu(cpu) => cpu.rmsnorm_gated(weight, eps, rows, gates, gate_act),
-        }
+        self.host().rmsnorm_gated(weight, eps, rows, gates, gate_act)
     }
 
     /// `nn.LayerNorm` of each `weight.len`-wide row of `rows` in place:
     /// `(x - mean) / sqrt(var + eps) * w + b`, biased variance.
     pub fn layer_norm(&self, weight: VectorHandle, bias: VectorHandle, eps: f32, rows: &mut [f32]) {
-        match self {
-            Backend::Cpu(cpu) => cpu.layer_norm(weight, bias, eps, rows),
-        }
+        self.host().layer_norm(weight, bias, eps, rows)
     }
 
     /// `ys = down(silu(gate(xs)) * up(xs))`.
     pub fn swiglu(&self, rt: &Runtime<'_>, weights: &[MatrixHandle; 3], xs: &[f32], ys: &mut [f32]) {
         match self {
             Backend::Cpu(cpu) => cpu.swiglu(rt.threads, weights, xs, ys),
+            Backend::Gpu(gpu) => gpu.swiglu(rt.threads, weights, xs, ys),
         }
     }
 
     /// Scales `xs` by the sigmoids of `gates`, each gate over
     /// `xs.len() / gates.len()` consecutive values.
     pub fn sigmoid_gate(&self, xs: &mut [f32], gates: &[f32]) {
-        match self {
-            Backend::Cpu(cpu) => cpu.sigmoid_gate(xs, gates),
-        }
+        self.host().sigmoid_gate(xs, gates)
     }
 
     /// Rotates each row `i` of `rows` by `angles.at(i)`, where `rotary`
     /// says.
     pub fn rotate(&self, rows: &mut [f32], angles: &Angles, rotary: Rotary) {
-        match self {
-            Backend::Cpu(cpu) => cpu.rotate(rows, angles, rotary),
-        }
+        self.host().rotate(rows, angles, rotary)
     }
 
     /// Several sequences' causal grouped-query attention at once.
     pub fn attend(&self, rt: &Runtime<'_>, shape: AttnShape, jobs: Vec<AttendJob<'_>>) {
-        match self {
-            Backend::Cpu(cpu) => cpu.attend(rt.threads, shape, jobs),
-        }
+        self.host().attend(rt.threads, shape, jobs)
     }
 
     /// One sequence's tokens through a delta-rule layer of kind `kind`.
     pub fn delta_step(&self, rt: &Runtime<'_>, kind: &DeltaKind, job: DeltaJob<'_>) {
-        match self {
-            Backend::Cpu(cpu) => cpu.delta_step(rt.threads, kind, job),
-        }
+        self.host().delta_step(rt.threads, kind, job)
     }
 
     /// One sequence's latent attention, `[n, heads * v_head_dim]`.
     pub fn attend_latent(&self, rt: &Runtime<'_>, shape: &LatentShape, job: LatentJob<'_>) -> Vec<f32> {
-        match self {
-            Backend::Cpu(cpu) => cpu.attend_latent(rt.threads, shape, job),
-        }
+        let shape = LatentShape { kv_b: shape.kv_b.on_host(), ..*shape };
+        self.host().attend_latent(rt.threads, &shape, job)
     }
 
     /// The DSA indexer's choice for each query: the positions it may attend
     /// to, ascending (see `crate::dsa`).
     pub fn index_select(&self, rt: &Runtime<'_>, shape: IndexShape, job: IndexJob<'_>) -> Vec<Vec<usize>> {
-        match self {
-            Backend::Cpu(cpu) => cpu.index_select(rt.threads, shape, job),
-        }
+        self.host().index_select(rt.threads, shape, job)
     }
 
     /// Each row of `xs`'s `top_k` routes, `[n][top_k]`.
     pub fn route(&self, rt: &Runtime<'_>, router: &RouterSpec, xs: &[f32]) -> Vec<Route> {
-        match self {
-            Backend::Cpu(cpu) => cpu.route(rt.threads, router, xs),
-        }
+        let router = RouterSpec { weight: router.weight.on_host(), ..*router };
+        self.host().route(rt.threads, &router, xs)
     }
 
     /// Adds a MoE layer's routed experts' weighted outputs to `out`, the
@@ -471,8 +504,6 @@ impl Backend {
         out: &mut [f32],
         stats: &mut LayerStats,
     ) -> Result<()> {
-        match self {
-            Backend::Cpu(cpu) => cpu.run_moe_layer(rt.threads, rt.store, job, out, stats),
-        }
+        self.host().run_moe_layer(rt.threads, rt.store, job, out, stats)
     }
 }
