@@ -42,8 +42,8 @@ mod session;
 
 pub use batch::{Admission, BatchLimits, BatchObserver, Batcher, Event, EventSink, Events, Job};
 pub use constraint::Constraint;
-pub use device::{DeviceKind, VramBudget};
 pub use decode::{Finish, Generation, Step};
+pub use device::{DeviceKind, VramBudget};
 pub use engine::{
     CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch, USAGE_FILE_NAME, kv_footprint,
 };
@@ -53,6 +53,6 @@ pub use sampler::{Sampler, SamplingDefaults, SamplingOptions};
 pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
 pub use strata_format::{CoreSpec, ModelArch};
 pub use strata_kernels::ActivationPrecision;
-pub use strata_models::DeviceRequest;
 pub use strata_kv::CutTail;
+pub use strata_models::DeviceRequest;
 pub use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget, StoreStats, resident_bytes};

@@ -328,7 +328,8 @@ fn every_family_through_the_gpu_equals_the_cpu_bit_for_bit() {
             assert_eq!(bits(&got), bits(&cpu.logits(&r.prompt).unwrap()), "{family} {preset:?}: the CPU's logits");
             let (_, want) = reference_logits(family, file);
             let recurrent = cpu.arch().first_gdn().is_some();
-            let tolerance = if recurrent { QUANT_RECURRENT_TOLERANCE_STD } else { QUANT_TOLERANCE_STD } * std_dev(&want);
+            let tolerance =
+                if recurrent { QUANT_RECURRENT_TOLERANCE_STD } else { QUANT_TOLERANCE_STD } * std_dev(&want);
             assert!(max_abs_diff(&got, &want) <= tolerance, "{family} {preset:?}: within the CPU's tolerance");
             let options = GenerateOptions { max_new_tokens: 8, ignore_eos: true, ..GenerateOptions::default() };
             let greedy = |e: &Engine| e.session().generate(&r.prompt, &options, |_| ControlFlow::Continue(())).unwrap();

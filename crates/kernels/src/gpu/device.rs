@@ -80,7 +80,10 @@ impl Device {
     /// one such as Mesa's lavapipe), or why there is none.
     pub fn new() -> Result<Self> {
         let backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor { backends, ..wgpu::InstanceDescriptor::new_without_display_handle() });
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
         let adapters = pollster::block_on(instance.enumerate_adapters(backends));
         let adapter = adapters
             .into_iter()
@@ -235,7 +238,14 @@ impl Device {
 
     /// `xs` (`[n, cols]`) quantized for `layout` by the CPU's quantizer, on
     /// the device in column order.
-    fn upload_acts(&self, layout: Layout, precision: ActivationPrecision, xs: &[f32], n: usize, cols: usize) -> DeviceActs {
+    fn upload_acts(
+        &self,
+        layout: Layout,
+        precision: ActivationPrecision,
+        xs: &[f32],
+        n: usize,
+        cols: usize,
+    ) -> DeviceActs {
         let (codes, lane_scales) = match precision {
             ActivationPrecision::Int16 => column_codes(&QuantizedActs::<i16>::new(layout, xs, n, cols)),
             ActivationPrecision::Int8 => column_codes(&QuantizedActs::<i8>::new(layout, xs, n, cols)),

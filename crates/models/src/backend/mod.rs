@@ -27,14 +27,14 @@ use strata_format::{Container, MlaSpec};
 use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::{ExpertStore, TraceWriter};
 
+/// Why a device could not be had: no adapter, or a build without it.
+pub use strata_kernels::Error as DeviceError;
 /// The CPU's worker pool, which a pass runs on (`Runtime::threads`; the
 /// engine owns it).
 pub use strata_kernels::Threads;
 /// What gates a gated RMSNorm's output: SiLU (Gated DeltaNet) or a sigmoid
 /// (Kimi Delta Attention).
 pub use strata_kernels::ops::NormGate;
-/// Why a device could not be had: no adapter, or a build without it.
-pub use strata_kernels::Error as DeviceError;
 
 use crate::error::{Error, Result};
 use crate::rope::Angles;
@@ -370,15 +370,6 @@ impl Backend {
     pub fn experts(&mut self, layer: usize) -> Result<ExpertsHandle> {
         self.container().expert_layout(layer)?;
         Ok(ExpertsHandle { device: Device::Cpu, layer })
-    }
-
-    /// The device the backend's products run on (on a GPU, those of the
-    /// matrices it holds: see [`Backend::summary`]).
-    pub fn device(&self) -> Device {
-        match self {
-            Backend::Cpu(_) => Device::Cpu,
-            Backend::Gpu(_) => Device::Gpu,
-        }
     }
 
     /// What runs where, for a start-up line: `None` on the CPU, where
