@@ -153,7 +153,7 @@ impl Device {
             compilation_options: Default::default(),
             cache: None,
         });
-        let binding_bytes_max = u64::from(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size);
+        let binding_bytes_max = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         Ok(Self { device, queue, pipeline, bind_layout, name, binding_bytes_max })
     }
 
@@ -302,7 +302,7 @@ impl Device {
     /// Submits `encoder` with copies of each output buffer, waits, and
     /// reads each into its destination.
     fn read_back(&self, mut encoder: wgpu::CommandEncoder, outputs: &mut [(&wgpu::Buffer, &mut [f32])]) {
-        let total_bytes: usize = outputs.iter().map(|(_, dst)| dst.len() * size_of::<f32>()).sum();
+        let total_bytes: usize = outputs.iter().map(|(_, dst)| size_of_val(*dst)).sum();
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("read back"),
             size: total_bytes.max(size_of::<f32>()) as u64,
@@ -311,7 +311,7 @@ impl Device {
         });
         let mut offset = 0u64;
         for (buffer, dst) in outputs.iter() {
-            let bytes = (dst.len() * size_of::<f32>()) as u64;
+            let bytes = size_of_val(*dst) as u64;
             if bytes > 0 {
                 encoder.copy_buffer_to_buffer(buffer, 0, &staging, offset, bytes);
             }
