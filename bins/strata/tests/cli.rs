@@ -71,7 +71,19 @@ fn generate_on_the_gpu_gives_the_cpus_tokens_or_says_how_to_build_it() {
     let out = strata(&["convert", path(&fixture("olmoe").join("hf")), path(&model), "--quant", "q4"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let generate = |device: &str| {
-        strata(&["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "5", "--json", "--device", device])
+        strata(&[
+            "generate",
+            path(&model),
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "5",
+            "--seed",
+            "7",
+            "--json",
+            "--device",
+            device,
+        ])
     };
     let on_gpu = generate("gpu");
     if !cfg!(feature = "gpu") {
