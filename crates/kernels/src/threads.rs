@@ -20,6 +20,9 @@ use crate::matrix::{Matrix, Prepared};
 pub enum GatedAct<'a> {
     /// `silu(gate) * up`, no biases.
     SwiGlu,
+    /// `silu(min(gate, limit)) * clamp(up, -limit, limit)`, no biases
+    /// ([`crate::ops::silu_mul_limited`]: GLM-5.3-Flash, DeepSeek V4).
+    LimitedSwiGlu { limit: f32 },
     /// gpt-oss's experts: `gate + gate_bias` and `up + up_bias` through
     /// [`crate::ops::clamped_swiglu`] (`alpha`, `limit`), and `down_bias`
     /// added to the down product.
@@ -42,6 +45,7 @@ impl GatedAct<'_> {
     pub(crate) fn apply(&self, rows: Range<usize>, gate: &mut [f32], up: &mut [f32]) {
         match *self {
             GatedAct::SwiGlu => crate::ops::silu_mul(gate, up),
+            GatedAct::LimitedSwiGlu { limit } => crate::ops::silu_mul_limited(gate, up, limit),
             GatedAct::Clamped { alpha, limit, gate_bias, up_bias, .. } => {
                 for (g_row, u_row) in gate.chunks_exact_mut(rows.len()).zip(up.chunks_exact_mut(rows.len())) {
                     add_bias(g_row, &gate_bias[rows.clone()]);
@@ -108,6 +112,14 @@ impl Threads {
     /// `activations` (default int16; int8 is lossy, an explicit opt-in).
     pub fn with_activations(self, activations: ActivationPrecision) -> Self {
         Self { activations, ..self }
+    }
+
+    /// This pool on `isa` rather than the detected one, so that the tests
+    /// run every tier's fused path.
+    #[cfg(test)]
+    pub(crate) fn with_isa(self, isa: Isa) -> Self {
+        assert!(isa.level().is_supported(), "{isa:?} runs on this CPU");
+        Self { isa, ..self }
     }
 
     /// The precision integer products quantize their inputs to.
@@ -180,6 +192,7 @@ impl Threads {
 
     /// [`Threads::expert_ffn`] with the gate's activation and biases as
     /// `act` says: [`GatedAct::SwiGlu`] is `expert_ffn` itself, bit for bit;
+    /// [`GatedAct::LimitedSwiGlu`] clamps gate and up before it;
     /// [`GatedAct::Clamped`] adds the biases to gate, up and down and applies
     /// gpt-oss's clamped SwiGLU ([`crate::ops::clamped_swiglu`]).
     ///

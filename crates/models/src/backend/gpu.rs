@@ -11,11 +11,11 @@
 
 use std::sync::Arc;
 
-use strata_format::Container;
+use strata_format::{Container, SwiGlu};
 use strata_kernels::gpu::{Device as GpuDevice, DeviceMatrix};
-use strata_kernels::{Error as KernelError, GatedAct, Threads};
+use strata_kernels::{Error as KernelError, Threads};
 
-use super::cpu::Cpu;
+use super::cpu::{Cpu, swiglu_act};
 use super::{Device, MatrixHandle};
 use crate::error::Result;
 
@@ -121,13 +121,13 @@ impl Gpu {
     }
 
     /// A dense SwiGLU MLP, on the device where all three matrices are.
-    pub fn swiglu(&self, threads: &Threads, weights: &[MatrixHandle; 3], xs: &[f32], ys: &mut [f32]) {
+    pub fn swiglu(&self, threads: &Threads, weights: &[MatrixHandle; 3], swiglu: SwiGlu, xs: &[f32], ys: &mut [f32]) {
         if weights.iter().all(|m| m.device == Device::Gpu) {
             let [gate, up, down] = weights.map(|m| self.on_device(m));
             let n = xs.len() / gate.cols();
-            self.device.gated_ffn([gate, up, down], GatedAct::SwiGlu, threads.activations(), xs, n, ys);
+            self.device.gated_ffn([gate, up, down], swiglu_act(swiglu), threads.activations(), xs, n, ys);
         } else {
-            self.host.swiglu(threads, &weights.map(MatrixHandle::on_host), xs, ys);
+            self.host.swiglu(threads, &weights.map(MatrixHandle::on_host), swiglu, xs, ys);
         }
     }
 
@@ -144,7 +144,7 @@ impl Gpu {
         if self.too_large > 0 {
             kept.push(format!("{} matrices larger than the device's buffers", self.too_large));
         }
-        kept.push("attention, norms, routing and the routed experts".into());
+        kept.push("attention, norms, routing, residual-stream mixes, row-block products and the routed experts".into());
         format!(
             "GPU {}: {uploaded} matrices ({:.1} MiB) and their products on the device; on the CPU: {}",
             self.device.name(),
