@@ -87,8 +87,9 @@ mod on_device {
             }
         }
 
-        /// An expert's gated FFN (SwiGLU, or gpt-oss's clamped form with
-        /// biases) on the device equals the CPU's bit for bit.
+        /// An expert's gated FFN (SwiGLU, SwiGLU with a limit, or gpt-oss's
+        /// clamped form with biases) on the device equals the CPU's bit for
+        /// bit.
         #[test]
         fn device_gated_ffn_equals_the_cpus_bitwise(
             (layout, hidden, inter, group, n) in
@@ -97,7 +98,7 @@ mod on_device {
                         (layout, hidden, inter, (1usize << log_group).max(layout.lane_cols()), n)
                     }),
             seed in 0u32..1000,
-            clamped in any::<bool>(),
+            act_kind in 0usize..3,
         ) {
             let Some(device) = device() else { return Ok(()) };
             let value = |i: usize, salt: u32| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed ^ salt) % 2001) as f32 / 500.0 - 2.0;
@@ -107,10 +108,10 @@ mod on_device {
             let down = Owned::new(layout, hidden, inter, group, &values(hidden * inter, 3));
             let xs = values(n * hidden, 4);
             let (gate_bias, up_bias, down_bias) = (values(inter, 5), values(inter, 6), values(hidden, 7));
-            let act = if clamped {
-                GatedAct::Clamped { alpha: 1.702, limit: 1.5, gate_bias: &gate_bias, up_bias: &up_bias, down_bias: &down_bias }
-            } else {
-                GatedAct::SwiGlu
+            let act = match act_kind {
+                0 => GatedAct::SwiGlu,
+                1 => GatedAct::LimitedSwiGlu { limit: 1.5 },
+                _ => GatedAct::Clamped { alpha: 1.702, limit: 1.5, gate_bias: &gate_bias, up_bias: &up_bias, down_bias: &down_bias },
             };
             let matrices = [gate.matrix(), up.matrix(), down.matrix()];
             if !matrices.iter().all(|m| m.uses_int_path(Isa::detect())) {
@@ -124,7 +125,7 @@ mod on_device {
                 threads.gated_ffn(&matrices[0], &matrices[1], &matrices[2], act, &xs, n, &mut want);
                 let mut got = vec![f32::NAN; n * hidden];
                 device.gated_ffn([&on_device[0], &on_device[1], &on_device[2]], act, precision, &xs, n, &mut got);
-                prop_assert_eq!(bits(&got), bits(&want), "{:?} {} clamped {}", layout, precision, clamped);
+                prop_assert_eq!(bits(&got), bits(&want), "{:?} {} {:?}", layout, precision, act);
             }
         }
     }

@@ -222,6 +222,24 @@ fn q8_codes_of_minus_128_meet_full_scale_activations_exactly() {
     check::<i8>(&w, &xs);
 }
 
+/// Activations too small for any finite step (below `MAX / f32::MAX`, as
+/// the SiLU of a very negative gate is) quantize to zeros with a zero
+/// scale, as zeros do, rather than to the codes of an infinite step.
+#[test]
+fn activations_too_small_for_a_finite_step_quantize_to_zeros() {
+    let xs: Vec<f32> = (0..256).map(|i| if i % 2 == 0 { 1e-38 } else { -3e-40 }).collect();
+    fn check<E: ActElem>(layout: Layout, xs: &[f32]) {
+        let acts = QuantizedActs::<E>::new(layout, xs, 1, xs.len());
+        let row = acts.row(0);
+        assert!(row.q.iter().all(|&code| code.into() == 0), "{layout:?} {}: codes", E::MAX);
+        assert!(row.lane_scales.iter().all(|&scale| scale == 0.0), "{layout:?} {}: scales", E::MAX);
+    }
+    for layout in [Layout::Q8, Layout::Q4] {
+        check::<i16>(layout, &xs);
+        check::<i8>(layout, &xs);
+    }
+}
+
 /// int8 activations are reached through `Matrix` only when asked for, and
 /// then compute their own definition on every tier; int16 stays the
 /// default of `matmul_with` and of a new `Threads`.
