@@ -53,6 +53,21 @@ pub enum Error {
     /// The OS refused to create the pool's threads.
     #[error("building a pool of {n_threads} threads failed: {reason}")]
     ThreadPool { n_threads: usize, reason: String },
+    /// This build has no GPU support.
+    #[error("this build has no GPU support: build with `--features gpu`")]
+    GpuNotBuilt,
+    /// No GPU adapter could be had.
+    #[error("no GPU: {reason}")]
+    NoGpuAdapter { reason: String },
+    /// A matrix the GPU kernels do not take; it stays on the CPU.
+    #[error(
+        "a {format} matrix{} has no GPU kernel (q8 and q4 with power-of-two groups of whole lanes have one)",
+        .group.map(|g| format!(" with groups of {g} columns")).unwrap_or_default()
+    )]
+    GpuUnsupported { format: &'static str, group: Option<usize> },
+    /// The GPU refused a device or a buffer.
+    #[error("GPU: {reason}")]
+    Gpu { reason: String },
 }
 
 /// `Result` with this crate's [`Error`].

@@ -32,6 +32,42 @@ pub enum GatedAct<'a> {
     Clamped { alpha: f32, limit: f32, gate_bias: &'a [f32], up_bias: &'a [f32], down_bias: &'a [f32] },
 }
 
+impl GatedAct<'_> {
+    /// Asserts that the biases fit a block of `inter` intermediate rows and
+    /// `hidden` outputs.
+    pub(crate) fn check(&self, inter: usize, hidden: usize) {
+        if let GatedAct::Clamped { gate_bias, up_bias, down_bias, .. } = self {
+            assert_eq!(gate_bias.len(), inter, "gated_ffn: one gate bias per intermediate row");
+            assert_eq!(up_bias.len(), inter, "gated_ffn: one up bias per intermediate row");
+            assert_eq!(down_bias.len(), hidden, "gated_ffn: one down bias per output");
+        }
+    }
+
+    /// The activation of intermediate rows `rows`: `gate` and `up` hold
+    /// them for every input (`[n, rows.len()]`); the result goes to `gate`.
+    pub(crate) fn apply(&self, rows: Range<usize>, gate: &mut [f32], up: &mut [f32]) {
+        match *self {
+            GatedAct::SwiGlu => crate::ops::silu_mul(gate, up),
+            GatedAct::LimitedSwiGlu { limit } => crate::ops::silu_mul_limited(gate, up, limit),
+            GatedAct::SituGlu { beta, linear_beta } => crate::ops::situ_mul(gate, up, beta, linear_beta),
+            GatedAct::Clamped { alpha, limit, gate_bias, up_bias, .. } => {
+                for (g_row, u_row) in gate.chunks_exact_mut(rows.len()).zip(up.chunks_exact_mut(rows.len())) {
+                    add_bias(g_row, &gate_bias[rows.clone()]);
+                    add_bias(u_row, &up_bias[rows.clone()]);
+                }
+                crate::ops::clamped_swiglu(gate, up, alpha, limit);
+            }
+        }
+    }
+
+    /// Adds the down product's bias, if any, to each of its outputs `ys`.
+    pub(crate) fn add_down_bias(&self, ys: &mut [f32]) {
+        if let GatedAct::Clamped { down_bias, .. } = self {
+            ys.chunks_exact_mut(down_bias.len()).for_each(|row| add_bias(row, down_bias));
+        }
+    }
+}
+
 /// `row += bias`, element by element.
 fn add_bias(row: &mut [f32], bias: &[f32]) {
     row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
@@ -180,11 +216,7 @@ impl Threads {
         ys: &mut [f32],
     ) {
         let (inter, hidden) = (gate.rows, gate.cols);
-        if let GatedAct::Clamped { gate_bias, up_bias, down_bias, .. } = act {
-            assert_eq!(gate_bias.len(), inter, "gated_ffn: one gate bias per intermediate row");
-            assert_eq!(up_bias.len(), inter, "gated_ffn: one up bias per intermediate row");
-            assert_eq!(down_bias.len(), hidden, "gated_ffn: one down bias per output");
-        }
+        act.check(inter, hidden);
         assert!(up.rows == inter && up.cols == hidden, "expert_ffn: up must be shaped like gate");
         assert!(down.rows == hidden && down.cols == inter, "expert_ffn: down must be [hidden, inter]");
         assert_eq!(Some(xs.len()), n.checked_mul(hidden), "expert_ffn: xs must be [n, hidden]");
@@ -206,18 +238,7 @@ impl Threads {
         let gate_up_rows = |rows: Range<usize>, out: &mut [f32], out_stride: usize, u: &mut [f32]| {
             gate.products(isa, &x_gate, n, rows.clone(), out, out_stride);
             up.products(isa, x_up, n, rows.clone(), u, out_stride);
-            match act {
-                GatedAct::SwiGlu => crate::ops::silu_mul(out, u),
-                GatedAct::LimitedSwiGlu { limit } => crate::ops::silu_mul_limited(out, u, limit),
-                GatedAct::SituGlu { beta, linear_beta } => crate::ops::situ_mul(out, u, beta, linear_beta),
-                GatedAct::Clamped { alpha, limit, gate_bias, up_bias, .. } => {
-                    for (g_row, u_row) in out.chunks_exact_mut(out_stride).zip(u.chunks_exact_mut(out_stride)) {
-                        add_bias(g_row, &gate_bias[rows.clone()]);
-                        add_bias(u_row, &up_bias[rows.clone()]);
-                    }
-                    crate::ops::clamped_swiglu(out, u, alpha, limit);
-                }
-            }
+            act.apply(rows, out, u);
         };
         match self.chunk_rows_for(inter, 2 * hidden, n) {
             None => {
@@ -243,9 +264,7 @@ impl Threads {
         }
         let h_prepared = down.prepare(isa, self.activations, &h, n);
         self.products(down, &h_prepared, n, ys);
-        if let GatedAct::Clamped { down_bias, .. } = act {
-            ys.chunks_exact_mut(hidden).for_each(|row| add_bias(row, down_bias));
-        }
+        act.add_down_bias(ys);
     }
 
     /// Rows of `m` for all `n` prepared inputs, split across the pool.

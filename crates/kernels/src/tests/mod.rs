@@ -6,6 +6,7 @@
 
 mod gdn;
 mod gdn_torch;
+mod gpu;
 mod inkling_torch;
 mod int;
 mod kimi_k3_torch;
