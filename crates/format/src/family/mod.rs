@@ -14,6 +14,7 @@
 //! [`LayerSpec`], and nothing outside this folder names it.
 
 mod deepseek_v3;
+mod deepseek_v4;
 mod glm_moe_dsa;
 mod gpt_oss;
 mod gqa;
@@ -54,6 +55,10 @@ pub enum Family {
     /// attention, sigmoid group-limited routing, shared experts.
     #[serde(rename = "deepseek_v3")]
     DeepseekV3,
+    /// DeepSeek V4: shared key-value attention over a window and
+    /// compressed entries, sqrt-softplus and hash routing, hyper-connections.
+    #[serde(rename = "deepseek_v4")]
+    DeepseekV4,
     /// GLM-5: the DeepSeek-V3 body plus the DSA lightning indexer.
     #[serde(rename = "glm_moe_dsa")]
     GlmMoeDsa,
@@ -147,7 +152,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 10] = [
+    pub const ALL: [Family; 11] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -158,6 +163,7 @@ impl Family {
         Family::Qwen35Moe,
         Family::GptOss,
         Family::KimiLinear,
+        Family::DeepseekV4,
     ];
 
     /// The registry: the file that describes this family.
@@ -173,6 +179,7 @@ impl Family {
             Family::Qwen35Moe => &qwen3_5_moe::Qwen35Moe,
             Family::GptOss => &gpt_oss::GptOss,
             Family::KimiLinear => &kimi_linear::KimiLinear,
+            Family::DeepseekV4 => &deepseek_v4::DeepseekV4,
         }
     }
 
