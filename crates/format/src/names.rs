@@ -150,6 +150,41 @@ pub fn hyper_connection_names(core: &CoreSpec, layer: usize, site: HyperSite) ->
     ["fn", "base", "scale"].map(|part| layer_tensor(core, layer, &format!("hc_{block}_{part}")))
 }
 
+/// A block's gated residual ([`ResidualKind::GatedStreams`]), as the hub
+/// names them (transformers' `attn_hyper_connection` / `mlp_hyper_connection`):
+/// the per-stream norm `[streams · hidden]` (applied as `1 + w`), `down`
+/// `[lowrank, streams · hidden]`, `up` `[streams · hidden, lowrank]` and
+/// `inject` `[streams, streams · hidden]`.
+pub fn gated_residual_names(core: &CoreSpec, layer: usize, site: HyperSite) -> [String; 4] {
+    let block = match site {
+        HyperSite::Attention => "attn",
+        HyperSite::Ffn => "mlp",
+    };
+    GATED_RESIDUAL_PARTS.map(|part| layer_tensor(core, layer, &format!("{block}_hyper_connection.{part}")))
+}
+
+/// The final mixer of gated residual streams, before `lm_head`: a block's
+/// gated residual without `inject` (`hyper_connection_mixer`).
+pub fn gated_head_names(core: &CoreSpec) -> [String; 3] {
+    let [norm, down, up, _] = GATED_RESIDUAL_PARTS;
+    [norm, down, up].map(|part| format!("{}hyper_connection_mixer.{part}", naming(core).model_prefix))
+}
+
+/// A gated residual's norm, `down` and `up`, over `width = streams · hidden`.
+fn push_gated(
+    width: usize,
+    lowrank: usize,
+    [norm, down, up]: [String; 3],
+    push: &mut impl FnMut(String, Vec<usize>, TensorKind),
+) {
+    push(norm, vec![width], TensorKind::HyperConnection);
+    push(down, vec![lowrank, width], TensorKind::HyperConnection);
+    push(up, vec![width, lowrank], TensorKind::HyperConnection);
+}
+
+const GATED_RESIDUAL_PARTS: [&str; 4] =
+    ["hc_norm.weight", "input_mix_weight_down.weight", "input_mix_weight_up.weight", "block_inject_weight.weight"];
+
 /// The weights of the σ-weighted head ([`HyperHead::Sigmoid`]) beside the
 /// final norm, as the hub names them (transformers: `hc_head.hc_fn`,
 /// ...): `fn` `[streams, streams · hidden]`, `base` `[streams]`, `scale`
@@ -328,6 +363,16 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
                 push(scale, vec![3], TensorKind::HyperConnection);
             }
         }
+        if let ResidualKind::GatedStreams { streams, lowrank } = blocks.residual {
+            for site in [HyperSite::Attention, HyperSite::Ffn] {
+                let [norm, down, up, inject] = gated_residual_names(core, layer, site);
+                push_gated(streams * h, lowrank, [norm, down, up], &mut push);
+                push(inject, vec![streams, streams * h], TensorKind::HyperConnection);
+            }
+        }
+    }
+    if let ResidualKind::GatedStreams { streams, lowrank } = arch.residual() {
+        push_gated(streams * h, lowrank, gated_head_names(core), &mut push);
     }
     if let ResidualKind::HyperConnections { streams, head: HyperHead::Sigmoid, .. } = arch.residual() {
         let [mixes, base, scale] = hyper_head_names(core);

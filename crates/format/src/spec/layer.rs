@@ -9,7 +9,7 @@
 //! activation width, what `strata info` prints) is a method here, computed
 //! in this one place.
 
-use super::{Compression, FfnKind, GdnDims, IndexerKind, MlaSpec, QkNorm, RopeSpec, SharedKvAttention};
+use super::{Compression, FfnKind, GdnDims, GdnProjections, IndexerKind, MlaSpec, QkNorm, RopeSpec, SharedKvAttention};
 
 /// The blocks of one decoder layer: `x += attention(norm(x))`, then
 /// `x += ffn(norm(x))`, the additions as `residual` says.
@@ -46,6 +46,15 @@ pub enum ResidualKind {
         eps: f32,
         head: HyperHead,
     },
+    /// Gated residual hyper-connections (Qwen3.8-Flash-Next:
+    /// transformers' `Qwen4ExpTextGatedResidual`): `streams` copies of the
+    /// hidden state (`hc_count`), each normed on its own with `1 + w`; the
+    /// block's input is the mean over streams of `σ(up(SiLU(down(x̂) /
+    /// streams))) ⊙ x̂` (`down` to `lowrank`, `hc_lowrank`), and every
+    /// stream gains the block's output times its own `2σ(inject(x̂) /
+    /// streams)`. The streams never mix with each other; the head is the
+    /// same mix without injection (`hyper_connection_mixer`).
+    GatedStreams { streams: usize, lowrank: usize },
 }
 
 impl ResidualKind {
@@ -53,7 +62,7 @@ impl ResidualKind {
     pub fn streams(&self) -> usize {
         match *self {
             ResidualKind::Plain => 1,
-            ResidualKind::HyperConnections { streams, .. } => streams,
+            ResidualKind::HyperConnections { streams, .. } | ResidualKind::GatedStreams { streams, .. } => streams,
         }
     }
 }
@@ -101,6 +110,9 @@ impl LayerSpec {
         match self.residual {
             ResidualKind::Plain => 0,
             ResidualKind::HyperConnections { streams, .. } => (2 * streams + 1) * hidden + 2 * (2 + streams) * streams,
+            // The normed streams and their gates, the block's input and
+            // output, the low-rank row and the injection weights.
+            ResidualKind::GatedStreams { streams, lowrank } => (2 * streams + 2) * hidden + lowrank + streams,
         }
     }
 
@@ -127,14 +139,22 @@ impl LayerSpec {
                 let rope = if mla.rope.is_some() { "" } else { ", no rope" };
                 format!("mla {} heads, {} latent{rope}{index}", mla.num_heads, mla.dims.latent_dim())
             }
-            MixerSpec::GatedDeltaNet(gdn) => format!(
-                "gated deltanet {} k / {} v heads x {}/{}, conv {}",
-                gdn.dims.num_k_heads,
-                gdn.dims.num_v_heads,
-                gdn.dims.head_k_dim,
-                gdn.dims.head_v_dim,
-                gdn.dims.conv_kernel
-            ),
+            MixerSpec::GatedDeltaNet(gdn) => {
+                let d = gdn.dims;
+                match d.projections {
+                    // One head count for q, k and v, and d_k = d_v.
+                    GdnProjections::Kimi => {
+                        format!(
+                            "kimi delta attention {} heads x {}, conv {}",
+                            d.num_v_heads, d.head_k_dim, d.conv_kernel
+                        )
+                    }
+                    GdnProjections::Grouped | GdnProjections::Split => format!(
+                        "gated deltanet {} k / {} v heads x {}/{}, conv {}",
+                        d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, d.conv_kernel
+                    ),
+                }
+            }
             MixerSpec::SharedKv(sk) => {
                 let compression = match sk.compression {
                     None => String::new(),
@@ -184,6 +204,7 @@ impl LayerSpec {
         let streams = match self.residual {
             ResidualKind::Plain => String::new(),
             ResidualKind::HyperConnections { streams, .. } => format!("; {streams} hyper-connection streams"),
+            ResidualKind::GatedStreams { streams, .. } => format!("; {streams} gated residual streams"),
         };
         format!("{mixer}; {ffn}; {state}{streams}")
     }

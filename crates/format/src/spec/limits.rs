@@ -152,8 +152,14 @@ fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
         }
         FfnSpec::Moe(moe) => sizes.extend(moe_sizes(moe)),
     }
-    if let ResidualKind::HyperConnections { streams, sinkhorn_iters, .. } = layer.residual {
-        sizes.extend([("hc_mult", streams, MAX_STREAMS), ("hc_sinkhorn_iters", sinkhorn_iters, MAX_SINKHORN_ITERS)]);
+    match layer.residual {
+        ResidualKind::Plain => {}
+        ResidualKind::HyperConnections { streams, sinkhorn_iters, .. } => {
+            sizes.extend([("hc_mult", streams, MAX_STREAMS), ("hc_sinkhorn_iters", sinkhorn_iters, MAX_SINKHORN_ITERS)])
+        }
+        ResidualKind::GatedStreams { streams, lowrank } => {
+            sizes.extend([("hc_count", streams, MAX_STREAMS), ("hc_lowrank", lowrank, MAX_INTERMEDIATE)])
+        }
     }
     sizes
 }

@@ -73,7 +73,13 @@ impl NormKind {
 
 impl ResidualKind {
     fn validate(&self) -> Result<()> {
-        let ResidualKind::HyperConnections { streams, eps, .. } = *self else { return Ok(()) };
+        let (streams, eps) = match *self {
+            ResidualKind::Plain => return Ok(()),
+            ResidualKind::GatedStreams { streams, lowrank } => {
+                return positive(&[("hc_count", streams), ("hc_lowrank", lowrank)]);
+            }
+            ResidualKind::HyperConnections { streams, eps, .. } => (streams, eps),
+        };
         positive(&[("hc_mult", streams)])?;
         if !(eps.is_finite() && eps >= 0.0) {
             return Err(Error::invalid("hc_eps", "must be finite and >= 0"));

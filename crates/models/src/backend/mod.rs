@@ -122,6 +122,22 @@ pub struct HyperConnection {
     pub norm_eps: f32,
 }
 
+/// One block's gated residual, or the final mixer of gated residual
+/// streams (`strata_format::ResidualKind::GatedStreams`).
+#[derive(Debug, Clone, Copy)]
+pub struct GatedResidual {
+    pub streams: usize,
+    /// `hc_norm`, `[streams · hidden]`, applied as `1 + w` per stream.
+    pub norm: VectorHandle,
+    /// `[lowrank, streams · hidden]`.
+    pub down: MatrixHandle,
+    /// `[streams · hidden, lowrank]`.
+    pub up: MatrixHandle,
+    /// `[streams, streams · hidden]`; `None` for the final mixer.
+    pub inject: Option<MatrixHandle>,
+    pub norm_eps: f32,
+}
+
 /// What a hyper-connection's mix hands its combine: each token's `post`
 /// (`[tokens, streams]`) and `comb` (`[tokens, streams, streams]`).
 pub struct StreamWeights {
@@ -140,6 +156,9 @@ pub enum StreamHead {
     /// the streams normed without weight (DeepSeek V4): `mixes` `[streams,
     /// streams · hidden]`, `base` `[streams]`, `scale` `[1]`.
     Sigmoid { streams: usize, mixes: MatrixHandle, base: VectorHandle, scale: VectorHandle, eps: f32, norm_eps: f32 },
+    /// The gated mix of the streams without injection (Qwen3.8-Flash-Next's
+    /// `hyper_connection_mixer`).
+    Gated(GatedResidual),
 }
 
 impl StreamHead {
@@ -148,6 +167,7 @@ impl StreamHead {
         match *self {
             StreamHead::One => 1,
             StreamHead::Mean { streams } | StreamHead::Sigmoid { streams, .. } => streams,
+            StreamHead::Gated(gated) => gated.streams,
         }
     }
 }
@@ -591,6 +611,23 @@ impl Backend {
     pub fn hyper_combine(&self, hc: &HyperConnection, weights: &StreamWeights, out: &[f32], streams: &mut [f32]) {
         match self {
             Backend::Cpu(cpu) => cpu.hyper_combine(hc, weights, out, streams),
+        }
+    }
+
+    /// A gated residual's block input from the streams (`[tokens, streams,
+    /// hidden]`) into `input` (`[tokens, hidden]`), and each token's
+    /// injection weights (`[tokens, streams]`) for [`Self::gated_combine`].
+    pub fn gated_mix(&self, rt: &Runtime<'_>, gated: &GatedResidual, streams: &[f32], input: &mut [f32]) -> Vec<f32> {
+        match self {
+            Backend::Cpu(cpu) => cpu.gated_mix(rt.threads, gated, streams, input),
+        }
+    }
+
+    /// The block's output `out` (`[tokens, hidden]`) into every stream,
+    /// times the stream's injection weight.
+    pub fn gated_combine(&self, gated: &GatedResidual, injection: &[f32], out: &[f32], streams: &mut [f32]) {
+        match self {
+            Backend::Cpu(_) => cpu::Cpu::gated_combine(gated, injection, out, streams),
         }
     }
 

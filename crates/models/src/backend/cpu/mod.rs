@@ -6,9 +6,14 @@
 mod attend;
 mod compress;
 mod delta;
+mod gated_hyper;
 mod hyper;
 mod index;
 mod latent;
+// Qwen3.8-Flash-Next's QSA, checked against transformers; the attention
+// layer calls it once the family lands (docs/qwen4_exp.md).
+#[allow(dead_code)]
+mod qsa;
 mod route;
 mod shared_kv;
 
@@ -25,8 +30,8 @@ use strata_sched::{ExpertFfn, LayerStats, MoeBatch, Route, gated_ffn};
 use strata_tier::ExpertStore;
 
 use super::{
-    AttendJob, AttnShape, CompressJob, DeltaJob, DeltaKind, Device, ExpertFfnKind, HyperConnection, IndexJob,
-    IndexShape, LatentJob, LatentShape, MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, SharedKvJob,
+    AttendJob, AttnShape, CompressJob, DeltaJob, DeltaKind, Device, ExpertFfnKind, GatedResidual, HyperConnection,
+    IndexJob, IndexShape, LatentJob, LatentShape, MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, SharedKvJob,
     SharedKvShape, StreamHead, StreamWeights, TableHandle, VectorHandle,
 };
 use crate::error::Result;
@@ -223,13 +228,39 @@ impl Cpu {
         hyper::combine(hc.streams, hidden, &weights.post, &weights.comb, out, streams);
     }
 
+    fn gated_mixer(&self, gated: &GatedResidual) -> gated_hyper::GatedMixer<'_> {
+        gated_hyper::GatedMixer {
+            streams: gated.streams,
+            norm: self.vector(gated.norm),
+            down: self.matrix(gated.down),
+            up: self.matrix(gated.up),
+            inject: gated.inject.map(|inject| self.matrix(inject)),
+            norm_eps: gated.norm_eps,
+        }
+    }
+
+    pub fn gated_mix(&self, threads: &Threads, gated: &GatedResidual, streams: &[f32], input: &mut [f32]) -> Vec<f32> {
+        assert!(gated.inject.is_some(), "a block's gated residual injects its output");
+        gated_hyper::mix(threads, &self.gated_mixer(gated), streams, input)
+    }
+
+    pub fn gated_combine(gated: &GatedResidual, injection: &[f32], out: &[f32], streams: &mut [f32]) {
+        gated_hyper::combine(gated.streams, injection, out, streams);
+    }
+
     pub fn collapse_streams(&self, threads: &Threads, head: &StreamHead, streams: Vec<f32>, hidden: usize) -> Vec<f32> {
         let mut out = match *head {
             StreamHead::One => return streams,
-            StreamHead::Mean { .. } | StreamHead::Sigmoid { .. } => vec![0.0f32; streams.len() / head.streams()],
+            StreamHead::Mean { .. } | StreamHead::Sigmoid { .. } | StreamHead::Gated(_) => {
+                vec![0.0f32; streams.len() / head.streams()]
+            }
         };
         match *head {
             StreamHead::One => {}
+            StreamHead::Gated(gated) => {
+                let injection = gated_hyper::mix(threads, &self.gated_mixer(&gated), &streams, &mut out);
+                assert!(injection.is_empty(), "the final mixer injects nothing");
+            }
             StreamHead::Mean { streams: n } => hyper::mean_head(n, hidden, &streams, &mut out),
             StreamHead::Sigmoid { streams: n, mixes, base, scale, eps, norm_eps } => {
                 let head = hyper::SigmoidHead {
