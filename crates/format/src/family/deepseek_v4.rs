@@ -7,9 +7,11 @@
 //! around every block. Two ropes: plain `rope_theta` on sliding layers,
 //! `compress_rope_theta` (YaRN) on compressed ones.
 //!
-//! Only the names `save_pretrained` writes are read: the hub's original
-//! spelling (`layers.{i}.attn.wq_a`, fused renames of several parts per
-//! tensor) is not (docs/deepseek_v4.md).
+//! Tensors are read under transformers' in-memory names, the names its
+//! `save_pretrained` writes (`model.layers.{i}.attn.wq_a`, `head.weight`:
+//! several parts of one name renamed) and the hub's (the same without the
+//! `model.` prefix, `embed`, `norm`, `hc_head_*`); export writes
+//! `save_pretrained`'s.
 
 use serde_json::{Map, Value, json};
 
@@ -52,6 +54,48 @@ const KNOWN: Known = Known {
     unused_tensors: &["mtp.*"],
     extra_layers_unused: false,
 };
+
+/// transformers' conversion mapping for `deepseek_v4` (conversion_mapping.py)
+/// run backwards: the in-memory names Strata reads, spelled as
+/// `save_pretrained` writes them. The order matters: the indexer's own
+/// projections and the compressors' gates are renamed before the general
+/// `.self_attn.` and `.gate_proj.` renames would take them.
+const SAVED_AS: &[(&str, &str)] = &[
+    (".self_attn.compressor.indexer.scorer.weights_proj.", ".attn.indexer.weights_proj."),
+    (".self_attn.compressor.indexer.q_b_proj.", ".attn.indexer.wq_b."),
+    (".compressor.indexer.", ".indexer.compressor."),
+    (".compressor.gate_proj.", ".compressor.wgate."),
+    (".self_attn.", ".attn."),
+    (".mlp.", ".ffn."),
+    (".kv_norm.", ".norm."),
+    (".position_bias", ".ape"),
+    (".q_a_proj.", ".wq_a."),
+    (".q_b_proj.", ".wq_b."),
+    (".kv_proj.", ".wkv."),
+    (".o_a_proj.", ".wo_a."),
+    (".o_b_proj.", ".wo_b."),
+    (".q_a_norm.", ".q_norm."),
+    (".gate.e_score_correction_bias", ".gate.bias"),
+    (".gate_proj.", ".w1."),
+    (".down_proj.", ".w2."),
+    (".up_proj.", ".w3."),
+    (".sinks", ".attn_sink"),
+    (".input_layernorm.", ".attn_norm."),
+    (".post_attention_layernorm.", ".ffn_norm."),
+    ("lm_head.", "head."),
+    ("model.hc_head_", "model.hc_head.hc_"),
+];
+
+/// The hub's checkpoints: the saved names with the top-level ones renamed
+/// and no `model.` prefix.
+const HUB_ALIASES: &[(&str, &str)] = &[
+    ("model.embed_tokens.", "embed."),
+    ("model.hc_head.hc_", "hc_head_"),
+    ("model.layers.", "layers."),
+    ("model.norm.", "norm."),
+];
+
+const NAMING: Naming = Naming { aliases: HUB_ALIASES, saved_as: SAVED_AS, ..HF_NAMING };
 
 /// Prefixes of DeepSeek V4.1's config keys (`engram_layer_ids`,
 /// `kv_source_layers`, `index_source_layers`, `candidate_topk_blocks`, as
@@ -279,7 +323,7 @@ impl FamilyDef for DeepseekV4 {
     }
 
     fn naming(&self) -> &'static Naming {
-        &HF_NAMING
+        &NAMING
     }
 
     fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {

@@ -132,11 +132,13 @@ pub(crate) struct Naming {
     /// An expert's gate, up and down projections, e.g. `gate_proj`.
     pub expert_projections: [&'static str; 3],
     /// `(canonical, stored)`: a checkpoint may spell the part `canonical`
-    /// of a tensor name as `stored` instead.
+    /// of a tensor name, or of its saved spelling, as `stored` instead (one
+    /// part per alias).
     pub aliases: &'static [(&'static str, &'static str)],
-    /// `(canonical, saved)`: parts of canonical names that transformers'
-    /// `save_pretrained` spells `saved`; export writes that spelling, and
-    /// a checkpoint may store it (an alias too).
+    /// `(canonical, saved)`: how transformers' `save_pretrained` spells
+    /// canonical names, each part renamed in turn (in order, every
+    /// occurrence, so several parts of one name can change together);
+    /// export writes that spelling, and a checkpoint may store it.
     pub saved_as: &'static [(&'static str, &'static str)],
 }
 
