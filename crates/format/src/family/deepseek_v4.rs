@@ -301,6 +301,13 @@ fn refuse_unsupported(root: &Map<String, Value>, cfg: &Fields<'_>) -> Result<()>
     if cfg.bool("attention_bias")? == Some(true) {
         return Err(Error::invalid("attention_bias", "DeepSeek V4's attention has no biases"));
     }
+    if let Some(shared) = cfg.usize("n_shared_experts")?
+        && shared != 1
+    {
+        // DeepseekV4MLP is one expert `moe_intermediate_size` wide (its
+        // config maps `intermediate_size` there), whatever the count says.
+        return Err(Error::invalid("n_shared_experts", format!("{shared}: DeepSeek V4 has one shared expert")));
+    }
     if let Some(kv_heads) = cfg.usize("num_key_value_heads")?
         && kv_heads != 1
     {
@@ -363,21 +370,13 @@ impl FamilyDef for DeepseekV4 {
             compression: None,
         };
         let expert_width = cfg.usize("moe_intermediate_size")?.unwrap_or(EXPERT_WIDTH);
-        let shared_width =
-            cfg.usize("n_shared_experts")?.unwrap_or(1).checked_mul(expert_width).ok_or_else(|| {
-                Error::invalid("n_shared_experts", "n_shared_experts × moe_intermediate_size overflows")
-            })?;
         let scaling = cfg.f64("routed_scaling_factor")?.unwrap_or(ROUTED_SCALING);
         let moe = MoeBlock {
             num_experts: cfg.usize("n_routed_experts")?.unwrap_or(NUM_EXPERTS),
             top_k: cfg.usize("num_experts_per_tok")?.unwrap_or(TOP_K),
             intermediate_size: expert_width,
             router: RouterKind::SqrtSoftplus { scaling },
-            shared: if shared_width == 0 {
-                SharedExperts::None
-            } else {
-                SharedExperts::Plain { intermediate_size: shared_width }
-            },
+            shared: SharedExperts::Plain { intermediate_size: expert_width },
             experts: ExpertKind::SwiGlu,
             swiglu: SwiGlu::Limited { limit: cfg.f64("swiglu_limit")?.unwrap_or(SWIGLU_LIMIT) as f32 },
         };
@@ -476,10 +475,6 @@ impl FamilyDef for DeepseekV4 {
             RouterKind::SqrtSoftplus { scaling } | RouterKind::Hash { scaling } => scaling,
             _ => ROUTED_SCALING,
         };
-        let shared_experts = match moe.shared {
-            SharedExperts::Plain { intermediate_size } => intermediate_size / moe.intermediate_size.max(1),
-            _ => 0,
-        };
         let SwiGlu::Limited { limit: swiglu_limit } = moe.swiglu else { return Value::Null };
         let indexer =
             indexer.unwrap_or(CompressedIndexer { n_heads: INDEX_N_HEADS, head_dim: INDEX_HEAD_DIM, topk: INDEX_TOPK });
@@ -502,7 +497,7 @@ impl FamilyDef for DeepseekV4 {
             ("moe_intermediate_size", json!(moe.intermediate_size)),
             ("n_routed_experts", json!(moe.num_experts)),
             ("num_experts_per_tok", json!(moe.top_k)),
-            ("n_shared_experts", json!(shared_experts)),
+            ("n_shared_experts", json!(1)),
             ("scoring_func", json!("sqrtsoftplus")),
             ("routed_scaling_factor", json!(scaling)),
             ("swiglu_limit", json!(crate::spec::f32_to_json(swiglu_limit))),

@@ -122,6 +122,9 @@ fn what_the_v4_model_cannot_run_is_refused_naming_the_key() {
         ("compress_ratios", json!([0, 4])),
         ("mlp_layer_types", json!(["moe", "dense"])),
         ("layer_types", json!(["full_attention"])),
+        // transformers builds one shared expert whatever the count says.
+        ("n_shared_experts", json!(0)),
+        ("n_shared_experts", json!(2)),
     ];
     for (key, value) in cases {
         let mut config = flash();
