@@ -15,6 +15,7 @@
 
 mod deepseek_v3;
 mod deepseek_v4;
+mod glm5_next;
 mod glm_moe_dsa;
 mod gpt_oss;
 mod gqa;
@@ -81,6 +82,11 @@ pub enum Family {
     /// ones, the DeepSeek-V3 MoE.
     #[serde(rename = "kimi_linear")]
     KimiLinear,
+    /// GLM-5.3-Flash: bounded Kimi Delta Attention layers between unrotated
+    /// MLA ones sparse through a pooled DSA indexer, hyper-connections,
+    /// clamped SwiGLU, in a multimodal wrapper.
+    #[serde(rename = "glm5_next")]
+    Glm5Next,
 }
 
 /// What a family file provides.
@@ -154,7 +160,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 11] = [
+    pub const ALL: [Family; 12] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -166,6 +172,7 @@ impl Family {
         Family::GptOss,
         Family::KimiLinear,
         Family::DeepseekV4,
+        Family::Glm5Next,
     ];
 
     /// The registry: the file that describes this family.
@@ -182,6 +189,7 @@ impl Family {
             Family::GptOss => &gpt_oss::GptOss,
             Family::KimiLinear => &kimi_linear::KimiLinear,
             Family::DeepseekV4 => &deepseek_v4::DeepseekV4,
+            Family::Glm5Next => &glm5_next::Glm5Next,
         }
     }
 
