@@ -139,7 +139,7 @@ impl Residual {
             ResidualKind::Plain => return Ok(Residual::Plain),
             ResidualKind::AttentionResiduals { block_size } => {
                 let mix = load_attn_res(b, spec, norm_eps, names::attn_res_names(spec, layer, site))?;
-                let starts_block = site == HyperSite::Attention && layer % block_size == 0;
+                let starts_block = site == HyperSite::Attention && layer.is_multiple_of(block_size);
                 return Ok(Residual::AttnRes { mix, starts_block });
             }
             ResidualKind::GatedStreams { streams, lowrank } => {
