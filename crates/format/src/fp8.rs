@@ -56,10 +56,10 @@ pub fn e4m3_to_f32(byte: u8) -> f32 {
     E4M3[byte as usize]
 }
 
-/// One float8 e8m0 (UE8M0, a power of two) scale: `2^(byte - 127)`, 255 NaN.
-pub fn e8m0_to_f32(byte: u8) -> f32 {
-    if byte == 255 { f32::NAN } else { 2f32.powi(i32::from(byte) - 127) }
-}
+/// One float8 e8m0 (UE8M0, a power of two) scale: `2^(byte - 127)`. The
+/// kernels' decoding, so block-scaled float8 and MXFP4 read a scale alike;
+/// 255 gives infinity, which the converter's finiteness check refuses.
+pub use strata_kernels::mxfp4::e8m0_to_f32;
 
 /// How a tensor's scales cover it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,6 +133,8 @@ mod tests {
         assert!(e4m3_to_f32(0x7F).is_nan() && e4m3_to_f32(0xFF).is_nan());
         assert_eq!(e8m0_to_f32(127), 1.0);
         assert_eq!(e8m0_to_f32(120), 2f32.powi(-7));
+        assert_eq!(e8m0_to_f32(0), 2f32.powi(-127));
+        assert!(!e8m0_to_f32(255).is_finite());
     }
 
     #[test]

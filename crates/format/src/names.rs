@@ -171,6 +171,29 @@ pub fn gated_head_names(core: &CoreSpec) -> [String; 3] {
     [norm, down, up].map(|part| format!("{}hyper_connection_mixer.{part}", naming(core).model_prefix))
 }
 
+/// The norm `[hidden]` and score projection `[1, hidden]` of layer
+/// `layer`'s Attention Residuals mix before `site`
+/// ([`ResidualKind::AttentionResiduals`]), as Kimi K3 names them.
+pub fn attn_res_names(core: &CoreSpec, layer: usize, site: HyperSite) -> [String; 2] {
+    let block = match site {
+        HyperSite::Attention => "self_attention",
+        HyperSite::Ffn => "mlp",
+    };
+    ["norm", "proj"].map(|part| layer_tensor(core, layer, &format!("{block}_res_{part}.weight")))
+}
+
+/// The Attention Residuals mix before the final norm: its norm and score
+/// projection, under the model prefix.
+pub fn attn_res_head_names(core: &CoreSpec) -> [String; 2] {
+    ["norm", "proj"].map(|part| format!("{}output_attn_res_{part}.weight", naming(core).model_prefix))
+}
+
+/// An Attention Residuals mix's norm `[hidden]` and projection `[1, hidden]`.
+fn push_attn_res(hidden: usize, [norm, proj]: [String; 2], push: &mut impl FnMut(String, Vec<usize>, TensorKind)) {
+    push(norm, vec![hidden], TensorKind::HyperConnection);
+    push(proj, vec![1, hidden], TensorKind::HyperConnection);
+}
+
 /// A gated residual's norm, `down` and `up`, over `width = streams · hidden`.
 fn push_gated(
     width: usize,
@@ -379,6 +402,11 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
                 push(scale, vec![3], TensorKind::HyperConnection);
             }
         }
+        if let ResidualKind::AttentionResiduals { .. } = blocks.residual {
+            for site in [HyperSite::Attention, HyperSite::Ffn] {
+                push_attn_res(h, attn_res_names(core, layer, site), &mut push);
+            }
+        }
         if let ResidualKind::GatedStreams { streams, lowrank } = blocks.residual {
             for site in [HyperSite::Attention, HyperSite::Ffn] {
                 let [norm, down, up, inject] = gated_residual_names(core, layer, site);
@@ -386,6 +414,9 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
                 push(inject, vec![streams, streams * h], TensorKind::HyperConnection);
             }
         }
+    }
+    if let ResidualKind::AttentionResiduals { .. } = arch.residual() {
+        push_attn_res(h, attn_res_head_names(core), &mut push);
     }
     if let ResidualKind::GatedStreams { streams, lowrank } = arch.residual() {
         push_gated(streams * h, lowrank, gated_head_names(core), &mut push);

@@ -111,6 +111,33 @@ pub fn situ_mul(gate: &mut [f32], up: &[f32], beta: f32, linear_beta: f32) {
     scalar::situ_mul(gate, up, beta, linear_beta);
 }
 
+/// Kimi K3's Attention Residuals mix of one token: `out = Σ_s softmax_s(proj
+/// · rmsnorm(v_s)) · v_s` over its sources `v_s` (the block snapshots, then
+/// the running partial sum), `rmsnorm` with weight `norm` and `eps`. The
+/// scores are a learned query against each normed source, so the mix can
+/// reach back to any earlier block in place of the plain residual's sum.
+///
+/// # Panics
+/// If there is no source, or a source, `norm` or `proj` is not as long as
+/// `out`.
+pub fn attn_res_mix(sources: &[&[f32]], norm: &[f32], proj: &[f32], eps: f32, out: &mut [f32]) {
+    assert!(!sources.is_empty(), "a mix reads at least the partial sum");
+    assert_eq!(proj.len(), out.len(), "one projection weight per hidden value");
+    let mut normed = vec![0.0f32; out.len()];
+    let mut weights: Vec<f32> = sources
+        .iter()
+        .map(|source| {
+            rmsnorm(source, norm, eps, &mut normed);
+            dot(proj, &normed)
+        })
+        .collect();
+    softmax_inplace(&mut weights);
+    out.fill(0.0);
+    for (&weight, source) in weights.iter().zip(sources) {
+        axpy(weight, source, out);
+    }
+}
+
 /// gpt-oss's clamped SwiGLU over interleaved gate/up columns (see
 /// [`scalar::clamped_swiglu_interleaved`]); scalar only, like [`silu_mul`].
 ///

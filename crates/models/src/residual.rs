@@ -24,13 +24,18 @@
 //! Gated residual streams (Qwen3.8-Flash-Next) are wrapped the same way:
 //! the mix keeps each token's injection weights, and the combine adds the
 //! slot to every stream times its weight; the head is the mix itself.
+//! Attention Residuals (Kimi K3) keep one stream, the running partial sum,
+//! and the block snapshots beside it: the mix weighs the snapshots and the
+//! partial sum into a fresh input; the slot is the partial sum, except where
+//! a block starts (then a fresh slot, and the combine keeps the partial sum
+//! as a snapshot and the slot as the new partial sum). The head is a mix.
 
 use std::borrow::Cow;
 
 use strata_format::names::{self, HyperSite};
 use strata_format::{CoreSpec, HyperHead, ResidualKind};
 
-use crate::backend::{Backend, GatedResidual, HyperConnection, Runtime, StreamHead, StreamWeights};
+use crate::backend::{AttnResMix, Backend, GatedResidual, HyperConnection, Runtime, StreamHead, StreamWeights};
 use crate::error::Result;
 
 /// The hidden states of a pass, `[tokens, streams, hidden]`.
@@ -40,6 +45,9 @@ pub struct Streams {
     hidden: usize,
     /// A hyper-connection's mix waiting for its block's output.
     mixed: Option<Mixed>,
+    /// Attention Residuals' finished blocks, each `[tokens, hidden]`, the
+    /// embeddings first; `rows` is the running partial sum.
+    snapshots: Vec<Vec<f32>>,
 }
 
 /// What a mix of several streams keeps for its combine.
@@ -54,6 +62,8 @@ enum MixWeights {
     Hyper(StreamWeights),
     /// Each token's injection weight per stream, `[tokens, streams]`.
     Gated(Vec<f32>),
+    /// None: the partial sum becomes a snapshot and the slot replaces it.
+    Snapshot,
 }
 
 impl Streams {
@@ -67,7 +77,7 @@ impl Streams {
             1 => embeddings,
             _ => embeddings.chunks_exact(hidden).flat_map(|row| row.repeat(streams)).collect(),
         };
-        Self { rows, streams, hidden, mixed: None }
+        Self { rows, streams, hidden, mixed: None, snapshots: Vec::new() }
     }
 
     /// The final hidden states, `[tokens, hidden]`, the streams collapsed
@@ -75,7 +85,20 @@ impl Streams {
     pub fn collapse(self, rt: &Runtime<'_>, b: &Backend, head: &StreamHead) -> Vec<f32> {
         assert_eq!(self.streams, head.streams(), "the head collapses the stack's streams");
         assert!(self.mixed.is_none(), "every mix was combined");
+        if let StreamHead::AttnRes(mix) = head {
+            let mut out = vec![0.0f32; self.rows.len()];
+            b.attn_res_mix(mix, &self.snapshots, &self.rows, &mut out);
+            return out;
+        }
         b.collapse_streams(rt, head, self.rows, self.hidden)
+    }
+
+    /// Ends an Attention Residuals block: the partial sum becomes the
+    /// newest snapshot, and `partial` (`[tokens, hidden]`) the partial sum.
+    fn snapshot(&mut self, partial: Vec<f32>) {
+        assert_eq!(partial.len(), self.rows.len(), "the new partial sum has the old one's rows");
+        let finished = std::mem::replace(&mut self.rows, partial);
+        self.snapshots.push(finished);
     }
 
     /// Rows of the pass.
@@ -94,6 +117,10 @@ pub enum Residual {
     Hyper(HyperConnection),
     /// Gated residual streams: this block's weights.
     Gated(GatedResidual),
+    /// Attention Residuals: this block's mix, and whether its output starts
+    /// a block (the attention of a layer whose index is a multiple of the
+    /// block size).
+    AttnRes { mix: AttnResMix, starts_block: bool },
 }
 
 impl Residual {
@@ -110,6 +137,11 @@ impl Residual {
     ) -> Result<Self> {
         let (streams, sinkhorn_iters, eps) = match kind {
             ResidualKind::Plain => return Ok(Residual::Plain),
+            ResidualKind::AttentionResiduals { block_size } => {
+                let mix = load_attn_res(b, spec, norm_eps, names::attn_res_names(spec, layer, site))?;
+                let starts_block = site == HyperSite::Attention && layer.is_multiple_of(block_size);
+                return Ok(Residual::AttnRes { mix, starts_block });
+            }
             ResidualKind::GatedStreams { streams, lowrank } => {
                 let [norm, down, up, inject] = names::gated_residual_names(spec, layer, site);
                 let mut gated = load_gated(b, spec, streams, lowrank, norm_eps, [norm, down, up])?;
@@ -134,7 +166,7 @@ impl Residual {
     /// The streams a stack of this residual carries.
     pub fn streams(self) -> usize {
         match self {
-            Residual::Plain => 1,
+            Residual::Plain | Residual::AttnRes { .. } => 1,
             Residual::Hyper(hc) => hc.streams,
             Residual::Gated(gated) => gated.streams,
         }
@@ -147,13 +179,20 @@ impl Residual {
         assert_eq!(streams.streams, self.streams(), "the stack carries this residual's streams");
         match self {
             Residual::Plain => Cow::Borrowed(&streams.rows),
+            Residual::AttnRes { mix, starts_block } => {
+                let mut input = vec![0.0f32; streams.rows.len()];
+                b.attn_res_mix(&mix, &streams.snapshots, &streams.rows, &mut input);
+                streams.mixed = starts_block
+                    .then(|| Mixed { weights: MixWeights::Snapshot, slot: vec![0.0f32; streams.rows.len()] });
+                Cow::Owned(input)
+            }
             Residual::Hyper(_) | Residual::Gated(_) => {
                 let width = streams.tokens() * streams.hidden;
                 let mut input = vec![0.0f32; width];
                 let weights = match self {
                     Residual::Hyper(hc) => MixWeights::Hyper(b.hyper_mix(rt, &hc, &streams.rows, &mut input)),
                     Residual::Gated(gated) => MixWeights::Gated(b.gated_mix(rt, &gated, &streams.rows, &mut input)),
-                    Residual::Plain => unreachable!("the plain residual mixes nothing"),
+                    Residual::Plain | Residual::AttnRes { .. } => unreachable!("mixed above"),
                 };
                 streams.mixed = Some(Mixed { weights, slot: vec![0.0f32; width] });
                 Cow::Owned(input)
@@ -164,8 +203,8 @@ impl Residual {
     /// Where the block adds its output, `[tokens, hidden]`.
     pub fn slot(self, streams: &mut Streams) -> &mut [f32] {
         match self {
-            Residual::Plain => &mut streams.rows,
-            Residual::Hyper(_) | Residual::Gated(_) => {
+            Residual::Plain | Residual::AttnRes { starts_block: false, .. } => &mut streams.rows,
+            Residual::Hyper(_) | Residual::Gated(_) | Residual::AttnRes { starts_block: true, .. } => {
                 &mut streams.mixed.as_mut().expect("a block's slot follows its mix").slot
             }
         }
@@ -175,8 +214,8 @@ impl Residual {
     /// the slot was the stream).
     pub fn combine(self, b: &Backend, streams: &mut Streams) {
         match self {
-            Residual::Plain => {}
-            Residual::Hyper(_) | Residual::Gated(_) => {
+            Residual::Plain | Residual::AttnRes { starts_block: false, .. } => {}
+            Residual::Hyper(_) | Residual::Gated(_) | Residual::AttnRes { starts_block: true, .. } => {
                 let Mixed { weights, slot } = streams.mixed.take().expect("a block's combine follows its mix");
                 match (self, weights) {
                     (Residual::Hyper(hc), MixWeights::Hyper(weights)) => {
@@ -185,6 +224,7 @@ impl Residual {
                     (Residual::Gated(gated), MixWeights::Gated(injection)) => {
                         b.gated_combine(&gated, &injection, &slot, &mut streams.rows)
                     }
+                    (Residual::AttnRes { .. }, MixWeights::Snapshot) => streams.snapshot(slot),
                     _ => unreachable!("a residual combines its own mix"),
                 }
             }
@@ -198,6 +238,9 @@ impl Residual {
 pub fn load_head(b: &mut Backend, spec: &CoreSpec, kind: ResidualKind, norm_eps: f32) -> Result<StreamHead> {
     let (streams, eps, head) = match kind {
         ResidualKind::Plain => return Ok(StreamHead::One),
+        ResidualKind::AttentionResiduals { .. } => {
+            return Ok(StreamHead::AttnRes(load_attn_res(b, spec, norm_eps, names::attn_res_head_names(spec))?));
+        }
         ResidualKind::GatedStreams { streams, lowrank } => {
             let gated = load_gated(b, spec, streams, lowrank, norm_eps, names::gated_head_names(spec))?;
             return Ok(StreamHead::Gated(gated));
@@ -218,6 +261,13 @@ pub fn load_head(b: &mut Backend, spec: &CoreSpec, kind: ResidualKind, norm_eps:
             }
         }
     })
+}
+
+/// An Attention Residuals mix's norm and score projection, registered (the
+/// projection is the hub's `[1, hidden]`, read as `[hidden]`).
+fn load_attn_res(b: &mut Backend, spec: &CoreSpec, norm_eps: f32, [norm, proj]: [String; 2]) -> Result<AttnResMix> {
+    let hidden = spec.hidden_size;
+    Ok(AttnResMix { norm: b.vector(&norm, hidden)?, proj: b.vector(&proj, hidden)?, norm_eps })
 }
 
 /// A gated residual's norm, `down` and `up`, registered; no `inject` (the
@@ -252,6 +302,15 @@ mod tests {
         assert_eq!((streams.tokens(), residual.streams()), (2, 1));
         residual.slot(&mut streams).iter_mut().for_each(|x| *x += 0.5);
         assert_eq!(streams.rows, [1.5, 2.5, 3.5, 4.5]);
+    }
+
+    #[test]
+    fn an_attention_residuals_block_end_keeps_the_partial_sum_as_a_snapshot_and_restarts_it() {
+        let mut streams = Streams::expand(1, vec![1.0, 2.0, 3.0, 4.0], 2);
+        streams.snapshot(vec![0.5, 0.5, 0.25, 0.25]);
+        streams.snapshot(vec![9.0, 8.0, 7.0, 6.0]);
+        assert_eq!(streams.snapshots, [vec![1.0, 2.0, 3.0, 4.0], vec![0.5, 0.5, 0.25, 0.25]]);
+        assert_eq!(streams.rows, [9.0, 8.0, 7.0, 6.0]);
     }
 
     #[test]

@@ -55,13 +55,22 @@ pub enum ResidualKind {
     /// streams)`. The streams never mix with each other; the head is the
     /// same mix without injection (`hyper_connection_mixer`).
     GatedStreams { streams: usize, lowrank: usize },
+    /// Attention Residuals (Kimi K3): one running partial sum and the
+    /// snapshots of finished blocks, the embeddings the first. Each block's
+    /// input is a mix of the snapshots and the partial sum, weighted by a
+    /// softmax of `proj · RMSNorm(v)` (a norm and projection per block, and
+    /// one before the final norm). A layer whose index is a multiple of
+    /// `block_size` (`attn_res_block_size`) snapshots the partial sum after
+    /// its attention's mix read it, and its attention output starts the
+    /// next; every other output adds to the partial sum.
+    AttentionResiduals { block_size: usize },
 }
 
 impl ResidualKind {
     /// Copies of the hidden state the stack carries.
     pub fn streams(&self) -> usize {
         match *self {
-            ResidualKind::Plain => 1,
+            ResidualKind::Plain | ResidualKind::AttentionResiduals { .. } => 1,
             ResidualKind::HyperConnections { streams, .. } | ResidualKind::GatedStreams { streams, .. } => streams,
         }
     }
@@ -113,6 +122,9 @@ impl LayerSpec {
             // The normed streams and their gates, the block's input and
             // output, the low-rank row and the injection weights.
             ResidualKind::GatedStreams { streams, lowrank } => (2 * streams + 2) * hidden + lowrank + streams,
+            // The block's input and a restarted partial sum; the snapshots,
+            // one per block, grow with the stack and are not counted here.
+            ResidualKind::AttentionResiduals { .. } => 2 * hidden,
         }
     }
 
@@ -208,6 +220,9 @@ impl LayerSpec {
             ResidualKind::Plain => String::new(),
             ResidualKind::HyperConnections { streams, .. } => format!("; {streams} hyper-connection streams"),
             ResidualKind::GatedStreams { streams, .. } => format!("; {streams} gated residual streams"),
+            ResidualKind::AttentionResiduals { block_size } => {
+                format!("; attention residuals every {block_size} layers")
+            }
         };
         format!("{mixer}; {ffn}; {state}{streams}")
     }

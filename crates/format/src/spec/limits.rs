@@ -156,6 +156,7 @@ fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
     }
     match layer.residual {
         ResidualKind::Plain => {}
+        ResidualKind::AttentionResiduals { block_size } => sizes.push(("attn_res_block_size", block_size, MAX_LAYERS)),
         ResidualKind::HyperConnections { streams, sinkhorn_iters, .. } => {
             sizes.extend([("hc_mult", streams, MAX_STREAMS), ("hc_sinkhorn_iters", sinkhorn_iters, MAX_SINKHORN_ITERS)])
         }

@@ -677,3 +677,45 @@ fn gated_residual_streams_and_low_rank_are_bounded() {
         assert!(err.contains(field), "{streams} streams, rank {lowrank}: {err}");
     }
 }
+
+/// OLMoE's two layers with Attention Residuals (Kimi K3's).
+fn attention_residuals(block_size: usize) -> ModelArch {
+    let mut arch = ModelArch::from_config_json(OLMOE_5X).unwrap();
+    arch.layers.iter_mut().for_each(|layer| layer.residual = ResidualKind::AttentionResiduals { block_size });
+    arch
+}
+
+#[test]
+fn attention_residual_mixes_are_named_as_kimi_k3_names_every_blocks_and_the_heads() {
+    let arch = attention_residuals(2);
+    arch.validate().unwrap();
+    let hidden = arch.core.hidden_size;
+    let mixes: Vec<_> = crate::names::dense_tensors(&arch)
+        .into_iter()
+        .filter(|t| t.kind == crate::TensorKind::HyperConnection)
+        .collect();
+    let shape = |name: &str| mixes.iter().find(|t| t.name == name).map(|t| t.shape.clone());
+    for layer in 0..arch.layers.len() {
+        for block in ["self_attention", "mlp"] {
+            assert_eq!(shape(&format!("model.layers.{layer}.{block}_res_norm.weight")), Some(vec![hidden]));
+            assert_eq!(shape(&format!("model.layers.{layer}.{block}_res_proj.weight")), Some(vec![1, hidden]));
+        }
+    }
+    assert_eq!(shape("model.output_attn_res_norm.weight"), Some(vec![hidden]));
+    assert_eq!(shape("model.output_attn_res_proj.weight"), Some(vec![1, hidden]));
+    assert_eq!(mixes.len(), 4 * arch.layers.len() + 2);
+    assert_eq!(arch.residual().streams(), 1, "the snapshots are not streams");
+    assert!(
+        arch.layers[0].describe().ends_with("; attention residuals every 2 layers"),
+        "{}",
+        arch.layers[0].describe()
+    );
+}
+
+#[test]
+fn an_attention_residuals_block_size_is_positive_and_bounded() {
+    for block_size in [0, MAX_LAYERS + 1] {
+        let err = attention_residuals(block_size).validate().unwrap_err().to_string();
+        assert!(err.contains("attn_res_block_size"), "{block_size}: {err}");
+    }
+}

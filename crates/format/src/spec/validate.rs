@@ -75,6 +75,7 @@ impl ResidualKind {
     fn validate(&self) -> Result<()> {
         let (streams, eps) = match *self {
             ResidualKind::Plain => return Ok(()),
+            ResidualKind::AttentionResiduals { block_size } => return positive(&[("attn_res_block_size", block_size)]),
             ResidualKind::GatedStreams { streams, lowrank } => {
                 return positive(&[("hc_count", streams), ("hc_lowrank", lowrank)]);
             }

@@ -1,6 +1,7 @@
-//! Kimi K3's MXFP4 tensors, SiTU-GLU and latent MoE against its PyTorch reference
-//! (`testdata/kimi_k3/*.npy`, written by `xtask/fixtures/kimi_k3_ref.py`):
-//! the kernels composed as the reference composes its blocks.
+//! Kimi K3's MXFP4 tensors, SiTU-GLU, latent MoE and Attention Residuals
+//! mix against its PyTorch reference (`testdata/kimi_k3/*.npy`, written by
+//! `xtask/fixtures/kimi_k3_ref.py`): the kernels composed as the reference
+//! composes its blocks.
 
 use super::gdn::assert_all_close;
 use crate::quant::QuantFormat;
@@ -132,4 +133,26 @@ fn the_reference_s_packed_mxfp4_tensors_are_its_weight() {
         kept.matvec_with(isa, &x, &mut got);
         assert_all_close(&got, &want, TORCH_REL_TOL, &format!("{isa:?}"));
     }
+}
+
+/// One Attention Residuals mix over two snapshots and the partial sum, of
+/// magnitudes apart so the softmax weighs them unevenly.
+#[test]
+fn the_attention_residuals_mix_matches_kimi_k3_s_reference() {
+    let [(_, eps), (_, norm), (_, proj), (_, want)] =
+        ["eps", "norm", "proj", "out"].map(|name| load(&format!("attn_res_{name}")));
+    let (shape, sources) = load("attn_res_sources");
+    let [count, tokens, hidden] = shape[..] else { panic!("sources shape {shape:?}") };
+    let mut got = vec![0.0f32; tokens * hidden];
+    for (t, out) in got.chunks_exact_mut(hidden).enumerate() {
+        let rows: Vec<&[f32]> = (0..count).map(|s| &sources[(s * tokens + t) * hidden..][..hidden]).collect();
+        ops::attn_res_mix(&rows, &norm, &proj, eps[0], out);
+    }
+    assert_all_close(&got, &want, TORCH_REL_TOL, "attention residuals mix");
+}
+
+#[test]
+#[should_panic(expected = "at least the partial sum")]
+fn an_attention_residuals_mix_of_no_source_is_refused() {
+    ops::attn_res_mix(&[], &[1.0], &[1.0], 1e-5, &mut [0.0]);
 }

@@ -129,6 +129,17 @@ pub enum ExpertFfnKind {
     Clamped { alpha: f32, limit: f32, gate_bias: VectorHandle, up_bias: VectorHandle, down_bias: VectorHandle },
 }
 
+/// One Attention Residuals mix's weights (Kimi K3,
+/// `strata_format::ResidualKind::AttentionResiduals`): the sources' norm
+/// `[hidden]` and the score projection `[hidden]`.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnResMix {
+    pub norm: VectorHandle,
+    pub proj: VectorHandle,
+    /// The norm's (the layer norms' `rms_norm_eps`).
+    pub norm_eps: f32,
+}
+
 /// One block's hyper-connection (mHC): its weights and constants
 /// (`strata_format::ResidualKind::HyperConnections`).
 #[derive(Debug, Clone, Copy)]
@@ -185,6 +196,10 @@ pub enum StreamHead {
     /// The gated mix of the streams without injection (Qwen3.8-Flash-Next's
     /// `hyper_connection_mixer`).
     Gated(GatedResidual),
+    /// Attention Residuals' mix of the snapshots and the partial sum (Kimi
+    /// K3's `output_attn_res`), which `Streams::collapse` makes itself: the
+    /// snapshots are not among the streams.
+    AttnRes(AttnResMix),
 }
 
 impl HyperConnection {
@@ -221,7 +236,7 @@ impl StreamHead {
     /// The streams it collapses.
     pub fn streams(&self) -> usize {
         match *self {
-            StreamHead::One => 1,
+            StreamHead::One | StreamHead::AttnRes(_) => 1,
             StreamHead::Mean { streams } | StreamHead::Sigmoid { streams, .. } => streams,
             StreamHead::Gated(gated) => gated.streams,
         }
@@ -695,6 +710,15 @@ impl Backend {
     /// per token, `[tokens, hidden]`.
     pub fn collapse_streams(&self, rt: &Runtime<'_>, head: &StreamHead, streams: Vec<f32>, hidden: usize) -> Vec<f32> {
         self.host().collapse_streams(rt.threads, &head.on_host(), streams, hidden)
+    }
+
+    /// One Attention Residuals mix of every token: `input` (`[tokens,
+    /// hidden]`) from the block snapshots and the partial sum, each
+    /// `[tokens, hidden]`.
+    pub fn attn_res_mix(&self, mix: &AttnResMix, snapshots: &[Vec<f32>], partial: &[f32], input: &mut [f32]) {
+        match self {
+            Backend::Cpu(cpu) => cpu.attn_res_mix(mix, snapshots, partial, input),
+        }
     }
 
     /// Scales `xs` by the sigmoids of `gates`, each gate over

@@ -30,9 +30,9 @@ use strata_sched::{ExpertFfn, LayerStats, MoeBatch, Route, gated_ffn};
 use strata_tier::ExpertStore;
 
 use super::{
-    AttendJob, AttnShape, CompressJob, DeltaJob, DeltaKind, Device, ExpertFfnKind, GatedResidual, HyperConnection,
-    IndexJob, IndexShape, LatentJob, LatentShape, MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, SharedKvJob,
-    SharedKvShape, StreamHead, StreamWeights, TableHandle, VectorHandle,
+    AttendJob, AttnResMix, AttnShape, CompressJob, DeltaJob, DeltaKind, Device, ExpertFfnKind, GatedResidual,
+    HyperConnection, IndexJob, IndexShape, LatentJob, LatentShape, MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec,
+    SharedKvJob, SharedKvShape, StreamHead, StreamWeights, TableHandle, VectorHandle,
 };
 use crate::error::Result;
 use crate::rope::Angles;
@@ -247,12 +247,13 @@ impl Cpu {
     pub fn collapse_streams(&self, threads: &Threads, head: &StreamHead, streams: Vec<f32>, hidden: usize) -> Vec<f32> {
         let mut out = match *head {
             StreamHead::One => return streams,
+            StreamHead::AttnRes(_) => unreachable!("Streams::collapse mixes the attention residuals' head"),
             StreamHead::Mean { .. } | StreamHead::Sigmoid { .. } | StreamHead::Gated(_) => {
                 vec![0.0f32; streams.len() / head.streams()]
             }
         };
         match *head {
-            StreamHead::One => {}
+            StreamHead::One | StreamHead::AttnRes(_) => {}
             StreamHead::Gated(gated) => {
                 let injection = gated_hyper::mix(threads, &self.gated_mixer(&gated), &streams, &mut out);
                 assert!(injection.is_empty(), "the final mixer injects nothing");
@@ -271,6 +272,18 @@ impl Cpu {
             }
         }
         out
+    }
+
+    pub fn attn_res_mix(&self, mix: &AttnResMix, snapshots: &[Vec<f32>], partial: &[f32], input: &mut [f32]) {
+        let (norm, proj) = (self.vector(mix.norm), self.vector(mix.proj));
+        let hidden = norm.len();
+        assert!(snapshots.iter().all(|s| s.len() == partial.len()), "every snapshot has the partial sum's rows");
+        for (t, out) in input.chunks_exact_mut(hidden).enumerate() {
+            let rows = hidden * t..hidden * (t + 1);
+            let sources: Vec<&[f32]> =
+                snapshots.iter().map(Vec::as_slice).chain([partial]).map(|source| &source[rows.clone()]).collect();
+            ops::attn_res_mix(&sources, norm, proj, mix.norm_eps, out);
+        }
     }
 
     pub fn sigmoid_gate(&self, xs: &mut [f32], gates: &[f32]) {
@@ -480,6 +493,27 @@ mod tests {
     fn rows_cols(c: &Container, name: &str) -> (usize, usize) {
         let m = c.dense(name).expect("stored");
         (m.rows, m.cols)
+    }
+
+    /// Two snapshots and the partial sum, `[tokens, hidden]` each, mixed
+    /// token by token as Kimi K3's reference mixes them.
+    #[test]
+    fn an_attention_residuals_mix_of_every_token_matches_kimi_k3_s_reference() {
+        let (_dir, c) = olmoe();
+        let mut b = Backend::cpu(c);
+        let load = |name: &str| fixture("kimi_k3", &format!("attn_res_{name}")).1;
+        let (shape, sources) = fixture("kimi_k3", "attn_res_sources");
+        let [_, tokens, hidden] = shape[..] else { panic!("sources shape {shape:?}") };
+        let sources: Vec<Vec<f32>> = sources.chunks_exact(tokens * hidden).map(<[f32]>::to_vec).collect();
+        let (partial, snapshots) = sources.split_last().expect("the partial sum");
+        let mix = AttnResMix {
+            norm: b.upload_vector(load("norm")),
+            proj: b.upload_vector(load("proj")),
+            norm_eps: load("eps")[0],
+        };
+        let mut input = vec![0.0f32; tokens * hidden];
+        b.attn_res_mix(&mix, snapshots, partial, &mut input);
+        assert_close(&input, &load("out"), "attention residuals mix");
     }
 
     #[test]
