@@ -229,7 +229,7 @@ impl StreamHead {
                 StreamHead::Sigmoid { streams, mixes: mixes.on_host(), base, scale, eps, norm_eps }
             }
             StreamHead::Gated(gated) => StreamHead::Gated(gated.on_host()),
-            StreamHead::One | StreamHead::Mean { .. } => *self,
+            StreamHead::One | StreamHead::Mean { .. } | StreamHead::AttnRes(_) => *self,
         }
     }
 
@@ -716,9 +716,7 @@ impl Backend {
     /// hidden]`) from the block snapshots and the partial sum, each
     /// `[tokens, hidden]`.
     pub fn attn_res_mix(&self, mix: &AttnResMix, snapshots: &[Vec<f32>], partial: &[f32], input: &mut [f32]) {
-        match self {
-            Backend::Cpu(cpu) => cpu.attn_res_mix(mix, snapshots, partial, input),
-        }
+        self.host().attn_res_mix(mix, snapshots, partial, input)
     }
 
     /// Scales `xs` by the sigmoids of `gates`, each gate over
