@@ -236,9 +236,8 @@ impl Engine {
         };
         // MTP layers' experts are read through the same store and budget.
         let arch = container.arch();
-        let sources = (0..arch.layers.len() + arch.mtp.len())
-            .map(|layer| expert_source(&container, layer))
-            .collect::<Result<Vec<_>>>()?;
+        let sources =
+            (0..arch.stored_layers()).map(|layer| expert_source(&container, layer)).collect::<Result<Vec<_>>>()?;
         let model = strata_models::load(Arc::clone(&container))?;
         let prefill_chunk_tokens = match options.prefill_chunk_tokens {
             Some(0) => {
@@ -648,7 +647,7 @@ fn plan_budget(
 fn trace_writer(path: &Path, container: &Container, content_hash: &str) -> Result<TraceWriter> {
     let arch = container.arch();
     let record_bytes = container.manifest().expert_layers.first().map_or(0, |l| l.record_bytes);
-    let header = TraceHeader::new(content_hash, arch.layers.len() + arch.mtp.len(), arch.num_experts(), record_bytes);
+    let header = TraceHeader::new(content_hash, arch.stored_layers(), arch.num_experts(), record_bytes);
     Ok(TraceWriter::create(path, header)?)
 }
 

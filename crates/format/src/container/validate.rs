@@ -249,7 +249,7 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
         )));
     }
     let shapes = names::expert_shapes(&arch);
-    let mut expert_layouts: Vec<Option<ExpertLayout>> = vec![None; arch.layers.len() + arch.mtp.len()];
+    let mut expert_layouts: Vec<Option<ExpertLayout>> = vec![None; arch.stored_layers()];
     let mut seen_files = HashSet::new();
     for (entry, &layer) in m.expert_layers.iter().zip(&moe_layers) {
         let what = format!("expert layer {}", entry.layer);

@@ -94,6 +94,12 @@ impl ModelArch {
         self.layers.get(l).or_else(|| self.mtp.get(l.checked_sub(self.layers.len())?))
     }
 
+    /// Layers of the container, the stack's and then the MTP layers: the
+    /// indices [`ModelArch::layer`] answers for.
+    pub fn stored_layers(&self) -> usize {
+        self.layers.len() + self.mtp.len()
+    }
+
     /// Every layer index with routed experts, MTP layers included,
     /// ascending: one expert file each.
     pub fn expert_layers(&self) -> Vec<usize> {
