@@ -49,6 +49,11 @@ pub enum Command {
         /// Replace OUT_DIR if it exists.
         #[arg(long)]
         overwrite: bool,
+        /// Leave out the multi-token-prediction layers (kept, never below
+        /// q8, where the checkpoint has them: the draft heads of
+        /// speculative decoding).
+        #[arg(long)]
+        no_mtp: bool,
     },
     /// Describe a container: family, shapes, sizes, quantization, hashes.
     #[command(after_help = "Example:\n  strata info --model allenai/OLMoE-1B-7B-0125-Instruct --verify")]

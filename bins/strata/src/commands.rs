@@ -19,11 +19,12 @@ pub fn run(cli: Cli) -> Result<()> {
         Ok(resolve_model(dir.as_deref(), &cache_dir, std::io::stderr().is_terminal(), &allowed)?.container_dir)
     };
     match cli.command {
-        Command::Convert { hf_dir, out_dir, quant, q4_group, overwrite } => {
+        Command::Convert { hf_dir, out_dir, quant, q4_group, overwrite, no_mtp } => {
             let preset: QuantPreset = quant.parse()?;
             let options = ConvertOptions {
                 overwrite,
                 q4_group,
+                drop_mtp: no_mtp,
                 progress: true,
                 allow_unknown_config: allowed.clone(),
                 ..ConvertOptions::new(preset)

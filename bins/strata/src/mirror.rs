@@ -53,7 +53,7 @@ fn planned(
     files: &[strata_tier::LayerFile],
 ) -> Result<Vec<PlannedFile>> {
     let usage_file = args.usage_file.clone().unwrap_or_else(|| model_dir.join(USAGE_FILE_NAME));
-    let experts_per_layer: Vec<usize> = (0..container.arch().layers.len())
+    let experts_per_layer: Vec<usize> = (0..container.arch().stored_layers())
         .map(|layer| container.expert_layout(layer).map_or(0, |layout| layout.num_experts))
         .collect();
     let (usage, warning) = Usage::load(&usage_file, container.content_hash(), &experts_per_layer)?;

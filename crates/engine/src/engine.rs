@@ -237,9 +237,10 @@ impl Engine {
             Some(n) => n,
             None => core.max_position_embeddings.clamp(1, CONTEXT_TOKENS_DEFAULT_MAX),
         };
-        let sources = (0..container.arch().layers.len())
-            .map(|layer| expert_source(&container, layer))
-            .collect::<Result<Vec<_>>>()?;
+        // MTP layers' experts are read through the same store and budget.
+        let arch = container.arch();
+        let sources =
+            (0..arch.stored_layers()).map(|layer| expert_source(&container, layer)).collect::<Result<Vec<_>>>()?;
         let model = strata_models::load_on(Arc::clone(&container), options.device)?;
         if let Some(summary) = model.device_summary() {
             // Said at start: what the device does not run stays on the CPU.
@@ -491,6 +492,22 @@ impl Engine {
         self.forward(tokens, &mut cache, Logits::All)
     }
 
+    /// The MTP layer's logits teacher-forced on `tokens`, `[n - 1, vocab]`:
+    /// row i drafts token i + 2 from the stack's hidden state at i and
+    /// token i + 1 (what transformers' `MtpModel` gives over the same).
+    pub fn draft_logits(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if tokens.len() < 2 {
+            return Err(Error::InvalidRequest("a draft needs at least 2 tokens".into()));
+        }
+        let (n, h) = (tokens.len(), self.arch().core.hidden_size);
+        self.run(|model, rt| {
+            let mut cache = model.new_cache(n);
+            let (_, hidden) = model.forward_hidden(rt, tokens, &mut cache)?;
+            let mut draft_cache = model.new_draft_cache(n);
+            Ok(model.draft(rt, &hidden[..(n - 1) * h], &tokens[1..], &mut draft_cache)?.logits)
+        })
+    }
+
     /// The most tokens one forward pass takes (see
     /// [`EngineOptions::prefill_chunk_tokens`]).
     pub fn prefill_chunk_tokens(&self) -> usize {
@@ -578,7 +595,7 @@ pub(crate) fn check_logits(logits: &[f32], vocab: usize, first_position: usize) 
 }
 
 fn expert_source(container: &Container, layer: usize) -> Result<Option<ExpertSource>> {
-    if container.arch().layers[layer].ffn.kind() != FfnKind::Moe {
+    if container.arch().layer(layer).is_none_or(|spec| spec.ffn.kind() != FfnKind::Moe) {
         return Ok(None);
     }
     let layout = container.expert_layout(layer)?;
@@ -643,7 +660,7 @@ fn plan_budget(
 fn trace_writer(path: &Path, container: &Container, content_hash: &str) -> Result<TraceWriter> {
     let arch = container.arch();
     let record_bytes = container.manifest().expert_layers.first().map_or(0, |l| l.record_bytes);
-    let header = TraceHeader::new(content_hash, arch.layers.len(), arch.num_experts(), record_bytes);
+    let header = TraceHeader::new(content_hash, arch.stored_layers(), arch.num_experts(), record_bytes);
     Ok(TraceWriter::create(path, header)?)
 }
 

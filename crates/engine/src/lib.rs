@@ -40,6 +40,7 @@ pub mod mirror;
 mod persist;
 mod sampler;
 mod session;
+mod speculate;
 
 pub use batch::{Admission, BatchLimits, BatchObserver, Batcher, Event, EventSink, Events, Job};
 pub use closing::CLOSING_TOKENS_MAX;
@@ -53,6 +54,7 @@ pub use error::{Error, Result};
 pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport, session_path, validate_session_name};
 pub use sampler::{Sampler, SamplingDefaults, SamplingOptions};
 pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
+pub use speculate::{SpeculationStats, SpeculativeOptions, SpeculativeReport};
 pub use strata_format::{CoreSpec, ModelArch};
 pub use strata_kernels::ActivationPrecision;
 pub use strata_kv::CutTail;

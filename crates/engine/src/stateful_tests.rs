@@ -13,7 +13,7 @@ use strata_kv::{LayerLayout, StatePart};
 use strata_models::SeqBatch;
 
 use super::*;
-use crate::{EngineOptions, GenerateOptions};
+use crate::{EngineOptions, GenerateOptions, SpeculativeOptions};
 
 /// Layer 0 keeps a row per token, layer 1 a state that every token folds
 /// into; the logits depend on both, so a wrong state or a missing row
@@ -23,10 +23,47 @@ struct Toy {
     /// A pass that would commit past this length fails after staging its
     /// state (a fault in the middle of a forward pass).
     fail_past_tokens: Arc<AtomicUsize>,
+    /// Its MTP layer drafts the stack's own choice, made wrong at every
+    /// draft-cache position that is a multiple of this (0: never).
+    wrong_draft_every: usize,
+}
+
+/// A toy hidden row: the state after the token, then the sum of the rows
+/// it attended to; the rest of the row is zero.
+const TOY_STATE: usize = 4;
+
+impl Toy {
+    /// The logits after a token whose state is `state` and rows sum to
+    /// `attended`.
+    fn logits_of(&self, state: &[f32], attended: f32) -> impl Iterator<Item = f32> {
+        let state_sum: f32 = state.iter().sum();
+        (0..self.spec.vocab_size).map(move |v| ((state_sum + attended) * (v as f32 + 1.0)).sin())
+    }
+
+    /// The stack's hidden row after `token`, from the row before it.
+    fn fold(&self, before: &[f32], token: u32) -> Vec<f32> {
+        let mut row = before.to_vec();
+        for (j, s) in row[..TOY_STATE].iter_mut().enumerate() {
+            *s = *s * 0.9 + (token as f32 + j as f32) * 0.01;
+        }
+        row[TOY_STATE] += token as f32 * 0.001 + 1.0;
+        row
+    }
 }
 
 impl Toy {
     fn pass(&self, tokens: &[u32], cache: &mut SequenceState, which: Logits) -> strata_models::Result<Vec<f32>> {
+        Ok(self.pass_hidden(tokens, cache, which)?.0)
+    }
+
+    /// [`Toy::pass`], with each token's hidden row.
+    fn pass_hidden(
+        &self,
+        tokens: &[u32],
+        cache: &mut SequenceState,
+        which: Logits,
+    ) -> strata_models::Result<(Vec<f32>, Vec<f32>)> {
+        let mut hidden = Vec::new();
         cache.reserve(tokens.len())?;
         let start = cache.len();
         let rows: Vec<f32> = tokens.iter().flat_map(|&t| [t as f32 * 0.001, 1.0]).collect();
@@ -37,17 +74,21 @@ impl Toy {
             for (j, s) in state.iter_mut().enumerate() {
                 *s = *s * 0.9 + (token as f32 + j as f32) * 0.01;
             }
-            let state_sum: f32 = state.iter().sum();
+            let state = state.to_vec();
+            let attended: f32 = cache.rows(0, 0, start + i + 1).iter().sum();
             if which == Logits::All || i + 1 == tokens.len() {
-                let attended: f32 = cache.rows(0, 0, start + i + 1).iter().sum();
-                out.extend((0..self.spec.vocab_size).map(|v| ((state_sum + attended) * (v as f32 + 1.0)).sin()));
+                out.extend(self.logits_of(&state, attended));
             }
+            let mut row = vec![0.0; self.spec.hidden_size];
+            row[..TOY_STATE].copy_from_slice(&state);
+            row[TOY_STATE] = attended;
+            hidden.extend(row);
         }
         if start + tokens.len() > self.fail_past_tokens.load(Ordering::Relaxed) {
             return Err(strata_models::Error::Unsupported("injected fault".into()));
         }
         cache.advance(tokens.len());
-        Ok(out)
+        Ok((out, hidden))
     }
 }
 
@@ -77,12 +118,62 @@ impl CausalLm for Toy {
     fn forward_batch(&self, _: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> strata_models::Result<Vec<Vec<f32>>> {
         seqs.iter_mut().map(|seq| self.pass(seq.tokens, seq.cache, Logits::Last)).collect()
     }
+
+    fn forward_hidden(
+        &self,
+        _: &Runtime<'_>,
+        tokens: &[u32],
+        cache: &mut SequenceState,
+    ) -> strata_models::Result<(Vec<f32>, Vec<f32>)> {
+        self.pass_hidden(tokens, cache, Logits::All)
+    }
+
+    fn mtp_layers(&self) -> usize {
+        1
+    }
+
+    fn new_draft_cache(&self, capacity_tokens: usize) -> SequenceState {
+        SequenceState::with_layers(vec![LayerLayout::new(vec![StatePart::Rows { dim: 1 }])], capacity_tokens)
+    }
+
+    /// Folds each next token into its hidden row as the stack would: the
+    /// draft is the stack's own choice, unless its position is made wrong.
+    fn draft(
+        &self,
+        _: &Runtime<'_>,
+        hidden: &[f32],
+        next: &[u32],
+        cache: &mut SequenceState,
+    ) -> strata_models::Result<strata_models::Draft> {
+        cache.reserve(next.len())?;
+        let (mut logits, mut out) = (Vec::new(), Vec::new());
+        for (row, &token) in hidden.chunks_exact(self.spec.hidden_size).zip(next) {
+            let folded = self.fold(row, token);
+            let mut row_logits: Vec<f32> = self.logits_of(&folded[..TOY_STATE], folded[TOY_STATE]).collect();
+            let position = cache.len() + out.len() / self.spec.hidden_size;
+            if self.wrong_draft_every > 0 && position.is_multiple_of(self.wrong_draft_every) {
+                let best = crate::sampler::argmax(&row_logits) as usize;
+                row_logits[best] = f32::MIN;
+            }
+            logits.extend(row_logits);
+            out.extend(folded);
+        }
+        cache.write(0, 0, &vec![0.0; next.len()]);
+        cache.advance(next.len());
+        Ok(strata_models::Draft { logits, hidden: out })
+    }
 }
 
 /// An engine over the olmoe test checkpoint with the toy model in place of
 /// its own, feeding at most `chunk` tokens a pass, and the toy's fault
 /// threshold.
 fn toy_engine(dir: &Path, chunk: usize) -> (Engine, Arc<AtomicUsize>) {
+    toy_drafting_engine(dir, chunk, 0)
+}
+
+/// [`toy_engine`] whose MTP layer drafts wrong at every position that is a
+/// multiple of `wrong_draft_every` (0: never).
+fn toy_drafting_engine(dir: &Path, chunk: usize, wrong_draft_every: usize) -> (Engine, Arc<AtomicUsize>) {
     let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/olmoe/hf");
     let model = dir.join("olmoe");
     if !model.exists() {
@@ -92,7 +183,7 @@ fn toy_engine(dir: &Path, chunk: usize) -> (Engine, Arc<AtomicUsize>) {
     let mut engine = Engine::open(&model, &options).unwrap();
     let spec = engine.core().clone();
     let fail_past_tokens = Arc::new(AtomicUsize::new(usize::MAX));
-    engine.model = Box::new(Toy { spec, fail_past_tokens: Arc::clone(&fail_past_tokens) });
+    engine.model = Box::new(Toy { spec, fail_past_tokens: Arc::clone(&fail_past_tokens), wrong_draft_every });
     (engine, fail_past_tokens)
 }
 
@@ -170,4 +261,30 @@ fn a_failed_pass_over_a_stateful_cache_leaves_it_as_it_was() {
     let mut fresh = engine.session();
     greedy(&mut fresh, &PROMPT, 2);
     assert_eq!(greedy(&mut session, &[], 4), greedy(&mut fresh, &[], 4), "the session goes on as if nothing failed");
+}
+
+/// Drafts accepted, partly or wholly, over a recurrent state: the tokens
+/// stay plain greedy decoding's, the rejected ones taken back by the
+/// state's undo and the kept ones run again.
+#[test]
+fn speculation_over_a_recurrent_state_gives_plain_greedy_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = greedy(&mut toy_engine(dir.path(), 64).0.session(), &PROMPT, 20);
+    for wrong_draft_every in [0, 2, 3] {
+        let (engine, _) = toy_drafting_engine(dir.path(), 64, wrong_draft_every);
+        for draft_tokens in 1..=3 {
+            let options = SpeculativeOptions { max_new_tokens: 20, draft_tokens, ignore_eos: true };
+            let report = engine.generate_speculative(&PROMPT, &options).unwrap();
+            let what = format!("wrong every {wrong_draft_every}, {draft_tokens} drafted: {:?}", report.stats);
+            assert_eq!(report.tokens, plain, "{what}");
+            let stats = &report.stats;
+            assert!(stats.accepted > 0, "{what}");
+            // Right drafts are all accepted but those past the length limit.
+            let unaccepted = stats.drafted - stats.accepted;
+            assert_eq!(unaccepted < draft_tokens, wrong_draft_every == 0, "{what}");
+            // A token from the prompt's pass, then one a verify pass with
+            // its accepted drafts (but none after drafts that end the run).
+            assert!((19..=20).contains(&(stats.verify_passes + stats.accepted)), "{what}");
+        }
+    }
 }

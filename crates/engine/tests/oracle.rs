@@ -358,3 +358,35 @@ fn a_gpu_run_is_bit_identical_for_any_vram_budget() {
         assert_eq!(bits(&some.logits(&r.prompt).unwrap()), want, "a VRAM budget of {budget_bytes} bytes");
     }
 }
+
+/// DeepSeek-V3's MTP layer drafts as transformers' `MtpModel` does
+/// (testdata/deepseek_v3_mtp, from xtask/fixtures/mtp_ref.py): teacher-forced
+/// on the prompt, row i drafts token i + 2 from the stack's hidden state at
+/// i and token i + 1, within the oracle's tolerance at every preset (q8 and
+/// q4 against transformers on the container's dequantized weights, the
+/// MTP layer's experts q8 in both), and a tiny expert cache (the MTP
+/// layer's experts read through the same store) changes no bit.
+#[test]
+fn mtp_draft_logits_match_transformers_mtp_model_at_every_preset() {
+    let family = "deepseek_v3_mtp";
+    let text = std::fs::read_to_string(fixture(family).join("mtp_reference.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let prompt: Vec<u32> = json["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let presets = [
+        (QuantPreset::F32, "mtp_logits_f32.npy", 1e-3),
+        (QuantPreset::Q8, "mtp_logits_q8.npy", QUANT_TOLERANCE_STD),
+        (QuantPreset::Q4, "mtp_logits_q4.npy", QUANT_TOLERANCE_STD),
+    ];
+    for (preset, file, tolerance_std) in presets {
+        let (shape, want) = reference_logits(family, file);
+        assert_eq!(shape, [prompt.len() - 1, 256]);
+        let dir = convert(family, "hf", preset);
+        let got = engine(&dir, 1 << 30, 2).draft_logits(&prompt).unwrap();
+        let tolerance = tolerance_std * std_dev(&want);
+        let diff = max_abs_diff(&got, &want);
+        eprintln!("{family} {preset:?}: draft max |Δlogit| {diff:.3e} = {:.2e} std", diff / std_dev(&want));
+        assert!(diff <= tolerance, "{family} {preset:?}: draft max |Δlogit| {diff} > {tolerance}");
+        let tiny = engine(&dir, 16 << 10, 2).draft_logits(&prompt).unwrap();
+        assert!(tiny.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{preset:?}: a tiny cache changes it");
+    }
+}

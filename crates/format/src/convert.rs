@@ -48,6 +48,10 @@ pub struct ConvertOptions {
     /// (dotted paths, as the refusal names them): the explicit opt-out of
     /// [`crate::check_config_keys`].
     pub allow_unknown_config: Vec<String>,
+    /// Leave out the multi-token-prediction layers (the draft heads of
+    /// speculative decoding), which are otherwise kept where the checkpoint
+    /// holds them.
+    pub drop_mtp: bool,
 }
 
 impl ConvertOptions {
@@ -59,6 +63,7 @@ impl ConvertOptions {
             progress: false,
             overwrite: false,
             allow_unknown_config: Vec::new(),
+            drop_mtp: false,
         }
     }
 }
@@ -208,6 +213,13 @@ pub(crate) fn write_container(source: &dyn Source, out_dir: &Path, opts: &Conver
     // The architecture first: a model of another family is named as such.
     let arch = ModelArch::from_config_value(&config)?;
     crate::check_config_keys(&config, &opts.allow_unknown_config)?;
+    // MTP layers are kept where the checkpoint has them: transformers'
+    // save_pretrained drops them, so a config may declare layers its
+    // checkpoint lacks.
+    let arch = match names::mtp_probe(&arch) {
+        Some(probe) if !opts.drop_mtp && resolve_dense(source, &arch, &probe).is_ok() => arch,
+        _ => arch.without_mtp(),
+    };
     let read = tensors_read(source, &arch)?;
     let unread: BTreeSet<String> = source.tensor_names().into_iter().filter(|n| !read.contains(n)).collect();
     let unknown: Vec<String> =
@@ -227,7 +239,7 @@ pub(crate) fn write_container(source: &dyn Source, out_dir: &Path, opts: &Conver
         tmp: staging.tmp.clone(),
         bar: progress_bar(
             opts.progress,
-            (names::dense_tensors(&arch).len() + arch.moe_layers().len() * arch.num_experts()) as u64,
+            (names::dense_tensors(&arch).len() + arch.expert_layers().len() * arch.num_experts()) as u64,
         ),
     };
     let mut used: HashSet<String> = HashSet::new();
@@ -290,7 +302,7 @@ fn tensors_read(source: &dyn Source, arch: &ModelArch) -> Result<HashSet<String>
     for desc in names::dense_tensors(arch) {
         read.insert(resolve_dense(source, arch, &desc.name)?);
     }
-    for layer in arch.moe_layers() {
+    for layer in arch.expert_layers() {
         read.extend(source.expert_sources(arch, layer));
     }
     Ok(read)
@@ -372,14 +384,17 @@ impl Work<'_> {
         Ok((tensors, out.finish(DENSE_FILE)?))
     }
 
-    /// Writes one expert file per MoE layer.
+    /// Writes one expert file per MoE layer, MTP layers included.
     fn write_experts(&self, used: &mut HashSet<String>) -> Result<(Vec<ExpertLayerEntry>, Vec<FileEntry>)> {
         let arch = self.arch;
-        let format = self.opts.preset.expert_format();
-        let group = group_for(format, self.opts.q4_group);
         let mut layers = Vec::new();
         let mut files = Vec::new();
-        for layer in arch.moe_layers() {
+        for layer in arch.expert_layers() {
+            let format = match layer < arch.layers.len() {
+                true => self.opts.preset.expert_format(),
+                false => self.opts.preset.mtp_expert_format(),
+            };
+            let group = group_for(format, self.opts.q4_group);
             self.bar.set_message(format!("layer {layer}"));
             let file_name = expert_file_name(layer);
             let layout = ExpertLayout::compute(

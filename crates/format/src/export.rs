@@ -68,7 +68,7 @@ pub fn export(container_dir: impl AsRef<Path>, out_hf_dir: impl AsRef<Path>) -> 
     }
     let shapes = names::expert_shapes(arch);
     let ([inter, hidden], experts) = (shapes[0], arch.num_experts());
-    for layer in arch.moe_layers() {
+    for layer in arch.expert_layers() {
         if interleaved_layers.contains(&layer) {
             let [gate_up, gate_up_bias, down] = names::interleaved_expert_names(core, layer);
             let two_inter = 2 * inter;

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::family::Naming;
 use crate::spec::{
     Compression, CompressorState, CoreSpec, ExpertKind, FfnSpec, GdnProjections, GdnSpec, GqaSpec, HyperHead,
-    IndexerKind, MixerSpec, MlaAttention, ModelArch, QkNorm, ResidualKind, RouterKind, SharedExperts,
+    IndexerKind, LayerSpec, MixerSpec, MlaAttention, ModelArch, QkNorm, ResidualKind, RouterKind, SharedExperts,
     SharedKvAttention,
 };
 
@@ -189,18 +189,13 @@ pub fn attn_res_head_names(core: &CoreSpec) -> [String; 2] {
 }
 
 /// An Attention Residuals mix's norm `[hidden]` and projection `[1, hidden]`.
-fn push_attn_res(hidden: usize, [norm, proj]: [String; 2], push: &mut impl FnMut(String, Vec<usize>, TensorKind)) {
+fn push_attn_res(hidden: usize, [norm, proj]: [String; 2], push: &mut Push<'_>) {
     push(norm, vec![hidden], TensorKind::HyperConnection);
     push(proj, vec![1, hidden], TensorKind::HyperConnection);
 }
 
 /// A gated residual's norm, `down` and `up`, over `width = streams · hidden`.
-fn push_gated(
-    width: usize,
-    lowrank: usize,
-    [norm, down, up]: [String; 3],
-    push: &mut impl FnMut(String, Vec<usize>, TensorKind),
-) {
+fn push_gated(width: usize, lowrank: usize, [norm, down, up]: [String; 3], push: &mut Push<'_>) {
     push(norm, vec![width], TensorKind::HyperConnection);
     push(down, vec![lowrank, width], TensorKind::HyperConnection);
     push(up, vec![width, lowrank], TensorKind::HyperConnection);
@@ -338,7 +333,8 @@ pub fn saved_name(core: &CoreSpec, name: &str) -> String {
 }
 
 /// Every non-expert tensor of the model, in file order: embeddings, then each
-/// layer (norms, attention, MLP or router), then the final norm and lm_head.
+/// layer (norms, attention, MLP or router), then the final norm and lm_head,
+/// then the multi-token-prediction layers.
 pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
     let core = &arch.core;
     let h = core.hidden_size;
@@ -346,74 +342,7 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
     let mut push = |name: String, shape: Vec<usize>, kind: TensorKind| out.push(TensorDesc { name, shape, kind });
     push(embedding_name(core), vec![core.vocab_size, h], TensorKind::Embedding);
     for (layer, blocks) in arch.layers.iter().enumerate() {
-        let t = |suffix: &str| layer_tensor(core, layer, suffix);
-        push(t("input_layernorm.weight"), vec![h], TensorKind::Norm);
-        match &blocks.mixer {
-            MixerSpec::Gqa(gqa) => gqa_attention_tensors(core, gqa, layer, &mut push),
-            MixerSpec::Mla(mla) => mla_attention_tensors(core, mla, layer, &mut push),
-            MixerSpec::GatedDeltaNet(gdn) => gdn_tensors(core, gdn, layer, &mut push),
-            MixerSpec::SharedKv(sk) => shared_kv_tensors(core, sk, layer, &mut push),
-        }
-        push(t("post_attention_layernorm.weight"), vec![h], TensorKind::Norm);
-        match &blocks.ffn {
-            FfnSpec::Moe(moe) => {
-                push(router_name(core, layer), vec![moe.num_experts, h], TensorKind::Router);
-                match moe.router {
-                    RouterKind::GroupedSigmoid { .. } | RouterKind::SqrtSoftplus { .. } => {
-                        push(correction_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
-                    }
-                    RouterKind::TopKThenSoftmax => {
-                        push(router_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
-                    }
-                    RouterKind::Hash { .. } => {
-                        // Expert ids (integers in the checkpoint), f32 like a
-                        // router: exact below 2^24, far above any expert count.
-                        push(hash_table_name(core, layer), vec![core.vocab_size, moe.top_k], TensorKind::Router);
-                    }
-                    RouterKind::SoftmaxTopK { .. } => {}
-                }
-                if let ExpertKind::ClampedSwiGlu { .. } = moe.experts {
-                    let [gate, up, down] = expert_bias_names(core, layer);
-                    push(gate, vec![moe.num_experts, moe.intermediate_size], TensorKind::Bias);
-                    push(up, vec![moe.num_experts, moe.intermediate_size], TensorKind::Bias);
-                    push(down, vec![moe.num_experts, h], TensorKind::Bias);
-                }
-                match moe.shared {
-                    SharedExperts::None => {}
-                    SharedExperts::Plain { intermediate_size } => {
-                        swiglu_tensors(shared_expert_names(core, layer, moe.shared), h, intermediate_size, &mut push);
-                    }
-                    SharedExperts::Gated { intermediate_size } => {
-                        swiglu_tensors(shared_expert_names(core, layer, moe.shared), h, intermediate_size, &mut push);
-                        push(shared_expert_gate_name(core, layer), vec![1, h], TensorKind::Router);
-                    }
-                }
-            }
-            FfnSpec::Dense { intermediate_size, .. } => {
-                swiglu_tensors(dense_mlp_names(core, layer), h, *intermediate_size, &mut push);
-            }
-        }
-        if let ResidualKind::HyperConnections { streams, .. } = blocks.residual {
-            for site in [HyperSite::Attention, HyperSite::Ffn] {
-                let [mixes, base, scale] = hyper_connection_names(core, layer, site);
-                let width = (2 + streams) * streams;
-                push(mixes, vec![width, streams * h], TensorKind::HyperConnection);
-                push(base, vec![width], TensorKind::HyperConnection);
-                push(scale, vec![3], TensorKind::HyperConnection);
-            }
-        }
-        if let ResidualKind::AttentionResiduals { .. } = blocks.residual {
-            for site in [HyperSite::Attention, HyperSite::Ffn] {
-                push_attn_res(h, attn_res_names(core, layer, site), &mut push);
-            }
-        }
-        if let ResidualKind::GatedStreams { streams, lowrank } = blocks.residual {
-            for site in [HyperSite::Attention, HyperSite::Ffn] {
-                let [norm, down, up, inject] = gated_residual_names(core, layer, site);
-                push_gated(streams * h, lowrank, [norm, down, up], &mut push);
-                push(inject, vec![streams, streams * h], TensorKind::HyperConnection);
-            }
-        }
+        layer_tensors(core, layer, blocks, &mut push);
     }
     if let ResidualKind::AttentionResiduals { .. } = arch.residual() {
         push_attn_res(h, attn_res_head_names(core), &mut push);
@@ -431,7 +360,109 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
     if !core.tie_word_embeddings {
         push(lm_head_name(core), vec![core.vocab_size, h], TensorKind::LmHead);
     }
+    for (k, blocks) in arch.mtp.iter().enumerate() {
+        mtp_tensors(core, arch.layers.len() + k, blocks, &mut push);
+    }
     out
+}
+
+/// The first MTP layer's `eh_proj`: whether a checkpoint or container
+/// holds `arch`'s multi-token-prediction layers.
+pub fn mtp_probe(arch: &ModelArch) -> Option<String> {
+    (!arch.mtp.is_empty()).then(|| layer_tensor(&arch.core, arch.layers.len(), MTP_PROJECTION))
+}
+
+/// The projection of an MTP layer's joined embedding and hidden state.
+const MTP_PROJECTION: &str = "eh_proj.weight";
+
+/// A multi-token-prediction layer `layer`: DeepSeek-V3's `enorm` (the next
+/// token's embedding) and `hnorm` (the stack's hidden state), `eh_proj`
+/// over the two joined, the decoder layer `blocks`, and `shared_head.norm`
+/// before the model's own lm head. (Checkpoints also copy the embedding
+/// and lm head into each MTP layer; the model's own are read instead, as
+/// transformers' `MtpModel` does.)
+fn mtp_tensors(core: &CoreSpec, layer: usize, blocks: &LayerSpec, push: &mut Push<'_>) {
+    let h = core.hidden_size;
+    let t = |suffix: &str| layer_tensor(core, layer, suffix);
+    push(t("enorm.weight"), vec![h], TensorKind::Norm);
+    push(t("hnorm.weight"), vec![h], TensorKind::Norm);
+    push(t(MTP_PROJECTION), vec![h, 2 * h], TensorKind::Linear);
+    layer_tensors(core, layer, blocks, push);
+    push(t("shared_head.norm.weight"), vec![h], TensorKind::Norm);
+}
+
+/// One decoder layer's tensors: norms, attention, MLP or router and shared
+/// experts, residual streams.
+fn layer_tensors(core: &CoreSpec, layer: usize, blocks: &LayerSpec, push: &mut Push<'_>) {
+    let h = core.hidden_size;
+    let t = |suffix: &str| layer_tensor(core, layer, suffix);
+    push(t("input_layernorm.weight"), vec![h], TensorKind::Norm);
+    match &blocks.mixer {
+        MixerSpec::Gqa(gqa) => gqa_attention_tensors(core, gqa, layer, push),
+        MixerSpec::Mla(mla) => mla_attention_tensors(core, mla, layer, push),
+        MixerSpec::GatedDeltaNet(gdn) => gdn_tensors(core, gdn, layer, push),
+        MixerSpec::SharedKv(sk) => shared_kv_tensors(core, sk, layer, push),
+    }
+    push(t("post_attention_layernorm.weight"), vec![h], TensorKind::Norm);
+    match &blocks.ffn {
+        FfnSpec::Moe(moe) => {
+            push(router_name(core, layer), vec![moe.num_experts, h], TensorKind::Router);
+            match moe.router {
+                RouterKind::GroupedSigmoid { .. } | RouterKind::SqrtSoftplus { .. } => {
+                    push(correction_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
+                }
+                RouterKind::TopKThenSoftmax => {
+                    push(router_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
+                }
+                RouterKind::Hash { .. } => {
+                    // Expert ids (integers in the checkpoint), f32 like a
+                    // router: exact below 2^24, far above any expert count.
+                    push(hash_table_name(core, layer), vec![core.vocab_size, moe.top_k], TensorKind::Router);
+                }
+                RouterKind::SoftmaxTopK { .. } => {}
+            }
+            if let ExpertKind::ClampedSwiGlu { .. } = moe.experts {
+                let [gate, up, down] = expert_bias_names(core, layer);
+                push(gate, vec![moe.num_experts, moe.intermediate_size], TensorKind::Bias);
+                push(up, vec![moe.num_experts, moe.intermediate_size], TensorKind::Bias);
+                push(down, vec![moe.num_experts, h], TensorKind::Bias);
+            }
+            match moe.shared {
+                SharedExperts::None => {}
+                SharedExperts::Plain { intermediate_size } => {
+                    swiglu_tensors(shared_expert_names(core, layer, moe.shared), h, intermediate_size, push);
+                }
+                SharedExperts::Gated { intermediate_size } => {
+                    swiglu_tensors(shared_expert_names(core, layer, moe.shared), h, intermediate_size, push);
+                    push(shared_expert_gate_name(core, layer), vec![1, h], TensorKind::Router);
+                }
+            }
+        }
+        FfnSpec::Dense { intermediate_size, .. } => {
+            swiglu_tensors(dense_mlp_names(core, layer), h, *intermediate_size, push);
+        }
+    }
+    if let ResidualKind::HyperConnections { streams, .. } = blocks.residual {
+        for site in [HyperSite::Attention, HyperSite::Ffn] {
+            let [mixes, base, scale] = hyper_connection_names(core, layer, site);
+            let width = (2 + streams) * streams;
+            push(mixes, vec![width, streams * h], TensorKind::HyperConnection);
+            push(base, vec![width], TensorKind::HyperConnection);
+            push(scale, vec![3], TensorKind::HyperConnection);
+        }
+    }
+    if let ResidualKind::AttentionResiduals { .. } = blocks.residual {
+        for site in [HyperSite::Attention, HyperSite::Ffn] {
+            push_attn_res(h, attn_res_names(core, layer, site), push);
+        }
+    }
+    if let ResidualKind::GatedStreams { streams, lowrank } = blocks.residual {
+        for site in [HyperSite::Attention, HyperSite::Ffn] {
+            let [norm, down, up, inject] = gated_residual_names(core, layer, site);
+            push_gated(streams * h, lowrank, [norm, down, up], push);
+            push(inject, vec![streams, streams * h], TensorKind::HyperConnection);
+        }
+    }
 }
 
 type Push<'a> = dyn FnMut(String, Vec<usize>, TensorKind) + 'a;

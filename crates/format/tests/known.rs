@@ -132,13 +132,14 @@ fn a_tensor_no_block_reads_is_refused_naming_it() {
 #[test]
 fn tensors_the_family_knows_to_be_unused_are_left_out_without_a_word() {
     let tmp = tempfile::tempdir().unwrap();
-    // The fixture has 3 decoder layers: a fourth is its MTP module.
-    let known = ["model.layers.3.eh_proj.weight", "model.layers.0.self_attn.rotary_emb.inv_freq"];
+    // The fixture has 3 decoder layers: a fourth is its MTP module, whose
+    // copy of the embedding is not read (the model's own is).
+    let known = ["model.layers.3.embed_tokens.weight", "model.layers.0.self_attn.rotary_emb.inv_freq"];
     let hf = edited_fixture("deepseek_v3", &tmp.path().join("hf"), |_| {}, &known);
     let report = convert(&hf, tmp.path().join("out"), &f32_options()).unwrap();
     assert_eq!(
         report.ignored_tensors,
-        ["model.layers.0.self_attn.rotary_emb.inv_freq", "model.layers.3.eh_proj.weight"]
+        ["model.layers.0.self_attn.rotary_emb.inv_freq", "model.layers.3.embed_tokens.weight"]
     );
     // A tensor without elements computes nothing (transformers saves
     // n_shared_experts: 0 as shared experts of width 0).

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use strata_format::names::{self, HyperSite};
-use strata_format::{Container, CoreSpec, RopeSpec};
+use strata_format::{Container, CoreSpec, LayerSpec, RopeSpec};
 use strata_kv::{LayerLayout, SequenceState};
 use strata_sched::Guess;
 
@@ -22,11 +22,13 @@ use crate::backend::{Backend, DeviceRequest, MatrixHandle, StreamHead, TableHand
 use crate::error::{Error, Result};
 use crate::ffn::Ffn;
 use crate::lm::CausalLm;
-use crate::lm::Logits;
 use crate::lm::SeqBatch;
+use crate::lm::{Draft, Logits};
 use crate::norm::Norm;
 use crate::residual::{self, Residual, Streams};
 use crate::rope::{Angles, Rope};
+
+mod mtp;
 
 /// A loaded model: its layers' blocks over the backend's tensors.
 pub struct Decoder {
@@ -42,6 +44,9 @@ pub struct Decoder {
     head: StreamHead,
     final_norm: Norm,
     lm_head: MatrixHandle,
+    /// The multi-token-prediction layer that drafts, where the container
+    /// keeps one.
+    mtp: Option<mtp::Mtp>,
 }
 
 /// One decoder layer.
@@ -52,6 +57,81 @@ struct Layer {
     ffn_residual: Residual,
     post_attn_norm: Norm,
     ffn: Ffn,
+}
+
+impl Layer {
+    /// Layer `l`'s blocks as `layer` says, and what it keeps per sequence;
+    /// adds its rotary embedding to `ropes` if new.
+    fn load(
+        b: &mut Backend,
+        spec: &CoreSpec,
+        layer: &LayerSpec,
+        l: usize,
+        ropes: &mut Vec<(RopeSpec, Rope)>,
+    ) -> Result<(Self, LayerLayout)> {
+        let h = spec.hidden_size;
+        let mut norm = |suffix: &str| Norm::load(b, &names::layer_tensor(spec, l, suffix), layer.norm, h);
+        let (input_norm, post_attn_norm) = (norm("input_layernorm.weight")?, norm("post_attention_layernorm.weight")?);
+        let attention = Attention::load(b, spec, &layer.mixer, layer.norm, l)?;
+        if let Some(rope) = layer.mixer.rope()
+            && !ropes.iter().any(|(known, _)| known == rope)
+        {
+            ropes.push((*rope, Rope::new(rope, rope.rotary_dim)?));
+        }
+        // The engine budgets with the spec's derivation, never building
+        // the model: the blocks must keep exactly that.
+        let layout = attention.cache_layout();
+        assert_eq!(layout, strata_kv::layout_of(layer), "layer {l}: the blocks keep what the spec says");
+        let residual = |b: &mut Backend, site| Residual::load(b, spec, layer.residual, layer.norm.eps(), l, site);
+        let (attn_residual, ffn_residual) = (residual(b, HyperSite::Attention)?, residual(b, HyperSite::Ffn)?);
+        let ffn = Ffn::load(b, spec, &layer.ffn, l)?;
+        Ok((Self { attn_residual, input_norm, attention, ffn_residual, post_attn_norm, ffn }, layout))
+    }
+
+    /// The attention block over `streams`, added back into them; `cache_layer`
+    /// is its layer in the sequences' caches.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        rt: &Runtime<'_>,
+        b: &Backend,
+        cache_layer: usize,
+        streams: &mut Streams,
+        normed: &mut [f32],
+        pass: &mut Pass,
+        seqs: &mut [SeqBatch<'_>],
+    ) -> Result<()> {
+        let residual = self.attn_residual;
+        self.input_norm.apply(b, &residual.mix(rt, b, streams), normed);
+        let attn = self.attention.forward(rt, b, cache_layer, normed, pass, seqs)?;
+        residual.slot(streams).iter_mut().zip(&attn).for_each(|(x, y)| *x += y);
+        residual.combine(b, streams);
+        Ok(())
+    }
+
+    /// The FFN's input from `streams`, into `normed`.
+    fn ffn_input(&self, rt: &Runtime<'_>, b: &Backend, streams: &mut Streams, normed: &mut [f32]) {
+        self.post_attn_norm.apply(b, &self.ffn_residual.mix(rt, b, streams), normed);
+    }
+
+    /// The FFN over `normed` (from [`Layer::ffn_input`]), added back into
+    /// `streams`; `layer` is its layer in the expert store.
+    #[allow(clippy::too_many_arguments)]
+    fn add_ffn(
+        &self,
+        rt: &Runtime<'_>,
+        b: &Backend,
+        layer: usize,
+        (positions, tokens): (&[usize], &[u32]),
+        normed: &[f32],
+        streams: &mut Streams,
+        guess: Option<Guess<'_>>,
+    ) -> Result<()> {
+        let residual = self.ffn_residual;
+        self.ffn.add_to(rt, b, layer, positions, tokens, normed, residual.slot(streams), guess)?;
+        residual.combine(b, streams);
+        Ok(())
+    }
 }
 
 impl Decoder {
@@ -76,30 +156,9 @@ impl Decoder {
         let mut ropes: Vec<(RopeSpec, Rope)> = Vec::new();
         let mut cache_layouts = Vec::with_capacity(arch.layers.len());
         for (l, layer) in arch.layers.iter().enumerate() {
-            let mut norm = |suffix: &str| Norm::load(b, &names::layer_tensor(&spec, l, suffix), layer.norm, h);
-            let (input_norm, post_attn_norm) =
-                (norm("input_layernorm.weight")?, norm("post_attention_layernorm.weight")?);
-            let attention = Attention::load(b, &spec, &layer.mixer, layer.norm, l)?;
-            if let Some(rope) = layer.mixer.rope()
-                && !ropes.iter().any(|(known, _)| known == rope)
-            {
-                ropes.push((*rope, Rope::new(rope, rope.rotary_dim)?));
-            }
-            // The engine budgets with the spec's derivation, never building
-            // the model: the blocks must keep exactly that.
-            let layout = attention.cache_layout();
-            assert_eq!(layout, strata_kv::layout_of(layer), "layer {l}: the blocks keep what the spec says");
+            let (loaded, layout) = Layer::load(b, &spec, layer, l, &mut ropes)?;
+            layers.push(loaded);
             cache_layouts.push(layout);
-            let residual = |b: &mut Backend, site| Residual::load(b, &spec, layer.residual, layer.norm.eps(), l, site);
-            let (attn_residual, ffn_residual) = (residual(b, HyperSite::Attention)?, residual(b, HyperSite::Ffn)?);
-            layers.push(Layer {
-                attn_residual,
-                input_norm,
-                attention,
-                ffn_residual,
-                post_attn_norm,
-                ffn: Ffn::load(b, &spec, &layer.ffn, l)?,
-            });
         }
         if layers.is_empty() {
             return Err(Error::Unsupported("a model needs at least one layer".into()));
@@ -114,7 +173,18 @@ impl Decoder {
         let embed = b.table(&names::embedding_name(&spec), spec.vocab_size, h)?;
         let lm_head = b.matrix(&names::lm_head_name(&spec), spec.vocab_size, h)?;
         let final_norm = Norm::load(b, &names::final_norm_name(&spec), arch.core.final_norm, h)?;
-        Ok(Self { backend, spec, layers, ropes, cache_layouts, embed, head, final_norm, lm_head })
+        let mtp = match arch.mtp.as_slice() {
+            [] => None,
+            [layer] if head.streams() == 1 => Some(mtp::Mtp::load(b, &spec, layer, arch.layers.len(), &mut ropes)?),
+            more => {
+                return Err(Error::Unsupported(format!(
+                    "{} MTP layers over {} residual streams: Strata drafts with one over a plain residual",
+                    more.len(),
+                    head.streams()
+                )));
+            }
+        };
+        Ok(Self { backend, spec, layers, ropes, cache_layouts, embed, head, final_norm, lm_head, mtp })
     }
 
     /// The final hidden states (before the last norm) of every new row of
@@ -128,13 +198,8 @@ impl Decoder {
         let mut normed = vec![0.0f32; tokens.len() * self.spec.hidden_size];
         self.guess_first_layer(rt, &mut streams, &mut normed, &tokens)?;
         for (l, layer) in self.layers.iter().enumerate() {
-            let residual = layer.attn_residual;
-            layer.input_norm.apply(b, &residual.mix(rt, b, &mut streams), &mut normed);
-            let attn = layer.attention.forward(rt, b, l, &normed, &mut pass, seqs)?;
-            residual.slot(&mut streams).iter_mut().zip(&attn).for_each(|(x, y)| *x += y);
-            residual.combine(b, &mut streams);
-            let residual = layer.ffn_residual;
-            layer.post_attn_norm.apply(b, &residual.mix(rt, b, &mut streams), &mut normed);
+            layer.attend(rt, b, l, &mut streams, &mut normed, &mut pass, seqs)?;
+            layer.ffn_input(rt, b, &mut streams, &mut normed);
             // Look-ahead: the next layer's router on this layer's FFN input
             // guesses what it will read; the store starts those reads while
             // this layer computes. Only bytes move on a guess, never results.
@@ -143,8 +208,7 @@ impl Decoder {
                 _ => None,
             };
             let guess = predicted.as_deref().map(|experts| Guess { layer: l + 1, experts });
-            layer.ffn.add_to(rt, b, l, &positions, &tokens, &normed, residual.slot(&mut streams), guess)?;
-            residual.combine(b, &mut streams);
+            layer.add_ffn(rt, b, l, (&positions, &tokens), &normed, &mut streams, guess)?;
         }
         for seq in seqs.iter_mut() {
             seq.cache.advance(seq.tokens.len());
@@ -194,18 +258,22 @@ impl Decoder {
 
     /// The final norm and lm head over the rows of `x` that `which` asks for.
     fn logits(&self, rt: &Runtime<'_>, x: &[f32], which: Logits) -> Result<Vec<f32>> {
-        let (h, vocab_size) = (self.spec.hidden_size, self.spec.vocab_size);
+        let h = self.spec.hidden_size;
         let n = x.len() / h;
         let rows = match which {
             Logits::All => x,
             Logits::Last => &x[(n - 1) * h..],
         };
-        let m = rows.len() / h;
-        let mut normed = vec![0.0f32; m * h];
+        let mut normed = vec![0.0f32; rows.len()];
         self.final_norm.apply(&self.backend, rows, &mut normed);
-        let mut out = vec![0.0f32; m * vocab_size];
-        self.backend.matmul(rt, self.lm_head, &normed, &mut out);
-        Ok(out)
+        Ok(self.head_logits(rt, &normed))
+    }
+
+    /// The lm head over final-normed rows `[m, hidden]`.
+    fn head_logits(&self, rt: &Runtime<'_>, normed: &[f32]) -> Vec<f32> {
+        let mut out = vec![0.0f32; normed.len() / self.spec.hidden_size * self.spec.vocab_size];
+        self.backend.matmul(rt, self.lm_head, normed, &mut out);
+        out
     }
 }
 
@@ -239,6 +307,33 @@ impl CausalLm for Decoder {
         }
         let x = self.hidden_states(rt, &mut [SeqBatch { tokens, cache }])?;
         self.logits(rt, &x, logits)
+    }
+
+    fn forward_hidden(
+        &self,
+        rt: &Runtime<'_>,
+        tokens: &[u32],
+        cache: &mut SequenceState,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        if tokens.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let x = self.hidden_states(rt, &mut [SeqBatch { tokens, cache }])?;
+        let mut normed = vec![0.0f32; x.len()];
+        self.final_norm.apply(&self.backend, &x, &mut normed);
+        Ok((self.head_logits(rt, &normed), normed))
+    }
+
+    fn mtp_layers(&self) -> usize {
+        self.mtp.iter().count()
+    }
+
+    fn new_draft_cache(&self, capacity_tokens: usize) -> SequenceState {
+        self.draft_cache(capacity_tokens)
+    }
+
+    fn draft(&self, rt: &Runtime<'_>, hidden: &[f32], next: &[u32], cache: &mut SequenceState) -> Result<Draft> {
+        self.draft_rows(rt, hidden, next, cache)
     }
 
     fn forward_batch(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<Vec<f32>>> {

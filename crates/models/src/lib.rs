@@ -32,7 +32,7 @@ mod torch_topk;
 pub use backend::{DeviceRequest, Runtime};
 pub use decoder::Decoder;
 pub use error::{Error, Result};
-pub use lm::{CausalLm, Logits, SeqBatch};
+pub use lm::{CausalLm, Draft, Logits, SeqBatch};
 
 use strata_format::Container;
 

@@ -5,7 +5,7 @@ use strata_format::CoreSpec;
 use strata_kv::SequenceState;
 
 use crate::backend::Runtime;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Which positions' logits a forward pass returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +40,45 @@ pub trait CausalLm: Send + Sync {
     /// runs per sequence, over its own cache. Each sequence's logits are
     /// bit-identical to running it alone.
     fn forward_batch(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<Vec<f32>>>;
+
+    /// As [`CausalLm::forward`] with every row's logits, also returning
+    /// each row's hidden state after the final norm (`[n, hidden]`): what a
+    /// multi-token-prediction layer drafts from.
+    fn forward_hidden(
+        &self,
+        _rt: &Runtime<'_>,
+        _tokens: &[u32],
+        _cache: &mut SequenceState,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        Err(Error::Unsupported("the model has no MTP layer".into()))
+    }
+
+    /// Multi-token-prediction layers the model drafts with (0: none).
+    fn mtp_layers(&self) -> usize {
+        0
+    }
+
+    /// An empty cache for the MTP layer (the draft cache), holding at most
+    /// `capacity_tokens`.
+    fn new_draft_cache(&self, capacity_tokens: usize) -> SequenceState {
+        SequenceState::with_layers(Vec::new(), capacity_tokens)
+    }
+
+    /// The MTP layer's logits for the tokens after `next` (`[n, vocab]`),
+    /// from `hidden`, the rows [`CausalLm::forward_hidden`] gave for the
+    /// tokens before `next`, extending the draft cache `cache` (row r is
+    /// position r + 1).
+    fn draft(&self, _rt: &Runtime<'_>, _hidden: &[f32], _next: &[u32], _cache: &mut SequenceState) -> Result<Draft> {
+        Err(Error::Unsupported("the model has no MTP layer".into()))
+    }
+}
+
+/// What an MTP layer drafts: logits `[n, vocab]` and its output rows after
+/// its head norm `[n, hidden]` (the hidden state a further draft step
+/// starts from).
+pub struct Draft {
+    pub logits: Vec<f32>,
+    pub hidden: Vec<f32>,
 }
 
 /// One sequence's part of a batched forward pass.

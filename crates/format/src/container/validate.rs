@@ -169,6 +169,14 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let bad = |reason: String| Error::manifest(&manifest_path, reason);
     let arch = model_arch(m).map_err(|e| bad(format!("spec: {e}")))?;
+    // The MTP layers the config declares are the model's only where the
+    // container keeps them (convert drops those a checkpoint lacks, and
+    // containers made before they were kept have none): then every tensor
+    // and expert file of theirs must be there.
+    let arch = match names::mtp_probe(&arch) {
+        Some(probe) if m.tensors.iter().any(|t| t.name == probe) => arch,
+        _ => arch.without_mtp(),
+    };
     if m.quant.q8_group == 0 || m.quant.q4_group == 0 {
         return Err(bad("quant: group sizes must be > 0".into()));
     }
@@ -234,8 +242,8 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
     }
     check_disjoint(ranges, &bad)?;
 
-    // Expert layers: one per MoE layer, in order.
-    let moe_layers = arch.moe_layers();
+    // Expert layers: one per MoE layer, MTP layers included, in order.
+    let moe_layers = arch.expert_layers();
     if m.expert_layers.len() != moe_layers.len() {
         return Err(bad(format!(
             "{} expert layers listed, the spec has {} MoE layers",
@@ -244,7 +252,7 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
         )));
     }
     let shapes = names::expert_shapes(&arch);
-    let mut expert_layouts: Vec<Option<ExpertLayout>> = vec![None; arch.layers.len()];
+    let mut expert_layouts: Vec<Option<ExpertLayout>> = vec![None; arch.stored_layers()];
     let mut seen_files = HashSet::new();
     for (entry, &layer) in m.expert_layers.iter().zip(&moe_layers) {
         let what = format!("expert layer {}", entry.layer);

@@ -14,10 +14,11 @@ use crate::spec::fields::Fields;
 pub(super) struct DeepseekV3;
 
 /// What a deepseek_v3 checkpoint may hold (`DeepseekV3Config`; its
-/// multi-token-prediction layers follow the last decoder layer).
+/// multi-token-prediction layers follow the last decoder layer, each one's
+/// copies of the embedding and lm head left unread).
 const KNOWN: Known = Known {
     config: ConfigKeys {
-        read: &[CORE_READ, mla::READ, &["rope_interleave"]],
+        read: &[CORE_READ, mla::READ, mla::MTP_KEYS, &["rope_interleave"]],
         inert: &[HF_INERT, mla::INERT],
         nested: ROPE_AND_QUANTIZATION,
     },
@@ -43,7 +44,8 @@ impl FamilyDef for DeepseekV3 {
     }
 
     fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
-        mla::parse(&Fields { map: root, prefix: "" }, Family::DeepseekV3, &mla::DEEPSEEK_DEFAULTS)?.build(|_| None)
+        let cfg = Fields { map: root, prefix: "" };
+        mla::parse(&cfg, Family::DeepseekV3, &mla::DEEPSEEK_DEFAULTS)?.with_mtp(&cfg)?.build(|_| None)
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

@@ -117,7 +117,7 @@ const TEXT_NESTED: &[(&str, &ConfigKeys)] = &[
 /// the top of a flat or text-only config.
 const TEXT: ConfigKeys = ConfigKeys {
     read: &[CORE_READ, mla::READ, GLM_READ],
-    inert: &[HF_INERT, mla::INERT, NO_ROPE_INERT],
+    inert: &[HF_INERT, mla::INERT, mla::MTP_KEYS, NO_ROPE_INERT],
     nested: TEXT_NESTED,
 };
 
@@ -151,7 +151,7 @@ const WRAPPER_INERT: &[&str] = &[
 const KNOWN: Known = Known {
     config: ConfigKeys {
         read: &[CORE_READ, mla::READ, GLM_READ],
-        inert: &[HF_INERT, mla::INERT, NO_ROPE_INERT, WRAPPER_INERT],
+        inert: &[HF_INERT, mla::INERT, mla::MTP_KEYS, NO_ROPE_INERT, WRAPPER_INERT],
         nested: &[
             ("text_config", &TEXT),
             ("linear_attn_config", &LINEAR_ATTN_CONFIG),
@@ -357,7 +357,7 @@ impl FamilyDef for Glm5Next {
             // The wrapper's own (class default false) decides.
             core.tie_word_embeddings = tie;
         }
-        Ok(ModelArch { core, layers })
+        Ok(ModelArch { core, layers, mtp: Vec::new() })
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

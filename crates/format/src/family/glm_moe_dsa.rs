@@ -26,7 +26,7 @@ const KNOWN: Known = Known {
             &["index_topk", "index_head_dim", "index_n_heads", "mlp_layer_types", "indexer_types"],
             &["index_topk_pattern", "index_topk_freq", "index_skip_topk_offset"],
         ],
-        inert: &[HF_INERT, mla::INERT, &["layer_types", "mlp_bias", "rope_interleave"]],
+        inert: &[HF_INERT, mla::INERT, mla::MTP_KEYS, &["layer_types", "mlp_bias", "rope_interleave"]],
         nested: ROPE_AND_QUANTIZATION,
     },
     unused_tensors: &[],

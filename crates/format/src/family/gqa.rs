@@ -53,7 +53,7 @@ impl Parsed<'_> {
     /// the feed-forward block `kinds[l]` names.
     pub(super) fn build(self, kinds: &[FfnKind], attention: impl Fn(usize) -> MixerSpec) -> Result<ModelArch> {
         let layers = stack(kinds, &self.ffns, self.core.final_norm, attention)?;
-        Ok(ModelArch { core: self.core, layers })
+        Ok(ModelArch { core: self.core, layers, mtp: Vec::new() })
     }
 
     /// The model whose every layer has the model's attention block and the

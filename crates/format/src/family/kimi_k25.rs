@@ -15,7 +15,7 @@ pub(super) struct KimiK25;
 
 /// The DeepSeek-V3 text model's keys, in `text_config`.
 const TEXT: ConfigKeys = ConfigKeys {
-    read: &[CORE_READ, mla::READ, &["rope_interleave"]],
+    read: &[CORE_READ, mla::READ, mla::MTP_KEYS, &["rope_interleave"]],
     inert: &[HF_INERT, mla::INERT],
     nested: ROPE_AND_QUANTIZATION,
 };
@@ -80,7 +80,7 @@ impl FamilyDef for KimiK25 {
                 ));
             }
         }
-        let mut parsed = mla::parse(&cfg, Family::KimiK25, &mla::DEEPSEEK_DEFAULTS)?;
+        let mut parsed = mla::parse(&cfg, Family::KimiK25, &mla::DEEPSEEK_DEFAULTS)?.with_mtp(&cfg)?;
         // Kimi_K25ForConditionalGeneration ties (or not) by its own,
         // top-level flag, whose class default is true; special ids live at
         // the top too.

@@ -86,7 +86,7 @@ const KNOWN: Known = Known {
             &["linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim", "rope_interleave"],
             &HUB_SWITCHES,
         ],
-        inert: &[HF_INERT, mla::INERT],
+        inert: &[HF_INERT, mla::INERT, mla::MTP_KEYS],
         nested: &[
             ("linear_attn_config", &LINEAR_ATTN_CONFIG),
             ROPE_AND_QUANTIZATION[0],
@@ -284,7 +284,7 @@ impl FamilyDef for KimiLinear {
             LayerType::Linear => MixerSpec::GatedDeltaNet(gdn),
         };
         let layers = stack(&kinds, &parsed.ffns, parsed.core.final_norm, mixer)?;
-        Ok(ModelArch { core: parsed.core, layers })
+        Ok(ModelArch { core: parsed.core, layers, mtp: Vec::new() })
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

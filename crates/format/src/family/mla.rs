@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 use super::{CoreDims, Family, Ffns, stack};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
+use crate::spec::limits::{MAX_MTP_LAYERS, at_most};
 use crate::spec::{
     CoreSpec, ExpertKind, FfnKind, FfnSpec, IndexerSpec, LATENT_NORM_EPS, MixerSpec, MlaAttention, MlaSpec, ModelArch,
     MoeBlock, NormKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, common_config, expert_count,
@@ -61,8 +62,6 @@ pub(super) const READ: &[&str] = &[
 pub(super) const INERT: &[&str] = &[
     "head_dim",
     "qk_head_dim",
-    "num_nextn_predict_layers",
-    "num_mtp_layers",
     "pretraining_tp",
     "topk_method",
     "moe_layer_freq",
@@ -70,6 +69,12 @@ pub(super) const INERT: &[&str] = &[
     "seq_aux",
     "ep_size",
 ];
+
+/// The keys that declare multi-token-prediction layers (transformers 5.x
+/// reads `num_nextn_predict_layers` as `num_mtp_layers`): read by the
+/// families whose MTP layers Strata runs, inert in the others (their MTP
+/// layers are left unread, `Known::extra_layers_unused`).
+pub(super) const MTP_KEYS: &[&str] = &["num_nextn_predict_layers", "num_mtp_layers"];
 
 /// What every MLA family reads alike: the common part, the latent
 /// attention block (no indexer), the feed-forward blocks and the layer
@@ -80,15 +85,34 @@ pub(super) struct Parsed {
     pub attention: MlaAttention,
     pub ffns: Ffns,
     pub kinds: Vec<FfnKind>,
+    /// Multi-token-prediction layers after the stack (0 unless the family
+    /// reads them, [`Parsed::with_mtp`]).
+    pub mtp_layers: usize,
 }
 
 impl Parsed {
+    /// The same, with the MTP layers `cfg` declares: `num_nextn_predict_layers`
+    /// (DeepSeek's spelling), else `num_mtp_layers` (transformers 5.x's),
+    /// else none. Each is a MoE layer whatever `first_k_dense_replace` says,
+    /// as transformers' `get_mtp_config` builds it.
+    pub(super) fn with_mtp(self, cfg: &Fields<'_>) -> Result<Self> {
+        let declared = match (cfg.usize("num_nextn_predict_layers")?, cfg.usize("num_mtp_layers")?) {
+            (Some(n), _) => ("num_nextn_predict_layers", n),
+            (None, n) => ("num_mtp_layers", n.unwrap_or(0)),
+        };
+        let mtp_layers = at_most(declared.0, declared.1, MAX_MTP_LAYERS)?;
+        Ok(Parsed { mtp_layers, ..self })
+    }
+
     /// The model whose layer `l` has the latent attention block with the
     /// indexer `indexer(l)`.
     pub(super) fn build(self, indexer: impl Fn(usize) -> Option<IndexerSpec>) -> Result<ModelArch> {
         let attention = |l| MixerSpec::Mla(MlaAttention { indexer: indexer(l), ..self.attention });
-        let layers = stack(&self.kinds, &self.ffns, self.core.final_norm, attention)?;
-        Ok(ModelArch { core: self.core, layers })
+        let mut kinds = self.kinds.clone();
+        kinds.extend(std::iter::repeat_n(FfnKind::Moe, self.mtp_layers));
+        let mut layers = stack(&kinds, &self.ffns, self.core.final_norm, attention)?;
+        let mtp = layers.split_off(self.kinds.len());
+        Ok(ModelArch { core: self.core, layers, mtp })
     }
 }
 
@@ -175,7 +199,7 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
     };
     let ffns = Ffns { moe, dense_intermediate_size: cfg.req_usize("intermediate_size")? };
     let kinds = dense_first_layer_kinds(cfg, num_layers)?;
-    Ok(Parsed { core, attention, ffns, kinds })
+    Ok(Parsed { core, attention, ffns, kinds, mtp_layers: 0 })
 }
 
 /// DeepseekV3DecoderLayer: MoE iff `layer >= first_k_dense_replace`.
@@ -305,5 +329,9 @@ pub(super) fn config_json(arch: &ModelArch, mla: &MlaAttention) -> Map<String, V
     c.insert("attention_bias".into(), json!(mla.bias));
     let dense = arch.layer_kinds().iter().take_while(|&&k| k == FfnKind::Dense).count();
     c.insert("first_k_dense_replace".into(), json!(dense));
+    // Declared only where kept: a family that does not read it has none.
+    if !arch.mtp.is_empty() {
+        c.insert("num_nextn_predict_layers".into(), json!(arch.mtp.len()));
+    }
     c
 }

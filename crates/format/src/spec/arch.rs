@@ -39,6 +39,12 @@ pub struct ModelArch {
     pub core: CoreSpec,
     /// One entry per decoder layer, in order.
     pub layers: Vec<LayerSpec>,
+    /// The multi-token-prediction layers (DeepSeek-V3's
+    /// `num_nextn_predict_layers`), which draft tokens ahead of the stack:
+    /// numbered after the last decoder layer, the first is layer
+    /// `layers.len()`. Empty where the family has none, the config declares
+    /// none, or the container was converted without them.
+    pub mtp: Vec<LayerSpec>,
 }
 
 impl ModelArch {
@@ -80,6 +86,30 @@ impl ModelArch {
     /// Indices of the MoE layers, ascending.
     pub fn moe_layers(&self) -> Vec<usize> {
         (0..self.layers.len()).filter(|&l| self.layers[l].ffn.kind() == FfnKind::Moe).collect()
+    }
+
+    /// Layer `l`: a decoder layer, or past them a multi-token-prediction
+    /// layer ([`ModelArch::mtp`]).
+    pub fn layer(&self, l: usize) -> Option<&LayerSpec> {
+        self.layers.get(l).or_else(|| self.mtp.get(l.checked_sub(self.layers.len())?))
+    }
+
+    /// Layers of the container, the stack's and then the MTP layers: the
+    /// indices [`ModelArch::layer`] answers for.
+    pub fn stored_layers(&self) -> usize {
+        self.layers.len() + self.mtp.len()
+    }
+
+    /// Every layer index with routed experts, MTP layers included,
+    /// ascending: one expert file each.
+    pub fn expert_layers(&self) -> Vec<usize> {
+        let all = self.layers.iter().chain(&self.mtp).enumerate();
+        all.filter(|(_, layer)| layer.ffn.kind() == FfnKind::Moe).map(|(l, _)| l).collect()
+    }
+
+    /// The same model without its multi-token-prediction layers.
+    pub fn without_mtp(self) -> ModelArch {
+        ModelArch { mtp: Vec::new(), ..self }
     }
 
     /// The stack's residual: every layer's (they agree, [`ModelArch::validate`]

@@ -28,7 +28,7 @@ impl ModelSpec {
             eos_token_ids: self.eos_token_ids.clone(),
         };
         let layers = self.layers.iter().enumerate().map(|(l, kind)| self.layer_spec(l, *kind)).collect();
-        ModelArch { core, layers }
+        ModelArch { core, layers, mtp: Vec::new() }
     }
 
     /// Checks a stored spec: its layer list matches its layer count, and the
@@ -142,8 +142,9 @@ impl ModelSpec {
             eos_token_ids: core.eos_token_ids.clone(),
         };
         // The flat form gives every layer the model's blocks: it expresses
-        // `arch` exactly when it derives it back.
-        if spec.arch() != *arch {
+        // `arch` exactly when it derives it back (MTP layers aside: the
+        // stored config declares them, not the spec).
+        if spec.arch() != arch.clone().without_mtp() {
             return Err(Error::SpecDisagrees {
                 what: "the layers differ from one another beyond the flat spec".into(),
             });

@@ -22,6 +22,9 @@ use crate::error::{Error, Result};
 
 /// Decoder layers (`num_hidden_layers`).
 pub const MAX_LAYERS: usize = 1024;
+/// Multi-token-prediction layers (`num_nextn_predict_layers`; published
+/// models have 1).
+pub const MAX_MTP_LAYERS: usize = 16;
 /// Routed experts per MoE layer.
 pub const MAX_EXPERTS: usize = 4096;
 /// Tokens in the vocabulary (`vocab_size`).
@@ -93,11 +96,12 @@ pub(super) fn check(arch: &ModelArch) -> Result<()> {
     let core = &arch.core;
     let mut sizes = vec![
         ("num_hidden_layers", arch.layers.len(), MAX_LAYERS),
+        ("num_nextn_predict_layers", arch.mtp.len(), MAX_MTP_LAYERS),
         ("vocab_size", core.vocab_size, MAX_VOCAB),
         ("hidden_size", core.hidden_size, MAX_HIDDEN),
         ("max_position_embeddings", core.max_position_embeddings, MAX_POSITIONS),
     ];
-    for layer in &arch.layers {
+    for layer in arch.layers.iter().chain(&arch.mtp) {
         sizes.extend(layer_sizes(layer));
     }
     for (field, value, max) in sizes {

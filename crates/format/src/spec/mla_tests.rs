@@ -255,6 +255,23 @@ fn a_latent_norm_eps_of_zero_is_refused() {
     assert!(err.contains("latent norms' eps"), "{err}");
 }
 
+#[test]
+fn deepseek_mtp_layers_are_moe_layers_after_the_stack_within_their_limit() {
+    let arch = ModelArch::from_config_value(&deepseek_v3()).unwrap();
+    assert_eq!((arch.layers.len(), arch.mtp.len()), (61, 1));
+    assert_eq!(arch.mtp[0], arch.layers[60], "the MTP block is a MoE decoder layer like the last");
+    assert_eq!(arch.expert_layers().last(), Some(&61));
+    let mut config = deepseek_v3();
+    let root = config.as_object_mut().unwrap();
+    root.remove("num_nextn_predict_layers");
+    root.insert("num_mtp_layers".into(), json!(2));
+    assert_eq!(ModelArch::from_config_value(&config).unwrap().mtp.len(), 2, "transformers 5.x's spelling");
+    let err = error(deepseek_v3(), |c| {
+        c.insert("num_nextn_predict_layers".into(), json!(limits::MAX_MTP_LAYERS + 1));
+    });
+    assert!(err.contains("num_nextn_predict_layers") && err.contains("at most 16"), "{err}");
+}
+
 /// GLM-5.3-Flash's indexer over pools of `pool` tokens, keeping `topk`.
 fn pooled_indexer(kind: IndexerKind, pool: usize, topk: usize) -> Option<IndexerSpec> {
     Some(IndexerSpec { kind, topk, head_dim: 64, n_heads: 4, pool: Some(pool) })

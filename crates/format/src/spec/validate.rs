@@ -20,7 +20,7 @@ impl ModelArch {
         if self.layers.is_empty() {
             return Err(Error::invalid("num_hidden_layers", "must be > 0"));
         }
-        for layer in &self.layers {
+        for layer in self.layers.iter().chain(&self.mtp) {
             layer.validate()?;
         }
         // The streams are the stack's: every layer mixes and combines the

@@ -1,0 +1,118 @@
+//! The multi-token-prediction layer (DeepSeek-V3's MTP module), as
+//! transformers' `MtpModel` computes it: from the stack's hidden state at
+//! position p (after the final norm) and the embedding of token p + 1, each
+//! RMS-normed (`hnorm`, `enorm`) and joined `[embedding, hidden]`,
+//! `eh_proj` gives the input of a decoder layer of its own, whose output
+//! after `shared_head.norm` goes through the model's lm head: logits for
+//! token p + 2.
+//!
+//! Its attention keeps its own cache (a `SequenceState` of one layer, the
+//! draft cache), whose first row is the second token's: row r is position
+//! r + 1. Its experts are the container's layer `num_hidden_layers`, read
+//! through the same store and budget as the stack's.
+
+use strata_format::names;
+use strata_format::{CoreSpec, LayerSpec, ResidualKind, RopeSpec};
+use strata_kv::{LayerLayout, SequenceState};
+
+use super::{Decoder, Layer};
+use crate::attention::Pass;
+use crate::backend::{Backend, MatrixHandle, Runtime};
+use crate::error::{Error, Result};
+use crate::lm::{Draft, SeqBatch};
+use crate::norm::Norm;
+use crate::residual::Streams;
+use crate::rope::{Angles, Rope};
+
+/// One MTP layer's blocks.
+pub(super) struct Mtp {
+    enorm: Norm,
+    hnorm: Norm,
+    eh_proj: MatrixHandle,
+    layer: Layer,
+    head_norm: Norm,
+    /// The layer's index in the container: its tensors and expert file.
+    index: usize,
+    pub(super) cache_layout: LayerLayout,
+}
+
+impl Mtp {
+    /// MTP layer `index` (numbered after the stack's layers) as `layer`
+    /// says; adds its rotary embedding to `ropes` if new.
+    pub(super) fn load(
+        b: &mut Backend,
+        spec: &CoreSpec,
+        layer: &LayerSpec,
+        index: usize,
+        ropes: &mut Vec<(RopeSpec, Rope)>,
+    ) -> Result<Self> {
+        // The residual streams of hyper-connections would need the MTP
+        // layer's own head; no family with them keeps MTP layers.
+        if layer.residual != ResidualKind::Plain {
+            return Err(Error::Unsupported(format!("MTP layer {index}: residual streams")));
+        }
+        let h = spec.hidden_size;
+        let t = |suffix: &str| names::layer_tensor(spec, index, suffix);
+        let enorm = Norm::load(b, &t("enorm.weight"), layer.norm, h)?;
+        let hnorm = Norm::load(b, &t("hnorm.weight"), layer.norm, h)?;
+        let eh_proj = b.matrix(&t("eh_proj.weight"), h, 2 * h)?;
+        let (layer_blocks, cache_layout) = Layer::load(b, spec, layer, index, ropes)?;
+        let head_norm = Norm::load(b, &t("shared_head.norm.weight"), layer.norm, h)?;
+        Ok(Self { enorm, hnorm, eh_proj, layer: layer_blocks, head_norm, index, cache_layout })
+    }
+}
+
+impl Decoder {
+    /// An empty draft cache holding at most `capacity_tokens`.
+    pub(super) fn draft_cache(&self, capacity_tokens: usize) -> SequenceState {
+        let layouts = self.mtp.iter().map(|mtp| mtp.cache_layout.clone()).collect();
+        SequenceState::with_layers(layouts, capacity_tokens)
+    }
+
+    /// The MTP layer's logits for tokens p + 2 from `hidden` (the stack's
+    /// final-normed rows at positions p, `[n, hidden]`) and `next` (tokens
+    /// p + 1), extending the draft cache `cache`, whose length is the first
+    /// p's.
+    pub(super) fn draft_rows(
+        &self,
+        rt: &Runtime<'_>,
+        hidden: &[f32],
+        next: &[u32],
+        cache: &mut SequenceState,
+    ) -> Result<Draft> {
+        let mtp = self.mtp.as_ref().ok_or_else(|| Error::Unsupported("the model has no MTP layer".into()))?;
+        let (b, h, n) = (&self.backend, self.spec.hidden_size, next.len());
+        assert_eq!(hidden.len(), n * h, "a hidden row per next token");
+        cache.reserve(n)?;
+        // Row r of the draft cache is position r + 1 (the first token has
+        // no MTP row: nothing precedes it).
+        let positions: Vec<usize> = (cache.len() + 1..=cache.len() + n).collect();
+        let angles = self.ropes.iter().map(|(spec, rope)| (*spec, Angles::new(rope, &positions))).collect();
+        let mut pass = Pass::new(angles, 1);
+        let mut embedded = self.embed(next)?;
+        mtp.enorm.apply_rows(b, &mut embedded);
+        let mut previous = hidden.to_vec();
+        mtp.hnorm.apply_rows(b, &mut previous);
+        let joined: Vec<f32> = embedded
+            .chunks_exact(h)
+            .zip(previous.chunks_exact(h))
+            .flat_map(|(e, p)| e.iter().chain(p))
+            .copied()
+            .collect();
+        let mut x = vec![0.0f32; n * h];
+        b.matmul(rt, mtp.eh_proj, &joined, &mut x);
+        let mut streams = Streams::expand(1, x, h);
+        let mut normed = vec![0.0f32; n * h];
+        let mut seqs = [SeqBatch { tokens: next, cache }];
+        // The draft cache's one layer is layer 0; the store's is `index`.
+        mtp.layer.attend(rt, b, 0, &mut streams, &mut normed, &mut pass, &mut seqs)?;
+        mtp.layer.ffn_input(rt, b, &mut streams, &mut normed);
+        mtp.layer.add_ffn(rt, b, mtp.index, (&positions, next), &normed, &mut streams, None)?;
+        seqs[0].cache.advance(n);
+        let mut out = streams.collapse(rt, b, &self.head);
+        mtp.head_norm.apply_rows(b, &mut out);
+        let mut logits = vec![0.0f32; n * self.spec.vocab_size];
+        b.matmul(rt, self.lm_head, &out, &mut logits);
+        Ok(Draft { logits, hidden: out })
+    }
+}
