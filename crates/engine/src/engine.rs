@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use strata_format::{Container, CoreSpec, Embedding, FfnKind, LayerSpec, ModelArch};
+use strata_format::{Container, CoreSpec, Embedding, ExpertKind, FfnKind, FfnSpec, LayerSpec, ModelArch};
 use strata_kernels::{ActivationPrecision, Threads};
 use strata_kv::SequenceState;
 use strata_models::{CausalLm, Logits, Runtime};
-use strata_sched::LayerStats;
+use strata_sched::{ExpertCall, ExpertFfn, LayerStats, RemoteExperts};
 use strata_tier::{
     BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, MirrorSpec, PREFETCH_IN_FLIGHT, PolicyKind,
     RamBudget, RecordCheck, StoreOptions, StoreStats, TraceHeader, TraceWriter, Usage,
@@ -61,6 +61,9 @@ pub struct EngineOptions {
     /// How finely q8/q4 products quantize their inputs (`--activations`):
     /// int16 by default; int8 is faster and lossy, so only ever asked for.
     pub activations: ActivationPrecision,
+    /// Workers computing routed experts on other machines (`--workers`,
+    /// crates/dist); `None`: every expert runs here.
+    pub workers: Option<Arc<dyn RemoteExperts>>,
 }
 
 /// Look-ahead prefetch (`--prefetch`): while a layer computes, the next
@@ -170,6 +173,7 @@ impl Default for EngineOptions {
             prefetch: Prefetch::Off,
             preload_experts: true,
             activations: ActivationPrecision::Int16,
+            workers: None,
         }
     }
 }
@@ -200,6 +204,7 @@ pub struct Engine {
     usage_file: PathBuf,
     pipeline: Mutex<LayerStats>,
     trace: Option<Mutex<TraceWriter>>,
+    workers: Option<Arc<dyn RemoteExperts>>,
     /// Whether saving learned usage has failed once already (see
     /// [`Engine::persist_learning_or_warn`]).
     learning_save_failed: AtomicBool,
@@ -345,6 +350,7 @@ impl Engine {
             usage_file,
             pipeline: Mutex::new(LayerStats::default()),
             trace,
+            workers: options.workers.clone(),
             learning_save_failed: AtomicBool::new(false),
         })
     }
@@ -538,12 +544,39 @@ impl Engine {
         self.threads.pool().install(|| span.in_scope(|| f(&*self.model, &self.runtime())))
     }
 
+    /// Computes a coordinator's share of MoE layer `layer`'s union here,
+    /// through this engine's expert store and kernels: what `strata worker`
+    /// does with each request. Each call's output, in the calls' order.
+    pub fn run_expert_calls(&self, layer: usize, calls: &[ExpertCall]) -> Result<Vec<Vec<f32>>> {
+        let moe = match self.arch().layers.get(layer).map(|spec| spec.ffn) {
+            Some(FfnSpec::Moe(moe)) => moe,
+            _ => return Err(strata_format::Error::NotMoeLayer { layer }.into()),
+        };
+        let ExpertKind::SwiGlu = moe.experts else {
+            return Err(Error::InvalidOption {
+                option: "--workers",
+                reason: format!("layer {layer}'s experts carry biases (gpt-oss), which workers do not serve yet"),
+            });
+        };
+        let layout = self.container.expert_layout(layer)?;
+        let outputs = self.threads.pool().install(|| {
+            strata_sched::run_expert_calls(&self.store, &self.threads, layer, layout, ExpertFfn::SwiGlu, calls)
+        });
+        Ok(outputs.map_err(strata_models::Error::from)?)
+    }
+
     pub(crate) fn model(&self) -> &dyn CausalLm {
         &*self.model
     }
 
     pub(crate) fn runtime(&self) -> Runtime<'_> {
-        Runtime { threads: &self.threads, store: &self.store, stats: &self.pipeline, trace: self.trace.as_ref() }
+        Runtime {
+            threads: &self.threads,
+            store: &self.store,
+            stats: &self.pipeline,
+            trace: self.trace.as_ref(),
+            remote: self.workers.as_deref(),
+        }
     }
 }
 

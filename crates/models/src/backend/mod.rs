@@ -23,7 +23,7 @@ mod cpu;
 use std::sync::{Arc, Mutex};
 
 use strata_format::{Container, MlaSpec};
-use strata_sched::{Guess, LayerStats, Route};
+use strata_sched::{Guess, LayerStats, RemoteExperts, Route};
 use strata_tier::{ExpertStore, TraceWriter};
 
 /// The CPU's worker pool, which a pass runs on (`Runtime::threads`; the
@@ -45,6 +45,8 @@ pub struct Runtime<'a> {
     pub stats: &'a Mutex<LayerStats>,
     /// Where to record every routing decision, if anywhere.
     pub trace: Option<&'a Mutex<TraceWriter>>,
+    /// Workers computing some routed experts on other machines, if any.
+    pub remote: Option<&'a dyn RemoteExperts>,
 }
 
 /// Where a tensor lives.
@@ -472,7 +474,7 @@ impl Backend {
         stats: &mut LayerStats,
     ) -> Result<()> {
         match self {
-            Backend::Cpu(cpu) => cpu.run_moe_layer(rt.threads, rt.store, job, out, stats),
+            Backend::Cpu(cpu) => cpu.run_moe_layer(rt.threads, rt.store, rt.remote, job, out, stats),
         }
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use strata_format::{Container, DenseId};
 use strata_kernels::simd::Isa;
 use strata_kernels::{Matrix, Threads, ops};
-use strata_sched::{ExpertFfn, LayerStats, MoeBatch, Route, swiglu};
+use strata_sched::{ExpertFfn, LayerStats, MoeBatch, RemoteExperts, Route, swiglu};
 use strata_tier::ExpertStore;
 
 use super::{
@@ -252,6 +252,7 @@ impl Cpu {
         &self,
         threads: &Threads,
         store: &ExpertStore,
+        remote: Option<&dyn RemoteExperts>,
         job: &MoeJob<'_>,
         out: &mut [f32],
         stats: &mut LayerStats,
@@ -276,6 +277,7 @@ impl Cpu {
             routes: job.routes,
             top_k: job.top_k,
             prefetch: job.prefetch,
+            remote,
         };
         Ok(strata_sched::run_moe_layer(store, threads, &batch, out, stats)?)
     }
