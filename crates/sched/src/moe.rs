@@ -240,8 +240,11 @@ fn compute_expert(
     record: &Record,
     xs: &[f32],
 ) -> Result<Vec<f32>> {
-    let matrices =
-        layout.matrices(record.as_slice()).map_err(|source| Error::Record { layer, expert, source: Box::new(source) })?;
+    let matrices = layout.matrices(record.as_slice()).map_err(|source| Error::Record {
+        layer,
+        expert,
+        source: Box::new(source),
+    })?;
     let hidden = matrices[0].cols;
     let mut ys = vec![0.0f32; xs.len()];
     let act = experts.of_expert(expert, matrices[0].rows, hidden);
@@ -275,7 +278,13 @@ pub fn run_expert_calls(
             let hidden = layout.components[0].cols;
             if call.expert >= layout.num_experts || !call.xs.len().is_multiple_of(hidden) {
                 let floats = call.xs.len();
-                return Err(Error::Call { layer, expert: call.expert, floats, hidden, num_experts: layout.num_experts });
+                return Err(Error::Call {
+                    layer,
+                    expert: call.expert,
+                    floats,
+                    hidden,
+                    num_experts: layout.num_experts,
+                });
             }
             let record = fetch_one(store, ExpertKey { layer, expert: call.expert })?;
             compute_expert(threads, layer, layout, experts, call.expert, &record, &call.xs)
