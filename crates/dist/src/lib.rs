@@ -7,6 +7,8 @@
 //! between network namespaces, in the substrate measurement
 //! (`examples/substrates`, feature `bench-substrates`) and the tests.
 
+#[cfg(feature = "clap")]
+pub mod args;
 mod coordinator;
 mod error;
 mod key;
