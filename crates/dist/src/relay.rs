@@ -56,12 +56,10 @@ impl Relay {
         thread::Builder::new()
             .name("relay-accept".into())
             .spawn(move || {
-                for inbound in listener.incoming() {
-                    // A connection that fails is the client's to see (it is
-                    // closed); the relay keeps accepting.
-                    if let Ok(inbound) = inbound {
-                        let _ = forward(inbound, target, one_way_delay, &shared);
-                    }
+                // A connection that fails is the client's to see (it is
+                // closed); the relay keeps accepting.
+                for inbound in listener.incoming().flatten() {
+                    let _ = forward(inbound, target, one_way_delay, &shared);
                 }
             })
             .map_err(io("relay: accept thread".into()))?;
