@@ -698,6 +698,7 @@ fn a_config_key_the_family_does_not_know_is_refused_after_config_json_unless_all
         refused.contains("does not know attn_logit_softcapping") && refused.contains("nothing beyond config.json"),
         "{refused}"
     );
+    assert!(!refused.contains("config.json: config.json"), "the file is named once: {refused}");
     let requested: Vec<String> = hub.log.lock().unwrap().requests.iter().map(|(f, _)| f.clone()).collect();
     assert_eq!(requested, ["config.json"]);
     ok(&strata(cache.path(), &endpoint, &["pull", REPO, "--allow-unknown-config", "attn_logit_softcapping"]));

@@ -42,7 +42,7 @@ pub fn resolve_model(
     if !dir.exists()
         && let Some(name) = dir.to_str().and_then(crate::ModelName::parse)
     {
-        return match crate::open_pulled(cache_dir, &name)? {
+        return match crate::cache::open_pulled(cache_dir, &name)? {
             Some(container_dir) => Ok(ResolvedModel { container_dir, converted: false }),
             None => Err(Error::NotPulled { name: name.to_string() }),
         };

@@ -19,7 +19,7 @@ mod stats;
 mod union;
 
 pub use error::{Error, Result};
-pub use ffn::swiglu;
+pub use ffn::gated_ffn;
 pub use moe::{ExpertFfn, Guess, MoeBatch, run_expert_calls, run_moe_layer};
 pub use remote::{ExpertCall, Pending, RemoteExperts};
 pub use stats::LayerStats;

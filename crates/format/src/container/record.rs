@@ -37,6 +37,7 @@ pub enum MixerRecord {
     Gqa,
     Mla,
     GatedDeltanet,
+    SharedKv,
 }
 
 /// A layer's feed-forward block.
@@ -85,6 +86,7 @@ impl LayerRecord {
                 MixerSpec::Gqa(_) => MixerRecord::Gqa,
                 MixerSpec::Mla(_) => MixerRecord::Mla,
                 MixerSpec::GatedDeltaNet(_) => MixerRecord::GatedDeltanet,
+                MixerSpec::SharedKv(_) => MixerRecord::SharedKv,
             },
             ffn: match layer.ffn {
                 FfnSpec::Dense { .. } => FfnRecord::Dense,

@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
     CoreSpec, ExpertKind, FfnKind, FfnSpec, IndexerSpec, LATENT_NORM_EPS, MixerSpec, MlaAttention, MlaSpec, ModelArch,
-    MoeBlock, NormKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, common_config, expert_count, parse_rope,
-    special_tokens,
+    MoeBlock, NormKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, common_config, expert_count,
+    parse_rope, special_tokens,
 };
 
 /// A family's config-class defaults for the fields all of them read.
@@ -171,6 +171,7 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
         router,
         shared,
         experts: ExpertKind::SwiGlu,
+        swiglu: SwiGlu::Plain,
     };
     let ffns = Ffns { moe, dense_intermediate_size: cfg.req_usize("intermediate_size")? };
     let kinds = dense_first_layer_kinds(cfg, num_layers)?;
@@ -270,7 +271,10 @@ pub(super) fn config_json(arch: &ModelArch, mla: &MlaAttention) -> Map<String, V
     let moe = super::gqa::blocks(arch).1;
     let (n_group, topk_group, scaling) = match moe.router {
         RouterKind::GroupedSigmoid { n_group, topk_group, scaling, .. } => (n_group, topk_group, scaling),
-        RouterKind::SoftmaxTopK { .. } | RouterKind::TopKThenSoftmax => (1, 1, 1.0),
+        RouterKind::SoftmaxTopK { .. }
+        | RouterKind::TopKThenSoftmax
+        | RouterKind::SqrtSoftplus { .. }
+        | RouterKind::Hash { .. } => (1, 1, 1.0),
     };
     let heads = (mla.num_heads, mla.num_heads);
     // Without RoPE the rope keys written are transformers' defaults (the

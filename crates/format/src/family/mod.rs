@@ -257,7 +257,8 @@ impl CoreDims {
 }
 
 /// The feed-forward blocks a family's layers choose between, as its config
-/// gives them once for the model.
+/// gives them once for the model. Dense MLPs take the MoE block's SwiGLU:
+/// a config has one `swiglu_limit` for every SwiGLU of the model.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ffns {
     pub moe: MoeBlock,
@@ -269,7 +270,9 @@ impl Ffns {
     /// The block of a layer of kind `kind`.
     pub(crate) fn of(&self, kind: FfnKind) -> FfnSpec {
         match kind {
-            FfnKind::Dense => FfnSpec::Dense { intermediate_size: self.dense_intermediate_size },
+            FfnKind::Dense => {
+                FfnSpec::Dense { intermediate_size: self.dense_intermediate_size, swiglu: self.moe.swiglu }
+            }
             FfnKind::Moe => FfnSpec::Moe(self.moe),
         }
     }

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::fields::Fields;
 use super::{
     Family, FfnKind, FfnSpec, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention, ModelSpec, MoeBlock, NormKind,
-    RopeSpec,
+    ResidualKind, RopeSpec,
 };
 use crate::error::{Error, Result};
 
@@ -82,6 +82,12 @@ impl ModelArch {
         (0..self.layers.len()).filter(|&l| self.layers[l].ffn.kind() == FfnKind::Moe).collect()
     }
 
+    /// The stack's residual: every layer's (they agree, [`ModelArch::validate`]
+    /// checks), hence its streams and head.
+    pub fn residual(&self) -> ResidualKind {
+        self.layers.first().map_or(ResidualKind::Plain, |layer| layer.residual)
+    }
+
     /// The first MoE layer's block (`None`: every layer is dense).
     pub fn first_moe(&self) -> Option<&MoeBlock> {
         self.layers.iter().find_map(|l| match &l.ffn {
@@ -110,7 +116,7 @@ impl ModelArch {
     /// The first dense layer's MLP width (`None`: no dense layer).
     pub fn dense_intermediate_size(&self) -> Option<usize> {
         self.layers.iter().find_map(|l| match l.ffn {
-            FfnSpec::Dense { intermediate_size } => Some(intermediate_size),
+            FfnSpec::Dense { intermediate_size, .. } => Some(intermediate_size),
             FfnSpec::Moe(_) => None,
         })
     }

@@ -9,7 +9,7 @@
 //! activation width, what `strata info` prints) is a method here, computed
 //! in this one place.
 
-use super::{FfnKind, GdnDims, IndexerKind, MlaSpec, QkNorm, RopeSpec};
+use super::{Compression, FfnKind, GdnDims, GdnProjections, IndexerKind, MlaSpec, QkNorm, RopeSpec, SharedKvAttention};
 
 /// The blocks of one decoder layer: `x += attention(norm(x))`, then
 /// `x += ffn(norm(x))`, the additions as `residual` says.
@@ -23,10 +23,60 @@ pub struct LayerSpec {
 }
 
 /// How a block's output joins the hidden states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ResidualKind {
     /// One stream, `x += block(norm(x))`.
     Plain,
+    /// Manifold-constrained hyper-connections (mHC: GLM-5.3-Flash,
+    /// DeepSeek V4): `streams` copies of the hidden state (`hc_mult`), each
+    /// block wrapped by weights computed per token from the unweighted
+    /// RMSNorm of the streams flattened: `pre` (`σ(·) + eps`) mixes the
+    /// block's input, `post` (`2σ(·)`) spreads its output over the streams
+    /// and `comb` (a softmax, `+ eps`, then Sinkhorn normalisations) mixes
+    /// the streams themselves: `x ← post ⊗ out + combᵀ · x`. The head
+    /// collapses the streams before the final norm. Every layer of a model
+    /// has the same one.
+    HyperConnections {
+        streams: usize,
+        /// `hc_sinkhorn_iters`: the column normalisation that follows the
+        /// softmax, then this many minus one (row, column) rounds.
+        sinkhorn_iters: usize,
+        /// `hc_eps`: added to `pre`, to `comb` after its softmax and to
+        /// every Sinkhorn sum (the unweighted norm takes the layer norm's).
+        eps: f32,
+        head: HyperHead,
+    },
+    /// Gated residual hyper-connections (Qwen3.8-Flash-Next:
+    /// transformers' `Qwen4ExpTextGatedResidual`): `streams` copies of the
+    /// hidden state (`hc_count`), each normed on its own with `1 + w`; the
+    /// block's input is the mean over streams of `σ(up(SiLU(down(x̂) /
+    /// streams))) ⊙ x̂` (`down` to `lowrank`, `hc_lowrank`), and every
+    /// stream gains the block's output times its own `2σ(inject(x̂) /
+    /// streams)`. The streams never mix with each other; the head is the
+    /// same mix without injection (`hyper_connection_mixer`).
+    GatedStreams { streams: usize, lowrank: usize },
+}
+
+impl ResidualKind {
+    /// Copies of the hidden state the stack carries.
+    pub fn streams(&self) -> usize {
+        match *self {
+            ResidualKind::Plain => 1,
+            ResidualKind::HyperConnections { streams, .. } | ResidualKind::GatedStreams { streams, .. } => streams,
+        }
+    }
+}
+
+/// How hyper-connections' streams become one hidden state before the final
+/// norm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HyperHead {
+    /// GLM-5.3-Flash: their mean.
+    Mean,
+    /// DeepSeek V4: weighted by `σ(hc_head_fn · x̂ · hc_head_scale +
+    /// hc_head_base) + eps`, `x̂` the streams flattened and RMS-normed
+    /// without weight.
+    Sigmoid,
 }
 
 impl LayerSpec {
@@ -50,7 +100,20 @@ impl LayerSpec {
             FfnSpec::Dense { .. } => 0,
             FfnSpec::Moe(moe) => 2 * moe.top_k * hidden + moe.num_experts,
         };
-        4 * hidden + experts + 2 * self.mixer.working_floats_per_token()
+        4 * hidden + experts + 2 * self.mixer.working_floats_per_token() + self.streams_floats_per_token(hidden)
+    }
+
+    /// What hyper-connections add to [`Self::activation_floats_per_token`]:
+    /// the other streams and their normed copy, the block's mixed input
+    /// and output slot, and each token's mixing weights.
+    fn streams_floats_per_token(&self, hidden: usize) -> usize {
+        match self.residual {
+            ResidualKind::Plain => 0,
+            ResidualKind::HyperConnections { streams, .. } => (2 * streams + 1) * hidden + 2 * (2 + streams) * streams,
+            // The normed streams and their gates, the block's input and
+            // output, the low-rank row and the injection weights.
+            ResidualKind::GatedStreams { streams, lowrank } => (2 * streams + 2) * hidden + lowrank + streams,
+        }
     }
 
     /// One line saying what the layer is: its mixer with its dimensions, its
@@ -76,17 +139,38 @@ impl LayerSpec {
                 let rope = if mla.rope.is_some() { "" } else { ", no rope" };
                 format!("mla {} heads, {} latent{rope}{index}", mla.num_heads, mla.dims.latent_dim())
             }
-            MixerSpec::GatedDeltaNet(gdn) => format!(
-                "gated deltanet {} k / {} v heads x {}/{}, conv {}",
-                gdn.dims.num_k_heads,
-                gdn.dims.num_v_heads,
-                gdn.dims.head_k_dim,
-                gdn.dims.head_v_dim,
-                gdn.dims.conv_kernel
-            ),
+            MixerSpec::GatedDeltaNet(gdn) => {
+                let d = gdn.dims;
+                match d.projections {
+                    // One head count for q, k and v, and d_k = d_v.
+                    GdnProjections::Kimi => {
+                        format!(
+                            "kimi delta attention {} heads x {}, conv {}",
+                            d.num_v_heads, d.head_k_dim, d.conv_kernel
+                        )
+                    }
+                    GdnProjections::Grouped | GdnProjections::Split => format!(
+                        "gated deltanet {} k / {} v heads x {}/{}, conv {}",
+                        d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, d.conv_kernel
+                    ),
+                }
+            }
+            MixerSpec::SharedKv(sk) => {
+                let compression = match sk.compression {
+                    None => String::new(),
+                    Some(Compression::Heavy { ratio }) => format!(", compressed 1:{ratio}"),
+                    Some(Compression::Sparse { ratio, indexer }) => {
+                        format!(", compressed 1:{ratio}, {} index-key top-{}", indexer.head_dim, indexer.topk)
+                    }
+                };
+                format!(
+                    "shared-kv {} heads x {}, rope {}, window {}{compression}",
+                    sk.num_heads, sk.head_dim, sk.rope.rotary_dim, sk.window
+                )
+            }
         };
         let ffn = match &self.ffn {
-            FfnSpec::Dense { intermediate_size } => format!("dense {intermediate_size}"),
+            FfnSpec::Dense { intermediate_size, swiglu } => format!("dense {intermediate_size}{}", swiglu.describe()),
             FfnSpec::Moe(moe) => {
                 let shared = match moe.shared {
                     SharedExperts::None => String::new(),
@@ -99,11 +183,16 @@ impl LayerSpec {
                 };
                 let router = match moe.router {
                     RouterKind::TopKThenSoftmax => ", top-k then softmax",
+                    RouterKind::SqrtSoftplus { .. } => ", sqrt-softplus",
+                    RouterKind::Hash { .. } => ", hash-routed",
                     RouterKind::SoftmaxTopK { .. } | RouterKind::GroupedSigmoid { .. } => "",
                 };
                 format!(
-                    "moe {} experts top-{} x {}{experts}{router}{shared}",
-                    moe.num_experts, moe.top_k, moe.intermediate_size
+                    "moe {} experts top-{} x {}{experts}{router}{shared}{}",
+                    moe.num_experts,
+                    moe.top_k,
+                    moe.intermediate_size,
+                    moe.swiglu.describe()
                 )
             }
         };
@@ -112,7 +201,12 @@ impl LayerSpec {
             (0, fixed) => format!("{fixed} f32 state"),
             (rows, fixed) => format!("{rows} f32/token + {fixed} f32 state"),
         };
-        format!("{mixer}; {ffn}; {state}")
+        let streams = match self.residual {
+            ResidualKind::Plain => String::new(),
+            ResidualKind::HyperConnections { streams, .. } => format!("; {streams} hyper-connection streams"),
+            ResidualKind::GatedStreams { streams, .. } => format!("; {streams} gated residual streams"),
+        };
+        format!("{mixer}; {ffn}; {state}{streams}")
     }
 }
 
@@ -126,6 +220,9 @@ pub enum MixerSpec {
     /// Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): a fixed-size
     /// recurrent state per sequence instead of rows per token.
     GatedDeltaNet(GdnSpec),
+    /// DeepSeek V4's shared key-value attention over a sliding window, with
+    /// compressed entries on CSA and HCA layers.
+    SharedKv(SharedKvAttention),
 }
 
 impl MixerSpec {
@@ -136,6 +233,7 @@ impl MixerSpec {
             MixerSpec::Gqa(gqa) => gqa.rope.as_ref(),
             MixerSpec::Mla(mla) => mla.rope.as_ref(),
             MixerSpec::GatedDeltaNet(_) => None,
+            MixerSpec::SharedKv(sk) => Some(&sk.rope),
         }
     }
 
@@ -147,6 +245,7 @@ impl MixerSpec {
             MixerSpec::Gqa(gqa) => gqa.q_dim(),
             MixerSpec::Mla(mla) => mla.num_heads * mla.dims.qk_head_dim().max(mla.dims.v_head_dim),
             MixerSpec::GatedDeltaNet(gdn) => gdn.dims.conv_dim(),
+            MixerSpec::SharedKv(sk) => sk.q_dim(),
         }
     }
 }
@@ -162,6 +261,7 @@ impl MixerSpec {
             MixerSpec::Gqa(gqa) => 2 * gqa.kv_dim(),
             MixerSpec::Mla(mla) => mla.dims.latent_dim() + mla.indexer.map_or(0, |i| i.head_dim),
             MixerSpec::GatedDeltaNet(_) => 0,
+            MixerSpec::SharedKv(sk) => sk.cache_floats_per_token(),
         }
     }
 
@@ -172,6 +272,7 @@ impl MixerSpec {
             MixerSpec::Gqa(gqa) => gqa.sliding_window.map_or(0, |window| 2 * gqa.kv_dim() * window),
             MixerSpec::Mla(_) => 0,
             MixerSpec::GatedDeltaNet(gdn) => gdn.dims.state_floats(),
+            MixerSpec::SharedKv(sk) => sk.state_floats(),
         }
     }
 }
@@ -251,7 +352,7 @@ pub struct IndexerSpec {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FfnSpec {
     /// A resident SwiGLU MLP.
-    Dense { intermediate_size: usize },
+    Dense { intermediate_size: usize, swiglu: SwiGlu },
     /// Routed SwiGLU experts streamed through the expert store.
     Moe(MoeBlock),
 }
@@ -279,6 +380,31 @@ pub struct MoeBlock {
     pub shared: SharedExperts,
     /// What each routed expert computes.
     pub experts: ExpertKind,
+    /// The SwiGLU of the shared experts, and of the routed ones when
+    /// `experts` is [`ExpertKind::SwiGlu`].
+    pub swiglu: SwiGlu,
+}
+
+/// What a SwiGLU computes between its gate/up products and its down
+/// product.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SwiGlu {
+    /// `silu(gate) * up`.
+    Plain,
+    /// `silu(min(gate, limit)) * clamp(up, -limit, limit)`, the config's
+    /// `swiglu_limit` (GLM-5.3-Flash, DeepSeek V4; a NaN stays NaN, as
+    /// through torch's `clamp`).
+    Limited { limit: f32 },
+}
+
+impl SwiGlu {
+    /// What `strata info` adds to the block's line.
+    fn describe(self) -> String {
+        match self {
+            SwiGlu::Plain => String::new(),
+            SwiGlu::Limited { limit } => format!(", swiglu limit {limit}"),
+        }
+    }
 }
 
 /// The feed-forward of each routed expert.
@@ -307,6 +433,14 @@ pub enum RouterKind {
     /// gpt-oss: a router with a bias (`[num_experts]`), the top-k of its
     /// logits, then a softmax over those k alone.
     TopKThenSoftmax,
+    /// DeepSeek V4: scores `sqrt(softplus(logit))`, a per-expert correction
+    /// bias for choosing only, the chosen scores always renormalised (plus
+    /// 1e-20) and then scaled.
+    SqrtSoftplus { scaling: f64 },
+    /// DeepSeek V4's first layers: each token's experts from a fixed table by
+    /// its id (`tid2eid`, `[vocab, top_k]`), weighted by their sqrt-softplus
+    /// scores renormalised (plus 1e-20) and scaled.
+    Hash { scaling: f64 },
 }
 
 impl RouterKind {
@@ -315,6 +449,7 @@ impl RouterKind {
     pub fn renormalizes(&self) -> bool {
         match *self {
             RouterKind::SoftmaxTopK { renormalize } | RouterKind::GroupedSigmoid { renormalize, .. } => renormalize,
+            RouterKind::SqrtSoftplus { .. } | RouterKind::Hash { .. } => true,
             // The softmax over the chosen k already sums to one.
             RouterKind::TopKThenSoftmax => false,
         }

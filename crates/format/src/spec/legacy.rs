@@ -7,7 +7,7 @@
 use super::{
     CoreSpec, ExpertKind, FfnKind, FfnSpec, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, LayerType, MixerSpec,
     MlaAttention, ModelArch, ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, QkNorm, ResidualKind, RopeScaling,
-    RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts,
+    RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts, SwiGlu,
 };
 use super::{DsaSpec, GdnDims, LATENT_NORM_EPS, MlaSpec};
 use crate::error::{Error, Result};
@@ -71,7 +71,9 @@ impl ModelSpec {
             ),
             Some(RouterKind::SoftmaxTopK { renormalize }) => (RouterSpec::default(), renormalize),
             // Not expressible flat: the check below refuses the spec.
-            Some(RouterKind::TopKThenSoftmax) | None => (RouterSpec::default(), false),
+            Some(RouterKind::TopKThenSoftmax | RouterKind::SqrtSoftplus { .. } | RouterKind::Hash { .. }) | None => {
+                (RouterSpec::default(), false)
+            }
         };
         let shared = moe.map_or(SharedExperts::None, |m| m.shared);
         let linear_attention = arch.first_gdn().map(|gdn| gdn.dims);
@@ -152,7 +154,7 @@ impl ModelSpec {
     /// The blocks of decoder layer `layer`, of feed-forward kind `kind`.
     fn layer_spec(&self, layer: usize, kind: FfnKind) -> LayerSpec {
         let ffn = match kind {
-            FfnKind::Dense => FfnSpec::Dense { intermediate_size: self.dense_intermediate_size },
+            FfnKind::Dense => FfnSpec::Dense { intermediate_size: self.dense_intermediate_size, swiglu: SwiGlu::Plain },
             FfnKind::Moe => FfnSpec::Moe(self.moe_block()),
         };
         LayerSpec { mixer: self.attention(layer), ffn, norm: self.norm_kind(), residual: ResidualKind::Plain }
@@ -225,6 +227,7 @@ impl ModelSpec {
                 None => SharedExperts::None,
             },
             experts: ExpertKind::SwiGlu,
+            swiglu: SwiGlu::Plain,
         }
     }
 

@@ -14,7 +14,10 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use super::{FfnSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, RouterKind, SharedExperts};
+use super::{
+    Compression, FfnSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, ResidualKind, RouterKind, SharedExperts,
+    SharedKvAttention,
+};
 use crate::error::{Error, Result};
 
 /// Decoder layers (`num_hidden_layers`).
@@ -34,6 +37,12 @@ pub const MAX_HEADS: usize = 1024;
 pub const MAX_HEAD_DIM: usize = 4096;
 /// Positions (`max_position_embeddings`, `sliding_window`, `index_topk`).
 pub const MAX_POSITIONS: usize = 1 << 24;
+/// Residual streams of hyper-connections (`hc_mult`; published models have
+/// 4).
+pub const MAX_STREAMS: usize = 64;
+/// Sinkhorn rounds of a hyper-connection's `comb` (`hc_sinkhorn_iters`;
+/// published models run 20), each run per token and block.
+pub const MAX_SINKHORN_ITERS: usize = 1024;
 
 /// End-of-sequence token ids (`eos_token_id` as a list; published models
 /// list at most a handful).
@@ -135,12 +144,47 @@ fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
             ("linear_key_head_dim", gdn.dims.head_k_dim, MAX_HEAD_DIM),
             ("linear_value_head_dim", gdn.dims.head_v_dim, MAX_HEAD_DIM),
         ],
+        MixerSpec::SharedKv(sk) => shared_kv_sizes(sk),
     };
     match &layer.ffn {
-        FfnSpec::Dense { intermediate_size } => sizes.push(("intermediate_size", *intermediate_size, MAX_INTERMEDIATE)),
+        FfnSpec::Dense { intermediate_size, .. } => {
+            sizes.push(("intermediate_size", *intermediate_size, MAX_INTERMEDIATE))
+        }
         FfnSpec::Moe(moe) => sizes.extend(moe_sizes(moe)),
     }
+    match layer.residual {
+        ResidualKind::Plain => {}
+        ResidualKind::HyperConnections { streams, sinkhorn_iters, .. } => {
+            sizes.extend([("hc_mult", streams, MAX_STREAMS), ("hc_sinkhorn_iters", sinkhorn_iters, MAX_SINKHORN_ITERS)])
+        }
+        ResidualKind::GatedStreams { streams, lowrank } => {
+            sizes.extend([("hc_count", streams, MAX_STREAMS), ("hc_lowrank", lowrank, MAX_INTERMEDIATE)])
+        }
+    }
     sizes
+}
+
+/// A shared key-value attention block's sizes (every compress ratio is a
+/// number of positions).
+fn shared_kv_sizes(sk: &SharedKvAttention) -> Vec<(&'static str, usize, usize)> {
+    let (ratio, indexer) = match sk.compression {
+        None => (0, None),
+        Some(Compression::Heavy { ratio }) => (ratio, None),
+        Some(Compression::Sparse { ratio, indexer }) => (ratio, Some(indexer)),
+    };
+    let (n_heads, head_dim, topk) = indexer.map_or((0, 0, 0), |i| (i.n_heads, i.head_dim, i.topk));
+    vec![
+        ("num_attention_heads", sk.num_heads, MAX_HEADS),
+        ("head_dim", sk.head_dim, MAX_HEAD_DIM),
+        ("q_lora_rank", sk.q_lora_rank, MAX_HIDDEN),
+        ("sliding_window", sk.window, MAX_POSITIONS),
+        ("o_groups", sk.o_groups, MAX_HEADS),
+        ("o_lora_rank", sk.o_lora_rank, MAX_HIDDEN),
+        ("compress_rates", ratio, MAX_POSITIONS),
+        ("index_n_heads", n_heads, MAX_HEADS),
+        ("index_head_dim", head_dim, MAX_HEAD_DIM),
+        ("index_topk", topk, MAX_POSITIONS),
+    ]
 }
 
 /// The sizes of a mixture-of-experts block.
@@ -150,7 +194,10 @@ fn moe_sizes(moe: &MoeBlock) -> [(&'static str, usize, usize); 4] {
         SharedExperts::Plain { intermediate_size } | SharedExperts::Gated { intermediate_size } => intermediate_size,
     };
     let n_group = match moe.router {
-        RouterKind::SoftmaxTopK { .. } | RouterKind::TopKThenSoftmax => 1,
+        RouterKind::SoftmaxTopK { .. }
+        | RouterKind::TopKThenSoftmax
+        | RouterKind::SqrtSoftplus { .. }
+        | RouterKind::Hash { .. } => 1,
         RouterKind::GroupedSigmoid { n_group, .. } => n_group,
     };
     [

@@ -4,7 +4,8 @@
 //! value head and token in GDN, one per key channel in KDA ([`LogDecay`]).
 //! The delta rule for one value head, as a per-token recurrence (decode and
 //! prefill) and, GDN only, in the chunked form, and the causal depthwise
-//! conv1d + SiLU with its short state. The math, shapes and the
+//! conv1d + SiLU with its short state (and, without SiLU but plus its
+//! input, Inkling's short convolutions). The math, shapes and the
 //! transformers code they follow are in `docs/gdn.md`; the scalar
 //! definitions in [`crate::scalar::gdn`].
 //!
@@ -166,8 +167,28 @@ pub fn causal_conv1d_silu_step(x: &mut [f32], weight: &[f32], state: &mut [f32])
 /// If `channels` is 0 or does not divide `x.len()`, or as
 /// [`causal_conv1d_silu_step`].
 pub fn causal_conv1d_silu(x: &mut [f32], channels: usize, weight: &[f32], state: &mut [f32]) {
-    assert!(channels > 0 && x.len().is_multiple_of(channels), "conv1d: x is not [tokens, {channels}]");
-    for token in x.chunks_exact_mut(channels) {
+    for token in tokens_of(x, channels) {
         scalar::gdn::causal_conv1d_silu_step(token, weight, state);
     }
+}
+
+/// The causal depthwise conv1d plus its input, no activation (a short
+/// convolution with its residual: Inkling's on k, v and the blocks'
+/// outputs), over `x` = `[tokens, channels]` in place, its state as in
+/// [`causal_conv1d_silu`] ([`scalar::gdn::causal_conv1d_residual_step`]
+/// per token). Token by token or in one call, the same bits: chunked
+/// prefill and decode agree.
+///
+/// # Panics
+/// As [`causal_conv1d_silu`].
+pub fn causal_conv1d_residual(x: &mut [f32], channels: usize, weight: &[f32], state: &mut [f32]) {
+    for token in tokens_of(x, channels) {
+        scalar::gdn::causal_conv1d_residual_step(token, weight, state);
+    }
+}
+
+/// `x` as its `channels`-wide tokens.
+fn tokens_of(x: &mut [f32], channels: usize) -> std::slice::ChunksExactMut<'_, f32> {
+    assert!(channels > 0 && x.len().is_multiple_of(channels), "conv1d: x is not [tokens, {channels}]");
+    x.chunks_exact_mut(channels)
 }

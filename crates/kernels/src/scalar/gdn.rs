@@ -78,6 +78,23 @@ pub fn delta_rule_step(state: &mut [f32], token: &DeltaToken<'_>, out: &mut [f32
 /// If `weight.len()` is not a positive multiple `K` of `x.len()` or
 /// `state.len() != x.len() * (K - 1)`.
 pub fn causal_conv1d_silu_step(x: &mut [f32], weight: &[f32], state: &mut [f32]) {
+    causal_conv1d_step(x, weight, state, |conv, _| super::silu(conv));
+}
+
+/// One token of the causal depthwise conv1d plus its input (no
+/// activation), in place: per channel `x = sum_j w[j] * window[j] + x`, the
+/// window and state as in [`causal_conv1d_silu_step`] (transformers'
+/// `InklingShortConvolution`, in f32).
+///
+/// # Panics
+/// As [`causal_conv1d_silu_step`].
+pub fn causal_conv1d_residual_step(x: &mut [f32], weight: &[f32], state: &mut [f32]) {
+    causal_conv1d_step(x, weight, state, |conv, input| conv + input);
+}
+
+/// The conv1d step both kinds share: per channel the window's weighted sum,
+/// then `x = finish(sum, x)` and the state shifted by one input.
+fn causal_conv1d_step(x: &mut [f32], weight: &[f32], state: &mut [f32], finish: impl Fn(f32, f32) -> f32) {
     let kernel = conv_kernel(x.len(), weight, state);
     let hist = kernel - 1;
     for (c, xc) in x.iter_mut().enumerate() {
@@ -92,7 +109,7 @@ pub fn causal_conv1d_silu_step(x: &mut [f32], weight: &[f32], state: &mut [f32])
             s.copy_within(1.., 0);
             s[hist - 1] = *xc;
         }
-        *xc = super::silu(acc);
+        *xc = finish(acc, *xc);
     }
 }
 

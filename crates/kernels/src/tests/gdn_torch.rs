@@ -6,8 +6,6 @@
 //! forget gate, its recurrence against both of kimi_linear's forms, its
 //! l2norm and its sigmoid-gated RMSNorm (`kda_*`).
 
-use std::path::PathBuf;
-
 use super::gdn::assert_all_close;
 use crate::gdn::{self, DeltaTokens, LogDecays};
 use crate::simd::Isa;
@@ -16,22 +14,9 @@ use crate::{ops, scalar};
 /// Agreement with torch, relative to the largest magnitude of each tensor.
 const TORCH_REL_TOL: f32 = 1e-5;
 
-/// A C-order little-endian f32 `.npy` file: (shape, values). Only what
-/// `np.save` writes for such arrays (format 1.0) is accepted.
+/// `testdata/gdn/NAME.npy`: (shape, values).
 fn load(name: &str) -> (Vec<usize>, Vec<f32>) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/gdn").join(format!("{name}.npy"));
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(&bytes[..8], b"\x93NUMPY\x01\x00", "{name}: not an .npy 1.0 file");
-    let header_len = usize::from(u16::from_le_bytes([bytes[8], bytes[9]]));
-    let header = std::str::from_utf8(&bytes[10..10 + header_len]).expect("ascii header");
-    assert!(header.contains("'descr': '<f4'") && header.contains("'fortran_order': False"), "{name}: {header}");
-    let dims = header.split("'shape': (").nth(1).and_then(|s| s.split(')').next()).expect("shape");
-    let shape: Vec<usize> =
-        dims.split(',').filter(|d| !d.trim().is_empty()).map(|d| d.trim().parse().unwrap()).collect();
-    let values: Vec<f32> =
-        bytes[10 + header_len..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    assert_eq!(values.len(), shape.iter().product::<usize>(), "{name}: {shape:?} vs {} values", values.len());
-    (shape, values)
+    super::load_npy("gdn", name)
 }
 
 /// `[a, b, c]` -> the `[a, c]` slab of index `j` on the middle axis.

@@ -6,6 +6,7 @@
 
 mod gdn;
 mod gdn_torch;
+mod inkling_torch;
 mod int;
 mod matrix;
 mod mxfp4;
@@ -13,6 +14,8 @@ mod ops;
 mod quant;
 mod simd;
 mod threads;
+
+use std::path::PathBuf;
 
 use proptest::prelude::*;
 
@@ -50,4 +53,23 @@ pub(crate) fn cols() -> impl Strategy<Value = usize> {
 /// column counts (so partial last groups appear).
 pub(crate) fn group() -> impl Strategy<Value = usize> {
     prop_oneof![1usize..=9, Just(16usize), Just(32usize), Just(33usize), Just(64usize), Just(128usize),]
+}
+
+/// `testdata/DIR/NAME.npy`, a C-order little-endian f32 `.npy` file written
+/// by a reference script: (shape, values). Only what `np.save` writes for
+/// such arrays (format 1.0) is accepted.
+pub(crate) fn load_npy(dir: &str, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(dir).join(format!("{name}.npy"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&bytes[..8], b"\x93NUMPY\x01\x00", "{name}: not an .npy 1.0 file");
+    let header_len = usize::from(u16::from_le_bytes([bytes[8], bytes[9]]));
+    let header = std::str::from_utf8(&bytes[10..10 + header_len]).expect("ascii header");
+    assert!(header.contains("'descr': '<f4'") && header.contains("'fortran_order': False"), "{name}: {header}");
+    let dims = header.split("'shape': (").nth(1).and_then(|s| s.split(')').next()).expect("shape");
+    let shape: Vec<usize> =
+        dims.split(',').filter(|d| !d.trim().is_empty()).map(|d| d.trim().parse().unwrap()).collect();
+    let values: Vec<f32> =
+        bytes[10 + header_len..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    assert_eq!(values.len(), shape.iter().product::<usize>(), "{name}: {shape:?} vs {} values", values.len());
+    (shape, values)
 }

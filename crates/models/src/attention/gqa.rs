@@ -125,6 +125,7 @@ impl Gqa {
             head_dim: d.head_dim,
             window: d.sliding_window,
             sinks: self.sinks,
+            scale: (d.head_dim as f32).powf(-0.5),
         };
         // The cache first (cheap, and each sequence's own), then every
         // sequence's attention at once across the pool.
@@ -148,7 +149,7 @@ impl Gqa {
             let first_key = d.sliding_window.map_or(0, |w| (start + 1).saturating_sub(w));
             let keys = seq.cache.rows_between(layer, KEYS, first_key, start + m);
             let values = seq.cache.rows_between(layer, VALUES, first_key, start + m);
-            jobs.push(AttendJob { q: q_seq, keys, values, first_key, start, out: out_seq });
+            jobs.push(AttendJob { q: q_seq, keys, values, first_key, start, bias: None, out: out_seq });
         }
         b.attend(rt, shape, jobs);
         if let Some(gate) = gate {

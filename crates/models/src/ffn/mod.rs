@@ -4,7 +4,7 @@
 mod moe;
 mod router;
 
-use strata_format::{CoreSpec, FfnSpec, names};
+use strata_format::{CoreSpec, FfnSpec, SwiGlu, names};
 use strata_sched::Guess;
 
 use crate::backend::Runtime;
@@ -13,8 +13,8 @@ use crate::error::Result;
 
 /// One layer's feed-forward block.
 pub enum Ffn {
-    /// A resident SwiGLU MLP: gate, up, down.
-    Dense([MatrixHandle; 3]),
+    /// A resident SwiGLU MLP: gate, up, down, and what its SwiGLU clamps.
+    Dense([MatrixHandle; 3], SwiGlu),
     Moe(moe::Moe),
 }
 
@@ -22,8 +22,9 @@ impl Ffn {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
     pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &FfnSpec, layer: usize) -> Result<Self> {
         Ok(match kind {
-            FfnSpec::Dense { intermediate_size } => {
-                Ffn::Dense(load_swiglu(b, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?)
+            FfnSpec::Dense { intermediate_size, swiglu } => {
+                let mlp = load_swiglu(b, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?;
+                Ffn::Dense(mlp, *swiglu)
             }
             FfnSpec::Moe(block) => Ffn::Moe(moe::Moe::load(b, spec, block, layer)?),
         })
@@ -31,16 +32,17 @@ impl Ffn {
 
     /// The distinct experts this block's router would pick for the rows of
     /// `xs`, in route order (`None` for a dense block): applied to an
-    /// earlier layer's input, a guess at what this layer will read.
-    pub fn predict(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32]) -> Option<Vec<usize>> {
+    /// earlier layer's input, a guess at what this layer will read. Row `i`
+    /// is token `tokens[i]`'s.
+    pub fn predict(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32], tokens: &[u32]) -> Option<Vec<usize>> {
         match self {
-            Ffn::Dense(_) => None,
-            Ffn::Moe(moe) => Some(moe.predict(rt, b, xs)),
+            Ffn::Dense(..) => None,
+            Ffn::Moe(moe) => Some(moe.predict(rt, b, xs, tokens)),
         }
     }
 
-    /// Adds the block's output for `xs` (`[n, hidden]`, row `i` at sequence
-    /// position `positions[i]`) into `out`, the slot the layer's residual
+    /// Adds the block's output for `xs` (`[n, hidden]`, row `i` token
+    /// `tokens[i]` at sequence position `positions[i]`) into `out`, the slot the layer's residual
     /// hands it (the stream itself for the plain residual: the routed
     /// experts' outputs then join it one by one, as the expert pipeline sums
     /// them), prefetching `guess` while it runs.
@@ -51,21 +53,22 @@ impl Ffn {
         b: &Backend,
         layer: usize,
         positions: &[usize],
+        tokens: &[u32],
         xs: &[f32],
         out: &mut [f32],
         guess: Option<Guess<'_>>,
     ) -> Result<()> {
         match self {
-            Ffn::Dense(mlp) => {
+            Ffn::Dense(mlp, swiglu) => {
                 if let Some(guess) = guess {
                     rt.store.prefetch(guess.layer, guess.experts)?;
                 }
                 let mut ys = vec![0.0f32; out.len()];
-                b.swiglu(rt, mlp, xs, &mut ys);
+                b.swiglu(rt, mlp, *swiglu, xs, &mut ys);
                 out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
                 Ok(())
             }
-            Ffn::Moe(moe) => moe.add_to(rt, b, layer, positions, xs, out, guess),
+            Ffn::Moe(moe) => moe.add_to(rt, b, layer, positions, tokens, xs, out, guess),
         }
     }
 }

@@ -23,7 +23,9 @@ pub fn attend_all(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<
 /// `first_key..start + n`, `[start + n - first_key, n_kv_heads * head_dim]`;
 /// `out` receives `[n, n_heads * head_dim]`. Query head `h` reads kv head
 /// `h / (n_heads / n_kv_heads)`, as transformers' `repeat_kv` arranges.
-/// `sinks` are the values of `shape.sinks`.
+/// `sinks` are the values of `shape.sinks`. Scores are `q · k` times
+/// `shape.scale`, plus the job's bias by distance if it has one (as
+/// transformers' eager attention adds `position_bias`), then softmaxed.
 ///
 /// The (query, head) pairs are independent, so they are shared out across
 /// `threads`; each pair is computed the same way on any thread, so the
@@ -34,7 +36,7 @@ pub fn attend_all(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<
 /// `first_key <= start + 1 - window` ensures. The result does not depend on
 /// `first_key`, bit for bit.
 fn attend(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<&[f32]>, job: AttendJob<'_>) {
-    let AttendJob { q, keys, values, first_key, start, out } = job;
+    let AttendJob { q, keys, values, first_key, start, bias, out } = job;
     let hd = shape.head_dim;
     let q_dim = shape.n_heads * hd;
     let kv_dim = shape.n_kv_heads * hd;
@@ -49,13 +51,18 @@ fn attend(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<&[f32]>,
         assert_eq!(sinks.len(), shape.n_heads, "one sink logit per query head");
     }
     let pairs = n * shape.n_heads;
+    if let Some(bias) = bias {
+        assert!(bias.extent > 0 && bias.rows.len() == pairs * bias.extent, "a bias row per query head");
+    }
     // Keys per query on average (causal: about half the new ones).
     let macs_per_pair = 2 * hd * (start + n.div_ceil(2)).max(1);
     let pairs_per_task = MIN_TASK_MACS.div_ceil(macs_per_pair).clamp(1, pairs.max(1));
     let task = |first_pair: usize, chunk: &mut [f32], scores: &mut Vec<f32>| {
         for (j, oh) in chunk.chunks_exact_mut(hd).enumerate() {
             let pair = first_pair + j;
-            attend_pair(isa, shape, sinks, q, keys, values, first_key, start + pair / shape.n_heads, pair, oh, scores);
+            let bias = bias.map(|b| &b.rows[pair * b.extent..(pair + 1) * b.extent]);
+            let pos = start + pair / shape.n_heads;
+            attend_pair(isa, shape, sinks, bias, q, keys, values, first_key, pos, pair, oh, scores);
         }
     };
     if threads.n_threads() == 1 || pairs_per_task >= pairs {
@@ -71,13 +78,14 @@ fn attend(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<&[f32]>,
 }
 
 /// One query head's attention: `pair` is `query * n_heads + head`, the
-/// query sits at position `pos`, and row 0 of `keys` and `values` is
-/// position `first_key`.
+/// query sits at position `pos`, `bias` is its row of the bias by distance,
+/// and row 0 of `keys` and `values` is position `first_key`.
 #[allow(clippy::too_many_arguments)]
 fn attend_pair(
     isa: Isa,
     shape: &AttnShape,
     sinks: Option<&[f32]>,
+    bias: Option<&[f32]>,
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -91,7 +99,6 @@ fn attend_pair(
     let kv_dim = shape.n_kv_heads * hd;
     let kvh = (pair % shape.n_heads) / (shape.n_heads / shape.n_kv_heads);
     let qh = &q[pair * hd..(pair + 1) * hd];
-    let scale = (hd as f32).powf(-0.5);
     let first = shape.window.map_or(0, |w| (pos + 1).saturating_sub(w));
     // Rows `first..=pos` of this kv head: `kv_dim` apart in the cache.
     let span = (first - first_key) * kv_dim + kvh * hd..(pos - first_key) * kv_dim + (kvh + 1) * hd;
@@ -99,7 +106,14 @@ fn attend_pair(
     scores.resize(pos + 1 - first, 0.0);
     isa.dot_rows_f32(qh, &keys[span.clone()], kv_dim, scores);
     for s in scores.iter_mut() {
-        *s *= scale;
+        *s *= shape.scale;
+    }
+    if let Some(bias) = bias {
+        // `scores` runs from position `first` to `pos`: backwards from the
+        // end, entry `d` is `d` positions before the query.
+        for (s, b) in scores.iter_mut().rev().zip(bias) {
+            *s += b;
+        }
     }
     match sinks {
         Some(sinks) => ops::softmax_with_sink_inplace(scores, sinks[pair % shape.n_heads]),
@@ -112,6 +126,11 @@ fn attend_pair(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shape without sinks, scores scaled by `1 / sqrt(head_dim)`.
+    fn plain_shape(n_heads: usize, n_kv_heads: usize, head_dim: usize, window: Option<usize>) -> AttnShape {
+        AttnShape { n_heads, n_kv_heads, head_dim, window, sinks: None, scale: (head_dim as f32).powf(-0.5) }
+    }
 
     fn one_thread() -> Threads {
         Threads::new(1).expect("pool")
@@ -127,7 +146,13 @@ mod tests {
         start: usize,
         out: &mut [f32],
     ) {
-        attend(&one_thread(), Isa::detect(), &shape, sinks, AttendJob { q, keys, values, first_key: 0, start, out });
+        attend(
+            &one_thread(),
+            Isa::detect(),
+            &shape,
+            sinks,
+            AttendJob { q, keys, values, first_key: 0, start, bias: None, out },
+        );
     }
 
     #[test]
@@ -138,7 +163,7 @@ mod tests {
         let q: Vec<f32> = (0..n * n_heads * head_dim).map(value).collect();
         let keys: Vec<f32> = (0..(start + n) * kv_dim).map(|i| value(i + 13)).collect();
         let values: Vec<f32> = (0..(start + n) * kv_dim).map(|i| value(i + 29)).collect();
-        let shape = AttnShape { n_heads, n_kv_heads, head_dim, window: Some(window), sinks: None };
+        let shape = plain_shape(n_heads, n_kv_heads, head_dim, Some(window));
         let sinks = [0.5, -1.0, 3.0, 0.0];
         let mut all = vec![0.0; q.len()];
         attend_one(shape, Some(&sinks), &q, &keys, &values, start, &mut all);
@@ -146,7 +171,7 @@ mod tests {
         let first_key = start + 1 - window;
         let mut ring = vec![0.0; q.len()];
         let (keys, values) = (&keys[first_key * kv_dim..], &values[first_key * kv_dim..]);
-        let job = AttendJob { q: &q, keys, values, first_key, start, out: &mut ring };
+        let job = AttendJob { q: &q, keys, values, first_key, start, bias: None, out: &mut ring };
         attend(&one_thread(), Isa::detect(), &shape, Some(&sinks), job);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&all), bits(&ring));
@@ -155,14 +180,15 @@ mod tests {
     #[test]
     #[should_panic(expected = "miss the window")]
     fn keys_that_start_inside_the_window_are_refused() {
-        let shape = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 1, window: Some(2), sinks: None };
-        let job = AttendJob { q: &[1.0], keys: &[1.0], values: &[1.0], first_key: 3, start: 3, out: &mut [0.0] };
+        let shape = plain_shape(1, 1, 1, Some(2));
+        let job =
+            AttendJob { q: &[1.0], keys: &[1.0], values: &[1.0], first_key: 3, start: 3, bias: None, out: &mut [0.0] };
         attend(&one_thread(), Isa::detect(), &shape, None, job);
     }
 
     #[test]
     fn a_single_key_returns_its_value() {
-        let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 2, window: None, sinks: None };
+        let shape = plain_shape(2, 1, 2, None);
         let mut out = vec![0.0; 4];
         attend_one(shape, None, &[1.0, 2.0, 3.0, 4.0], &[0.5, 0.5], &[7.0, -1.0], 0, &mut out);
         assert_eq!(out, vec![7.0, -1.0, 7.0, -1.0]);
@@ -170,7 +196,7 @@ mod tests {
 
     #[test]
     fn the_window_hides_old_keys() {
-        let shape = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 1, window: Some(1), sinks: None };
+        let shape = plain_shape(1, 1, 1, Some(1));
         let mut out = vec![0.0; 1];
         attend_one(shape, None, &[1.0], &[1.0, 1.0], &[5.0, 9.0], 1, &mut out);
         assert_eq!(out, vec![9.0]);
@@ -234,7 +260,7 @@ mod tests {
         // and none; with and without sinks.
         for window in [Some(1), Some(3), Some(100), None] {
             for sinks in [Some(&sinks[..]), None] {
-                let shape = AttnShape { n_heads, n_kv_heads, head_dim, window, sinks: None };
+                let shape = plain_shape(n_heads, n_kv_heads, head_dim, window);
                 let mut out = vec![0.0; q.len()];
                 attend_one(shape, sinks, &q, &keys, &values, start, &mut out);
                 let want = reference(shape, sinks, &q, &keys, &values, start);
@@ -249,7 +275,7 @@ mod tests {
     #[test]
     fn a_sink_as_likely_as_the_only_key_takes_half_the_weight() {
         // q . k = 0, so the key's logit equals the sink's (0): weights 1/2, 1/2.
-        let shape = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 2, window: None, sinks: None };
+        let shape = plain_shape(1, 1, 2, None);
         let mut out = vec![0.0; 2];
         attend_one(shape, Some(&[0.0]), &[1.0, -1.0], &[2.0, 2.0], &[8.0, -4.0], 0, &mut out);
         assert_eq!(out, vec![4.0, -2.0]);
@@ -258,14 +284,14 @@ mod tests {
     #[test]
     #[should_panic(expected = "one sink logit per query head")]
     fn a_sink_per_kv_head_is_refused() {
-        let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 1, window: None, sinks: None };
+        let shape = plain_shape(2, 1, 1, None);
         attend_one(shape, Some(&[0.0]), &[1.0, 1.0], &[1.0], &[1.0], 0, &mut [0.0; 2]);
     }
 
     #[test]
     fn the_thread_count_does_not_change_a_bit() {
         // Enough keys that the (query, head) pairs are shared across tasks.
-        let shape = AttnShape { n_heads: 8, n_kv_heads: 2, head_dim: 64, window: None, sinks: None };
+        let shape = plain_shape(8, 2, 64, None);
         let (start, n) = (100, 3);
         let value = |i: usize| ((i * 7919) % 1000) as f32 / 500.0 - 1.0;
         let q: Vec<f32> = (0..n * 8 * 64).map(value).collect();
@@ -273,7 +299,7 @@ mod tests {
         let values: Vec<f32> = (0..(start + n) * 2 * 64).map(|i| value(i + 29)).collect();
         let run = |threads: usize| {
             let mut out = vec![0.0f32; q.len()];
-            let job = AttendJob { q: &q, keys: &keys, values: &values, first_key: 0, start, out: &mut out };
+            let job = AttendJob { q: &q, keys: &keys, values: &values, first_key: 0, start, bias: None, out: &mut out };
             attend(&Threads::new(threads).expect("pool"), Isa::detect(), &shape, None, job);
             out
         };
