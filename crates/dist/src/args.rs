@@ -2,13 +2,11 @@
 //! (`strata generate` and `logits`, `chat`, `serve`).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Args;
 use strata_engine::{Engine, EngineOptions};
 
-use crate::{Result, SharedKey, Workers};
+use crate::Result;
 
 /// Where a model's routed experts run, when on other machines.
 #[derive(Debug, Clone, Args)]
@@ -31,16 +29,26 @@ impl WorkersArgs {
     /// Opens the model in `dir` with `options`, its routed experts on the
     /// workers named, if any: connected first (one per shard), then checked
     /// to serve this model with these activations.
-    pub fn open(&self, dir: &Path, mut options: EngineOptions) -> Result<Engine> {
+    pub fn open(&self, dir: &Path, options: EngineOptions) -> Result<Engine> {
         if self.workers.is_empty() {
             return Ok(Engine::open(dir, &options)?);
         }
-        let key = SharedKey::from_file_or_env(self.worker_key_file.as_deref())?;
-        let deadline = Duration::from_millis(self.worker_deadline_ms);
-        let workers = Arc::new(Workers::connect(&self.workers, &key, deadline)?);
+        self.open_on_workers(dir, options)
+    }
+
+    #[cfg(feature = "workers")]
+    fn open_on_workers(&self, dir: &Path, mut options: EngineOptions) -> Result<Engine> {
+        let key = crate::SharedKey::from_file_or_env(self.worker_key_file.as_deref())?;
+        let deadline = std::time::Duration::from_millis(self.worker_deadline_ms);
+        let workers = std::sync::Arc::new(crate::Workers::connect(&self.workers, &key, deadline)?);
         options.workers = Some(workers.clone());
         let engine = Engine::open(dir, &options)?;
         workers.check(engine.activations().name(), engine.container().content_hash())?;
         Ok(engine)
+    }
+
+    #[cfg(not(feature = "workers"))]
+    fn open_on_workers(&self, _dir: &Path, _options: EngineOptions) -> Result<Engine> {
+        Err(crate::Error::NotBuilt)
     }
 }

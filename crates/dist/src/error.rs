@@ -28,6 +28,12 @@ pub enum Error {
     /// The workers named are not a usable set.
     #[error("--workers: {0}")]
     Workers(String),
+    /// Workers were asked of a build without them.
+    #[error(
+        "this build has no expert workers: build with `--features workers` \
+         (e.g. `cargo build --release -p strata --features workers`)"
+    )]
+    NotBuilt,
     /// The worker's engine failed to compute a call.
     #[error(transparent)]
     Engine(#[from] strata_engine::Error),

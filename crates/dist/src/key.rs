@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::{Error, Result};
 
 /// The user name every coordinator presents; the key is its password.
+#[cfg(feature = "workers")]
 pub(crate) const USER: &str = "strata";
 /// Shorter keys are guessable.
 const KEY_CHARS_MIN: usize = 16;
@@ -61,6 +62,7 @@ impl SharedKey {
         }
     }
 
+    #[cfg(feature = "workers")]
     pub(crate) fn secret(&self) -> &str {
         &self.0
     }

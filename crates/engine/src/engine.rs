@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use strata_format::{Container, CoreSpec, Embedding, ExpertKind, FfnKind, FfnSpec, LayerSpec, ModelArch};
+use strata_format::{Container, CoreSpec, Embedding, ExpertKind, FfnKind, FfnSpec, LayerSpec, ModelArch, SwiGlu};
 use strata_kernels::{ActivationPrecision, Threads};
 use strata_kv::SequenceState;
 use strata_models::{CausalLm, Logits, Runtime};
@@ -552,16 +552,23 @@ impl Engine {
             Some(FfnSpec::Moe(moe)) => moe,
             _ => return Err(strata_format::Error::NotMoeLayer { layer }.into()),
         };
-        let ExpertKind::SwiGlu = moe.experts else {
-            return Err(Error::InvalidOption {
-                option: "--workers",
-                reason: format!("layer {layer}'s experts carry biases (gpt-oss), which workers do not serve yet"),
-            });
+        // The same feed-forward the layer runs at home (strata_models' Moe),
+        // or the limit would be lost on the way and the logits differ.
+        let experts = match (moe.experts, moe.swiglu) {
+            (ExpertKind::SwiGlu, SwiGlu::Plain) => ExpertFfn::SwiGlu,
+            (ExpertKind::SwiGlu, SwiGlu::Limited { limit }) => ExpertFfn::LimitedSwiGlu { limit },
+            (ExpertKind::ClampedSwiGlu { .. }, _) => {
+                return Err(Error::InvalidOption {
+                    option: "--workers",
+                    reason: format!("layer {layer}'s experts carry biases (gpt-oss), which workers do not serve yet"),
+                });
+            }
         };
         let layout = self.container.expert_layout(layer)?;
-        let outputs = self.threads.pool().install(|| {
-            strata_sched::run_expert_calls(&self.store, &self.threads, layer, layout, ExpertFfn::SwiGlu, calls)
-        });
+        let outputs = self
+            .threads
+            .pool()
+            .install(|| strata_sched::run_expert_calls(&self.store, &self.threads, layer, layout, experts, calls));
         Ok(outputs.map_err(strata_models::Error::from)?)
     }
 

@@ -108,11 +108,15 @@ pub fn run_moe_layer(
     let key = |expert| ExpertKey { layer: batch.layer, expert };
     // remote: the share of the union that workers hold goes out first, so
     // they compute it while this machine computes its own.
-    let remote_experts: Vec<usize> = match batch.remote {
+    // gpt-oss's biased experts are not served by workers (their biases are
+    // the coordinator's): they stay here rather than be refused and cost
+    // the worker.
+    let remote = batch.remote.filter(|_| !matches!(batch.experts, ExpertFfn::Clamped { .. }));
+    let remote_experts: Vec<usize> = match remote {
         Some(remote) => groups.keys().copied().filter(|&expert| remote.is_remote(batch.layer, expert)).collect(),
         None => Vec::new(),
     };
-    let pending = match batch.remote {
+    let pending = match remote {
         Some(remote) if !remote_experts.is_empty() => {
             let calls = remote_experts
                 .iter()
