@@ -17,8 +17,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 use strata_dist::args::WorkersArgs;
+use strata_engine::SamplingDefaults;
 use strata_engine::args::{EngineArgs, SamplingArgs};
-use strata_engine::{Engine, SamplingDefaults};
 use strata_hub::{default_cache_dir, resolve_model};
 use strata_text::{Chat, ReplyOptions, TextModel};
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use strata_engine::{BatchLimits, Batcher, Engine, EngineOptions, SamplingDefaults, logging};
+use strata_engine::{BatchLimits, Batcher, EngineOptions, SamplingDefaults, logging};
 use strata_hub::{default_cache_dir, resolve_model};
 use strata_text::{ChatTemplate, Tokenizer, ToolSyntax, eos_ids_from_dir};
 use tokio::sync::Semaphore;

@@ -16,6 +16,8 @@ const KEY_CHARS_MIN: usize = 16;
 pub const KEY_ENV: &str = "STRATA_WORKER_KEY";
 
 /// A shared key, never printed.
+// Read only by the Zenoh session; a build without it still checks the key.
+#[cfg_attr(not(feature = "workers"), allow(dead_code))]
 #[derive(Clone)]
 pub struct SharedKey(String);
 
