@@ -14,6 +14,7 @@
 //! [`LayerSpec`], and nothing outside this folder names it.
 
 mod deepseek_v3;
+mod glm5_next;
 mod glm_moe_dsa;
 mod gpt_oss;
 mod gqa;
@@ -76,6 +77,11 @@ pub enum Family {
     /// ones, the DeepSeek-V3 MoE.
     #[serde(rename = "kimi_linear")]
     KimiLinear,
+    /// GLM-5.3-Flash: bounded Kimi Delta Attention layers between unrotated
+    /// MLA ones sparse through a pooled DSA indexer, hyper-connections,
+    /// clamped SwiGLU, in a multimodal wrapper.
+    #[serde(rename = "glm5_next")]
+    Glm5Next,
 }
 
 /// What a family file provides.
@@ -147,7 +153,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 10] = [
+    pub const ALL: [Family; 11] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -158,6 +164,7 @@ impl Family {
         Family::Qwen35Moe,
         Family::GptOss,
         Family::KimiLinear,
+        Family::Glm5Next,
     ];
 
     /// The registry: the file that describes this family.
@@ -173,6 +180,7 @@ impl Family {
             Family::Qwen35Moe => &qwen3_5_moe::Qwen35Moe,
             Family::GptOss => &gpt_oss::GptOss,
             Family::KimiLinear => &kimi_linear::KimiLinear,
+            Family::Glm5Next => &glm5_next::Glm5Next,
         }
     }
 
