@@ -6,7 +6,8 @@ use crate::cli::workspace_root;
 
 /// The library crates, bottom layer first. A crate may depend only on crates
 /// listed before it (docs/ARCHITECTURE.md).
-const LAYERS: [&str; 10] = ["kernels", "format", "tier", "kv", "sched", "models", "engine", "text", "grammar", "hub"];
+const LAYERS: [&str; 11] =
+    ["kernels", "format", "tier", "kv", "sched", "models", "engine", "text", "grammar", "hub", "dist"];
 
 fn internal_deps(manifest: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(manifest).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));

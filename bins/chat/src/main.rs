@@ -16,8 +16,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use strata_dist::args::WorkersArgs;
+use strata_engine::SamplingDefaults;
 use strata_engine::args::{EngineArgs, SamplingArgs};
-use strata_engine::{Engine, SamplingDefaults};
 use strata_hub::{default_cache_dir, resolve_model};
 use strata_text::{Chat, ReplyOptions, TextModel};
 
@@ -61,6 +62,8 @@ pub struct Cli {
     kv_dir: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
+    #[command(flatten)]
+    workers: WorkersArgs,
 }
 
 fn main() -> ExitCode {
@@ -92,7 +95,9 @@ fn run(cli: Cli) -> Result<()> {
     let cache_dir = cli.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let interactive = std::io::stdin().is_terminal();
     let resolved = resolve_model(cli.model.as_deref(), &cache_dir, interactive, &cli.allow_unknown_config)?;
-    let engine = Engine::open(&resolved.container_dir, &cli.engine.options())
+    let engine = cli
+        .workers
+        .open(&resolved.container_dir, cli.engine.options())
         .with_context(|| format!("opening {}", resolved.container_dir.display()))?;
     let text_dir = cli.tokenizer.clone().unwrap_or_else(|| engine.container().dir().to_path_buf());
     let text = TextModel::from_dir(&engine, &text_dir)?;

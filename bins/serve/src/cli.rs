@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use strata_dist::args::WorkersArgs;
 use strata_engine::ByteSize;
 use strata_engine::args::EngineArgs;
 use strata_engine::logging::LogFormat;
@@ -114,6 +115,9 @@ pub struct Cli {
     /// `--cache-policy`, `--io`, `--threads`, `--context`, `--trace`, `--usage-file`).
     #[command(flatten)]
     pub engine: EngineArgs,
+    /// Routed experts on other machines (`--workers`, docs/DISTRIBUTED.md).
+    #[command(flatten)]
+    pub workers: WorkersArgs,
 }
 
 /// The longest API key file read: a key is a line, not a document.

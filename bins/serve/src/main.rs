@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use strata_engine::{BatchLimits, Batcher, Engine, EngineOptions, SamplingDefaults, logging};
+use strata_engine::{BatchLimits, Batcher, EngineOptions, SamplingDefaults, logging};
 use strata_hub::{default_cache_dir, resolve_model};
 use strata_text::{ChatTemplate, Tokenizer, ToolSyntax, eos_ids_from_dir};
 use tokio::sync::Semaphore;
@@ -74,7 +74,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let options = EngineOptions { sessions: cli.max_batch as usize, ..cli.engine.options() };
     let container_dir = &resolved.container_dir;
     let engine =
-        Engine::open(container_dir, &options).with_context(|| format!("opening {}", container_dir.display()))?;
+        cli.workers.open(container_dir, options).with_context(|| format!("opening {}", container_dir.display()))?;
     let eos_token_ids = eos_ids_from_dir(container_dir, &engine.core().eos_token_ids)?;
     let info = ModelInfo::of(&engine);
     // Past what the cache holds, streams that share few experts evict each

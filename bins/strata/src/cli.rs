@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use strata_dist::Shard;
+pub use strata_dist::args::WorkersArgs;
 use strata_engine::ByteSize;
 use strata_engine::args::SamplingArgs;
 use strata_hub::{AUTO_CONVERT_PRESET, ModelName};
@@ -80,6 +82,8 @@ pub enum Command {
         pass_tokens: Option<u32>,
         #[command(flatten)]
         run: RunArgs,
+        #[command(flatten)]
+        workers: WorkersArgs,
     },
     /// Generate after a prompt: text (`--prompt`, the answer printed as text)
     /// or token ids (`--tokens`).
@@ -116,6 +120,30 @@ pub enum Command {
         /// from its end if it exists (letters, digits, '.', '_', '-').
         #[arg(long)]
         session: Option<String>,
+        #[command(flatten)]
+        run: RunArgs,
+        #[command(flatten)]
+        workers: WorkersArgs,
+    },
+    /// Serve a model's routed experts (all, or shard I of N) to coordinators:
+    /// `generate`, `logits`, `chat` and `serve` with `--workers`. Every peer must
+    /// present the key (`--key-file`, or STRATA_WORKER_KEY) before anything is computed.
+    #[command(
+        after_help = "Example:\n  STRATA_WORKER_KEY=$(cat key) strata worker my-model --listen 10.0.0.2:7447 --shard 0/2"
+    )]
+    Worker {
+        #[command(flatten)]
+        model_dir: ModelArg,
+        /// Where to listen, HOST:PORT: this machine only unless told otherwise.
+        #[arg(long, default_value = "127.0.0.1:7447")]
+        listen: String,
+        /// Which experts: shard I of N holds expert e of every layer when e mod N = I.
+        #[arg(long, default_value = "0/1")]
+        shard: Shard,
+        /// The file holding the key coordinators must present (default: the
+        /// STRATA_WORKER_KEY environment variable).
+        #[arg(long, value_name = "FILE")]
+        key_file: Option<PathBuf>,
         #[command(flatten)]
         run: RunArgs,
     },

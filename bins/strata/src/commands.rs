@@ -10,7 +10,7 @@ use strata_format::{ConvertOptions, QuantPreset, SynthOptions};
 use strata_hub::{self as hub, ModelName, default_cache_dir, resolve_model};
 use strata_text::TextModel;
 
-use crate::cli::{Cli, Command, RunArgs, TraceCommand};
+use crate::cli::{Cli, Command, RunArgs, TraceCommand, WorkersArgs};
 
 pub fn run(cli: Cli) -> Result<()> {
     let cache_dir = cli.cache_dir.clone().unwrap_or_else(default_cache_dir);
@@ -55,12 +55,19 @@ pub fn run(cli: Cli) -> Result<()> {
             clap_complete::generate(shell, &mut Cli::command(), "strata", &mut std::io::stdout());
             Ok(())
         }
+        Command::Worker { model_dir, listen, shard, key_file, run } => {
+            let key = strata_dist::SharedKey::from_file_or_env(key_file.as_deref())?;
+            let model_dir = model(model_dir.dir())?;
+            let engine = open(&model_dir, &run)?;
+            let ready = || eprintln!("strata: worker: shard {shard} of {} on {listen}", model_dir.display());
+            Ok(strata_dist::serve(&engine, &listen, shard, &key, ready)?)
+        }
         Command::Perplexity { model_dir, text, json, run } => perplexity(&model(model_dir.dir())?, &text, json, &run),
-        Command::Logits { model_dir, tokens, out, pass_tokens, run } => {
+        Command::Logits { model_dir, tokens, out, pass_tokens, run, workers } => {
             let model_dir = model(model_dir.dir())?;
             let mut options = run.options();
             options.prefill_chunk_tokens = pass_tokens.map(|n| n as usize);
-            let engine = open_with(&model_dir, &options)?;
+            let engine = open_with_workers(&model_dir, options, &workers)?;
             let logits = engine.logits(&tokens.0)?;
             let vocab = engine.core().vocab_size;
             strata_format::npy::write_f32(&out, &[tokens.0.len(), vocab], &logits)
@@ -78,6 +85,7 @@ pub fn run(cli: Cli) -> Result<()> {
             kv_dir,
             session,
             run,
+            workers,
         } => {
             let named = match (kv_dir, session) {
                 (Some(kv_dir), Some(name)) => Some((kv_dir, name)),
@@ -97,7 +105,7 @@ pub fn run(cli: Cli) -> Result<()> {
             // The same defaults as `chat` and `serve`: generation_config.json
             // next to the tokenizer, which `generate` takes from the container.
             let sampling = sampling.resolve(&SamplingDefaults::from_dir(&model_dir))?;
-            let engine = open(&model_dir, &run)?;
+            let engine = open_with_workers(&model_dir, run.options(), &workers)?;
             let text = prompt_text.as_ref().map(|_| TextModel::load(&engine)).transpose()?;
             let prompt = match (&text, &prompt_text) {
                 (Some(text), Some(prompt)) => text.tokenizer.encode(prompt, true)?,
@@ -388,6 +396,15 @@ fn open(model_dir: &std::path::Path, run: &RunArgs) -> Result<Engine> {
 
 fn open_with(model_dir: &std::path::Path, options: &strata_engine::EngineOptions) -> Result<Engine> {
     Engine::open(model_dir, options).with_context(|| format!("opening {}", model_dir.display()))
+}
+
+/// Opens the model with its routed experts on the workers `workers` names, if any.
+fn open_with_workers(
+    model_dir: &std::path::Path,
+    options: strata_engine::EngineOptions,
+    workers: &WorkersArgs,
+) -> Result<Engine> {
+    workers.open(model_dir, options).with_context(|| format!("opening {}", model_dir.display()))
 }
 
 fn replay(file: &std::path::Path, expert_cache: ByteSize, learn: Option<&std::path::Path>) -> Result<()> {

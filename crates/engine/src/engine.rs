@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use strata_format::{Container, CoreSpec, Embedding, FfnKind, LayerSpec, ModelArch};
+use strata_format::{Container, CoreSpec, Embedding, ExpertKind, FfnKind, FfnSpec, LayerSpec, ModelArch, SwiGlu};
 use strata_kernels::{ActivationPrecision, Threads};
 use strata_kv::SequenceState;
 use strata_models::{CausalLm, DeviceRequest, Logits, Runtime};
-use strata_sched::LayerStats;
+use strata_sched::{ExpertCall, ExpertFfn, LayerStats, RemoteExperts};
 use strata_tier::{
     BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, MirrorSpec, PREFETCH_IN_FLIGHT, PolicyKind,
     RamBudget, RecordCheck, StoreOptions, StoreStats, TraceHeader, TraceWriter, Usage,
@@ -63,6 +63,9 @@ pub struct EngineOptions {
     pub activations: ActivationPrecision,
     /// Where the model runs (`--device`, `--vram-budget`).
     pub device: DeviceRequest,
+    /// Workers computing routed experts on other machines (`--workers`,
+    /// crates/dist); `None`: every expert runs here.
+    pub workers: Option<Arc<dyn RemoteExperts>>,
 }
 
 /// Look-ahead prefetch (`--prefetch`): while a layer computes, the next
@@ -173,6 +176,7 @@ impl Default for EngineOptions {
             preload_experts: true,
             activations: ActivationPrecision::Int16,
             device: DeviceRequest::Cpu,
+            workers: None,
         }
     }
 }
@@ -203,6 +207,7 @@ pub struct Engine {
     usage_file: PathBuf,
     pipeline: Mutex<LayerStats>,
     trace: Option<Mutex<TraceWriter>>,
+    workers: Option<Arc<dyn RemoteExperts>>,
     /// Whether saving learned usage has failed once already (see
     /// [`Engine::persist_learning_or_warn`]).
     learning_save_failed: AtomicBool,
@@ -353,6 +358,7 @@ impl Engine {
             usage_file,
             pipeline: Mutex::new(LayerStats::default()),
             trace,
+            workers: options.workers.clone(),
             learning_save_failed: AtomicBool::new(false),
         })
     }
@@ -568,12 +574,46 @@ impl Engine {
         self.threads.pool().install(|| span.in_scope(|| f(&*self.model, &self.runtime())))
     }
 
+    /// Computes a coordinator's share of MoE layer `layer`'s union here,
+    /// through this engine's expert store and kernels: what `strata worker`
+    /// does with each request. Each call's output, in the calls' order.
+    pub fn run_expert_calls(&self, layer: usize, calls: &[ExpertCall]) -> Result<Vec<Vec<f32>>> {
+        let moe = match self.arch().layers.get(layer).map(|spec| spec.ffn) {
+            Some(FfnSpec::Moe(moe)) => moe,
+            _ => return Err(strata_format::Error::NotMoeLayer { layer }.into()),
+        };
+        // The same feed-forward the layer runs at home (strata_models' Moe),
+        // or the limit would be lost on the way and the logits differ.
+        let experts = match (moe.experts, moe.swiglu) {
+            (ExpertKind::SwiGlu, SwiGlu::Plain) => ExpertFfn::SwiGlu,
+            (ExpertKind::SwiGlu, SwiGlu::Limited { limit }) => ExpertFfn::LimitedSwiGlu { limit },
+            (ExpertKind::ClampedSwiGlu { .. }, _) => {
+                return Err(Error::InvalidOption {
+                    option: "--workers",
+                    reason: format!("layer {layer}'s experts carry biases (gpt-oss), which workers do not serve yet"),
+                });
+            }
+        };
+        let layout = self.container.expert_layout(layer)?;
+        let outputs = self
+            .threads
+            .pool()
+            .install(|| strata_sched::run_expert_calls(&self.store, &self.threads, layer, layout, experts, calls));
+        Ok(outputs.map_err(strata_models::Error::from)?)
+    }
+
     pub(crate) fn model(&self) -> &dyn CausalLm {
         &*self.model
     }
 
     pub(crate) fn runtime(&self) -> Runtime<'_> {
-        Runtime { threads: &self.threads, store: &self.store, stats: &self.pipeline, trace: self.trace.as_ref() }
+        Runtime {
+            threads: &self.threads,
+            store: &self.store,
+            stats: &self.pipeline,
+            trace: self.trace.as_ref(),
+            remote: self.workers.as_deref(),
+        }
     }
 }
 

@@ -18,4 +18,10 @@ pub enum Error {
         #[source]
         source: Box<strata_format::Error>,
     },
+    /// A worker was asked for an expert the layer lacks, or hidden states
+    /// that are not whole rows.
+    #[error(
+        "layer {layer} has {num_experts} experts of width {hidden}: no call for expert {expert} with {floats} floats"
+    )]
+    Call { layer: usize, expert: usize, floats: usize, hidden: usize, num_experts: usize },
 }

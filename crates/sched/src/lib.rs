@@ -14,11 +14,13 @@
 mod error;
 mod ffn;
 mod moe;
+mod remote;
 mod stats;
 mod union;
 
 pub use error::{Error, Result};
 pub use ffn::gated_ffn;
-pub use moe::{ExpertFfn, Guess, MoeBatch, run_moe_layer};
+pub use moe::{ExpertFfn, Guess, MoeBatch, run_expert_calls, run_moe_layer};
+pub use remote::{ExpertCall, Pending, RemoteExperts};
 pub use stats::LayerStats;
 pub use union::{Route, union};

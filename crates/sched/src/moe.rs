@@ -9,6 +9,7 @@ use strata_kernels::{GatedAct, Threads};
 use strata_tier::{ExpertKey, ExpertStore, Record};
 
 use crate::ffn::gated_ffn;
+use crate::remote::{ExpertCall, RemoteExperts};
 use crate::{Error, LayerStats, Result, Route, union};
 
 /// The inputs of one MoE layer for a batch of tokens.
@@ -32,6 +33,9 @@ pub struct MoeBatch<'a> {
     /// this layer is about to use. A guess moves bytes only: it never
     /// changes which records this or any layer computes with.
     pub prefetch: Option<Guess<'a>>,
+    /// Workers computing some of this layer's experts on other machines
+    /// (`None`: every expert runs here).
+    pub remote: Option<&'a dyn RemoteExperts>,
 }
 
 /// The feed-forward each routed expert of a layer computes.
@@ -84,6 +88,9 @@ pub struct Guess<'a> {
 /// those loads are in flight; each loaded expert is computed as it arrives.
 /// Every expert's output lands in its own slot, and slots are summed in a
 /// fixed order at the end, so the result does not depend on residency.
+/// With `batch.remote`, the share of the union workers hold is sent out
+/// first and its outputs land in the same slots; what a worker fails to
+/// compute is computed here, so where an expert ran changes nothing.
 pub fn run_moe_layer(
     store: &ExpertStore,
     threads: &Threads,
@@ -99,10 +106,31 @@ pub fn run_moe_layer(
     let _span = tracing::debug_span!("moe_layer", layer = batch.layer).entered();
     let groups = union(batch.routes, batch.top_k);
     let key = |expert| ExpertKey { layer: batch.layer, expert };
-    // place: look every distinct expert up once, leasing the resident ones.
+    // remote: the share of the union that workers hold goes out first, so
+    // they compute it while this machine computes its own.
+    // gpt-oss's biased experts are not served by workers (their biases are
+    // the coordinator's): they stay here rather than be refused and cost
+    // the worker.
+    let remote = batch.remote.filter(|_| !matches!(batch.experts, ExpertFfn::Clamped { .. }));
+    let remote_experts: Vec<usize> = match remote {
+        Some(remote) => groups.keys().copied().filter(|&expert| remote.is_remote(batch.layer, expert)).collect(),
+        None => Vec::new(),
+    };
+    let pending = match remote {
+        Some(remote) if !remote_experts.is_empty() => {
+            let calls = remote_experts
+                .iter()
+                .map(|&expert| ExpertCall { expert, xs: gather(batch, &groups[&expert]) })
+                .collect();
+            Some(remote.start(batch.layer, hidden, calls))
+        }
+        _ => None,
+    };
+    // place: look every distinct expert of this machine's share up once,
+    // leasing the resident ones.
     let mut resident = Vec::new();
     let mut missing = Vec::new();
-    for &expert in groups.keys() {
+    for &expert in groups.keys().filter(|expert| remote_experts.binary_search(expert).is_err()) {
         match store.lookup(key(expert))? {
             Some(buf) => resident.push((expert, buf)),
             None => missing.push(key(expert)),
@@ -144,6 +172,34 @@ pub fn run_moe_layer(
         stats.compute_ns += started.elapsed().as_nanos() as u64;
     }
     drop(loads);
+    if let Some(pending) = pending {
+        let waiting = Instant::now();
+        let outputs = pending.wait();
+        stats.stall_ns += waiting.elapsed().as_nanos() as u64;
+        assert_eq!(outputs.len(), remote_experts.len(), "one output per call");
+        let mut failed = Vec::new();
+        for (&expert, output) in remote_experts.iter().zip(outputs) {
+            let members = &groups[&expert];
+            match output {
+                Ok(ys) if ys.len() == members.len() * hidden => scatter(members, &ys, hidden, &mut slot_out),
+                Ok(_) => failed.push((expert, "an output of the wrong size".to_owned())),
+                Err(why) => failed.push((expert, why)),
+            }
+        }
+        if let Some((_, why)) = failed.first() {
+            let experts = failed.len();
+            tracing::warn!(layer = batch.layer, experts, %why, "experts not computed by their worker: computed here");
+        }
+        // A worker's share it did not compute is this machine's, from its
+        // own store: the same record, the same kernels.
+        for (expert, _) in failed {
+            let record = fetch_one(store, key(expert))?;
+            bytes_loaded += record.len();
+            let members = &groups[&expert];
+            let ys = apply_expert(threads, batch, expert, &record, members)?;
+            scatter(members, &ys, hidden, &mut slot_out);
+        }
+    }
     tracing::debug!(
         resident_experts,
         loaded_experts,
@@ -167,21 +223,81 @@ fn apply_expert(
     record: &Record,
     members: &[(usize, usize)],
 ) -> Result<Vec<f32>> {
+    compute_expert(threads, batch.layer, batch.layout, batch.experts, expert, record, &gather(batch, members))
+}
+
+/// The hidden states of the tokens routed to an expert, `[members, hidden]`.
+fn gather(batch: &MoeBatch<'_>, members: &[(usize, usize)]) -> Vec<f32> {
     let hidden = batch.hidden;
-    let matrices = batch.layout.matrices(record.as_slice()).map_err(|source| Error::Record {
-        layer: batch.layer,
-        expert,
-        source: Box::new(source),
-    })?;
-    let m = members.len();
-    let mut xs_sub = Vec::with_capacity(m * hidden);
+    let mut xs_sub = Vec::with_capacity(members.len() * hidden);
     for &(token, _) in members {
         xs_sub.extend_from_slice(&batch.xs[token * hidden..(token + 1) * hidden]);
     }
-    let mut ys = vec![0.0f32; m * hidden];
-    let act = batch.experts.of_expert(expert, matrices[0].rows, hidden);
-    gated_ffn(threads, &matrices, act, &xs_sub, &mut ys);
+    xs_sub
+}
+
+/// Runs expert `expert` of `layer`, whose record is `record`, over `xs`
+/// (`[tokens, hidden]`): the one computation of an expert, here or on a
+/// worker.
+fn compute_expert(
+    threads: &Threads,
+    layer: usize,
+    layout: &ExpertLayout,
+    experts: ExpertFfn<'_>,
+    expert: usize,
+    record: &Record,
+    xs: &[f32],
+) -> Result<Vec<f32>> {
+    let matrices = layout.matrices(record.as_slice()).map_err(|source| Error::Record {
+        layer,
+        expert,
+        source: Box::new(source),
+    })?;
+    let hidden = matrices[0].cols;
+    let mut ys = vec![0.0f32; xs.len()];
+    let act = experts.of_expert(expert, matrices[0].rows, hidden);
+    gated_ffn(threads, &matrices, act, xs, &mut ys);
     Ok(ys)
+}
+
+/// One record, from the cache or read now.
+fn fetch_one(store: &ExpertStore, key: ExpertKey) -> Result<std::sync::Arc<Record>> {
+    if let Some(record) = store.lookup(key)? {
+        return Ok(record);
+    }
+    let (_, record) = store.fetch(vec![key])?.next().expect("a fetch yields every key it was given");
+    Ok(record?)
+}
+
+/// What a worker does with a coordinator's share of a layer's union:
+/// computes each call's expert here, reading records through `store`, and
+/// returns each call's output in the calls' order.
+pub fn run_expert_calls(
+    store: &ExpertStore,
+    threads: &Threads,
+    layer: usize,
+    layout: &ExpertLayout,
+    experts: ExpertFfn<'_>,
+    calls: &[ExpertCall],
+) -> Result<Vec<Vec<f32>>> {
+    calls
+        .iter()
+        .map(|call| {
+            let hidden = layout.components[0].cols;
+            if call.expert >= layout.num_experts || !call.xs.len().is_multiple_of(hidden) {
+                let floats = call.xs.len();
+                return Err(Error::Call {
+                    layer,
+                    expert: call.expert,
+                    floats,
+                    hidden,
+                    num_experts: layout.num_experts,
+                });
+            }
+            let record = fetch_one(store, ExpertKey { layer, expert: call.expert })?;
+            compute_expert(threads, layer, layout, experts, call.expert, &record, &call.xs)
+        })
+        .collect()
 }
 
 /// Writes each member token's output row into its route's slot.

@@ -25,7 +25,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use strata_format::{CompressorState, Container, MlaSpec, SwiGlu};
-use strata_sched::{Guess, LayerStats, Route};
+use strata_sched::{Guess, LayerStats, RemoteExperts, Route};
 use strata_tier::{ExpertStore, TraceWriter};
 
 /// Why a device could not be had: no adapter, or a build without it.
@@ -49,6 +49,8 @@ pub struct Runtime<'a> {
     pub stats: &'a Mutex<LayerStats>,
     /// Where to record every routing decision, if anywhere.
     pub trace: Option<&'a Mutex<TraceWriter>>,
+    /// Workers computing some routed experts on other machines, if any.
+    pub remote: Option<&'a dyn RemoteExperts>,
 }
 
 /// Where a tensor lives.
@@ -776,6 +778,6 @@ impl Backend {
         out: &mut [f32],
         stats: &mut LayerStats,
     ) -> Result<()> {
-        self.host().run_moe_layer(rt.threads, rt.store, job, out, stats)
+        self.host().run_moe_layer(rt.threads, rt.store, rt.remote, job, out, stats)
     }
 }

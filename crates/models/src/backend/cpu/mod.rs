@@ -26,7 +26,7 @@ use std::sync::Arc;
 use strata_format::{Container, DenseId, SwiGlu};
 use strata_kernels::simd::Isa;
 use strata_kernels::{GatedAct, Matrix, Threads, ops};
-use strata_sched::{ExpertFfn, LayerStats, MoeBatch, Route, gated_ffn};
+use strata_sched::{ExpertFfn, LayerStats, MoeBatch, RemoteExperts, Route, gated_ffn};
 use strata_tier::ExpertStore;
 
 use super::{
@@ -385,6 +385,7 @@ impl Cpu {
         &self,
         threads: &Threads,
         store: &ExpertStore,
+        remote: Option<&dyn RemoteExperts>,
         job: &MoeJob<'_>,
         out: &mut [f32],
         stats: &mut LayerStats,
@@ -410,6 +411,7 @@ impl Cpu {
             routes: job.routes,
             top_k: job.top_k,
             prefetch: job.prefetch,
+            remote,
         };
         Ok(strata_sched::run_moe_layer(store, threads, &batch, out, stats)?)
     }
