@@ -53,8 +53,8 @@ pub use names::{ExpertProj, TensorDesc, TensorKind};
 pub use preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset};
 pub use spec::{
     CoreSpec, DsaSpec, ExpertKind, Family, FfnKind, FfnSpec, GdnDims, GdnProjections, GdnSpec, GqaSpec, IndexerKind,
-    IndexerSpec, LayerSpec, LayerType, MixerSpec, MlaAttention, MlaSpec, ModelArch, ModelSpec, MoeBlock, MoeSpec,
-    NormKind, NormStyle, QkNorm, ResidualKind, RopeScaling, RopeSpec, RouterKind, RouterSpec, ScoringFunc,
-    SharedExperts,
+    IndexerSpec, InklingAttention, LayerSpec, LayerType, LogScaling, MixerSpec, MlaAttention, MlaSpec, ModelArch,
+    ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, QkNorm, ResidualKind, RopeScaling, RopeSpec, RouterKind,
+    RouterSpec, ScoringFunc, SharedExperts, ShortConv,
 };
 pub use synth::{LIKE, SynthOptions, like_config, synth};

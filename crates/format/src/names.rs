@@ -6,8 +6,11 @@
 //! tensor can be traced from the Hub file to the container and back without a
 //! translation table. Shapes are PyTorch `nn.Linear` shapes: `[out, in]`.
 
+mod inkling;
+
 use serde::{Deserialize, Serialize};
 
+pub use self::inkling::{embed_norm_name, global_scale_name, sink_shared_expert_names};
 use crate::family::Naming;
 use crate::spec::{
     CoreSpec, ExpertKind, FfnSpec, GdnProjections, GdnSpec, GqaSpec, IndexerKind, MixerSpec, MlaAttention, ModelArch,
@@ -151,7 +154,7 @@ pub fn interleaved_expert_names(core: &CoreSpec, layer: usize) -> [String; 3] {
 pub fn shared_expert_names(core: &CoreSpec, layer: usize, shared: SharedExperts) -> [String; 3] {
     let module = match shared {
         SharedExperts::Gated { .. } => "shared_expert",
-        SharedExperts::Plain { .. } | SharedExperts::None => "shared_experts",
+        SharedExperts::Plain { .. } | SharedExperts::Sink { .. } | SharedExperts::None => "shared_experts",
     };
     let moe = naming(core).moe_module;
     ["gate_proj", "up_proj", "down_proj"].map(|p| layer_tensor(core, layer, &format!("{moe}.{module}.{p}.weight")))
@@ -233,6 +236,9 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
     let mut out = Vec::new();
     let mut push = |name: String, shape: Vec<usize>, kind: TensorKind| out.push(TensorDesc { name, shape, kind });
     push(embedding_name(core), vec![core.vocab_size, h], TensorKind::Embedding);
+    if core.embed_norm.is_some() {
+        push(embed_norm_name(core), vec![h], TensorKind::Norm);
+    }
     for (layer, blocks) in arch.layers.iter().enumerate() {
         let t = |suffix: &str| layer_tensor(core, layer, suffix);
         push(t("input_layernorm.weight"), vec![h], TensorKind::Norm);
@@ -240,12 +246,17 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
             MixerSpec::Gqa(gqa) => gqa_attention_tensors(core, gqa, layer, &mut push),
             MixerSpec::Mla(mla) => mla_attention_tensors(core, mla, layer, &mut push),
             MixerSpec::GatedDeltaNet(gdn) => gdn_tensors(core, gdn, layer, &mut push),
+            MixerSpec::Inkling(attn) => inkling::attention_tensors(core, attn, layer, &mut push),
         }
         push(t("post_attention_layernorm.weight"), vec![h], TensorKind::Norm);
         match &blocks.ffn {
             FfnSpec::Moe(moe) => {
-                push(router_name(core, layer), vec![moe.num_experts, h], TensorKind::Router);
+                push(router_name(core, layer), vec![moe.router_rows(), h], TensorKind::Router);
                 match moe.router {
+                    RouterKind::SharedExpertSink { .. } => {
+                        push(correction_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
+                        push(global_scale_name(core, layer, "mlp.gate"), vec![1], TensorKind::Norm);
+                    }
                     RouterKind::GroupedSigmoid { .. } => {
                         push(correction_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
                     }
@@ -269,11 +280,23 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
                         swiglu_tensors(shared_expert_names(core, layer, moe.shared), h, intermediate_size, &mut push);
                         push(shared_expert_gate_name(core, layer), vec![1, h], TensorKind::Router);
                     }
+                    SharedExperts::Sink { count, intermediate_size: i } => {
+                        let [gate, up, down] = sink_shared_expert_names(core, layer);
+                        push(gate, vec![count, i, h], TensorKind::Linear);
+                        push(up, vec![count, i, h], TensorKind::Linear);
+                        push(down, vec![count, h, i], TensorKind::Linear);
+                    }
                 }
             }
-            FfnSpec::Dense { intermediate_size } => {
+            FfnSpec::Dense { intermediate_size, global_scale } => {
                 swiglu_tensors(dense_mlp_names(core, layer), h, *intermediate_size, &mut push);
+                if *global_scale {
+                    push(global_scale_name(core, layer, "mlp"), vec![1], TensorKind::Norm);
+                }
             }
+        }
+        if let Some(conv) = blocks.ffn_output_conv {
+            inkling::short_conv_tensor(core, layer, "mlp_sconv", conv, &mut push);
         }
     }
     push(final_norm_name(core), vec![h], TensorKind::Norm);

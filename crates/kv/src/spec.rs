@@ -2,7 +2,7 @@
 //! engine budgets with it without building the model, and the model's
 //! blocks are checked against it when they load.
 
-use strata_format::{LayerSpec, MixerSpec};
+use strata_format::{LayerSpec, MixerSpec, ShortConv};
 
 use crate::{LayerLayout, StatePart};
 
@@ -10,9 +10,11 @@ use crate::{LayerLayout, StatePart};
 /// indexes the parts: keys then values (grouped-query attention; a ring of
 /// the last `window` under a sliding window); the
 /// latent with its rotary key, then the indexer keys with DSA (Multi-head
-/// Latent Attention); the delta-rule and convolution state (Gated DeltaNet).
+/// Latent Attention); the delta-rule and convolution state (Gated DeltaNet);
+/// keys and values as GQA's, then the k, v and output convolutions'
+/// inputs (Inkling). Then the FFN's: its output convolution's inputs.
 pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
-    let parts = match &spec.mixer {
+    let mut parts = match &spec.mixer {
         MixerSpec::Gqa(gqa) => {
             let dim = gqa.kv_dim();
             // A sliding window needs only its last `window` keys and values.
@@ -24,7 +26,14 @@ pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
             .map(|dim| StatePart::Rows { dim })
             .collect(),
         MixerSpec::GatedDeltaNet(gdn) => vec![StatePart::Fixed { floats: gdn.dims.state_floats() }],
+        MixerSpec::Inkling(ink) => {
+            let dim = ink.kv_dim();
+            let rows = ink.sliding_window.map_or(StatePart::Rows { dim }, |window| StatePart::Ring { dim, window });
+            let conv = |conv: ShortConv| StatePart::Fixed { floats: conv.state_floats() };
+            vec![rows, rows, conv(ink.kv_conv()), conv(ink.kv_conv()), conv(ink.output_conv())]
+        }
     };
+    parts.extend(spec.ffn_output_conv.map(|conv| StatePart::Fixed { floats: conv.state_floats() }));
     LayerLayout::new(parts)
 }
 
@@ -61,5 +70,21 @@ mod tests {
         let state = StatePart::Fixed { floats: arch.first_gdn().unwrap().dims.state_floats() };
         let rows = vec![StatePart::Rows { dim: kv_dim }; 2];
         assert_eq!(parts, [vec![state], vec![state], vec![state], rows]);
+    }
+
+    #[test]
+    fn an_inkling_layer_keeps_keys_values_and_four_convolutions_the_ffns_last() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/inkling_hub/inkling/config.json");
+        let arch = ModelArch::from_config_json(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let layouts = layouts_of(&arch.layers);
+        let (kv, hidden) = (16 * 128, 6144);
+        let conv = |channels| StatePart::Fixed { floats: 3 * channels };
+        let ring = StatePart::Ring { dim: kv, window: 512 };
+        assert_eq!(layouts[0].parts, [ring, ring, conv(kv), conv(kv), conv(hidden), conv(hidden)]);
+        let rows = StatePart::Rows { dim: 8 * 128 };
+        assert_eq!(layouts[5].parts, [rows, rows, conv(8 * 128), conv(8 * 128), conv(hidden), conv(hidden)]);
+        let bytes_per_sequence: usize = layouts.iter().map(LayerLayout::bytes_per_sequence).sum();
+        assert_eq!(bytes_per_sequence, arch.state_bytes_per_sequence());
+        assert_eq!(layouts.iter().map(LayerLayout::bytes_per_token).sum::<usize>(), arch.kv_bytes_per_token());
     }
 }

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use strata_format::{Container, CoreSpec, RopeSpec, names};
+use strata_format::{Container, CoreSpec, ModelArch, RopeSpec, names};
 use strata_kv::{LayerLayout, SequenceState};
 use strata_sched::Guess;
 
@@ -26,6 +26,23 @@ use crate::lm::SeqBatch;
 use crate::norm::Norm;
 use crate::residual::{Residual, Streams};
 use crate::rope::{Angles, Rope};
+
+/// Refuses a model with a part of the spec outside the blocks that the
+/// graph does not run yet, naming it: run without it, the model would be
+/// silently wrong.
+fn refuse_uncomposed(arch: &ModelArch) -> Result<()> {
+    let core = &arch.core;
+    let parts = [
+        (core.embed_norm.is_some(), "the embedding norm"),
+        (core.logits_mup_divisor.is_some(), "the logits' muP divisor"),
+        (core.unpadded_vocab_size.is_some(), "an unpadded vocabulary"),
+        (arch.layers.iter().any(|l| l.ffn_output_conv.is_some()), "the FFN output's convolution"),
+    ];
+    match parts.iter().find(|(present, _)| *present) {
+        Some((_, what)) => Err(Error::uncomposed(what)),
+        None => Ok(()),
+    }
+}
 
 /// A loaded model: its layers' blocks over the backend's tensors.
 pub struct Decoder {
@@ -57,6 +74,7 @@ impl Decoder {
     pub fn load(container: Arc<Container>) -> Result<Self> {
         let spec = container.arch().core.clone();
         let arch = container.arch();
+        refuse_uncomposed(arch)?;
         let mut backend = Backend::cpu(Arc::clone(&container));
         let b = &mut backend;
         let h = arch.core.hidden_size;
@@ -229,5 +247,23 @@ impl CausalLm for Decoder {
         }
         let logits = self.logits(rt, &last_rows, Logits::All)?;
         Ok(logits.chunks_exact(self.spec.vocab_size).map(<[f32]>::to_vec).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inkling_model_is_refused_naming_what_the_graph_lacks() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/inkling_hub/inkling/config.json");
+        let mut arch = ModelArch::from_config_json(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let err = refuse_uncomposed(&arch).unwrap_err().to_string();
+        assert_eq!(err, "the embedding norm is not composed into the graph yet");
+        arch.core.embed_norm = None;
+        arch.core.logits_mup_divisor = None;
+        arch.core.unpadded_vocab_size = None;
+        let err = refuse_uncomposed(&arch).unwrap_err().to_string();
+        assert!(err.starts_with("the FFN output's convolution"), "{err}");
     }
 }

@@ -37,6 +37,7 @@ pub enum MixerRecord {
     Gqa,
     Mla,
     GatedDeltanet,
+    Inkling,
 }
 
 /// A layer's feed-forward block.
@@ -85,6 +86,7 @@ impl LayerRecord {
                 MixerSpec::Gqa(_) => MixerRecord::Gqa,
                 MixerSpec::Mla(_) => MixerRecord::Mla,
                 MixerSpec::GatedDeltaNet(_) => MixerRecord::GatedDeltanet,
+                MixerSpec::Inkling(_) => MixerRecord::Inkling,
             },
             ffn: match layer.ffn {
                 FfnSpec::Dense { .. } => FfnRecord::Dense,

@@ -153,6 +153,9 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
         max_position_embeddings,
         tie_word_embeddings: cfg.bool("tie_word_embeddings")?.unwrap_or(false),
         final_norm: NormKind::Weight { eps: rms_norm_eps },
+        embed_norm: None,
+        logits_mup_divisor: None,
+        unpadded_vocab_size: None,
         bos_token_id,
         eos_token_ids,
     };
@@ -270,7 +273,9 @@ pub(super) fn config_json(arch: &ModelArch, mla: &MlaAttention) -> Map<String, V
     let moe = super::gqa::blocks(arch).1;
     let (n_group, topk_group, scaling) = match moe.router {
         RouterKind::GroupedSigmoid { n_group, topk_group, scaling, .. } => (n_group, topk_group, scaling),
-        RouterKind::SoftmaxTopK { .. } | RouterKind::TopKThenSoftmax => (1, 1, 1.0),
+        RouterKind::SoftmaxTopK { .. } | RouterKind::TopKThenSoftmax | RouterKind::SharedExpertSink { .. } => {
+            (1, 1, 1.0)
+        }
     };
     let heads = (mla.num_heads, mla.num_heads);
     // Without RoPE the rope keys written are transformers' defaults (the
@@ -286,12 +291,7 @@ pub(super) fn config_json(arch: &ModelArch, mla: &MlaAttention) -> Map<String, V
     c.insert("intermediate_size".into(), json!(arch.dense_intermediate_size().unwrap_or(0)));
     c.insert("moe_intermediate_size".into(), json!(moe.intermediate_size));
     c.insert("n_routed_experts".into(), json!(moe.num_experts));
-    let n_shared = match moe.shared {
-        SharedExperts::None => 0,
-        SharedExperts::Plain { intermediate_size } | SharedExperts::Gated { intermediate_size } => {
-            intermediate_size / moe.intermediate_size
-        }
-    };
+    let n_shared = moe.shared.total_intermediate_size() / moe.intermediate_size;
     c.insert("n_shared_experts".into(), json!(n_shared));
     c.insert("num_experts_per_tok".into(), json!(moe.top_k));
     c.insert("norm_topk_prob".into(), json!(moe.router.renormalizes()));

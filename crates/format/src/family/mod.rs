@@ -18,6 +18,7 @@ mod glm_moe_dsa;
 mod gpt_oss;
 mod gqa;
 mod hybrid;
+mod inkling;
 mod kimi_k25;
 mod kimi_linear;
 mod known;
@@ -76,6 +77,11 @@ pub enum Family {
     /// ones, the DeepSeek-V3 MoE.
     #[serde(rename = "kimi_linear")]
     KimiLinear,
+    /// Inkling: attention without RoPE, a bias by backward distance and
+    /// short convolutions, sliding layers with their own heads, the
+    /// shared-expert sink router.
+    #[serde(rename = "inkling_mm_model")]
+    Inkling,
 }
 
 /// What a family file provides.
@@ -147,7 +153,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 10] = [
+    pub const ALL: [Family; 11] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -158,6 +164,7 @@ impl Family {
         Family::Qwen35Moe,
         Family::GptOss,
         Family::KimiLinear,
+        Family::Inkling,
     ];
 
     /// The registry: the file that describes this family.
@@ -173,6 +180,7 @@ impl Family {
             Family::Qwen35Moe => &qwen3_5_moe::Qwen35Moe,
             Family::GptOss => &gpt_oss::GptOss,
             Family::KimiLinear => &kimi_linear::KimiLinear,
+            Family::Inkling => &inkling::Inkling,
         }
     }
 
@@ -269,7 +277,7 @@ impl Ffns {
     /// The block of a layer of kind `kind`.
     pub(crate) fn of(&self, kind: FfnKind) -> FfnSpec {
         match kind {
-            FfnKind::Dense => FfnSpec::Dense { intermediate_size: self.dense_intermediate_size },
+            FfnKind::Dense => FfnSpec::Dense { intermediate_size: self.dense_intermediate_size, global_scale: false },
             FfnKind::Moe => FfnSpec::Moe(self.moe),
         }
     }
@@ -291,6 +299,7 @@ pub(crate) fn stack(
         ffn: ffns.of(*kind),
         norm,
         residual: ResidualKind::Plain,
+        ffn_output_conv: None,
     };
     Ok(kinds.iter().enumerate().map(layer).collect())
 }

@@ -28,6 +28,15 @@ pub struct CoreSpec {
     pub tie_word_embeddings: bool,
     /// The norm after the last layer.
     pub final_norm: NormKind,
+    /// The RMSNorm of each embedding row as it is looked up (Inkling's
+    /// `embed_norm`); `None`: rows as stored.
+    pub embed_norm: Option<NormKind>,
+    /// The final hidden states are divided by it before lm_head (Inkling's
+    /// μP `logits_mup_width_multiplier`).
+    pub logits_mup_divisor: Option<f32>,
+    /// Logits past the first this many are cut (lm_head padded beyond the
+    /// tokenizer's vocabulary); `None`: all `vocab_size`.
+    pub unpadded_vocab_size: Option<usize>,
     pub bos_token_id: Option<u32>,
     /// Every end-of-sequence id.
     pub eos_token_ids: Vec<u32>,
@@ -110,7 +119,7 @@ impl ModelArch {
     /// The first dense layer's MLP width (`None`: no dense layer).
     pub fn dense_intermediate_size(&self) -> Option<usize> {
         self.layers.iter().find_map(|l| match l.ffn {
-            FfnSpec::Dense { intermediate_size } => Some(intermediate_size),
+            FfnSpec::Dense { intermediate_size, .. } => Some(intermediate_size),
             FfnSpec::Moe(_) => None,
         })
     }

@@ -9,7 +9,7 @@
 //! activation width, what `strata info` prints) is a method here, computed
 //! in this one place.
 
-use super::{FfnKind, GdnDims, IndexerKind, MlaSpec, QkNorm, RopeSpec};
+use super::{FfnKind, GdnDims, IndexerKind, InklingAttention, MlaSpec, QkNorm, RopeSpec, ShortConv};
 
 /// The blocks of one decoder layer: `x += attention(norm(x))`, then
 /// `x += ffn(norm(x))`, the additions as `residual` says.
@@ -20,6 +20,9 @@ pub struct LayerSpec {
     /// Both of the layer's norms (before attention and before the FFN).
     pub norm: NormKind,
     pub residual: ResidualKind,
+    /// The short convolution the FFN's output passes before the residual
+    /// add (Inkling); its state is the FFN's, after the mixer's.
+    pub ffn_output_conv: Option<ShortConv>,
 }
 
 /// How a block's output joins the hidden states.
@@ -37,7 +40,7 @@ impl LayerSpec {
 
     /// f32 values of fixed state one sequence keeps in this layer.
     pub fn state_floats(&self) -> usize {
-        self.mixer.state_floats()
+        self.mixer.state_floats() + self.ffn_output_conv.map_or(0, |conv| conv.state_floats())
     }
 
     /// An upper estimate of the f32 values one token of a forward pass
@@ -76,6 +79,14 @@ impl LayerSpec {
                 let rope = if mla.rope.is_some() { "" } else { ", no rope" };
                 format!("mla {} heads, {} latent{rope}{index}", mla.num_heads, mla.dims.latent_dim())
             }
+            MixerSpec::Inkling(ink) => {
+                let window = ink.sliding_window.map(|w| format!(", window {w}")).unwrap_or_default();
+                let scaling = if ink.log_scaling.is_some() { ", log scaling" } else { "" };
+                format!(
+                    "inkling {} q / {} kv heads x {}{window}, bias {} back x {}{scaling}, conv {}",
+                    ink.num_heads, ink.num_kv_heads, ink.head_dim, ink.rel_extent, ink.d_rel, ink.conv_kernel
+                )
+            }
             MixerSpec::GatedDeltaNet(gdn) => format!(
                 "gated deltanet {} k / {} v heads x {}/{}, conv {}",
                 gdn.dims.num_k_heads,
@@ -86,12 +97,17 @@ impl LayerSpec {
             ),
         };
         let ffn = match &self.ffn {
-            FfnSpec::Dense { intermediate_size } => format!("dense {intermediate_size}"),
+            FfnSpec::Dense { intermediate_size, global_scale } => {
+                format!("dense {intermediate_size}{}", if *global_scale { ", scaled" } else { "" })
+            }
             FfnSpec::Moe(moe) => {
                 let shared = match moe.shared {
                     SharedExperts::None => String::new(),
                     SharedExperts::Plain { intermediate_size } => format!(" + shared {intermediate_size}"),
                     SharedExperts::Gated { intermediate_size } => format!(" + gated shared {intermediate_size}"),
+                    SharedExperts::Sink { count, intermediate_size } => {
+                        format!(" + {count} weighted shared x {intermediate_size}")
+                    }
                 };
                 let experts = match moe.experts {
                     ExpertKind::SwiGlu => String::new(),
@@ -99,6 +115,7 @@ impl LayerSpec {
                 };
                 let router = match moe.router {
                     RouterKind::TopKThenSoftmax => ", top-k then softmax",
+                    RouterKind::SharedExpertSink { .. } => ", shared-expert sink",
                     RouterKind::SoftmaxTopK { .. } | RouterKind::GroupedSigmoid { .. } => "",
                 };
                 format!(
@@ -107,12 +124,13 @@ impl LayerSpec {
                 )
             }
         };
+        let conv = if self.ffn_output_conv.is_some() { " + output conv" } else { "" };
         let state = match (self.cache_floats_per_token(), self.state_floats()) {
             (rows, 0) => format!("{rows} f32/token"),
             (0, fixed) => format!("{fixed} f32 state"),
             (rows, fixed) => format!("{rows} f32/token + {fixed} f32 state"),
         };
-        format!("{mixer}; {ffn}; {state}")
+        format!("{mixer}; {ffn}{conv}; {state}")
     }
 }
 
@@ -126,6 +144,9 @@ pub enum MixerSpec {
     /// Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): a fixed-size
     /// recurrent state per sequence instead of rows per token.
     GatedDeltaNet(GdnSpec),
+    /// Inkling's attention: no RoPE, a bias by backward distance, short
+    /// convolutions of k, v and the output.
+    Inkling(InklingAttention),
 }
 
 impl MixerSpec {
@@ -135,18 +156,19 @@ impl MixerSpec {
         match self {
             MixerSpec::Gqa(gqa) => gqa.rope.as_ref(),
             MixerSpec::Mla(mla) => mla.rope.as_ref(),
-            MixerSpec::GatedDeltaNet(_) => None,
+            MixerSpec::GatedDeltaNet(_) | MixerSpec::Inkling(_) => None,
         }
     }
 
     /// Widest per-token row the block holds besides its cache: the queries
-    /// (GQA), every head's query or value (MLA), the convolved q, k and v
-    /// (Gated DeltaNet).
+    /// (GQA, Inkling), every head's query or value (MLA), the convolved q,
+    /// k and v (Gated DeltaNet).
     pub fn working_floats_per_token(&self) -> usize {
         match self {
             MixerSpec::Gqa(gqa) => gqa.q_dim(),
             MixerSpec::Mla(mla) => mla.num_heads * mla.dims.qk_head_dim().max(mla.dims.v_head_dim),
             MixerSpec::GatedDeltaNet(gdn) => gdn.dims.conv_dim(),
+            MixerSpec::Inkling(ink) => ink.q_dim(),
         }
     }
 }
@@ -162,16 +184,19 @@ impl MixerSpec {
             MixerSpec::Gqa(gqa) => 2 * gqa.kv_dim(),
             MixerSpec::Mla(mla) => mla.dims.latent_dim() + mla.indexer.map_or(0, |i| i.head_dim),
             MixerSpec::GatedDeltaNet(_) => 0,
+            MixerSpec::Inkling(ink) => ink.cache_floats_per_token(),
         }
     }
 
     /// f32 values of fixed state one sequence keeps in this layer: the
-    /// keys and values of a sliding window's last `window` positions.
+    /// keys and values of a sliding window's last `window` positions, and
+    /// Inkling's convolutions.
     pub fn state_floats(&self) -> usize {
         match self {
             MixerSpec::Gqa(gqa) => gqa.sliding_window.map_or(0, |window| 2 * gqa.kv_dim() * window),
             MixerSpec::Mla(_) => 0,
             MixerSpec::GatedDeltaNet(gdn) => gdn.dims.state_floats(),
+            MixerSpec::Inkling(ink) => ink.state_floats(),
         }
     }
 }
@@ -250,8 +275,9 @@ pub struct IndexerSpec {
 /// The feed-forward block of a layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FfnSpec {
-    /// A resident SwiGLU MLP.
-    Dense { intermediate_size: usize },
+    /// A resident SwiGLU MLP, its output times a learned scalar
+    /// (`global_scale`, Inkling) when `global_scale`.
+    Dense { intermediate_size: usize, global_scale: bool },
     /// Routed SwiGLU experts streamed through the expert store.
     Moe(MoeBlock),
 }
@@ -281,6 +307,17 @@ pub struct MoeBlock {
     pub experts: ExpertKind,
 }
 
+impl MoeBlock {
+    /// Rows of the router's weight: one per routed expert, and one per
+    /// shared expert under the shared-expert sink.
+    pub fn router_rows(&self) -> usize {
+        match self.shared {
+            SharedExperts::Sink { count, .. } => self.num_experts + count,
+            _ => self.num_experts,
+        }
+    }
+}
+
 /// The feed-forward of each routed expert.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ExpertKind {
@@ -307,6 +344,12 @@ pub enum RouterKind {
     /// gpt-oss: a router with a bias (`[num_experts]`), the top-k of its
     /// logits, then a softmax over those k alone.
     TopKThenSoftmax,
+    /// Inkling's shared-expert sink: the gate has a row per routed and per
+    /// shared expert ([`SharedExperts::Sink`]); the top-k routed by
+    /// `sigmoid + correction bias`; weights the softmax over the log-sigmoids
+    /// of [the chosen routed logits, the shared logits], times
+    /// `route_scale` and a learned scalar (`global_scale`).
+    SharedExpertSink { route_scale: f64 },
 }
 
 impl RouterKind {
@@ -315,8 +358,8 @@ impl RouterKind {
     pub fn renormalizes(&self) -> bool {
         match *self {
             RouterKind::SoftmaxTopK { renormalize } | RouterKind::GroupedSigmoid { renormalize, .. } => renormalize,
-            // The softmax over the chosen k already sums to one.
-            RouterKind::TopKThenSoftmax => false,
+            // The softmax over the chosen k (and the sink) already sums to one.
+            RouterKind::TopKThenSoftmax | RouterKind::SharedExpertSink { .. } => false,
         }
     }
 }
@@ -335,6 +378,25 @@ pub enum SharedExperts {
     Gated {
         intermediate_size: usize,
     },
+    /// `count` experts `intermediate_size` wide, each scaled by its
+    /// router weight before `down` ([`RouterKind::SharedExpertSink`]).
+    Sink {
+        count: usize,
+        intermediate_size: usize,
+    },
+}
+
+impl SharedExperts {
+    /// Width of all shared experts' hidden layers together.
+    pub fn total_intermediate_size(&self) -> usize {
+        match *self {
+            SharedExperts::None => 0,
+            SharedExperts::Plain { intermediate_size } | SharedExperts::Gated { intermediate_size } => {
+                intermediate_size
+            }
+            SharedExperts::Sink { count, intermediate_size } => count * intermediate_size,
+        }
+    }
 }
 
 /// What an RMSNorm does with its weight.

@@ -10,7 +10,7 @@ use strata_kv::LayerLayout;
 
 use crate::backend::Backend;
 use crate::backend::Runtime;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::lm::SeqBatch;
 use crate::rope::Angles;
 
@@ -60,6 +60,7 @@ impl Attention {
             MixerSpec::Gqa(gqa) => Attention::Gqa(gqa::Gqa::load(b, spec, *gqa, norm, layer)?),
             MixerSpec::Mla(mla) => Attention::Mla(Box::new(latent::LatentAttention::load(b, spec, mla, layer)?)),
             MixerSpec::GatedDeltaNet(gdn) => Attention::DeltaNet(delta::DeltaNet::load(b, spec, gdn, layer)?),
+            MixerSpec::Inkling(_) => return Err(Error::uncomposed("Inkling's attention")),
         })
     }
 

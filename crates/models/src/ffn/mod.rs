@@ -9,7 +9,7 @@ use strata_sched::Guess;
 
 use crate::backend::Runtime;
 use crate::backend::{Backend, MatrixHandle};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// One layer's feed-forward block.
 pub enum Ffn {
@@ -22,7 +22,8 @@ impl Ffn {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
     pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &FfnSpec, layer: usize) -> Result<Self> {
         Ok(match kind {
-            FfnSpec::Dense { intermediate_size } => {
+            FfnSpec::Dense { global_scale: true, .. } => return Err(Error::uncomposed("a dense MLP's global_scale")),
+            FfnSpec::Dense { intermediate_size, global_scale: false } => {
                 Ffn::Dense(load_swiglu(b, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?)
             }
             FfnSpec::Moe(block) => Ffn::Moe(moe::Moe::load(b, spec, block, layer)?),

@@ -11,7 +11,7 @@ use super::router::Router;
 use crate::backend::Runtime;
 use crate::backend::{Backend, ExpertFfnKind, ExpertsHandle, MatrixHandle, MoeJob};
 use crate::common::Linear;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// One layer's MoE block.
 pub struct Moe {
@@ -56,6 +56,7 @@ impl Moe {
                 Some(load_swiglu(b, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?),
                 None,
             ),
+            SharedExperts::Sink { .. } => return Err(Error::uncomposed("shared experts weighted by a sink router")),
             SharedExperts::Gated { intermediate_size } => {
                 let gate = Linear::load(b, &names::shared_expert_gate_name(spec, layer), None, 1, h)?;
                 let mlp = load_swiglu(b, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?;

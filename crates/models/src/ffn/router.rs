@@ -6,7 +6,7 @@ use strata_sched::Route;
 
 use crate::backend::Runtime;
 use crate::backend::{Backend, RouteKind, RouterSpec};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// One MoE layer's router: its weight, `[num_experts, hidden]`, and how its
 /// logits become routes.
@@ -27,6 +27,7 @@ impl Router {
                 scaling: scaling as f32,
                 correction_bias: b.vector(&names::correction_bias_name(spec, layer), block.num_experts)?,
             },
+            RouterKind::SharedExpertSink { .. } => return Err(Error::uncomposed("the shared-expert sink router")),
             RouterKind::TopKThenSoftmax => {
                 RouteKind::TopKThenSoftmax { bias: b.vector(&names::router_bias_name(spec, layer), block.num_experts)? }
             }
