@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 pub use self::inkling::{embed_norm_name, global_scale_name, sink_shared_expert_names};
 use crate::family::Naming;
 use crate::spec::{
-    CoreSpec, ExpertKind, FfnSpec, GdnProjections, GdnSpec, GqaSpec, IndexerKind, MixerSpec, MlaAttention, ModelArch,
-    QkNorm, RouterKind, SharedExperts,
+    CoreSpec, ExpertKind, FfnSpec, GdnProjections, GdnSpec, GqaSpec, HyperHead, IndexerKind, MixerSpec, MlaAttention,
+    ModelArch, QkNorm, ResidualKind, RouterKind, SharedExperts,
 };
 
 /// What role a non-expert tensor plays; decides its storage format.
@@ -39,6 +39,10 @@ pub enum TensorKind {
     /// (`[channels, 1, taps]`, depthwise), decay rates and time-step biases.
     /// Kept f32: their errors compound over every token of a sequence.
     Recurrence,
+    /// A hyper-connection's weights (`hc_*_fn`, `_base`, `_scale`): kept
+    /// f32, as transformers keeps them, since every later layer's streams
+    /// are mixed by them.
+    HyperConnection,
 }
 
 impl TensorKind {
@@ -121,6 +125,33 @@ pub fn correction_bias_name(core: &CoreSpec, layer: usize) -> String {
 /// `[num_experts]`, beside its weight.
 pub fn router_bias_name(core: &CoreSpec, layer: usize) -> String {
     router_name(core, layer).replace(".weight", ".bias")
+}
+
+/// The block a layer's hyper-connection wraps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HyperSite {
+    Attention,
+    Ffn,
+}
+
+/// The weights of layer `layer`'s hyper-connection around `site`, as the
+/// hub names them (transformers: `attn_hc.fn`, ...): `fn` `[(2 + streams)
+/// · streams, streams · hidden]`, `base` `[(2 + streams) · streams]`,
+/// `scale` `[3]`.
+pub fn hyper_connection_names(core: &CoreSpec, layer: usize, site: HyperSite) -> [String; 3] {
+    let block = match site {
+        HyperSite::Attention => "attn",
+        HyperSite::Ffn => "ffn",
+    };
+    ["fn", "base", "scale"].map(|part| layer_tensor(core, layer, &format!("hc_{block}_{part}")))
+}
+
+/// The weights of the σ-weighted head ([`HyperHead::Sigmoid`]) beside the
+/// final norm, as the hub names them (transformers: `hc_head.hc_fn`,
+/// ...): `fn` `[streams, streams · hidden]`, `base` `[streams]`, `scale`
+/// `[1]`.
+pub fn hyper_head_names(core: &CoreSpec) -> [String; 3] {
+    ["fn", "base", "scale"].map(|part| format!("{}hc_head_{part}", naming(core).model_prefix))
 }
 
 /// Each attention head's learned sink logit, `[num_heads]`.
@@ -288,7 +319,7 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
                     }
                 }
             }
-            FfnSpec::Dense { intermediate_size, global_scale } => {
+            FfnSpec::Dense { intermediate_size, global_scale, .. } => {
                 swiglu_tensors(dense_mlp_names(core, layer), h, *intermediate_size, &mut push);
                 if *global_scale {
                     push(global_scale_name(core, layer, "mlp"), vec![1], TensorKind::Norm);
@@ -298,6 +329,21 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
         if let Some(conv) = blocks.ffn_output_conv {
             inkling::short_conv_tensor(core, layer, "mlp_sconv", conv, &mut push);
         }
+        if let ResidualKind::HyperConnections { streams, .. } = blocks.residual {
+            for site in [HyperSite::Attention, HyperSite::Ffn] {
+                let [mixes, base, scale] = hyper_connection_names(core, layer, site);
+                let width = (2 + streams) * streams;
+                push(mixes, vec![width, streams * h], TensorKind::HyperConnection);
+                push(base, vec![width], TensorKind::HyperConnection);
+                push(scale, vec![3], TensorKind::HyperConnection);
+            }
+        }
+    }
+    if let ResidualKind::HyperConnections { streams, head: HyperHead::Sigmoid, .. } = arch.residual() {
+        let [mixes, base, scale] = hyper_head_names(core);
+        push(mixes, vec![streams, streams * h], TensorKind::HyperConnection);
+        push(base, vec![streams], TensorKind::HyperConnection);
+        push(scale, vec![1], TensorKind::HyperConnection);
     }
     push(final_norm_name(core), vec![h], TensorKind::Norm);
     if !core.tie_word_embeddings {

@@ -25,7 +25,7 @@ pub use crate::family::Family;
 use fields::{Fields, as_u32};
 pub use limits::{
     MAX_EOS_TOKENS, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_MANIFEST_BYTES,
-    MAX_POSITIONS, MAX_TOKENIZER_BYTES, MAX_VOCAB, read_at_most,
+    MAX_POSITIONS, MAX_SINKHORN_ITERS, MAX_STREAMS, MAX_TOKENIZER_BYTES, MAX_VOCAB, read_at_most,
 };
 
 /// Where RMSNorm is applied to queries and keys (before RoPE).
@@ -526,8 +526,8 @@ mod validate;
 pub use arch::{CoreSpec, ModelArch};
 pub use inkling::{InklingAttention, LogScaling, ShortConv};
 pub use layer::{
-    ExpertKind, FfnSpec, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, MixerSpec, MlaAttention, MoeBlock, NormKind,
-    ResidualKind, RouterKind, SharedExperts,
+    ExpertKind, FfnSpec, GdnSpec, GqaSpec, HyperHead, IndexerSpec, LayerSpec, MixerSpec, MlaAttention, MoeBlock,
+    NormKind, ResidualKind, RouterKind, SharedExperts, SwiGlu,
 };
 pub use linear::{GdnDims, GdnProjections, LayerType};
 pub use mla::{DsaSpec, IndexerKind, LATENT_NORM_EPS, MlaSpec};

@@ -31,6 +31,14 @@ pub fn rmsnorm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
     scalar::apply_rmsnorm_inplace(x, weight, inv_rms);
 }
 
+/// `x *= rsqrt(mean(x^2) + eps)` in place: an RMSNorm without weight
+/// (transformers' `UnweightedRMSNorm`, hyper-connections' input norm).
+pub fn rmsnorm_unweighted_inplace(x: &mut [f32], eps: f32) {
+    let isa = Isa::detect();
+    let inv_rms = scalar::inv_rms(isa.dot_f32(x, x), x.len(), eps);
+    isa.scale(inv_rms, x);
+}
+
 /// Gated RMSNorm in place: `(weight * (x * rsqrt(mean(x^2) + eps))) *
 /// act(gate)` in f32 (see [`scalar::rmsnorm_gated`]; plain `weight`, not
 /// `1 + weight`).
@@ -83,6 +91,15 @@ pub fn softmax_of_log_sigmoids_inplace(x: &mut [f32]) {
 /// If the lengths differ.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     scalar::silu_mul(gate, up);
+}
+
+/// [`silu_mul`] with the gate at most `limit` and the up within `±limit`
+/// (see [`scalar::silu_mul_limited`]); scalar only.
+///
+/// # Panics
+/// If the lengths differ, or `limit` is negative or NaN.
+pub fn silu_mul_limited(gate: &mut [f32], up: &[f32], limit: f32) {
+    scalar::silu_mul_limited(gate, up, limit);
 }
 
 /// gpt-oss's clamped SwiGLU over interleaved gate/up columns (see

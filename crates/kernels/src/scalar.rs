@@ -382,9 +382,7 @@ pub fn clamped_swiglu_interleaved(gate_up: &[f32], alpha: f32, limit: f32, out: 
     assert_eq!(Some(gate_up.len()), out.len().checked_mul(2), "clamped swiglu: two inputs (gate, up) per output");
     assert!(limit >= 0.0, "clamped swiglu: limit {limit} must be a non-negative number");
     for (pair, o) in gate_up.chunks_exact(2).zip(out.iter_mut()) {
-        // A comparison, not `f32::min`, which would turn a NaN gate into `limit`.
-        let gate = if pair[0] > limit { limit } else { pair[0] };
-        let up = pair[1].clamp(-limit, limit);
+        let (gate, up) = clamp_gate_up(pair[0], pair[1], limit);
         *o = (up + 1.0) * (gate * sigmoid(gate * alpha));
     }
 }
@@ -400,9 +398,36 @@ pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
     assert_eq!(gate.len(), up.len(), "clamped swiglu: operand lengths differ");
     assert!(limit >= 0.0, "clamped swiglu: limit {limit} must be a non-negative number");
     for (g, &u) in gate.iter_mut().zip(up) {
-        let gate = if *g > limit { limit } else { *g };
-        *g = (u.clamp(-limit, limit) + 1.0) * (gate * sigmoid(gate * alpha));
+        let (gate, up) = clamp_gate_up(*g, u, limit);
+        *g = (up + 1.0) * (gate * sigmoid(gate * alpha));
     }
+}
+
+/// The SwiGLU with a limit of GLM-5.3-Flash and DeepSeek V4 (`swiglu_limit`):
+/// `gate[i] = silu(min(gate[i], limit)) * clamp(up[i], -limit, limit)`, the
+/// clamps as [`clamped_swiglu`]'s, then [`silu_mul`]'s operations in its
+/// order.
+///
+/// # Panics
+/// If the lengths differ, or `limit` is negative or NaN.
+pub fn silu_mul_limited(gate: &mut [f32], up: &[f32], limit: f32) {
+    assert_eq!(gate.len(), up.len(), "silu_mul_limited: operand lengths differ");
+    assert!(limit >= 0.0, "silu_mul_limited: limit {limit} must be a non-negative number");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let (gate, up) = clamp_gate_up(*g, u, limit);
+        *g = silu(gate) * up;
+    }
+}
+
+/// `(min(gate, limit), clamp(up, -limit, limit))`, as torch's
+/// `gate.clamp(max=limit)` and `up.clamp(-limit, limit)`: a NaN stays NaN.
+/// `limit` is checked non-negative by the callers (`f32::clamp` panics on
+/// bounds out of order).
+#[inline]
+fn clamp_gate_up(gate: f32, up: f32, limit: f32) -> (f32, f32) {
+    // A comparison, not `f32::min`, which would turn a NaN gate into `limit`.
+    let gate = if gate > limit { limit } else { gate };
+    (gate, up.clamp(-limit, limit))
 }
 
 /// Rotary embedding, HF `rotate_half` convention: element `i` pairs with

@@ -20,6 +20,9 @@ use crate::matrix::{Matrix, Prepared};
 pub enum GatedAct<'a> {
     /// `silu(gate) * up`, no biases.
     SwiGlu,
+    /// `silu(min(gate, limit)) * clamp(up, -limit, limit)`, no biases
+    /// ([`crate::ops::silu_mul_limited`]: GLM-5.3-Flash, DeepSeek V4).
+    LimitedSwiGlu { limit: f32 },
     /// gpt-oss's experts: `gate + gate_bias` and `up + up_bias` through
     /// [`crate::ops::clamped_swiglu`] (`alpha`, `limit`), and `down_bias`
     /// added to the down product.
@@ -74,6 +77,14 @@ impl Threads {
     /// `activations` (default int16; int8 is lossy, an explicit opt-in).
     pub fn with_activations(self, activations: ActivationPrecision) -> Self {
         Self { activations, ..self }
+    }
+
+    /// This pool on `isa` rather than the detected one, so that the tests
+    /// run every tier's fused path.
+    #[cfg(test)]
+    pub(crate) fn with_isa(self, isa: Isa) -> Self {
+        assert!(isa.level().is_supported(), "{isa:?} runs on this CPU");
+        Self { isa, ..self }
     }
 
     /// The precision integer products quantize their inputs to.
@@ -146,6 +157,7 @@ impl Threads {
 
     /// [`Threads::expert_ffn`] with the gate's activation and biases as
     /// `act` says: [`GatedAct::SwiGlu`] is `expert_ffn` itself, bit for bit;
+    /// [`GatedAct::LimitedSwiGlu`] clamps gate and up before it;
     /// [`GatedAct::Clamped`] adds the biases to gate, up and down and applies
     /// gpt-oss's clamped SwiGLU ([`crate::ops::clamped_swiglu`]).
     ///
@@ -192,6 +204,7 @@ impl Threads {
             up.products(isa, x_up, n, rows.clone(), u, out_stride);
             match act {
                 GatedAct::SwiGlu => crate::ops::silu_mul(out, u),
+                GatedAct::LimitedSwiGlu { limit } => crate::ops::silu_mul_limited(out, u, limit),
                 GatedAct::Clamped { alpha, limit, gate_bias, up_bias, .. } => {
                     for (g_row, u_row) in out.chunks_exact_mut(out_stride).zip(u.chunks_exact_mut(out_stride)) {
                         add_bias(g_row, &gate_bias[rows.clone()]);

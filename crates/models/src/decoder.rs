@@ -11,20 +11,21 @@
 
 use std::sync::Arc;
 
-use strata_format::{Container, CoreSpec, ModelArch, RopeSpec, names};
+use strata_format::names::{self, HyperSite};
+use strata_format::{Container, CoreSpec, ModelArch, RopeSpec};
 use strata_kv::{LayerLayout, SequenceState};
 use strata_sched::Guess;
 
 use crate::attention::{Attention, Pass};
 use crate::backend::Runtime;
-use crate::backend::{Backend, MatrixHandle, TableHandle};
+use crate::backend::{Backend, MatrixHandle, StreamHead, TableHandle};
 use crate::error::{Error, Result};
 use crate::ffn::Ffn;
 use crate::lm::CausalLm;
 use crate::lm::Logits;
 use crate::lm::SeqBatch;
 use crate::norm::Norm;
-use crate::residual::{Residual, Streams};
+use crate::residual::{self, Residual, Streams};
 use crate::rope::{Angles, Rope};
 
 /// Refuses a model with a part of the spec outside the blocks that the
@@ -54,15 +55,18 @@ pub struct Decoder {
     /// What each layer keeps per sequence in its cache.
     cache_layouts: Vec<LayerLayout>,
     embed: TableHandle,
+    /// Collapses the streams the layers carry before the final norm.
+    head: StreamHead,
     final_norm: Norm,
     lm_head: MatrixHandle,
 }
 
 /// One decoder layer.
 struct Layer {
-    residual: Residual,
+    attn_residual: Residual,
     input_norm: Norm,
     attention: Attention,
+    ffn_residual: Residual,
     post_attn_norm: Norm,
     ffn: Ffn,
 }
@@ -96,10 +100,13 @@ impl Decoder {
             let layout = attention.cache_layout();
             assert_eq!(layout, strata_kv::layout_of(layer), "layer {l}: the blocks keep what the spec says");
             cache_layouts.push(layout);
+            let residual = |b: &mut Backend, site| Residual::load(b, &spec, layer.residual, layer.norm.eps(), l, site);
+            let (attn_residual, ffn_residual) = (residual(b, HyperSite::Attention)?, residual(b, HyperSite::Ffn)?);
             layers.push(Layer {
-                residual: Residual::new(layer.residual),
+                attn_residual,
                 input_norm,
                 attention,
+                ffn_residual,
                 post_attn_norm,
                 ffn: Ffn::load(b, &spec, &layer.ffn, l)?,
             });
@@ -108,14 +115,16 @@ impl Decoder {
             return Err(Error::Unsupported("a model needs at least one layer".into()));
         }
         // The streams are the stack's, not a layer's: every layer mixes and
-        // combines the same number.
-        if let Some(l) = layers.iter().position(|layer| layer.residual.streams() != layers[0].residual.streams()) {
+        // combines the ones the head collapses.
+        let head = residual::load_head(b, &spec, arch.residual(), arch.core.final_norm.eps())?;
+        let carries = |layer: &Layer| [layer.attn_residual, layer.ffn_residual].map(Residual::streams);
+        if let Some(l) = layers.iter().position(|layer| carries(layer) != [head.streams(); 2]) {
             return Err(Error::Unsupported(format!("layer {l} carries a different number of residual streams")));
         }
         let embed = b.table(&names::embedding_name(&spec), spec.vocab_size, h)?;
         let lm_head = b.matrix(&names::lm_head_name(&spec), spec.vocab_size, h)?;
         let final_norm = Norm::load(b, &names::final_norm_name(&spec), arch.core.final_norm, h)?;
-        Ok(Self { backend, spec, layers, ropes, cache_layouts, embed, final_norm, lm_head })
+        Ok(Self { backend, spec, layers, ropes, cache_layouts, embed, head, final_norm, lm_head })
     }
 
     /// The final hidden states (before the last norm) of every new row of
@@ -125,17 +134,17 @@ impl Decoder {
         let (tokens, positions) = batch_rows(seqs)?;
         let angles = self.ropes.iter().map(|(spec, rope)| (*spec, Angles::new(rope, &positions))).collect();
         let mut pass = Pass::new(angles, seqs.len());
-        let stack = self.layers[0].residual;
-        let mut streams = Streams::expand(&stack, self.embed(&tokens)?, self.spec.hidden_size);
+        let mut streams = Streams::expand(self.head.streams(), self.embed(&tokens)?, self.spec.hidden_size);
         let mut normed = vec![0.0f32; tokens.len() * self.spec.hidden_size];
-        self.guess_first_layer(rt, &streams, &mut normed)?;
+        self.guess_first_layer(rt, &mut streams, &mut normed)?;
         for (l, layer) in self.layers.iter().enumerate() {
-            let residual = layer.residual;
-            layer.input_norm.apply(b, &residual.mix(&streams), &mut normed);
+            let residual = layer.attn_residual;
+            layer.input_norm.apply(b, &residual.mix(rt, b, &mut streams), &mut normed);
             let attn = layer.attention.forward(rt, b, l, &normed, &mut pass, seqs)?;
             residual.slot(&mut streams).iter_mut().zip(&attn).for_each(|(x, y)| *x += y);
-            residual.combine(&mut streams);
-            layer.post_attn_norm.apply(b, &residual.mix(&streams), &mut normed);
+            residual.combine(b, &mut streams);
+            let residual = layer.ffn_residual;
+            layer.post_attn_norm.apply(b, &residual.mix(rt, b, &mut streams), &mut normed);
             // Look-ahead: the next layer's router on this layer's FFN input
             // guesses what it will read; the store starts those reads while
             // this layer computes. Only bytes move on a guess, never results.
@@ -145,26 +154,26 @@ impl Decoder {
             };
             let guess = predicted.as_deref().map(|experts| Guess { layer: l + 1, experts });
             layer.ffn.add_to(rt, b, l, &positions, &normed, residual.slot(&mut streams), guess)?;
-            residual.combine(&mut streams);
+            residual.combine(b, &mut streams);
         }
         for seq in seqs.iter_mut() {
             seq.cache.advance(seq.tokens.len());
         }
         debug_assert_eq!(streams.tokens(), tokens.len(), "a row per token");
-        Ok(streams.collapse(&stack))
+        Ok(streams.collapse(rt, b, &self.head))
     }
 
     /// Look-ahead for layer 0, which no layer runs before: its router on its
     /// FFN norm of the embeddings alone (the attention output not yet added)
     /// guesses its experts, read while its attention runs. Only bytes move
     /// on a guess. `scratch` is `[n, hidden]` of any contents.
-    fn guess_first_layer(&self, rt: &Runtime<'_>, streams: &Streams, scratch: &mut [f32]) -> Result<()> {
+    fn guess_first_layer(&self, rt: &Runtime<'_>, streams: &mut Streams, scratch: &mut [f32]) -> Result<()> {
         let first = &self.layers[0];
         if !rt.store.prefetching() {
             return Ok(());
         }
         let b = &self.backend;
-        first.post_attn_norm.apply(b, &first.residual.mix(streams), scratch);
+        first.post_attn_norm.apply(b, &first.ffn_residual.mix(rt, b, streams), scratch);
         if let Some(experts) = first.ffn.predict(rt, b, scratch) {
             rt.store.prefetch(0, &experts)?;
         }

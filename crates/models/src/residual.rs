@@ -15,38 +15,57 @@
 //! into the hidden states, as transformers' `hidden = residual + block(...)`
 //! does for one output and as the expert pipeline does for each routed
 //! expert in turn — the bits of the stack before the residual was a
-//! component, with no copy. A residual of several streams (hyper-connections)
-//! mixes a fresh input, hands a zeroed slot and combines it with learned
-//! weights; its kinds arrive with the families that use them.
+//! component, with no copy. Hyper-connections (mHC: GLM-5.3-Flash,
+//! DeepSeek V4) carry several streams: the mix weighs them into a fresh
+//! input and keeps each token's `post` and `comb` weights with the streams,
+//! the slot is zeroed, and the combine takes `post ⊗ slot + combᵀ · x`.
+//! Each block (attention, FFN) of a layer has its own hyper-connection;
+//! after the last layer the stack's [`StreamHead`] collapses the streams.
 
 use std::borrow::Cow;
 
-use strata_format::ResidualKind;
+use strata_format::names::{self, HyperSite};
+use strata_format::{CoreSpec, HyperHead, ResidualKind};
+
+use crate::backend::{Backend, HyperConnection, Runtime, StreamHead, StreamWeights};
+use crate::error::Result;
 
 /// The hidden states of a pass, `[tokens, streams, hidden]`.
 pub struct Streams {
     rows: Vec<f32>,
     streams: usize,
     hidden: usize,
+    /// A hyper-connection's mix waiting for its block's output.
+    mixed: Option<Mixed>,
+}
+
+/// What a hyper-connection's mix keeps for its combine.
+struct Mixed {
+    weights: StreamWeights,
+    /// The block's output, `[tokens, hidden]`, zeroed at the mix.
+    slot: Vec<f32>,
 }
 
 impl Streams {
-    /// The embeddings of a pass (`[tokens, hidden]`) as the stack's streams.
-    pub fn expand(residual: &Residual, embeddings: Vec<f32>, hidden: usize) -> Self {
+    /// The embeddings of a pass (`[tokens, hidden]`) as the stack's
+    /// `streams` streams: each row repeated once per stream (the one
+    /// stream of the plain residual is the embeddings themselves).
+    pub fn expand(streams: usize, embeddings: Vec<f32>, hidden: usize) -> Self {
         assert_eq!(embeddings.len() % hidden, 0, "embeddings are whole rows");
-        match residual {
-            Residual::Plain => Self { rows: embeddings, streams: 1, hidden },
-        }
+        assert!(streams > 0, "a stack carries at least one stream");
+        let rows = match streams {
+            1 => embeddings,
+            _ => embeddings.chunks_exact(hidden).flat_map(|row| row.repeat(streams)).collect(),
+        };
+        Self { rows, streams, hidden, mixed: None }
     }
 
-    /// The final hidden states, `[tokens, hidden]`, the streams collapsed.
-    pub fn collapse(self, residual: &Residual) -> Vec<f32> {
-        match residual {
-            Residual::Plain => {
-                assert_eq!(self.streams, 1, "the plain residual keeps one stream");
-                self.rows
-            }
-        }
+    /// The final hidden states, `[tokens, hidden]`, the streams collapsed
+    /// by the stack's `head`.
+    pub fn collapse(self, rt: &Runtime<'_>, b: &Backend, head: &StreamHead) -> Vec<f32> {
+        assert_eq!(self.streams, head.streams(), "the head collapses the stack's streams");
+        assert!(self.mixed.is_none(), "every mix was combined");
+        b.collapse_streams(rt, head, self.rows, self.hidden)
     }
 
     /// Rows of the pass.
@@ -55,33 +74,66 @@ impl Streams {
     }
 }
 
-/// A layer's residual: built from its [`ResidualKind`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The residual around one block of a layer: built from the layer's
+/// [`ResidualKind`].
+#[derive(Debug, Clone, Copy)]
 pub enum Residual {
     /// One stream, `x += block(norm(x))`.
     Plain,
+    /// Hyper-connections: this block's weights.
+    Hyper(HyperConnection),
 }
 
 impl Residual {
-    pub fn new(kind: ResidualKind) -> Self {
-        match kind {
-            ResidualKind::Plain => Residual::Plain,
-        }
+    /// The residual of kind `kind` around `site` of layer `layer`, its
+    /// weights registered; `norm_eps` is the layer norms' epsilon, which
+    /// the hyper-connection's unweighted norm shares.
+    pub fn load(
+        b: &mut Backend,
+        spec: &CoreSpec,
+        kind: ResidualKind,
+        norm_eps: f32,
+        layer: usize,
+        site: HyperSite,
+    ) -> Result<Self> {
+        let ResidualKind::HyperConnections { streams, sinkhorn_iters, eps, .. } = kind else {
+            return Ok(Residual::Plain);
+        };
+        let [mixes, base, scale] = names::hyper_connection_names(spec, layer, site);
+        let logits = (2 + streams) * streams;
+        Ok(Residual::Hyper(HyperConnection {
+            streams,
+            mixes: b.matrix(&mixes, logits, streams * spec.hidden_size)?,
+            base: b.vector(&base, logits)?,
+            scale: b.vector(&scale, 3)?,
+            sinkhorn_iters,
+            eps,
+            norm_eps,
+        }))
     }
 
     /// The streams a stack of this residual carries.
     pub fn streams(self) -> usize {
         match self {
             Residual::Plain => 1,
+            Residual::Hyper(hc) => hc.streams,
         }
     }
 
     /// The block's input, `[tokens, hidden]` (the stream itself, unless
-    /// streams are mixed).
-    pub fn mix(self, streams: &Streams) -> Cow<'_, [f32]> {
+    /// streams are mixed: then the weights of the combine are kept with
+    /// the streams, replacing any mix not combined, the look-ahead's).
+    pub fn mix<'s>(self, rt: &Runtime<'_>, b: &Backend, streams: &'s mut Streams) -> Cow<'s, [f32]> {
         assert_eq!(streams.streams, self.streams(), "the stack carries this residual's streams");
         match self {
             Residual::Plain => Cow::Borrowed(&streams.rows),
+            Residual::Hyper(hc) => {
+                let width = streams.tokens() * streams.hidden;
+                let mut input = vec![0.0f32; width];
+                let weights = b.hyper_mix(rt, &hc, &streams.rows, &mut input);
+                streams.mixed = Some(Mixed { weights, slot: vec![0.0f32; width] });
+                Cow::Owned(input)
+            }
         }
     }
 
@@ -89,16 +141,44 @@ impl Residual {
     pub fn slot(self, streams: &mut Streams) -> &mut [f32] {
         match self {
             Residual::Plain => &mut streams.rows,
+            Residual::Hyper(_) => &mut streams.mixed.as_mut().expect("a block's slot follows its mix").slot,
         }
     }
 
     /// Joins the slot's contents to the streams (nothing left to do when
     /// the slot was the stream).
-    pub fn combine(self, _streams: &mut Streams) {
+    pub fn combine(self, b: &Backend, streams: &mut Streams) {
         match self {
             Residual::Plain => {}
+            Residual::Hyper(hc) => {
+                let Mixed { weights, slot } = streams.mixed.take().expect("a block's combine follows its mix");
+                b.hyper_combine(&hc, &weights, &slot, &mut streams.rows);
+            }
         }
     }
+}
+
+/// The head of a stack whose layers' residual is `kind`, its weights
+/// registered; `norm_eps` is the final norm's, which the σ-weighted head's
+/// unweighted norm shares (transformers builds both from `rms_norm_eps`).
+pub fn load_head(b: &mut Backend, spec: &CoreSpec, kind: ResidualKind, norm_eps: f32) -> Result<StreamHead> {
+    let ResidualKind::HyperConnections { streams, eps, head, .. } = kind else {
+        return Ok(StreamHead::One);
+    };
+    Ok(match head {
+        HyperHead::Mean => StreamHead::Mean { streams },
+        HyperHead::Sigmoid => {
+            let [mixes, base, scale] = names::hyper_head_names(spec);
+            StreamHead::Sigmoid {
+                streams,
+                mixes: b.matrix(&mixes, streams, streams * spec.hidden_size)?,
+                base: b.vector(&base, streams)?,
+                scale: b.vector(&scale, 1)?,
+                eps,
+                norm_eps,
+            }
+        }
+    })
 }
 
 #[cfg(test)]
@@ -106,13 +186,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_plain_residual_adds_a_blocks_output_into_its_one_stream() {
-        let residual = Residual::new(ResidualKind::Plain);
-        let mut streams = Streams::expand(&residual, vec![1.0, 2.0, 3.0, 4.0], 2);
-        assert_eq!(streams.tokens(), 2);
-        assert_eq!(&*residual.mix(&streams), &[1.0, 2.0, 3.0, 4.0]);
+    fn the_plain_residual_hands_its_one_stream_as_the_blocks_slot() {
+        let residual = Residual::Plain;
+        let mut streams = Streams::expand(1, vec![1.0, 2.0, 3.0, 4.0], 2);
+        assert_eq!((streams.tokens(), residual.streams()), (2, 1));
         residual.slot(&mut streams).iter_mut().for_each(|x| *x += 0.5);
-        residual.combine(&mut streams);
-        assert_eq!(streams.collapse(&residual), vec![1.5, 2.5, 3.5, 4.5]);
+        assert_eq!(streams.rows, [1.5, 2.5, 3.5, 4.5]);
+    }
+
+    #[test]
+    fn expanded_streams_repeat_each_embedding_row_once_per_stream() {
+        let streams = Streams::expand(3, vec![1.0, 2.0, 3.0, 4.0], 2);
+        assert_eq!(streams.tokens(), 2);
+        assert_eq!(streams.rows, [1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0, 3.0, 4.0]);
     }
 }

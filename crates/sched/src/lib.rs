@@ -18,7 +18,7 @@ mod stats;
 mod union;
 
 pub use error::{Error, Result};
-pub use ffn::swiglu;
+pub use ffn::gated_ffn;
 pub use moe::{ExpertFfn, Guess, MoeBatch, run_moe_layer};
 pub use stats::LayerStats;
 pub use union::{Route, union};

@@ -39,6 +39,9 @@ pub struct MoeBatch<'a> {
 pub enum ExpertFfn<'a> {
     /// `down(silu(gate(x)) * up(x))`.
     SwiGlu,
+    /// `down(silu(min(gate(x), limit)) * clamp(up(x), -limit, limit))`
+    /// ([`strata_kernels::GatedAct::LimitedSwiGlu`]).
+    LimitedSwiGlu { limit: f32 },
     /// gpt-oss's biased experts with the clamped SwiGLU
     /// ([`strata_kernels::GatedAct::Clamped`]); the biases are the layer's,
     /// one row per expert: gate and up `[num_experts, intermediate]`, down
@@ -51,6 +54,7 @@ impl<'a> ExpertFfn<'a> {
     fn of_expert(self, expert: usize, intermediate: usize, hidden: usize) -> GatedAct<'a> {
         match self {
             ExpertFfn::SwiGlu => GatedAct::SwiGlu,
+            ExpertFfn::LimitedSwiGlu { limit } => GatedAct::LimitedSwiGlu { limit },
             ExpertFfn::Clamped { alpha, limit, gate_bias, up_bias, down_bias } => {
                 let row = |bias: &'a [f32], width: usize| &bias[expert * width..(expert + 1) * width];
                 GatedAct::Clamped {

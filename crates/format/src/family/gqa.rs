@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
     CoreSpec, ExpertKind, FfnKind, FfnSpec, GqaSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, NormKind, QkNorm,
-    RopeScaling, RopeSpec, RouterKind, SharedExperts, common_config, expert_count, parse_rope, special_tokens,
+    RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, common_config, expert_count, parse_rope, special_tokens,
 };
 
 /// A GQA family's config-class defaults for the fields all of them read.
@@ -153,6 +153,7 @@ pub(super) fn parse_fields<'a>(cfg: Fields<'a>, family: Family, defaults: &Defau
         router: RouterKind::SoftmaxTopK { renormalize: false },
         shared: SharedExperts::None,
         experts: ExpertKind::SwiGlu,
+        swiglu: SwiGlu::Plain,
     };
     Ok(Parsed { core, num_layers, attention, ffns: Ffns { moe, dense_intermediate_size }, cfg })
 }
@@ -249,6 +250,7 @@ pub(super) fn blocks(arch: &ModelArch) -> (GqaSpec, MoeBlock) {
         router: RouterKind::SoftmaxTopK { renormalize: false },
         shared: SharedExperts::None,
         experts: ExpertKind::SwiGlu,
+        swiglu: SwiGlu::Plain,
     });
     (gqa, moe)
 }

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
     CoreSpec, ExpertKind, FfnKind, FfnSpec, InklingAttention, LogScaling, MixerSpec, ModelArch, MoeBlock, NormKind,
-    RouterKind, SharedExperts, ShortConv, expert_count, f32_to_json, special_tokens,
+    RouterKind, SharedExperts, ShortConv, SwiGlu, expert_count, f32_to_json, special_tokens,
 };
 
 pub(super) struct Inkling;
@@ -247,6 +247,7 @@ impl FamilyDef for Inkling {
             router: RouterKind::SharedExpertSink { route_scale: cfg.f64("route_scale")?.unwrap_or(ROUTE_SCALE) },
             shared: SharedExperts::Sink { count: cfg.req_usize("n_shared_experts")?, intermediate_size: expert_width },
             experts: ExpertKind::SwiGlu,
+            swiglu: SwiGlu::Plain,
         };
         let kinds = ffn_kinds(&cfg, num_layers)?;
         let ffns = Ffns { moe, dense_intermediate_size: dense_width };

@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::{
     CoreSpec, ExpertKind, FfnKind, FfnSpec, IndexerSpec, LATENT_NORM_EPS, MixerSpec, MlaAttention, MlaSpec, ModelArch,
-    MoeBlock, NormKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, common_config, expert_count, parse_rope,
-    special_tokens,
+    MoeBlock, NormKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, common_config, expert_count,
+    parse_rope, special_tokens,
 };
 
 /// A family's config-class defaults for the fields all of them read.
@@ -174,6 +174,7 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
         router,
         shared,
         experts: ExpertKind::SwiGlu,
+        swiglu: SwiGlu::Plain,
     };
     let ffns = Ffns { moe, dense_intermediate_size: cfg.req_usize("intermediate_size")? };
     let kinds = dense_first_layer_kinds(cfg, num_layers)?;

@@ -265,7 +265,8 @@ impl CoreDims {
 }
 
 /// The feed-forward blocks a family's layers choose between, as its config
-/// gives them once for the model.
+/// gives them once for the model. Dense MLPs take the MoE block's SwiGLU:
+/// a config has one `swiglu_limit` for every SwiGLU of the model.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ffns {
     pub moe: MoeBlock,
@@ -277,7 +278,11 @@ impl Ffns {
     /// The block of a layer of kind `kind`.
     pub(crate) fn of(&self, kind: FfnKind) -> FfnSpec {
         match kind {
-            FfnKind::Dense => FfnSpec::Dense { intermediate_size: self.dense_intermediate_size, global_scale: false },
+            FfnKind::Dense => FfnSpec::Dense {
+                intermediate_size: self.dense_intermediate_size,
+                swiglu: self.moe.swiglu,
+                global_scale: false,
+            },
             FfnKind::Moe => FfnSpec::Moe(self.moe),
         }
     }

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::fields::Fields;
 use super::{
     Family, FfnKind, FfnSpec, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention, ModelSpec, MoeBlock, NormKind,
-    RopeSpec,
+    ResidualKind, RopeSpec,
 };
 use crate::error::{Error, Result};
 
@@ -89,6 +89,12 @@ impl ModelArch {
     /// Indices of the MoE layers, ascending.
     pub fn moe_layers(&self) -> Vec<usize> {
         (0..self.layers.len()).filter(|&l| self.layers[l].ffn.kind() == FfnKind::Moe).collect()
+    }
+
+    /// The stack's residual: every layer's (they agree, [`ModelArch::validate`]
+    /// checks), hence its streams and head.
+    pub fn residual(&self) -> ResidualKind {
+        self.layers.first().map_or(ResidualKind::Plain, |layer| layer.residual)
     }
 
     /// The first MoE layer's block (`None`: every layer is dense).

@@ -26,10 +26,51 @@ pub struct LayerSpec {
 }
 
 /// How a block's output joins the hidden states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ResidualKind {
     /// One stream, `x += block(norm(x))`.
     Plain,
+    /// Manifold-constrained hyper-connections (mHC: GLM-5.3-Flash,
+    /// DeepSeek V4): `streams` copies of the hidden state (`hc_mult`), each
+    /// block wrapped by weights computed per token from the unweighted
+    /// RMSNorm of the streams flattened: `pre` (`σ(·) + eps`) mixes the
+    /// block's input, `post` (`2σ(·)`) spreads its output over the streams
+    /// and `comb` (a softmax, `+ eps`, then Sinkhorn normalisations) mixes
+    /// the streams themselves: `x ← post ⊗ out + combᵀ · x`. The head
+    /// collapses the streams before the final norm. Every layer of a model
+    /// has the same one.
+    HyperConnections {
+        streams: usize,
+        /// `hc_sinkhorn_iters`: the column normalisation that follows the
+        /// softmax, then this many minus one (row, column) rounds.
+        sinkhorn_iters: usize,
+        /// `hc_eps`: added to `pre`, to `comb` after its softmax and to
+        /// every Sinkhorn sum (the unweighted norm takes the layer norm's).
+        eps: f32,
+        head: HyperHead,
+    },
+}
+
+impl ResidualKind {
+    /// Copies of the hidden state the stack carries.
+    pub fn streams(&self) -> usize {
+        match *self {
+            ResidualKind::Plain => 1,
+            ResidualKind::HyperConnections { streams, .. } => streams,
+        }
+    }
+}
+
+/// How hyper-connections' streams become one hidden state before the final
+/// norm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HyperHead {
+    /// GLM-5.3-Flash: their mean.
+    Mean,
+    /// DeepSeek V4: weighted by `σ(hc_head_fn · x̂ · hc_head_scale +
+    /// hc_head_base) + eps`, `x̂` the streams flattened and RMS-normed
+    /// without weight.
+    Sigmoid,
 }
 
 impl LayerSpec {
@@ -53,7 +94,17 @@ impl LayerSpec {
             FfnSpec::Dense { .. } => 0,
             FfnSpec::Moe(moe) => 2 * moe.top_k * hidden + moe.num_experts,
         };
-        4 * hidden + experts + 2 * self.mixer.working_floats_per_token()
+        4 * hidden + experts + 2 * self.mixer.working_floats_per_token() + self.streams_floats_per_token(hidden)
+    }
+
+    /// What hyper-connections add to [`Self::activation_floats_per_token`]:
+    /// the other streams and their normed copy, the block's mixed input
+    /// and output slot, and each token's mixing weights.
+    fn streams_floats_per_token(&self, hidden: usize) -> usize {
+        match self.residual {
+            ResidualKind::Plain => 0,
+            ResidualKind::HyperConnections { streams, .. } => (2 * streams + 1) * hidden + 2 * (2 + streams) * streams,
+        }
     }
 
     /// One line saying what the layer is: its mixer with its dimensions, its
@@ -97,8 +148,9 @@ impl LayerSpec {
             ),
         };
         let ffn = match &self.ffn {
-            FfnSpec::Dense { intermediate_size, global_scale } => {
-                format!("dense {intermediate_size}{}", if *global_scale { ", scaled" } else { "" })
+            FfnSpec::Dense { intermediate_size, swiglu, global_scale } => {
+                let scaled = if *global_scale { ", scaled" } else { "" };
+                format!("dense {intermediate_size}{}{scaled}", swiglu.describe())
             }
             FfnSpec::Moe(moe) => {
                 let shared = match moe.shared {
@@ -119,8 +171,11 @@ impl LayerSpec {
                     RouterKind::SoftmaxTopK { .. } | RouterKind::GroupedSigmoid { .. } => "",
                 };
                 format!(
-                    "moe {} experts top-{} x {}{experts}{router}{shared}",
-                    moe.num_experts, moe.top_k, moe.intermediate_size
+                    "moe {} experts top-{} x {}{experts}{router}{shared}{}",
+                    moe.num_experts,
+                    moe.top_k,
+                    moe.intermediate_size,
+                    moe.swiglu.describe()
                 )
             }
         };
@@ -130,7 +185,11 @@ impl LayerSpec {
             (0, fixed) => format!("{fixed} f32 state"),
             (rows, fixed) => format!("{rows} f32/token + {fixed} f32 state"),
         };
-        format!("{mixer}; {ffn}{conv}; {state}")
+        let streams = match self.residual {
+            ResidualKind::Plain => String::new(),
+            ResidualKind::HyperConnections { streams, .. } => format!("; {streams} hyper-connection streams"),
+        };
+        format!("{mixer}; {ffn}{conv}; {state}{streams}")
     }
 }
 
@@ -277,7 +336,7 @@ pub struct IndexerSpec {
 pub enum FfnSpec {
     /// A resident SwiGLU MLP, its output times a learned scalar
     /// (`global_scale`, Inkling) when `global_scale`.
-    Dense { intermediate_size: usize, global_scale: bool },
+    Dense { intermediate_size: usize, swiglu: SwiGlu, global_scale: bool },
     /// Routed SwiGLU experts streamed through the expert store.
     Moe(MoeBlock),
 }
@@ -305,6 +364,31 @@ pub struct MoeBlock {
     pub shared: SharedExperts,
     /// What each routed expert computes.
     pub experts: ExpertKind,
+    /// The SwiGLU of the shared experts, and of the routed ones when
+    /// `experts` is [`ExpertKind::SwiGlu`].
+    pub swiglu: SwiGlu,
+}
+
+/// What a SwiGLU computes between its gate/up products and its down
+/// product.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SwiGlu {
+    /// `silu(gate) * up`.
+    Plain,
+    /// `silu(min(gate, limit)) * clamp(up, -limit, limit)`, the config's
+    /// `swiglu_limit` (GLM-5.3-Flash, DeepSeek V4; a NaN stays NaN, as
+    /// through torch's `clamp`).
+    Limited { limit: f32 },
+}
+
+impl SwiGlu {
+    /// What `strata info` adds to the block's line.
+    fn describe(self) -> String {
+        match self {
+            SwiGlu::Plain => String::new(),
+            SwiGlu::Limited { limit } => format!(", swiglu limit {limit}"),
+        }
+    }
 }
 
 impl MoeBlock {

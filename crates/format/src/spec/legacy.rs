@@ -7,7 +7,7 @@
 use super::{
     CoreSpec, ExpertKind, FfnKind, FfnSpec, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, LayerType, MixerSpec,
     MlaAttention, ModelArch, ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, QkNorm, ResidualKind, RopeScaling,
-    RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts,
+    RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts, SwiGlu,
 };
 use super::{DsaSpec, GdnDims, LATENT_NORM_EPS, MlaSpec};
 use crate::error::{Error, Result};
@@ -158,7 +158,11 @@ impl ModelSpec {
     /// The blocks of decoder layer `layer`, of feed-forward kind `kind`.
     fn layer_spec(&self, layer: usize, kind: FfnKind) -> LayerSpec {
         let ffn = match kind {
-            FfnKind::Dense => FfnSpec::Dense { intermediate_size: self.dense_intermediate_size, global_scale: false },
+            FfnKind::Dense => FfnSpec::Dense {
+                intermediate_size: self.dense_intermediate_size,
+                swiglu: SwiGlu::Plain,
+                global_scale: false,
+            },
             FfnKind::Moe => FfnSpec::Moe(self.moe_block()),
         };
         LayerSpec {
@@ -237,6 +241,7 @@ impl ModelSpec {
                 None => SharedExperts::None,
             },
             experts: ExpertKind::SwiGlu,
+            swiglu: SwiGlu::Plain,
         }
     }
 

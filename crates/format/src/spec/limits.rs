@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use super::{FfnSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, RouterKind, SharedExperts};
+use super::{FfnSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, ResidualKind, RouterKind, SharedExperts};
 use crate::error::{Error, Result};
 
 /// Decoder layers (`num_hidden_layers`).
@@ -37,6 +37,12 @@ pub const MAX_HEAD_DIM: usize = 4096;
 pub const MAX_POSITIONS: usize = 1 << 24;
 /// Taps of a short convolution (`conv_kernel_size`; published models have 4).
 pub const MAX_CONV_KERNEL: usize = 64;
+/// Residual streams of hyper-connections (`hc_mult`; published models have
+/// 4).
+pub const MAX_STREAMS: usize = 64;
+/// Sinkhorn rounds of a hyper-connection's `comb` (`hc_sinkhorn_iters`;
+/// published models run 20), each run per token and block.
+pub const MAX_SINKHORN_ITERS: usize = 1024;
 
 /// End-of-sequence token ids (`eos_token_id` as a list; published models
 /// list at most a handful).
@@ -147,6 +153,9 @@ fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
             sizes.push(("intermediate_size", *intermediate_size, MAX_INTERMEDIATE))
         }
         FfnSpec::Moe(moe) => sizes.extend(moe_sizes(moe)),
+    }
+    if let ResidualKind::HyperConnections { streams, sinkhorn_iters, .. } = layer.residual {
+        sizes.extend([("hc_mult", streams, MAX_STREAMS), ("hc_sinkhorn_iters", sinkhorn_iters, MAX_SINKHORN_ITERS)]);
     }
     sizes
 }

@@ -509,3 +509,124 @@ fn special_token_ids_are_bounded() {
     config["eos_token_id"] = json!([1, 50279]);
     assert_eq!(ModelSpec::from_config_value(&config).unwrap().eos_token_ids, [1, 50279]);
 }
+
+/// OLMoE's two layers with hyper-connections of `streams` streams.
+fn hyper_connected(streams: usize, head: HyperHead) -> ModelArch {
+    let mut arch = ModelArch::from_config_json(OLMOE_5X).unwrap();
+    for layer in &mut arch.layers {
+        layer.residual = ResidualKind::HyperConnections { streams, sinkhorn_iters: 20, eps: 1e-6, head };
+    }
+    arch
+}
+
+#[test]
+fn every_layer_must_carry_the_same_residual_streams() {
+    let mut arch = hyper_connected(4, HyperHead::Mean);
+    arch.validate().unwrap();
+    arch.layers[1].residual = ResidualKind::Plain;
+    let err = arch.validate().unwrap_err().to_string();
+    assert!(err.contains("hc_mult") && err.contains("same residual streams"), "{err}");
+    arch.layers[1].residual =
+        ResidualKind::HyperConnections { streams: 2, sinkhorn_iters: 20, eps: 1e-6, head: HyperHead::Mean };
+    assert!(arch.validate().is_err(), "2 streams after 4");
+}
+
+#[test]
+fn hyper_connection_streams_rounds_and_eps_are_bounded() {
+    let cases = [
+        (
+            ResidualKind::HyperConnections { streams: 0, sinkhorn_iters: 20, eps: 1e-6, head: HyperHead::Mean },
+            "hc_mult",
+        ),
+        (
+            ResidualKind::HyperConnections {
+                streams: MAX_STREAMS + 1,
+                sinkhorn_iters: 20,
+                eps: 1e-6,
+                head: HyperHead::Mean,
+            },
+            "hc_mult",
+        ),
+        (
+            ResidualKind::HyperConnections {
+                streams: 4,
+                sinkhorn_iters: MAX_SINKHORN_ITERS + 1,
+                eps: 1e-6,
+                head: HyperHead::Mean,
+            },
+            "hc_sinkhorn_iters",
+        ),
+        (
+            ResidualKind::HyperConnections { streams: 4, sinkhorn_iters: 20, eps: f32::NAN, head: HyperHead::Mean },
+            "hc_eps",
+        ),
+        (
+            ResidualKind::HyperConnections { streams: 4, sinkhorn_iters: 20, eps: -1e-6, head: HyperHead::Mean },
+            "hc_eps",
+        ),
+    ];
+    for (residual, field) in cases {
+        let mut arch = hyper_connected(4, HyperHead::Mean);
+        arch.layers.iter_mut().for_each(|layer| layer.residual = residual);
+        let err = arch.validate().unwrap_err().to_string();
+        assert!(err.contains(field), "{residual:?}: {err}");
+    }
+}
+
+#[test]
+fn a_swiglu_limit_must_be_finite_and_not_negative() {
+    for limit in [-1.0, f32::NAN, f32::INFINITY] {
+        let mut arch = ModelArch::from_config_json(OLMOE_5X).unwrap();
+        let FfnSpec::Moe(moe) = &mut arch.layers[0].ffn else { panic!("olmoe layers are MoE") };
+        moe.swiglu = SwiGlu::Limited { limit };
+        let err = arch.validate().unwrap_err().to_string();
+        assert!(err.contains("swiglu_limit"), "{limit}: {err}");
+        arch.layers[0].ffn =
+            FfnSpec::Dense { intermediate_size: 8, swiglu: SwiGlu::Limited { limit }, global_scale: false };
+        let err = arch.validate().unwrap_err().to_string();
+        assert!(err.contains("swiglu_limit"), "dense, {limit}: {err}");
+    }
+    let mut arch = ModelArch::from_config_json(OLMOE_5X).unwrap();
+    let FfnSpec::Moe(moe) = &mut arch.layers[0].ffn else { panic!("olmoe layers are MoE") };
+    moe.swiglu = SwiGlu::Limited { limit: 0.0 };
+    arch.validate().unwrap();
+}
+
+#[test]
+fn hyper_connection_weights_are_f32_tensors_of_every_layer_and_the_sigmoid_head() {
+    let streams = 3;
+    let arch = hyper_connected(streams, HyperHead::Sigmoid);
+    let h = arch.core.hidden_size;
+    let hyper: Vec<_> = crate::names::dense_tensors(&arch)
+        .into_iter()
+        .filter(|t| t.kind == crate::TensorKind::HyperConnection)
+        .collect();
+    let shape = |name: &str| hyper.iter().find(|t| t.name == name).map(|t| t.shape.clone());
+    for layer in 0..arch.layers.len() {
+        for block in ["attn", "ffn"] {
+            let name = |part: &str| format!("model.layers.{layer}.hc_{block}_{part}");
+            assert_eq!(shape(&name("fn")), Some(vec![15, streams * h]), "(2 + 3) · 3 rows");
+            assert_eq!(shape(&name("base")), Some(vec![15]));
+            assert_eq!(shape(&name("scale")), Some(vec![3]));
+        }
+    }
+    assert_eq!(shape("model.hc_head_fn"), Some(vec![streams, streams * h]));
+    assert_eq!(shape("model.hc_head_base"), Some(vec![streams]));
+    assert_eq!(shape("model.hc_head_scale"), Some(vec![1]));
+    assert_eq!(hyper.len(), 6 * arch.layers.len() + 3);
+    assert!(!crate::TensorKind::HyperConnection.is_matrix(), "never quantized");
+    let mean = hyper_connected(streams, HyperHead::Mean);
+    let head = crate::names::dense_tensors(&mean).into_iter().filter(|t| t.name.contains("hc_head")).count();
+    assert_eq!(head, 0, "the mean head has no weights");
+}
+
+#[test]
+fn strata_info_names_a_layers_streams_and_swiglu_limit() {
+    let mut arch = hyper_connected(4, HyperHead::Mean);
+    let FfnSpec::Moe(moe) = &mut arch.layers[0].ffn else { panic!("olmoe layers are MoE") };
+    moe.swiglu = SwiGlu::Limited { limit: 10.0 };
+    let line = arch.layers[0].describe();
+    assert!(line.contains(", swiglu limit 10;") && line.ends_with("; 4 hyper-connection streams"), "{line}");
+    let plain = ModelArch::from_config_json(OLMOE_5X).unwrap().layers[0].describe();
+    assert!(!plain.contains("swiglu") && !plain.contains("streams"), "{plain}");
+}

@@ -5,7 +5,7 @@
 
 use super::{
     CoreSpec, FfnSpec, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention, ModelArch, MoeBlock, NormKind,
-    RopeScaling, RopeSpec, RouterKind, SharedExperts, limits,
+    ResidualKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, limits,
 };
 use crate::error::{Error, Result};
 
@@ -22,6 +22,11 @@ impl ModelArch {
         }
         for layer in &self.layers {
             layer.validate()?;
+        }
+        // The streams are the stack's: every layer mixes and combines the
+        // same ones, and the head collapses them once.
+        if self.layers.iter().any(|layer| layer.residual != self.layers[0].residual) {
+            return Err(Error::invalid("hc_mult", "every layer needs the same residual streams"));
         }
         self.core.family.def().validate(self)
     }
@@ -55,6 +60,7 @@ impl LayerSpec {
     /// The invariants of one layer's blocks, whatever its family.
     pub(crate) fn validate(&self) -> Result<()> {
         self.norm.validate()?;
+        self.residual.validate()?;
         match &self.mixer {
             MixerSpec::Gqa(gqa) => gqa.validate()?,
             MixerSpec::Mla(mla) => mla.validate()?,
@@ -75,6 +81,28 @@ impl NormKind {
             return Err(Error::invalid("rms_norm_eps", "must be finite and > 0"));
         }
         Ok(())
+    }
+}
+
+impl ResidualKind {
+    fn validate(&self) -> Result<()> {
+        let ResidualKind::HyperConnections { streams, eps, .. } = *self else { return Ok(()) };
+        positive(&[("hc_mult", streams)])?;
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(Error::invalid("hc_eps", "must be finite and >= 0"));
+        }
+        Ok(())
+    }
+}
+
+impl SwiGlu {
+    fn validate(&self) -> Result<()> {
+        match *self {
+            SwiGlu::Limited { limit } if !(limit.is_finite() && limit >= 0.0) => {
+                Err(Error::invalid("swiglu_limit", "must be finite and >= 0"))
+            }
+            SwiGlu::Plain | SwiGlu::Limited { .. } => Ok(()),
+        }
     }
 }
 
@@ -199,7 +227,10 @@ impl FfnSpec {
     /// config gives when no layer uses it: transformers builds it anyway).
     pub(crate) fn validate(&self) -> Result<()> {
         match self {
-            FfnSpec::Dense { intermediate_size, .. } => positive(&[("intermediate_size", *intermediate_size)]),
+            FfnSpec::Dense { intermediate_size, swiglu, .. } => {
+                positive(&[("intermediate_size", *intermediate_size)])?;
+                swiglu.validate()
+            }
             FfnSpec::Moe(moe) => moe.validate(),
         }
     }
@@ -226,6 +257,7 @@ impl MoeBlock {
             }
             _ => {}
         }
+        self.swiglu.validate()?;
         self.validate_router()
     }
 

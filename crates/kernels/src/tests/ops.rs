@@ -38,6 +38,21 @@ proptest! {
         prop_assert_eq!(&inplace, &out);
     }
 
+    /// transformers' `UnweightedRMSNorm`, `x * rsqrt(mean(x^2) + eps)`, is
+    /// the weighted norm with a weight of ones, bit for bit.
+    #[test]
+    fn rmsnorm_unweighted_is_rmsnorm_with_unit_weight(
+        x in (1usize..=300).prop_flat_map(values),
+        eps in 1e-6f32..1e-3,
+    ) {
+        let mut want = vec![0.0; x.len()];
+        ops::rmsnorm(&x, &vec![1.0; x.len()], eps, &mut want);
+        let mut got = x.clone();
+        ops::rmsnorm_unweighted_inplace(&mut got, eps);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        prop_assert_eq!(bits(&got), bits(&want));
+    }
+
     /// transformers' `l2norm`: eps inside the square root, on the sum.
     #[test]
     fn l2norm_matches_definition(x in vector(), eps in prop_oneof![Just(1e-6f32), 1e-6f32..1e-2]) {
@@ -129,6 +144,25 @@ proptest! {
             let gate = f64::from(pair[0]).min(f64::from(limit));
             let up = f64::from(pair[1]).clamp(-f64::from(limit), f64::from(limit));
             let want = (up + 1.0) * gate / (1.0 + (-gate * f64::from(alpha)).exp());
+            prop_assert!((f64::from(*o) - want).abs() <= 1e-6 * want.abs() + 1e-7, "{} vs {want}", o);
+        }
+    }
+
+    /// GLM-5.3-Flash's and DeepSeek V4's `act_fn(gate.clamp(max=limit)) *
+    /// up.clamp(-limit, limit)`, on inputs wide enough that both clamps bite.
+    #[test]
+    fn silu_mul_limited_matches_definition(
+        (gate, up) in (0usize..=300).prop_flat_map(|n| {
+            (prop::collection::vec(-12.0f32..12.0, n), prop::collection::vec(-12.0f32..12.0, n))
+        })
+    ) {
+        let limit = 7.0f32;
+        let mut got = gate.clone();
+        ops::silu_mul_limited(&mut got, &up, limit);
+        for ((o, g), u) in got.iter().zip(&gate).zip(&up) {
+            let g = f64::from(*g).min(f64::from(limit));
+            let u = f64::from(*u).clamp(-f64::from(limit), f64::from(limit));
+            let want = g / (1.0 + (-g).exp()) * u;
             prop_assert!((f64::from(*o) - want).abs() <= 1e-6 * want.abs() + 1e-7, "{} vs {want}", o);
         }
     }
@@ -317,4 +351,25 @@ fn clamped_swiglu_keeps_a_nan_gate() {
 #[should_panic(expected = "two inputs (gate, up) per output")]
 fn clamped_swiglu_refuses_an_odd_input() {
     ops::clamped_swiglu_interleaved(&[1.0, 2.0, 3.0], 1.702, 7.0, &mut [0.0; 2]);
+}
+
+#[test]
+fn silu_mul_limited_clamps_the_gate_from_above_and_the_up_both_ways() {
+    let limit = 7.0f32;
+    // Both in range; gate and up above the limit; a gate far below (no
+    // lower clamp) and up below -limit; a NaN gate and a NaN up.
+    let mut gate = [1.0f32, 10.0, -30.0, f32::NAN, 1.0];
+    let up = [2.0f32, 100.0, -9.0, 1.0, f32::NAN];
+    ops::silu_mul_limited(&mut gate, &up, limit);
+    let silu = |g: f32| g / (1.0 + (-g).exp());
+    assert_eq!(gate[0], silu(1.0) * 2.0);
+    assert_eq!(gate[1], silu(7.0) * 7.0);
+    assert_eq!(gate[2], silu(-30.0) * -7.0);
+    assert!(gate[3].is_nan() && gate[4].is_nan(), "torch's clamp keeps NaN: {gate:?}");
+}
+
+#[test]
+#[should_panic(expected = "must be a non-negative number")]
+fn silu_mul_limited_refuses_a_negative_limit() {
+    ops::silu_mul_limited(&mut [1.0], &[1.0], -1.0);
 }

@@ -1,7 +1,9 @@
 //! `Threads`: results independent of the thread count, bit for bit.
 
 use super::values;
+use crate::act::ActivationPrecision;
 use crate::quant::{QuantFormat, f32_to_bf16_bits, quantize_q4, quantize_q8};
+use crate::simd::Isa;
 use crate::{Error, GatedAct, MatData, Matrix, Threads};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -194,6 +196,37 @@ fn gated_ffn_clamped_equals_the_interleaved_scalar_reference_for_any_thread_coun
                 let mut got = vec![f32::NAN; n * EXPERT_HIDDEN];
                 pool.gated_ffn(&m[0], &m[1], &m[2], act, &xs, n, &mut got);
                 assert_eq!(bits(&got), bits(&want), "{format}, n {n}, {} threads", pool.n_threads());
+            }
+        }
+    });
+}
+
+/// The SwiGLU with a limit through the fused path, on every instruction
+/// set this CPU has (the integer path for q8/q4 where the tier has one),
+/// equals that tier's unfused products with the scalar reference of the
+/// limit between them, bit for bit, for every thread count.
+#[test]
+fn gated_ffn_limited_equals_the_scalar_reference_on_every_tier_for_any_thread_count() {
+    // A limit the products cross in both directions.
+    let limit = 0.5;
+    for_each_expert_format(|format, m| {
+        for n in [1, 2, 5] {
+            let xs = sample(n * EXPERT_HIDDEN);
+            for isa in Isa::all_supported() {
+                let products = |m: &Matrix<'_>, xs: &[f32], rows: usize| {
+                    let mut ys = vec![0.0; n * rows];
+                    m.matmul_at(isa, ActivationPrecision::default(), xs, n, &mut ys);
+                    ys
+                };
+                let mut h = products(&m[0], &xs, EXPERT_INTER);
+                crate::scalar::silu_mul_limited(&mut h, &products(&m[1], &xs, EXPERT_INTER), limit);
+                let want = products(&m[2], &h, EXPERT_HIDDEN);
+                for threads in [1, 2, 3] {
+                    let pool = Threads::new(threads).unwrap().with_isa(isa);
+                    let mut got = vec![f32::NAN; n * EXPERT_HIDDEN];
+                    pool.gated_ffn(&m[0], &m[1], &m[2], GatedAct::LimitedSwiGlu { limit }, &xs, n, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "{format}, n {n}, {isa:?}, {threads} threads");
+                }
             }
         }
     });

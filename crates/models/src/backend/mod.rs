@@ -22,7 +22,7 @@ mod cpu;
 
 use std::sync::{Arc, Mutex};
 
-use strata_format::{Container, MlaSpec};
+use strata_format::{Container, MlaSpec, SwiGlu};
 use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::{ExpertStore, TraceWriter};
 
@@ -94,10 +94,61 @@ pub struct ExpertsHandle {
 pub enum ExpertFfnKind {
     /// `down(silu(gate(x)) * up(x))`.
     SwiGlu,
+    /// `down(silu(min(gate(x), limit)) * clamp(up(x), -limit, limit))`.
+    LimitedSwiGlu { limit: f32 },
     /// gpt-oss's biased experts with the clamped SwiGLU; the biases one row
     /// per expert: gate and up `[num_experts, intermediate]`, down
     /// `[num_experts, hidden]`.
     Clamped { alpha: f32, limit: f32, gate_bias: VectorHandle, up_bias: VectorHandle, down_bias: VectorHandle },
+}
+
+/// One block's hyper-connection (mHC): its weights and constants
+/// (`strata_format::ResidualKind::HyperConnections`).
+#[derive(Debug, Clone, Copy)]
+pub struct HyperConnection {
+    pub streams: usize,
+    /// `fn`, `[(2 + streams) · streams, streams · hidden]`: each token's
+    /// `pre`, `post` and `comb` logits from its normed streams.
+    pub mixes: MatrixHandle,
+    /// `[(2 + streams) · streams]`.
+    pub base: VectorHandle,
+    /// `[3]`: the scales of the `pre`, `post` and `comb` logits.
+    pub scale: VectorHandle,
+    pub sinkhorn_iters: usize,
+    /// `hc_eps`.
+    pub eps: f32,
+    /// The unweighted input norm's (the layer norms' `rms_norm_eps`).
+    pub norm_eps: f32,
+}
+
+/// What a hyper-connection's mix hands its combine: each token's `post`
+/// (`[tokens, streams]`) and `comb` (`[tokens, streams, streams]`).
+pub struct StreamWeights {
+    pub post: Vec<f32>,
+    pub comb: Vec<f32>,
+}
+
+/// How the stack's streams become one hidden state before the final norm.
+#[derive(Debug, Clone, Copy)]
+pub enum StreamHead {
+    /// The one stream of the plain residual, itself.
+    One,
+    /// The streams' mean (GLM-5.3-Flash).
+    Mean { streams: usize },
+    /// The streams weighted by `σ(mixes · x̂ · scale + base) + eps`, `x̂`
+    /// the streams normed without weight (DeepSeek V4): `mixes` `[streams,
+    /// streams · hidden]`, `base` `[streams]`, `scale` `[1]`.
+    Sigmoid { streams: usize, mixes: MatrixHandle, base: VectorHandle, scale: VectorHandle, eps: f32, norm_eps: f32 },
+}
+
+impl StreamHead {
+    /// The streams it collapses.
+    pub fn streams(&self) -> usize {
+        match *self {
+            StreamHead::One => 1,
+            StreamHead::Mean { streams } | StreamHead::Sigmoid { streams, .. } => streams,
+        }
+    }
 }
 
 /// The devices a model's weights can live on, each with its tensors.
@@ -418,10 +469,41 @@ impl Backend {
         }
     }
 
-    /// `ys = down(silu(gate(xs)) * up(xs))`.
-    pub fn swiglu(&self, rt: &Runtime<'_>, weights: &[MatrixHandle; 3], xs: &[f32], ys: &mut [f32]) {
+    /// `ys = down(silu(gate(xs)) * up(xs))`, gate and up clamped first as
+    /// `swiglu` says.
+    pub fn swiglu(&self, rt: &Runtime<'_>, weights: &[MatrixHandle; 3], swiglu: SwiGlu, xs: &[f32], ys: &mut [f32]) {
         match self {
-            Backend::Cpu(cpu) => cpu.swiglu(rt.threads, weights, xs, ys),
+            Backend::Cpu(cpu) => cpu.swiglu(rt.threads, weights, swiglu, xs, ys),
+        }
+    }
+
+    /// A block's input from the streams (`[tokens, streams, hidden]`) into
+    /// `input` (`[tokens, hidden]`), and the weights of its combine.
+    pub fn hyper_mix(
+        &self,
+        rt: &Runtime<'_>,
+        hc: &HyperConnection,
+        streams: &[f32],
+        input: &mut [f32],
+    ) -> StreamWeights {
+        match self {
+            Backend::Cpu(cpu) => cpu.hyper_mix(rt.threads, hc, streams, input),
+        }
+    }
+
+    /// The block's output `out` (`[tokens, hidden]`) joins the streams:
+    /// `x ← post ⊗ out + combᵀ · x`.
+    pub fn hyper_combine(&self, hc: &HyperConnection, weights: &StreamWeights, out: &[f32], streams: &mut [f32]) {
+        match self {
+            Backend::Cpu(cpu) => cpu.hyper_combine(hc, weights, out, streams),
+        }
+    }
+
+    /// The streams (`[tokens, head.streams(), hidden]`) as one hidden state
+    /// per token, `[tokens, hidden]`.
+    pub fn collapse_streams(&self, rt: &Runtime<'_>, head: &StreamHead, streams: Vec<f32>, hidden: usize) -> Vec<f32> {
+        match self {
+            Backend::Cpu(cpu) => cpu.collapse_streams(rt.threads, head, streams, hidden),
         }
     }
 

@@ -4,7 +4,7 @@
 mod moe;
 mod router;
 
-use strata_format::{CoreSpec, FfnSpec, names};
+use strata_format::{CoreSpec, FfnSpec, SwiGlu, names};
 use strata_sched::Guess;
 
 use crate::backend::Runtime;
@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 
 /// One layer's feed-forward block.
 pub enum Ffn {
-    /// A resident SwiGLU MLP: gate, up, down.
-    Dense([MatrixHandle; 3]),
+    /// A resident SwiGLU MLP: gate, up, down, and what its SwiGLU clamps.
+    Dense([MatrixHandle; 3], SwiGlu),
     Moe(moe::Moe),
 }
 
@@ -23,8 +23,9 @@ impl Ffn {
     pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &FfnSpec, layer: usize) -> Result<Self> {
         Ok(match kind {
             FfnSpec::Dense { global_scale: true, .. } => return Err(Error::uncomposed("a dense MLP's global_scale")),
-            FfnSpec::Dense { intermediate_size, global_scale: false } => {
-                Ffn::Dense(load_swiglu(b, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?)
+            FfnSpec::Dense { intermediate_size, swiglu, global_scale: false } => {
+                let mlp = load_swiglu(b, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?;
+                Ffn::Dense(mlp, *swiglu)
             }
             FfnSpec::Moe(block) => Ffn::Moe(moe::Moe::load(b, spec, block, layer)?),
         })
@@ -35,7 +36,7 @@ impl Ffn {
     /// earlier layer's input, a guess at what this layer will read.
     pub fn predict(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32]) -> Option<Vec<usize>> {
         match self {
-            Ffn::Dense(_) => None,
+            Ffn::Dense(..) => None,
             Ffn::Moe(moe) => Some(moe.predict(rt, b, xs)),
         }
     }
@@ -57,12 +58,12 @@ impl Ffn {
         guess: Option<Guess<'_>>,
     ) -> Result<()> {
         match self {
-            Ffn::Dense(mlp) => {
+            Ffn::Dense(mlp, swiglu) => {
                 if let Some(guess) = guess {
                     rt.store.prefetch(guess.layer, guess.experts)?;
                 }
                 let mut ys = vec![0.0f32; out.len()];
-                b.swiglu(rt, mlp, xs, &mut ys);
+                b.swiglu(rt, mlp, *swiglu, xs, &mut ys);
                 out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
                 Ok(())
             }

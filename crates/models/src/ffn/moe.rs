@@ -2,7 +2,7 @@
 //! routed experts run through the one expert pipeline ([`strata_sched`]),
 //! and shared experts, if any, run resident beside them.
 
-use strata_format::{CoreSpec, ExpertKind, MoeBlock, SharedExperts, names};
+use strata_format::{CoreSpec, ExpertKind, MoeBlock, SharedExperts, SwiGlu, names};
 use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::TraceWriter;
 
@@ -24,6 +24,8 @@ pub struct Moe {
     hidden: usize,
     /// The shared experts' gate, up, down.
     shared: Option<[MatrixHandle; 3]>,
+    /// What the shared experts' SwiGLU clamps.
+    shared_swiglu: SwiGlu,
     /// The shared expert's sigmoid gate, `[1, hidden]`, if it has one.
     shared_gate: Option<Linear>,
 }
@@ -36,7 +38,10 @@ impl Moe {
         let router = Router::load(b, spec, block, layer)?;
         let experts = b.experts(layer)?;
         let ffn = match block.experts {
-            ExpertKind::SwiGlu => ExpertFfnKind::SwiGlu,
+            ExpertKind::SwiGlu => match block.swiglu {
+                SwiGlu::Plain => ExpertFfnKind::SwiGlu,
+                SwiGlu::Limited { limit } => ExpertFfnKind::LimitedSwiGlu { limit },
+            },
             ExpertKind::ClampedSwiGlu { alpha, limit } => {
                 // A row per expert (bounded sizes: MAX_EXPERTS x MAX_INTERMEDIATE).
                 let [gate, up, down] = names::expert_bias_names(spec, layer);
@@ -63,7 +68,16 @@ impl Moe {
                 (Some(mlp), Some(gate))
             }
         };
-        Ok(Self { router, experts, ffn: Box::new(ffn), top_k: block.top_k, hidden: h, shared, shared_gate })
+        Ok(Self {
+            router,
+            experts,
+            ffn: Box::new(ffn),
+            top_k: block.top_k,
+            hidden: h,
+            shared,
+            shared_swiglu: block.swiglu,
+            shared_gate,
+        })
     }
 
     /// The distinct experts the router picks for the rows of `xs`, in
@@ -102,7 +116,7 @@ impl Moe {
         let mut ys = vec![0.0f32; out.len()];
         self.run_routed(rt, b, layer, positions, xs, &routes, &mut ys, guess)?;
         let mut shared_out = vec![0.0f32; ys.len()];
-        b.swiglu(rt, shared, xs, &mut shared_out);
+        b.swiglu(rt, shared, self.shared_swiglu, xs, &mut shared_out);
         if let Some(gate) = &self.shared_gate {
             // sigmoid(w · x) per row scales that row's shared output.
             let logits = gate.apply(rt, b, xs);

@@ -89,7 +89,7 @@ fn a_saved_text_config_reads_its_layer_lists_and_scales_full_layers_only() {
     let full = attention(&arch.layers[1]);
     assert_eq!((full.num_heads, full.num_kv_heads, full.head_dim, full.rel_extent), (4, 2, 8, 7));
     assert_eq!(full.log_scaling, Some(LogScaling { n_floor: 3, alpha: 0.25 }));
-    assert_eq!(arch.layers[0].ffn, FfnSpec::Dense { intermediate_size: 40, global_scale: true });
+    assert_eq!(arch.layers[0].ffn, FfnSpec::Dense { intermediate_size: 40, swiglu: SwiGlu::Plain, global_scale: true });
     assert!(matches!(arch.layers[1].ffn, FfnSpec::Moe(MoeBlock { intermediate_size: 12, .. })));
 }
 

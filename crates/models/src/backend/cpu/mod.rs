@@ -5,6 +5,7 @@
 
 mod attend;
 mod delta;
+mod hyper;
 mod index;
 mod latent;
 mod route;
@@ -14,15 +15,16 @@ mod inkling_torch;
 
 use std::sync::Arc;
 
-use strata_format::{Container, DenseId};
+use strata_format::{Container, DenseId, SwiGlu};
 use strata_kernels::simd::Isa;
-use strata_kernels::{Matrix, Threads, ops};
-use strata_sched::{ExpertFfn, LayerStats, MoeBatch, Route, swiglu};
+use strata_kernels::{GatedAct, Matrix, Threads, ops};
+use strata_sched::{ExpertFfn, LayerStats, MoeBatch, Route, gated_ffn};
 use strata_tier::ExpertStore;
 
 use super::{
-    AttendJob, AttnShape, DeltaJob, DeltaKind, Device, ExpertFfnKind, IndexJob, IndexShape, LatentJob, LatentShape,
-    MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, TableHandle, VectorHandle,
+    AttendJob, AttnShape, DeltaJob, DeltaKind, Device, ExpertFfnKind, HyperConnection, IndexJob, IndexShape, LatentJob,
+    LatentShape, MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, StreamHead, StreamWeights, TableHandle,
+    VectorHandle,
 };
 use crate::error::Result;
 use crate::rope::Angles;
@@ -162,8 +164,70 @@ impl Cpu {
         }
     }
 
-    pub fn swiglu(&self, threads: &Threads, [gate, up, down]: &[MatrixHandle; 3], xs: &[f32], ys: &mut [f32]) {
-        swiglu(threads, &[self.matrix(*gate), self.matrix(*up), self.matrix(*down)], xs, ys);
+    pub fn swiglu(
+        &self,
+        threads: &Threads,
+        [gate, up, down]: &[MatrixHandle; 3],
+        swiglu: SwiGlu,
+        xs: &[f32],
+        ys: &mut [f32],
+    ) {
+        let act = match swiglu {
+            SwiGlu::Plain => GatedAct::SwiGlu,
+            SwiGlu::Limited { limit } => GatedAct::LimitedSwiGlu { limit },
+        };
+        gated_ffn(threads, &[self.matrix(*gate), self.matrix(*up), self.matrix(*down)], act, xs, ys);
+    }
+
+    pub fn hyper_mix(
+        &self,
+        threads: &Threads,
+        hc: &HyperConnection,
+        streams: &[f32],
+        input: &mut [f32],
+    ) -> StreamWeights {
+        let n = hc.streams;
+        let tokens = streams.len() / hc.mixes.cols;
+        let mut weights = StreamWeights { post: vec![0.0; tokens * n], comb: vec![0.0; tokens * n * n] };
+        let mixer = hyper::Mixer {
+            streams: n,
+            mixes: self.matrix(hc.mixes),
+            base: self.vector(hc.base),
+            scale: self.vector(hc.scale),
+            sinkhorn_iters: hc.sinkhorn_iters,
+            eps: hc.eps,
+            norm_eps: hc.norm_eps,
+        };
+        hyper::mix(threads, &mixer, streams, input, &mut weights.post, &mut weights.comb);
+        weights
+    }
+
+    pub fn hyper_combine(&self, hc: &HyperConnection, weights: &StreamWeights, out: &[f32], streams: &mut [f32]) {
+        let hidden = hc.mixes.cols / hc.streams;
+        hyper::combine(hc.streams, hidden, &weights.post, &weights.comb, out, streams);
+    }
+
+    pub fn collapse_streams(&self, threads: &Threads, head: &StreamHead, streams: Vec<f32>, hidden: usize) -> Vec<f32> {
+        let mut out = match *head {
+            StreamHead::One => return streams,
+            StreamHead::Mean { .. } | StreamHead::Sigmoid { .. } => vec![0.0f32; streams.len() / head.streams()],
+        };
+        match *head {
+            StreamHead::One => {}
+            StreamHead::Mean { streams: n } => hyper::mean_head(n, hidden, &streams, &mut out),
+            StreamHead::Sigmoid { streams: n, mixes, base, scale, eps, norm_eps } => {
+                let head = hyper::SigmoidHead {
+                    streams: n,
+                    mixes: self.matrix(mixes),
+                    base: self.vector(base),
+                    scale: self.vector(scale),
+                    eps,
+                    norm_eps,
+                };
+                hyper::sigmoid_head(threads, &head, &streams, &mut out);
+            }
+        }
+        out
     }
 
     pub fn sigmoid_gate(&self, xs: &mut [f32], gates: &[f32]) {
@@ -262,6 +326,7 @@ impl Cpu {
         assert_eq!(job.experts.device, Device::Cpu, "a CPU operation reads host tensors");
         let experts = match job.ffn {
             ExpertFfnKind::SwiGlu => ExpertFfn::SwiGlu,
+            ExpertFfnKind::LimitedSwiGlu { limit } => ExpertFfn::LimitedSwiGlu { limit },
             ExpertFfnKind::Clamped { alpha, limit, gate_bias, up_bias, down_bias } => ExpertFfn::Clamped {
                 alpha,
                 limit,
