@@ -25,7 +25,7 @@ use crate::metrics::Endpoint;
 use crate::openai::{new_id, parse, sse};
 use crate::state::SharedApp;
 use crate::thinking::{Thinking, template_kwargs};
-use crate::tools::{Structure, ToolChoice, called_function};
+use crate::tools::{Structure, ToolChoice, called_function, cut_note};
 
 /// Content: a string, or blocks: text, and the tool blocks of the turns
 /// around a call (`tool_use` in the assistant's, `tool_result` in the user's).
@@ -326,12 +326,13 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     let admission = app.admit()?;
     let MessagesBody { request, conversation, continuation, structure, thinking } = parse_messages(&body)?;
     app.check_model(&request.model)?;
-    let (prompt, structure, constraint) = app
+    let (prompt, structure, constraint, held) = app
         .prepare(body.len(), move |app| {
             let prompt = app.chat_prompt(&conversation, &structure.tools, continuation.as_deref(), &thinking.kwargs)?;
             let inner = app.constraint(&structure)?;
+            let held = inner.is_some();
             let constraint = app.thinking_constraint(prompt.thinking, thinking.budget_tokens, inner)?;
-            Ok((prompt, structure, constraint))
+            Ok((prompt, structure, constraint, held))
         })
         .await?;
     let reasoning = app.reasoning_splitter(prompt.thinking);
@@ -372,7 +373,7 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
             content.push(json!({ "type": "text", "text": text }));
         }
         content.extend(calls.iter().map(tool_use));
-        return Ok(Json(json!({
+        let mut message = json!({
             "id": id,
             "type": "message",
             "role": "assistant",
@@ -381,8 +382,11 @@ async fn run(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
             "stop_reason": stop_reason_of(reason, !calls.is_empty()),
             "stop_sequence": stop_sequence(reason),
             "usage": { "input_tokens": input_tokens, "output_tokens": output_tokens },
-        }))
-        .into_response());
+        });
+        if let Some(note) = cut_note(held, reason, !calls.is_empty()) {
+            message["note"] = note.into();
+        }
+        return Ok(Json(message).into_response());
     }
     let start = [event(
         "message_start",

@@ -27,7 +27,7 @@ use crate::generate::{GenRequest, Piece, Reply};
 use crate::metrics::Endpoint;
 use crate::state::{App, SharedApp};
 use crate::thinking::template_kwargs;
-use crate::tools::{Format, Structure, ToolChoice, called_function};
+use crate::tools::{Format, Structure, ToolChoice, called_function, cut_note};
 
 /// A JSON body as `T`, or the 400 saying what is wrong with it.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
@@ -370,11 +370,13 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
     let admission = app.admit()?;
     let ChatBody { common, max_completion_tokens, structure, conversation, kwargs } = parse_chat(&body)?;
     common.check(&app)?;
-    let (prompt, structure, constraint) = app
+    let (prompt, structure, constraint, held) = app
         .prepare(body.len(), move |app| {
             let prompt = app.chat_prompt(&conversation, &structure.tools, None, &kwargs)?;
-            let constraint = app.thinking_constraint(prompt.thinking, None, app.constraint(&structure)?)?;
-            Ok((prompt, structure, constraint))
+            let grammar = app.constraint(&structure)?;
+            let held = grammar.is_some();
+            let constraint = app.thinking_constraint(prompt.thinking, None, grammar)?;
+            Ok((prompt, structure, constraint, held))
         })
         .await?;
     let stream = common.stream.unwrap_or(false);
@@ -405,7 +407,7 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
                 message["content"] = Value::Null;
             }
         }
-        return Ok(Json(json!({
+        let mut reply = json!({
             "id": id,
             "object": "chat.completion",
             "created": created,
@@ -418,8 +420,11 @@ async fn chat(app: SharedApp, body: JsonBody) -> Result<Response, ApiError> {
                 "finish_reason": finish_reason_of(reason, !calls.is_empty()),
             }],
             "usage": usage(prompt_tokens, completion_tokens),
-        }))
-        .into_response());
+        });
+        if let Some(note) = cut_note(held, reason, !calls.is_empty()) {
+            reply["choices"][0]["note"] = note.into();
+        }
+        return Ok(Json(reply).into_response());
     }
     let chunk = move |delta: Delta<'_>, finish: Option<&str>| {
         let delta = match delta {

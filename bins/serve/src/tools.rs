@@ -4,7 +4,7 @@
 //! the reply to them.
 
 use serde_json::Value;
-use strata_engine::Constraint;
+use strata_engine::{Constraint, Finish};
 use strata_grammar::GrammarCompiler;
 use strata_text::{Message, ToolCallParser};
 
@@ -56,6 +56,21 @@ pub fn tool_name(tool: &Value) -> Option<&str> {
 /// names it for templates that print it; neither API's result carries it).
 pub fn called_function(conversation: &[Message], id: &str) -> String {
     conversation.iter().flat_map(|m| &m.tool_calls).find(|c| c.id == id).map(|c| c.name.clone()).unwrap_or_default()
+}
+
+/// Said beside a reply held to a grammar that `max_tokens` (or the
+/// context's end) cut before it could close: near the limit the engine
+/// forces the shortest completion the grammar knows, so a reply cut all the
+/// same had no room even for that, or a schema nested past what the
+/// completion holds. The reply is then the raw text, as far as it got.
+const CUT_BEFORE_CLOSING: &str = "the reply is held to a grammar (a forced tool call or a JSON response format) \
+     and max_tokens cut it before its shortest completion fitted: the text is incomplete; raise max_tokens, or \
+     bound the schema's strings and nesting";
+
+/// The note for a reply that ended at `reason`, held to a grammar or not,
+/// with calls that parsed or not.
+pub fn cut_note(held: bool, reason: Finish, called: bool) -> Option<&'static str> {
+    (held && reason == Finish::Length && !called).then_some(CUT_BEFORE_CLOSING)
 }
 
 impl Structure {

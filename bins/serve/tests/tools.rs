@@ -325,10 +325,78 @@ fn a_call_cut_by_the_length_limit_is_text_not_an_error() {
     assert!(choice["message"]["tool_calls"].is_null(), "{choice}");
     let text = choice["message"]["content"].as_str().expect("content").to_owned();
     assert!(text.starts_with("<tool_call>"), "{text:?}");
+    // Too short even for the shortest call: said so beside the text.
+    assert!(choice["note"].as_str().is_some_and(|note| note.contains("max_tokens")), "{choice}");
+    let mut message = anthropic_body(false);
+    message["max_tokens"] = json!(8);
+    let message = server.post("/v1/messages", &message).json();
+    assert_eq!(message["stop_reason"], "max_tokens", "{message}");
+    assert!(message["note"].as_str().is_some_and(|note| note.contains("max_tokens")), "{message}");
 
     let mut streamed = forced;
     streamed["stream"] = json!(true);
     let response = server.post("/v1/chat/completions", &chat(ask_weather(), 1, streamed));
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(chat_stream_text(&response), (text, Some("length".to_owned()), None));
+}
+
+/// A tool as published tools write one: a required string without bounds,
+/// which the demo writes until the length limit unless the call is closed.
+fn city_tools() -> Value {
+    json!([{ "type": "function", "function": { "name": "get_weather", "parameters": {
+        "type": "object", "properties": { "city": { "type": "string" } }, "required": ["city"] } } }])
+}
+
+/// Room for the demo's shortest forced call (its markers, the name and
+/// `{"city": ""}`) and a few tokens of the city.
+const TINY_MAX_TOKENS: u64 = 64;
+
+#[test]
+fn a_forced_call_with_an_unbounded_string_closes_before_a_tiny_max_tokens() {
+    let server = Server::start(&[]);
+    let named = json!({ "type": "function", "function": { "name": "get_weather" } });
+    for (choice, stream) in [(named.clone(), false), (json!("required"), false), (named, true)] {
+        for seed in 0..8 {
+            let extra = json!({ "tools": city_tools(), "tool_choice": choice, "max_tokens": TINY_MAX_TOKENS, "stream": stream });
+            let response = server.post("/v1/chat/completions", &chat(ask_weather(), seed, extra));
+            assert_eq!(response.status, 200, "{}", response.text());
+            let (finish, arguments) = if stream {
+                let call = response
+                    .events()
+                    .iter()
+                    .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
+                    .find_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"].get(0).cloned());
+                (chat_stream_text(&response).1.unwrap_or_default(), call.map(|c| c["function"]["arguments"].clone()))
+            } else {
+                let choice = response.json()["choices"][0].clone();
+                let finish = choice["finish_reason"].as_str().unwrap_or_default().to_owned();
+                (finish, Some(choice["message"]["tool_calls"][0]["function"]["arguments"].clone()))
+            };
+            assert_eq!(finish, "tool_calls", "{choice} seed {seed}: {}", response.text());
+            let arguments: Value = serde_json::from_str(arguments.as_ref().and_then(Value::as_str).expect("arguments"))
+                .expect("arguments are JSON");
+            let object = arguments.as_object().expect("an object");
+            assert!(object.len() == 1 && object["city"].is_string(), "{arguments}");
+        }
+    }
+}
+
+#[test]
+fn a_strict_json_reply_with_an_unbounded_string_closes_before_a_tiny_max_tokens() {
+    let server = Server::start(&[]);
+    let schema = json!({ "type": "object", "properties": { "name": { "type": "string" }, "tags": { "type": "array",
+        "items": { "type": "string" } } }, "required": ["name", "tags"] });
+    let format = json!({ "response_format": { "type": "json_schema", "json_schema": { "name": "p", "schema": schema, "strict": true } }, "max_tokens": 24 });
+    for seed in 0..8 {
+        let messages = json!([{ "role": "user", "content": "Describe a person." }]);
+        let choice =
+            server.post("/v1/chat/completions", &chat(messages, seed, format.clone())).json()["choices"][0].clone();
+        assert_eq!(choice["finish_reason"], "stop", "{choice}");
+        let content: Value =
+            serde_json::from_str(choice["message"]["content"].as_str().expect("content")).expect("JSON");
+        assert!(
+            content["name"].is_string() && content["tags"].is_array() && content.as_object().unwrap().len() == 2,
+            "{content}"
+        );
+    }
 }

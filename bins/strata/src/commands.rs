@@ -440,7 +440,34 @@ fn info_config(dir: &Path) -> Result<()> {
     let arch =
         strata_format::ModelArch::from_config_json(&text).with_context(|| format!("reading {}", path.display()))?;
     print_architecture(&arch);
+    print_checkpoint_bytes(&arch)?;
     print_state(&arch);
+    Ok(())
+}
+
+/// Bytes of one weight at bf16, the precision models are published in.
+const BF16_BYTES: u64 = 2;
+
+/// What a bf16 checkpoint of `arch` holds: its dense tensors, one routed
+/// expert's three matrices, and every routed expert's (the sizes a
+/// container's `info` gives, before quantization).
+fn print_checkpoint_bytes(arch: &strata_format::ModelArch) -> Result<()> {
+    let overflow = || anyhow::anyhow!("the config's tensor sizes overflow 64 bits");
+    let bytes =
+        |shape: &[usize]| shape.iter().try_fold(BF16_BYTES, |n, &d| n.checked_mul(d as u64)).ok_or_else(overflow);
+    let mut dense_bytes = 0u64;
+    for tensor in strata_format::names::dense_tensors(arch) {
+        dense_bytes = dense_bytes.checked_add(bytes(&tensor.shape)?).ok_or_else(overflow)?;
+    }
+    let mut per_expert_bytes = 0u64;
+    for shape in strata_format::names::expert_shapes(arch) {
+        per_expert_bytes = per_expert_bytes.checked_add(bytes(&shape)?).ok_or_else(overflow)?;
+    }
+    let experts = (arch.moe_layers().len() as u64).checked_mul(arch.num_experts() as u64).ok_or_else(overflow)?;
+    let expert_bytes = per_expert_bytes.checked_mul(experts).ok_or_else(overflow)?;
+    println!("bytes dense   {dense_bytes} ({}) at bf16", ByteSize(dense_bytes));
+    println!("bytes/expert  {per_expert_bytes} ({}) at bf16", ByteSize(per_expert_bytes));
+    println!("bytes experts {expert_bytes} ({}) at bf16, {experts} experts", ByteSize(expert_bytes));
     Ok(())
 }
 

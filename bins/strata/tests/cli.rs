@@ -359,6 +359,49 @@ fn info_reports_inkling_rows_per_token_and_rings_and_convolutions_per_session() 
     assert!(text.contains("55 x layer inkling 64 q / 16 kv heads x 128, window 512"), "{text}");
 }
 
+/// Kimi-Linear-48B-A3B-Instruct as published (testdata/kimi_linear_hub):
+/// `info` on its config alone names its KDA layers and gives what a bf16
+/// checkpoint of it holds, dense and in experts, counted here tensor by
+/// tensor from the published dimensions, and what a session keeps.
+#[test]
+fn info_reports_bytes_and_state_of_the_published_kimi_linear_config() {
+    let dir = fixture("kimi_linear_hub").join("Kimi-Linear-48B-A3B-Instruct");
+    let out = strata(&["info", path(&dir)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (hidden, vocab, kda, latent, heads) = (2304u64, 163_840u64, 32 * 128u64, 512u64, 32u64);
+    let norms = 2 * hidden;
+    // q, k, v with their convolutions, the forget gate (f_a, f_b, dt_bias,
+    // A_log), b_proj, the output gate (g_a, g_b), its norm, o_proj.
+    let kda_layer = 3 * kda * hidden
+        + 3 * kda * 4
+        + (128 * hidden + kda * 128 + kda + 32)
+        + 32 * hidden
+        + (128 * hidden + kda * 128)
+        + 128
+        + hidden * kda;
+    // q_proj, kv_a_proj_with_mqa, its norm, kv_b_proj, o_proj.
+    let mla_layer =
+        heads * 192 * hidden + (latent + 64) * hidden + latent + heads * 256 * latent + hidden * heads * 128;
+    let dense_mlp = 3 * 9216 * hidden;
+    // Router, its correction bias, one shared expert.
+    let moe_layer = 256 * hidden + 256 + 3 * 1024 * hidden;
+    let params = 2 * vocab * hidden + hidden + 27 * norms + 20 * kda_layer + 7 * mla_layer + dense_mlp + 26 * moe_layer;
+    let per_expert = 3 * 1024 * hidden * 2;
+    for line in [
+        "   1 x layer kimi delta attention 32 heads x 128, conv 4; dense 9216;".to_owned(),
+        "  19 x layer kimi delta attention 32 heads x 128, conv 4; moe 256 experts top-8 x 1024 + shared 1024;"
+            .to_owned(),
+        format!("bytes dense   {} ", 2 * params),
+        format!("bytes/expert  {per_expert} "),
+        format!("bytes experts {} ", per_expert * 26 * 256),
+        format!("kv bytes/token {} ", 7 * (512 + 64) * 4),
+        format!("state bytes/session {} ", 20 * (32 * 128 * 128 + 3 * 3 * kda) * 4),
+    ] {
+        assert!(text.contains(&line), "{line:?} in:\n{text}");
+    }
+}
+
 /// A malformed tokenizer.json was copied by `convert` without a word, and
 /// failed only when the converted model started. `convert` now refuses it
 /// first, in one line naming the file, and converts nothing.

@@ -20,4 +20,16 @@ pub trait Constraint: Send {
     /// Whether the constrained output is complete: generation ends here
     /// (finish reason stop), as at an end-of-sequence token.
     fn is_finished(&self) -> bool;
+
+    /// The shortest tokens this constraint knows that complete its output
+    /// once `next` (tokens not yet accepted, which it allows) are accepted:
+    /// accepted in order after them, they leave it finished. `None` where
+    /// it knows no way out, or none within its bounds. The decode step asks
+    /// near the length limit only, and forces them once the tokens left come
+    /// down to their count (`closing`), so that a constrained reply ends
+    /// complete rather than cut; without one it is cut at the limit.
+    fn closing(&mut self, next: &[u32]) -> Result<Option<Vec<u32>>> {
+        let _ = next;
+        Ok(None)
+    }
 }

@@ -6,6 +6,7 @@
 
 use std::ops::ControlFlow;
 
+use crate::closing::Closing;
 use crate::{Constraint, GenerateOptions, Result, Sampler, Session};
 
 /// Why generation ended: the one answer of every loop (the CLI's, chat's,
@@ -43,6 +44,8 @@ pub struct Generation {
     eos_token_ids: Vec<u32>,
     max_new_tokens: usize,
     generated_tokens: usize,
+    /// The constrained output's way out near the length limit.
+    closing: Closing,
 }
 
 impl Generation {
@@ -59,6 +62,7 @@ impl Generation {
             eos_token_ids,
             max_new_tokens: options.max_new_tokens,
             generated_tokens: 0,
+            closing: Closing::default(),
         }
     }
 
@@ -69,7 +73,8 @@ impl Generation {
 
     /// Samples the token after `session`'s sequence from `logits` (the row
     /// after its last token; masked by `constraint` first, which then
-    /// accepts the token), hands it to `emit` with whether it is an
+    /// accepts the token, and near the length limit held to room for its
+    /// way out: `closing`), hands it to `emit` with whether it is an
     /// end-of-sequence token that ends generation (`ControlFlow::Break`
     /// there cancels), and appends it to the sequence, unfed: the next feed
     /// runs it. At the end of generation the session takes a snapshot
@@ -86,13 +91,15 @@ impl Generation {
         emit: impl FnOnce(u32, bool) -> ControlFlow<()>,
     ) -> Result<Step> {
         assert!(self.generated_tokens < self.max_new_tokens, "a step past the length limit");
-        if let Some(constraint) = constraint.as_deref_mut() {
-            constraint.mask(logits)?;
-        }
-        let token = self.sampler.sample(logits, session.tokens().len());
-        if let Some(constraint) = constraint.as_deref_mut() {
-            constraint.accept(token)?;
-        }
+        let position = session.tokens().len();
+        let token = match constraint.as_deref_mut() {
+            Some(constraint) => {
+                let tokens_left = self.max_new_tokens - self.generated_tokens;
+                let sampler = &mut self.sampler;
+                self.closing.next_token(constraint, logits, tokens_left, |logits| sampler.sample(logits, position))?
+            }
+            None => self.sampler.sample(logits, position),
+        };
         self.generated_tokens += 1;
         let is_eos = self.eos_token_ids.contains(&token);
         let finish = if emit(token, is_eos).is_break() {

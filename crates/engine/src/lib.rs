@@ -28,6 +28,7 @@
 #[cfg(feature = "clap")]
 pub mod args;
 mod batch;
+mod closing;
 mod constraint;
 mod decode;
 mod engine;
@@ -40,6 +41,7 @@ mod sampler;
 mod session;
 
 pub use batch::{Admission, BatchLimits, BatchObserver, Batcher, Event, EventSink, Events, Job};
+pub use closing::CLOSING_TOKENS_MAX;
 pub use constraint::Constraint;
 pub use decode::{Finish, Generation, Step};
 pub use engine::{

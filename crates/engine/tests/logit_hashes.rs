@@ -14,6 +14,8 @@
 //! hashes (AVX-512 with and without VNNI give the same bits and share one).
 //! A tier with none recorded is reported and not compared.
 
+mod families;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -21,8 +23,7 @@ use strata_engine::{Engine, EngineOptions, Sampler, SamplingOptions, Session};
 use strata_format::{ConvertOptions, QuantPreset};
 use strata_kernels::simd::{Isa, IsaLevel};
 
-const FAMILIES: [&str; 9] =
-    ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe", "gpt_oss"];
+const FAMILIES: [&str; 10] = families::CHECKED;
 
 const PRESETS: [(&str, QuantPreset); 3] = [("f32", QuantPreset::F32), ("q8", QuantPreset::Q8), ("q4", QuantPreset::Q4)];
 

@@ -10,14 +10,15 @@
 //! The lossy `--activations q8` has its cost against transformers recorded
 //! and bounded.
 
+mod families;
+
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use strata_engine::{ActivationPrecision, Engine, EngineOptions, GenerateOptions};
 use strata_format::{ConvertOptions, QuantPreset, npy};
 
-const FAMILIES: [&str; 9] =
-    ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe", "gpt_oss"];
+const FAMILIES: [&str; 10] = families::CHECKED;
 
 /// Greedy steps whose reference margin (top-1 minus top-2 logit) is below
 /// this fraction of the logits' std are too close to call in f32 and are

@@ -1,9 +1,10 @@
 //! State beyond rows per token through everything that splits a sequence,
 //! on the real fixtures: the hybrid families' recurrent state (Qwen3-Next,
-//! Qwen3.5) and gpt-oss's sliding-window ring (a window of 6, shorter than
-//! the prompt). A session saved and reopened, a prefix reused after a cut,
-//! and chunked prefill give the tokens of one uninterrupted greedy run,
-//! with an expert cache smaller than one layer.
+//! Qwen3.5, Kimi Linear's Kimi Delta Attention) and gpt-oss's
+//! sliding-window ring (a window of 6, shorter than the prompt). A session
+//! saved and reopened, a prefix reused after a cut, and chunked prefill give
+//! the tokens of one uninterrupted greedy run, with an expert cache smaller
+//! than one layer.
 
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -11,7 +12,7 @@ use std::path::Path;
 use strata_engine::{Engine, EngineOptions, GenerateOptions, Session};
 use strata_format::{ConvertOptions, QuantPreset};
 
-const FAMILIES: [&str; 3] = ["qwen3_next", "qwen3_5_moe", "gpt_oss"];
+const FAMILIES: [&str; 4] = ["qwen3_next", "qwen3_5_moe", "gpt_oss", "kimi_linear"];
 const PROMPT: [u32; 9] = [17, 44, 5, 230, 91, 12, 150, 7, 66];
 
 fn engine(dir: &Path, family: &str, prefill_chunk_tokens: Option<usize>) -> Engine {

@@ -2,6 +2,8 @@
 //! the logits; a batch reads each distinct expert once; learned usage and
 //! routing traces are written; disk failures are clear errors.
 
+mod families;
+
 use std::path::{Path, PathBuf};
 
 use strata_engine::{Engine, EngineOptions, IoBackend, PolicyKind, RamBudget};
@@ -10,7 +12,7 @@ use strata_tier::test_util::WarningLog;
 
 /// The GQA families (gpt-oss: biased experts, a window's ring) and the
 /// hybrid ones (recurrent state beside the streamed experts).
-const FAMILIES: [&str; 6] = ["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "qwen3_next", "qwen3_5_moe"];
+const FAMILIES: [&str; 7] = ["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "qwen3_next", "qwen3_5_moe", "kimi_linear"];
 
 fn fixture(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(family)
@@ -271,9 +273,7 @@ fn an_expert_file_that_is_missing_or_unreadable_fails_at_open() {
     assert!(err.contains(file.file_name().unwrap().to_str().unwrap()), "{err}");
 }
 
-/// Every family, the MLA ones included.
-const ALL_FAMILIES: [&str; 9] =
-    ["olmoe", "qwen3_moe", "mixtral", "deepseek_v3", "glm_moe_dsa", "kimi_k25", "qwen3_next", "qwen3_5_moe", "gpt_oss"];
+const ALL_FAMILIES: [&str; 10] = families::CHECKED;
 
 /// A look-ahead guess moves bytes, never results: with a 16 KiB cache, so
 /// that guesses are made for every layer and read, cancelled, dropped or

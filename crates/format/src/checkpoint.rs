@@ -37,11 +37,15 @@ enum SourceDtype {
     F32,
     Bf16,
     F16,
+    /// An integer table (DeepSeek V4's `tid2eid`, int64 as transformers saves
+    /// it), read as f32: exact below 2^24; the graph checks each id at load.
+    I64,
 }
 
 impl SourceDtype {
     fn bytes(self) -> usize {
         match self {
+            SourceDtype::I64 => 8,
             SourceDtype::F32 => 4,
             SourceDtype::Bf16 | SourceDtype::F16 => 2,
         }
@@ -336,6 +340,7 @@ impl Checkpoint {
             Dtype::F32 => SourceDtype::F32,
             Dtype::BF16 => SourceDtype::Bf16,
             Dtype::F16 => SourceDtype::F16,
+            Dtype::I64 => SourceDtype::I64,
             Dtype::F8_E4M3 => return self.fp8_elements_f32(name, first, count),
             other => {
                 return Err(Error::UnsupportedDtype { name: name.to_owned(), dtype: format!("{other:?}") });
@@ -410,6 +415,10 @@ fn decode(dtype: SourceDtype, bytes: &[u8]) -> Vec<f32> {
         SourceDtype::F16 => {
             bytes.chunks_exact(2).map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()).collect()
         }
+        SourceDtype::I64 => bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32)
+            .collect(),
     }
 }
 

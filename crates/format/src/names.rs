@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 pub use self::inkling::{embed_norm_name, global_scale_name, sink_shared_expert_names};
 use crate::family::Naming;
 use crate::spec::{
-    CoreSpec, ExpertKind, FfnSpec, GdnProjections, GdnSpec, GqaSpec, HyperHead, IndexerKind, MixerSpec, MlaAttention,
-    ModelArch, QkNorm, ResidualKind, RouterKind, SharedExperts,
+    Compression, CompressorState, CoreSpec, ExpertKind, FfnSpec, GdnProjections, GdnSpec, GqaSpec, HyperHead,
+    IndexerKind, MixerSpec, MlaAttention, ModelArch, QkNorm, ResidualKind, RouterKind, SharedExperts,
+    SharedKvAttention,
 };
 
 /// What role a non-expert tensor plays; decides its storage format.
@@ -121,6 +122,12 @@ pub fn correction_bias_name(core: &CoreSpec, layer: usize) -> String {
     layer_tensor(core, layer, &format!("{}.gate.e_score_correction_bias", naming(core).moe_module))
 }
 
+/// The expert ids of each token of a hash-routed layer ([`RouterKind::Hash`]),
+/// `[vocab, top_k]`.
+pub fn hash_table_name(core: &CoreSpec, layer: usize) -> String {
+    layer_tensor(core, layer, &format!("{}.gate.tid2eid", naming(core).moe_module))
+}
+
 /// The bias of a router that has one ([`RouterKind::TopKThenSoftmax`]),
 /// `[num_experts]`, beside its weight.
 pub fn router_bias_name(core: &CoreSpec, layer: usize) -> String {
@@ -145,6 +152,41 @@ pub fn hyper_connection_names(core: &CoreSpec, layer: usize, site: HyperSite) ->
     };
     ["fn", "base", "scale"].map(|part| layer_tensor(core, layer, &format!("hc_{block}_{part}")))
 }
+
+/// A block's gated residual ([`ResidualKind::GatedStreams`]), as the hub
+/// names them (transformers' `attn_hyper_connection` / `mlp_hyper_connection`):
+/// the per-stream norm `[streams · hidden]` (applied as `1 + w`), `down`
+/// `[lowrank, streams · hidden]`, `up` `[streams · hidden, lowrank]` and
+/// `inject` `[streams, streams · hidden]`.
+pub fn gated_residual_names(core: &CoreSpec, layer: usize, site: HyperSite) -> [String; 4] {
+    let block = match site {
+        HyperSite::Attention => "attn",
+        HyperSite::Ffn => "mlp",
+    };
+    GATED_RESIDUAL_PARTS.map(|part| layer_tensor(core, layer, &format!("{block}_hyper_connection.{part}")))
+}
+
+/// The final mixer of gated residual streams, before `lm_head`: a block's
+/// gated residual without `inject` (`hyper_connection_mixer`).
+pub fn gated_head_names(core: &CoreSpec) -> [String; 3] {
+    let [norm, down, up, _] = GATED_RESIDUAL_PARTS;
+    [norm, down, up].map(|part| format!("{}hyper_connection_mixer.{part}", naming(core).model_prefix))
+}
+
+/// A gated residual's norm, `down` and `up`, over `width = streams · hidden`.
+fn push_gated(
+    width: usize,
+    lowrank: usize,
+    [norm, down, up]: [String; 3],
+    push: &mut impl FnMut(String, Vec<usize>, TensorKind),
+) {
+    push(norm, vec![width], TensorKind::HyperConnection);
+    push(down, vec![lowrank, width], TensorKind::HyperConnection);
+    push(up, vec![width, lowrank], TensorKind::HyperConnection);
+}
+
+const GATED_RESIDUAL_PARTS: [&str; 4] =
+    ["hc_norm.weight", "input_mix_weight_down.weight", "input_mix_weight_up.weight", "block_inject_weight.weight"];
 
 /// The weights of the σ-weighted head ([`HyperHead::Sigmoid`]) beside the
 /// final norm, as the hub names them (transformers: `hc_head.hc_fn`,
@@ -278,6 +320,7 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
             MixerSpec::Mla(mla) => mla_attention_tensors(core, mla, layer, &mut push),
             MixerSpec::GatedDeltaNet(gdn) => gdn_tensors(core, gdn, layer, &mut push),
             MixerSpec::Inkling(attn) => inkling::attention_tensors(core, attn, layer, &mut push),
+            MixerSpec::SharedKv(sk) => shared_kv_tensors(core, sk, layer, &mut push),
         }
         push(t("post_attention_layernorm.weight"), vec![h], TensorKind::Norm);
         match &blocks.ffn {
@@ -288,11 +331,16 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
                         push(correction_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
                         push(global_scale_name(core, layer, "mlp.gate"), vec![1], TensorKind::Norm);
                     }
-                    RouterKind::GroupedSigmoid { .. } => {
+                    RouterKind::GroupedSigmoid { .. } | RouterKind::SqrtSoftplus { .. } => {
                         push(correction_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
                     }
                     RouterKind::TopKThenSoftmax => {
                         push(router_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
+                    }
+                    RouterKind::Hash { .. } => {
+                        // Expert ids (integers in the checkpoint), f32 like a
+                        // router: exact below 2^24, far above any expert count.
+                        push(hash_table_name(core, layer), vec![core.vocab_size, moe.top_k], TensorKind::Router);
                     }
                     RouterKind::SoftmaxTopK { .. } => {}
                 }
@@ -338,6 +386,16 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
                 push(scale, vec![3], TensorKind::HyperConnection);
             }
         }
+        if let ResidualKind::GatedStreams { streams, lowrank } = blocks.residual {
+            for site in [HyperSite::Attention, HyperSite::Ffn] {
+                let [norm, down, up, inject] = gated_residual_names(core, layer, site);
+                push_gated(streams * h, lowrank, [norm, down, up], &mut push);
+                push(inject, vec![streams, streams * h], TensorKind::HyperConnection);
+            }
+        }
+    }
+    if let ResidualKind::GatedStreams { streams, lowrank } = arch.residual() {
+        push_gated(streams * h, lowrank, gated_head_names(core), &mut push);
     }
     if let ResidualKind::HyperConnections { streams, head: HyperHead::Sigmoid, .. } = arch.residual() {
         let [mixes, base, scale] = hyper_head_names(core);
@@ -434,6 +492,45 @@ fn mla_attention_tensors(core: &CoreSpec, attn: &MlaAttention, layer: usize, pus
         // Its output weighs the heads' scores that pick tokens: f32, like a
         // router (transformers keeps it in fp32 too).
         push(t("self_attn.indexer.weights_proj.weight"), vec![n, h], TensorKind::Router);
+    }
+}
+
+/// DeepSeek V4's attention tensors: the q-LoRA, the shared key-value head,
+/// the grouped output projection, the sinks, and on compressed layers the
+/// compressor (and on CSA layers its indexer) under `self_attn.compressor.`.
+fn shared_kv_tensors(core: &CoreSpec, sk: &SharedKvAttention, layer: usize, push: &mut Push<'_>) {
+    let h = core.hidden_size;
+    let t = |suffix: &str| layer_tensor(core, layer, &format!("self_attn.{suffix}"));
+    let (rank, q_dim, d) = (sk.q_lora_rank, sk.q_dim(), sk.head_dim);
+    let o_width = sk.o_groups * sk.o_lora_rank;
+    push(t("q_a_proj.weight"), vec![rank, h], TensorKind::Linear);
+    push(t("q_a_norm.weight"), vec![rank], TensorKind::Norm);
+    push(t("q_b_proj.weight"), vec![q_dim, rank], TensorKind::Linear);
+    push(t("kv_proj.weight"), vec![d, h], TensorKind::Linear);
+    push(t("kv_norm.weight"), vec![d], TensorKind::Norm);
+    push(t("o_a_proj.weight"), vec![o_width, q_dim / sk.o_groups], TensorKind::Linear);
+    push(t("o_b_proj.weight"), vec![h, o_width], TensorKind::Linear);
+    // Logits beside the scores: kept f32 like the biases.
+    push(sinks_name(core, layer), vec![sk.num_heads], TensorKind::Bias);
+    let mut compressor = |module: &str, state: &CompressorState| {
+        let projection = state.projection_width();
+        push(t(&format!("{module}.kv_proj.weight")), vec![projection, h], TensorKind::Linear);
+        push(t(&format!("{module}.gate_proj.weight")), vec![projection, h], TensorKind::Linear);
+        // Added to the gate logits of each slot of a window: f32 as a bias.
+        push(t(&format!("{module}.position_bias")), vec![state.ratio, projection], TensorKind::Bias);
+        push(t(&format!("{module}.kv_norm.weight")), vec![state.width], TensorKind::Norm);
+    };
+    let states = sk.compressors();
+    if let Some(state) = states.first() {
+        compressor("compressor", state);
+    }
+    if let (Some(state), Some(Compression::Sparse { indexer, .. })) = (states.get(1), sk.compression) {
+        compressor("compressor.indexer", state);
+        let (n, d) = (indexer.n_heads, indexer.head_dim);
+        push(t("compressor.indexer.q_b_proj.weight"), vec![n * d, rank], TensorKind::Linear);
+        // Its output weighs the heads' scores that pick entries: f32, like
+        // a router (transformers keeps it in fp32 too).
+        push(t("compressor.indexer.scorer.weights_proj.weight"), vec![n, h], TensorKind::Router);
     }
 }
 

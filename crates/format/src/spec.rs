@@ -519,6 +519,7 @@ mod linear;
 mod mla;
 #[cfg(test)]
 mod mla_tests;
+mod shared_kv;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -531,3 +532,4 @@ pub use layer::{
 };
 pub use linear::{GdnDims, GdnProjections, LayerType};
 pub use mla::{DsaSpec, IndexerKind, LATENT_NORM_EPS, MlaSpec};
+pub use shared_kv::{CompressedIndexer, Compression, CompressorState, SharedKvAttention};

@@ -101,6 +101,20 @@ fn failing_tensor_mid_conversion_leaves_no_output() {
     assert!(stray_entries(tmp.path(), &["hf"]).is_empty());
 }
 
+/// DeepSeek V4's `tid2eid` is the one integer tensor a checkpoint carries
+/// (int64, as transformers saves it): it reads as its whole numbers.
+#[test]
+fn an_int64_tensor_reads_as_its_whole_numbers() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("config.json"), olmoe_config().to_string()).unwrap();
+    let ids: [i64; 6] = [0, 3, 7, 1, 255, 2];
+    let bytes = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+    let table = "model.layers.0.mlp.gate.tid2eid".to_owned();
+    common::write_safetensors(&tmp.path().join("model.safetensors"), &[(table.clone(), vec![3, 2], Dtype::I64, bytes)]);
+    let (shape, values) = strata_format::Checkpoint::open(tmp.path()).unwrap().tensor_f32(&table).unwrap();
+    assert_eq!((shape, values), (vec![3, 2], vec![0.0, 3.0, 7.0, 1.0, 255.0, 2.0]));
+}
+
 #[test]
 fn a_killed_conversions_temporary_is_removed_by_the_next_and_a_live_ones_kept() {
     let tmp = tempfile::tempdir().unwrap();

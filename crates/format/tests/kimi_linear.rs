@@ -139,3 +139,91 @@ fn tensors_are_named_as_the_hub_names_them() {
         "model.layers.0.block_sparse_moe.gate_proj.weight"
     );
 }
+
+#[test]
+fn the_hub_switches_at_what_transformers_runs_change_nothing() {
+    let mut config = hub_config();
+    config["moe_router_activation_func"] = json!("sigmoid");
+    config["mla_use_nope"] = json!(true);
+    config["use_grouped_topk"] = json!(true);
+    assert_eq!(parse(&config), parse(&hub_config()));
+    // Without groups, routing over all experts is what a single group does.
+    config["use_grouped_topk"] = json!(false);
+    assert_eq!(parse(&config), parse(&hub_config()));
+}
+
+/// Moonshot's config class reads three switches transformers' does not:
+/// a value asking for other arithmetic is refused naming the key, never
+/// converted as the model transformers would run.
+#[test]
+fn a_hub_switch_asking_for_other_arithmetic_is_refused_naming_the_key() {
+    let mut grouped = hub_config();
+    grouped["num_expert_group"] = json!(2);
+    grouped["topk_group"] = json!(1);
+    for (base, key, value) in [
+        (hub_config(), "moe_router_activation_func", json!("softmax")),
+        (hub_config(), "mla_use_nope", json!(false)),
+        (grouped, "use_grouped_topk", json!(false)),
+    ] {
+        let mut config = base;
+        config[key] = value;
+        let err = ModelArch::from_config_value(&config).unwrap_err().to_string();
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}
+
+#[test]
+fn kda_layers_are_described_as_kimi_delta_attention() {
+    let arch = parse(&hub_config());
+    let described = arch.layers[0].describe();
+    assert!(described.starts_with("kimi delta attention 2 heads x 8, conv 4;"), "{described}");
+}
+
+/// The published Kimi-Linear-48B-A3B-Instruct config (testdata/kimi_linear_hub/README.md).
+fn published() -> serde_json::Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/kimi_linear_hub/Kimi-Linear-48B-A3B-Instruct/config.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Kimi-Linear-48B-A3B-Instruct, every key of its config known: its 7
+/// latent layers keep the 512 + 64 floats of each token; its 20 KDA layers
+/// a 128 x 128 state per head of 32 and the convolution's last 3 inputs of
+/// q, k and v.
+#[test]
+fn the_published_model_keeps_seven_latent_rows_per_token_and_twenty_kda_states() {
+    let config = published();
+    strata_format::check_config_keys(&config, &[]).unwrap();
+    let arch = parse(&config);
+    let latent = arch.layers.iter().filter(|l| matches!(l.mixer, MixerSpec::Mla(_))).count();
+    assert_eq!((arch.layers.len(), latent), (27, 7));
+    assert_eq!(arch.layer_kinds().iter().filter(|&&k| k == FfnKind::Moe).count(), 26);
+    assert_eq!(arch.kv_bytes_per_token(), 7 * (512 + 64) * size_of::<f32>());
+    let kda_floats = 32 * 128 * 128 + (4 - 1) * 3 * 32 * 128;
+    assert_eq!(arch.state_bytes_per_sequence(), 20 * kda_floats * size_of::<f32>());
+}
+
+/// KimiLinearConfig defaults `pad_token_id` to 163839, outside a small
+/// vocabulary, where transformers refuses to build the embedding: an
+/// exported config keeps the source's pad id, else names none.
+#[test]
+fn the_saved_config_names_no_pad_id_outside_the_vocabulary() {
+    let arch = parse(&hub_config());
+    assert_eq!(arch.to_config_json()["pad_token_id"], Value::Null);
+    let mut source = hub_config();
+    source["pad_token_id"] = json!(0);
+    assert_eq!(arch.to_config_json_from(&source)["pad_token_id"], json!(0));
+}
+
+/// A model of latent layers alone says so: without `layer_types`
+/// transformers would take its default pattern, KDA but every fourth.
+#[test]
+fn a_model_of_latent_layers_alone_saves_its_pattern() {
+    let mut config = hub_config();
+    config["linear_attn_config"]["kda_layers"] = json!([]);
+    config["linear_attn_config"]["full_attn_layers"] = json!([1, 2, 3, 4]);
+    let arch = parse(&config);
+    let saved = arch.to_config_json();
+    assert_eq!(saved["layer_types"], json!(vec!["full_attention"; 4]));
+    assert_eq!(parse(&saved), arch);
+}

@@ -9,9 +9,16 @@
 //! vocabulary); each request gets its own [`Grammar`], a
 //! [`Constraint`] that the decode step asks for the mask
 //! before sampling and tells the token chosen after.
+//!
+//! Near the length limit a grammar also gives the decode step its way out
+//! (`Constraint::closing`): the shortest tokens that complete the reply from
+//! where its JSON stands (`completion`, with `minimal` values for what is
+//! missing), taken by a copy of its matcher before they are offered.
 
 mod closed;
+mod completion;
 mod error;
+mod minimal;
 mod tool_call;
 mod vocab;
 
@@ -21,9 +28,10 @@ use std::time::{Duration, Instant};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
-use toktrie::SimpleVob;
+use toktrie::{SimpleVob, TokenizerEnv};
 
-use strata_engine::Constraint;
+use completion::Progress;
+use strata_engine::{CLOSING_TOKENS_MAX, Constraint};
 use strata_text::{Tokenizer, ToolSyntax};
 use vocab::Vocab;
 
@@ -98,7 +106,8 @@ impl GrammarCompiler {
         }
         check_schema_bytes(json_bytes(schema), "the JSON schema")?;
         let schema = if strict { closed::closed_objects(schema) } else { schema.clone() };
-        self.compile(TopLevelGrammar::from_json_schema(with_json_options(&schema)))
+        let progress = Progress::new(vec![(Vec::new(), schema.clone())]);
+        self.compile(TopLevelGrammar::from_json_schema(with_json_options(&schema)), Some(progress))
     }
 
     /// One call, in the model's `syntax`, of the function `name` (or of any
@@ -116,21 +125,29 @@ impl GrammarCompiler {
         }
         let parameters_bytes = tools.iter().map(|tool| tool_call::parameters(tool).map_or(0, json_bytes)).sum();
         check_schema_bytes(parameters_bytes, "the tools' parameters")?;
-        let lark = tool_call::lark(syntax, tools, name, |marker| self.vocab.special_id(marker))?;
-        self.compile(TopLevelGrammar::from_lark(lark))
+        let call = tool_call::lark(syntax, tools, name, |marker| self.vocab.special_id(marker))?;
+        self.compile(TopLevelGrammar::from_lark(call.lark), call.openings.map(Progress::new))
     }
 
     /// The grammar, with its first mask: a schema that compiles but cannot
     /// start (a `$ref` to itself) fails there, and that is the request's
-    /// error as much as one that does not compile.
-    fn compile(&self, grammar: TopLevelGrammar) -> Result<Grammar> {
+    /// error as much as one that does not compile. `progress` follows the
+    /// reply's JSON, when it holds JSON after a fixed opening.
+    fn compile(&self, grammar: TopLevelGrammar, progress: Option<Progress>) -> Result<Grammar> {
         let parser = self.factory.create_parser(grammar).map_err(|e| refused(&e))?;
         let mut matcher = Matcher::new(Ok(parser));
         if let Some(error) = matcher.get_error() {
             return Err(refused(&error));
         }
         let first_mask = matcher.compute_mask_or_eos().map_err(|e| refused(&e))?;
-        Ok(Grammar { matcher, first_mask: Some(first_mask), mask_time: Duration::ZERO, masks: 0 })
+        Ok(Grammar {
+            matcher,
+            vocab: self.vocab.clone(),
+            progress,
+            first_mask: Some(first_mask),
+            mask_time: Duration::ZERO,
+            masks: 0,
+        })
     }
 }
 
@@ -159,6 +176,10 @@ fn refused(error: &dyn std::fmt::Display) -> Error {
 /// One sequence's grammar and where it stands.
 pub struct Grammar {
     matcher: Matcher,
+    vocab: Arc<Vocab>,
+    /// Where the reply's JSON stands, for its way out (`Constraint::closing`);
+    /// `None` for arguments written as XML.
+    progress: Option<Progress>,
     /// The mask for the first token, computed when the grammar was built.
     first_mask: Option<SimpleVob>,
     /// Time spent computing masks, and how many: the grammar's cost per token.
@@ -181,7 +202,55 @@ impl Grammar {
     fn error(&self, what: &str, e: impl std::fmt::Display) -> strata_engine::Error {
         strata_engine::Error::Grammar(format!("{what}: {e}"))
     }
+
+    /// The shortest tokens known that complete the reply once `next` are
+    /// accepted (`Constraint::closing`): the text the grammar forces (a
+    /// call's name, its close) and, where it forces none, the completion
+    /// of the reply's JSON (`completion`), in turns; each piece tokenized
+    /// and taken by a copy of the matcher, so that every token is one the
+    /// grammar allows; then an end-of-sequence token where the grammar
+    /// needs one to stop. `None` when no way out is known within
+    /// `CLOSING_TOKENS_MAX` tokens.
+    fn way_out(&self, next: &[u32]) -> Option<Vec<u32>> {
+        let mut progress = self.progress.clone()?;
+        let mut probe = self.matcher.clone();
+        probe.consume_tokens(next).ok()?;
+        let trie = self.vocab.tok_trie();
+        progress.feed(&trie.decode_raw(next));
+        let mut tokens = Vec::new();
+        for _ in 0..WAY_OUT_ROUNDS_MAX {
+            if probe.is_stopped() {
+                break;
+            }
+            let forced = probe.compute_ff_bytes();
+            let text = if forced.is_empty() { progress.completion()? } else { forced };
+            if text.is_empty() {
+                break;
+            }
+            let (piece, _) = self.vocab.tokenize_bytes_marker(&text);
+            if tokens.len() + piece.len() > CLOSING_TOKENS_MAX || probe.try_consume_tokens(&piece).ok()? != piece.len()
+            {
+                return None;
+            }
+            progress.feed(&text);
+            tokens.extend(piece);
+        }
+        if !probe.is_stopped() {
+            // Whole, but the grammar would go on (a number may): the
+            // end-of-sequence token ends it.
+            let eos = trie.eos_token();
+            if tokens.len() == CLOSING_TOKENS_MAX || probe.try_consume_tokens(&[eos]).ok()? != 1 {
+                return None;
+            }
+            tokens.push(eos);
+        }
+        Some(tokens)
+    }
 }
+
+/// Turns of forced text and completion in a way out: a forced call's name,
+/// its arguments, its close, and room for a grammar that forces in pieces.
+const WAY_OUT_ROUNDS_MAX: usize = 8;
 
 impl Constraint for Grammar {
     fn mask(&mut self, logits: &mut [f32]) -> strata_engine::Result<()> {
@@ -213,10 +282,18 @@ impl Constraint for Grammar {
     }
 
     fn accept(&mut self, token: u32) -> strata_engine::Result<()> {
-        self.matcher.consume_token(token).map_err(|e| self.error("accept", e))
+        self.matcher.consume_token(token).map_err(|e| self.error("accept", e))?;
+        if let Some(progress) = &mut self.progress {
+            progress.feed(&self.vocab.tok_trie().decode_raw(&[token]));
+        }
+        Ok(())
     }
 
     fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
+    }
+
+    fn closing(&mut self, next: &[u32]) -> strata_engine::Result<Option<Vec<u32>>> {
+        Ok(self.way_out(next))
     }
 }

@@ -12,6 +12,67 @@ use strata_text::ToolSyntax;
 
 use crate::{Error, Result};
 
+/// A forced call's grammar, and where each call's JSON arguments begin.
+pub(super) struct ToolGrammar {
+    pub(super) lark: String,
+    /// Each call's text before its arguments (special tokens as the token
+    /// trie spells them, `\xff[id]`) and its arguments' schema, read as
+    /// strict; `None` for the syntaxes that write arguments as XML.
+    pub(super) openings: Option<Vec<(Vec<u8>, Value)>>,
+}
+
+/// A piece of a call's text around its arguments.
+enum Piece {
+    /// A marker, a special token where the vocabulary has it.
+    Marker(&'static str),
+    Text(String),
+}
+
+/// The text of a call of `fname` in `syntax` before and after its JSON
+/// arguments; `None` for the syntaxes that write arguments as XML.
+fn json_call(syntax: ToolSyntax, fname: &str) -> Option<(Vec<Piece>, Vec<Piece>)> {
+    use Piece::{Marker, Text};
+    Some(match syntax {
+        ToolSyntax::JsonTags => (
+            vec![Marker("<tool_call>"), Text(format!("\n{{\"name\": \"{fname}\", \"arguments\": "))],
+            vec![Text("}\n".to_owned()), Marker("</tool_call>")],
+        ),
+        ToolSyntax::DeepSeek => (
+            vec![
+                Marker("<｜tool▁calls▁begin｜>"),
+                Marker("<｜tool▁call▁begin｜>"),
+                Text(fname.to_owned()),
+                Marker("<｜tool▁sep｜>"),
+            ],
+            vec![Marker("<｜tool▁call▁end｜>"), Marker("<｜tool▁calls▁end｜>")],
+        ),
+        ToolSyntax::DeepSeekFenced => (
+            vec![
+                Marker("<｜tool▁calls▁begin｜>"),
+                Marker("<｜tool▁call▁begin｜>"),
+                Text("function".to_owned()),
+                Marker("<｜tool▁sep｜>"),
+                Text(format!("{fname}\n```json\n")),
+            ],
+            vec![Text("\n```".to_owned()), Marker("<｜tool▁call▁end｜>"), Marker("<｜tool▁calls▁end｜>")],
+        ),
+        ToolSyntax::Kimi => (
+            vec![
+                Marker("<|tool_calls_section_begin|>"),
+                Marker("<|tool_call_begin|>"),
+                Text(format!("functions.{fname}:0")),
+                Marker("<|tool_call_argument_begin|>"),
+            ],
+            vec![Marker("<|tool_call_end|>"), Marker("<|tool_calls_section_end|>")],
+        ),
+        ToolSyntax::Mistral => (
+            vec![Marker("[TOOL_CALLS]"), Text(format!("[{{\"name\": \"{fname}\", \"arguments\": "))],
+            vec![Text("}]".to_owned())],
+        ),
+        ToolSyntax::XmlFunction | ToolSyntax::GlmArgs => return None,
+    })
+}
+
 /// The grammar of one call of `name` (any of `tools` when `None`) in
 /// `syntax`. `special_id` gives the id of a marker that is a special token
 /// (named `<[id]>` in the grammar, as no text spells it).
@@ -20,7 +81,7 @@ pub(super) fn lark(
     tools: &[Value],
     name: Option<&str>,
     special_id: impl Fn(&str) -> Option<u32>,
-) -> Result<String> {
+) -> Result<ToolGrammar> {
     let functions: Vec<(&str, Value)> = tools
         .iter()
         .map(|tool| {
@@ -43,76 +104,64 @@ pub(super) fn lark(
         Some(id) => format!("<[{id}]>"),
         None => literal(text),
     };
+    let rendered = |pieces: &[Piece]| -> Vec<String> {
+        pieces
+            .iter()
+            .map(|piece| match piece {
+                Piece::Marker(text) => marker(text),
+                Piece::Text(text) => literal(text),
+            })
+            .collect()
+    };
+    let spelled = |pieces: &[Piece]| -> Vec<u8> {
+        pieces
+            .iter()
+            .flat_map(|piece| match piece {
+                Piece::Marker(text) => special_id(text).map_or_else(|| text.as_bytes().to_vec(), special_bytes),
+                Piece::Text(text) => text.as_bytes().to_vec(),
+            })
+            .collect()
+    };
     let mut grammar = String::new();
+    let mut openings = Some(Vec::with_capacity(chosen.len()));
     let alternatives: Vec<String> = (0..chosen.len()).map(|i| format!("call_{i}")).collect();
     let _ = writeln!(grammar, "start: {}", alternatives.join(" | "));
     for (i, (fname, parameters)) in chosen.iter().enumerate() {
-        let args = format!("%json {}", with_json_options(parameters));
-        let rule = match syntax {
-            ToolSyntax::JsonTags => format!(
-                "{} {} {args} {} {}",
-                marker("<tool_call>"),
-                literal(&format!("\n{{\"name\": \"{fname}\", \"arguments\": ")),
-                literal("}\n"),
-                marker("</tool_call>")
-            ),
-            ToolSyntax::DeepSeek => format!(
-                "{} {} {} {} {args} {} {}",
-                marker("<｜tool▁calls▁begin｜>"),
-                marker("<｜tool▁call▁begin｜>"),
-                literal(fname),
-                marker("<｜tool▁sep｜>"),
-                marker("<｜tool▁call▁end｜>"),
-                marker("<｜tool▁calls▁end｜>")
-            ),
-            ToolSyntax::DeepSeekFenced => format!(
-                "{} {} {} {} {} {args} {} {} {}",
-                marker("<｜tool▁calls▁begin｜>"),
-                marker("<｜tool▁call▁begin｜>"),
-                literal("function"),
-                marker("<｜tool▁sep｜>"),
-                literal(&format!("{fname}\n```json\n")),
-                literal("\n```"),
-                marker("<｜tool▁call▁end｜>"),
-                marker("<｜tool▁calls▁end｜>")
-            ),
-            ToolSyntax::Kimi => format!(
-                "{} {} {} {} {args} {} {}",
-                marker("<|tool_calls_section_begin|>"),
-                marker("<|tool_call_begin|>"),
-                literal(&format!("functions.{fname}:0")),
-                marker("<|tool_call_argument_begin|>"),
-                marker("<|tool_call_end|>"),
-                marker("<|tool_calls_section_end|>")
-            ),
-            ToolSyntax::Mistral => format!(
-                "{} {} {args} {}",
-                marker("[TOOL_CALLS]"),
-                literal(&format!("[{{\"name\": \"{fname}\", \"arguments\": ")),
-                literal("}]")
-            ),
-            ToolSyntax::XmlFunction => format!(
-                "{} {} {} {}",
-                marker("<tool_call>"),
-                literal(&format!("\n<function={fname}>\n")),
-                parameters_rules(&mut grammar, i, parameters, |key| {
-                    (literal(&format!("<parameter={key}>\n")), literal("\n</parameter>\n"), "[^<\\n]")
-                }),
-                format_args!("{} {}", literal("</function>\n"), marker("</tool_call>"))
-            ),
-            ToolSyntax::GlmArgs => format!(
-                "{} {} {} {}",
-                marker("<tool_call>"),
-                literal(&format!("{fname}\n")),
-                parameters_rules(&mut grammar, i, parameters, |key| {
-                    (literal(&format!("<arg_key>{key}</arg_key>\n<arg_value>")), literal("</arg_value>\n"), "[^<]")
-                }),
-                marker("</tool_call>")
-            ),
+        let rule = match json_call(syntax, fname) {
+            Some((before, after)) => {
+                if let Some(openings) = openings.as_mut() {
+                    openings.push((spelled(&before), parameters.clone()));
+                }
+                let args = format!("%json {}", with_json_options(parameters));
+                format!("{} {args} {}", rendered(&before).join(" "), rendered(&after).join(" "))
+            }
+            None => {
+                openings = None;
+                let (open, close) = match syntax {
+                    ToolSyntax::GlmArgs => (literal(&format!("{fname}\n")), String::new()),
+                    _ => (literal(&format!("\n<function={fname}>\n")), literal("</function>\n")),
+                };
+                let arguments = match syntax {
+                    ToolSyntax::GlmArgs => parameters_rules(&mut grammar, i, parameters, |key| {
+                        (literal(&format!("<arg_key>{key}</arg_key>\n<arg_value>")), literal("</arg_value>\n"), "[^<]")
+                    }),
+                    _ => parameters_rules(&mut grammar, i, parameters, |key| {
+                        (literal(&format!("<parameter={key}>\n")), literal("\n</parameter>\n"), "[^<\\n]")
+                    }),
+                };
+                format!("{} {open} {arguments} {close} {}", marker("<tool_call>"), marker("</tool_call>"))
+            }
         };
         let _ = writeln!(grammar, "call_{i}: {rule}");
     }
-    Ok(grammar)
+    Ok(ToolGrammar { lark: grammar, openings })
+}
+
+/// A special token as the token trie spells it in a reply's bytes.
+fn special_bytes(id: u32) -> Vec<u8> {
+    let mut bytes = vec![toktrie::TokTrie::SPECIAL_TOKEN_MARKER];
+    bytes.extend_from_slice(format!("[{id}]").as_bytes());
+    bytes
 }
 
 /// The function object of an OpenAI tool (`{"type": "function", "function":
@@ -192,7 +241,7 @@ mod tests {
     #[test]
     fn named_call_in_qwen_syntax_uses_special_ids_for_markers() {
         let ids = |m: &str| (m == "<tool_call>").then_some(7).or((m == "</tool_call>").then_some(8));
-        let grammar = lark(ToolSyntax::JsonTags, &tools(), Some("get_weather"), ids).unwrap();
+        let grammar = lark(ToolSyntax::JsonTags, &tools(), Some("get_weather"), ids).unwrap().lark;
         assert!(grammar.starts_with("start: call_0\n"), "{grammar}");
         assert!(
             grammar.contains("<[7]> \"\\n{\\\"name\\\": \\\"get_weather\\\", \\\"arguments\\\": \" %json"),
@@ -203,7 +252,7 @@ mod tests {
 
     #[test]
     fn forced_arguments_allow_no_keys_the_tool_does_not_declare() {
-        let grammar = lark(ToolSyntax::JsonTags, &tools(), None, |_| None).unwrap();
+        let grammar = lark(ToolSyntax::JsonTags, &tools(), None, |_| None).unwrap().lark;
         let call_lines: Vec<&str> = grammar.lines().filter(|line| line.starts_with("call_")).collect();
         assert_eq!(call_lines.len(), 2, "{grammar}");
         for line in call_lines {
@@ -213,15 +262,25 @@ mod tests {
 
     #[test]
     fn xml_syntax_has_a_rule_per_parameter() {
-        let grammar = lark(ToolSyntax::XmlFunction, &tools(), None, |_| None).unwrap();
+        let grammar = lark(ToolSyntax::XmlFunction, &tools(), None, |_| None).unwrap().lark;
         assert!(grammar.starts_with("start: call_0 | call_1\n"), "{grammar}");
         assert!(grammar.contains("arg_0_0: \"<parameter=city>\\n\" /[^<\\n]{1,}/"), "{grammar}");
         assert!(grammar.contains("arg_0_0 arg_0_1?"), "{grammar}");
     }
 
     #[test]
+    fn json_calls_say_where_their_arguments_begin() {
+        let ids = |m: &str| (m == "<tool_call>").then_some(7);
+        let openings = lark(ToolSyntax::JsonTags, &tools(), None, ids).unwrap().openings.expect("JSON arguments");
+        assert_eq!(openings.len(), 2);
+        assert_eq!(openings[0].0, b"\xff[7]\n{\"name\": \"get_weather\", \"arguments\": ");
+        assert_eq!(openings[0].1["additionalProperties"], false);
+        assert!(lark(ToolSyntax::XmlFunction, &tools(), None, ids).unwrap().openings.is_none());
+    }
+
+    #[test]
     fn unknown_or_missing_tools_are_the_request_error() {
-        let err = lark(ToolSyntax::JsonTags, &tools(), Some("nope"), |_| None).unwrap_err().to_string();
+        let err = lark(ToolSyntax::JsonTags, &tools(), Some("nope"), |_| None).err().expect("refused").to_string();
         assert!(err.contains("nope"), "{err}");
         assert!(lark(ToolSyntax::JsonTags, &[], None, |_| None).is_err());
     }

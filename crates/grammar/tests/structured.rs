@@ -311,3 +311,131 @@ fn a_schema_without_additional_properties_allows_no_undeclared_key_when_strict_o
     assert!(allows(&mut forced(), &tokenizer, &call(declared)));
     assert!(!allows(&mut forced(), &tokenizer, &call(undeclared)));
 }
+
+/// A whole reply of `syntax` calling `get_weather` with `arguments`, as the
+/// model writes it.
+fn call_text(syntax: ToolSyntax, arguments: &str) -> String {
+    match syntax {
+        ToolSyntax::JsonTags => {
+            format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {arguments}}}\n</tool_call>")
+        }
+        ToolSyntax::DeepSeek => format!(
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{arguments}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+        ),
+        ToolSyntax::DeepSeekFenced => format!(
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{arguments}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+        ),
+        ToolSyntax::Kimi => format!(
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{arguments}<|tool_call_end|><|tool_calls_section_end|>"
+        ),
+        ToolSyntax::Mistral => format!("[TOOL_CALLS][{{\"name\": \"get_weather\", \"arguments\": {arguments}}}]"),
+        ToolSyntax::XmlFunction | ToolSyntax::GlmArgs => unreachable!("arguments as XML"),
+    }
+}
+
+/// `tokens[..cut]` accepted by a fresh grammar, then its way out: the reply
+/// it completes to (decoded), after checking that the way out is within the
+/// bound, leaves the grammar finished, and is the same asked one token
+/// ahead.
+fn completed_at(
+    tokenizer: &strata_text::Tokenizer,
+    new_grammar: &dyn Fn() -> Grammar,
+    tokens: &[u32],
+    cut: usize,
+) -> String {
+    let mut grammar = new_grammar();
+    for &token in &tokens[..cut] {
+        grammar.accept(token).unwrap();
+    }
+    let way_out = grammar.closing(&[]).unwrap().unwrap_or_else(|| panic!("no way out after {cut} tokens"));
+    assert!(way_out.len() <= strata_engine::CLOSING_TOKENS_MAX, "{cut}: {way_out:?}");
+    if let Some(&next) = tokens.get(cut) {
+        let ahead = grammar.closing(&[next]).unwrap();
+        let mut stepped = new_grammar();
+        for &token in &tokens[..=cut] {
+            stepped
+                .accept(token)
+                .unwrap_or_else(|e| panic!("{cut}: {:?}: {e}", tokenizer.decode(&tokens[..=cut], false)));
+        }
+        assert_eq!(ahead, stepped.closing(&[]).unwrap(), "{cut}: one token ahead");
+    }
+    for &token in &way_out {
+        grammar.accept(token).unwrap();
+    }
+    assert!(grammar.is_finished(), "{cut}: {way_out:?}");
+    let reply: Vec<u32> = tokens[..cut].iter().chain(&way_out).copied().collect();
+    tokenizer.decode(&reply, false).unwrap()
+}
+
+/// Near the length limit the engine forces a grammar's way out: a reply cut
+/// after any token, inside a string, an escape, a multi-byte character, a
+/// key or an array, completes to one that parses, for a forced call in
+/// every syntax that writes JSON arguments and for a strict JSON reply.
+#[test]
+fn a_reply_cut_after_any_token_completes_to_one_that_parses() {
+    let tokenizer = strata_text::Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
+    let compiler = demo_compiler();
+    let parameters = json!({"type": "object", "properties": {
+        "city": {"type": "string"},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1}
+    }, "required": ["city", "tags"]});
+    let is_valid = |arguments: &Value| {
+        let object = arguments.as_object().expect("an object");
+        object["city"].is_string()
+            && object["tags"].as_array().is_some_and(|tags| !tags.is_empty() && tags.iter().all(Value::is_string))
+            && object.keys().all(|k| ["city", "unit", "tags"].contains(&k.as_str()))
+    };
+    let arguments = r#"{"city": "Z\nrich \"Z\\ürich\" 東京", "unit": "fahrenheit", "tags": ["a b", "c"]}"#;
+    let tools = [json!({"type": "function", "function": {"name": "get_weather", "parameters": parameters}})];
+    // DeepSeek's fenced form is left out: the demo spells its five markers
+    // byte by byte, and its shortest call passes `CLOSING_TOKENS_MAX` (a
+    // DeepSeek vocabulary has each as one token).
+    let json_syntaxes = [ToolSyntax::JsonTags, ToolSyntax::DeepSeek, ToolSyntax::Kimi, ToolSyntax::Mistral];
+    for syntax in json_syntaxes {
+        let tokens = tokenizer.encode(&call_text(syntax, arguments), false).unwrap();
+        let new_grammar = || compiler.tool_call(syntax, &tools, Some("get_weather")).unwrap();
+        for cut in 0..=tokens.len() {
+            let reply = completed_at(&tokenizer, &new_grammar, &tokens, cut);
+            let mut parser = ToolCallParser::new(syntax, &tools);
+            let mut events = parser.push(&reply);
+            events.extend(parser.finish());
+            let [ToolEvent::Call(call)] = events.as_slice() else {
+                panic!("{syntax:?} cut at {cut}: {reply:?} parsed to {events:?}");
+            };
+            let arguments: Value = serde_json::from_str(&call.arguments).unwrap();
+            assert!(call.name == "get_weather" && is_valid(&arguments), "{syntax:?} cut at {cut}: {reply:?}");
+        }
+        let shortest = new_grammar().closing(&[]).unwrap().unwrap();
+        eprintln!("{syntax:?}: the shortest call takes {} tokens", shortest.len());
+    }
+    let tokens = tokenizer.encode(arguments, false).unwrap();
+    let new_grammar = || compiler.json_schema(&parameters, true).unwrap();
+    for cut in 0..=tokens.len() {
+        let reply = completed_at(&tokenizer, &new_grammar, &tokens, cut);
+        let value: Value = serde_json::from_str(&reply).unwrap_or_else(|e| panic!("cut at {cut}: {reply:?}: {e}"));
+        assert!(is_valid(&value), "cut at {cut}: {reply}");
+    }
+}
+
+/// A forced call of any of several tools, cut before its name is whole,
+/// completes to a call of the first tool its name so far fits.
+#[test]
+fn a_required_call_cut_inside_its_name_completes_to_a_tool_that_fits() {
+    let tokenizer = strata_text::Tokenizer::from_dir(Path::new(DEMO_MODEL_DIR)).unwrap().unwrap();
+    let compiler = demo_compiler();
+    let tool = |name: &str| {
+        json!({"type": "function", "function": {"name": name, "parameters": {"type": "object",
+        "properties": {"q": {"type": "string"}}, "required": ["q"]}}})
+    };
+    let tools = [tool("search"), tool("get_weather"), tool("get_time")];
+    let text = "<tool_call>\n{\"name\": \"get_t";
+    let mut grammar = compiler.tool_call(ToolSyntax::JsonTags, &tools, None).unwrap();
+    let mut tokens = tokenizer.encode(text, false).unwrap();
+    for &token in &tokens {
+        grammar.accept(token).unwrap();
+    }
+    tokens.extend(grammar.closing(&[]).unwrap().expect("a way out"));
+    let reply = tokenizer.decode(&tokens, false).unwrap();
+    assert_eq!(reply, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"q\": \"\"}}\n</tool_call>");
+}

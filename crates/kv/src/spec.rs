@@ -32,6 +32,16 @@ pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
             let conv = |conv: ShortConv| StatePart::Fixed { floats: conv.state_floats() };
             vec![rows, rows, conv(ink.kv_conv()), conv(ink.kv_conv()), conv(ink.output_conv())]
         }
+        // The window's ring, then per compressor its entries (the open
+        // window's kv pending) and the rest of its last tokens' projections.
+        MixerSpec::SharedKv(sk) => std::iter::once(StatePart::Ring { dim: sk.head_dim, window: sk.window })
+            .chain(sk.compressors().iter().flat_map(|c| {
+                [
+                    StatePart::Strided { dim: c.width, every: c.ratio },
+                    StatePart::Ring { dim: c.rest_width(), window: c.span() },
+                ]
+            }))
+            .collect(),
     };
     parts.extend(spec.ffn_output_conv.map(|conv| StatePart::Fixed { floats: conv.state_floats() }));
     LayerLayout::new(parts)
@@ -44,7 +54,10 @@ pub fn layouts_of(layers: &[LayerSpec]) -> Vec<LayerLayout> {
 
 #[cfg(test)]
 mod tests {
-    use strata_format::{LIKE, MixerSpec, ModelArch, like_config};
+    use strata_format::{
+        CompressedIndexer, Compression, FfnSpec, LIKE, MixerSpec, ModelArch, NormKind, ResidualKind, RopeScaling,
+        RopeSpec, SharedKvAttention, SwiGlu, like_config,
+    };
 
     use super::*;
 
@@ -61,6 +74,36 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_shared_kv_layer_costs_what_its_spec_says() {
+        let rope = RopeSpec { theta: 1e4, scaling: RopeScaling::None, rotary_dim: 8 };
+        let indexer = CompressedIndexer { n_heads: 4, head_dim: 16, topk: 2 };
+        for compression in
+            [None, Some(Compression::Heavy { ratio: 8 }), Some(Compression::Sparse { ratio: 4, indexer })]
+        {
+            let attention = SharedKvAttention {
+                num_heads: 4,
+                head_dim: 32,
+                q_lora_rank: 24,
+                rope,
+                window: 6,
+                o_groups: 2,
+                o_lora_rank: 12,
+                eps: 1e-6,
+                compression,
+            };
+            let layer = LayerSpec {
+                mixer: MixerSpec::SharedKv(attention),
+                ffn: FfnSpec::Dense { intermediate_size: 16, swiglu: SwiGlu::Plain, global_scale: false },
+                norm: NormKind::Weight { eps: 1e-6 },
+                residual: ResidualKind::Plain,
+                ffn_output_conv: None,
+            };
+            let layout = layout_of(&layer);
+            assert_eq!(layout.bytes_per_token(), layer.cache_floats_per_token() * size_of::<f32>(), "{compression:?}");
+            assert_eq!(layout.bytes_per_sequence(), layer.state_floats() * size_of::<f32>(), "{compression:?}");
+        }
+    }
     #[test]
     fn a_hybrid_model_keeps_rows_on_attention_layers_and_a_state_on_the_others() {
         let arch = ModelArch::from_config_json(&like_config("qwen3-next-80b-a3b", Some(4)).unwrap()).unwrap();

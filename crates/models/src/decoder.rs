@@ -136,7 +136,7 @@ impl Decoder {
         let mut pass = Pass::new(angles, seqs.len());
         let mut streams = Streams::expand(self.head.streams(), self.embed(&tokens)?, self.spec.hidden_size);
         let mut normed = vec![0.0f32; tokens.len() * self.spec.hidden_size];
-        self.guess_first_layer(rt, &mut streams, &mut normed)?;
+        self.guess_first_layer(rt, &mut streams, &mut normed, &tokens)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let residual = layer.attn_residual;
             layer.input_norm.apply(b, &residual.mix(rt, b, &mut streams), &mut normed);
@@ -149,11 +149,11 @@ impl Decoder {
             // guesses what it will read; the store starts those reads while
             // this layer computes. Only bytes move on a guess, never results.
             let predicted = match self.layers.get(l + 1) {
-                Some(next) if rt.store.prefetching() => next.ffn.predict(rt, b, &normed),
+                Some(next) if rt.store.prefetching() => next.ffn.predict(rt, b, &normed, &tokens),
                 _ => None,
             };
             let guess = predicted.as_deref().map(|experts| Guess { layer: l + 1, experts });
-            layer.ffn.add_to(rt, b, l, &positions, &normed, residual.slot(&mut streams), guess)?;
+            layer.ffn.add_to(rt, b, l, &positions, &tokens, &normed, residual.slot(&mut streams), guess)?;
             residual.combine(b, &mut streams);
         }
         for seq in seqs.iter_mut() {
@@ -167,14 +167,20 @@ impl Decoder {
     /// FFN norm of the embeddings alone (the attention output not yet added)
     /// guesses its experts, read while its attention runs. Only bytes move
     /// on a guess. `scratch` is `[n, hidden]` of any contents.
-    fn guess_first_layer(&self, rt: &Runtime<'_>, streams: &mut Streams, scratch: &mut [f32]) -> Result<()> {
+    fn guess_first_layer(
+        &self,
+        rt: &Runtime<'_>,
+        streams: &mut Streams,
+        scratch: &mut [f32],
+        tokens: &[u32],
+    ) -> Result<()> {
         let first = &self.layers[0];
         if !rt.store.prefetching() {
             return Ok(());
         }
         let b = &self.backend;
         first.post_attn_norm.apply(b, &first.ffn_residual.mix(rt, b, streams), scratch);
-        if let Some(experts) = first.ffn.predict(rt, b, scratch) {
+        if let Some(experts) = first.ffn.predict(rt, b, scratch, tokens) {
             rt.store.prefetch(0, &experts)?;
         }
         Ok(())

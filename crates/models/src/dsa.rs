@@ -86,6 +86,6 @@ impl Indexer {
         let mut weights = self.weights_proj.apply(rt, b, xs);
         let head_weight = (self.shape.heads as f32).powf(-0.5);
         weights.iter_mut().for_each(|w| *w *= head_weight);
-        b.index_select(rt, self.shape, IndexJob { q: &q, weights: &weights, keys, start })
+        b.index_select(rt, self.shape, IndexJob { q: &q, weights: &weights, keys, start, every: 1 })
     }
 }

@@ -21,13 +21,16 @@
 //! the slot is zeroed, and the combine takes `post ⊗ slot + combᵀ · x`.
 //! Each block (attention, FFN) of a layer has its own hyper-connection;
 //! after the last layer the stack's [`StreamHead`] collapses the streams.
+//! Gated residual streams (Qwen3.8-Flash-Next) are wrapped the same way:
+//! the mix keeps each token's injection weights, and the combine adds the
+//! slot to every stream times its weight; the head is the mix itself.
 
 use std::borrow::Cow;
 
 use strata_format::names::{self, HyperSite};
 use strata_format::{CoreSpec, HyperHead, ResidualKind};
 
-use crate::backend::{Backend, HyperConnection, Runtime, StreamHead, StreamWeights};
+use crate::backend::{Backend, GatedResidual, HyperConnection, Runtime, StreamHead, StreamWeights};
 use crate::error::Result;
 
 /// The hidden states of a pass, `[tokens, streams, hidden]`.
@@ -39,11 +42,18 @@ pub struct Streams {
     mixed: Option<Mixed>,
 }
 
-/// What a hyper-connection's mix keeps for its combine.
+/// What a mix of several streams keeps for its combine.
 struct Mixed {
-    weights: StreamWeights,
+    weights: MixWeights,
     /// The block's output, `[tokens, hidden]`, zeroed at the mix.
     slot: Vec<f32>,
+}
+
+/// The per-token weights of a combine.
+enum MixWeights {
+    Hyper(StreamWeights),
+    /// Each token's injection weight per stream, `[tokens, streams]`.
+    Gated(Vec<f32>),
 }
 
 impl Streams {
@@ -82,6 +92,8 @@ pub enum Residual {
     Plain,
     /// Hyper-connections: this block's weights.
     Hyper(HyperConnection),
+    /// Gated residual streams: this block's weights.
+    Gated(GatedResidual),
 }
 
 impl Residual {
@@ -96,8 +108,15 @@ impl Residual {
         layer: usize,
         site: HyperSite,
     ) -> Result<Self> {
-        let ResidualKind::HyperConnections { streams, sinkhorn_iters, eps, .. } = kind else {
-            return Ok(Residual::Plain);
+        let (streams, sinkhorn_iters, eps) = match kind {
+            ResidualKind::Plain => return Ok(Residual::Plain),
+            ResidualKind::GatedStreams { streams, lowrank } => {
+                let [norm, down, up, inject] = names::gated_residual_names(spec, layer, site);
+                let mut gated = load_gated(b, spec, streams, lowrank, norm_eps, [norm, down, up])?;
+                gated.inject = Some(b.matrix(&inject, streams, streams * spec.hidden_size)?);
+                return Ok(Residual::Gated(gated));
+            }
+            ResidualKind::HyperConnections { streams, sinkhorn_iters, eps, .. } => (streams, sinkhorn_iters, eps),
         };
         let [mixes, base, scale] = names::hyper_connection_names(spec, layer, site);
         let logits = (2 + streams) * streams;
@@ -117,6 +136,7 @@ impl Residual {
         match self {
             Residual::Plain => 1,
             Residual::Hyper(hc) => hc.streams,
+            Residual::Gated(gated) => gated.streams,
         }
     }
 
@@ -127,10 +147,14 @@ impl Residual {
         assert_eq!(streams.streams, self.streams(), "the stack carries this residual's streams");
         match self {
             Residual::Plain => Cow::Borrowed(&streams.rows),
-            Residual::Hyper(hc) => {
+            Residual::Hyper(_) | Residual::Gated(_) => {
                 let width = streams.tokens() * streams.hidden;
                 let mut input = vec![0.0f32; width];
-                let weights = b.hyper_mix(rt, &hc, &streams.rows, &mut input);
+                let weights = match self {
+                    Residual::Hyper(hc) => MixWeights::Hyper(b.hyper_mix(rt, &hc, &streams.rows, &mut input)),
+                    Residual::Gated(gated) => MixWeights::Gated(b.gated_mix(rt, &gated, &streams.rows, &mut input)),
+                    Residual::Plain => unreachable!("the plain residual mixes nothing"),
+                };
                 streams.mixed = Some(Mixed { weights, slot: vec![0.0f32; width] });
                 Cow::Owned(input)
             }
@@ -141,7 +165,9 @@ impl Residual {
     pub fn slot(self, streams: &mut Streams) -> &mut [f32] {
         match self {
             Residual::Plain => &mut streams.rows,
-            Residual::Hyper(_) => &mut streams.mixed.as_mut().expect("a block's slot follows its mix").slot,
+            Residual::Hyper(_) | Residual::Gated(_) => {
+                &mut streams.mixed.as_mut().expect("a block's slot follows its mix").slot
+            }
         }
     }
 
@@ -150,9 +176,17 @@ impl Residual {
     pub fn combine(self, b: &Backend, streams: &mut Streams) {
         match self {
             Residual::Plain => {}
-            Residual::Hyper(hc) => {
+            Residual::Hyper(_) | Residual::Gated(_) => {
                 let Mixed { weights, slot } = streams.mixed.take().expect("a block's combine follows its mix");
-                b.hyper_combine(&hc, &weights, &slot, &mut streams.rows);
+                match (self, weights) {
+                    (Residual::Hyper(hc), MixWeights::Hyper(weights)) => {
+                        b.hyper_combine(&hc, &weights, &slot, &mut streams.rows)
+                    }
+                    (Residual::Gated(gated), MixWeights::Gated(injection)) => {
+                        b.gated_combine(&gated, &injection, &slot, &mut streams.rows)
+                    }
+                    _ => unreachable!("a residual combines its own mix"),
+                }
             }
         }
     }
@@ -162,8 +196,13 @@ impl Residual {
 /// registered; `norm_eps` is the final norm's, which the σ-weighted head's
 /// unweighted norm shares (transformers builds both from `rms_norm_eps`).
 pub fn load_head(b: &mut Backend, spec: &CoreSpec, kind: ResidualKind, norm_eps: f32) -> Result<StreamHead> {
-    let ResidualKind::HyperConnections { streams, eps, head, .. } = kind else {
-        return Ok(StreamHead::One);
+    let (streams, eps, head) = match kind {
+        ResidualKind::Plain => return Ok(StreamHead::One),
+        ResidualKind::GatedStreams { streams, lowrank } => {
+            let gated = load_gated(b, spec, streams, lowrank, norm_eps, names::gated_head_names(spec))?;
+            return Ok(StreamHead::Gated(gated));
+        }
+        ResidualKind::HyperConnections { streams, eps, head, .. } => (streams, eps, head),
     };
     Ok(match head {
         HyperHead::Mean => StreamHead::Mean { streams },
@@ -178,6 +217,27 @@ pub fn load_head(b: &mut Backend, spec: &CoreSpec, kind: ResidualKind, norm_eps:
                 norm_eps,
             }
         }
+    })
+}
+
+/// A gated residual's norm, `down` and `up`, registered; no `inject` (the
+/// final mixer's, which a block's adds to).
+fn load_gated(
+    b: &mut Backend,
+    spec: &CoreSpec,
+    streams: usize,
+    lowrank: usize,
+    norm_eps: f32,
+    [norm, down, up]: [String; 3],
+) -> Result<GatedResidual> {
+    let width = streams * spec.hidden_size;
+    Ok(GatedResidual {
+        streams,
+        norm: b.vector(&norm, width)?,
+        down: b.matrix(&down, lowrank, width)?,
+        up: b.matrix(&up, width, lowrank)?,
+        inject: None,
+        norm_eps,
     })
 }
 

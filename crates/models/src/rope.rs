@@ -88,6 +88,12 @@ impl Angles {
         Self { half: self.half, cos: self.cos[span.clone()].to_vec(), sin: self.sin[span].to_vec() }
     }
 
+    /// The rotation back: the same angles negated (cos kept, sin negated),
+    /// as transformers undoes a rotation with `-sin`.
+    pub fn inverse(&self) -> Self {
+        Self { half: self.half, cos: self.cos.clone(), sin: self.sin.iter().map(|s| -s).collect() }
+    }
+
     /// cos and sin of the `i`-th position.
     pub fn at(&self, i: usize) -> (&[f32], &[f32]) {
         let range = i * self.half..(i + 1) * self.half;

@@ -317,6 +317,15 @@ impl Constraint for ThinkingBudget {
     fn is_finished(&self) -> bool {
         self.phase == Phase::Answer && self.inner.as_ref().is_some_and(|inner| inner.is_finished())
     }
+
+    /// The answer's way out is the inner constraint's; a reply still before
+    /// or in its thinking knows none (it is cut at the limit, as before).
+    fn closing(&mut self, next: &[u32]) -> Result<Option<Vec<u32>>> {
+        match (&mut self.inner, self.phase) {
+            (Some(inner), Phase::Answer) => inner.closing(next),
+            _ => Ok(None),
+        }
+    }
 }
 
 #[cfg(test)]

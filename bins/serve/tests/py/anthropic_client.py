@@ -44,6 +44,12 @@ PUBLISHED_TOOLS = [{"name": "get_weather", "description": "The current weather",
 # What the server must hold a call to: the declared keys and no others.
 PUBLISHED_WEATHER_CLOSED = dict(PUBLISHED_WEATHER, additionalProperties=False)
 
+# A tool whose one string is unbounded, required, and nothing else (as
+# openai_client.py's): the server closes the call before max_tokens.
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+CITY_TOOLS = [{"name": "get_weather", "input_schema": CITY}]
+CITY_CLOSED = dict(CITY, additionalProperties=False)
+
 
 def main() -> None:
     base_url, model, api_key = sys.argv[1:4]
@@ -91,6 +97,7 @@ def main() -> None:
     print(f"tool_result turn: {answer.stop_reason}")
 
     published_tool_calls(client, model, messages)
+    unbounded_string_calls(client, model, messages)
 
 
 def published_tool_calls(client: anthropic.Anthropic, model: str, messages: list) -> None:
@@ -111,6 +118,25 @@ def published_tool_calls(client: anthropic.Anthropic, model: str, messages: list
             (call,) = [block for block in message.content if block.type == "tool_use"]
             jsonschema.validate(call.input, PUBLISHED_WEATHER_CLOSED)
         print(f"published tool, tool_choice {choice['type']}: {PUBLISHED_REQUESTS}/{PUBLISHED_REQUESTS} tool_use blocks valid")
+
+
+def unbounded_string_calls(client: anthropic.Anthropic, model: str, messages: list) -> None:
+    """Forced tool uses whose only input is an unbounded string close before
+    max_tokens (the issue's bar: 20 of 20)."""
+    for choice in (FORCED, {"type": "any"}):
+        for seed in range(PUBLISHED_REQUESTS):
+            message = client.messages.create(
+                model=model,
+                max_tokens=PUBLISHED_MAX_TOKENS,
+                messages=messages,
+                tools=CITY_TOOLS,
+                tool_choice=choice,
+                extra_body={"seed": seed, "temperature": 1.0},
+            )
+            assert message.stop_reason == "tool_use", (choice, seed, message)
+            (call,) = [block for block in message.content if block.type == "tool_use"]
+            jsonschema.validate(call.input, CITY_CLOSED)
+        print(f"unbounded string, tool_choice {choice['type']}: {PUBLISHED_REQUESTS}/{PUBLISHED_REQUESTS} tool_use blocks valid")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,12 @@ PUBLISHED_TOOLS = [
 # What the server must hold a call to: the declared keys and no others.
 PUBLISHED_WEATHER_CLOSED = dict(PUBLISHED_WEATHER, additionalProperties=False)
 
+# A tool whose one string is unbounded, required, and nothing else: the
+# demo writes it until max_tokens unless the server closes the call there.
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+CITY_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": CITY}}]
+CITY_CLOSED = dict(CITY, additionalProperties=False)
+
 
 def main() -> None:
     base_url, model, api_key = sys.argv[1:4]
@@ -133,6 +139,7 @@ def main() -> None:
     structured_outputs(client, model)
     tool_calls(client, model)
     published_tool_calls(client, model)
+    unbounded_string_calls(client, model)
 
 
 def structured_outputs(client: openai.OpenAI, model: str) -> None:
@@ -247,6 +254,31 @@ def published_tool_calls(client: openai.OpenAI, model: str) -> None:
         assert reply.choices[0].finish_reason == "stop", (seed, reply)
         jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
     print(f"json_schema strict, no additionalProperties: {PUBLISHED_REQUESTS}/{PUBLISHED_REQUESTS} valid")
+
+
+def unbounded_string_calls(client: openai.OpenAI, model: str) -> None:
+    """Forced calls whose only argument is an unbounded string close before
+    max_tokens (the issue's bar: 20 of 20), named and required."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    choices = [("named", {"type": "function", "function": {"name": "get_weather"}}), ("required", "required")]
+    for label, choice in choices:
+        for seed in range(PUBLISHED_REQUESTS):
+            reply = client.chat.completions.create(
+                model=model,
+                messages=messages,
+                max_tokens=PUBLISHED_MAX_TOKENS,
+                seed=seed,
+                temperature=1.0,
+                tools=CITY_TOOLS,
+                tool_choice=choice,
+            )
+            answer = reply.choices[0]
+            assert answer.finish_reason == "tool_calls", (label, seed, answer)
+            (call,) = answer.message.tool_calls
+            assert call.function.name == "get_weather", (label, seed, call)
+            jsonschema.validate(json.loads(call.function.arguments), CITY_CLOSED)
+        print(f"unbounded string, tool_choice {label}: {PUBLISHED_REQUESTS}/{PUBLISHED_REQUESTS} calls parse")
+
 
 if __name__ == "__main__":
     main()

@@ -38,6 +38,7 @@ pub enum MixerRecord {
     Mla,
     GatedDeltanet,
     Inkling,
+    SharedKv,
 }
 
 /// A layer's feed-forward block.
@@ -87,6 +88,7 @@ impl LayerRecord {
                 MixerSpec::Mla(_) => MixerRecord::Mla,
                 MixerSpec::GatedDeltaNet(_) => MixerRecord::GatedDeltanet,
                 MixerSpec::Inkling(_) => MixerRecord::Inkling,
+                MixerSpec::SharedKv(_) => MixerRecord::SharedKv,
             },
             ffn: match layer.ffn {
                 FfnSpec::Dense { .. } => FfnRecord::Dense,

@@ -166,7 +166,7 @@ pub(super) fn validate(arch: &ModelArch) -> Result<()> {
         let mixer_ok = match &layer.mixer {
             MixerSpec::Gqa(gqa) => gqa.qk_norm == QkNorm::PerHead && gqa.clip_qkv.is_none(),
             MixerSpec::GatedDeltaNet(_) => true,
-            MixerSpec::Mla(_) | MixerSpec::Inkling(_) => false,
+            MixerSpec::Mla(_) | MixerSpec::Inkling(_) | MixerSpec::SharedKv(_) => false,
         };
         let ffn_ok = match &layer.ffn {
             FfnSpec::Moe(moe) => {

@@ -15,7 +15,9 @@ use super::{CORE_READ, CoreDims, Family, FamilyDef, Naming, hybrid, mla, stack};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
-use crate::spec::{FfnKind, GdnDims, GdnProjections, GdnSpec, LayerType, MixerSpec, MlaAttention, ModelArch};
+use crate::spec::{
+    FfnKind, GdnDims, GdnProjections, GdnSpec, LayerType, MixerSpec, MlaAttention, ModelArch, RouterKind,
+};
 
 pub(super) struct KimiLinear;
 
@@ -82,6 +84,7 @@ const KNOWN: Known = Known {
             &["model_max_length", "moe_renormalize", "num_expert_group", "num_experts", "num_experts_per_token"],
             &["num_shared_experts", "num_local_experts", "mlp_layer_types", "layer_types"],
             &["linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim", "rope_interleave"],
+            &HUB_SWITCHES,
         ],
         inert: &[HF_INERT, mla::INERT],
         nested: &[
@@ -94,6 +97,46 @@ const KNOWN: Known = Known {
     unused_tensors: &[],
     extra_layers_unused: true,
 };
+
+/// Switches of the hub's config.json (Moonshot's own `KimiLinearConfig`)
+/// that transformers' class does not read: it always routes by sigmoid,
+/// always group-limits the top-k and never rotates the latent layers. A
+/// config is converted only where each says what transformers runs.
+const HUB_SWITCHES: [&str; 3] = ["moe_router_activation_func", "use_grouped_topk", "mla_use_nope"];
+
+/// Refuses a hub switch ([`HUB_SWITCHES`]) that asks for other arithmetic
+/// than transformers' kimi_linear does, for a model routed by `router`.
+fn check_hub_switches(cfg: &Fields<'_>, router: RouterKind) -> Result<()> {
+    if let Some(activation) = cfg.str("moe_router_activation_func")?
+        && activation != "sigmoid"
+    {
+        return Err(Error::invalid(
+            "moe_router_activation_func",
+            format!("{activation:?} is not supported (kimi_linear routes by \"sigmoid\" only)"),
+        ));
+    }
+    if cfg.bool("mla_use_nope")? == Some(false) {
+        return Err(Error::invalid(
+            "mla_use_nope",
+            "false rotates the latent layers' rope part, which kimi_linear never does (only true is supported)",
+        ));
+    }
+    // Without groups Moonshot's router takes the top-k of all experts,
+    // which group-limited routing equals only when every group is kept.
+    let RouterKind::GroupedSigmoid { n_group, topk_group, .. } = router else {
+        unreachable!("mla::parse builds the grouped sigmoid router");
+    };
+    if cfg.bool("use_grouped_topk")? == Some(false) && topk_group < n_group {
+        return Err(Error::invalid(
+            "use_grouped_topk",
+            format!(
+                "false routes over all experts, but transformers keeps {topk_group} of {n_group} expert groups \
+                 (only true, or topk_group equal to num_expert_group, is supported)"
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// The hub's `linear_attn_config`.
 const LINEAR_ATTN_CONFIG: ConfigKeys = ConfigKeys {
@@ -207,6 +250,7 @@ impl FamilyDef for KimiLinear {
         let linear = linear_map.map(|map| Fields { map, prefix: "linear_attn_config." });
         let num_layers = CoreDims::read(&cfg)?.num_layers;
         let parsed = mla::parse(&cfg, Family::KimiLinear, &DEFAULTS)?;
+        check_hub_switches(&cfg, parsed.ffns.moe.router)?;
         // KimiLinearModel builds no rotary embedding: the latent layers'
         // rope part is attended unrotated.
         let full = MlaAttention { rope: None, ..parsed.attention };
@@ -256,12 +300,9 @@ impl FamilyDef for KimiLinear {
         mla::validate_dense_first(arch)
     }
 
-    fn to_config_json(&self, arch: &ModelArch, _source: Option<&Value>) -> Value {
-        let (Some(attention), Some(gdn)) = (arch.first_mla(), arch.first_gdn()) else {
-            // validate() guarantees a latent layer; a model of those alone
-            // is written without the KDA dimensions, which it does not use.
-            return arch.first_mla().map_or(Value::Null, |a| Value::Object(mla::config_json(arch, a)));
-        };
+    fn to_config_json(&self, arch: &ModelArch, source: Option<&Value>) -> Value {
+        // validate() guarantees a latent layer.
+        let Some(attention) = arch.first_mla() else { return Value::Null };
         let mut c = mla::config_json(arch, attention);
         for (theirs, kimi) in SPELLINGS {
             if let Some(v) = c.remove(theirs) {
@@ -272,16 +313,25 @@ impl FamilyDef for KimiLinear {
         if let Some(v) = c.remove("n_routed_experts") {
             c.insert("num_experts".into(), v);
         }
-        let d = gdn.dims;
-        for ((field, _, _), value) in LINEAR_DIMS.into_iter().zip([d.num_v_heads, d.head_k_dim, d.conv_kernel]) {
-            c.insert(field.into(), json!(value));
+        // A model of latent layers alone has no KDA dimensions to write.
+        if let Some(gdn) = arch.first_gdn() {
+            let d = gdn.dims;
+            for ((field, _, _), value) in LINEAR_DIMS.into_iter().zip([d.num_v_heads, d.head_k_dim, d.conv_kernel]) {
+                c.insert(field.into(), json!(value));
+            }
         }
+        // Always written: without it the class default pattern would apply.
         let types: Vec<&str> = arch
             .layers
             .iter()
             .map(|l| if matches!(l.mixer, MixerSpec::Mla(_)) { "full_attention" } else { "linear_attention" })
             .collect();
         c.insert("layer_types".into(), json!(types));
+        // KimiLinearConfig's default pad id (163839) lies outside any smaller
+        // vocabulary, and transformers refuses to build such an embedding:
+        // the source's pad id is kept, else none is named.
+        let pad = source.and_then(|s| s.get("pad_token_id")).cloned().unwrap_or(Value::Null);
+        c.insert("pad_token_id".into(), pad);
         Value::Object(c)
     }
 }

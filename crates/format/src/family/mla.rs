@@ -274,9 +274,11 @@ pub(super) fn config_json(arch: &ModelArch, mla: &MlaAttention) -> Map<String, V
     let moe = super::gqa::blocks(arch).1;
     let (n_group, topk_group, scaling) = match moe.router {
         RouterKind::GroupedSigmoid { n_group, topk_group, scaling, .. } => (n_group, topk_group, scaling),
-        RouterKind::SoftmaxTopK { .. } | RouterKind::TopKThenSoftmax | RouterKind::SharedExpertSink { .. } => {
-            (1, 1, 1.0)
-        }
+        RouterKind::SoftmaxTopK { .. }
+        | RouterKind::TopKThenSoftmax
+        | RouterKind::SharedExpertSink { .. }
+        | RouterKind::SqrtSoftplus { .. }
+        | RouterKind::Hash { .. } => (1, 1, 1.0),
     };
     let heads = (mla.num_heads, mla.num_heads);
     // Without RoPE the rope keys written are transformers' defaults (the

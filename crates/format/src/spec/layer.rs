@@ -9,7 +9,10 @@
 //! activation width, what `strata info` prints) is a method here, computed
 //! in this one place.
 
-use super::{FfnKind, GdnDims, IndexerKind, InklingAttention, MlaSpec, QkNorm, RopeSpec, ShortConv};
+use super::{
+    Compression, FfnKind, GdnDims, GdnProjections, IndexerKind, InklingAttention, MlaSpec, QkNorm, RopeSpec,
+    SharedKvAttention, ShortConv,
+};
 
 /// The blocks of one decoder layer: `x += attention(norm(x))`, then
 /// `x += ffn(norm(x))`, the additions as `residual` says.
@@ -49,6 +52,15 @@ pub enum ResidualKind {
         eps: f32,
         head: HyperHead,
     },
+    /// Gated residual hyper-connections (Qwen3.8-Flash-Next:
+    /// transformers' `Qwen4ExpTextGatedResidual`): `streams` copies of the
+    /// hidden state (`hc_count`), each normed on its own with `1 + w`; the
+    /// block's input is the mean over streams of `σ(up(SiLU(down(x̂) /
+    /// streams))) ⊙ x̂` (`down` to `lowrank`, `hc_lowrank`), and every
+    /// stream gains the block's output times its own `2σ(inject(x̂) /
+    /// streams)`. The streams never mix with each other; the head is the
+    /// same mix without injection (`hyper_connection_mixer`).
+    GatedStreams { streams: usize, lowrank: usize },
 }
 
 impl ResidualKind {
@@ -56,7 +68,7 @@ impl ResidualKind {
     pub fn streams(&self) -> usize {
         match *self {
             ResidualKind::Plain => 1,
-            ResidualKind::HyperConnections { streams, .. } => streams,
+            ResidualKind::HyperConnections { streams, .. } | ResidualKind::GatedStreams { streams, .. } => streams,
         }
     }
 }
@@ -104,6 +116,9 @@ impl LayerSpec {
         match self.residual {
             ResidualKind::Plain => 0,
             ResidualKind::HyperConnections { streams, .. } => (2 * streams + 1) * hidden + 2 * (2 + streams) * streams,
+            // The normed streams and their gates, the block's input and
+            // output, the low-rank row and the injection weights.
+            ResidualKind::GatedStreams { streams, lowrank } => (2 * streams + 2) * hidden + lowrank + streams,
         }
     }
 
@@ -138,14 +153,35 @@ impl LayerSpec {
                     ink.num_heads, ink.num_kv_heads, ink.head_dim, ink.rel_extent, ink.d_rel, ink.conv_kernel
                 )
             }
-            MixerSpec::GatedDeltaNet(gdn) => format!(
-                "gated deltanet {} k / {} v heads x {}/{}, conv {}",
-                gdn.dims.num_k_heads,
-                gdn.dims.num_v_heads,
-                gdn.dims.head_k_dim,
-                gdn.dims.head_v_dim,
-                gdn.dims.conv_kernel
-            ),
+            MixerSpec::GatedDeltaNet(gdn) => {
+                let d = gdn.dims;
+                match d.projections {
+                    // One head count for q, k and v, and d_k = d_v.
+                    GdnProjections::Kimi => {
+                        format!(
+                            "kimi delta attention {} heads x {}, conv {}",
+                            d.num_v_heads, d.head_k_dim, d.conv_kernel
+                        )
+                    }
+                    GdnProjections::Grouped | GdnProjections::Split => format!(
+                        "gated deltanet {} k / {} v heads x {}/{}, conv {}",
+                        d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, d.conv_kernel
+                    ),
+                }
+            }
+            MixerSpec::SharedKv(sk) => {
+                let compression = match sk.compression {
+                    None => String::new(),
+                    Some(Compression::Heavy { ratio }) => format!(", compressed 1:{ratio}"),
+                    Some(Compression::Sparse { ratio, indexer }) => {
+                        format!(", compressed 1:{ratio}, {} index-key top-{}", indexer.head_dim, indexer.topk)
+                    }
+                };
+                format!(
+                    "shared-kv {} heads x {}, rope {}, window {}{compression}",
+                    sk.num_heads, sk.head_dim, sk.rope.rotary_dim, sk.window
+                )
+            }
         };
         let ffn = match &self.ffn {
             FfnSpec::Dense { intermediate_size, swiglu, global_scale } => {
@@ -168,6 +204,8 @@ impl LayerSpec {
                 let router = match moe.router {
                     RouterKind::TopKThenSoftmax => ", top-k then softmax",
                     RouterKind::SharedExpertSink { .. } => ", shared-expert sink",
+                    RouterKind::SqrtSoftplus { .. } => ", sqrt-softplus",
+                    RouterKind::Hash { .. } => ", hash-routed",
                     RouterKind::SoftmaxTopK { .. } | RouterKind::GroupedSigmoid { .. } => "",
                 };
                 format!(
@@ -188,6 +226,7 @@ impl LayerSpec {
         let streams = match self.residual {
             ResidualKind::Plain => String::new(),
             ResidualKind::HyperConnections { streams, .. } => format!("; {streams} hyper-connection streams"),
+            ResidualKind::GatedStreams { streams, .. } => format!("; {streams} gated residual streams"),
         };
         format!("{mixer}; {ffn}{conv}; {state}{streams}")
     }
@@ -206,6 +245,9 @@ pub enum MixerSpec {
     /// Inkling's attention: no RoPE, a bias by backward distance, short
     /// convolutions of k, v and the output.
     Inkling(InklingAttention),
+    /// DeepSeek V4's shared key-value attention over a sliding window, with
+    /// compressed entries on CSA and HCA layers.
+    SharedKv(SharedKvAttention),
 }
 
 impl MixerSpec {
@@ -216,6 +258,7 @@ impl MixerSpec {
             MixerSpec::Gqa(gqa) => gqa.rope.as_ref(),
             MixerSpec::Mla(mla) => mla.rope.as_ref(),
             MixerSpec::GatedDeltaNet(_) | MixerSpec::Inkling(_) => None,
+            MixerSpec::SharedKv(sk) => Some(&sk.rope),
         }
     }
 
@@ -228,6 +271,7 @@ impl MixerSpec {
             MixerSpec::Mla(mla) => mla.num_heads * mla.dims.qk_head_dim().max(mla.dims.v_head_dim),
             MixerSpec::GatedDeltaNet(gdn) => gdn.dims.conv_dim(),
             MixerSpec::Inkling(ink) => ink.q_dim(),
+            MixerSpec::SharedKv(sk) => sk.q_dim(),
         }
     }
 }
@@ -244,6 +288,7 @@ impl MixerSpec {
             MixerSpec::Mla(mla) => mla.dims.latent_dim() + mla.indexer.map_or(0, |i| i.head_dim),
             MixerSpec::GatedDeltaNet(_) => 0,
             MixerSpec::Inkling(ink) => ink.cache_floats_per_token(),
+            MixerSpec::SharedKv(sk) => sk.cache_floats_per_token(),
         }
     }
 
@@ -256,6 +301,7 @@ impl MixerSpec {
             MixerSpec::Mla(_) => 0,
             MixerSpec::GatedDeltaNet(gdn) => gdn.dims.state_floats(),
             MixerSpec::Inkling(ink) => ink.state_floats(),
+            MixerSpec::SharedKv(sk) => sk.state_floats(),
         }
     }
 }
@@ -434,6 +480,14 @@ pub enum RouterKind {
     /// of [the chosen routed logits, the shared logits], times
     /// `route_scale` and a learned scalar (`global_scale`).
     SharedExpertSink { route_scale: f64 },
+    /// DeepSeek V4: scores `sqrt(softplus(logit))`, a per-expert correction
+    /// bias for choosing only, the chosen scores always renormalised (plus
+    /// 1e-20) and then scaled.
+    SqrtSoftplus { scaling: f64 },
+    /// DeepSeek V4's first layers: each token's experts from a fixed table by
+    /// its id (`tid2eid`, `[vocab, top_k]`), weighted by their sqrt-softplus
+    /// scores renormalised (plus 1e-20) and scaled.
+    Hash { scaling: f64 },
 }
 
 impl RouterKind {
@@ -444,6 +498,7 @@ impl RouterKind {
             RouterKind::SoftmaxTopK { renormalize } | RouterKind::GroupedSigmoid { renormalize, .. } => renormalize,
             // The softmax over the chosen k (and the sink) already sums to one.
             RouterKind::TopKThenSoftmax | RouterKind::SharedExpertSink { .. } => false,
+            RouterKind::SqrtSoftplus { .. } | RouterKind::Hash { .. } => true,
         }
     }
 }

@@ -74,7 +74,13 @@ impl ModelSpec {
             ),
             Some(RouterKind::SoftmaxTopK { renormalize }) => (RouterSpec::default(), renormalize),
             // Not expressible flat: the check below refuses the spec.
-            Some(RouterKind::TopKThenSoftmax | RouterKind::SharedExpertSink { .. }) | None => {
+            Some(
+                RouterKind::TopKThenSoftmax
+                | RouterKind::SharedExpertSink { .. }
+                | RouterKind::SqrtSoftplus { .. }
+                | RouterKind::Hash { .. },
+            )
+            | None => {
                 (RouterSpec::default(), false)
             }
         };

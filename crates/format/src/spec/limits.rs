@@ -14,7 +14,10 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use super::{FfnSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, ResidualKind, RouterKind, SharedExperts};
+use super::{
+    Compression, FfnSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, ResidualKind, RouterKind, SharedExperts,
+    SharedKvAttention,
+};
 use crate::error::{Error, Result};
 
 /// Decoder layers (`num_hidden_layers`).
@@ -146,6 +149,7 @@ fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
             ("linear_value_head_dim", gdn.dims.head_v_dim, MAX_HEAD_DIM),
         ],
         MixerSpec::Inkling(ink) => ink.sizes().to_vec(),
+        MixerSpec::SharedKv(sk) => shared_kv_sizes(sk),
     };
     sizes.extend(layer.ffn_output_conv.map(|conv| ("conv_kernel_size", conv.kernel, MAX_CONV_KERNEL)));
     match &layer.ffn {
@@ -154,10 +158,39 @@ fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
         }
         FfnSpec::Moe(moe) => sizes.extend(moe_sizes(moe)),
     }
-    if let ResidualKind::HyperConnections { streams, sinkhorn_iters, .. } = layer.residual {
-        sizes.extend([("hc_mult", streams, MAX_STREAMS), ("hc_sinkhorn_iters", sinkhorn_iters, MAX_SINKHORN_ITERS)]);
+    match layer.residual {
+        ResidualKind::Plain => {}
+        ResidualKind::HyperConnections { streams, sinkhorn_iters, .. } => {
+            sizes.extend([("hc_mult", streams, MAX_STREAMS), ("hc_sinkhorn_iters", sinkhorn_iters, MAX_SINKHORN_ITERS)])
+        }
+        ResidualKind::GatedStreams { streams, lowrank } => {
+            sizes.extend([("hc_count", streams, MAX_STREAMS), ("hc_lowrank", lowrank, MAX_INTERMEDIATE)])
+        }
     }
     sizes
+}
+
+/// A shared key-value attention block's sizes (every compress ratio is a
+/// number of positions).
+fn shared_kv_sizes(sk: &SharedKvAttention) -> Vec<(&'static str, usize, usize)> {
+    let (ratio, indexer) = match sk.compression {
+        None => (0, None),
+        Some(Compression::Heavy { ratio }) => (ratio, None),
+        Some(Compression::Sparse { ratio, indexer }) => (ratio, Some(indexer)),
+    };
+    let (n_heads, head_dim, topk) = indexer.map_or((0, 0, 0), |i| (i.n_heads, i.head_dim, i.topk));
+    vec![
+        ("num_attention_heads", sk.num_heads, MAX_HEADS),
+        ("head_dim", sk.head_dim, MAX_HEAD_DIM),
+        ("q_lora_rank", sk.q_lora_rank, MAX_HIDDEN),
+        ("sliding_window", sk.window, MAX_POSITIONS),
+        ("o_groups", sk.o_groups, MAX_HEADS),
+        ("o_lora_rank", sk.o_lora_rank, MAX_HIDDEN),
+        ("compress_rates", ratio, MAX_POSITIONS),
+        ("index_n_heads", n_heads, MAX_HEADS),
+        ("index_head_dim", head_dim, MAX_HEAD_DIM),
+        ("index_topk", topk, MAX_POSITIONS),
+    ]
 }
 
 /// The sizes of a mixture-of-experts block.
@@ -170,7 +203,11 @@ fn moe_sizes(moe: &MoeBlock) -> [(&'static str, usize, usize); 5] {
         SharedExperts::Sink { count, intermediate_size } => (intermediate_size, count),
     };
     let n_group = match moe.router {
-        RouterKind::SoftmaxTopK { .. } | RouterKind::TopKThenSoftmax | RouterKind::SharedExpertSink { .. } => 1,
+        RouterKind::SoftmaxTopK { .. }
+        | RouterKind::TopKThenSoftmax
+        | RouterKind::SharedExpertSink { .. }
+        | RouterKind::SqrtSoftplus { .. }
+        | RouterKind::Hash { .. } => 1,
         RouterKind::GroupedSigmoid { n_group, .. } => n_group,
     };
     [

@@ -630,3 +630,51 @@ fn strata_info_names_a_layers_streams_and_swiglu_limit() {
     let plain = ModelArch::from_config_json(OLMOE_5X).unwrap().layers[0].describe();
     assert!(!plain.contains("swiglu") && !plain.contains("streams"), "{plain}");
 }
+
+/// OLMoE's two layers with gated residual streams (Qwen3.8-Flash-Next's).
+fn gated_streams(streams: usize, lowrank: usize) -> ModelArch {
+    let mut arch = ModelArch::from_config_json(OLMOE_5X).unwrap();
+    arch.layers.iter_mut().for_each(|layer| layer.residual = ResidualKind::GatedStreams { streams, lowrank });
+    arch
+}
+
+#[test]
+fn gated_residual_weights_are_named_as_the_hub_names_every_blocks_and_the_final_mixers() {
+    let (streams, lowrank) = (4, 5);
+    let arch = gated_streams(streams, lowrank);
+    arch.validate().unwrap();
+    let width = streams * arch.core.hidden_size;
+    let gated: Vec<_> = crate::names::dense_tensors(&arch)
+        .into_iter()
+        .filter(|t| t.kind == crate::TensorKind::HyperConnection)
+        .collect();
+    let shape = |name: &str| gated.iter().find(|t| t.name == name).map(|t| t.shape.clone());
+    for layer in 0..arch.layers.len() {
+        for block in ["attn", "mlp"] {
+            let name = |part: &str| format!("model.layers.{layer}.{block}_hyper_connection.{part}.weight");
+            assert_eq!(shape(&name("hc_norm")), Some(vec![width]));
+            assert_eq!(shape(&name("input_mix_weight_down")), Some(vec![lowrank, width]));
+            assert_eq!(shape(&name("input_mix_weight_up")), Some(vec![width, lowrank]));
+            assert_eq!(shape(&name("block_inject_weight")), Some(vec![streams, width]));
+        }
+    }
+    assert_eq!(shape("model.hyper_connection_mixer.hc_norm.weight"), Some(vec![width]));
+    assert_eq!(shape("model.hyper_connection_mixer.input_mix_weight_down.weight"), Some(vec![lowrank, width]));
+    assert_eq!(shape("model.hyper_connection_mixer.input_mix_weight_up.weight"), Some(vec![width, lowrank]));
+    assert_eq!(gated.len(), 8 * arch.layers.len() + 3, "no inject on the final mixer");
+    assert_eq!(arch.residual().streams(), streams);
+    assert!(arch.layers[0].describe().contains("4 gated residual streams"), "{}", arch.layers[0].describe());
+}
+
+#[test]
+fn gated_residual_streams_and_low_rank_are_bounded() {
+    for (streams, lowrank, field) in [
+        (0, 5, "hc_count"),
+        (MAX_STREAMS + 1, 5, "hc_count"),
+        (4, 0, "hc_lowrank"),
+        (4, MAX_INTERMEDIATE + 1, "hc_lowrank"),
+    ] {
+        let err = gated_streams(streams, lowrank).validate().unwrap_err().to_string();
+        assert!(err.contains(field), "{streams} streams, rank {lowrank}: {err}");
+    }
+}

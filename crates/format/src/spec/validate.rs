@@ -66,6 +66,10 @@ impl LayerSpec {
             MixerSpec::Mla(mla) => mla.validate()?,
             MixerSpec::GatedDeltaNet(gdn) => gdn.validate()?,
             MixerSpec::Inkling(ink) => ink.validate()?,
+            MixerSpec::SharedKv(sk) => {
+                sk.rope.validate(sk.head_dim, "partial_rotary_factor")?;
+                sk.validate()?
+            }
         }
         if let Some(conv) = &self.ffn_output_conv {
             conv.validate()?;
@@ -86,7 +90,13 @@ impl NormKind {
 
 impl ResidualKind {
     fn validate(&self) -> Result<()> {
-        let ResidualKind::HyperConnections { streams, eps, .. } = *self else { return Ok(()) };
+        let (streams, eps) = match *self {
+            ResidualKind::Plain => return Ok(()),
+            ResidualKind::GatedStreams { streams, lowrank } => {
+                return positive(&[("hc_count", streams), ("hc_lowrank", lowrank)]);
+            }
+            ResidualKind::HyperConnections { streams, eps, .. } => (streams, eps),
+        };
         positive(&[("hc_mult", streams)])?;
         if !(eps.is_finite() && eps >= 0.0) {
             return Err(Error::invalid("hc_eps", "must be finite and >= 0"));
@@ -262,6 +272,11 @@ impl MoeBlock {
     }
 
     fn validate_router(&self) -> Result<()> {
+        if let RouterKind::SqrtSoftplus { scaling } | RouterKind::Hash { scaling } = self.router
+            && !scaling.is_finite()
+        {
+            return Err(Error::invalid("routed_scaling_factor", "must be finite"));
+        }
         // The sink router's gate rows past the routed experts are the
         // shared experts', and only it weighs them.
         match (self.router, self.shared) {

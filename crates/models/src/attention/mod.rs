@@ -1,9 +1,11 @@
 //! Attention blocks: each layer's token mixer, chosen by its
 //! [`MixerSpec`], reading and extending the sequences' KV caches.
 
+mod compressed;
 mod delta;
 mod gqa;
 mod latent;
+mod shared_kv;
 
 use strata_format::{CoreSpec, MixerSpec, NormKind, RopeSpec};
 use strata_kv::LayerLayout;
@@ -20,6 +22,8 @@ pub enum Attention {
     /// Boxed: with its indexer it is the largest block by far.
     Mla(Box<latent::LatentAttention>),
     DeltaNet(delta::DeltaNet),
+    /// Boxed like MLA: its compressors make it large.
+    SharedKv(Box<shared_kv::SharedKv>),
 }
 
 /// A sequence's DSA choice: its positions per query, if chosen.
@@ -61,6 +65,7 @@ impl Attention {
             MixerSpec::Mla(mla) => Attention::Mla(Box::new(latent::LatentAttention::load(b, spec, mla, layer)?)),
             MixerSpec::GatedDeltaNet(gdn) => Attention::DeltaNet(delta::DeltaNet::load(b, spec, gdn, layer)?),
             MixerSpec::Inkling(_) => return Err(Error::uncomposed("Inkling's attention")),
+            MixerSpec::SharedKv(sk) => Attention::SharedKv(Box::new(shared_kv::SharedKv::load(b, spec, sk, layer)?)),
         })
     }
 
@@ -71,6 +76,7 @@ impl Attention {
             Attention::Gqa(gqa) => gqa.cache_parts(),
             Attention::Mla(mla) => mla.cache_parts(),
             Attention::DeltaNet(delta) => delta.cache_parts(),
+            Attention::SharedKv(sk) => sk.cache_parts(),
         })
     }
 
@@ -98,6 +104,10 @@ impl Attention {
                 mla.forward(rt, b, layer, xs, angles, seqs, selections)
             }
             Attention::DeltaNet(delta) => Ok(delta.forward(rt, b, layer, xs, seqs)),
+            Attention::SharedKv(sk) => {
+                let angles = pass.parts(Some(sk.rope())).0.expect("angles for every rotary embedding");
+                Ok(sk.forward(rt, b, layer, xs, angles, seqs))
+            }
         }
     }
 }

@@ -20,9 +20,10 @@
 
 mod cpu;
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use strata_format::{Container, MlaSpec, SwiGlu};
+use strata_format::{CompressorState, Container, MlaSpec, SwiGlu};
 use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::{ExpertStore, TraceWriter};
 
@@ -121,6 +122,22 @@ pub struct HyperConnection {
     pub norm_eps: f32,
 }
 
+/// One block's gated residual, or the final mixer of gated residual
+/// streams (`strata_format::ResidualKind::GatedStreams`).
+#[derive(Debug, Clone, Copy)]
+pub struct GatedResidual {
+    pub streams: usize,
+    /// `hc_norm`, `[streams · hidden]`, applied as `1 + w` per stream.
+    pub norm: VectorHandle,
+    /// `[lowrank, streams · hidden]`.
+    pub down: MatrixHandle,
+    /// `[streams · hidden, lowrank]`.
+    pub up: MatrixHandle,
+    /// `[streams, streams · hidden]`; `None` for the final mixer.
+    pub inject: Option<MatrixHandle>,
+    pub norm_eps: f32,
+}
+
 /// What a hyper-connection's mix hands its combine: each token's `post`
 /// (`[tokens, streams]`) and `comb` (`[tokens, streams, streams]`).
 pub struct StreamWeights {
@@ -139,6 +156,9 @@ pub enum StreamHead {
     /// the streams normed without weight (DeepSeek V4): `mixes` `[streams,
     /// streams · hidden]`, `base` `[streams]`, `scale` `[1]`.
     Sigmoid { streams: usize, mixes: MatrixHandle, base: VectorHandle, scale: VectorHandle, eps: f32, norm_eps: f32 },
+    /// The gated mix of the streams without injection (Qwen3.8-Flash-Next's
+    /// `hyper_connection_mixer`).
+    Gated(GatedResidual),
 }
 
 impl StreamHead {
@@ -147,6 +167,7 @@ impl StreamHead {
         match *self {
             StreamHead::One => 1,
             StreamHead::Mean { streams } | StreamHead::Sigmoid { streams, .. } => streams,
+            StreamHead::Gated(gated) => gated.streams,
         }
     }
 }
@@ -196,6 +217,65 @@ pub struct AttendJob<'a> {
     pub start: usize,
     pub bias: Option<PositionBias<'a>>,
     pub out: &'a mut [f32],
+}
+
+/// The shape of one shared key-value attention layer (DeepSeek V4): every
+/// query head reads the one key-value head, as key and as value.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedKvShape {
+    pub n_heads: usize,
+    pub head_dim: usize,
+    /// Window rows visible to a query, itself included.
+    pub window: usize,
+    /// One sink logit per query head.
+    pub sinks: VectorHandle,
+}
+
+/// One sequence's shared key-value attention: queries at positions
+/// `start..start + n`, the window's rows of positions `first_key..start + n`
+/// (its ring), the compressed entries `[entries, head_dim]` and, per query,
+/// the entries it sees, ascending.
+pub struct SharedKvJob<'a> {
+    pub q: &'a [f32],
+    pub rows: &'a [f32],
+    pub first_key: usize,
+    pub start: usize,
+    pub entries: &'a [f32],
+    pub visible: &'a [Vec<usize>],
+    pub out: &'a mut [f32],
+}
+
+/// The windows `windows` one sequence's compressor closes, read from what
+/// its parts hold: the current-half kv of positions `current_from..`
+/// (`[_, width]`) and the rest of each token's projection of positions
+/// `rest_from..` (`[_, state.rest_width()]`: its gates, and with overlap
+/// its first-half kv first), every gate with its slot's position bias.
+pub struct CompressJob<'a> {
+    pub state: CompressorState,
+    pub current: &'a [f32],
+    pub current_from: usize,
+    pub rest: &'a [f32],
+    pub rest_from: usize,
+    pub windows: Range<usize>,
+}
+
+/// The rows a compressor's parts keep of tokens' projections `kv` and
+/// (biased) `gate` (`[n, projection]` each): the current-half kv
+/// (`[n, width]`, pending with the entries) and the rest (`[n,
+/// rest_width]`: with overlap the first-half kv, then both gates; else the
+/// gate), as [`CompressJob`] reads them.
+pub fn compressor_rows(state: &CompressorState, kv: &[f32], gate: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (w, p) = (state.width, state.projection_width());
+    let current = if state.overlap { w..2 * w } else { 0..w };
+    let mut rows = (Vec::with_capacity(kv.len() / p * w), Vec::with_capacity(kv.len() / p * state.rest_width()));
+    for (kv, gate) in kv.chunks_exact(p).zip(gate.chunks_exact(p)) {
+        rows.0.extend_from_slice(&kv[current.clone()]);
+        if state.overlap {
+            rows.1.extend_from_slice(&kv[..w]);
+        }
+        rows.1.extend_from_slice(gate);
+    }
+    rows
 }
 
 /// A delta-rule recurrence and its weights.
@@ -272,12 +352,16 @@ pub struct IndexShape {
 
 /// One sequence's indexer queries at positions `start..start + n`: `q`
 /// `[n, heads * head_dim]` (rotated), `weights` `[n, heads]` (scaled), and
-/// the cached indexer keys of positions `0..start + n`.
+/// every key of the pass (DSA: one per position `0..start + n`; a
+/// compressor: one per window closed by then).
 pub struct IndexJob<'a> {
     pub q: &'a [f32],
     pub weights: &'a [f32],
     pub keys: &'a [f32],
     pub start: usize,
+    /// Tokens per key: 1 (DSA, a key per position), or a compressor's ratio
+    /// (a query at `p` sees the keys of the `(p + 1) / every` closed windows).
+    pub every: usize,
 }
 
 /// How a router's logits become each token's experts and weights.
@@ -299,6 +383,13 @@ pub enum RouteKind {
     /// gpt-oss: the router's bias added to its logits, the `top_k` largest,
     /// then a softmax over those alone.
     TopKThenSoftmax { bias: VectorHandle },
+    /// DeepSeek V4: `sqrt(softplus(logit))` scores, the `top_k` best by score
+    /// plus correction bias, renormalised (plus 1e-20) and scaled.
+    SqrtSoftplus { scaling: f32, correction_bias: VectorHandle },
+    /// DeepSeek V4's hash layers: each token's experts from `table`
+    /// (`[vocab, top_k]`, whole numbers below the expert count, checked at
+    /// load), weighted by their sqrt-softplus scores renormalised and scaled.
+    Hash { scaling: f32, table: VectorHandle },
 }
 
 /// A router: its weight `[num_experts, hidden]`, its kind and `top_k`.
@@ -431,6 +522,30 @@ impl Backend {
         }
     }
 
+    /// `out = W[rows] xs`: the block `rows` of `w`'s rows (a group of a
+    /// block-diagonal projection) for every `w.cols`-wide row of `xs`.
+    pub fn matmul_rows(&self, rt: &Runtime<'_>, w: MatrixHandle, rows: Range<usize>, xs: &[f32], out: &mut [f32]) {
+        assert!(rows.end <= w.rows, "rows {rows:?} of a {}-row matrix", w.rows);
+        match self {
+            Backend::Cpu(cpu) => cpu.matmul_rows(rt.threads, w, rows, xs, out),
+        }
+    }
+
+    /// Several sequences' shared key-value attention at once (DeepSeek V4).
+    pub fn attend_shared_kv(&self, rt: &Runtime<'_>, shape: SharedKvShape, jobs: Vec<SharedKvJob<'_>>) {
+        match self {
+            Backend::Cpu(cpu) => cpu.attend_shared_kv(rt.threads, shape, jobs),
+        }
+    }
+
+    /// The entries, before their norm and rotation, of the windows a
+    /// compressor closes, `[windows, width]`.
+    pub fn compress_windows(&self, job: &CompressJob<'_>) -> Vec<f32> {
+        match self {
+            Backend::Cpu(cpu) => cpu.compress_windows(job),
+        }
+    }
+
     /// Adds `bias` to every row of `rows`.
     pub fn add_bias(&self, rows: &mut [f32], bias: VectorHandle) {
         match self {
@@ -499,6 +614,23 @@ impl Backend {
         }
     }
 
+    /// A gated residual's block input from the streams (`[tokens, streams,
+    /// hidden]`) into `input` (`[tokens, hidden]`), and each token's
+    /// injection weights (`[tokens, streams]`) for [`Self::gated_combine`].
+    pub fn gated_mix(&self, rt: &Runtime<'_>, gated: &GatedResidual, streams: &[f32], input: &mut [f32]) -> Vec<f32> {
+        match self {
+            Backend::Cpu(cpu) => cpu.gated_mix(rt.threads, gated, streams, input),
+        }
+    }
+
+    /// The block's output `out` (`[tokens, hidden]`) into every stream,
+    /// times the stream's injection weight.
+    pub fn gated_combine(&self, gated: &GatedResidual, injection: &[f32], out: &[f32], streams: &mut [f32]) {
+        match self {
+            Backend::Cpu(_) => cpu::Cpu::gated_combine(gated, injection, out, streams),
+        }
+    }
+
     /// The streams (`[tokens, head.streams(), hidden]`) as one hidden state
     /// per token, `[tokens, hidden]`.
     pub fn collapse_streams(&self, rt: &Runtime<'_>, head: &StreamHead, streams: Vec<f32>, hidden: usize) -> Vec<f32> {
@@ -552,10 +684,11 @@ impl Backend {
         }
     }
 
-    /// Each row of `xs`'s `top_k` routes, `[n][top_k]`.
-    pub fn route(&self, rt: &Runtime<'_>, router: &RouterSpec, xs: &[f32]) -> Vec<Route> {
+    /// Each row of `xs`'s `top_k` routes, `[n][top_k]`; row `i` is token
+    /// `tokens[i]`'s (which a hash router reads).
+    pub fn route(&self, rt: &Runtime<'_>, router: &RouterSpec, xs: &[f32], tokens: &[u32]) -> Vec<Route> {
         match self {
-            Backend::Cpu(cpu) => cpu.route(rt.threads, router, xs),
+            Backend::Cpu(cpu) => cpu.route(rt.threads, router, xs, tokens),
         }
     }
 

@@ -33,16 +33,17 @@ impl Ffn {
 
     /// The distinct experts this block's router would pick for the rows of
     /// `xs`, in route order (`None` for a dense block): applied to an
-    /// earlier layer's input, a guess at what this layer will read.
-    pub fn predict(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32]) -> Option<Vec<usize>> {
+    /// earlier layer's input, a guess at what this layer will read. Row `i`
+    /// is token `tokens[i]`'s.
+    pub fn predict(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32], tokens: &[u32]) -> Option<Vec<usize>> {
         match self {
             Ffn::Dense(..) => None,
-            Ffn::Moe(moe) => Some(moe.predict(rt, b, xs)),
+            Ffn::Moe(moe) => Some(moe.predict(rt, b, xs, tokens)),
         }
     }
 
-    /// Adds the block's output for `xs` (`[n, hidden]`, row `i` at sequence
-    /// position `positions[i]`) into `out`, the slot the layer's residual
+    /// Adds the block's output for `xs` (`[n, hidden]`, row `i` token
+    /// `tokens[i]` at sequence position `positions[i]`) into `out`, the slot the layer's residual
     /// hands it (the stream itself for the plain residual: the routed
     /// experts' outputs then join it one by one, as the expert pipeline sums
     /// them), prefetching `guess` while it runs.
@@ -53,6 +54,7 @@ impl Ffn {
         b: &Backend,
         layer: usize,
         positions: &[usize],
+        tokens: &[u32],
         xs: &[f32],
         out: &mut [f32],
         guess: Option<Guess<'_>>,
@@ -67,7 +69,7 @@ impl Ffn {
                 out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
                 Ok(())
             }
-            Ffn::Moe(moe) => moe.add_to(rt, b, layer, positions, xs, out, guess),
+            Ffn::Moe(moe) => moe.add_to(rt, b, layer, positions, tokens, xs, out, guess),
         }
     }
 }

@@ -81,10 +81,10 @@ impl Moe {
     }
 
     /// The distinct experts the router picks for the rows of `xs`, in
-    /// route order (each row's heaviest first).
-    pub fn predict(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32]) -> Vec<usize> {
+    /// route order (each row's heaviest first); row `i` is token `tokens[i]`'s.
+    pub fn predict(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32], tokens: &[u32]) -> Vec<usize> {
         let mut experts = Vec::new();
-        for route in self.router.route(rt, b, xs) {
+        for route in self.router.route(rt, b, xs, tokens) {
             if !experts.contains(&route.expert) {
                 experts.push(route.expert);
             }
@@ -101,11 +101,12 @@ impl Moe {
         b: &Backend,
         layer: usize,
         positions: &[usize],
+        tokens: &[u32],
         xs: &[f32],
         out: &mut [f32],
         guess: Option<Guess<'_>>,
     ) -> Result<()> {
-        let routes = self.router.route(rt, b, xs);
+        let routes = self.router.route(rt, b, xs, tokens);
         let Some(shared) = &self.shared else {
             // Without shared experts the routed outputs go straight into the
             // residual stream.

@@ -82,6 +82,30 @@ fn a_k3_style_config_is_refused_naming_every_extra_key() {
     assert!(err.contains("does not know text_config.rope_parameters.llama_4_scaling_beta:"), "{err}");
 }
 
+/// Kimi K3's text config still says `kimi_linear`, with gated MLA,
+/// attention residuals, a latent MoE and SiTU-GLU that transformers'
+/// kimi_linear does not implement: it is refused, naming each of its keys.
+#[test]
+fn a_k3_style_kimi_linear_config_is_refused_naming_every_k3_key() {
+    let text = std::fs::read_to_string(testdata().join("kimi_linear/hf_bf16/config.json")).unwrap();
+    let mut config: Value = serde_json::from_str(&text).unwrap();
+    check_config_keys(&config, &[]).unwrap();
+    for (key, value) in [
+        ("mla_use_output_gate", json!(true)),
+        ("attn_res_block_size", json!(12)),
+        ("routed_expert_hidden_size", json!(3584)),
+        ("activation_situ_beta", json!(4.0)),
+        ("activation_situ_linear_beta", json!(25.0)),
+    ] {
+        config[key] = value;
+    }
+    config["linear_attn_config"]["gate_lower_bound"] = json!(-5.0);
+    let err = refusal(&config, &[]);
+    let named = "activation_situ_beta, activation_situ_linear_beta, attn_res_block_size, \
+                 linear_attn_config.gate_lower_bound, mla_use_output_gate, routed_expert_hidden_size:";
+    assert!(err.contains(&format!("kimi_linear does not know {named}")), "{err}");
+}
+
 #[test]
 fn allow_unknown_config_lets_exactly_the_named_keys_through() {
     let mut config = fixture("deepseek_v3");
@@ -139,8 +163,9 @@ fn path(object: &str, key: &str) -> String {
 /// A config of each shape the readers branch on that no committed config
 /// has, so that every key a table lists as read is looked up by one.
 fn variants() -> Vec<Value> {
-    // kimi_linear has no oracle fixture yet: a tiny config as the hub
-    // writes it (linear_attn_config, Kimi's spellings) stands in.
+    // kimi_linear with rope scaling, which its parser reads (the latent
+    // layers then leave it unused), as the hub spells it and as
+    // save_pretrained does.
     let kimi_linear = json!({
         "model_type": "kimi_linear", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4,
         "num_attention_heads": 2, "num_key_value_heads": 2, "kv_lora_rank": 16, "q_lora_rank": null,

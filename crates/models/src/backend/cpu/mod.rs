@@ -4,15 +4,23 @@
 //! set detected once, when the backend is made.
 
 mod attend;
+mod compress;
 mod delta;
+mod gated_hyper;
 mod hyper;
 mod index;
 mod latent;
+// Qwen3.8-Flash-Next's QSA, checked against transformers; the attention
+// layer calls it once the family lands (docs/qwen4_exp.md).
+#[allow(dead_code)]
+mod qsa;
 mod route;
+mod shared_kv;
 
 #[cfg(test)]
 mod inkling_torch;
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use strata_format::{Container, DenseId, SwiGlu};
@@ -22,9 +30,9 @@ use strata_sched::{ExpertFfn, LayerStats, MoeBatch, Route, gated_ffn};
 use strata_tier::ExpertStore;
 
 use super::{
-    AttendJob, AttnShape, DeltaJob, DeltaKind, Device, ExpertFfnKind, HyperConnection, IndexJob, IndexShape, LatentJob,
-    LatentShape, MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, StreamHead, StreamWeights, TableHandle,
-    VectorHandle,
+    AttendJob, AttnShape, CompressJob, DeltaJob, DeltaKind, Device, ExpertFfnKind, GatedResidual, HyperConnection,
+    IndexJob, IndexShape, LatentJob, LatentShape, MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, SharedKvJob,
+    SharedKvShape, StreamHead, StreamWeights, TableHandle, VectorHandle,
 };
 use crate::error::Result;
 use crate::rope::Angles;
@@ -114,6 +122,19 @@ impl Cpu {
     pub fn matmul(&self, threads: &Threads, w: MatrixHandle, xs: &[f32], out: &mut [f32]) {
         let n = xs.len() / w.cols;
         threads.matmul(&self.matrix(w), xs, n, out);
+    }
+
+    pub fn matmul_rows(&self, threads: &Threads, w: MatrixHandle, rows: Range<usize>, xs: &[f32], out: &mut [f32]) {
+        let block = self.matrix(w).row_range(rows.start, rows.len()).expect("rows within the matrix");
+        threads.matmul(&block, xs, xs.len() / w.cols, out);
+    }
+
+    pub fn attend_shared_kv(&self, threads: &Threads, shape: SharedKvShape, jobs: Vec<SharedKvJob<'_>>) {
+        shared_kv::attend_all(threads, self.isa, &shape, self.vector(shape.sinks), jobs);
+    }
+
+    pub fn compress_windows(&self, job: &CompressJob<'_>) -> Vec<f32> {
+        compress::compress_windows(job)
     }
 
     pub fn add_bias(&self, rows: &mut [f32], bias: VectorHandle) {
@@ -207,13 +228,39 @@ impl Cpu {
         hyper::combine(hc.streams, hidden, &weights.post, &weights.comb, out, streams);
     }
 
+    fn gated_mixer(&self, gated: &GatedResidual) -> gated_hyper::GatedMixer<'_> {
+        gated_hyper::GatedMixer {
+            streams: gated.streams,
+            norm: self.vector(gated.norm),
+            down: self.matrix(gated.down),
+            up: self.matrix(gated.up),
+            inject: gated.inject.map(|inject| self.matrix(inject)),
+            norm_eps: gated.norm_eps,
+        }
+    }
+
+    pub fn gated_mix(&self, threads: &Threads, gated: &GatedResidual, streams: &[f32], input: &mut [f32]) -> Vec<f32> {
+        assert!(gated.inject.is_some(), "a block's gated residual injects its output");
+        gated_hyper::mix(threads, &self.gated_mixer(gated), streams, input)
+    }
+
+    pub fn gated_combine(gated: &GatedResidual, injection: &[f32], out: &[f32], streams: &mut [f32]) {
+        gated_hyper::combine(gated.streams, injection, out, streams);
+    }
+
     pub fn collapse_streams(&self, threads: &Threads, head: &StreamHead, streams: Vec<f32>, hidden: usize) -> Vec<f32> {
         let mut out = match *head {
             StreamHead::One => return streams,
-            StreamHead::Mean { .. } | StreamHead::Sigmoid { .. } => vec![0.0f32; streams.len() / head.streams()],
+            StreamHead::Mean { .. } | StreamHead::Sigmoid { .. } | StreamHead::Gated(_) => {
+                vec![0.0f32; streams.len() / head.streams()]
+            }
         };
         match *head {
             StreamHead::One => {}
+            StreamHead::Gated(gated) => {
+                let injection = gated_hyper::mix(threads, &self.gated_mixer(&gated), &streams, &mut out);
+                assert!(injection.is_empty(), "the final mixer injects nothing");
+            }
             StreamHead::Mean { streams: n } => hyper::mean_head(n, hidden, &streams, &mut out),
             StreamHead::Sigmoid { streams: n, mixes, base, scale, eps, norm_eps } => {
                 let head = hyper::SigmoidHead {
@@ -289,7 +336,7 @@ impl Cpu {
         index::select(threads, self.isa, shape, &job)
     }
 
-    pub fn route(&self, threads: &Threads, router: &RouterSpec, xs: &[f32]) -> Vec<Route> {
+    pub fn route(&self, threads: &Threads, router: &RouterSpec, xs: &[f32], tokens: &[u32]) -> Vec<Route> {
         let num_experts = router.weight.rows;
         let mut logits = vec![0.0f32; xs.len() / router.weight.cols * num_experts];
         self.matmul(threads, router.weight, xs, &mut logits);
@@ -311,6 +358,12 @@ impl Cpu {
             RouteKind::TopKThenSoftmax { bias } => {
                 self.add_bias(&mut logits, bias);
                 route::top_k_then_softmax(&logits, num_experts, router.top_k)
+            }
+            RouteKind::SqrtSoftplus { scaling, correction_bias } => {
+                route::sqrt_softplus_top_k(&logits, num_experts, router.top_k, scaling, self.vector(correction_bias))
+            }
+            RouteKind::Hash { scaling, table } => {
+                route::hash_routes(&logits, num_experts, router.top_k, scaling, self.vector(table), tokens)
             }
         }
     }
@@ -347,6 +400,48 @@ impl Cpu {
         };
         Ok(strata_sched::run_moe_layer(store, threads, &batch, out, stats)?)
     }
+}
+
+/// The values of `testdata/{dir}/{name}.npy` and their shape (the reference
+/// tensors of the tests against torch).
+#[cfg(test)]
+fn fixture(dir: &str, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(dir).join(format!("{name}.npy"));
+    strata_format::npy::read_f32(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Agreement of `got` with torch's `want`, relative to `want`'s largest
+/// magnitude.
+#[cfg(test)]
+fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1.0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-5 * scale, "{what}[{i}]: {g} vs torch's {w}");
+    }
+}
+
+/// The rotary width of xtask/fixtures/deepseek_v4_blocks.py's config.
+#[cfg(test)]
+const COMPRESS_ROTARY_DIM: usize = 8;
+
+/// The rotation of that config's compressed layers: θ 160000, YaRN x4 over
+/// 16 positions with the attention factor forced to 1.
+#[cfg(test)]
+fn compress_rope() -> crate::rope::Rope {
+    let scaling = strata_format::RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_position_embeddings: 16,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        mscale: 0.0,
+        mscale_all_dim: 0.0,
+        attention_factor: Some(1.0),
+        truncate: true,
+    };
+    let spec = strata_format::RopeSpec { theta: 160000.0, scaling, rotary_dim: COMPRESS_ROTARY_DIM };
+    crate::rope::Rope::new(&spec, COMPRESS_ROTARY_DIM).expect("a rotation")
 }
 
 #[cfg(test)]

@@ -116,6 +116,74 @@ pub fn grouped_sigmoid_top_k(logits: &[f32], n_experts: usize, cfg: &GroupedSigm
     routes
 }
 
+/// DeepSeek V4's router (`DeepseekV4TopKRouter`): scores
+/// `s = sqrt(softplus(logit))` (softplus as torch's: the logit itself above
+/// 20), the `top_k` best by `s + bias` taken with weights `s` renormalised
+/// (plus 1e-20) and times `scaling`.
+///
+/// `logits` is `[n_tokens, n_experts]`; the result is `[n_tokens][top_k]` in
+/// descending choice-score order. Ties go to the lower index.
+pub fn sqrt_softplus_top_k(logits: &[f32], n_experts: usize, top_k: usize, scaling: f32, bias: &[f32]) -> Vec<Route> {
+    assert!(top_k >= 1 && top_k <= n_experts, "top-k within the expert count");
+    assert_eq!(bias.len(), n_experts, "one correction bias per expert");
+    let mut routes = Vec::with_capacity(logits.len() / n_experts * top_k);
+    let mut scores = vec![0.0f32; n_experts];
+    let mut choice = vec![0.0f32; n_experts];
+    let mut order: Vec<usize> = Vec::with_capacity(n_experts);
+    for row in logits.chunks_exact(n_experts) {
+        for ((s, c), (&logit, &b)) in scores.iter_mut().zip(choice.iter_mut()).zip(row.iter().zip(bias)) {
+            *s = softplus(logit).sqrt();
+            *c = *s + b;
+        }
+        order.clear();
+        order.extend(0..n_experts);
+        order.sort_by(by_score(&choice));
+        weigh_sqrt_softplus(&scores, &order[..top_k], scaling, &mut routes);
+    }
+    routes
+}
+
+/// DeepSeek V4's hash router (`DeepseekV4HashRouter`): token `t`'s experts
+/// are row `t` of `table` (`[vocab, top_k]`, ids checked at load), weighted
+/// by their scores `sqrt(softplus(logit))` renormalised (plus 1e-20) and
+/// times `scaling`, in the table's order.
+///
+/// `logits` is `[n_tokens, n_experts]`, one row per id of `tokens`.
+pub fn hash_routes(
+    logits: &[f32],
+    n_experts: usize,
+    top_k: usize,
+    scaling: f32,
+    table: &[f32],
+    tokens: &[u32],
+) -> Vec<Route> {
+    assert_eq!(logits.len(), tokens.len() * n_experts, "a row of logits per token");
+    let mut chosen = vec![0usize; top_k];
+    let mut routes = Vec::with_capacity(tokens.len() * top_k);
+    let mut scores = vec![0.0f32; n_experts];
+    for (row, &token) in logits.chunks_exact(n_experts).zip(tokens) {
+        scores.iter_mut().zip(row).for_each(|(s, &logit)| *s = softplus(logit).sqrt());
+        // Ids checked at load: whole numbers below the expert count.
+        let ids = &table[token as usize * top_k..][..top_k];
+        chosen.iter_mut().zip(ids).for_each(|(e, &id)| *e = id as usize);
+        weigh_sqrt_softplus(&scores, &chosen, scaling, &mut routes);
+    }
+    routes
+}
+
+/// Routes to the `chosen` experts, weighted by their `scores` renormalised
+/// (plus 1e-20, as transformers) and times `scaling`.
+fn weigh_sqrt_softplus(scores: &[f32], chosen: &[usize], scaling: f32, routes: &mut Vec<Route>) {
+    let denominator = chosen.iter().map(|&e| scores[e]).sum::<f32>() + 1e-20;
+    routes.extend(chosen.iter().map(|&expert| Route { expert, weight: scores[expert] / denominator * scaling }));
+}
+
+/// torch's `softplus` (beta 1, threshold 20): `ln(1 + e^x)`, or `x` where
+/// that is `x` to f32 precision.
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,6 +219,58 @@ mod tests {
         assert_eq!((routes[0].expert, routes[0].weight), (3, 0.5));
     }
 
+    /// transformers' `DeepseekV4TopKRouter` on the fixture's logits
+    /// (xtask/fixtures/deepseek_v4_blocks.py: 4 experts, top 2, scaling 1.5,
+    /// two rows past softplus's threshold): the same experts, the same
+    /// weights.
+    #[test]
+    fn sqrt_softplus_routes_match_transformers() {
+        let load = |name: &str| crate::backend::cpu::fixture("deepseek_v4/blocks", name);
+        let (logits_shape, logits) = load("router_logits");
+        let (bias, want_weights) = (load("router_bias").1, load("router_weights").1);
+        let want_experts = load("router_indices").1;
+        let (n_experts, top_k) = (logits_shape[1], 2);
+        let routes = sqrt_softplus_top_k(&logits, n_experts, top_k, 1.5, &bias);
+        let by_expert = |pairs: Vec<(usize, f32)>| {
+            let mut pairs = pairs;
+            pairs.sort_by_key(|&(expert, _)| expert);
+            pairs
+        };
+        for (t, (got, (experts, weights))) in routes
+            .chunks_exact(top_k)
+            .zip(want_experts.chunks_exact(top_k).zip(want_weights.chunks_exact(top_k)))
+            .enumerate()
+        {
+            let got = by_expert(got.iter().map(|r| (r.expert, r.weight)).collect());
+            let want = by_expert(experts.iter().map(|&e| e as usize).zip(weights.iter().copied()).collect());
+            for ((e, w), (want_e, want_w)) in got.into_iter().zip(want) {
+                assert_eq!(e, want_e, "token {t}");
+                assert!((w - want_w).abs() <= 1e-6 * want_w.abs().max(1.0), "token {t}: {w} vs torch's {want_w}");
+            }
+        }
+    }
+
+    /// transformers' `DeepseekV4HashRouter` on the fixture's logits and
+    /// tokens: each token's experts are its row of the table, weighted as
+    /// the learned router weighs them.
+    #[test]
+    fn hash_routes_take_each_tokens_row_of_the_table_as_transformers() {
+        let load = |name: &str| crate::backend::cpu::fixture("deepseek_v4/blocks", name).1;
+        let (logits, table, tokens) = (load("hash_logits"), load("hash_table"), load("hash_tokens"));
+        let (want_experts, want_weights) = (load("hash_indices"), load("hash_weights"));
+        let tokens: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+        let (n_experts, top_k) = (logits.len() / tokens.len(), 2);
+        let routes = hash_routes(&logits, n_experts, top_k, 1.5, &table, &tokens);
+        assert_eq!(routes.len(), want_experts.len());
+        for (i, (route, (&expert, &weight))) in routes.iter().zip(want_experts.iter().zip(&want_weights)).enumerate() {
+            assert_eq!(route.expert, expert as usize, "route {i}");
+            assert!(
+                (route.weight - weight).abs() <= 1e-6 * weight.abs().max(1.0),
+                "route {i}: {} vs {weight}",
+                route.weight
+            );
+        }
+    }
     #[test]
     fn picks_the_largest_and_renormalises() {
         let routes = softmax_top_k(&[0.0, 2.0, 1.0, 2.0f32.ln() + 2.0], 4, 2, true);
