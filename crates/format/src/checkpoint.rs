@@ -246,8 +246,8 @@ impl Checkpoint {
     }
 
     /// Rows `[row_start, row_start + row_count)` of `name` viewed as a 2-D
-    /// matrix `[shape[0], product(shape[1..])]` (a 1-D tensor is one row),
-    /// decoded to f32. Lets large matrices be converted in bounded memory.
+    /// matrix `[shape[0], product(shape[1..])]` (a 1-D tensor is one row; a
+    /// 3-D one `[shape[0] · shape[1], shape[2]]`), decoded to f32. Lets large matrices be converted in bounded memory.
     pub fn rows_f32(&self, name: &str, row_start: usize, row_count: usize) -> Result<Vec<f32>> {
         if let Some((source, parity)) = self.split_bias(name) {
             return self.split_bias_rows(&source, parity, row_start, row_count);
@@ -430,11 +430,15 @@ fn numel(name: &str, shape: &[usize]) -> Result<usize> {
     })
 }
 
-/// `[rows, cols]` of a tensor seen as a matrix over its first dimension.
+/// `[rows, cols]` of a tensor seen as a matrix over its first dimension,
+/// except a stack of matrices `[count, rows, cols]`, seen as their rows one
+/// after another (as the container stores it: Inkling's shared experts;
+/// a `[channels, 1, taps]` kernel is `[channels, taps]` either way).
 fn as_matrix(name: &str, shape: &[usize]) -> Result<(usize, usize)> {
     match shape {
         [] => Ok((1, 1)),
         [n] => Ok((1, *n)),
+        [count, rows, cols] => Ok((numel(name, &[*count, *rows])?, *cols)),
         [rows, rest @ ..] => Ok((*rows, numel(name, rest)?)),
     }
 }

@@ -12,13 +12,14 @@
 use std::sync::Arc;
 
 use strata_format::names::{self, HyperSite};
-use strata_format::{Container, CoreSpec, ModelArch, RopeSpec};
+use strata_format::{Container, CoreSpec, RopeSpec};
 use strata_kv::{LayerLayout, SequenceState};
 use strata_sched::Guess;
 
 use crate::attention::{Attention, Pass};
 use crate::backend::Runtime;
 use crate::backend::{Backend, MatrixHandle, StreamHead, TableHandle};
+use crate::conv::ShortConvolution;
 use crate::error::{Error, Result};
 use crate::ffn::Ffn;
 use crate::lm::CausalLm;
@@ -27,23 +28,6 @@ use crate::lm::SeqBatch;
 use crate::norm::Norm;
 use crate::residual::{self, Residual, Streams};
 use crate::rope::{Angles, Rope};
-
-/// Refuses a model with a part of the spec outside the blocks that the
-/// graph does not run yet, naming it: run without it, the model would be
-/// silently wrong.
-fn refuse_uncomposed(arch: &ModelArch) -> Result<()> {
-    let core = &arch.core;
-    let parts = [
-        (core.embed_norm.is_some(), "the embedding norm"),
-        (core.logits_mup_divisor.is_some(), "the logits' muP divisor"),
-        (core.unpadded_vocab_size.is_some(), "an unpadded vocabulary"),
-        (arch.layers.iter().any(|l| l.ffn_output_conv.is_some()), "the FFN output's convolution"),
-    ];
-    match parts.iter().find(|(present, _)| *present) {
-        Some((_, what)) => Err(Error::uncomposed(what)),
-        None => Ok(()),
-    }
-}
 
 /// A loaded model: its layers' blocks over the backend's tensors.
 pub struct Decoder {
@@ -55,6 +39,8 @@ pub struct Decoder {
     /// What each layer keeps per sequence in its cache.
     cache_layouts: Vec<LayerLayout>,
     embed: TableHandle,
+    /// The RMSNorm of the embedding rows, if the model has one (Inkling).
+    embed_norm: Option<Norm>,
     /// Collapses the streams the layers carry before the final norm.
     head: StreamHead,
     final_norm: Norm,
@@ -69,6 +55,9 @@ struct Layer {
     ffn_residual: Residual,
     post_attn_norm: Norm,
     ffn: Ffn,
+    /// The short convolution of the FFN's output, if any (Inkling's
+    /// `mlp_sconv`): its state follows the attention's in the layer's cache.
+    ffn_conv: Option<ShortConvolution>,
 }
 
 impl Decoder {
@@ -78,7 +67,6 @@ impl Decoder {
     pub fn load(container: Arc<Container>) -> Result<Self> {
         let spec = container.arch().core.clone();
         let arch = container.arch();
-        refuse_uncomposed(arch)?;
         let mut backend = Backend::cpu(Arc::clone(&container));
         let b = &mut backend;
         let h = arch.core.hidden_size;
@@ -97,7 +85,16 @@ impl Decoder {
             }
             // The engine budgets with the spec's derivation, never building
             // the model: the blocks must keep exactly that.
-            let layout = attention.cache_layout();
+            let mut parts = attention.cache_parts();
+            let ffn_conv = match layer.ffn_output_conv {
+                Some(conv) => {
+                    let name = names::layer_tensor(&spec, l, "mlp_sconv.conv1d.weight");
+                    Some(ShortConvolution::load(b, &name, conv, parts.len())?)
+                }
+                None => None,
+            };
+            parts.extend(ffn_conv.as_ref().map(ShortConvolution::cache_part));
+            let layout = LayerLayout::new(parts);
             assert_eq!(layout, strata_kv::layout_of(layer), "layer {l}: the blocks keep what the spec says");
             cache_layouts.push(layout);
             let residual = |b: &mut Backend, site| Residual::load(b, &spec, layer.residual, layer.norm.eps(), l, site);
@@ -109,6 +106,7 @@ impl Decoder {
                 ffn_residual,
                 post_attn_norm,
                 ffn: Ffn::load(b, &spec, &layer.ffn, l)?,
+                ffn_conv,
             });
         }
         if layers.is_empty() {
@@ -124,7 +122,11 @@ impl Decoder {
         let embed = b.table(&names::embedding_name(&spec), spec.vocab_size, h)?;
         let lm_head = b.matrix(&names::lm_head_name(&spec), spec.vocab_size, h)?;
         let final_norm = Norm::load(b, &names::final_norm_name(&spec), arch.core.final_norm, h)?;
-        Ok(Self { backend, spec, layers, ropes, cache_layouts, embed, head, final_norm, lm_head })
+        let embed_norm = match spec.embed_norm {
+            Some(kind) => Some(Norm::load(b, &names::embed_norm_name(&spec), kind, h)?),
+            None => None,
+        };
+        Ok(Self { backend, spec, layers, ropes, cache_layouts, embed, embed_norm, head, final_norm, lm_head })
     }
 
     /// The final hidden states (before the last norm) of every new row of
@@ -153,7 +155,17 @@ impl Decoder {
                 _ => None,
             };
             let guess = predicted.as_deref().map(|experts| Guess { layer: l + 1, experts });
-            layer.ffn.add_to(rt, b, l, &positions, &tokens, &normed, residual.slot(&mut streams), guess)?;
+            match &layer.ffn_conv {
+                None => layer.ffn.add_to(rt, b, l, &positions, &tokens, &normed, residual.slot(&mut streams), guess)?,
+                Some(conv) => {
+                    // The whole output passes the convolution before the
+                    // residual add.
+                    let mut ys = vec![0.0f32; normed.len()];
+                    layer.ffn.add_to(rt, b, l, &positions, &tokens, &normed, &mut ys, guess)?;
+                    conv.apply(b, l, &mut ys, seqs);
+                    residual.slot(&mut streams).iter_mut().zip(&ys).for_each(|(x, y)| *x += y);
+                }
+            }
             residual.combine(b, &mut streams);
         }
         for seq in seqs.iter_mut() {
@@ -199,10 +211,16 @@ impl Decoder {
             .collect::<Result<Vec<usize>>>()?;
         let mut x = vec![0.0f32; tokens.len() * h];
         self.backend.table_rows(self.embed, &rows, &mut x)?;
+        if let Some(norm) = &self.embed_norm {
+            norm.apply_rows(&self.backend, &mut x);
+        }
         Ok(x)
     }
 
-    /// The final norm and lm head over the rows of `x` that `which` asks for.
+    /// The final norm and lm head over the rows of `x` that `which` asks
+    /// for: `[rows, logits_width]`, the hidden states divided by the μP
+    /// multiplier first and the padded vocabulary's logits cut, where the
+    /// model has them (Inkling).
     fn logits(&self, rt: &Runtime<'_>, x: &[f32], which: Logits) -> Result<Vec<f32>> {
         let (h, vocab_size) = (self.spec.hidden_size, self.spec.vocab_size);
         let n = x.len() / h;
@@ -213,8 +231,15 @@ impl Decoder {
         let m = rows.len() / h;
         let mut normed = vec![0.0f32; m * h];
         self.final_norm.apply(&self.backend, rows, &mut normed);
+        if let Some(divisor) = self.spec.logits_mup_divisor {
+            normed.iter_mut().for_each(|x| *x /= divisor);
+        }
         let mut out = vec![0.0f32; m * vocab_size];
         self.backend.matmul(rt, self.lm_head, &normed, &mut out);
+        let width = self.spec.logits_width();
+        if width < vocab_size {
+            out = out.chunks_exact(vocab_size).flat_map(|row| &row[..width]).copied().collect();
+        }
         Ok(out)
     }
 }
@@ -261,24 +286,6 @@ impl CausalLm for Decoder {
             last_rows.extend_from_slice(&x[(end - 1) * h..end * h]);
         }
         let logits = self.logits(rt, &last_rows, Logits::All)?;
-        Ok(logits.chunks_exact(self.spec.vocab_size).map(<[f32]>::to_vec).collect())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_inkling_model_is_refused_naming_what_the_graph_lacks() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/inkling_hub/inkling/config.json");
-        let mut arch = ModelArch::from_config_json(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let err = refuse_uncomposed(&arch).unwrap_err().to_string();
-        assert_eq!(err, "the embedding norm is not composed into the graph yet");
-        arch.core.embed_norm = None;
-        arch.core.logits_mup_divisor = None;
-        arch.core.unpadded_vocab_size = None;
-        let err = refuse_uncomposed(&arch).unwrap_err().to_string();
-        assert!(err.starts_with("the FFN output's convolution"), "{err}");
+        Ok(logits.chunks_exact(self.spec.logits_width()).map(<[f32]>::to_vec).collect())
     }
 }

@@ -30,14 +30,6 @@ pub enum Error {
     Unsupported(String),
 }
 
-impl Error {
-    /// A block the spec describes that the graph does not run yet
-    /// (Inkling's: docs/inkling.md says which).
-    pub(crate) fn uncomposed(what: &str) -> Self {
-        Error::Unsupported(format!("{what} is not composed into the graph yet"))
-    }
-}
-
 impl From<strata_sched::Error> for Error {
     fn from(e: strata_sched::Error) -> Self {
         Error::Sched(Box::new(e))

@@ -51,6 +51,9 @@ const TEXT: ConfigKeys = ConfigKeys {
         &["rms_norm_eps_moe_gate", "shared_expert_sink", "tie_word_embeddings"],
         // The multi-token-prediction layers, kept for speculative decoding.
         &["num_mtp_layers", "chain_hidden_post_norm", "mtp_hidden_states_first", "mtp_local_layer_ids"],
+        // Set by `__post_init__` (always 4: k, v, attention and MLP
+        // convolutions) and written back by `save_pretrained`.
+        &["number_of_conv_states"],
     ],
     nested: &[],
 };

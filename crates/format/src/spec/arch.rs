@@ -42,6 +42,14 @@ pub struct CoreSpec {
     pub eos_token_ids: Vec<u32>,
 }
 
+impl CoreSpec {
+    /// Logits per position the model gives: the unpadded vocabulary's, else
+    /// every row of lm_head's.
+    pub fn logits_width(&self) -> usize {
+        self.unpadded_vocab_size.unwrap_or(self.vocab_size)
+    }
+}
+
 /// A model architecture: the common part and every layer's own spec.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelArch {

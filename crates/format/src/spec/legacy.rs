@@ -80,9 +80,7 @@ impl ModelSpec {
                 | RouterKind::SqrtSoftplus { .. }
                 | RouterKind::Hash { .. },
             )
-            | None => {
-                (RouterSpec::default(), false)
-            }
+            | None => (RouterSpec::default(), false),
         };
         let shared = moe.map_or(SharedExperts::None, |m| m.shared);
         let linear_attention = arch.first_gdn().map(|gdn| gdn.dims);
