@@ -466,3 +466,22 @@ fn read_index(path: &Path) -> Result<BTreeMap<String, Vec<String>>> {
     }
     Ok(files.into_iter().collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Inkling's shared experts, `[count, rows, cols]`, are read as the
+    /// container stores them: each matrix's rows after the one before's.
+    #[test]
+    fn a_stack_of_matrices_reads_as_its_rows_one_after_another() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/inkling/hf");
+        let ckpt = Checkpoint::open(dir).unwrap();
+        let name = "model.layers.1.mlp.shared_experts.down_proj";
+        let (shape, all) = ckpt.tensor_f32(name).unwrap();
+        let [count, rows, cols] = shape[..] else { panic!("{name}: {shape:?}") };
+        assert!(count > 1, "{name}: a stack of one");
+        // The second matrix's first two rows.
+        assert_eq!(ckpt.rows_f32(name, rows, 2).unwrap(), all[rows * cols..(rows + 2) * cols]);
+    }
+}
