@@ -2,17 +2,18 @@
 //! engine budgets with it without building the model, and the model's
 //! blocks are checked against it when they load.
 
-use strata_format::{LayerSpec, MixerSpec, ShortConv};
+use strata_format::{IndexerKind, IndexerSpec, LayerSpec, MixerSpec, ShortConv};
 
 use crate::{LayerLayout, StatePart};
 
 /// What a layer of `spec` keeps per sequence, in the order its block
 /// indexes the parts: keys then values (grouped-query attention; a ring of
 /// the last `window` under a sliding window); the
-/// latent with its rotary key, then the indexer keys with DSA (Multi-head
-/// Latent Attention); the delta-rule and convolution state (Gated DeltaNet);
-/// keys and values as GQA's, then the k, v and output convolutions'
-/// inputs (Inkling). Then the FFN's: its output convolution's inputs.
+/// latent with its rotary key, then the indexer's parts with DSA
+/// (Multi-head Latent Attention); the delta-rule and convolution state
+/// (Gated DeltaNet); keys and values as GQA's, then the k, v and output
+/// convolutions' inputs (Inkling). Then the FFN's: its output convolution's
+/// inputs.
 pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
     let mut parts = match &spec.mixer {
         MixerSpec::Gqa(gqa) => {
@@ -21,10 +22,10 @@ pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
             let part = gqa.sliding_window.map_or(StatePart::Rows { dim }, |window| StatePart::Ring { dim, window });
             vec![part; 2]
         }
-        MixerSpec::Mla(mla) => std::iter::once(mla.dims.latent_dim())
-            .chain(mla.indexer.map(|indexer| indexer.head_dim))
-            .map(|dim| StatePart::Rows { dim })
-            .collect(),
+        MixerSpec::Mla(mla) => {
+            let latent = StatePart::Rows { dim: mla.dims.latent_dim() };
+            std::iter::once(latent).chain(mla.indexer.iter().flat_map(indexer_parts)).collect()
+        }
         MixerSpec::GatedDeltaNet(gdn) => vec![StatePart::Fixed { floats: gdn.dims.state_floats() }],
         MixerSpec::Inkling(ink) => {
             let dim = ink.kv_dim();
@@ -47,6 +48,22 @@ pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
     LayerLayout::new(parts)
 }
 
+/// A DSA indexer's parts: a key per token (GLM-5; a sharing layer's row
+/// stays zero), or when pooled the keys as a strided part (a key per pool,
+/// the open pool's keys pending) and the open pool's gate logits as a ring
+/// (none for pools of one token); a pooled sharing layer keeps nothing.
+fn indexer_parts(indexer: &IndexerSpec) -> Vec<StatePart> {
+    let dim = indexer.head_dim;
+    match (indexer.pool, indexer.kind) {
+        (None, _) => vec![StatePart::Rows { dim }],
+        (Some(_), IndexerKind::Shared) => Vec::new(),
+        (Some(1), IndexerKind::Full) => vec![StatePart::Strided { dim, every: 1 }],
+        (Some(pool), IndexerKind::Full) => {
+            vec![StatePart::Strided { dim, every: pool }, StatePart::Ring { dim, window: pool - 1 }]
+        }
+    }
+}
+
 /// [`layout_of`] every layer of a model.
 pub fn layouts_of(layers: &[LayerSpec]) -> Vec<LayerLayout> {
     layers.iter().map(layout_of).collect()
@@ -55,8 +72,8 @@ pub fn layouts_of(layers: &[LayerSpec]) -> Vec<LayerLayout> {
 #[cfg(test)]
 mod tests {
     use strata_format::{
-        CompressedIndexer, Compression, FfnSpec, LIKE, MixerSpec, ModelArch, NormKind, ResidualKind, RopeScaling,
-        RopeSpec, SharedKvAttention, SwiGlu, like_config,
+        CompressedIndexer, Compression, FfnSpec, IndexerKind, IndexerSpec, LIKE, MixerSpec, ModelArch, NormKind,
+        ResidualKind, RopeScaling, RopeSpec, SharedKvAttention, SwiGlu, like_config,
     };
 
     use super::*;
@@ -129,5 +146,29 @@ mod tests {
         let bytes_per_sequence: usize = layouts.iter().map(LayerLayout::bytes_per_sequence).sum();
         assert_eq!(bytes_per_sequence, arch.state_bytes_per_sequence());
         assert_eq!(layouts.iter().map(LayerLayout::bytes_per_token).sum::<usize>(), arch.kv_bytes_per_token());
+    }
+
+    #[test]
+    fn a_pooled_indexer_keeps_its_pools_and_open_pool_and_a_sharing_layer_nothing() {
+        let mut arch = ModelArch::from_config_json(
+            r#"{"model_type": "glm_moe_dsa", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "n_routed_experts": 4,
+            "num_experts_per_tok": 2, "kv_lora_rank": 16, "q_lora_rank": 12, "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8, "v_head_dim": 8, "index_head_dim": 16, "index_n_heads": 2}"#,
+        )
+        .unwrap();
+        for (layer, kind) in arch.layers.iter_mut().zip([IndexerKind::Full, IndexerKind::Shared]) {
+            let MixerSpec::Mla(mla) = &mut layer.mixer else { panic!("{layer:?}") };
+            mla.indexer = mla.indexer.map(|ix| IndexerSpec { kind, pool: Some(4), ..ix });
+        }
+        let layouts = layouts_of(&arch.layers);
+        let latent = StatePart::Rows { dim: 16 + 8 };
+        let pools = StatePart::Strided { dim: 16, every: 4 };
+        assert_eq!(layouts[0].parts, [latent, pools, StatePart::Ring { dim: 16, window: 3 }]);
+        assert_eq!(layouts[1].parts, [latent]);
+        for (layout, layer) in layouts.iter().zip(&arch.layers) {
+            assert_eq!(layout.bytes_per_token(), layer.cache_floats_per_token() * size_of::<f32>());
+            assert_eq!(layout.bytes_per_sequence(), layer.state_floats() * size_of::<f32>());
+        }
     }
 }

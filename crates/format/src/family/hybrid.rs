@@ -114,7 +114,7 @@ pub(super) fn parse<'a>(cfg: Fields<'a>, family: Family, projections: GdnProject
     parsed.ffns.moe.shared = shared;
     let eps = parsed.core.final_norm.eps();
     parsed.core.final_norm = NormKind::OnePlusWeight { eps };
-    Ok(Parsed { gqa: parsed, gdn: GdnSpec { dims, eps }, mixers })
+    Ok(Parsed { gqa: parsed, gdn: GdnSpec { dims, eps, gate_lower_bound: None }, mixers })
 }
 
 /// `layer_types`, or every `full_attention_interval`-th layer full.

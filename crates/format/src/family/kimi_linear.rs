@@ -254,7 +254,11 @@ impl FamilyDef for KimiLinear {
         // KimiLinearModel builds no rotary embedding: the latent layers'
         // rope part is attended unrotated.
         let full = MlaAttention { rope: None, ..parsed.attention };
-        let gdn = GdnSpec { dims: linear_dims(&cfg, linear.as_ref())?, eps: parsed.core.final_norm.eps() };
+        let gdn = GdnSpec {
+            dims: linear_dims(&cfg, linear.as_ref())?,
+            eps: parsed.core.final_norm.eps(),
+            gate_lower_bound: None,
+        };
         let types = layer_types(&cfg, linear.as_ref(), num_layers)?;
         let kinds = match mla::string_list(&cfg, "mlp_layer_types")? {
             None => parsed.kinds,

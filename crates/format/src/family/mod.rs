@@ -14,6 +14,7 @@
 //! [`LayerSpec`], and nothing outside this folder names it.
 
 mod deepseek_v3;
+mod glm5_next;
 mod glm_moe_dsa;
 mod gpt_oss;
 mod gqa;
@@ -82,6 +83,11 @@ pub enum Family {
     /// shared-expert sink router.
     #[serde(rename = "inkling_mm_model")]
     Inkling,
+    /// GLM-5.3-Flash: bounded Kimi Delta Attention layers between unrotated
+    /// MLA ones sparse through a pooled DSA indexer, hyper-connections,
+    /// clamped SwiGLU, in a multimodal wrapper.
+    #[serde(rename = "glm5_next")]
+    Glm5Next,
 }
 
 /// What a family file provides.
@@ -153,7 +159,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 11] = [
+    pub const ALL: [Family; 12] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -165,6 +171,7 @@ impl Family {
         Family::GptOss,
         Family::KimiLinear,
         Family::Inkling,
+        Family::Glm5Next,
     ];
 
     /// The registry: the file that describes this family.
@@ -181,6 +188,7 @@ impl Family {
             Family::GptOss => &gpt_oss::GptOss,
             Family::KimiLinear => &kimi_linear::KimiLinear,
             Family::Inkling => &inkling::Inkling,
+            Family::Glm5Next => &glm5_next::Glm5Next,
         }
     }
 

@@ -209,6 +209,7 @@ impl ModelSpec {
                 topk: dsa.index_topk,
                 head_dim: dsa.index_head_dim,
                 n_heads: dsa.index_n_heads,
+                pool: None,
             })
         });
         MlaAttention {
@@ -222,7 +223,7 @@ impl ModelSpec {
     }
 
     fn gdn(&self, dims: GdnDims) -> MixerSpec {
-        MixerSpec::GatedDeltaNet(GdnSpec { dims, eps: self.rms_norm_eps })
+        MixerSpec::GatedDeltaNet(GdnSpec { dims, eps: self.rms_norm_eps, gate_lower_bound: None })
     }
 
     fn moe_block(&self) -> MoeBlock {
