@@ -2,7 +2,7 @@
 //! and check that Strata's logits and tokens match transformers'.
 //!
 //! 1. `xtask/fixtures/sweep.py gen` writes, under `target/sweep-tmp/<case>/`, a random checkpoint saved by
-//!    transformers (`hf/`) for each of the ten checked families (GQA: odd head_dim, GQA ratios 1/2/4/8, dense layers, tied
+//!    transformers (`hf/`) for each of the eleven checked families (GQA: odd head_dim, GQA ratios 1/2/4/8, dense layers, tied
 //!    embeddings, biases, sliding windows, linear RoPE scaling; MLA: q LoRA or not, every head dim, YaRN, groups,
 //!    shared experts, DSA heads/dims/top-k/shared indexer layers; hybrid (Qwen3-Next, Qwen3.5-MoE): layer_types
 //!    patterns or full_attention_interval, partial rotary factors, Gated DeltaNet heads/dims/conv kernel, shared
@@ -38,7 +38,7 @@ use crate::fixtures::{build_strata, path_str, python_cmd, resolve_python, run_cm
 #[command(
     name = "sweep",
     bin_name = "cargo xtask sweep",
-    about = "Convert random transformers checkpoints (all ten checked families, random shapes over every config axis, both \
+    about = "Convert random transformers checkpoints (all eleven checked families, random shapes over every config axis, both \
              config spellings, f32 and bf16) with strata and compare teacher-forced logits, decode-path logits and \
              greedy tokens with transformers'. Work directory: target/sweep-tmp/.",
     long_about = None,

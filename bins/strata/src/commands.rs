@@ -69,7 +69,7 @@ pub fn run(cli: Cli) -> Result<()> {
             options.prefill_chunk_tokens = pass_tokens.map(|n| n as usize);
             let engine = open_with_workers(&model_dir, options, &workers)?;
             let logits = engine.logits(&tokens.0)?;
-            let vocab = engine.core().vocab_size;
+            let vocab = engine.core().logits_width();
             strata_format::npy::write_f32(&out, &[tokens.0.len(), vocab], &logits)
                 .with_context(|| format!("writing {}", out.display()))?;
             Ok(())
@@ -349,7 +349,7 @@ fn perplexity(model_dir: &Path, text_file: &Path, json: bool, run: &RunArgs) -> 
         anyhow::bail!("{}: fewer than two tokens of text", text_file.display());
     }
     let window = engine.context_tokens().max(2);
-    let vocab = engine.core().vocab_size;
+    let vocab = engine.core().logits_width();
     let started = std::time::Instant::now();
     let (mut nll, mut predicted) = (0.0f64, 0usize);
     // The running value per window on a terminal, as llama-perplexity shows

@@ -537,7 +537,7 @@ impl Engine {
             cache.snapshot();
         }
         let mut out = Vec::new();
-        let vocab = self.core().vocab_size;
+        let vocab = self.core().logits_width();
         for (i, piece) in tokens.chunks(self.prefill_chunk_tokens).enumerate() {
             // Only the last piece's last logits matter for `Last`; the
             // others' one lm-head row is the price of reusing `forward`.

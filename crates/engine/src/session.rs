@@ -408,7 +408,7 @@ impl<'e> Session<'e> {
                 sessions.iter_mut().zip(&tails).map(|(s, t)| SeqBatch { tokens: t, cache: &mut s.cache }).collect();
             let logits = engine.run(|model, rt| model.forward_batch(rt, &mut seqs))?;
             drop(seqs);
-            let vocab = engine.core().vocab_size;
+            let vocab = engine.core().logits_width();
             for (session, row) in sessions.iter().zip(&logits) {
                 check_logits(row, vocab, session.cache.len() - 1)?;
             }

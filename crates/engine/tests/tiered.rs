@@ -10,11 +10,21 @@ use strata_engine::{Engine, EngineOptions, IoBackend, PolicyKind, RamBudget};
 use strata_format::{Container, ConvertOptions, QuantPreset, names};
 use strata_tier::test_util::WarningLog;
 
-/// The GQA families (gpt-oss: biased experts, a window's ring) and the
-/// hybrid ones (recurrent state beside the streamed experts), and DeepSeek V4
-/// (a window's ring and its compressors' open windows).
-const FAMILIES: [&str; 8] =
-    ["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "qwen3_next", "qwen3_5_moe", "kimi_linear", "deepseek_v4"];
+/// The GQA families (gpt-oss: biased experts, a window's ring), the
+/// hybrid ones (recurrent state beside the streamed experts), DeepSeek V4
+/// (a window's ring and its compressors' open windows) and Inkling (rings
+/// and convolution states, shared experts weighed by the router).
+const FAMILIES: [&str; 9] = [
+    "olmoe",
+    "qwen3_moe",
+    "mixtral",
+    "gpt_oss",
+    "qwen3_next",
+    "qwen3_5_moe",
+    "kimi_linear",
+    "deepseek_v4",
+    "inkling",
+];
 
 fn fixture(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(family)
@@ -275,7 +285,7 @@ fn an_expert_file_that_is_missing_or_unreadable_fails_at_open() {
     assert!(err.contains(file.file_name().unwrap().to_str().unwrap()), "{err}");
 }
 
-const ALL_FAMILIES: [&str; 11] = families::CHECKED;
+const ALL_FAMILIES: &[&str] = families::CHECKED;
 
 /// A look-ahead guess moves bytes, never results: with a 16 KiB cache, so
 /// that guesses are made for every layer and read, cancelled, dropped or

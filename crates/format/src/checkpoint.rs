@@ -246,8 +246,8 @@ impl Checkpoint {
     }
 
     /// Rows `[row_start, row_start + row_count)` of `name` viewed as a 2-D
-    /// matrix `[shape[0], product(shape[1..])]` (a 1-D tensor is one row),
-    /// decoded to f32. Lets large matrices be converted in bounded memory.
+    /// matrix `[shape[0], product(shape[1..])]` (a 1-D tensor is one row; a
+    /// 3-D one `[shape[0] · shape[1], shape[2]]`), decoded to f32. Lets large matrices be converted in bounded memory.
     pub fn rows_f32(&self, name: &str, row_start: usize, row_count: usize) -> Result<Vec<f32>> {
         if let Some((source, parity)) = self.split_bias(name) {
             return self.split_bias_rows(&source, parity, row_start, row_count);
@@ -430,11 +430,15 @@ fn numel(name: &str, shape: &[usize]) -> Result<usize> {
     })
 }
 
-/// `[rows, cols]` of a tensor seen as a matrix over its first dimension.
+/// `[rows, cols]` of a tensor seen as a matrix over its first dimension,
+/// except a stack of matrices `[count, rows, cols]`, seen as their rows one
+/// after another (as the container stores it: Inkling's shared experts;
+/// a `[channels, 1, taps]` kernel is `[channels, taps]` either way).
 fn as_matrix(name: &str, shape: &[usize]) -> Result<(usize, usize)> {
     match shape {
         [] => Ok((1, 1)),
         [n] => Ok((1, *n)),
+        [count, rows, cols] => Ok((numel(name, &[*count, *rows])?, *cols)),
         [rows, rest @ ..] => Ok((*rows, numel(name, rest)?)),
     }
 }
@@ -461,4 +465,23 @@ fn read_index(path: &Path) -> Result<BTreeMap<String, Vec<String>>> {
         return Err(bad("`weight_map` is empty".into()));
     }
     Ok(files.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Inkling's shared experts, `[count, rows, cols]`, are read as the
+    /// container stores them: each matrix's rows after the one before's.
+    #[test]
+    fn a_stack_of_matrices_reads_as_its_rows_one_after_another() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/inkling/hf");
+        let ckpt = Checkpoint::open(dir).unwrap();
+        let name = "model.layers.1.mlp.shared_experts.down_proj";
+        let (shape, all) = ckpt.tensor_f32(name).unwrap();
+        let [count, rows, cols] = shape[..] else { panic!("{name}: {shape:?}") };
+        assert!(count > 1, "{name}: a stack of one");
+        // The second matrix's first two rows.
+        assert_eq!(ckpt.rows_f32(name, rows, 2).unwrap(), all[rows * cols..(rows + 2) * cols]);
+    }
 }

@@ -511,6 +511,7 @@ fn parse_yarn(cfg: &Fields<'_>, p: &Fields<'_>, max_position_embeddings: usize) 
 
 mod arch;
 pub(crate) mod fields;
+mod inkling;
 mod layer;
 mod legacy;
 pub(crate) mod limits;
@@ -524,6 +525,7 @@ mod tests;
 mod validate;
 
 pub use arch::{CoreSpec, ModelArch};
+pub use inkling::{InklingAttention, LogScaling, ShortConv};
 pub use layer::{
     ExpertKind, FfnSpec, GdnSpec, GqaSpec, HyperHead, IndexerSpec, LayerSpec, MixerSpec, MlaAttention, MoeBlock,
     NormKind, ResidualKind, RouterKind, SharedExperts, SwiGlu,

@@ -2,7 +2,7 @@
 //! engine budgets with it without building the model, and the model's
 //! blocks are checked against it when they load.
 
-use strata_format::{IndexerKind, IndexerSpec, LayerSpec, MixerSpec};
+use strata_format::{IndexerKind, IndexerSpec, LayerSpec, MixerSpec, ShortConv};
 
 use crate::{LayerLayout, StatePart};
 
@@ -11,9 +11,11 @@ use crate::{LayerLayout, StatePart};
 /// the last `window` under a sliding window); the
 /// latent with its rotary key, then the indexer's parts with DSA
 /// (Multi-head Latent Attention); the delta-rule and convolution state
-/// (Gated DeltaNet).
+/// (Gated DeltaNet); keys and values as GQA's, then the k, v and output
+/// convolutions' inputs (Inkling). Then the FFN's: its output convolution's
+/// inputs.
 pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
-    let parts = match &spec.mixer {
+    let mut parts = match &spec.mixer {
         MixerSpec::Gqa(gqa) => {
             let dim = gqa.kv_dim();
             // A sliding window needs only its last `window` keys and values.
@@ -25,6 +27,12 @@ pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
             std::iter::once(latent).chain(mla.indexer.iter().flat_map(indexer_parts)).collect()
         }
         MixerSpec::GatedDeltaNet(gdn) => vec![StatePart::Fixed { floats: gdn.dims.state_floats() }],
+        MixerSpec::Inkling(ink) => {
+            let dim = ink.kv_dim();
+            let rows = ink.sliding_window.map_or(StatePart::Rows { dim }, |window| StatePart::Ring { dim, window });
+            let conv = |conv: ShortConv| StatePart::Fixed { floats: conv.state_floats() };
+            vec![rows, rows, conv(ink.kv_conv()), conv(ink.kv_conv()), conv(ink.output_conv())]
+        }
         // The window's ring, then per compressor its entries (the open
         // window's kv pending) and the rest of its last tokens' projections.
         MixerSpec::SharedKv(sk) => std::iter::once(StatePart::Ring { dim: sk.head_dim, window: sk.window })
@@ -36,6 +44,7 @@ pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
             }))
             .collect(),
     };
+    parts.extend(spec.ffn_output_conv.map(|conv| StatePart::Fixed { floats: conv.state_floats() }));
     LayerLayout::new(parts)
 }
 
@@ -102,9 +111,10 @@ mod tests {
             };
             let layer = LayerSpec {
                 mixer: MixerSpec::SharedKv(attention),
-                ffn: FfnSpec::Dense { intermediate_size: 16, swiglu: SwiGlu::Plain },
+                ffn: FfnSpec::Dense { intermediate_size: 16, swiglu: SwiGlu::Plain, global_scale: false },
                 norm: NormKind::Weight { eps: 1e-6 },
                 residual: ResidualKind::Plain,
+                ffn_output_conv: None,
             };
             let layout = layout_of(&layer);
             assert_eq!(layout.bytes_per_token(), layer.cache_floats_per_token() * size_of::<f32>(), "{compression:?}");
@@ -120,6 +130,22 @@ mod tests {
         let state = StatePart::Fixed { floats: arch.first_gdn().unwrap().dims.state_floats() };
         let rows = vec![StatePart::Rows { dim: kv_dim }; 2];
         assert_eq!(parts, [vec![state], vec![state], vec![state], rows]);
+    }
+
+    #[test]
+    fn an_inkling_layer_keeps_keys_values_and_four_convolutions_the_ffns_last() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/inkling_hub/inkling/config.json");
+        let arch = ModelArch::from_config_json(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let layouts = layouts_of(&arch.layers);
+        let (kv, hidden) = (16 * 128, 6144);
+        let conv = |channels| StatePart::Fixed { floats: 3 * channels };
+        let ring = StatePart::Ring { dim: kv, window: 512 };
+        assert_eq!(layouts[0].parts, [ring, ring, conv(kv), conv(kv), conv(hidden), conv(hidden)]);
+        let rows = StatePart::Rows { dim: 8 * 128 };
+        assert_eq!(layouts[5].parts, [rows, rows, conv(8 * 128), conv(8 * 128), conv(hidden), conv(hidden)]);
+        let bytes_per_sequence: usize = layouts.iter().map(LayerLayout::bytes_per_sequence).sum();
+        assert_eq!(bytes_per_sequence, arch.state_bytes_per_sequence());
+        assert_eq!(layouts.iter().map(LayerLayout::bytes_per_token).sum::<usize>(), arch.kv_bytes_per_token());
     }
 
     #[test]

@@ -19,6 +19,7 @@ use strata_sched::Guess;
 use crate::attention::{Attention, Pass};
 use crate::backend::Runtime;
 use crate::backend::{Backend, DeviceRequest, MatrixHandle, StreamHead, TableHandle};
+use crate::conv::ShortConvolution;
 use crate::error::{Error, Result};
 use crate::ffn::Ffn;
 use crate::lm::CausalLm;
@@ -40,6 +41,8 @@ pub struct Decoder {
     /// What each layer keeps per sequence in its cache.
     cache_layouts: Vec<LayerLayout>,
     embed: TableHandle,
+    /// The RMSNorm of the embedding rows, if the model has one (Inkling).
+    embed_norm: Option<Norm>,
     /// Collapses the streams the layers carry before the final norm.
     head: StreamHead,
     final_norm: Norm,
@@ -57,6 +60,9 @@ struct Layer {
     ffn_residual: Residual,
     post_attn_norm: Norm,
     ffn: Ffn,
+    /// The short convolution of the FFN's output, if any (Inkling's
+    /// `mlp_sconv`): its state follows the attention's in the layer's cache.
+    ffn_conv: Option<ShortConvolution>,
 }
 
 impl Layer {
@@ -80,12 +86,21 @@ impl Layer {
         }
         // The engine budgets with the spec's derivation, never building
         // the model: the blocks must keep exactly that.
-        let layout = attention.cache_layout();
+        let mut parts = attention.cache_parts();
+        let ffn_conv = match layer.ffn_output_conv {
+            Some(conv) => {
+                let name = names::layer_tensor(spec, l, "mlp_sconv.conv1d.weight");
+                Some(ShortConvolution::load(b, &name, conv, parts.len())?)
+            }
+            None => None,
+        };
+        parts.extend(ffn_conv.as_ref().map(ShortConvolution::cache_part));
+        let layout = LayerLayout::new(parts);
         assert_eq!(layout, strata_kv::layout_of(layer), "layer {l}: the blocks keep what the spec says");
         let residual = |b: &mut Backend, site| Residual::load(b, spec, layer.residual, layer.norm.eps(), l, site);
         let (attn_residual, ffn_residual) = (residual(b, HyperSite::Attention)?, residual(b, HyperSite::Ffn)?);
         let ffn = Ffn::load(b, spec, &layer.ffn, l)?;
-        Ok((Self { attn_residual, input_norm, attention, ffn_residual, post_attn_norm, ffn }, layout))
+        Ok((Self { attn_residual, input_norm, attention, ffn_residual, post_attn_norm, ffn, ffn_conv }, layout))
     }
 
     /// The attention block over `streams`, added back into them; `cache_layer`
@@ -115,20 +130,32 @@ impl Layer {
     }
 
     /// The FFN over `normed` (from [`Layer::ffn_input`]), added back into
-    /// `streams`; `layer` is its layer in the expert store.
+    /// `streams`; `(store_layer, cache_layer)` are its layer in the expert
+    /// store and in the sequences' caches.
     #[allow(clippy::too_many_arguments)]
     fn add_ffn(
         &self,
         rt: &Runtime<'_>,
         b: &Backend,
-        layer: usize,
+        (store_layer, cache_layer): (usize, usize),
         (positions, tokens): (&[usize], &[u32]),
         normed: &[f32],
         streams: &mut Streams,
         guess: Option<Guess<'_>>,
+        seqs: &mut [SeqBatch<'_>],
     ) -> Result<()> {
         let residual = self.ffn_residual;
-        self.ffn.add_to(rt, b, layer, positions, tokens, normed, residual.slot(streams), guess)?;
+        match &self.ffn_conv {
+            None => self.ffn.add_to(rt, b, store_layer, positions, tokens, normed, residual.slot(streams), guess)?,
+            Some(conv) => {
+                // The whole output passes the convolution before the
+                // residual add.
+                let mut ys = vec![0.0f32; normed.len()];
+                self.ffn.add_to(rt, b, store_layer, positions, tokens, normed, &mut ys, guess)?;
+                conv.apply(b, cache_layer, &mut ys, seqs);
+                residual.slot(streams).iter_mut().zip(&ys).for_each(|(x, y)| *x += y);
+            }
+        }
         residual.combine(b, streams);
         Ok(())
     }
@@ -184,7 +211,11 @@ impl Decoder {
                 )));
             }
         };
-        Ok(Self { backend, spec, layers, ropes, cache_layouts, embed, head, final_norm, lm_head, mtp })
+        let embed_norm = match spec.embed_norm {
+            Some(kind) => Some(Norm::load(b, &names::embed_norm_name(&spec), kind, h)?),
+            None => None,
+        };
+        Ok(Self { backend, spec, layers, ropes, cache_layouts, embed, embed_norm, head, final_norm, lm_head, mtp })
     }
 
     /// The final hidden states (before the last norm) of every new row of
@@ -208,7 +239,7 @@ impl Decoder {
                 _ => None,
             };
             let guess = predicted.as_deref().map(|experts| Guess { layer: l + 1, experts });
-            layer.add_ffn(rt, b, l, (&positions, &tokens), &normed, &mut streams, guess)?;
+            layer.add_ffn(rt, b, (l, l), (&positions, &tokens), &normed, &mut streams, guess, seqs)?;
         }
         for seq in seqs.iter_mut() {
             seq.cache.advance(seq.tokens.len());
@@ -253,10 +284,16 @@ impl Decoder {
             .collect::<Result<Vec<usize>>>()?;
         let mut x = vec![0.0f32; tokens.len() * h];
         self.backend.table_rows(self.embed, &rows, &mut x)?;
+        if let Some(norm) = &self.embed_norm {
+            norm.apply_rows(&self.backend, &mut x);
+        }
         Ok(x)
     }
 
-    /// The final norm and lm head over the rows of `x` that `which` asks for.
+    /// The final norm and lm head over the rows of `x` that `which` asks
+    /// for: `[rows, logits_width]`, the hidden states divided by the μP
+    /// multiplier first and the padded vocabulary's logits cut, where the
+    /// model has them (Inkling).
     fn logits(&self, rt: &Runtime<'_>, x: &[f32], which: Logits) -> Result<Vec<f32>> {
         let h = self.spec.hidden_size;
         let n = x.len() / h;
@@ -266,13 +303,23 @@ impl Decoder {
         };
         let mut normed = vec![0.0f32; rows.len()];
         self.final_norm.apply(&self.backend, rows, &mut normed);
-        Ok(self.head_logits(rt, &normed))
+        Ok(self.head_logits(rt, normed))
     }
 
-    /// The lm head over final-normed rows `[m, hidden]`.
-    fn head_logits(&self, rt: &Runtime<'_>, normed: &[f32]) -> Vec<f32> {
-        let mut out = vec![0.0f32; normed.len() / self.spec.hidden_size * self.spec.vocab_size];
-        self.backend.matmul(rt, self.lm_head, normed, &mut out);
+    /// The lm head over final-normed rows `[m, hidden]`: `[m, logits_width]`,
+    /// the rows divided by the μP multiplier first and the padded
+    /// vocabulary's logits cut, where the model has them (Inkling).
+    fn head_logits(&self, rt: &Runtime<'_>, mut normed: Vec<f32>) -> Vec<f32> {
+        if let Some(divisor) = self.spec.logits_mup_divisor {
+            normed.iter_mut().for_each(|x| *x /= divisor);
+        }
+        let vocab_size = self.spec.vocab_size;
+        let mut out = vec![0.0f32; normed.len() / self.spec.hidden_size * vocab_size];
+        self.backend.matmul(rt, self.lm_head, &normed, &mut out);
+        let width = self.spec.logits_width();
+        if width < vocab_size {
+            out = out.chunks_exact(vocab_size).flat_map(|row| &row[..width]).copied().collect();
+        }
         out
     }
 }
@@ -321,7 +368,7 @@ impl CausalLm for Decoder {
         let x = self.hidden_states(rt, &mut [SeqBatch { tokens, cache }])?;
         let mut normed = vec![0.0f32; x.len()];
         self.final_norm.apply(&self.backend, &x, &mut normed);
-        Ok((self.head_logits(rt, &normed), normed))
+        Ok((self.head_logits(rt, normed.clone()), normed))
     }
 
     fn mtp_layers(&self) -> usize {
@@ -350,6 +397,6 @@ impl CausalLm for Decoder {
             last_rows.extend_from_slice(&x[(end - 1) * h..end * h]);
         }
         let logits = self.logits(rt, &last_rows, Logits::All)?;
-        Ok(logits.chunks_exact(self.spec.vocab_size).map(<[f32]>::to_vec).collect())
+        Ok(logits.chunks_exact(self.spec.logits_width()).map(<[f32]>::to_vec).collect())
     }
 }

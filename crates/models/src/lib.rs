@@ -14,6 +14,7 @@
 mod attention;
 mod backend;
 mod common;
+mod conv;
 mod decoder;
 mod dsa;
 mod error;

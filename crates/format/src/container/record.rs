@@ -37,6 +37,7 @@ pub enum MixerRecord {
     Gqa,
     Mla,
     GatedDeltanet,
+    Inkling,
     SharedKv,
 }
 
@@ -86,6 +87,7 @@ impl LayerRecord {
                 MixerSpec::Gqa(_) => MixerRecord::Gqa,
                 MixerSpec::Mla(_) => MixerRecord::Mla,
                 MixerSpec::GatedDeltaNet(_) => MixerRecord::GatedDeltanet,
+                MixerSpec::Inkling(_) => MixerRecord::Inkling,
                 MixerSpec::SharedKv(_) => MixerRecord::SharedKv,
             },
             ffn: match layer.ffn {

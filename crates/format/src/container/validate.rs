@@ -34,9 +34,11 @@ pub(super) struct Checked {
 pub(crate) fn matrix_dims(shape: &[usize]) -> Option<(usize, usize)> {
     match *shape {
         [n] => Some((1, n)),
-        // A depthwise convolution's `[channels, 1, taps]` kernel is stored
-        // as its `[channels, taps]` matrix.
-        [rows, cols] | [rows, 1, cols] => Some((rows, cols)),
+        [rows, cols] => Some((rows, cols)),
+        // A stack of matrices (Inkling's shared experts, `[count, rows,
+        // cols]`) is stored as their rows one after another; a depthwise
+        // convolution's `[channels, 1, taps]` kernel as `[channels, taps]`.
+        [stack, rows, cols] => Some((stack.checked_mul(rows)?, cols)),
         // A per-head vector shaped to broadcast over `[batch, tokens,
         // heads, d]` (Kimi-Linear's `A_log`) is stored as its `[heads]`.
         [1, 1, n, 1] => Some((1, n)),
@@ -229,8 +231,8 @@ pub(super) fn validate(dir: &Path, m: &Manifest) -> Result<Checked> {
         if !t.kind.is_matrix() && format != QuantFormat::F32 {
             return Err(bad(format!("{what}: {:?} tensors must be f32, not {format}", t.kind)));
         }
-        let (rows, cols) =
-            matrix_dims(&t.shape).ok_or_else(|| bad(format!("{what}: shape {:?} is not 1-D or 2-D", t.shape)))?;
+        let (rows, cols) = matrix_dims(&t.shape)
+            .ok_or_else(|| bad(format!("{what}: shape {:?} is not 1-D, 2-D or a stack of 2-D", t.shape)))?;
         check_sizes(&what, format, rows, cols, t.group, t.length_bytes, t.scale_length_bytes, &bad)?;
         check_range(&what, t.offset_bytes, t.length_bytes, dense_file_bytes, &bad)?;
         check_range(&format!("{what} scales"), t.scale_offset_bytes, t.scale_length_bytes, dense_file_bytes, &bad)?;

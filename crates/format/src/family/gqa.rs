@@ -128,6 +128,9 @@ pub(super) fn parse_fields<'a>(cfg: Fields<'a>, family: Family, defaults: &Defau
         max_position_embeddings,
         tie_word_embeddings,
         final_norm: NormKind::Weight { eps: rms_norm_eps },
+        embed_norm: None,
+        logits_mup_divisor: None,
+        unpadded_vocab_size: None,
         bos_token_id,
         eos_token_ids,
     };

@@ -166,7 +166,7 @@ pub(super) fn validate(arch: &ModelArch) -> Result<()> {
         let mixer_ok = match &layer.mixer {
             MixerSpec::Gqa(gqa) => gqa.qk_norm == QkNorm::PerHead && gqa.clip_qkv.is_none(),
             MixerSpec::GatedDeltaNet(_) => true,
-            MixerSpec::Mla(_) | MixerSpec::SharedKv(_) => false,
+            MixerSpec::Mla(_) | MixerSpec::Inkling(_) | MixerSpec::SharedKv(_) => false,
         };
         let ffn_ok = match &layer.ffn {
             FfnSpec::Moe(moe) => {
@@ -210,10 +210,7 @@ pub(super) fn config_json(arch: &ModelArch) -> Map<String, Value> {
         c.insert("linear_value_head_dim".into(), json!(d.head_v_dim));
         c.insert("linear_conv_kernel_dim".into(), json!(d.conv_kernel));
     }
-    let shared = match moe.shared {
-        SharedExperts::None => 0,
-        SharedExperts::Plain { intermediate_size } | SharedExperts::Gated { intermediate_size } => intermediate_size,
-    };
+    let shared = moe.shared.total_intermediate_size();
     c.insert("moe_intermediate_size".into(), json!(moe.intermediate_size));
     c.insert("shared_expert_intermediate_size".into(), json!(shared));
     c.insert("num_experts".into(), json!(moe.num_experts));

@@ -177,6 +177,9 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
         max_position_embeddings,
         tie_word_embeddings: cfg.bool("tie_word_embeddings")?.unwrap_or(false),
         final_norm: NormKind::Weight { eps: rms_norm_eps },
+        embed_norm: None,
+        logits_mup_divisor: None,
+        unpadded_vocab_size: None,
         bos_token_id,
         eos_token_ids,
     };
@@ -297,6 +300,7 @@ pub(super) fn config_json(arch: &ModelArch, mla: &MlaAttention) -> Map<String, V
         RouterKind::GroupedSigmoid { n_group, topk_group, scaling, .. } => (n_group, topk_group, scaling),
         RouterKind::SoftmaxTopK { .. }
         | RouterKind::TopKThenSoftmax
+        | RouterKind::SharedExpertSink { .. }
         | RouterKind::SqrtSoftplus { .. }
         | RouterKind::Hash { .. } => (1, 1, 1.0),
     };
@@ -314,12 +318,7 @@ pub(super) fn config_json(arch: &ModelArch, mla: &MlaAttention) -> Map<String, V
     c.insert("intermediate_size".into(), json!(arch.dense_intermediate_size().unwrap_or(0)));
     c.insert("moe_intermediate_size".into(), json!(moe.intermediate_size));
     c.insert("n_routed_experts".into(), json!(moe.num_experts));
-    let n_shared = match moe.shared {
-        SharedExperts::None => 0,
-        SharedExperts::Plain { intermediate_size } | SharedExperts::Gated { intermediate_size } => {
-            intermediate_size / moe.intermediate_size
-        }
-    };
+    let n_shared = moe.shared.total_intermediate_size() / moe.intermediate_size;
     c.insert("n_shared_experts".into(), json!(n_shared));
     c.insert("num_experts_per_tok".into(), json!(moe.top_k));
     c.insert("norm_topk_prob".into(), json!(moe.router.renormalizes()));

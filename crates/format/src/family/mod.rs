@@ -20,6 +20,7 @@ mod glm_moe_dsa;
 mod gpt_oss;
 mod gqa;
 mod hybrid;
+mod inkling;
 mod kimi_k25;
 mod kimi_linear;
 mod known;
@@ -82,6 +83,11 @@ pub enum Family {
     /// ones, the DeepSeek-V3 MoE.
     #[serde(rename = "kimi_linear")]
     KimiLinear,
+    /// Inkling: attention without RoPE, a bias by backward distance and
+    /// short convolutions, sliding layers with their own heads, the
+    /// shared-expert sink router.
+    #[serde(rename = "inkling_mm_model")]
+    Inkling,
     /// GLM-5.3-Flash: bounded Kimi Delta Attention layers between unrotated
     /// MLA ones sparse through a pooled DSA indexer, hyper-connections,
     /// clamped SwiGLU, in a multimodal wrapper.
@@ -160,7 +166,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 12] = [
+    pub const ALL: [Family; 13] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -172,6 +178,7 @@ impl Family {
         Family::GptOss,
         Family::KimiLinear,
         Family::DeepseekV4,
+        Family::Inkling,
         Family::Glm5Next,
     ];
 
@@ -189,6 +196,7 @@ impl Family {
             Family::GptOss => &gpt_oss::GptOss,
             Family::KimiLinear => &kimi_linear::KimiLinear,
             Family::DeepseekV4 => &deepseek_v4::DeepseekV4,
+            Family::Inkling => &inkling::Inkling,
             Family::Glm5Next => &glm5_next::Glm5Next,
         }
     }
@@ -287,9 +295,11 @@ impl Ffns {
     /// The block of a layer of kind `kind`.
     pub(crate) fn of(&self, kind: FfnKind) -> FfnSpec {
         match kind {
-            FfnKind::Dense => {
-                FfnSpec::Dense { intermediate_size: self.dense_intermediate_size, swiglu: self.moe.swiglu }
-            }
+            FfnKind::Dense => FfnSpec::Dense {
+                intermediate_size: self.dense_intermediate_size,
+                swiglu: self.moe.swiglu,
+                global_scale: false,
+            },
             FfnKind::Moe => FfnSpec::Moe(self.moe),
         }
     }
@@ -311,6 +321,7 @@ pub(crate) fn stack(
         ffn: ffns.of(*kind),
         norm,
         residual: ResidualKind::Plain,
+        ffn_output_conv: None,
     };
     Ok(kinds.iter().enumerate().map(layer).collect())
 }

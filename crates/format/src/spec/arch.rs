@@ -28,9 +28,26 @@ pub struct CoreSpec {
     pub tie_word_embeddings: bool,
     /// The norm after the last layer.
     pub final_norm: NormKind,
+    /// The RMSNorm of each embedding row as it is looked up (Inkling's
+    /// `embed_norm`); `None`: rows as stored.
+    pub embed_norm: Option<NormKind>,
+    /// The final hidden states are divided by it before lm_head (Inkling's
+    /// μP `logits_mup_width_multiplier`).
+    pub logits_mup_divisor: Option<f32>,
+    /// Logits past the first this many are cut (lm_head padded beyond the
+    /// tokenizer's vocabulary); `None`: all `vocab_size`.
+    pub unpadded_vocab_size: Option<usize>,
     pub bos_token_id: Option<u32>,
     /// Every end-of-sequence id.
     pub eos_token_ids: Vec<u32>,
+}
+
+impl CoreSpec {
+    /// Logits per position the model gives: the unpadded vocabulary's, else
+    /// every row of lm_head's.
+    pub fn logits_width(&self) -> usize {
+        self.unpadded_vocab_size.unwrap_or(self.vocab_size)
+    }
 }
 
 /// A model architecture: the common part and every layer's own spec.

@@ -9,7 +9,10 @@
 //! activation width, what `strata info` prints) is a method here, computed
 //! in this one place.
 
-use super::{Compression, FfnKind, GdnDims, GdnProjections, IndexerKind, MlaSpec, QkNorm, RopeSpec, SharedKvAttention};
+use super::{
+    Compression, FfnKind, GdnDims, GdnProjections, IndexerKind, InklingAttention, MlaSpec, QkNorm, RopeSpec,
+    SharedKvAttention, ShortConv,
+};
 
 /// The blocks of one decoder layer: `x += attention(norm(x))`, then
 /// `x += ffn(norm(x))`, the additions as `residual` says.
@@ -20,6 +23,9 @@ pub struct LayerSpec {
     /// Both of the layer's norms (before attention and before the FFN).
     pub norm: NormKind,
     pub residual: ResidualKind,
+    /// The short convolution the FFN's output passes before the residual
+    /// add (Inkling); its state is the FFN's, after the mixer's.
+    pub ffn_output_conv: Option<ShortConv>,
 }
 
 /// How a block's output joins the hidden states.
@@ -96,7 +102,7 @@ impl LayerSpec {
 
     /// f32 values of fixed state one sequence keeps in this layer.
     pub fn state_floats(&self) -> usize {
-        self.mixer.state_floats()
+        self.mixer.state_floats() + self.ffn_output_conv.map_or(0, |conv| conv.state_floats())
     }
 
     /// An upper estimate of the f32 values one token of a forward pass
@@ -154,6 +160,14 @@ impl LayerSpec {
                 let rope = if mla.rope.is_some() { "" } else { ", no rope" };
                 format!("mla {} heads, {} latent{rope}{index}", mla.num_heads, mla.dims.latent_dim())
             }
+            MixerSpec::Inkling(ink) => {
+                let window = ink.sliding_window.map(|w| format!(", window {w}")).unwrap_or_default();
+                let scaling = if ink.log_scaling.is_some() { ", log scaling" } else { "" };
+                format!(
+                    "inkling {} q / {} kv heads x {}{window}, bias {} back x {}{scaling}, conv {}",
+                    ink.num_heads, ink.num_kv_heads, ink.head_dim, ink.rel_extent, ink.d_rel, ink.conv_kernel
+                )
+            }
             MixerSpec::GatedDeltaNet(gdn) => {
                 let d = gdn.dims;
                 match d.projections {
@@ -185,12 +199,18 @@ impl LayerSpec {
             }
         };
         let ffn = match &self.ffn {
-            FfnSpec::Dense { intermediate_size, swiglu } => format!("dense {intermediate_size}{}", swiglu.describe()),
+            FfnSpec::Dense { intermediate_size, swiglu, global_scale } => {
+                let scaled = if *global_scale { ", scaled" } else { "" };
+                format!("dense {intermediate_size}{}{scaled}", swiglu.describe())
+            }
             FfnSpec::Moe(moe) => {
                 let shared = match moe.shared {
                     SharedExperts::None => String::new(),
                     SharedExperts::Plain { intermediate_size } => format!(" + shared {intermediate_size}"),
                     SharedExperts::Gated { intermediate_size } => format!(" + gated shared {intermediate_size}"),
+                    SharedExperts::Sink { count, intermediate_size } => {
+                        format!(" + {count} weighted shared x {intermediate_size}")
+                    }
                 };
                 let experts = match moe.experts {
                     ExpertKind::SwiGlu => String::new(),
@@ -198,6 +218,7 @@ impl LayerSpec {
                 };
                 let router = match moe.router {
                     RouterKind::TopKThenSoftmax => ", top-k then softmax",
+                    RouterKind::SharedExpertSink { .. } => ", shared-expert sink",
                     RouterKind::SqrtSoftplus { .. } => ", sqrt-softplus",
                     RouterKind::Hash { .. } => ", hash-routed",
                     RouterKind::SoftmaxTopK { .. } | RouterKind::GroupedSigmoid { .. } => "",
@@ -211,6 +232,7 @@ impl LayerSpec {
                 )
             }
         };
+        let conv = if self.ffn_output_conv.is_some() { " + output conv" } else { "" };
         let state = match (self.cache_floats_per_token(), self.state_floats()) {
             (rows, 0) => format!("{rows} f32/token"),
             (0, fixed) => format!("{fixed} f32 state"),
@@ -224,7 +246,7 @@ impl LayerSpec {
                 format!("; attention residuals every {block_size} layers")
             }
         };
-        format!("{mixer}; {ffn}; {state}{streams}")
+        format!("{mixer}; {ffn}{conv}; {state}{streams}")
     }
 }
 
@@ -238,6 +260,9 @@ pub enum MixerSpec {
     /// Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): a fixed-size
     /// recurrent state per sequence instead of rows per token.
     GatedDeltaNet(GdnSpec),
+    /// Inkling's attention: no RoPE, a bias by backward distance, short
+    /// convolutions of k, v and the output.
+    Inkling(InklingAttention),
     /// DeepSeek V4's shared key-value attention over a sliding window, with
     /// compressed entries on CSA and HCA layers.
     SharedKv(SharedKvAttention),
@@ -250,19 +275,20 @@ impl MixerSpec {
         match self {
             MixerSpec::Gqa(gqa) => gqa.rope.as_ref(),
             MixerSpec::Mla(mla) => mla.rope.as_ref(),
-            MixerSpec::GatedDeltaNet(_) => None,
+            MixerSpec::GatedDeltaNet(_) | MixerSpec::Inkling(_) => None,
             MixerSpec::SharedKv(sk) => Some(&sk.rope),
         }
     }
 
     /// Widest per-token row the block holds besides its cache: the queries
-    /// (GQA), every head's query or value (MLA), the convolved q, k and v
-    /// (Gated DeltaNet).
+    /// (GQA, Inkling), every head's query or value (MLA), the convolved q,
+    /// k and v (Gated DeltaNet).
     pub fn working_floats_per_token(&self) -> usize {
         match self {
             MixerSpec::Gqa(gqa) => gqa.q_dim(),
             MixerSpec::Mla(mla) => mla.num_heads * mla.dims.qk_head_dim().max(mla.dims.v_head_dim),
             MixerSpec::GatedDeltaNet(gdn) => gdn.dims.conv_dim(),
+            MixerSpec::Inkling(ink) => ink.q_dim(),
             MixerSpec::SharedKv(sk) => sk.q_dim(),
         }
     }
@@ -279,18 +305,20 @@ impl MixerSpec {
             MixerSpec::Gqa(gqa) => 2 * gqa.kv_dim(),
             MixerSpec::Mla(mla) => mla.dims.latent_dim() + mla.indexer.map_or(0, |i| i.cache_floats_per_token()),
             MixerSpec::GatedDeltaNet(_) => 0,
+            MixerSpec::Inkling(ink) => ink.cache_floats_per_token(),
             MixerSpec::SharedKv(sk) => sk.cache_floats_per_token(),
         }
     }
 
     /// f32 values of fixed state one sequence keeps in this layer: the
     /// keys and values of a sliding window's last `window` positions, a
-    /// pooled indexer's open pool, a recurrent state.
+    /// pooled indexer's open pool, a recurrent state, Inkling's convolutions.
     pub fn state_floats(&self) -> usize {
         match self {
             MixerSpec::Gqa(gqa) => gqa.sliding_window.map_or(0, |window| 2 * gqa.kv_dim() * window),
             MixerSpec::Mla(mla) => mla.indexer.map_or(0, |i| i.state_floats()),
             MixerSpec::GatedDeltaNet(gdn) => gdn.dims.state_floats(),
+            MixerSpec::Inkling(ink) => ink.state_floats(),
             MixerSpec::SharedKv(sk) => sk.state_floats(),
         }
     }
@@ -404,8 +432,9 @@ impl IndexerSpec {
 /// The feed-forward block of a layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FfnSpec {
-    /// A resident SwiGLU MLP.
-    Dense { intermediate_size: usize, swiglu: SwiGlu },
+    /// A resident SwiGLU MLP, its output times a learned scalar
+    /// (`global_scale`, Inkling) when `global_scale`.
+    Dense { intermediate_size: usize, swiglu: SwiGlu, global_scale: bool },
     /// Routed SwiGLU experts streamed through the expert store.
     Moe(MoeBlock),
 }
@@ -460,6 +489,17 @@ impl SwiGlu {
     }
 }
 
+impl MoeBlock {
+    /// Rows of the router's weight: one per routed expert, and one per
+    /// shared expert under the shared-expert sink.
+    pub fn router_rows(&self) -> usize {
+        match self.shared {
+            SharedExperts::Sink { count, .. } => self.num_experts + count,
+            _ => self.num_experts,
+        }
+    }
+}
+
 /// The feed-forward of each routed expert.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ExpertKind {
@@ -486,6 +526,12 @@ pub enum RouterKind {
     /// gpt-oss: a router with a bias (`[num_experts]`), the top-k of its
     /// logits, then a softmax over those k alone.
     TopKThenSoftmax,
+    /// Inkling's shared-expert sink: the gate has a row per routed and per
+    /// shared expert ([`SharedExperts::Sink`]); the top-k routed by
+    /// `sigmoid + correction bias`; weights the softmax over the log-sigmoids
+    /// of [the chosen routed logits, the shared logits], times
+    /// `route_scale` and a learned scalar (`global_scale`).
+    SharedExpertSink { route_scale: f64 },
     /// DeepSeek V4: scores `sqrt(softplus(logit))`, a per-expert correction
     /// bias for choosing only, the chosen scores always renormalised (plus
     /// 1e-20) and then scaled.
@@ -502,9 +548,9 @@ impl RouterKind {
     pub fn renormalizes(&self) -> bool {
         match *self {
             RouterKind::SoftmaxTopK { renormalize } | RouterKind::GroupedSigmoid { renormalize, .. } => renormalize,
+            // The softmax over the chosen k (and the sink) already sums to one.
+            RouterKind::TopKThenSoftmax | RouterKind::SharedExpertSink { .. } => false,
             RouterKind::SqrtSoftplus { .. } | RouterKind::Hash { .. } => true,
-            // The softmax over the chosen k already sums to one.
-            RouterKind::TopKThenSoftmax => false,
         }
     }
 }
@@ -523,6 +569,25 @@ pub enum SharedExperts {
     Gated {
         intermediate_size: usize,
     },
+    /// `count` experts `intermediate_size` wide, each scaled by its
+    /// router weight before `down` ([`RouterKind::SharedExpertSink`]).
+    Sink {
+        count: usize,
+        intermediate_size: usize,
+    },
+}
+
+impl SharedExperts {
+    /// Width of all shared experts' hidden layers together.
+    pub fn total_intermediate_size(&self) -> usize {
+        match *self {
+            SharedExperts::None => 0,
+            SharedExperts::Plain { intermediate_size } | SharedExperts::Gated { intermediate_size } => {
+                intermediate_size
+            }
+            SharedExperts::Sink { count, intermediate_size } => count * intermediate_size,
+        }
+    }
 }
 
 /// What an RMSNorm does with its weight.

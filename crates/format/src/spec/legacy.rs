@@ -24,6 +24,9 @@ impl ModelSpec {
             max_position_embeddings: self.max_position_embeddings,
             tie_word_embeddings: self.tie_word_embeddings,
             final_norm: self.norm_kind(),
+            embed_norm: None,
+            logits_mup_divisor: None,
+            unpadded_vocab_size: None,
             bos_token_id: self.bos_token_id,
             eos_token_ids: self.eos_token_ids.clone(),
         };
@@ -71,9 +74,13 @@ impl ModelSpec {
             ),
             Some(RouterKind::SoftmaxTopK { renormalize }) => (RouterSpec::default(), renormalize),
             // Not expressible flat: the check below refuses the spec.
-            Some(RouterKind::TopKThenSoftmax | RouterKind::SqrtSoftplus { .. } | RouterKind::Hash { .. }) | None => {
-                (RouterSpec::default(), false)
-            }
+            Some(
+                RouterKind::TopKThenSoftmax
+                | RouterKind::SharedExpertSink { .. }
+                | RouterKind::SqrtSoftplus { .. }
+                | RouterKind::Hash { .. },
+            )
+            | None => (RouterSpec::default(), false),
         };
         let shared = moe.map_or(SharedExperts::None, |m| m.shared);
         let linear_attention = arch.first_gdn().map(|gdn| gdn.dims);
@@ -106,7 +113,8 @@ impl ModelSpec {
             }),
             router,
             shared_intermediate_size: match shared {
-                SharedExperts::None => None,
+                // Not expressible flat (no sink router): refused below.
+                SharedExperts::None | SharedExperts::Sink { .. } => None,
                 SharedExperts::Plain { intermediate_size } | SharedExperts::Gated { intermediate_size } => {
                     Some(intermediate_size)
                 }
@@ -155,10 +163,20 @@ impl ModelSpec {
     /// The blocks of decoder layer `layer`, of feed-forward kind `kind`.
     fn layer_spec(&self, layer: usize, kind: FfnKind) -> LayerSpec {
         let ffn = match kind {
-            FfnKind::Dense => FfnSpec::Dense { intermediate_size: self.dense_intermediate_size, swiglu: SwiGlu::Plain },
+            FfnKind::Dense => FfnSpec::Dense {
+                intermediate_size: self.dense_intermediate_size,
+                swiglu: SwiGlu::Plain,
+                global_scale: false,
+            },
             FfnKind::Moe => FfnSpec::Moe(self.moe_block()),
         };
-        LayerSpec { mixer: self.attention(layer), ffn, norm: self.norm_kind(), residual: ResidualKind::Plain }
+        LayerSpec {
+            mixer: self.attention(layer),
+            ffn,
+            norm: self.norm_kind(),
+            residual: ResidualKind::Plain,
+            ffn_output_conv: None,
+        }
     }
 
     /// Layer `layer`'s mixer: latent attention (with its DSA indexer) where

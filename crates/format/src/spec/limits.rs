@@ -38,8 +38,11 @@ pub const MAX_INTERMEDIATE: usize = 1 << 18;
 pub const MAX_HEADS: usize = 1024;
 /// Width of one attention head (and MLA's per-head dimensions).
 pub const MAX_HEAD_DIM: usize = 4096;
-/// Positions (`max_position_embeddings`, `sliding_window`, `index_topk`).
+/// Positions (`max_position_embeddings`, `sliding_window`, `index_topk`,
+/// `rel_extent`).
 pub const MAX_POSITIONS: usize = 1 << 24;
+/// Taps of a short convolution (`conv_kernel_size`; published models have 4).
+pub const MAX_CONV_KERNEL: usize = 64;
 /// Residual streams of hyper-connections (`hc_mult`; published models have
 /// 4).
 pub const MAX_STREAMS: usize = 64;
@@ -100,6 +103,7 @@ pub(super) fn check(arch: &ModelArch) -> Result<()> {
         ("vocab_size", core.vocab_size, MAX_VOCAB),
         ("hidden_size", core.hidden_size, MAX_HIDDEN),
         ("max_position_embeddings", core.max_position_embeddings, MAX_POSITIONS),
+        ("unpadded_vocab_size", core.unpadded_vocab_size.unwrap_or(0), MAX_VOCAB),
     ];
     for layer in arch.layers.iter().chain(&arch.mtp) {
         sizes.extend(layer_sizes(layer));
@@ -150,8 +154,10 @@ fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
             ("linear_key_head_dim", gdn.dims.head_k_dim, MAX_HEAD_DIM),
             ("linear_value_head_dim", gdn.dims.head_v_dim, MAX_HEAD_DIM),
         ],
+        MixerSpec::Inkling(ink) => ink.sizes().to_vec(),
         MixerSpec::SharedKv(sk) => shared_kv_sizes(sk),
     };
+    sizes.extend(layer.ffn_output_conv.map(|conv| ("conv_kernel_size", conv.kernel, MAX_CONV_KERNEL)));
     match &layer.ffn {
         FfnSpec::Dense { intermediate_size, .. } => {
             sizes.push(("intermediate_size", *intermediate_size, MAX_INTERMEDIATE))
@@ -195,14 +201,18 @@ fn shared_kv_sizes(sk: &SharedKvAttention) -> Vec<(&'static str, usize, usize)> 
 }
 
 /// The sizes of a mixture-of-experts block.
-fn moe_sizes(moe: &MoeBlock) -> [(&'static str, usize, usize); 4] {
-    let shared = match moe.shared {
-        SharedExperts::None => 0,
-        SharedExperts::Plain { intermediate_size } | SharedExperts::Gated { intermediate_size } => intermediate_size,
+fn moe_sizes(moe: &MoeBlock) -> [(&'static str, usize, usize); 5] {
+    let (shared, shared_count) = match moe.shared {
+        SharedExperts::None => (0, 0),
+        SharedExperts::Plain { intermediate_size } | SharedExperts::Gated { intermediate_size } => {
+            (intermediate_size, 0)
+        }
+        SharedExperts::Sink { count, intermediate_size } => (intermediate_size, count),
     };
     let n_group = match moe.router {
         RouterKind::SoftmaxTopK { .. }
         | RouterKind::TopKThenSoftmax
+        | RouterKind::SharedExpertSink { .. }
         | RouterKind::SqrtSoftplus { .. }
         | RouterKind::Hash { .. } => 1,
         RouterKind::GroupedSigmoid { n_group, .. } => n_group,
@@ -212,6 +222,7 @@ fn moe_sizes(moe: &MoeBlock) -> [(&'static str, usize, usize); 4] {
         ("expert intermediate_size", moe.intermediate_size, MAX_INTERMEDIATE),
         ("n_shared_experts * moe_intermediate_size", shared, MAX_INTERMEDIATE),
         ("n_group", n_group, MAX_EXPERTS),
+        ("n_shared_experts", shared_count, MAX_EXPERTS),
     ]
 }
 

@@ -581,7 +581,8 @@ fn a_swiglu_limit_must_be_finite_and_not_negative() {
         moe.swiglu = SwiGlu::Limited { limit };
         let err = arch.validate().unwrap_err().to_string();
         assert!(err.contains("swiglu_limit"), "{limit}: {err}");
-        arch.layers[0].ffn = FfnSpec::Dense { intermediate_size: 8, swiglu: SwiGlu::Limited { limit } };
+        arch.layers[0].ffn =
+            FfnSpec::Dense { intermediate_size: 8, swiglu: SwiGlu::Limited { limit }, global_scale: false };
         let err = arch.validate().unwrap_err().to_string();
         assert!(err.contains("swiglu_limit"), "dense, {limit}: {err}");
     }

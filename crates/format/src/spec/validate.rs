@@ -39,6 +39,19 @@ impl CoreSpec {
             ("hidden_size", self.hidden_size),
             ("max_position_embeddings", self.max_position_embeddings),
         ])?;
+        if let Some(unpadded) = self.unpadded_vocab_size
+            && !(1..=self.vocab_size).contains(&unpadded)
+        {
+            return Err(Error::invalid("unpadded_vocab_size", format!("{unpadded} is not in 1..={}", self.vocab_size)));
+        }
+        if let Some(divisor) = self.logits_mup_divisor
+            && !(divisor.is_finite() && divisor > 0.0)
+        {
+            return Err(Error::invalid("logits_mup_width_multiplier", "must be finite and > 0"));
+        }
+        if let Some(norm) = &self.embed_norm {
+            norm.validate()?;
+        }
         self.final_norm.validate()
     }
 }
@@ -52,10 +65,14 @@ impl LayerSpec {
             MixerSpec::Gqa(gqa) => gqa.validate()?,
             MixerSpec::Mla(mla) => mla.validate()?,
             MixerSpec::GatedDeltaNet(gdn) => gdn.validate()?,
+            MixerSpec::Inkling(ink) => ink.validate()?,
             MixerSpec::SharedKv(sk) => {
                 sk.rope.validate(sk.head_dim, "partial_rotary_factor")?;
                 sk.validate()?
             }
+        }
+        if let Some(conv) = &self.ffn_output_conv {
+            conv.validate()?;
         }
         self.ffn.validate()
     }
@@ -250,7 +267,7 @@ impl FfnSpec {
     /// config gives when no layer uses it: transformers builds it anyway).
     pub(crate) fn validate(&self) -> Result<()> {
         match self {
-            FfnSpec::Dense { intermediate_size, swiglu } => {
+            FfnSpec::Dense { intermediate_size, swiglu, .. } => {
                 positive(&[("intermediate_size", *intermediate_size)])?;
                 swiglu.validate()
             }
@@ -273,7 +290,9 @@ impl MoeBlock {
             ));
         }
         match self.shared {
-            SharedExperts::Plain { intermediate_size: 0 } | SharedExperts::Gated { intermediate_size: 0 } => {
+            SharedExperts::Plain { intermediate_size: 0 }
+            | SharedExperts::Gated { intermediate_size: 0 }
+            | SharedExperts::Sink { intermediate_size: 0, .. } => {
                 return Err(Error::invalid("shared_expert_intermediate_size", "must be > 0"));
             }
             _ => {}
@@ -287,6 +306,23 @@ impl MoeBlock {
             && !scaling.is_finite()
         {
             return Err(Error::invalid("routed_scaling_factor", "must be finite"));
+        }
+        // The sink router's gate rows past the routed experts are the
+        // shared experts', and only it weighs them.
+        match (self.router, self.shared) {
+            (RouterKind::SharedExpertSink { route_scale }, SharedExperts::Sink { count, .. }) => {
+                if count == 0 {
+                    return Err(Error::invalid("n_shared_experts", "the shared-expert sink needs at least one"));
+                }
+                if !route_scale.is_finite() {
+                    return Err(Error::invalid("route_scale", "must be finite"));
+                }
+                return Ok(());
+            }
+            (RouterKind::SharedExpertSink { .. }, _) | (_, SharedExperts::Sink { .. }) => {
+                return Err(Error::invalid("n_shared_experts", "sink shared experts need the sink router and back"));
+            }
+            _ => {}
         }
         let RouterKind::GroupedSigmoid { n_group, topk_group, scaling, .. } = self.router else {
             return Ok(());

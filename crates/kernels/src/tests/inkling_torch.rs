@@ -1,5 +1,5 @@
 //! Inkling's short convolution against transformers' `InklingShortConvolution`
-//! on a small seeded case (`testdata/inkling/sconv_*.npy`, written by
+//! on a small seeded case (`testdata/inkling_blocks/sconv_*.npy`, written by
 //! `xtask/fixtures/inkling_ref.py`).
 
 use super::gdn::assert_all_close;
@@ -10,9 +10,9 @@ const TORCH_REL_TOL: f32 = 1e-6;
 
 #[test]
 fn the_short_convolution_with_its_residual_matches_transformers() {
-    let (x_shape, x) = super::load_npy("inkling", "sconv_x");
-    let (w_shape, weight) = super::load_npy("inkling", "sconv_weight");
-    let (_, want) = super::load_npy("inkling", "sconv_out");
+    let (x_shape, x) = super::load_npy("inkling_blocks", "sconv_x");
+    let (w_shape, weight) = super::load_npy("inkling_blocks", "sconv_weight");
+    let (_, want) = super::load_npy("inkling_blocks", "sconv_out");
     let [tokens, channels] = x_shape[..] else { panic!("sconv_x shape {x_shape:?}") };
     assert_eq!(w_shape, [channels, 4], "kernel 4");
     let fresh_state = || vec![0.0f32; channels * 3];

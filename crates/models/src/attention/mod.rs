@@ -4,11 +4,12 @@
 mod compressed;
 mod delta;
 mod gqa;
+mod inkling;
 mod latent;
 mod shared_kv;
 
 use strata_format::{CoreSpec, MixerSpec, NormKind, RopeSpec};
-use strata_kv::LayerLayout;
+use strata_kv::StatePart;
 
 use crate::backend::Backend;
 use crate::backend::Runtime;
@@ -24,6 +25,8 @@ pub enum Attention {
     DeltaNet(delta::DeltaNet),
     /// Boxed like MLA: its compressors make it large.
     SharedKv(Box<shared_kv::SharedKv>),
+    /// Boxed: its three convolutions and five projections make it large.
+    Inkling(Box<inkling::Inkling>),
 }
 
 /// A sequence's DSA choice: its positions per query, if chosen.
@@ -64,19 +67,23 @@ impl Attention {
             MixerSpec::Gqa(gqa) => Attention::Gqa(gqa::Gqa::load(b, spec, *gqa, norm, layer)?),
             MixerSpec::Mla(mla) => Attention::Mla(Box::new(latent::LatentAttention::load(b, spec, mla, layer)?)),
             MixerSpec::GatedDeltaNet(gdn) => Attention::DeltaNet(delta::DeltaNet::load(b, spec, gdn, layer)?),
+            MixerSpec::Inkling(ink) => {
+                Attention::Inkling(Box::new(inkling::Inkling::load(b, spec, *ink, norm, layer)?))
+            }
             MixerSpec::SharedKv(sk) => Attention::SharedKv(Box::new(shared_kv::SharedKv::load(b, spec, sk, layer)?)),
         })
     }
 
-    /// What this layer keeps per sequence, in the order the block indexes
-    /// its parts.
-    pub fn cache_layout(&self) -> LayerLayout {
-        LayerLayout::new(match self {
+    /// What this block keeps per sequence, in the order it indexes its
+    /// parts (the layer's first; its FFN's, if any, follow).
+    pub fn cache_parts(&self) -> Vec<StatePart> {
+        match self {
             Attention::Gqa(gqa) => gqa.cache_parts(),
             Attention::Mla(mla) => mla.cache_parts(),
             Attention::DeltaNet(delta) => delta.cache_parts(),
             Attention::SharedKv(sk) => sk.cache_parts(),
-        })
+            Attention::Inkling(ink) => ink.cache_parts(),
+        }
     }
 
     /// The attention output of every row of `xs` (the normalised hidden
@@ -107,6 +114,7 @@ impl Attention {
                 let angles = pass.parts(Some(sk.rope())).0.expect("angles for every rotary embedding");
                 Ok(sk.forward(rt, b, layer, xs, angles, seqs))
             }
+            Attention::Inkling(ink) => Ok(ink.forward(rt, b, layer, xs, seqs)),
         }
     }
 }

@@ -468,13 +468,20 @@ pub enum RouteKind {
     /// DeepSeek V4: `sqrt(softplus(logit))` scores, the `top_k` best by score
     /// plus correction bias, renormalised (plus 1e-20) and scaled.
     SqrtSoftplus { scaling: f32, correction_bias: VectorHandle },
+    /// Inkling's shared-expert sink: the router's last `n_shared` rows are
+    /// the shared experts'; the `top_k` routed by `sigmoid + correction
+    /// bias`; the chosen routed and all shared logits' log-sigmoids softmaxed
+    /// together, times `route_scale` and `global_scale` (the routed weights
+    /// the routes', the shared ones each token's shares).
+    SharedExpertSink { n_shared: usize, route_scale: f32, global_scale: f32, correction_bias: VectorHandle },
     /// DeepSeek V4's hash layers: each token's experts from `table`
     /// (`[vocab, top_k]`, whole numbers below the expert count, checked at
     /// load), weighted by their sqrt-softplus scores renormalised and scaled.
     Hash { scaling: f32, table: VectorHandle },
 }
 
-/// A router: its weight `[num_experts, hidden]`, its kind and `top_k`.
+/// A router: its weight `[num_experts, hidden]` (with a shared-expert sink,
+/// `[num_experts + n_shared, hidden]`), its kind and `top_k`.
 #[derive(Debug, Clone, Copy)]
 pub struct RouterSpec {
     pub weight: MatrixHandle,
@@ -765,8 +772,50 @@ impl Backend {
     /// Each row of `xs`'s `top_k` routes, `[n][top_k]`; row `i` is token
     /// `tokens[i]`'s (which a hash router reads).
     pub fn route(&self, rt: &Runtime<'_>, router: &RouterSpec, xs: &[f32], tokens: &[u32]) -> Vec<Route> {
+        self.route_with_shares(rt, router, xs, tokens).0
+    }
+
+    /// [`Self::route`], and with a shared-expert sink each row's shared
+    /// experts' weights, `[n, n_shared]` (empty for other kinds).
+    pub fn route_with_shares(
+        &self,
+        rt: &Runtime<'_>,
+        router: &RouterSpec,
+        xs: &[f32],
+        tokens: &[u32],
+    ) -> (Vec<Route>, Vec<f32>) {
         let router = RouterSpec { weight: router.weight.on_host(), ..*router };
         self.host().route(rt.threads, &router, xs, tokens)
+    }
+
+    /// Adds the shared experts a sink router weighs to `out`: expert `s`'s
+    /// `down_s(silu(gate_s(x)) · up_s(x) · share)` per row, `shares` `[n,
+    /// count]`, the experts' gate and up stacked `[count · intermediate,
+    /// hidden]` and down `[count · hidden, intermediate]`, summed in order.
+    pub fn weighted_shared_experts(
+        &self,
+        rt: &Runtime<'_>,
+        weights: &[MatrixHandle; 3],
+        xs: &[f32],
+        shares: &[f32],
+        out: &mut [f32],
+    ) {
+        self.host().weighted_shared_experts(rt.threads, &weights.map(MatrixHandle::on_host), xs, shares, out)
+    }
+
+    /// A short convolution (Inkling's): each `channels`-wide row of `rows`
+    /// in place becomes the depthwise causal conv1d of the rows before it
+    /// (the first from `state`, the last `kernel - 1` inputs, updated) plus
+    /// itself; `weight` is `[channels, kernel]`.
+    pub fn short_conv(&self, weight: VectorHandle, channels: usize, rows: &mut [f32], state: &mut [f32]) {
+        self.host().short_conv(weight, channels, rows, state)
+    }
+
+    /// Each query head's bias by backward distance (Inkling's
+    /// `rel_logits_proj`): every `d_rel`-wide row of `relative` times
+    /// `proj` (`[d_rel, extent]`), `[rows, extent]`.
+    pub fn relative_bias(&self, proj: VectorHandle, d_rel: usize, relative: &[f32]) -> Vec<f32> {
+        self.host().relative_bias(proj, d_rel, relative)
     }
 
     /// Adds a MoE layer's routed experts' weighted outputs to `out`, the

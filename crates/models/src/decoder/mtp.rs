@@ -107,7 +107,7 @@ impl Decoder {
         // The draft cache's one layer is layer 0; the store's is `index`.
         mtp.layer.attend(rt, b, 0, &mut streams, &mut normed, &mut pass, &mut seqs)?;
         mtp.layer.ffn_input(rt, b, &mut streams, &mut normed);
-        mtp.layer.add_ffn(rt, b, mtp.index, (&positions, next), &normed, &mut streams, None)?;
+        mtp.layer.add_ffn(rt, b, (mtp.index, 0), (&positions, next), &normed, &mut streams, None, &mut seqs)?;
         seqs[0].cache.advance(n);
         let mut out = streams.collapse(rt, b, &self.head);
         mtp.head_norm.apply_rows(b, &mut out);

@@ -13,8 +13,10 @@ use crate::error::Result;
 
 /// One layer's feed-forward block.
 pub enum Ffn {
-    /// A resident SwiGLU MLP: gate, up, down, and what its SwiGLU clamps.
-    Dense([MatrixHandle; 3], SwiGlu),
+    /// A resident SwiGLU MLP: gate, up, down, what its SwiGLU clamps, and
+    /// the learned scalar its output is multiplied by, if any (Inkling's
+    /// `global_scale`).
+    Dense([MatrixHandle; 3], SwiGlu, Option<f32>),
     Moe(moe::Moe),
 }
 
@@ -22,9 +24,13 @@ impl Ffn {
     /// Layer `layer`'s block of kind `kind`, its tensors shape-checked.
     pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &FfnSpec, layer: usize) -> Result<Self> {
         Ok(match kind {
-            FfnSpec::Dense { intermediate_size, swiglu } => {
+            FfnSpec::Dense { intermediate_size, swiglu, global_scale } => {
                 let mlp = load_swiglu(b, names::dense_mlp_names(spec, layer), spec.hidden_size, *intermediate_size)?;
-                Ffn::Dense(mlp, *swiglu)
+                let scale = match global_scale {
+                    true => Some(load_scalar(b, &names::global_scale_name(spec, layer, "mlp"))?),
+                    false => None,
+                };
+                Ffn::Dense(mlp, *swiglu, scale)
             }
             FfnSpec::Moe(block) => Ffn::Moe(moe::Moe::load(b, spec, block, layer)?),
         })
@@ -59,18 +65,27 @@ impl Ffn {
         guess: Option<Guess<'_>>,
     ) -> Result<()> {
         match self {
-            Ffn::Dense(mlp, swiglu) => {
+            Ffn::Dense(mlp, swiglu, scale) => {
                 if let Some(guess) = guess {
                     rt.store.prefetch(guess.layer, guess.experts)?;
                 }
                 let mut ys = vec![0.0f32; out.len()];
                 b.swiglu(rt, mlp, *swiglu, xs, &mut ys);
+                if let Some(scale) = scale {
+                    ys.iter_mut().for_each(|y| *y *= scale);
+                }
                 out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
                 Ok(())
             }
             Ffn::Moe(moe) => moe.add_to(rt, b, layer, positions, tokens, xs, out, guess),
         }
     }
+}
+
+/// The learned scalar `name` (`[1]`), read once at load.
+fn load_scalar(b: &mut Backend, name: &str) -> Result<f32> {
+    let handle = b.vector(name, 1)?;
+    Ok(b.vector_values(handle)[0])
 }
 
 /// The gate, up and down matrices `names` of a SwiGLU MLP of width

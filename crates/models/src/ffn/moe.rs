@@ -22,8 +22,11 @@ pub struct Moe {
     ffn: Box<ExpertFfnKind>,
     top_k: usize,
     hidden: usize,
-    /// The shared experts' gate, up, down.
+    /// The shared experts' gate, up, down (a sink's stacked, one block of
+    /// rows per shared expert).
     shared: Option<[MatrixHandle; 3]>,
+    /// Whether the router weighs each shared expert (a shared-expert sink).
+    shared_weighed: bool,
     /// What the shared experts' SwiGLU clamps.
     shared_swiglu: SwiGlu,
     /// The shared expert's sigmoid gate, `[1, hidden]`, if it has one.
@@ -61,6 +64,16 @@ impl Moe {
                 Some(load_swiglu(b, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?),
                 None,
             ),
+            SharedExperts::Sink { count, intermediate_size } => {
+                let [gate, up, down] = names::sink_shared_expert_names(spec, layer);
+                let stacked = count * intermediate_size;
+                let mlp = [
+                    b.matrix(&gate, stacked, h)?,
+                    b.matrix(&up, stacked, h)?,
+                    b.matrix(&down, count * h, intermediate_size)?,
+                ];
+                (Some(mlp), None)
+            }
             SharedExperts::Gated { intermediate_size } => {
                 let gate = Linear::load(b, &names::shared_expert_gate_name(spec, layer), None, 1, h)?;
                 let mlp = load_swiglu(b, names::shared_expert_names(spec, layer, block.shared), h, intermediate_size)?;
@@ -74,6 +87,7 @@ impl Moe {
             top_k: block.top_k,
             hidden: h,
             shared,
+            shared_weighed: matches!(block.shared, SharedExperts::Sink { .. }),
             shared_swiglu: block.swiglu,
             shared_gate,
         })
@@ -105,7 +119,7 @@ impl Moe {
         out: &mut [f32],
         guess: Option<Guess<'_>>,
     ) -> Result<()> {
-        let routes = self.router.route(rt, b, xs, tokens);
+        let (routes, shares) = self.router.route_with_shares(rt, b, xs, tokens);
         let Some(shared) = &self.shared else {
             // Without shared experts the routed outputs go straight into the
             // residual stream.
@@ -116,7 +130,11 @@ impl Moe {
         let mut ys = vec![0.0f32; out.len()];
         self.run_routed(rt, b, layer, positions, xs, &routes, &mut ys, guess)?;
         let mut shared_out = vec![0.0f32; ys.len()];
-        b.swiglu(rt, shared, self.shared_swiglu, xs, &mut shared_out);
+        if self.shared_weighed {
+            b.weighted_shared_experts(rt, shared, xs, &shares, &mut shared_out);
+        } else {
+            b.swiglu(rt, shared, self.shared_swiglu, xs, &mut shared_out);
+        }
         if let Some(gate) = &self.shared_gate {
             // sigmoid(w · x) per row scales that row's shared output.
             let logits = gate.apply(rt, b, xs);

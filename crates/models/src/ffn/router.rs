@@ -17,7 +17,7 @@ pub struct Router {
 impl Router {
     /// Layer `layer`'s router tensors, shape-checked.
     pub fn load(b: &mut Backend, spec: &CoreSpec, block: &MoeBlock, layer: usize) -> Result<Self> {
-        let weight = b.matrix(&names::router_name(spec, layer), block.num_experts, spec.hidden_size)?;
+        let weight = b.matrix(&names::router_name(spec, layer), block.router_rows(), spec.hidden_size)?;
         let kind = match block.router {
             RouterKind::SoftmaxTopK { renormalize } => RouteKind::SoftmaxTopK { renormalize },
             RouterKind::GroupedSigmoid { n_group, topk_group, renormalize, scaling } => RouteKind::GroupedSigmoid {
@@ -25,6 +25,12 @@ impl Router {
                 topk_group,
                 renormalize,
                 scaling: scaling as f32,
+                correction_bias: b.vector(&names::correction_bias_name(spec, layer), block.num_experts)?,
+            },
+            RouterKind::SharedExpertSink { route_scale } => RouteKind::SharedExpertSink {
+                n_shared: block.router_rows() - block.num_experts,
+                route_scale: route_scale as f32,
+                global_scale: super::load_scalar(b, &names::global_scale_name(spec, layer, "mlp.gate"))?,
                 correction_bias: b.vector(&names::correction_bias_name(spec, layer), block.num_experts)?,
             },
             RouterKind::TopKThenSoftmax => {
@@ -45,6 +51,18 @@ impl Router {
     /// `tokens[i]`'s.
     pub fn route(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32], tokens: &[u32]) -> Vec<Route> {
         b.route(rt, &self.spec, xs, tokens)
+    }
+
+    /// [`Self::route`], and a shared-expert sink's weights of the shared
+    /// experts, `[n, n_shared]` (empty for other kinds).
+    pub fn route_with_shares(
+        &self,
+        rt: &Runtime<'_>,
+        b: &Backend,
+        xs: &[f32],
+        tokens: &[u32],
+    ) -> (Vec<Route>, Vec<f32>) {
+        b.route_with_shares(rt, &self.spec, xs, tokens)
     }
 }
 

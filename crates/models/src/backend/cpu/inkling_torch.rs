@@ -1,12 +1,12 @@
 //! Inkling's attention against transformers' `InklingAttention` on small
-//! seeded cases (`testdata/inkling/attn_*.npy`, written by
+//! seeded cases (`testdata/inkling_blocks/attn_*.npy`, written by
 //! `xtask/fixtures/inkling_ref.py`): the projections, the short
 //! convolutions of k and v with their residual, per-head q/k RMSNorm, the
 //! scale `1 / head_dim`, the bias by distance from `rel_logits_proj` and the
 //! log scaling of q and bias, composed here from the operations the block
 //! will call, around this backend's attention with a [`PositionBias`]; and
-//! `InklingTopkRouter`, the shared-expert sink (`router_*`), from this
-//! backend's sigmoid top-k and the kernels' softmax of log-sigmoids.
+//! `InklingTopkRouter`, the shared-expert sink (`router_*`), as this
+//! backend routes it.
 
 use std::path::PathBuf;
 
@@ -14,7 +14,7 @@ use strata_kernels::simd::Isa;
 use strata_kernels::{Threads, gdn, ops};
 
 use super::attend::attend_all;
-use super::route::{GroupedSigmoid, grouped_sigmoid_top_k};
+use super::inkling::{Sink, shared_expert_sink};
 use crate::backend::{AttendJob, AttnShape, PositionBias};
 
 /// Agreement with torch, relative to the largest magnitude of the output.
@@ -23,9 +23,10 @@ const TORCH_REL_TOL: f32 = 1e-5;
 /// Epsilon of the q/k norms (the config's `rms_norm_eps`).
 const NORM_EPS: f32 = 1e-6;
 
-/// `testdata/inkling/NAME.npy`: (shape, values).
+/// `testdata/inkling_blocks/NAME.npy`: (shape, values).
 fn load(name: &str) -> (Vec<usize>, Vec<f32>) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/inkling").join(format!("{name}.npy"));
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/inkling_blocks").join(format!("{name}.npy"));
     strata_format::npy::read_f32(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -177,28 +178,24 @@ fn the_shared_expert_sink_routes_and_weighs_as_transformers() {
     let n_shared = w_shape[0] - n_routed;
     assert!(n_shared > 0, "the gate has a row per shared expert after the routed ones");
     let logits = linear(&x, &weight, x_shape[1]);
-    for (t, row) in logits.chunks_exact(w_shape[0]).enumerate() {
-        let (routed, shared) = row.split_at(n_routed);
-        // The choice: the top-k of sigmoid + bias, DeepSeek-V3's router
-        // with a single group.
-        let choice = GroupedSigmoid { n_group: 1, topk_group: 1, top_k, normalize: false, scaling: 1.0, bias: &bias };
-        let mut chosen: Vec<usize> =
-            grouped_sigmoid_top_k(routed, n_routed, &choice).iter().map(|r| r.expert).collect();
-        chosen.sort_unstable();
-        let want: Vec<usize> = want_experts[t * top_k..(t + 1) * top_k].iter().map(|&e| e as usize).collect();
-        assert_eq!(chosen, want, "token {t}'s experts");
-        // The weights: the chosen and the shared experts' sigmoids as
-        // shares of their sum, then both scales.
-        let mut weights: Vec<f32> = chosen.iter().map(|&e| routed[e]).chain(shared.iter().copied()).collect();
-        ops::softmax_of_log_sigmoids_inplace(&mut weights);
-        for w in weights.iter_mut() {
-            *w = *w * ROUTE_SCALE * GLOBAL_SCALE;
-        }
-        let want: Vec<f32> = want_weights[t * top_k..(t + 1) * top_k]
-            .iter()
-            .chain(&want_shared[t * n_shared..(t + 1) * n_shared])
-            .copied()
-            .collect();
-        assert_close_to_torch(&weights, &want, &format!("token {t}'s weights"));
+    let sink = Sink { n_shared, top_k, scale: [ROUTE_SCALE, GLOBAL_SCALE], bias: &bias };
+    let (routes, shares) = shared_expert_sink(&logits, w_shape[0], &sink);
+    for (t, (token_routes, token_shares)) in routes.chunks_exact(top_k).zip(shares.chunks_exact(n_shared)).enumerate() {
+        // transformers' top-k is unsorted: compare the choice as a set,
+        // each expert with its weight.
+        let mut got: Vec<(usize, f32)> = token_routes.iter().map(|r| (r.expert, r.weight)).collect();
+        got.sort_unstable_by_key(|&(expert, _)| expert);
+        let want_ids = &want_experts[t * top_k..(t + 1) * top_k];
+        let mut want: Vec<(usize, f32)> =
+            want_ids.iter().zip(&want_weights[t * top_k..(t + 1) * top_k]).map(|(&e, &w)| (e as usize, w)).collect();
+        want.sort_unstable_by_key(|&(expert, _)| expert);
+        let ids = |v: &[(usize, f32)]| v.iter().map(|&(e, _)| e).collect::<Vec<_>>();
+        assert_eq!(ids(&got), ids(&want), "token {t}'s experts");
+        let weights = |v: &[(usize, f32)]| v.iter().map(|&(_, w)| w).collect::<Vec<_>>();
+        let (got_all, want_all) = (
+            [weights(&got), token_shares.to_vec()].concat(),
+            [weights(&want), want_shared[t * n_shared..(t + 1) * n_shared].to_vec()].concat(),
+        );
+        assert_close_to_torch(&got_all, &want_all, &format!("token {t}'s weights"));
     }
 }

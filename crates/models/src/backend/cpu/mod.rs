@@ -9,6 +9,7 @@ mod delta;
 mod gated_hyper;
 mod hyper;
 mod index;
+mod inkling;
 mod latent;
 // Qwen3.8-Flash-Next's QSA, checked against transformers; the attention
 // layer calls it once the family lands (docs/qwen4_exp.md).
@@ -349,11 +350,11 @@ impl Cpu {
         index::pool_keys(self.vector(ape), pool, keys, gates)
     }
 
-    pub fn route(&self, threads: &Threads, router: &RouterSpec, xs: &[f32], tokens: &[u32]) -> Vec<Route> {
+    pub fn route(&self, threads: &Threads, router: &RouterSpec, xs: &[f32], tokens: &[u32]) -> (Vec<Route>, Vec<f32>) {
         let num_experts = router.weight.rows;
         let mut logits = vec![0.0f32; xs.len() / router.weight.cols * num_experts];
         self.matmul(threads, router.weight, xs, &mut logits);
-        match router.kind {
+        let routes = match router.kind {
             RouteKind::SoftmaxTopK { renormalize } => {
                 route::softmax_top_k(&logits, num_experts, router.top_k, renormalize)
             }
@@ -378,7 +379,17 @@ impl Cpu {
             RouteKind::Hash { scaling, table } => {
                 route::hash_routes(&logits, num_experts, router.top_k, scaling, self.vector(table), tokens)
             }
-        }
+            RouteKind::SharedExpertSink { n_shared, route_scale, global_scale, correction_bias } => {
+                let sink = inkling::Sink {
+                    n_shared,
+                    top_k: router.top_k,
+                    scale: [route_scale, global_scale],
+                    bias: self.vector(correction_bias),
+                };
+                return inkling::shared_expert_sink(&logits, num_experts, &sink);
+            }
+        };
+        (routes, Vec::new())
     }
 
     pub fn run_moe_layer(
