@@ -348,93 +348,10 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
         push(embed_norm_name(core), vec![h], TensorKind::Norm);
     }
     for (layer, blocks) in arch.layers.iter().enumerate() {
-<<<<<<< HEAD
         layer_tensors(core, layer, blocks, &mut push);
     }
     if let ResidualKind::AttentionResiduals { .. } = arch.residual() {
         push_attn_res(h, attn_res_head_names(core), &mut push);
-=======
-        let t = |suffix: &str| layer_tensor(core, layer, suffix);
-        push(t("input_layernorm.weight"), vec![h], TensorKind::Norm);
-        match &blocks.mixer {
-            MixerSpec::Gqa(gqa) => gqa_attention_tensors(core, gqa, layer, &mut push),
-            MixerSpec::Mla(mla) => mla_attention_tensors(core, mla, layer, &mut push),
-            MixerSpec::GatedDeltaNet(gdn) => gdn_tensors(core, gdn, layer, &mut push),
-            MixerSpec::Inkling(attn) => inkling::attention_tensors(core, attn, layer, &mut push),
-            MixerSpec::SharedKv(sk) => shared_kv_tensors(core, sk, layer, &mut push),
-        }
-        push(t("post_attention_layernorm.weight"), vec![h], TensorKind::Norm);
-        match &blocks.ffn {
-            FfnSpec::Moe(moe) => {
-                push(router_name(core, layer), vec![moe.router_rows(), h], TensorKind::Router);
-                match moe.router {
-                    RouterKind::SharedExpertSink { .. } => {
-                        push(correction_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
-                        push(global_scale_name(core, layer, "mlp.gate"), vec![1], TensorKind::Norm);
-                    }
-                    RouterKind::GroupedSigmoid { .. } | RouterKind::SqrtSoftplus { .. } => {
-                        push(correction_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
-                    }
-                    RouterKind::TopKThenSoftmax => {
-                        push(router_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
-                    }
-                    RouterKind::Hash { .. } => {
-                        // Expert ids (integers in the checkpoint), f32 like a
-                        // router: exact below 2^24, far above any expert count.
-                        push(hash_table_name(core, layer), vec![core.vocab_size, moe.top_k], TensorKind::Router);
-                    }
-                    RouterKind::SoftmaxTopK { .. } => {}
-                }
-                if let ExpertKind::ClampedSwiGlu { .. } = moe.experts {
-                    let [gate, up, down] = expert_bias_names(core, layer);
-                    push(gate, vec![moe.num_experts, moe.intermediate_size], TensorKind::Bias);
-                    push(up, vec![moe.num_experts, moe.intermediate_size], TensorKind::Bias);
-                    push(down, vec![moe.num_experts, h], TensorKind::Bias);
-                }
-                match moe.shared {
-                    SharedExperts::None => {}
-                    SharedExperts::Plain { intermediate_size } => {
-                        swiglu_tensors(shared_expert_names(core, layer, moe.shared), h, intermediate_size, &mut push);
-                    }
-                    SharedExperts::Gated { intermediate_size } => {
-                        swiglu_tensors(shared_expert_names(core, layer, moe.shared), h, intermediate_size, &mut push);
-                        push(shared_expert_gate_name(core, layer), vec![1, h], TensorKind::Router);
-                    }
-                    SharedExperts::Sink { count, intermediate_size: i } => {
-                        let [gate, up, down] = sink_shared_expert_names(core, layer);
-                        push(gate, vec![count, i, h], TensorKind::Linear);
-                        push(up, vec![count, i, h], TensorKind::Linear);
-                        push(down, vec![count, h, i], TensorKind::Linear);
-                    }
-                }
-            }
-            FfnSpec::Dense { intermediate_size, global_scale, .. } => {
-                swiglu_tensors(dense_mlp_names(core, layer), h, *intermediate_size, &mut push);
-                if *global_scale {
-                    push(global_scale_name(core, layer, "mlp"), vec![1], TensorKind::Norm);
-                }
-            }
-        }
-        if let Some(conv) = blocks.ffn_output_conv {
-            inkling::short_conv_tensor(core, layer, "mlp_sconv", conv, &mut push);
-        }
-        if let ResidualKind::HyperConnections { streams, .. } = blocks.residual {
-            for site in [HyperSite::Attention, HyperSite::Ffn] {
-                let [mixes, base, scale] = hyper_connection_names(core, layer, site);
-                let width = (2 + streams) * streams;
-                push(mixes, vec![width, streams * h], TensorKind::HyperConnection);
-                push(base, vec![width], TensorKind::HyperConnection);
-                push(scale, vec![3], TensorKind::HyperConnection);
-            }
-        }
-        if let ResidualKind::GatedStreams { streams, lowrank } = blocks.residual {
-            for site in [HyperSite::Attention, HyperSite::Ffn] {
-                let [norm, down, up, inject] = gated_residual_names(core, layer, site);
-                push_gated(streams * h, lowrank, [norm, down, up], &mut push);
-                push(inject, vec![streams, streams * h], TensorKind::HyperConnection);
-            }
-        }
->>>>>>> inkling
     }
     if let ResidualKind::GatedStreams { streams, lowrank } = arch.residual() {
         push_gated(streams * h, lowrank, gated_head_names(core), &mut push);
@@ -490,13 +407,18 @@ fn layer_tensors(core: &CoreSpec, layer: usize, blocks: &LayerSpec, push: &mut P
         MixerSpec::Gqa(gqa) => gqa_attention_tensors(core, gqa, layer, push),
         MixerSpec::Mla(mla) => mla_attention_tensors(core, mla, layer, push),
         MixerSpec::GatedDeltaNet(gdn) => gdn_tensors(core, gdn, layer, push),
+        MixerSpec::Inkling(attn) => inkling::attention_tensors(core, attn, layer, push),
         MixerSpec::SharedKv(sk) => shared_kv_tensors(core, sk, layer, push),
     }
     push(t("post_attention_layernorm.weight"), vec![h], TensorKind::Norm);
     match &blocks.ffn {
         FfnSpec::Moe(moe) => {
-            push(router_name(core, layer), vec![moe.num_experts, h], TensorKind::Router);
+            push(router_name(core, layer), vec![moe.router_rows(), h], TensorKind::Router);
             match moe.router {
+                RouterKind::SharedExpertSink { .. } => {
+                    push(correction_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
+                    push(global_scale_name(core, layer, "mlp.gate"), vec![1], TensorKind::Norm);
+                }
                 RouterKind::GroupedSigmoid { .. } | RouterKind::SqrtSoftplus { .. } => {
                     push(correction_bias_name(core, layer), vec![moe.num_experts], TensorKind::Bias);
                 }
@@ -525,11 +447,23 @@ fn layer_tensors(core: &CoreSpec, layer: usize, blocks: &LayerSpec, push: &mut P
                     swiglu_tensors(shared_expert_names(core, layer, moe.shared), h, intermediate_size, push);
                     push(shared_expert_gate_name(core, layer), vec![1, h], TensorKind::Router);
                 }
+                SharedExperts::Sink { count, intermediate_size: i } => {
+                    let [gate, up, down] = sink_shared_expert_names(core, layer);
+                    push(gate, vec![count, i, h], TensorKind::Linear);
+                    push(up, vec![count, i, h], TensorKind::Linear);
+                    push(down, vec![count, h, i], TensorKind::Linear);
+                }
             }
         }
-        FfnSpec::Dense { intermediate_size, .. } => {
+        FfnSpec::Dense { intermediate_size, global_scale, .. } => {
             swiglu_tensors(dense_mlp_names(core, layer), h, *intermediate_size, push);
+            if *global_scale {
+                push(global_scale_name(core, layer, "mlp"), vec![1], TensorKind::Norm);
+            }
         }
+    }
+    if let Some(conv) = blocks.ffn_output_conv {
+        inkling::short_conv_tensor(core, layer, "mlp_sconv", conv, push);
     }
     if let ResidualKind::HyperConnections { streams, .. } = blocks.residual {
         for site in [HyperSite::Attention, HyperSite::Ffn] {
