@@ -2,6 +2,8 @@
 //! the attention block and the FFN the layer's [`strata_format::LayerSpec`]
 //! names, each wrapped by the layer's residual (mix → norm → block →
 //! combine, [`crate::residual`]), then the final norm and the lm head.
+//! Under gated residual streams the mix norms the streams itself: the
+//! layers have no norms and the stack no final norm.
 //!
 //! Everything runs on a batch: `forward` is a batch of one sequence,
 //! `forward_batch` several (continuous batching). Every projection and each
@@ -40,17 +42,19 @@ pub struct Decoder {
     embed: TableHandle,
     /// Collapses the streams the layers carry before the final norm.
     head: StreamHead,
-    final_norm: Norm,
+    /// `None` where the head is the last step before the lm head.
+    final_norm: Option<Norm>,
     lm_head: MatrixHandle,
 }
 
 /// One decoder layer.
 struct Layer {
     attn_residual: Residual,
-    input_norm: Norm,
+    /// `None` where the residual's mix norms the block's input.
+    input_norm: Option<Norm>,
     attention: Attention,
     ffn_residual: Residual,
-    post_attn_norm: Norm,
+    post_attn_norm: Option<Norm>,
     ffn: Ffn,
 }
 
@@ -68,7 +72,10 @@ impl Decoder {
         let mut ropes: Vec<(RopeSpec, Rope)> = Vec::new();
         let mut cache_layouts = Vec::with_capacity(arch.layers.len());
         for (l, layer) in arch.layers.iter().enumerate() {
-            let mut norm = |suffix: &str| Norm::load(b, &names::layer_tensor(&spec, l, suffix), layer.norm, h);
+            let mut norm = |suffix: &str| match layer.residual.has_layer_norms() {
+                true => Norm::load(b, &names::layer_tensor(&spec, l, suffix), layer.norm, h).map(Some),
+                false => Ok(None),
+            };
             let (input_norm, post_attn_norm) =
                 (norm("input_layernorm.weight")?, norm("post_attention_layernorm.weight")?);
             let attention = Attention::load(b, &spec, &layer.mixer, layer.norm, l)?;
@@ -105,7 +112,10 @@ impl Decoder {
         }
         let embed = b.table(&names::embedding_name(&spec), spec.vocab_size, h)?;
         let lm_head = b.matrix(&names::lm_head_name(&spec), spec.vocab_size, h)?;
-        let final_norm = Norm::load(b, &names::final_norm_name(&spec), arch.core.final_norm, h)?;
+        let final_norm = match arch.residual().has_layer_norms() {
+            true => Some(Norm::load(b, &names::final_norm_name(&spec), arch.core.final_norm, h)?),
+            false => None,
+        };
         Ok(Self { backend, spec, layers, ropes, cache_layouts, embed, head, final_norm, lm_head })
     }
 
@@ -121,12 +131,12 @@ impl Decoder {
         self.guess_first_layer(rt, &mut streams, &mut normed, &tokens)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let residual = layer.attn_residual;
-            layer.input_norm.apply(b, &residual.mix(rt, b, &mut streams), &mut normed);
+            norm_into(b, layer.input_norm.as_ref(), &residual.mix(rt, b, &mut streams), &mut normed);
             let attn = layer.attention.forward(rt, b, l, &normed, &mut pass, seqs)?;
             residual.slot(&mut streams).iter_mut().zip(&attn).for_each(|(x, y)| *x += y);
             residual.combine(b, &mut streams);
             let residual = layer.ffn_residual;
-            layer.post_attn_norm.apply(b, &residual.mix(rt, b, &mut streams), &mut normed);
+            norm_into(b, layer.post_attn_norm.as_ref(), &residual.mix(rt, b, &mut streams), &mut normed);
             // Look-ahead: the next layer's router on this layer's FFN input
             // guesses what it will read; the store starts those reads while
             // this layer computes. Only bytes move on a guess, never results.
@@ -161,7 +171,7 @@ impl Decoder {
             return Ok(());
         }
         let b = &self.backend;
-        first.post_attn_norm.apply(b, &first.ffn_residual.mix(rt, b, streams), scratch);
+        norm_into(b, first.post_attn_norm.as_ref(), &first.ffn_residual.mix(rt, b, streams), scratch);
         if let Some(experts) = first.ffn.predict(rt, b, scratch, tokens) {
             rt.store.prefetch(0, &experts)?;
         }
@@ -194,10 +204,18 @@ impl Decoder {
         };
         let m = rows.len() / h;
         let mut normed = vec![0.0f32; m * h];
-        self.final_norm.apply(&self.backend, rows, &mut normed);
+        norm_into(&self.backend, self.final_norm.as_ref(), rows, &mut normed);
         let mut out = vec![0.0f32; m * vocab_size];
         self.backend.matmul(rt, self.lm_head, &normed, &mut out);
         Ok(out)
+    }
+}
+
+/// `xs` through `norm` into `out`, or as it is where there is none.
+fn norm_into(b: &Backend, norm: Option<&Norm>, xs: &[f32], out: &mut [f32]) {
+    match norm {
+        Some(norm) => norm.apply(b, xs, out),
+        None => out.copy_from_slice(xs),
     }
 }
 

@@ -27,6 +27,7 @@ mod olmoe;
 mod qwen3_5_moe;
 mod qwen3_moe;
 mod qwen3_next;
+mod qwen4_exp;
 
 use std::fmt;
 use std::str::FromStr;
@@ -76,6 +77,10 @@ pub enum Family {
     /// ones, the DeepSeek-V3 MoE.
     #[serde(rename = "kimi_linear")]
     KimiLinear,
+    /// Qwen3.8-Flash-Next: the Qwen3.5 body with QSA block selection,
+    /// gated residual streams and no layer norms.
+    #[serde(rename = "qwen4_exp")]
+    Qwen4Exp,
 }
 
 /// What a family file provides.
@@ -147,7 +152,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 10] = [
+    pub const ALL: [Family; 11] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -158,6 +163,7 @@ impl Family {
         Family::Qwen35Moe,
         Family::GptOss,
         Family::KimiLinear,
+        Family::Qwen4Exp,
     ];
 
     /// The registry: the file that describes this family.
@@ -173,6 +179,7 @@ impl Family {
             Family::Qwen35Moe => &qwen3_5_moe::Qwen35Moe,
             Family::GptOss => &gpt_oss::GptOss,
             Family::KimiLinear => &kimi_linear::KimiLinear,
+            Family::Qwen4Exp => &qwen4_exp::Qwen4Exp,
         }
     }
 

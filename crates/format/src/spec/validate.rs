@@ -4,7 +4,7 @@
 //! Errors name the config.json field at fault.
 
 use super::{
-    CoreSpec, FfnSpec, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention, ModelArch, MoeBlock, NormKind,
+    CoreSpec, FfnSpec, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention, ModelArch, MoeBlock, NormKind, QsaSpec,
     ResidualKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, limits,
 };
 use crate::error::{Error, Result};
@@ -122,6 +122,35 @@ impl GqaSpec {
         }
         if self.sliding_window == Some(0) {
             return Err(Error::invalid("sliding_window", "must be > 0"));
+        }
+        if let Some(qsa) = &self.qsa {
+            qsa.validate(self.rope.map_or(0, |rope| rope.rotary_dim))?;
+        }
+        Ok(())
+    }
+}
+
+impl QsaSpec {
+    /// A selection whose blocks are whole and whose query and key heads
+    /// hold the attention's rotary part (`rotary_dim`), which rotates them.
+    fn validate(&self, rotary_dim: usize) -> Result<()> {
+        positive(&[
+            ("indexer_n_heads", self.n_heads),
+            ("indexer_head_dim", self.head_dim),
+            ("indexer_budget", self.budget_tokens),
+            ("indexer_compress_ratio", self.block_tokens),
+        ])?;
+        if !self.budget_tokens.is_multiple_of(self.block_tokens) {
+            return Err(Error::invalid(
+                "indexer_budget",
+                format!("{} is not a multiple of indexer_compress_ratio {}", self.budget_tokens, self.block_tokens),
+            ));
+        }
+        if rotary_dim > self.head_dim {
+            return Err(Error::invalid(
+                "indexer_head_dim",
+                format!("{} is narrower than the attention's rotary part {rotary_dim}", self.head_dim),
+            ));
         }
         Ok(())
     }

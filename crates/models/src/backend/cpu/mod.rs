@@ -10,9 +10,6 @@ mod gated_hyper;
 mod hyper;
 mod index;
 mod latent;
-// Qwen3.8-Flash-Next's QSA, checked against transformers; the attention
-// layer calls it once the family lands (docs/qwen4_exp.md).
-#[allow(dead_code)]
 mod qsa;
 mod route;
 mod shared_kv;
@@ -31,8 +28,8 @@ use strata_tier::ExpertStore;
 
 use super::{
     AttendJob, AttnShape, CompressJob, DeltaJob, DeltaKind, Device, ExpertFfnKind, GatedResidual, HyperConnection,
-    IndexJob, IndexShape, LatentJob, LatentShape, MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec, SharedKvJob,
-    SharedKvShape, StreamHead, StreamWeights, TableHandle, VectorHandle,
+    IndexJob, IndexShape, LatentJob, LatentShape, MatrixHandle, MoeJob, QsaJob, QsaShape, Rotary, RouteKind,
+    RouterSpec, SharedKvJob, SharedKvShape, StreamHead, StreamWeights, TableHandle, VectorHandle,
 };
 use crate::error::Result;
 use crate::rope::Angles;
@@ -305,6 +302,18 @@ impl Cpu {
     pub fn attend(&self, threads: &Threads, shape: AttnShape, jobs: Vec<AttendJob<'_>>) {
         let sinks = shape.sinks.map(|sinks| self.vector(sinks));
         attend::attend_all(threads, self.isa, &shape, sinks, jobs);
+    }
+
+    pub fn qsa_select(&self, threads: &Threads, shape: QsaShape, job: QsaJob<'_>) -> Vec<bool> {
+        let indexer = qsa::QsaIndexer {
+            heads: shape.heads,
+            head_dim: shape.head_dim,
+            budget_tokens: shape.budget_tokens,
+            block_tokens: shape.block_tokens,
+            k_norm: self.vector(shape.k_norm),
+            norm_eps: shape.norm_eps,
+        };
+        indexer.select_all(threads, &job)
     }
 
     pub fn delta_step(&self, threads: &Threads, kind: &DeltaKind, job: DeltaJob<'_>) {
