@@ -31,7 +31,8 @@ pub enum TensorKind {
     /// indexer's head weights; kept f32 because a top-k choice is sensitive
     /// to small score differences.
     Router,
-    /// A projection bias (1-D).
+    /// A projection bias (1-D), or a learned additive term (the pooled DSA
+    /// indexer's position bias, `[pool, head_dim]`).
     Bias,
     /// A parameter of a recurrent layer: the short convolution's kernel
     /// (`[channels, 1, taps]`, depthwise), decay rates and time-step biases.
@@ -449,7 +450,8 @@ pub fn qsa_names(core: &CoreSpec, layer: usize) -> [String; 3] {
 
 /// Multi-head Latent Attention: the (compressed) query, the latent
 /// down-projection and its norm, the up-projection `kv_b_proj`, o_proj, and
-/// on full DSA layers the lightning indexer.
+/// on full DSA layers the lightning indexer (with its pooling weights when
+/// pooled).
 fn mla_attention_tensors(core: &CoreSpec, attn: &MlaAttention, layer: usize, push: &mut Push<'_>) {
     let h = core.hidden_size;
     let t = |suffix: &str| layer_tensor(core, layer, suffix);
@@ -491,6 +493,12 @@ fn mla_attention_tensors(core: &CoreSpec, attn: &MlaAttention, layer: usize, pus
         // Its output weighs the heads' scores that pick tokens: f32, like a
         // router (transformers keeps it in fp32 too).
         push(t("self_attn.indexer.weights_proj.weight"), vec![n, h], TensorKind::Router);
+        if let Some(pool) = indexer.pool {
+            // The pooling weights pick tokens too (through the pooled keys):
+            // f32, the gate as a router and the position bias as a bias.
+            push(t("self_attn.indexer.index_kpool_compress_gate"), vec![d, h], TensorKind::Router);
+            push(t("self_attn.indexer.index_kpool_compress_ape"), vec![pool, d], TensorKind::Bias);
+        }
     }
 }
 
@@ -567,10 +575,11 @@ fn gdn_tensors(core: &CoreSpec, gdn: &GdnSpec, layer: usize, push: &mut Push<'_>
         for (conv, channels) in KIMI_CONVS.into_iter().zip([key_dim, key_dim, value_dim]) {
             push(t(&format!("{conv}.weight")), vec![channels, 1, d.conv_kernel], TensorKind::Recurrence);
         }
-        // Per key channel; A_log as the hub shapes it, to broadcast over
-        // `[batch, tokens, heads, d_k]`.
+        // Per key channel; A_log as the hub shapes it: Kimi's to broadcast
+        // over `[batch, tokens, heads, d_k]`, the bounded gate's per head.
         push(t("dt_bias"), vec![key_dim], TensorKind::Recurrence);
-        push(t("A_log"), vec![1, 1, n_v, 1], TensorKind::Recurrence);
+        let a_log = if gdn.gate_lower_bound.is_some() { vec![n_v] } else { vec![1, 1, n_v, 1] };
+        push(t("A_log"), a_log, TensorKind::Recurrence);
         push(t("o_norm.weight"), vec![d.head_v_dim], TensorKind::Norm);
         push(t("o_proj.weight"), vec![h, value_dim], TensorKind::Linear);
         return;

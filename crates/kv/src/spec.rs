@@ -2,15 +2,16 @@
 //! engine budgets with it without building the model, and the model's
 //! blocks are checked against it when they load.
 
-use strata_format::{LayerSpec, MixerSpec};
+use strata_format::{IndexerKind, IndexerSpec, LayerSpec, MixerSpec};
 
 use crate::{LayerLayout, StatePart};
 
 /// What a layer of `spec` keeps per sequence, in the order its block
 /// indexes the parts: keys then values (grouped-query attention; a ring of
 /// the last `window` under a sliding window); the
-/// latent with its rotary key, then the indexer keys with DSA (Multi-head
-/// Latent Attention); the delta-rule and convolution state (Gated DeltaNet).
+/// latent with its rotary key, then the indexer's parts with DSA
+/// (Multi-head Latent Attention); the delta-rule and convolution state
+/// (Gated DeltaNet).
 pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
     let parts = match &spec.mixer {
         MixerSpec::Gqa(gqa) => {
@@ -22,10 +23,10 @@ pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
             let qsa = gqa.qsa.map(|qsa| StatePart::Rows { dim: qsa.head_dim });
             [part, part].into_iter().chain(qsa).collect()
         }
-        MixerSpec::Mla(mla) => std::iter::once(mla.dims.latent_dim())
-            .chain(mla.indexer.map(|indexer| indexer.head_dim))
-            .map(|dim| StatePart::Rows { dim })
-            .collect(),
+        MixerSpec::Mla(mla) => {
+            let latent = StatePart::Rows { dim: mla.dims.latent_dim() };
+            std::iter::once(latent).chain(mla.indexer.iter().flat_map(indexer_parts)).collect()
+        }
         MixerSpec::GatedDeltaNet(gdn) => vec![StatePart::Fixed { floats: gdn.dims.state_floats() }],
         // The window's ring, then per compressor its entries (the open
         // window's kv pending) and the rest of its last tokens' projections.
@@ -41,6 +42,22 @@ pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
     LayerLayout::new(parts)
 }
 
+/// A DSA indexer's parts: a key per token (GLM-5; a sharing layer's row
+/// stays zero), or when pooled the keys as a strided part (a key per pool,
+/// the open pool's keys pending) and the open pool's gate logits as a ring
+/// (none for pools of one token); a pooled sharing layer keeps nothing.
+fn indexer_parts(indexer: &IndexerSpec) -> Vec<StatePart> {
+    let dim = indexer.head_dim;
+    match (indexer.pool, indexer.kind) {
+        (None, _) => vec![StatePart::Rows { dim }],
+        (Some(_), IndexerKind::Shared) => Vec::new(),
+        (Some(1), IndexerKind::Full) => vec![StatePart::Strided { dim, every: 1 }],
+        (Some(pool), IndexerKind::Full) => {
+            vec![StatePart::Strided { dim, every: pool }, StatePart::Ring { dim, window: pool - 1 }]
+        }
+    }
+}
+
 /// [`layout_of`] every layer of a model.
 pub fn layouts_of(layers: &[LayerSpec]) -> Vec<LayerLayout> {
     layers.iter().map(layout_of).collect()
@@ -49,8 +66,8 @@ pub fn layouts_of(layers: &[LayerSpec]) -> Vec<LayerLayout> {
 #[cfg(test)]
 mod tests {
     use strata_format::{
-        CompressedIndexer, Compression, FfnSpec, LIKE, MixerSpec, ModelArch, NormKind, ResidualKind, RopeScaling,
-        RopeSpec, SharedKvAttention, SwiGlu, like_config,
+        CompressedIndexer, Compression, FfnSpec, IndexerKind, IndexerSpec, LIKE, MixerSpec, ModelArch, NormKind,
+        ResidualKind, RopeScaling, RopeSpec, SharedKvAttention, SwiGlu, like_config,
     };
 
     use super::*;
@@ -106,5 +123,29 @@ mod tests {
         let state = StatePart::Fixed { floats: arch.first_gdn().unwrap().dims.state_floats() };
         let rows = vec![StatePart::Rows { dim: kv_dim }; 2];
         assert_eq!(parts, [vec![state], vec![state], vec![state], rows]);
+    }
+
+    #[test]
+    fn a_pooled_indexer_keeps_its_pools_and_open_pool_and_a_sharing_layer_nothing() {
+        let mut arch = ModelArch::from_config_json(
+            r#"{"model_type": "glm_moe_dsa", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "n_routed_experts": 4,
+            "num_experts_per_tok": 2, "kv_lora_rank": 16, "q_lora_rank": 12, "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8, "v_head_dim": 8, "index_head_dim": 16, "index_n_heads": 2}"#,
+        )
+        .unwrap();
+        for (layer, kind) in arch.layers.iter_mut().zip([IndexerKind::Full, IndexerKind::Shared]) {
+            let MixerSpec::Mla(mla) = &mut layer.mixer else { panic!("{layer:?}") };
+            mla.indexer = mla.indexer.map(|ix| IndexerSpec { kind, pool: Some(4), ..ix });
+        }
+        let layouts = layouts_of(&arch.layers);
+        let latent = StatePart::Rows { dim: 16 + 8 };
+        let pools = StatePart::Strided { dim: 16, every: 4 };
+        assert_eq!(layouts[0].parts, [latent, pools, StatePart::Ring { dim: 16, window: 3 }]);
+        assert_eq!(layouts[1].parts, [latent]);
+        for (layout, layer) in layouts.iter().zip(&arch.layers) {
+            assert_eq!(layout.bytes_per_token(), layer.cache_floats_per_token() * size_of::<f32>());
+            assert_eq!(layout.bytes_per_sequence(), layer.state_floats() * size_of::<f32>());
+        }
     }
 }

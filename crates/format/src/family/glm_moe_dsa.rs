@@ -77,7 +77,7 @@ impl FamilyDef for GlmMoeDsa {
                 format!("{} entries for {num_layers} layers", parsed.kinds.len()),
             ));
         }
-        parsed.build(|l| Some(IndexerSpec { kind: kinds[l], topk, head_dim, n_heads }))
+        parsed.build(|l| Some(IndexerSpec { kind: kinds[l], topk, head_dim, n_heads, pool: None }))
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {
@@ -131,7 +131,7 @@ fn layer_kinds(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<FfnKind>> {
 /// GlmMoeDsaConfig.__post_init__: `indexer_types` if given, else the
 /// `index_topk_pattern` (a string of F/S or a list), else full iff
 /// `max(layer - index_skip_topk_offset + 1, 0) % index_topk_freq == 0`.
-fn indexer_types(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<IndexerKind>> {
+pub(super) fn indexer_types(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<IndexerKind>> {
     let parse_kind = |t: &str, field: &str| match t {
         "full" | "F" => Ok(IndexerKind::Full),
         "shared" | "S" => Ok(IndexerKind::Shared),

@@ -131,7 +131,11 @@ pub(super) fn parse<'a>(cfg: Fields<'a>, hybrid: &Hybrid) -> Result<Parsed<'a>> 
     parsed.ffns.moe.shared = shared;
     let eps = parsed.core.final_norm.eps();
     parsed.core.final_norm = NormKind::OnePlusWeight { eps };
-    Ok(Parsed { gqa: parsed, gdn: GdnSpec { dims, eps, output_gate: GateActivation::Silu }, mixers })
+    Ok(Parsed {
+        gqa: parsed,
+        gdn: GdnSpec { dims, eps, gate_lower_bound: None, output_gate: GateActivation::Silu },
+        mixers,
+    })
 }
 
 /// The text model's config of a checkpoint: the multimodal wrapper's

@@ -258,6 +258,7 @@ impl FamilyDef for KimiLinear {
         let gdn = GdnSpec {
             dims: linear_dims(&cfg, linear.as_ref())?,
             eps: parsed.core.final_norm.eps(),
+            gate_lower_bound: None,
             output_gate: GateActivation::Sigmoid,
         };
         let types = layer_types(&cfg, linear.as_ref(), num_layers)?;

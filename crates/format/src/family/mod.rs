@@ -14,6 +14,7 @@
 //! [`LayerSpec`], and nothing outside this folder names it.
 
 mod deepseek_v3;
+mod glm5_next;
 mod glm_moe_dsa;
 mod gpt_oss;
 mod gqa;
@@ -77,6 +78,11 @@ pub enum Family {
     /// ones, the DeepSeek-V3 MoE.
     #[serde(rename = "kimi_linear")]
     KimiLinear,
+    /// GLM-5.3-Flash: bounded Kimi Delta Attention layers between unrotated
+    /// MLA ones sparse through a pooled DSA indexer, hyper-connections,
+    /// clamped SwiGLU, in a multimodal wrapper.
+    #[serde(rename = "glm5_next")]
+    Glm5Next,
     /// Qwen3.8-Flash-Next: the Qwen3.5 body with QSA block selection,
     /// gated residual streams and no layer norms.
     #[serde(rename = "qwen4_exp")]
@@ -152,7 +158,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 11] = [
+    pub const ALL: [Family; 12] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -163,6 +169,7 @@ impl Family {
         Family::Qwen35Moe,
         Family::GptOss,
         Family::KimiLinear,
+        Family::Glm5Next,
         Family::Qwen4Exp,
     ];
 
@@ -179,6 +186,7 @@ impl Family {
             Family::Qwen35Moe => &qwen3_5_moe::Qwen35Moe,
             Family::GptOss => &gpt_oss::GptOss,
             Family::KimiLinear => &kimi_linear::KimiLinear,
+            Family::Glm5Next => &glm5_next::Glm5Next,
             Family::Qwen4Exp => &qwen4_exp::Qwen4Exp,
         }
     }

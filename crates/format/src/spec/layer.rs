@@ -147,7 +147,10 @@ impl LayerSpec {
             MixerSpec::Mla(mla) => {
                 let index = match mla.indexer {
                     None => String::new(),
-                    Some(ix) if ix.kind == IndexerKind::Full => format!(", {} index-key top-{}", ix.head_dim, ix.topk),
+                    Some(ix) if ix.kind == IndexerKind::Full => {
+                        let pools = ix.pool.map(|k| format!(" in pools of {k}")).unwrap_or_default();
+                        format!(", {} index-key top-{}{pools}", ix.head_dim, ix.topk)
+                    }
                     Some(_) => ", shared index".to_owned(),
                 };
                 let rope = if mla.rope.is_some() { "" } else { ", no rope" };
@@ -276,23 +279,24 @@ impl MixerSpec {
     /// f32 values one token adds to this layer's cache: keys and values,
     /// plus the raw indexer key with QSA (GQA; none under a sliding window,
     /// whose ring is fixed state); the latent with its rotary key, plus the
-    /// indexer key with DSA (MLA); none for a recurrent layer.
+    /// indexer's keys with DSA (MLA); none for a recurrent layer.
     pub fn cache_floats_per_token(&self) -> usize {
         match self {
             MixerSpec::Gqa(gqa) if gqa.sliding_window.is_some() => 0,
             MixerSpec::Gqa(gqa) => 2 * gqa.kv_dim() + gqa.qsa.map_or(0, |qsa| qsa.head_dim),
-            MixerSpec::Mla(mla) => mla.dims.latent_dim() + mla.indexer.map_or(0, |i| i.head_dim),
+            MixerSpec::Mla(mla) => mla.dims.latent_dim() + mla.indexer.map_or(0, |i| i.cache_floats_per_token()),
             MixerSpec::GatedDeltaNet(_) => 0,
             MixerSpec::SharedKv(sk) => sk.cache_floats_per_token(),
         }
     }
 
     /// f32 values of fixed state one sequence keeps in this layer: the
-    /// keys and values of a sliding window's last `window` positions.
+    /// keys and values of a sliding window's last `window` positions, a
+    /// pooled indexer's open pool, a recurrent state.
     pub fn state_floats(&self) -> usize {
         match self {
             MixerSpec::Gqa(gqa) => gqa.sliding_window.map_or(0, |window| 2 * gqa.kv_dim() * window),
-            MixerSpec::Mla(_) => 0,
+            MixerSpec::Mla(mla) => mla.indexer.map_or(0, |i| i.state_floats()),
             MixerSpec::GatedDeltaNet(gdn) => gdn.dims.state_floats(),
             MixerSpec::SharedKv(sk) => sk.state_floats(),
         }
@@ -387,6 +391,11 @@ pub struct GdnSpec {
     pub dims: GdnDims,
     /// Epsilon of the gated output norm (the model's `rms_norm_eps`).
     pub eps: f32,
+    /// Kimi Delta Attention only: GLM-5.3-Flash's bounded forget gate,
+    /// `g = bound · sigmoid(exp(A_log) · (f + dt_bias))` with this (negative)
+    /// bound (`linear_lower_bound`), instead of Kimi's
+    /// `−exp(A_log) · softplus(f + dt_bias)`.
+    pub gate_lower_bound: Option<f32>,
     /// The activation of the output norm's gate.
     pub output_gate: GateActivation,
 }
@@ -406,10 +415,39 @@ pub enum GateActivation {
 pub struct IndexerSpec {
     /// Own indexer weights, or the previous full layer's selection.
     pub kind: IndexerKind,
-    /// Positions a query may see once there are more than this.
+    /// Positions a query may see once there are more than this (besides,
+    /// when pooled, its own incomplete pool).
     pub topk: usize,
     pub head_dim: usize,
     pub n_heads: usize,
+    /// `None`: one key per token, rotated by the layer's RoPE (GLM-5).
+    /// `Some(k)`: GLM-5.3-Flash's pooled indexer (`index_kpool`): unrotated
+    /// keys, one per pool of `k` tokens (their softmax-weighted mean), the
+    /// `topk / k` best pools chosen and expanded to their tokens, plus the
+    /// query's own incomplete pool.
+    pub pool: Option<usize>,
+}
+
+impl IndexerSpec {
+    /// f32 values one token adds to the layer's cache for the indexer: a
+    /// key per token, or per pool (rounded up per token); a sharing layer
+    /// keeps none of its own when pooled (GLM-5's keeps a zero row).
+    pub fn cache_floats_per_token(&self) -> usize {
+        match (self.pool, self.kind) {
+            (None, _) => self.head_dim,
+            (Some(pool), IndexerKind::Full) => self.head_dim.div_ceil(pool),
+            (Some(_), IndexerKind::Shared) => 0,
+        }
+    }
+
+    /// f32 values of fixed state one sequence keeps for a pooled indexer:
+    /// the keys and gate logits of the open pool's tokens (at most `k − 1`).
+    pub fn state_floats(&self) -> usize {
+        match (self.pool, self.kind) {
+            (Some(pool), IndexerKind::Full) => 2 * (pool - 1) * self.head_dim,
+            _ => 0,
+        }
+    }
 }
 
 /// The feed-forward block of a layer.

@@ -192,6 +192,7 @@ impl ModelSpec {
                 topk: dsa.index_topk,
                 head_dim: dsa.index_head_dim,
                 n_heads: dsa.index_n_heads,
+                pool: None,
             })
         });
         MlaAttention {
@@ -205,7 +206,12 @@ impl ModelSpec {
     }
 
     fn gdn(&self, dims: GdnDims) -> MixerSpec {
-        MixerSpec::GatedDeltaNet(GdnSpec { dims, eps: self.rms_norm_eps, output_gate: GateActivation::Silu })
+        MixerSpec::GatedDeltaNet(GdnSpec {
+            dims,
+            eps: self.rms_norm_eps,
+            gate_lower_bound: None,
+            output_gate: GateActivation::Silu,
+        })
     }
 
     fn moe_block(&self) -> MoeBlock {

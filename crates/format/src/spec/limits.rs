@@ -132,7 +132,8 @@ fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
             ]
         }
         MixerSpec::Mla(mla) => {
-            let (topk, head_dim, n_heads) = mla.indexer.map_or((0, 0, 0), |i| (i.topk, i.head_dim, i.n_heads));
+            let (topk, head_dim, n_heads, pool) =
+                mla.indexer.map_or((0, 0, 0, None), |i| (i.topk, i.head_dim, i.n_heads, i.pool));
             vec![
                 ("num_attention_heads", mla.num_heads, MAX_HEADS),
                 ("q_lora_rank", mla.dims.q_lora_rank.unwrap_or(0), MAX_HIDDEN),
@@ -143,6 +144,7 @@ fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
                 ("index_topk", topk, MAX_POSITIONS),
                 ("index_head_dim", head_dim, MAX_HEAD_DIM),
                 ("index_n_heads", n_heads, MAX_HEADS),
+                ("index_kpool", pool.unwrap_or(0), MAX_POSITIONS),
             ]
         }
         MixerSpec::GatedDeltaNet(gdn) => vec![

@@ -254,3 +254,56 @@ fn a_latent_norm_eps_of_zero_is_refused() {
     let err = deepseek_v3_mla_edited(|mla| mla.latent_norm_eps = 0.0).unwrap_err().to_string();
     assert!(err.contains("latent norms' eps"), "{err}");
 }
+
+/// GLM-5.3-Flash's indexer over pools of `pool` tokens, keeping `topk`.
+fn pooled_indexer(kind: IndexerKind, pool: usize, topk: usize) -> Option<IndexerSpec> {
+    Some(IndexerSpec { kind, topk, head_dim: 64, n_heads: 4, pool: Some(pool) })
+}
+
+/// GLM-5's layers (whose family has an indexer) with `edit` applied to
+/// each latent attention block.
+fn glm_mla_edited(edit: impl Fn(&mut MlaAttention)) -> Result<()> {
+    let mut arch = ModelArch::from_config_value(&glm()).unwrap();
+    for layer in &mut arch.layers {
+        let MixerSpec::Mla(mla) = &mut layer.mixer else { panic!("{layer:?}") };
+        edit(mla);
+    }
+    arch.validate()
+}
+
+#[test]
+fn a_pooled_indexer_needs_a_whole_number_of_pools_and_no_rope() {
+    glm_mla_edited(|mla| {
+        mla.rope = None;
+        mla.indexer = pooled_indexer(IndexerKind::Full, 4, 8);
+    })
+    .unwrap();
+    for (pool, topk) in [(4, 6), (0, 8), (16, 8)] {
+        let err = glm_mla_edited(|mla| {
+            mla.rope = None;
+            mla.indexer = pooled_indexer(IndexerKind::Full, pool, topk);
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("index_kpool") && err.contains("divide index_topk"), "pool {pool}, top-{topk}: {err}");
+    }
+    let err = glm_mla_edited(|mla| mla.indexer = pooled_indexer(IndexerKind::Full, 4, 8)).unwrap_err();
+    assert!(err.to_string().contains("no RoPE"), "{err}");
+}
+
+#[test]
+fn a_pooled_indexer_keeps_a_key_per_pool_and_its_open_pool() {
+    let mut arch = ModelArch::from_config_value(&deepseek_v3()).unwrap();
+    let latent = 512 + 64;
+    let cases = [
+        (IndexerKind::Full, latent + 64 / 4, 2 * 3 * 64, "64 index-key top-8 in pools of 4"),
+        (IndexerKind::Shared, latent, 0, "shared index"),
+    ];
+    for (kind, per_token, state, said) in cases {
+        let MixerSpec::Mla(mla) = &mut arch.layers[0].mixer else { panic!("latent attention") };
+        mla.indexer = pooled_indexer(kind, 4, 8);
+        assert_eq!((arch.layers[0].cache_floats_per_token(), arch.layers[0].state_floats()), (per_token, state));
+        let line = arch.layers[0].describe();
+        assert!(line.contains(said), "{line}");
+    }
+}

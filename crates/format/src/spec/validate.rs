@@ -4,8 +4,8 @@
 //! Errors name the config.json field at fault.
 
 use super::{
-    CoreSpec, FfnSpec, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention, ModelArch, MoeBlock, NormKind, QsaSpec,
-    ResidualKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, limits,
+    CoreSpec, FfnSpec, GdnProjections, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention, ModelArch, MoeBlock,
+    NormKind, QsaSpec, ResidualKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, limits,
 };
 use crate::error::{Error, Result};
 
@@ -192,6 +192,23 @@ impl MlaAttention {
                     format!("{} is narrower than qk_rope_head_dim {}", indexer.head_dim, dims.qk_rope_head_dim),
                 ));
             }
+            if let Some(pool) = indexer.pool {
+                // A whole number of pools (transformers checks it too), at
+                // least one: a query that closes a pool has no tail, so it
+                // must see a pool.
+                if pool == 0 || !indexer.topk.is_multiple_of(pool) {
+                    return Err(Error::invalid(
+                        "index_kpool",
+                        format!("{pool} must be > 0 and divide index_topk {}", indexer.topk),
+                    ));
+                }
+                if self.rope.is_some() {
+                    return Err(Error::invalid(
+                        "qk_rope_head_dim",
+                        "a pooled DSA indexer pools unrotated keys: no RoPE",
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -214,6 +231,18 @@ impl GdnSpec {
                 "linear_num_value_heads",
                 format!("{} is not a multiple of linear_num_key_heads {}", dims.num_v_heads, dims.num_k_heads),
             ));
+        }
+        if let Some(bound) = self.gate_lower_bound {
+            if dims.projections != GdnProjections::Kimi {
+                return Err(Error::invalid(
+                    "linear_lower_bound",
+                    "only Kimi Delta Attention has a bounded forget gate",
+                ));
+            }
+            // Positive, the "bound" would let the state grow without limit.
+            if !(bound.is_finite() && bound < 0.0) {
+                return Err(Error::invalid("linear_lower_bound", format!("{bound} must be finite and < 0")));
+            }
         }
         NormKind::Weight { eps: self.eps }.validate()
     }

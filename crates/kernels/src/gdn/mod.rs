@@ -1,7 +1,8 @@
 //! Delta rule kernels: Gated DeltaNet (the linear-attention layers of
 //! Qwen3-Next `qwen3_next` and Qwen3.5/3.6 `qwen3_5_moe`) and Kimi Delta
-//! Attention (`kimi_linear`), which differ only in the decay: one factor per
-//! value head and token in GDN, one per key channel in KDA ([`LogDecay`]).
+//! Attention (`kimi_linear`, and `glm5_next` with a bounded gate), which
+//! differ only in the decay: one factor per value head and token in GDN,
+//! one per key channel in KDA ([`LogDecay`]).
 //! The delta rule for one value head, as a per-token recurrence (decode and
 //! prefill) and, GDN only, in the chunked form, and the causal depthwise
 //! conv1d + SiLU with its short state (and, without SiLU but plus its
@@ -64,6 +65,15 @@ pub fn channel_log_decay(f: f32, dt_bias: f32, a_log: f32) -> f32 {
     let x = f + dt_bias;
     let softplus = if x > 20.0 { x } else { (1.0 + x.exp()).ln() };
     -a_log.exp() * softplus
+}
+
+/// The log decay of one key channel for one token in GLM-5.3-Flash's Kimi
+/// Delta Attention (`Glm5NextTextForgetGate` with `linear_lower_bound`):
+/// `g = lower_bound · sigmoid(exp(a_log) · (f + dt_bias))`, in f32. For a
+/// negative bound `g` lies in `(lower_bound, 0)`: no channel keeps less
+/// than `exp(lower_bound)` of its state a token, whatever its gate says.
+pub fn bounded_channel_log_decay(f: f32, dt_bias: f32, a_log: f32, lower_bound: f32) -> f32 {
+    lower_bound * crate::ops::sigmoid(a_log.exp() * (f + dt_bias))
 }
 
 /// The write strength of one value head for one token: `sigmoid(b)`.

@@ -4,7 +4,8 @@
 //! non-zero state over 70 tokens (one full chunk and a partial one), l2norm,
 //! the gated RMSNorm and both conv1d paths; and Kimi Delta Attention's
 //! forget gate, its recurrence against both of kimi_linear's forms, its
-//! l2norm and its sigmoid-gated RMSNorm (`kda_*`).
+//! l2norm and its sigmoid-gated RMSNorm (`kda_*`); GLM-5.3-Flash's bounded
+//! forget gate and the recurrence with it (`glm_*`).
 
 use super::gdn::assert_all_close;
 use crate::gdn::{self, DeltaTokens, LogDecays};
@@ -81,52 +82,79 @@ fn delta_rule_matches_transformers() {
 /// chunked forms, on the GDN case's q, k, v, beta and state.
 #[test]
 fn kimi_delta_attention_matches_transformers() {
+    let g = channel_decays("kda", gdn::channel_log_decay);
+    for form in ["recurrent", "chunk"] {
+        kda_matches(&g, &format!("kda_{form}"), &format!("torch's {form} form"));
+    }
+}
+
+/// GLM-5.3-Flash's bounded forget gate (`Glm5NextTextForgetGate`, bound
+/// −5: decays down to `exp(−5)` a token), then the recurrence with its g
+/// against glm5_next's `recurrent_kimi_delta_attention`.
+#[test]
+fn bounded_kimi_delta_attention_matches_glm5_next() {
+    const LOWER_BOUND: f32 = -5.0;
+    let g = channel_decays("glm", |f, dt_bias, a_log| gdn::bounded_channel_log_decay(f, dt_bias, a_log, LOWER_BOUND));
+    // Within [bound, 0]: the sigmoid rounds to 0 or 1 far enough out.
+    assert!(g.iter().all(|&gi| (LOWER_BOUND..=0.0).contains(&gi)), "a bounded gate stays within [bound, 0]");
+    kda_matches(&g, "glm_recurrent", "glm5_next's recurrence");
+}
+
+/// The per-channel log decays `[tokens, heads * d_k]` that `decay` gives
+/// from the `{prefix}_f`, `_dt_bias` and `_a_log` arrays, checked against
+/// torch's `{prefix}_g`.
+fn channel_decays(prefix: &str, decay: impl Fn(f32, f32, f32) -> f32) -> Vec<f32> {
+    let (q_shape, _) = load("q");
+    let d_k = q_shape[2];
+    let (g_shape, want_g) = load(&format!("{prefix}_g"));
+    assert_eq!(g_shape, q_shape);
+    let (_, f) = load(&format!("{prefix}_f"));
+    let (_, dt_bias) = load(&format!("{prefix}_dt_bias"));
+    let (_, a_log) = load(&format!("{prefix}_a_log"));
+    let g: Vec<f32> = f
+        .iter()
+        .enumerate()
+        .map(|(i, &fi)| {
+            let channel = i % dt_bias.len();
+            decay(fi, dt_bias[channel], a_log[channel / d_k])
+        })
+        .collect();
+    assert_all_close(&g, &want_g, TORCH_REL_TOL, &format!("{prefix} forget gate g"));
+    g
+}
+
+/// The KDA recurrence with log decays `g` (`[tokens, heads, d_k]`) on the
+/// GDN case's q, k, v, beta and state, on every ISA, against torch's
+/// `{want}_out` and `{want}_state`.
+fn kda_matches(g: &[f32], want: &str, what: &str) {
     let (q_shape, q) = load("q");
     let (_, k) = load("k");
     let (v_shape, v) = load("v");
     let (beta_shape, beta) = load("beta");
     let (_, state0) = load("state0");
-    let (g_shape, want_g) = load("kda_g");
-    let (_, f) = load("kda_f");
-    let (_, dt_bias) = load("kda_dt_bias");
-    let (_, a_log) = load("kda_a_log");
+    let (_, want_out) = load(&format!("{want}_out"));
+    let (_, want_state) = load(&format!("{want}_state"));
     let [tokens, heads, d_k] = q_shape[..] else { panic!("q shape {q_shape:?}") };
-    assert_eq!(g_shape, q_shape);
     let d_v = v_shape[2];
-    let g: Vec<f32> = f
-        .iter()
-        .enumerate()
-        .map(|(i, &fi)| {
-            let channel = i % (heads * d_k);
-            gdn::channel_log_decay(fi, dt_bias[channel], a_log[channel / d_k])
-        })
-        .collect();
-    assert_all_close(&g, &want_g, TORCH_REL_TOL, "forget gate g");
-    for (form, (out_name, state_name)) in
-        [("recurrent", ("kda_recurrent_out", "kda_recurrent_state")), ("chunk", ("kda_chunk_out", "kda_chunk_state"))]
-    {
-        let (_, want_out) = load(out_name);
-        let (_, want_state) = load(state_name);
-        for isa in Isa::all_supported() {
-            for h in 0..heads {
-                let mut q_h = middle(&q, &q_shape, h);
-                let mut k_h = middle(&k, &q_shape, h);
-                for (qt, kt) in q_h.chunks_exact_mut(d_k).zip(k_h.chunks_exact_mut(d_k)) {
-                    ops::l2norm_divided(qt, gdn::L2NORM_EPS);
-                    ops::scale(gdn::query_scale(d_k), qt);
-                    ops::l2norm_divided(kt, gdn::L2NORM_EPS);
-                }
-                let (v_h, g_h) = (middle(&v, &v_shape, h), middle(&g, &g_shape, h));
-                let beta_h = column(&beta, &beta_shape, h);
-                let run = DeltaTokens { q: &q_h, k: &k_h, v: &v_h, g: LogDecays::Channel(&g_h), beta: &beta_h };
-                let mut state = state0[h * d_k * d_v..(h + 1) * d_k * d_v].to_vec();
-                let mut out = vec![f32::NAN; tokens * d_v];
-                gdn::delta_rule_recurrent(isa, &mut state, d_v, &run, &mut out);
-                let what = format!("{isa:?} KDA against torch's {form} form, head {h}");
-                assert_all_close(&out, &middle(&want_out, &v_shape, h), TORCH_REL_TOL, &format!("{what} out"));
-                let want_state_h = &want_state[h * d_k * d_v..(h + 1) * d_k * d_v];
-                assert_all_close(&state, want_state_h, TORCH_REL_TOL, &format!("{what} state"));
+    for isa in Isa::all_supported() {
+        for h in 0..heads {
+            let mut q_h = middle(&q, &q_shape, h);
+            let mut k_h = middle(&k, &q_shape, h);
+            for (qt, kt) in q_h.chunks_exact_mut(d_k).zip(k_h.chunks_exact_mut(d_k)) {
+                ops::l2norm_divided(qt, gdn::L2NORM_EPS);
+                ops::scale(gdn::query_scale(d_k), qt);
+                ops::l2norm_divided(kt, gdn::L2NORM_EPS);
             }
+            let (v_h, g_h) = (middle(&v, &v_shape, h), middle(g, &q_shape, h));
+            let beta_h = column(&beta, &beta_shape, h);
+            let run = DeltaTokens { q: &q_h, k: &k_h, v: &v_h, g: LogDecays::Channel(&g_h), beta: &beta_h };
+            let mut state = state0[h * d_k * d_v..(h + 1) * d_k * d_v].to_vec();
+            let mut out = vec![f32::NAN; tokens * d_v];
+            gdn::delta_rule_recurrent(isa, &mut state, d_v, &run, &mut out);
+            let what = format!("{isa:?} KDA against {what}, head {h}");
+            assert_all_close(&out, &middle(&want_out, &v_shape, h), TORCH_REL_TOL, &format!("{what} out"));
+            let want_state_h = &want_state[h * d_k * d_v..(h + 1) * d_k * d_v];
+            assert_all_close(&state, want_state_h, TORCH_REL_TOL, &format!("{what} state"));
         }
     }
 }

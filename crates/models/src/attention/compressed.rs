@@ -187,7 +187,7 @@ impl EntryIndexer {
         let (n, d) = (spec.n_heads, spec.head_dim);
         Ok(Self {
             compressor: Compressor::load(b, tensor, state, hidden, eps, rotary_dim, first_part)?,
-            shape: IndexShape { heads: n, head_dim: d, topk: spec.topk },
+            shape: IndexShape { heads: n, head_dim: d, topk: spec.topk, pools: false },
             q_b: Linear::load(b, &tensor("q_b_proj.weight"), None, n * d, q_lora_rank)?,
             weights_proj: Linear::load(b, &tensor("scorer.weights_proj.weight"), None, n, hidden)?,
             rotary: trailing_rotary(d, rotary_dim),

@@ -101,6 +101,7 @@ impl DeltaNet {
                 conv: b.upload_vector(conv),
                 dt_bias: b.vector(&t("dt_bias"), d.key_dim())?,
                 a_log: b.vector(&t("A_log"), d.num_v_heads)?,
+                gate_lower_bound: gdn.gate_lower_bound,
             };
             (rule, b.vector(&t("o_norm.weight"), d.head_v_dim)?, t("o_proj.weight"))
         } else {

@@ -322,7 +322,7 @@ pub enum DeltaKind {
     },
     /// Kimi Delta Attention: the same convolution over q | k | v, q and k
     /// l2-normalised by division, and the delta rule with a decay per key
-    /// channel (docs/gdn.md).
+    /// channel, from Kimi's gate or a bounded one (docs/gdn.md).
     KimiDelta {
         dims: strata_format::GdnDims,
         /// `[conv_dim, conv_kernel]`: the q, k and v convolutions joined.
@@ -331,6 +331,8 @@ pub enum DeltaKind {
         dt_bias: VectorHandle,
         /// `[num_v_heads]`.
         a_log: VectorHandle,
+        /// GLM-5.3-Flash's bounded forget gate (`GdnSpec::gate_lower_bound`).
+        gate_lower_bound: Option<f32>,
     },
 }
 
@@ -369,26 +371,32 @@ pub struct LatentJob<'a> {
     pub selection: Option<&'a [Vec<usize>]>,
 }
 
-/// The DSA lightning indexer's shape.
+/// A lightning indexer's shape.
 #[derive(Debug, Clone, Copy)]
 pub struct IndexShape {
     pub heads: usize,
     pub head_dim: usize,
-    /// Keys a query keeps.
+    /// Keys a query keeps, or with `pools` tokens (besides its own
+    /// incomplete pool).
     pub topk: usize,
+    /// Whether each key pools `IndexJob::every` tokens and a chosen one
+    /// stands for them (GLM-5.3-Flash), rather than for itself.
+    pub pools: bool,
 }
 
 /// One sequence's indexer queries at positions `start..start + n`: `q`
-/// `[n, heads * head_dim]` (rotated), `weights` `[n, heads]` (scaled), and
-/// every key of the pass (DSA: one per position `0..start + n`; a
-/// compressor: one per window closed by then).
+/// `[n, heads * head_dim]` (rotated where the layer rotates), `weights`
+/// `[n, heads]` (scaled), and every key of the pass (DSA: one per position
+/// `0..start + n`, or per whole pool; a compressor: one per window closed
+/// by then).
 pub struct IndexJob<'a> {
     pub q: &'a [f32],
     pub weights: &'a [f32],
     pub keys: &'a [f32],
     pub start: usize,
-    /// Tokens per key: 1 (DSA, a key per position), or a compressor's ratio
-    /// (a query at `p` sees the keys of the `(p + 1) / every` closed windows).
+    /// Tokens per key: 1 (DSA, a key per position), a pooled indexer's pool
+    /// size, or a compressor's ratio (a query at `p` sees the keys of the
+    /// `(p + 1) / every` closed pools or windows).
     pub every: usize,
 }
 
@@ -717,6 +725,15 @@ impl Backend {
     pub fn index_select(&self, rt: &Runtime<'_>, shape: IndexShape, job: IndexJob<'_>) -> Vec<Vec<usize>> {
         match self {
             Backend::Cpu(cpu) => cpu.index_select(rt.threads, shape, job),
+        }
+    }
+
+    /// The pooled indexer's key of each whole pool of `keys` and their gate
+    /// logits `gates` (`[pools · pool, head_dim]`, `pool` the rows of `ape`
+    /// `[pool, head_dim]`), `[pools, head_dim]` (see `crate::dsa`).
+    pub fn pool_index_keys(&self, ape: VectorHandle, pool: usize, keys: &[f32], gates: &[f32]) -> Vec<f32> {
+        match self {
+            Backend::Cpu(cpu) => cpu.pool_index_keys(ape, pool, keys, gates),
         }
     }
 

@@ -199,7 +199,34 @@ fn variants() -> Vec<Value> {
     let text = qwen4_by_interval["text_config"].as_object_mut().unwrap();
     text.remove("layer_types");
     text.insert("full_attention_interval".into(), json!(2));
-    vec![sliding, by_interval, linear, glm, glm_yarn, kimi_linear, kimi_linear_saved, qwen4_by_interval]
+    vec![
+        sliding,
+        by_interval,
+        linear,
+        glm,
+        glm_yarn,
+        kimi_linear,
+        kimi_linear_saved,
+        glm5_next_flat(),
+        qwen4_by_interval,
+    ]
+}
+
+/// glm5_next flat (the text fields at the top, as `Glm5NextConfig` reads
+/// them too), its KDA dimensions in `linear_attn_config`, no layer or
+/// indexer lists and a rope object (which transformers ignores; the MLA
+/// reader checks it): every key its parser may read is looked up.
+fn glm5_next_flat() -> Value {
+    json!({
+        "model_type": "glm5_next", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4,
+        "num_attention_heads": 2, "kv_lora_rank": 16, "q_lora_rank": 12, "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 0, "v_head_dim": 8, "intermediate_size": 48, "moe_intermediate_size": 16,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "index_head_dim": 16, "index_n_heads": 2,
+        "index_topk": 8, "index_kpool": 4, "hc_mult": 2, "original_max_position_embeddings": 64,
+        "rope_scaling": {"rope_type": "yarn", "factor": 2.0},
+        "linear_attn_config": {"head_dim": 8, "num_heads": 2, "short_conv_kernel_size": 4,
+            "gate_lower_bound": -5.0, "safe_gate": true}
+    })
 }
 
 /// The tables cannot drift from the parsers: every key a family's parser

@@ -73,29 +73,42 @@ pub fn gated_delta_net(threads: &Threads, isa: Isa, d: &GdnDims, w: &GdnWeights<
 }
 
 /// One sequence's tokens through a Kimi Delta Attention layer (see
-/// [`DeltaJob`]; `a` is the forget gate's projection `f_b(f_a(x))`).
-pub fn kimi_delta_attention(threads: &Threads, isa: Isa, d: &GdnDims, w: &GdnWeights<'_>, job: DeltaJob<'_>) {
+/// [`DeltaJob`]; `a` is the forget gate's projection `f_b(f_a(x))`), its
+/// forget gate bounded below by `gate_lower_bound` if given.
+pub fn kimi_delta_attention(
+    threads: &Threads,
+    isa: Isa,
+    d: &GdnDims,
+    w: &GdnWeights<'_>,
+    gate_lower_bound: Option<f32>,
+    job: DeltaJob<'_>,
+) {
     let (d_k, d_v, heads) = (d.head_k_dim, d.head_v_dim, d.num_v_heads);
     assert_eq!(d.num_k_heads, heads, "KDA shares no key heads");
     let (recurrent, conv_state) = job.state.split_at_mut(heads * d_k * d_v);
     gdn::causal_conv1d_silu(job.qkv, d.conv_dim(), w.conv, conv_state);
     let m = job.qkv.len() / d.conv_dim();
-    let g = channel_log_decays(&job.a[..m * d.key_dim()], w.dt_bias, w.a_log, d_k);
+    let g = channel_log_decays(&job.a[..m * d.key_dim()], w.dt_bias, w.a_log, d_k, gate_lower_bound);
     let beta: Vec<f32> = job.b[..m * heads].iter().map(|&b| gdn::write_strength(b)).collect();
     let tokens = KdaTokens { qkv: job.qkv, g: &g, beta: &beta };
     kda_heads(threads, isa, d, &tokens, recurrent, job.out);
 }
 
-/// `g = −exp(A_log_h) · softplus(f + dt_bias)` of every token and key
+/// `g = −exp(A_log_h) · softplus(f + dt_bias)`, or with a lower bound
+/// `bound · sigmoid(exp(A_log_h) · (f + dt_bias))`, of every token and key
 /// channel, `[m, key_dim]` from the forget gate's projection `f`.
-fn channel_log_decays(f: &[f32], dt_bias: &[f32], a_log: &[f32], d_k: usize) -> Vec<f32> {
+fn channel_log_decays(f: &[f32], dt_bias: &[f32], a_log: &[f32], d_k: usize, lower_bound: Option<f32>) -> Vec<f32> {
     let key_dim = dt_bias.len();
     assert_eq!(key_dim, a_log.len() * d_k, "dt_bias per key channel, A_log per head");
     f.iter()
         .enumerate()
         .map(|(i, &fi)| {
             let channel = i % key_dim;
-            gdn::channel_log_decay(fi, dt_bias[channel], a_log[channel / d_k])
+            let (dt_bias, a_log) = (dt_bias[channel], a_log[channel / d_k]);
+            match lower_bound {
+                None => gdn::channel_log_decay(fi, dt_bias, a_log),
+                Some(bound) => gdn::bounded_channel_log_decay(fi, dt_bias, a_log, bound),
+            }
         })
         .collect()
 }
@@ -176,16 +189,29 @@ mod tests {
     /// against `recurrent_kimi_delta_attention` on testdata/gdn's `kda_*`.
     #[test]
     fn kimi_delta_heads_match_transformers_recurrence() {
+        kda_heads_match("kda", None);
+    }
+
+    /// The same with GLM-5.3-Flash's forget gate bounded at −5, on
+    /// testdata/gdn's `glm_*` (glm5_next's recurrence).
+    #[test]
+    fn bounded_kimi_delta_heads_match_glm5_next_recurrence() {
+        kda_heads_match("glm", Some(-5.0));
+    }
+
+    /// The heads of the GDN case's q, k, v, beta and state with the gate
+    /// arrays `{prefix}_*`, against torch's `{prefix}_recurrent_*`.
+    fn kda_heads_match(prefix: &str, gate_lower_bound: Option<f32>) {
         let (q_shape, q) = load("q");
         let (v_shape, v) = load("v");
         let (_, k) = load("k");
         let (_, beta) = load("beta");
         let (_, state0) = load("state0");
-        let (_, f) = load("kda_f");
-        let (_, dt_bias) = load("kda_dt_bias");
-        let (_, a_log) = load("kda_a_log");
-        let (_, want_out) = load("kda_recurrent_out");
-        let (_, want_state) = load("kda_recurrent_state");
+        let (_, f) = load(&format!("{prefix}_f"));
+        let (_, dt_bias) = load(&format!("{prefix}_dt_bias"));
+        let (_, a_log) = load(&format!("{prefix}_a_log"));
+        let (_, want_out) = load(&format!("{prefix}_recurrent_out"));
+        let (_, want_state) = load(&format!("{prefix}_recurrent_state"));
         let [tokens, heads, d_k] = q_shape[..] else { panic!("q shape {q_shape:?}") };
         let d = GdnDims {
             num_k_heads: heads,
@@ -202,12 +228,12 @@ mod tests {
                 [row(&q, key_dim), row(&k, key_dim), row(&v, value_dim)].concat()
             })
             .collect();
-        let g = channel_log_decays(&f, &dt_bias, &a_log, d_k);
+        let g = channel_log_decays(&f, &dt_bias, &a_log, d_k, gate_lower_bound);
         let mut state = state0.clone();
         let mut out = vec![f32::NAN; tokens * value_dim];
         let threads = Threads::new(2).expect("a pool of two");
         kda_heads(&threads, Isa::detect(), &d, &KdaTokens { qkv: &qkv, g: &g, beta: &beta }, &mut state, &mut out);
-        assert_close(&out, &want_out, "out");
-        assert_close(&state, &want_state, "state");
+        assert_close(&out, &want_out, &format!("{prefix} out"));
+        assert_close(&state, &want_state, &format!("{prefix} state"));
     }
 }

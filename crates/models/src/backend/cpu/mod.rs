@@ -326,13 +326,13 @@ impl Cpu {
                 };
                 delta::gated_delta_net(threads, self.isa, &dims, &weights, job);
             }
-            DeltaKind::KimiDelta { dims, conv, dt_bias, a_log } => {
+            DeltaKind::KimiDelta { dims, conv, dt_bias, a_log, gate_lower_bound } => {
                 let weights = delta::GdnWeights {
                     conv: self.vector(conv),
                     dt_bias: self.vector(dt_bias),
                     a_log: self.vector(a_log),
                 };
-                delta::kimi_delta_attention(threads, self.isa, &dims, &weights, job);
+                delta::kimi_delta_attention(threads, self.isa, &dims, &weights, gate_lower_bound, job);
             }
         }
     }
@@ -343,6 +343,10 @@ impl Cpu {
 
     pub fn index_select(&self, threads: &Threads, shape: IndexShape, job: IndexJob<'_>) -> Vec<Vec<usize>> {
         index::select(threads, self.isa, shape, &job)
+    }
+
+    pub fn pool_index_keys(&self, ape: VectorHandle, pool: usize, keys: &[f32], gates: &[f32]) -> Vec<f32> {
+        index::pool_keys(self.vector(ape), pool, keys, gates)
     }
 
     pub fn route(&self, threads: &Threads, router: &RouterSpec, xs: &[f32], tokens: &[u32]) -> Vec<Route> {
