@@ -124,7 +124,10 @@ impl GqaSpec {
             return Err(Error::invalid("sliding_window", "must be > 0"));
         }
         if let Some(qsa) = &self.qsa {
-            qsa.validate(self.rope.map_or(0, |rope| rope.rotary_dim))?;
+            let Some(rope) = &self.rope else {
+                return Err(Error::invalid("indexer_n_heads", "QSA rotates its queries and keys with the layer's RoPE"));
+            };
+            qsa.validate(rope.rotary_dim)?;
         }
         Ok(())
     }
