@@ -125,7 +125,10 @@ impl GqaSpec {
         }
         if let Some(qsa) = &self.qsa {
             let Some(rope) = &self.rope else {
-                return Err(Error::invalid("indexer_n_heads", "QSA rotates its queries and keys with the layer's RoPE"));
+                return Err(Error::invalid(
+                    "indexer_n_heads",
+                    "QSA rotates its queries and keys with the layer's RoPE",
+                ));
             };
             qsa.validate(rope.rotary_dim)?;
         }
