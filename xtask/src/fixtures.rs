@@ -37,6 +37,7 @@ pub const FAMILIES: &[&str] = &[
     "gpt_oss",
     "kimi_linear",
     "qwen4_exp",
+    "deepseek_v4",
 ];
 /// Reference scripts run with the full set in stage 1: the demo model's
 /// logits (testdata/demo) and transformers' tokenizer and chat-template

@@ -61,6 +61,50 @@ fn convert_info_generate_logits_export_round_trip() {
     assert!(hf.join("config.json").exists() && hf.join("model.safetensors").exists());
 }
 
+/// `--device gpu`: without the GPU backend built in, one line saying how to
+/// build it; with it (`--features gpu`), on this machine's adapter, the
+/// CPU's tokens, and a line at start saying what runs where.
+#[test]
+fn generate_on_the_gpu_gives_the_cpus_tokens_or_says_how_to_build_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("olmoe-q4");
+    let out = strata(&["convert", path(&fixture("olmoe").join("hf")), path(&model), "--quant", "q4"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let generate = |device: &str| {
+        strata(&[
+            "generate",
+            path(&model),
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "5",
+            "--seed",
+            "7",
+            "--json",
+            "--device",
+            device,
+        ])
+    };
+    let on_gpu = generate("gpu");
+    if !cfg!(feature = "gpu") {
+        assert_clean_failure(&on_gpu, "--features gpu");
+        return;
+    }
+    let stderr = String::from_utf8_lossy(&on_gpu.stderr);
+    if !on_gpu.status.success() && !std::env::var("STRATA_GPU_TESTS").is_ok_and(|v| v == "require") {
+        assert_clean_failure(&on_gpu, "no GPU");
+        eprintln!("GPU test skipped: {stderr}");
+        return;
+    }
+    assert!(on_gpu.status.success() && stderr.contains("on the device; on the CPU:"), "{stderr}");
+    let tokens = |out: &Output| {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        last["tokens"].clone()
+    };
+    assert_eq!(tokens(&on_gpu), tokens(&generate("cpu")));
+}
+
 /// `demo` names the built-in model wherever a model is named: its
 /// checkpoint can be exported without finding its folder in the cache.
 #[test]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget};
 
-use crate::{ActivationPrecision, EngineOptions, Prefetch, SamplingDefaults, SamplingOptions};
+use crate::{ActivationPrecision, DeviceKind, EngineOptions, Prefetch, SamplingDefaults, SamplingOptions, VramBudget};
 
 /// Flags of every command that runs a model.
 #[derive(Debug, Clone, Args)]
@@ -55,6 +55,16 @@ pub struct EngineArgs {
     /// computes it: faster, but LOSSY, the tokens differ).
     #[arg(long, default_value = "exact")]
     pub activations: ActivationPrecision,
+    /// Where the model's products run: cpu, or gpu (the first GPU
+    /// adapter, Vulkan, Metal or DX12; a build with `--features gpu`): the
+    /// q8/q4 matrices its kernels take, computed bit for bit as on the CPU;
+    /// what it does not run stays on the CPU, as said at start.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceKind,
+    /// The most GPU memory the model's matrices may take with `--device
+    /// gpu`: a size (e.g. 8GiB) or auto (every matrix its kernels take).
+    #[arg(long, default_value = "auto")]
+    pub vram_budget: VramBudget,
 }
 
 impl EngineArgs {
@@ -72,6 +82,7 @@ impl EngineArgs {
             mirrors: self.mirrors.clone(),
             prefetch: self.prefetch,
             activations: self.activations,
+            device: self.device.request(self.vram_budget),
             ..EngineOptions::default()
         }
     }

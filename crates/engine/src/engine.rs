@@ -8,7 +8,7 @@ use serde::Serialize;
 use strata_format::{Container, CoreSpec, Embedding, FfnKind, LayerSpec, ModelArch};
 use strata_kernels::{ActivationPrecision, Threads};
 use strata_kv::SequenceState;
-use strata_models::{CausalLm, Logits, Runtime};
+use strata_models::{CausalLm, DeviceRequest, Logits, Runtime};
 use strata_sched::LayerStats;
 use strata_tier::{
     BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, MirrorSpec, PREFETCH_IN_FLIGHT, PolicyKind,
@@ -61,6 +61,8 @@ pub struct EngineOptions {
     /// How finely q8/q4 products quantize their inputs (`--activations`):
     /// int16 by default; int8 is faster and lossy, so only ever asked for.
     pub activations: ActivationPrecision,
+    /// Where the model runs (`--device`, `--vram-budget`).
+    pub device: DeviceRequest,
 }
 
 /// Look-ahead prefetch (`--prefetch`): while a layer computes, the next
@@ -170,6 +172,7 @@ impl Default for EngineOptions {
             prefetch: Prefetch::Off,
             preload_experts: true,
             activations: ActivationPrecision::Int16,
+            device: DeviceRequest::Cpu,
         }
     }
 }
@@ -237,7 +240,11 @@ impl Engine {
         let sources = (0..container.arch().layers.len())
             .map(|layer| expert_source(&container, layer))
             .collect::<Result<Vec<_>>>()?;
-        let model = strata_models::load(Arc::clone(&container))?;
+        let model = strata_models::load_on(Arc::clone(&container), options.device)?;
+        if let Some(summary) = model.device_summary() {
+            // Said at start: what the device does not run stays on the CPU.
+            tracing::warn!("{summary}");
+        }
         let prefill_chunk_tokens = match options.prefill_chunk_tokens {
             Some(0) => {
                 return Err(Error::InvalidOption {
@@ -347,6 +354,12 @@ impl Engine {
             trace,
             learning_save_failed: AtomicBool::new(false),
         })
+    }
+
+    /// What runs on which device with `--device gpu`, as said at start
+    /// (`None`: all on the CPU).
+    pub fn device_summary(&self) -> Option<String> {
+        self.model.device_summary()
     }
 
     /// The model's common part (vocabulary, widths, special tokens).

@@ -31,6 +31,7 @@ mod batch;
 mod closing;
 mod constraint;
 mod decode;
+mod device;
 mod engine;
 mod error;
 #[cfg(feature = "clap")]
@@ -44,6 +45,7 @@ pub use batch::{Admission, BatchLimits, BatchObserver, Batcher, Event, EventSink
 pub use closing::CLOSING_TOKENS_MAX;
 pub use constraint::Constraint;
 pub use decode::{Finish, Generation, Step};
+pub use device::{DeviceKind, VramBudget};
 pub use engine::{
     CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch, USAGE_FILE_NAME, kv_footprint,
 };
@@ -54,4 +56,5 @@ pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
 pub use strata_format::{CoreSpec, ModelArch};
 pub use strata_kernels::ActivationPrecision;
 pub use strata_kv::CutTail;
+pub use strata_models::DeviceRequest;
 pub use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget, StoreStats, resident_bytes};

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use strata_engine::{ActivationPrecision, Engine, EngineOptions, GenerateOptions};
 use strata_format::{ConvertOptions, QuantPreset, npy};
 
-const FAMILIES: [&str; 11] = families::CHECKED;
+const FAMILIES: [&str; 12] = families::CHECKED;
 
 /// Greedy steps whose reference margin (top-1 minus top-2 logit) is below
 /// this fraction of the logits' std are too close to call in f32 and are
@@ -282,4 +282,79 @@ fn gpt_oss_mxfp4_experts_import_as_the_saved_f32_experts_bit_for_bit() {
     let saved = engine(&convert("gpt_oss", "hf", QuantPreset::F32), 1 << 30, 2).logits(&r.prompt).unwrap();
     let packed = engine(&convert("gpt_oss", "hf_mxfp4", QuantPreset::F32), 1 << 30, 2).logits(&r.prompt).unwrap();
     assert!(saved.iter().zip(&packed).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+/// `--device gpu` on this machine's adapter (CI: Mesa's lavapipe), or
+/// `None` where there is none and `STRATA_GPU_TESTS=require` is not set.
+#[cfg(feature = "gpu")]
+fn gpu_engine(dir: &tempfile::TempDir, vram_budget_bytes: Option<u64>) -> Option<Engine> {
+    use strata_engine::{DeviceRequest, Error};
+    let options = EngineOptions {
+        threads: 2,
+        expert_cache_bytes: Some(1 << 30),
+        device: DeviceRequest::Gpu { vram_budget_bytes },
+        ..EngineOptions::default()
+    };
+    match Engine::open(&dir.path().join("model"), &options) {
+        Ok(engine) => Some(engine),
+        Err(Error::Model(strata_models::Error::Device(why @ strata_kernels::Error::NoGpuAdapter { .. })))
+            if !std::env::var("STRATA_GPU_TESTS").is_ok_and(|v| v == "require") =>
+        {
+            eprintln!("GPU tests skipped: {why}");
+            None
+        }
+        Err(e) => panic!("--device gpu: {e}"),
+    }
+}
+
+#[cfg(feature = "gpu")]
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Every family's q8 and q4 containers through `--device gpu`: the CPU's
+/// logits bit for bit (the device's products are the integer path's), so
+/// within the CPU path's tolerance of transformers, and the CPU's greedy
+/// tokens.
+#[cfg(feature = "gpu")]
+#[test]
+fn every_family_through_the_gpu_equals_the_cpu_bit_for_bit() {
+    for family in FAMILIES {
+        let r = reference(family);
+        for (preset, file) in [(QuantPreset::Q8, "logits_q8.npy"), (QuantPreset::Q4, "logits_q4.npy")] {
+            let dir = convert(family, "hf", preset);
+            let Some(gpu) = gpu_engine(&dir, None) else { return };
+            let cpu = engine(&dir, 1 << 30, 2);
+            let got = gpu.logits(&r.prompt).unwrap();
+            assert_eq!(bits(&got), bits(&cpu.logits(&r.prompt).unwrap()), "{family} {preset:?}: the CPU's logits");
+            let (_, want) = reference_logits(family, file);
+            let recurrent = cpu.arch().first_gdn().is_some();
+            let tolerance =
+                if recurrent { QUANT_RECURRENT_TOLERANCE_STD } else { QUANT_TOLERANCE_STD } * std_dev(&want);
+            assert!(max_abs_diff(&got, &want) <= tolerance, "{family} {preset:?}: within the CPU's tolerance");
+            let options = GenerateOptions { max_new_tokens: 8, ignore_eos: true, ..GenerateOptions::default() };
+            let greedy = |e: &Engine| e.session().generate(&r.prompt, &options, |_| ControlFlow::Continue(())).unwrap();
+            assert_eq!(greedy(&gpu).tokens, greedy(&cpu).tokens, "{family} {preset:?}: greedy tokens");
+        }
+    }
+}
+
+/// The output never depends on the VRAM budget: no matrix on the device,
+/// a few, or all of them give the same logits bit for bit.
+#[cfg(feature = "gpu")]
+#[test]
+fn a_gpu_run_is_bit_identical_for_any_vram_budget() {
+    let r = reference("olmoe");
+    let dir = convert("olmoe", "hf", QuantPreset::Q4);
+    let Some(all) = gpu_engine(&dir, None) else { return };
+    let summary = |e: &Engine| e.device_summary().expect("a GPU run says what runs where");
+    assert!(!summary(&all).contains("over the VRAM budget"), "{}", summary(&all));
+    let want = bits(&all.logits(&r.prompt).unwrap());
+    for (budget_bytes, uploaded_none) in [(0, true), (16 << 10, false)] {
+        let some = gpu_engine(&dir, Some(budget_bytes)).expect("the adapter found above");
+        let said = summary(&some);
+        assert!(said.contains("over the VRAM budget"), "{said}");
+        assert_eq!(said.contains(": 0 matrices"), uploaded_none, "{said}");
+        assert_eq!(bits(&some.logits(&r.prompt).unwrap()), want, "a VRAM budget of {budget_bytes} bytes");
+    }
 }

@@ -82,7 +82,8 @@ pub fn export(container_dir: impl AsRef<Path>, out_hf_dir: impl AsRef<Path>) -> 
         }
         for expert in 0..experts {
             for (k, name) in names::expert_names(core, layer, expert).into_iter().enumerate() {
-                tensors.push((name, lazy(shapes[k].to_vec(), Source::Expert { layer, expert, component: k })));
+                let source = Source::Expert { layer, expert, component: k };
+                tensors.push((names::saved_name(core, &name), lazy(shapes[k].to_vec(), source)));
             }
         }
     }

@@ -275,28 +275,43 @@ pub fn fused_expert_names(layer: usize) -> (String, String) {
     (format!("{p}mlp.experts.gate_up_proj"), format!("{p}mlp.experts.down_proj"))
 }
 
+/// `name` with each of `renames` (`(canonical, stored)` parts) applied in
+/// order, to every occurrence: a later rename sees the earlier ones' output,
+/// as transformers' conversion mapping renames one key step by step.
+fn respelled(name: &str, renames: &[(&str, &str)]) -> String {
+    renames.iter().fold(name.to_owned(), |name, (canonical, stored)| name.replace(canonical, stored))
+}
+
 /// Other names under which a checkpoint may store canonical tensor `name`
 /// (transformers 5.x renames some modules when loading, and saves them so
-/// unless asked for the original format; a family's saved spelling).
+/// unless asked for the original format; a family's saved spelling, whole;
+/// an alias part of the name or of its saved spelling, e.g. DeepSeek V4's
+/// hub names: its saved names without the `model.` prefix).
 pub fn aliases(core: &CoreSpec, name: &str) -> Vec<String> {
     let naming = naming(core);
-    naming
-        .aliases
-        .iter()
-        .chain(naming.saved_as)
-        .filter(|(canonical, _)| name.contains(canonical))
-        .map(|(canonical, stored)| name.replacen(canonical, stored, 1))
-        .collect()
+    let saved = respelled(name, naming.saved_as);
+    let aliased = |base: &str| -> Vec<String> {
+        naming
+            .aliases
+            .iter()
+            .filter(|(canonical, _)| base.contains(canonical))
+            .map(|(canonical, stored)| base.replacen(canonical, stored, 1))
+            .collect()
+    };
+    let mut out: Vec<String> = Vec::new();
+    for candidate in aliased(name).into_iter().chain([saved.clone()]).chain(aliased(&saved)) {
+        if candidate != name && !out.contains(&candidate) {
+            out.push(candidate);
+        }
+    }
+    out
 }
 
 /// Canonical tensor `name` as transformers' `save_pretrained` writes it
-/// (gpt-oss's router is `mlp.router.`), which export writes.
+/// (gpt-oss's router is `mlp.router.`; every part of DeepSeek V4's),
+/// which export writes.
 pub fn saved_name(core: &CoreSpec, name: &str) -> String {
-    naming(core)
-        .saved_as
-        .iter()
-        .find(|(canonical, _)| name.contains(canonical))
-        .map_or_else(|| name.to_owned(), |(canonical, saved)| name.replacen(canonical, saved, 1))
+    respelled(name, naming(core).saved_as)
 }
 
 /// Every non-expert tensor of the model, in file order: embeddings, then each

@@ -23,8 +23,9 @@ use crate::{Error, Result};
 /// Qwen/Qwen3-30B-A3B, mistralai/Mixtral-8x7B-v0.1), and for the hybrid
 /// Qwen models the shapes transformers 5.23's config classes default to,
 /// which describe Qwen3.5/3.6-35B-A3B (in the hub's multimodal wrapper) and
-/// Qwen3-Next-80B-A3B.
-pub const LIKE: [(&str, &str); 5] = [
+/// Qwen3-Next-80B-A3B; and DeepSeek V4 Flash's shapes in the hub's spelling
+/// (testdata/deepseek_v4/flash_shape, its FP8 and FP4 storage left out).
+pub const LIKE: [(&str, &str); 6] = [
     (
         "olmoe-1b-7b",
         r#"{"model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 1024,
@@ -72,6 +73,24 @@ pub const LIKE: [(&str, &str); 5] = [
             "num_experts_per_tok": 10, "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
             "max_position_embeddings": 262144, "rms_norm_eps": 1e-06, "rope_theta": 10000000.0,
             "partial_rotary_factor": 0.25, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}"#,
+    ),
+    (
+        "deepseek-v4-flash",
+        r#"{"model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43,
+            "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
+            "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128,
+            "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 6,
+            "scoring_func": "sqrtsoftplus", "norm_topk_prob": true, "routed_scaling_factor": 1.5,
+            "num_hash_layers": 3, "swiglu_limit": 10.0,
+            "compress_ratios": [0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128,
+                                4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 128, 4, 0],
+            "compress_rope_theta": 160000, "rope_theta": 10000,
+            "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                             "beta_fast": 32, "beta_slow": 1},
+            "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "hc_mult": 4, "hc_sinkhorn_iters": 20,
+            "hc_eps": 1e-06, "max_position_embeddings": 1048576, "rms_norm_eps": 1e-06,
+            "num_nextn_predict_layers": 1, "hidden_act": "silu", "bos_token_id": 0, "eos_token_id": 1,
+            "tie_word_embeddings": false, "torch_dtype": "bfloat16"}"#,
     ),
 ];
 
@@ -134,8 +153,8 @@ pub fn like_config(like: &str, layers: Option<usize>) -> Result<String> {
 pub fn synth(out_dir: impl AsRef<Path>, options: &SynthOptions) -> Result<ConvertReport> {
     let config_json = like_config(&options.like, options.layers)?;
     // Parsed here too so a bad --layers fails before anything is written.
-    ModelArch::from_config_json(&config_json)?;
-    let source = RandomSource { config_json, seed: options.seed };
+    let arch = ModelArch::from_config_json(&config_json)?;
+    let source = RandomSource { config_json, seed: options.seed, num_experts: arch.num_experts() };
     let convert_options = ConvertOptions {
         q4_group: options.q4_group,
         progress: options.progress,
@@ -150,6 +169,8 @@ pub fn synth(out_dir: impl AsRef<Path>, options: &SynthOptions) -> Result<Conver
 struct RandomSource {
     config_json: String,
     seed: u64,
+    /// The ids a hash layer's table may hold.
+    num_experts: usize,
 }
 
 impl RandomSource {
@@ -194,6 +215,15 @@ impl Source for RandomSource {
         let mut out = vec![0.0f32; row_count * cols];
         if name.ends_with("norm.weight") {
             out.fill(1.0);
+        } else if name.ends_with(".gate.tid2eid") {
+            // Expert ids, not weights: each token's top-k distinct (k is at
+            // most the expert count), the tokens spread over every expert.
+            assert!(cols <= self.num_experts, "{name}: {cols} experts per token of {}", self.num_experts);
+            for (row, ids) in out.chunks_exact_mut(cols).enumerate() {
+                for (slot, id) in ids.iter_mut().enumerate() {
+                    *id = (((row_start + row) * cols + slot) % self.num_experts) as f32;
+                }
+            }
         } else {
             self.fill(name_stream(name) ^ (row_start as u64) << 32, &mut out);
         }
@@ -209,5 +239,28 @@ impl Source for RandomSource {
             self.fill(name_stream(&names[i]), &mut out);
             out
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_synthetic_hash_table_holds_distinct_valid_expert_ids_per_token() {
+        let config_json = like_config("deepseek-v4-flash", Some(1)).unwrap();
+        let arch = ModelArch::from_config_json(&config_json).unwrap();
+        let source = RandomSource { config_json, seed: 7, num_experts: arch.num_experts() };
+        let table = names::hash_table_name(&arch.core, 0);
+        let (rows, top_k) = (1000, 6);
+        let ids = source.rows_f32(&table, 129_000, rows, top_k).unwrap();
+        let mut used = std::collections::BTreeSet::new();
+        for token in ids.chunks_exact(top_k) {
+            let distinct: std::collections::BTreeSet<u32> = token.iter().map(|&id| id as u32).collect();
+            assert_eq!(distinct.len(), top_k, "{token:?}");
+            assert!(token.iter().all(|&id| id.fract() == 0.0 && (id as usize) < 256), "{token:?}");
+            used.extend(distinct);
+        }
+        assert_eq!(used.len(), 256, "every expert serves some token");
     }
 }

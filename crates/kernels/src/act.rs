@@ -372,16 +372,20 @@ fn quantize_lane<E: ActElem, const N: usize>(x: &[f32; N], q: &mut [E; N]) -> f3
         return f32::NAN;
     }
     let amax = f32::from_bits(amax_bits);
-    if amax == 0.0 {
+    let max = E::MAX as f32;
+    let inv = max / amax;
+    // All zeros, or all below `MAX / f32::MAX` (~1e-34 for int16, as the
+    // SiLU of a very negative gate is): no finite step codes them, and their
+    // products are lost beside any normal value. Zeros with a zero scale.
+    if !inv.is_finite() {
         *q = [E::default(); N];
         return 0.0;
     }
-    let max = E::MAX as f32;
-    let inv = max / amax;
     for (o, &v) in q.iter_mut().zip(x) {
-        // SAFETY: |v| <= amax, so |v * inv| <= MAX plus rounding: finite and
-        // far inside i32 (and inside round_ties_even_small's range); the
-        // rounded value is already integral, and within ±MAX.
+        // SAFETY: |v| <= amax and `inv` is finite, so |v * inv| <= MAX plus
+        // rounding: finite and far inside i32 (and inside
+        // round_ties_even_small's range); the rounded value is already
+        // integral, and within ±MAX.
         *o = E::from_code(unsafe { crate::quant::round_ties_even_small(v * inv).to_int_unchecked::<i32>() });
     }
     amax / max

@@ -35,11 +35,14 @@ pub enum Error {
     /// Grouped formats need at least one column per group.
     #[error("{format}: group size must be at least 1 column, got {group}")]
     InvalidGroup { format: &'static str, group: usize },
+    /// MXFP4 rows are whole blocks of 32 columns.
+    #[error("mxfp4: a row of {cols} columns is not whole blocks of 32")]
+    PartialMxfp4Block { cols: usize },
     /// An on-disk format ordinal this version does not know.
-    #[error("unknown quant format ordinal {ordinal} (known: 0=f32, 1=bf16, 2=q8, 3=q4)")]
+    #[error("unknown quant format ordinal {ordinal} (known: 0=f32, 1=bf16, 2=q8, 3=q4, 4=mxfp4)")]
     UnknownFormatOrdinal { ordinal: u8 },
     /// A format name this version does not know.
-    #[error("unknown quant format name {name:?} (known: f32, bf16, q8, q4)")]
+    #[error("unknown quant format name {name:?} (known: f32, bf16, q8, q4, mxfp4)")]
     UnknownFormatName { name: String },
     /// A row range that does not lie inside the matrix.
     #[error("rows {start}..{start}+{count} out of range for a matrix with {rows} rows")]
@@ -50,6 +53,21 @@ pub enum Error {
     /// The OS refused to create the pool's threads.
     #[error("building a pool of {n_threads} threads failed: {reason}")]
     ThreadPool { n_threads: usize, reason: String },
+    /// This build has no GPU support.
+    #[error("this build has no GPU support: build with `--features gpu`")]
+    GpuNotBuilt,
+    /// No GPU adapter could be had.
+    #[error("no GPU: {reason}")]
+    NoGpuAdapter { reason: String },
+    /// A matrix the GPU kernels do not take; it stays on the CPU.
+    #[error(
+        "a {format} matrix{} has no GPU kernel (q8 and q4 with power-of-two groups of whole lanes have one)",
+        .group.map(|g| format!(" with groups of {g} columns")).unwrap_or_default()
+    )]
+    GpuUnsupported { format: &'static str, group: Option<usize> },
+    /// The GPU refused a device or a buffer.
+    #[error("GPU: {reason}")]
+    Gpu { reason: String },
 }
 
 /// `Result` with this crate's [`Error`].

@@ -11,6 +11,7 @@
 mod act;
 mod error;
 pub mod gdn;
+pub mod gpu;
 mod int;
 pub mod matrix;
 pub mod mxfp4;

@@ -23,10 +23,49 @@ pub enum GatedAct<'a> {
     /// `silu(min(gate, limit)) * clamp(up, -limit, limit)`, no biases
     /// ([`crate::ops::silu_mul_limited`]: GLM-5.3-Flash, DeepSeek V4).
     LimitedSwiGlu { limit: f32 },
+    /// Kimi K3's SiTU-GLU, `b1·tanh(g/b1)·σ(g) · b2·tanh(u/b2)`, no biases
+    /// ([`crate::ops::situ_mul`]; `beta` is b1, `linear_beta` b2).
+    SituGlu { beta: f32, linear_beta: f32 },
     /// gpt-oss's experts: `gate + gate_bias` and `up + up_bias` through
     /// [`crate::ops::clamped_swiglu`] (`alpha`, `limit`), and `down_bias`
     /// added to the down product.
     Clamped { alpha: f32, limit: f32, gate_bias: &'a [f32], up_bias: &'a [f32], down_bias: &'a [f32] },
+}
+
+impl GatedAct<'_> {
+    /// Asserts that the biases fit a block of `inter` intermediate rows and
+    /// `hidden` outputs.
+    pub(crate) fn check(&self, inter: usize, hidden: usize) {
+        if let GatedAct::Clamped { gate_bias, up_bias, down_bias, .. } = self {
+            assert_eq!(gate_bias.len(), inter, "gated_ffn: one gate bias per intermediate row");
+            assert_eq!(up_bias.len(), inter, "gated_ffn: one up bias per intermediate row");
+            assert_eq!(down_bias.len(), hidden, "gated_ffn: one down bias per output");
+        }
+    }
+
+    /// The activation of intermediate rows `rows`: `gate` and `up` hold
+    /// them for every input (`[n, rows.len()]`); the result goes to `gate`.
+    pub(crate) fn apply(&self, rows: Range<usize>, gate: &mut [f32], up: &mut [f32]) {
+        match *self {
+            GatedAct::SwiGlu => crate::ops::silu_mul(gate, up),
+            GatedAct::LimitedSwiGlu { limit } => crate::ops::silu_mul_limited(gate, up, limit),
+            GatedAct::SituGlu { beta, linear_beta } => crate::ops::situ_mul(gate, up, beta, linear_beta),
+            GatedAct::Clamped { alpha, limit, gate_bias, up_bias, .. } => {
+                for (g_row, u_row) in gate.chunks_exact_mut(rows.len()).zip(up.chunks_exact_mut(rows.len())) {
+                    add_bias(g_row, &gate_bias[rows.clone()]);
+                    add_bias(u_row, &up_bias[rows.clone()]);
+                }
+                crate::ops::clamped_swiglu(gate, up, alpha, limit);
+            }
+        }
+    }
+
+    /// Adds the down product's bias, if any, to each of its outputs `ys`.
+    pub(crate) fn add_down_bias(&self, ys: &mut [f32]) {
+        if let GatedAct::Clamped { down_bias, .. } = self {
+            ys.chunks_exact_mut(down_bias.len()).for_each(|row| add_bias(row, down_bias));
+        }
+    }
 }
 
 /// `row += bias`, element by element.
@@ -158,6 +197,7 @@ impl Threads {
     /// [`Threads::expert_ffn`] with the gate's activation and biases as
     /// `act` says: [`GatedAct::SwiGlu`] is `expert_ffn` itself, bit for bit;
     /// [`GatedAct::LimitedSwiGlu`] clamps gate and up before it;
+    /// [`GatedAct::SituGlu`] is K3's SiTU-GLU in its place;
     /// [`GatedAct::Clamped`] adds the biases to gate, up and down and applies
     /// gpt-oss's clamped SwiGLU ([`crate::ops::clamped_swiglu`]).
     ///
@@ -176,11 +216,7 @@ impl Threads {
         ys: &mut [f32],
     ) {
         let (inter, hidden) = (gate.rows, gate.cols);
-        if let GatedAct::Clamped { gate_bias, up_bias, down_bias, .. } = act {
-            assert_eq!(gate_bias.len(), inter, "gated_ffn: one gate bias per intermediate row");
-            assert_eq!(up_bias.len(), inter, "gated_ffn: one up bias per intermediate row");
-            assert_eq!(down_bias.len(), hidden, "gated_ffn: one down bias per output");
-        }
+        act.check(inter, hidden);
         assert!(up.rows == inter && up.cols == hidden, "expert_ffn: up must be shaped like gate");
         assert!(down.rows == hidden && down.cols == inter, "expert_ffn: down must be [hidden, inter]");
         assert_eq!(Some(xs.len()), n.checked_mul(hidden), "expert_ffn: xs must be [n, hidden]");
@@ -202,17 +238,7 @@ impl Threads {
         let gate_up_rows = |rows: Range<usize>, out: &mut [f32], out_stride: usize, u: &mut [f32]| {
             gate.products(isa, &x_gate, n, rows.clone(), out, out_stride);
             up.products(isa, x_up, n, rows.clone(), u, out_stride);
-            match act {
-                GatedAct::SwiGlu => crate::ops::silu_mul(out, u),
-                GatedAct::LimitedSwiGlu { limit } => crate::ops::silu_mul_limited(out, u, limit),
-                GatedAct::Clamped { alpha, limit, gate_bias, up_bias, .. } => {
-                    for (g_row, u_row) in out.chunks_exact_mut(out_stride).zip(u.chunks_exact_mut(out_stride)) {
-                        add_bias(g_row, &gate_bias[rows.clone()]);
-                        add_bias(u_row, &up_bias[rows.clone()]);
-                    }
-                    crate::ops::clamped_swiglu(out, u, alpha, limit);
-                }
-            }
+            act.apply(rows, out, u);
         };
         match self.chunk_rows_for(inter, 2 * hidden, n) {
             None => {
@@ -238,9 +264,7 @@ impl Threads {
         }
         let h_prepared = down.prepare(isa, self.activations, &h, n);
         self.products(down, &h_prepared, n, ys);
-        if let GatedAct::Clamped { down_bias, .. } = act {
-            ys.chunks_exact_mut(hidden).for_each(|row| add_bias(row, down_bias));
-        }
+        act.add_down_bias(ys);
     }
 
     /// Rows of `m` for all `n` prepared inputs, split across the pool.

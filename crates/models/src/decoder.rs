@@ -20,7 +20,7 @@ use strata_sched::Guess;
 
 use crate::attention::{Attention, Pass};
 use crate::backend::Runtime;
-use crate::backend::{Backend, MatrixHandle, StreamHead, TableHandle};
+use crate::backend::{Backend, DeviceRequest, MatrixHandle, StreamHead, TableHandle};
 use crate::error::{Error, Result};
 use crate::ffn::Ffn;
 use crate::lm::CausalLm;
@@ -63,9 +63,17 @@ impl Decoder {
     /// forward pass will read, so that it never meets a missing or
     /// misshapen one.
     pub fn load(container: Arc<Container>) -> Result<Self> {
+        Self::load_on(container, DeviceRequest::Cpu)
+    }
+
+    /// [`Decoder::load`] on the device `request` names.
+    pub fn load_on(container: Arc<Container>, request: DeviceRequest) -> Result<Self> {
         let spec = container.arch().core.clone();
         let arch = container.arch();
-        let mut backend = Backend::cpu(Arc::clone(&container));
+        let mut backend = match request {
+            DeviceRequest::Cpu => Backend::cpu(Arc::clone(&container)),
+            DeviceRequest::Gpu { vram_budget_bytes } => Backend::gpu(Arc::clone(&container), vram_budget_bytes)?,
+        };
         let b = &mut backend;
         let h = arch.core.hidden_size;
         let mut layers = Vec::with_capacity(arch.layers.len());
@@ -233,6 +241,10 @@ fn batch_rows(seqs: &mut [SeqBatch<'_>]) -> Result<(Vec<u32>, Vec<usize>)> {
 impl CausalLm for Decoder {
     fn core(&self) -> &CoreSpec {
         &self.spec
+    }
+
+    fn device_summary(&self) -> Option<String> {
+        self.backend.summary()
     }
 
     fn new_cache(&self, capacity_tokens: usize) -> SequenceState {

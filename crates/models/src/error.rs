@@ -25,6 +25,9 @@ pub enum Error {
     /// Recording the routing trace failed.
     #[error(transparent)]
     Tier(Box<strata_tier::Error>),
+    /// The GPU could not be had (no adapter, or a build without it).
+    #[error(transparent)]
+    Device(#[from] crate::backend::DeviceError),
     /// Configuration the graph cannot honour (e.g. an unsupported rope type).
     #[error("{0}")]
     Unsupported(String),

@@ -29,14 +29,20 @@ mod residual;
 mod rope;
 mod torch_topk;
 
-pub use backend::Runtime;
+pub use backend::{DeviceRequest, Runtime};
 pub use decoder::Decoder;
 pub use error::{Error, Result};
 pub use lm::{CausalLm, Logits, SeqBatch};
 
 use strata_format::Container;
 
-/// Builds the container's model: its layers' blocks, every tensor checked.
+/// Builds the container's model on the CPU: its layers' blocks, every
+/// tensor checked.
 pub fn load(container: std::sync::Arc<Container>) -> Result<Box<dyn CausalLm>> {
-    Ok(Box::new(Decoder::load(container)?))
+    load_on(container, DeviceRequest::Cpu)
+}
+
+/// Builds the container's model on the device `request` names.
+pub fn load_on(container: std::sync::Arc<Container>, request: DeviceRequest) -> Result<Box<dyn CausalLm>> {
+    Ok(Box::new(Decoder::load_on(container, request)?))
 }

@@ -21,6 +21,12 @@ pub trait CausalLm: Send + Sync {
     /// The model's common part (vocabulary, widths, special tokens).
     fn core(&self) -> &CoreSpec;
 
+    /// What runs on which device, for a start-up line (`None`: all on the
+    /// CPU).
+    fn device_summary(&self) -> Option<String> {
+        None
+    }
+
     /// An empty KV cache for this model holding at most `capacity_tokens`.
     fn new_cache(&self, capacity_tokens: usize) -> SequenceState;
 

@@ -2,7 +2,7 @@
 //! the suites that run every one of them: a new family joins them all here.
 
 /// Every family with a fixture, the hybrid and MLA ones included.
-pub const CHECKED: [&str; 11] = [
+pub const CHECKED: [&str; 12] = [
     "olmoe",
     "qwen3_moe",
     "mixtral",
@@ -14,4 +14,5 @@ pub const CHECKED: [&str; 11] = [
     "gpt_oss",
     "kimi_linear",
     "qwen4_exp",
+    "deepseek_v4",
 ];

@@ -14,6 +14,7 @@
 //! [`LayerSpec`], and nothing outside this folder names it.
 
 mod deepseek_v3;
+mod deepseek_v4;
 mod glm5_next;
 mod glm_moe_dsa;
 mod gpt_oss;
@@ -56,6 +57,10 @@ pub enum Family {
     /// attention, sigmoid group-limited routing, shared experts.
     #[serde(rename = "deepseek_v3")]
     DeepseekV3,
+    /// DeepSeek V4: shared key-value attention over a window and
+    /// compressed entries, sqrt-softplus and hash routing, hyper-connections.
+    #[serde(rename = "deepseek_v4")]
+    DeepseekV4,
     /// GLM-5: the DeepSeek-V3 body plus the DSA lightning indexer.
     #[serde(rename = "glm_moe_dsa")]
     GlmMoeDsa,
@@ -138,11 +143,13 @@ pub(crate) struct Naming {
     /// An expert's gate, up and down projections, e.g. `gate_proj`.
     pub expert_projections: [&'static str; 3],
     /// `(canonical, stored)`: a checkpoint may spell the part `canonical`
-    /// of a tensor name as `stored` instead.
+    /// of a tensor name, or of its saved spelling, as `stored` instead (one
+    /// part per alias).
     pub aliases: &'static [(&'static str, &'static str)],
-    /// `(canonical, saved)`: parts of canonical names that transformers'
-    /// `save_pretrained` spells `saved`; export writes that spelling, and
-    /// a checkpoint may store it (an alias too).
+    /// `(canonical, saved)`: how transformers' `save_pretrained` spells
+    /// canonical names, each part renamed in turn (in order, every
+    /// occurrence, so several parts of one name can change together);
+    /// export writes that spelling, and a checkpoint may store it.
     pub saved_as: &'static [(&'static str, &'static str)],
 }
 
@@ -158,7 +165,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 12] = [
+    pub const ALL: [Family; 13] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -169,6 +176,7 @@ impl Family {
         Family::Qwen35Moe,
         Family::GptOss,
         Family::KimiLinear,
+        Family::DeepseekV4,
         Family::Glm5Next,
         Family::Qwen4Exp,
     ];
@@ -186,6 +194,7 @@ impl Family {
             Family::Qwen35Moe => &qwen3_5_moe::Qwen35Moe,
             Family::GptOss => &gpt_oss::GptOss,
             Family::KimiLinear => &kimi_linear::KimiLinear,
+            Family::DeepseekV4 => &deepseek_v4::DeepseekV4,
             Family::Glm5Next => &glm5_next::Glm5Next,
             Family::Qwen4Exp => &qwen4_exp::Qwen4Exp,
         }

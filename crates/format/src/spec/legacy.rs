@@ -274,7 +274,10 @@ mod tests {
 
     #[test]
     fn the_flat_spec_of_every_family_derives_its_architecture_back() {
-        let likes = LIKE.iter().map(|(like, _)| like_config(like, Some(4)).unwrap());
+        // DeepSeek V4's layers differ in kind (sliding, CSA, HCA), which no
+        // flat spec says.
+        let flat = LIKE.iter().filter(|(like, _)| *like != "deepseek-v4-flash");
+        let likes = flat.map(|(like, _)| like_config(like, Some(4)).unwrap());
         for config in likes.chain([GLM.to_owned()]) {
             let arch = ModelArch::from_config_json(&config).unwrap();
             assert_eq!(ModelSpec::frozen(&arch).unwrap().arch(), arch, "{config}");

@@ -21,7 +21,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// Weights of one layout, owned.
-struct Owned {
+pub(super) struct Owned {
     layout: Layout,
     rows: usize,
     cols: usize,
@@ -31,7 +31,7 @@ struct Owned {
 }
 
 impl Owned {
-    fn new(layout: Layout, rows: usize, cols: usize, group: usize, src: &[f32]) -> Self {
+    pub(super) fn new(layout: Layout, rows: usize, cols: usize, group: usize, src: &[f32]) -> Self {
         let (qs, scales) = match layout {
             Layout::Q8 => {
                 let (qs, scales) = quantize_q8(src, rows, cols, group);
@@ -42,8 +42,19 @@ impl Owned {
         Owned { layout, rows, cols, group, qs, scales }
     }
 
-    fn weights(&self) -> IntWeights<'_> {
+    pub(super) fn weights(&self) -> IntWeights<'_> {
         IntWeights::new(self.layout, self.rows, self.cols, self.group, &self.qs, &self.scales)
+    }
+
+    /// These weights as a [`crate::Matrix`].
+    #[cfg(feature = "gpu")]
+    pub(super) fn matrix(&self) -> crate::Matrix<'_> {
+        let (scales, group) = (&self.scales[..], self.group);
+        let data = match self.layout {
+            Layout::Q8 => crate::MatData::Q8 { qs: bytemuck::cast_slice(&self.qs), scales, group },
+            Layout::Q4 => crate::MatData::Q4 { qs: &self.qs, scales, group },
+        };
+        crate::Matrix::new(self.rows, self.cols, data).expect("a well-formed matrix")
     }
 
     /// The f32 reference dot of row `r` with `x`.
@@ -77,7 +88,7 @@ fn layout() -> impl Strategy<Value = Layout> {
 /// whole tiles (4 rows, 4 vectors) and remainders; groups every supported
 /// power of two, below, at and above the block size.
 #[allow(clippy::type_complexity)]
-fn case() -> impl Strategy<Value = (Layout, usize, usize, usize, Vec<f32>, usize, Vec<f32>)> {
+pub(super) fn case() -> impl Strategy<Value = (Layout, usize, usize, usize, Vec<f32>, usize, Vec<f32>)> {
     (layout(), 1usize..=9, cols(), 2u32..=8, 1usize..=6).prop_flat_map(|(layout, rows, cols, log_group, n)| {
         let group = (1usize << log_group).max(layout.lane_cols());
         (Just(layout), Just(rows), Just(cols), Just(group), values(rows * cols), Just(n), values(n * cols))
@@ -209,6 +220,24 @@ fn q8_codes_of_minus_128_meet_full_scale_activations_exactly() {
     }
     check::<i16>(&w, &xs);
     check::<i8>(&w, &xs);
+}
+
+/// Activations too small for any finite step (below `MAX / f32::MAX`, as
+/// the SiLU of a very negative gate is) quantize to zeros with a zero
+/// scale, as zeros do, rather than to the codes of an infinite step.
+#[test]
+fn activations_too_small_for_a_finite_step_quantize_to_zeros() {
+    let xs: Vec<f32> = (0..256).map(|i| if i % 2 == 0 { 1e-38 } else { -3e-40 }).collect();
+    fn check<E: ActElem>(layout: Layout, xs: &[f32]) {
+        let acts = QuantizedActs::<E>::new(layout, xs, 1, xs.len());
+        let row = acts.row(0);
+        assert!(row.q.iter().all(|&code| code.into() == 0), "{layout:?} {}: codes", E::MAX);
+        assert!(row.lane_scales.iter().all(|&scale| scale == 0.0), "{layout:?} {}: scales", E::MAX);
+    }
+    for layout in [Layout::Q8, Layout::Q4] {
+        check::<i16>(layout, &xs);
+        check::<i8>(layout, &xs);
+    }
 }
 
 /// int8 activations are reached through `Matrix` only when asked for, and

@@ -6,8 +6,10 @@
 
 mod gdn;
 mod gdn_torch;
+mod gpu;
 mod inkling_torch;
 mod int;
+mod kimi_k3_torch;
 mod matrix;
 mod mxfp4;
 mod ops;

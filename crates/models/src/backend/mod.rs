@@ -19,6 +19,7 @@
 //! chosen once when the backend is made.
 
 mod cpu;
+mod gpu;
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -27,6 +28,8 @@ use strata_format::{CompressorState, Container, MlaSpec, SwiGlu};
 use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::{ExpertStore, TraceWriter};
 
+/// Why a device could not be had: no adapter, or a build without it.
+pub use strata_kernels::Error as DeviceError;
 /// The CPU's worker pool, which a pass runs on (`Runtime::threads`; the
 /// engine owns it).
 pub use strata_kernels::Threads;
@@ -53,6 +56,20 @@ pub struct Runtime<'a> {
 pub enum Device {
     /// The host: weights in the container's resident bytes.
     Cpu,
+    /// A GPU (`strata_kernels::gpu`): a matrix uploaded as the container
+    /// stores it, whose host bytes stay too.
+    Gpu,
+}
+
+/// Where a model runs (`--device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceRequest {
+    /// Everything on the CPU.
+    #[default]
+    Cpu,
+    /// The first GPU adapter, holding at most `vram_budget_bytes` of
+    /// matrices (`None`: all it takes); the rest on the CPU.
+    Gpu { vram_budget_bytes: Option<u64> },
 }
 
 /// A `[rows, cols]` matrix the backend holds.
@@ -63,6 +80,15 @@ pub struct MatrixHandle {
     pub cols: usize,
     /// Its place in the backend's table of matrices.
     slot: usize,
+}
+
+impl MatrixHandle {
+    /// The same matrix as the host holds it: the GPU backend keeps every
+    /// matrix's host bytes (the container's), so an operation the device
+    /// lacks runs there.
+    pub fn on_host(self) -> Self {
+        Self { device: Device::Cpu, ..self }
+    }
 }
 
 /// An f32 vector the backend holds.
@@ -161,7 +187,37 @@ pub enum StreamHead {
     Gated(GatedResidual),
 }
 
+impl HyperConnection {
+    /// Its matrices as the host holds them (see [`MatrixHandle::on_host`]).
+    fn on_host(&self) -> Self {
+        Self { mixes: self.mixes.on_host(), ..*self }
+    }
+}
+
+impl GatedResidual {
+    /// Its matrices as the host holds them (see [`MatrixHandle::on_host`]).
+    fn on_host(&self) -> Self {
+        Self {
+            down: self.down.on_host(),
+            up: self.up.on_host(),
+            inject: self.inject.map(MatrixHandle::on_host),
+            ..*self
+        }
+    }
+}
+
 impl StreamHead {
+    /// Its matrices as the host holds them (see [`MatrixHandle::on_host`]).
+    fn on_host(&self) -> Self {
+        match *self {
+            StreamHead::Sigmoid { streams, mixes, base, scale, eps, norm_eps } => {
+                StreamHead::Sigmoid { streams, mixes: mixes.on_host(), base, scale, eps, norm_eps }
+            }
+            StreamHead::Gated(gated) => StreamHead::Gated(gated.on_host()),
+            StreamHead::One | StreamHead::Mean { .. } => *self,
+        }
+    }
+
     /// The streams it collapses.
     pub fn streams(&self) -> usize {
         match *self {
@@ -175,6 +231,7 @@ impl StreamHead {
 /// The devices a model's weights can live on, each with its tensors.
 pub enum Backend {
     Cpu(cpu::Cpu),
+    Gpu(gpu::Gpu),
 }
 
 /// The shape of one grouped-query attention layer.
@@ -466,10 +523,15 @@ impl Backend {
         Backend::Cpu(cpu::Cpu::new(container))
     }
 
+    /// The GPU backend over `container`, its matrices on the first GPU
+    /// adapter within `vram_budget_bytes` (`None`: all the device takes);
+    /// fails where there is no adapter, or the build has no GPU support.
+    pub fn gpu(container: Arc<Container>, vram_budget_bytes: Option<u64>) -> Result<Self> {
+        Ok(Backend::Gpu(gpu::Gpu::new(container, vram_budget_bytes)?))
+    }
+
     fn container(&self) -> &Container {
-        match self {
-            Backend::Cpu(cpu) => cpu.container(),
-        }
+        self.host().container()
     }
 
     /// Registers the matrix `name`, checked to be `[rows, cols]`.
@@ -482,10 +544,11 @@ impl Backend {
                 found: vec![m.rows, m.cols],
             });
         }
-        let slot = match self {
-            Backend::Cpu(cpu) => cpu.register_matrix(name)?,
+        let (slot, device) = match self {
+            Backend::Cpu(cpu) => (cpu.register_matrix(name)?, Device::Cpu),
+            Backend::Gpu(gpu) => gpu.register_matrix(name)?,
         };
-        Ok(MatrixHandle { device: self.device(), rows, cols, slot })
+        Ok(MatrixHandle { device, rows, cols, slot })
     }
 
     /// Registers the f32 vector `name`, checked to hold `len` values.
@@ -494,27 +557,21 @@ impl Backend {
         if found != len {
             return Err(Error::Shape { name: name.to_owned(), expected: vec![len], found: vec![found] });
         }
-        let slot = match self {
-            Backend::Cpu(cpu) => cpu.register_vector(name)?,
-        };
-        Ok(VectorHandle { device: self.device(), len, slot })
+        let slot = self.host_mut().register_vector(name)?;
+        Ok(VectorHandle { device: Device::Cpu, len, slot })
     }
 
     /// The values of a registered vector, as the host holds them (to derive
     /// another at load).
     pub fn vector_values(&self, v: VectorHandle) -> &[f32] {
-        match self {
-            Backend::Cpu(cpu) => cpu.vector(v),
-        }
+        self.host().vector(v)
     }
 
     /// Takes `values`, computed at load (a norm's `1 + w`), as a vector.
     pub fn upload_vector(&mut self, values: Vec<f32>) -> VectorHandle {
         let len = values.len();
-        let slot = match self {
-            Backend::Cpu(cpu) => cpu.own_vector(values),
-        };
-        VectorHandle { device: self.device(), len, slot }
+        let slot = self.host_mut().own_vector(values);
+        VectorHandle { device: Device::Cpu, len, slot }
     }
 
     /// Registers the table `name`, checked to be `[rows, cols]` without
@@ -527,34 +584,52 @@ impl Backend {
         }
         let slot = match self {
             Backend::Cpu(cpu) => cpu.register_table(name)?,
+            Backend::Gpu(gpu) => gpu.register_table(name)?,
         };
-        Ok(TableHandle { device: self.device(), rows, cols, slot })
+        Ok(TableHandle { device: Device::Cpu, rows, cols, slot })
     }
 
     /// The routed experts of MoE layer `layer`, their layout checked present.
     pub fn experts(&mut self, layer: usize) -> Result<ExpertsHandle> {
         self.container().expert_layout(layer)?;
-        Ok(ExpertsHandle { device: self.device(), layer })
+        Ok(ExpertsHandle { device: Device::Cpu, layer })
     }
 
-    /// The device the weights live on.
-    pub fn device(&self) -> Device {
+    /// What runs where, for a start-up line: `None` on the CPU, where
+    /// everything does.
+    pub fn summary(&self) -> Option<String> {
         match self {
-            Backend::Cpu(_) => Device::Cpu,
+            Backend::Cpu(_) => None,
+            Backend::Gpu(gpu) => Some(gpu.summary()),
+        }
+    }
+
+    /// The CPU backend, which runs everything on the CPU and, on a GPU, what
+    /// the device does not.
+    fn host(&self) -> &cpu::Cpu {
+        match self {
+            Backend::Cpu(cpu) => cpu,
+            Backend::Gpu(gpu) => gpu.host(),
+        }
+    }
+
+    fn host_mut(&mut self) -> &mut cpu::Cpu {
+        match self {
+            Backend::Cpu(cpu) => cpu,
+            Backend::Gpu(gpu) => gpu.host_mut(),
         }
     }
 
     /// Rows `rows` of `table`, one after another in `out`.
     pub fn table_rows(&self, table: TableHandle, rows: &[usize], out: &mut [f32]) -> Result<()> {
-        match self {
-            Backend::Cpu(cpu) => cpu.table_rows(table, rows, out),
-        }
+        self.host().table_rows(table, rows, out)
     }
 
     /// `out = W xs` for every `w.cols`-wide row of `xs`.
     pub fn matmul(&self, rt: &Runtime<'_>, w: MatrixHandle, xs: &[f32], out: &mut [f32]) {
         match self {
             Backend::Cpu(cpu) => cpu.matmul(rt.threads, w, xs, out),
+            Backend::Gpu(gpu) => gpu.matmul(rt.threads, w, xs, out),
         }
     }
 
@@ -562,62 +637,46 @@ impl Backend {
     /// block-diagonal projection) for every `w.cols`-wide row of `xs`.
     pub fn matmul_rows(&self, rt: &Runtime<'_>, w: MatrixHandle, rows: Range<usize>, xs: &[f32], out: &mut [f32]) {
         assert!(rows.end <= w.rows, "rows {rows:?} of a {}-row matrix", w.rows);
-        match self {
-            Backend::Cpu(cpu) => cpu.matmul_rows(rt.threads, w, rows, xs, out),
-        }
+        self.host().matmul_rows(rt.threads, w.on_host(), rows, xs, out)
     }
 
     /// Several sequences' shared key-value attention at once (DeepSeek V4).
     pub fn attend_shared_kv(&self, rt: &Runtime<'_>, shape: SharedKvShape, jobs: Vec<SharedKvJob<'_>>) {
-        match self {
-            Backend::Cpu(cpu) => cpu.attend_shared_kv(rt.threads, shape, jobs),
-        }
+        self.host().attend_shared_kv(rt.threads, shape, jobs)
     }
 
     /// The entries, before their norm and rotation, of the windows a
     /// compressor closes, `[windows, width]`.
     pub fn compress_windows(&self, job: &CompressJob<'_>) -> Vec<f32> {
-        match self {
-            Backend::Cpu(cpu) => cpu.compress_windows(job),
-        }
+        self.host().compress_windows(job)
     }
 
     /// Adds `bias` to every row of `rows`.
     pub fn add_bias(&self, rows: &mut [f32], bias: VectorHandle) {
-        match self {
-            Backend::Cpu(cpu) => cpu.add_bias(rows, bias),
-        }
+        self.host().add_bias(rows, bias)
     }
 
     /// RMS-normalises each `weight.len`-wide row of `xs` into `out`
     /// (`w · x̂`).
     pub fn rmsnorm(&self, weight: VectorHandle, eps: f32, xs: &[f32], out: &mut [f32]) {
-        match self {
-            Backend::Cpu(cpu) => cpu.rmsnorm(weight, eps, xs, out),
-        }
+        self.host().rmsnorm(weight, eps, xs, out)
     }
 
     /// RMS-normalises each `weight.len`-wide row of `rows` in place.
     pub fn rmsnorm_rows(&self, weight: VectorHandle, eps: f32, rows: &mut [f32]) {
-        match self {
-            Backend::Cpu(cpu) => cpu.rmsnorm_rows(weight, eps, rows),
-        }
+        self.host().rmsnorm_rows(weight, eps, rows)
     }
 
     /// The gated RMSNorm of each `weight.len`-wide row of `rows` in place:
     /// `w · x̂ · silu(gate)`, `gates` laid out as `rows`.
     pub fn rmsnorm_gated(&self, weight: VectorHandle, eps: f32, rows: &mut [f32], gates: &[f32], gate_act: NormGate) {
-        match self {
-            Backend::Cpu(cpu) => cpu.rmsnorm_gated(weight, eps, rows, gates, gate_act),
-        }
+        self.host().rmsnorm_gated(weight, eps, rows, gates, gate_act)
     }
 
     /// `nn.LayerNorm` of each `weight.len`-wide row of `rows` in place:
     /// `(x - mean) / sqrt(var + eps) * w + b`, biased variance.
     pub fn layer_norm(&self, weight: VectorHandle, bias: VectorHandle, eps: f32, rows: &mut [f32]) {
-        match self {
-            Backend::Cpu(cpu) => cpu.layer_norm(weight, bias, eps, rows),
-        }
+        self.host().layer_norm(weight, bias, eps, rows)
     }
 
     /// `ys = down(silu(gate(xs)) * up(xs))`, gate and up clamped first as
@@ -625,6 +684,7 @@ impl Backend {
     pub fn swiglu(&self, rt: &Runtime<'_>, weights: &[MatrixHandle; 3], swiglu: SwiGlu, xs: &[f32], ys: &mut [f32]) {
         match self {
             Backend::Cpu(cpu) => cpu.swiglu(rt.threads, weights, swiglu, xs, ys),
+            Backend::Gpu(gpu) => gpu.swiglu(rt.threads, weights, swiglu, xs, ys),
         }
     }
 
@@ -637,112 +697,86 @@ impl Backend {
         streams: &[f32],
         input: &mut [f32],
     ) -> StreamWeights {
-        match self {
-            Backend::Cpu(cpu) => cpu.hyper_mix(rt.threads, hc, streams, input),
-        }
+        self.host().hyper_mix(rt.threads, &hc.on_host(), streams, input)
     }
 
     /// The block's output `out` (`[tokens, hidden]`) joins the streams:
     /// `x ← post ⊗ out + combᵀ · x`.
     pub fn hyper_combine(&self, hc: &HyperConnection, weights: &StreamWeights, out: &[f32], streams: &mut [f32]) {
-        match self {
-            Backend::Cpu(cpu) => cpu.hyper_combine(hc, weights, out, streams),
-        }
+        self.host().hyper_combine(hc, weights, out, streams)
     }
 
     /// A gated residual's block input from the streams (`[tokens, streams,
     /// hidden]`) into `input` (`[tokens, hidden]`), and each token's
     /// injection weights (`[tokens, streams]`) for [`Self::gated_combine`].
     pub fn gated_mix(&self, rt: &Runtime<'_>, gated: &GatedResidual, streams: &[f32], input: &mut [f32]) -> Vec<f32> {
-        match self {
-            Backend::Cpu(cpu) => cpu.gated_mix(rt.threads, gated, streams, input),
-        }
+        self.host().gated_mix(rt.threads, &gated.on_host(), streams, input)
     }
 
     /// The block's output `out` (`[tokens, hidden]`) into every stream,
     /// times the stream's injection weight.
     pub fn gated_combine(&self, gated: &GatedResidual, injection: &[f32], out: &[f32], streams: &mut [f32]) {
-        match self {
-            Backend::Cpu(_) => cpu::Cpu::gated_combine(gated, injection, out, streams),
-        }
+        cpu::Cpu::gated_combine(gated, injection, out, streams)
     }
 
     /// The streams (`[tokens, head.streams(), hidden]`) as one hidden state
     /// per token, `[tokens, hidden]`.
     pub fn collapse_streams(&self, rt: &Runtime<'_>, head: &StreamHead, streams: Vec<f32>, hidden: usize) -> Vec<f32> {
-        match self {
-            Backend::Cpu(cpu) => cpu.collapse_streams(rt.threads, head, streams, hidden),
-        }
+        self.host().collapse_streams(rt.threads, &head.on_host(), streams, hidden)
     }
 
     /// Scales `xs` by the sigmoids of `gates`, each gate over
     /// `xs.len() / gates.len()` consecutive values.
     pub fn sigmoid_gate(&self, xs: &mut [f32], gates: &[f32]) {
-        match self {
-            Backend::Cpu(cpu) => cpu.sigmoid_gate(xs, gates),
-        }
+        self.host().sigmoid_gate(xs, gates)
     }
 
     /// Rotates each row `i` of `rows` by `angles.at(i)`, where `rotary`
     /// says.
     pub fn rotate(&self, rows: &mut [f32], angles: &Angles, rotary: Rotary) {
-        match self {
-            Backend::Cpu(cpu) => cpu.rotate(rows, angles, rotary),
-        }
+        self.host().rotate(rows, angles, rotary)
     }
 
     /// Several sequences' causal grouped-query attention at once.
     pub fn attend(&self, rt: &Runtime<'_>, shape: AttnShape, jobs: Vec<AttendJob<'_>>) {
-        match self {
-            Backend::Cpu(cpu) => cpu.attend(rt.threads, shape, jobs),
-        }
+        self.host().attend(rt.threads, shape, jobs)
     }
 
     /// The keys each of one sequence's queries attends to under QSA, `[n,
     /// start + n]` (see [`AttendJob::selected`]).
     pub fn qsa_select(&self, rt: &Runtime<'_>, shape: QsaShape, job: QsaJob<'_>) -> Vec<bool> {
-        match self {
-            Backend::Cpu(cpu) => cpu.qsa_select(rt.threads, shape, job),
-        }
+        self.host().qsa_select(rt.threads, shape, job)
     }
 
     /// One sequence's tokens through a delta-rule layer of kind `kind`.
     pub fn delta_step(&self, rt: &Runtime<'_>, kind: &DeltaKind, job: DeltaJob<'_>) {
-        match self {
-            Backend::Cpu(cpu) => cpu.delta_step(rt.threads, kind, job),
-        }
+        self.host().delta_step(rt.threads, kind, job)
     }
 
     /// One sequence's latent attention, `[n, heads * v_head_dim]`.
     pub fn attend_latent(&self, rt: &Runtime<'_>, shape: &LatentShape, job: LatentJob<'_>) -> Vec<f32> {
-        match self {
-            Backend::Cpu(cpu) => cpu.attend_latent(rt.threads, shape, job),
-        }
+        let shape = LatentShape { kv_b: shape.kv_b.on_host(), ..*shape };
+        self.host().attend_latent(rt.threads, &shape, job)
     }
 
     /// The DSA indexer's choice for each query: the positions it may attend
     /// to, ascending (see `crate::dsa`).
     pub fn index_select(&self, rt: &Runtime<'_>, shape: IndexShape, job: IndexJob<'_>) -> Vec<Vec<usize>> {
-        match self {
-            Backend::Cpu(cpu) => cpu.index_select(rt.threads, shape, job),
-        }
+        self.host().index_select(rt.threads, shape, job)
     }
 
     /// The pooled indexer's key of each whole pool of `keys` and their gate
     /// logits `gates` (`[pools · pool, head_dim]`, `pool` the rows of `ape`
     /// `[pool, head_dim]`), `[pools, head_dim]` (see `crate::dsa`).
     pub fn pool_index_keys(&self, ape: VectorHandle, pool: usize, keys: &[f32], gates: &[f32]) -> Vec<f32> {
-        match self {
-            Backend::Cpu(cpu) => cpu.pool_index_keys(ape, pool, keys, gates),
-        }
+        self.host().pool_index_keys(ape, pool, keys, gates)
     }
 
     /// Each row of `xs`'s `top_k` routes, `[n][top_k]`; row `i` is token
     /// `tokens[i]`'s (which a hash router reads).
     pub fn route(&self, rt: &Runtime<'_>, router: &RouterSpec, xs: &[f32], tokens: &[u32]) -> Vec<Route> {
-        match self {
-            Backend::Cpu(cpu) => cpu.route(rt.threads, router, xs, tokens),
-        }
+        let router = RouterSpec { weight: router.weight.on_host(), ..*router };
+        self.host().route(rt.threads, &router, xs, tokens)
     }
 
     /// Adds a MoE layer's routed experts' weighted outputs to `out`, the
@@ -754,8 +788,6 @@ impl Backend {
         out: &mut [f32],
         stats: &mut LayerStats,
     ) -> Result<()> {
-        match self {
-            Backend::Cpu(cpu) => cpu.run_moe_layer(rt.threads, rt.store, job, out, stats),
-        }
+        self.host().run_moe_layer(rt.threads, rt.store, job, out, stats)
     }
 }

@@ -190,11 +190,7 @@ impl Cpu {
         xs: &[f32],
         ys: &mut [f32],
     ) {
-        let act = match swiglu {
-            SwiGlu::Plain => GatedAct::SwiGlu,
-            SwiGlu::Limited { limit } => GatedAct::LimitedSwiGlu { limit },
-        };
-        gated_ffn(threads, &[self.matrix(*gate), self.matrix(*up), self.matrix(*down)], act, xs, ys);
+        gated_ffn(threads, &[self.matrix(*gate), self.matrix(*up), self.matrix(*down)], swiglu_act(swiglu), xs, ys);
     }
 
     pub fn hyper_mix(
@@ -415,6 +411,15 @@ impl Cpu {
     }
 }
 
+/// The kernels' activation of a dense SwiGLU MLP clamped as `swiglu` says
+/// (the GPU backend's too, so that both compute one definition).
+pub(super) fn swiglu_act(swiglu: SwiGlu) -> GatedAct<'static> {
+    match swiglu {
+        SwiGlu::Plain => GatedAct::SwiGlu,
+        SwiGlu::Limited { limit } => GatedAct::LimitedSwiGlu { limit },
+    }
+}
+
 /// The values of `testdata/{dir}/{name}.npy` and their shape (the reference
 /// tensors of the tests against torch).
 #[cfg(test)]
@@ -494,7 +499,7 @@ mod tests {
         let mut b = Backend::cpu(Arc::clone(&c));
         let (m, v) = (b.matrix(Q_PROJ, rows, cols).expect("registered"), b.vector(NORM, norm_len).expect("registered"));
         assert_eq!((m.device, v.device), (Device::Cpu, Device::Cpu));
-        let Backend::Cpu(cpu) = &b;
+        let Backend::Cpu(cpu) = &b else { panic!("the CPU backend") };
         let (MatData::F32(held), MatData::F32(stored)) = (cpu.matrix(m).data, c.dense(Q_PROJ).expect("stored").data)
         else {
             panic!("an f32 container holds f32 matrices");
@@ -513,6 +518,17 @@ mod tests {
         let refused = b.vector(NORM, 3).expect_err("wrong length");
         assert!(matches!(refused, Error::Shape { ref name, .. } if name == NORM), "{refused}");
         assert!(matches!(b.matrix("no.such.weight", 1, 1), Err(Error::Format(_))));
+    }
+
+    /// Without the `gpu` feature the GPU backend still has its name, and
+    /// asking for it says how to build it.
+    #[cfg(not(feature = "gpu"))]
+    #[test]
+    fn without_the_gpu_feature_the_gpu_backend_says_how_to_build_it() {
+        let (_dir, c) = olmoe();
+        let Err(missing) = Backend::gpu(c, None) else { panic!("a GPU backend without the feature") };
+        assert!(matches!(missing, Error::Device(strata_kernels::Error::GpuNotBuilt)), "{missing}");
+        assert!(missing.to_string().contains("--features gpu"), "{missing}");
     }
 
     #[test]

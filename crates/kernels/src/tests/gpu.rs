@@ -1,0 +1,180 @@
+//! The GPU kernels on this machine's adapter (CI: Mesa's lavapipe, a
+//! Vulkan device on the CPU) against the CPU: products bit for bit the
+//! integer path's definition, and so the CPU's products and within the
+//! definition's stated bound of the f32 reference (`int.rs`); the gated FFN
+//! bit for bit [`crate::Threads::gated_ffn`]. Without an adapter each test
+//! says why and passes, unless `STRATA_GPU_TESTS=require` (CI), where that
+//! fails it. Without the feature, the stand-in says what is missing.
+
+#[cfg(feature = "gpu")]
+mod on_device {
+    use std::sync::OnceLock;
+
+    use proptest::prelude::*;
+
+    use super::super::int::{Owned, case};
+    use crate::act::{ActElem, ActivationPrecision, Layout, QuantizedActs};
+    use crate::gpu::Device;
+    use crate::int;
+    use crate::quant::quantize_q8;
+    use crate::simd::Isa;
+    use crate::{Error, GatedAct, MatData, Matrix, Threads};
+
+    /// Proptest cases per property: each is a few device submissions,
+    /// slow on a software device.
+    const DEVICE_CASES: u32 = 40;
+
+    /// The adapter every test shares, or `None` (said once) where there is
+    /// none and none is required.
+    fn device() -> Option<&'static Device> {
+        static DEVICE: OnceLock<Option<Device>> = OnceLock::new();
+        DEVICE
+            .get_or_init(|| match Device::new() {
+                Ok(device) => {
+                    eprintln!("GPU tests on {}", device.name());
+                    Some(device)
+                }
+                Err(why) => {
+                    let required = std::env::var("STRATA_GPU_TESTS").is_ok_and(|v| v == "require");
+                    assert!(!required, "STRATA_GPU_TESTS=require, but {why}");
+                    eprintln!("GPU tests skipped: {why}");
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The definition's products of `owned` with `xs` at codes `E`.
+    fn definition<E: ActElem>(owned: &Owned, xs: &[f32], n: usize, rows: usize, cols: usize) -> Vec<f32> {
+        let w = owned.weights();
+        let mut want = vec![f32::NAN; n * rows];
+        int::products_ref(&w, &QuantizedActs::<E>::new(w.layout, xs, n, cols), 0..rows, &mut want, rows);
+        want
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(DEVICE_CASES))]
+
+        /// q8 and q4 products of every shape (empty rows, partial blocks
+        /// and groups, several vectors) on the device, with int16 and int8
+        /// codes: the definition bit for bit, and the CPU's own products
+        /// where it takes the integer path.
+        #[test]
+        fn device_products_equal_the_integer_definition_bitwise(case in case()) {
+            let Some(device) = device() else { return Ok(()) };
+            let (layout, rows, cols, group, src, n, xs) = case;
+            let owned = Owned::new(layout, rows, cols, group, &src);
+            let matrix = owned.matrix();
+            let on_device = device.upload(&matrix).expect("q8/q4 with a supported group uploads");
+            for precision in ActivationPrecision::ALL {
+                let want = match precision {
+                    ActivationPrecision::Int16 => definition::<i16>(&owned, &xs, n, rows, cols),
+                    ActivationPrecision::Int8 => definition::<i8>(&owned, &xs, n, rows, cols),
+                };
+                let mut got = vec![f32::NAN; n * rows];
+                device.matmul(&on_device, precision, &xs, n, &mut got);
+                prop_assert_eq!(bits(&got), bits(&want), "{:?} {}", layout, precision);
+                let isa = Isa::detect();
+                if matrix.uses_int_path(isa) {
+                    let mut cpu = vec![f32::NAN; n * rows];
+                    matrix.matmul_at(isa, precision, &xs, n, &mut cpu);
+                    prop_assert_eq!(bits(&got), bits(&cpu), "the CPU's {:?}", isa);
+                }
+            }
+        }
+
+        /// An expert's gated FFN (SwiGLU, SwiGLU with a limit, or gpt-oss's
+        /// clamped form with biases) on the device equals the CPU's bit for
+        /// bit.
+        #[test]
+        fn device_gated_ffn_equals_the_cpus_bitwise(
+            (layout, hidden, inter, group, n) in
+                (prop_oneof![Just(Layout::Q8), Just(Layout::Q4)], 1usize..=160, 1usize..=96, 2u32..=7, 1usize..=4)
+                    .prop_map(|(layout, hidden, inter, log_group, n)| {
+                        (layout, hidden, inter, (1usize << log_group).max(layout.lane_cols()), n)
+                    }),
+            seed in 0u32..1000,
+            act_kind in 0usize..3,
+        ) {
+            let Some(device) = device() else { return Ok(()) };
+            let value = |i: usize, salt: u32| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed ^ salt) % 2001) as f32 / 500.0 - 2.0;
+            let values = |len: usize, salt: u32| (0..len).map(|i| value(i, salt)).collect::<Vec<f32>>();
+            let gate = Owned::new(layout, inter, hidden, group, &values(inter * hidden, 1));
+            let up = Owned::new(layout, inter, hidden, group, &values(inter * hidden, 2));
+            let down = Owned::new(layout, hidden, inter, group, &values(hidden * inter, 3));
+            let xs = values(n * hidden, 4);
+            let (gate_bias, up_bias, down_bias) = (values(inter, 5), values(inter, 6), values(hidden, 7));
+            let act = match act_kind {
+                0 => GatedAct::SwiGlu,
+                1 => GatedAct::LimitedSwiGlu { limit: 1.5 },
+                _ => GatedAct::Clamped { alpha: 1.702, limit: 1.5, gate_bias: &gate_bias, up_bias: &up_bias, down_bias: &down_bias },
+            };
+            let matrices = [gate.matrix(), up.matrix(), down.matrix()];
+            if !matrices.iter().all(|m| m.uses_int_path(Isa::detect())) {
+                eprintln!("skipped: this CPU has no integer path to equal");
+                return Ok(());
+            }
+            let on_device = matrices.map(|m| device.upload(&m).expect("uploads"));
+            for precision in ActivationPrecision::ALL {
+                let threads = Threads::new(1).expect("one thread").with_activations(precision);
+                let mut want = vec![f32::NAN; n * hidden];
+                threads.gated_ffn(&matrices[0], &matrices[1], &matrices[2], act, &xs, n, &mut want);
+                let mut got = vec![f32::NAN; n * hidden];
+                device.gated_ffn([&on_device[0], &on_device[1], &on_device[2]], act, precision, &xs, n, &mut got);
+                prop_assert_eq!(bits(&got), bits(&want), "{:?} {} {:?}", layout, precision, act);
+            }
+        }
+    }
+
+    /// f32, bf16 and groups the integer path cannot lane-align stay on the
+    /// host, each refused by name.
+    #[test]
+    fn matrices_without_a_device_kernel_are_refused_by_format_and_group() {
+        let Some(device) = device() else { return };
+        let values = vec![0.25f32; 2 * 64];
+        let f32_matrix = Matrix::new(2, 64, MatData::F32(&values)).expect("f32");
+        let refused = device.upload(&f32_matrix).expect_err("f32 has no device kernel");
+        assert_eq!(refused, Error::GpuUnsupported { format: "f32", group: None });
+        let (qs, scales) = quantize_q8(&values, 2, 64, 48);
+        let q8_matrix = Matrix::new(2, 64, MatData::Q8 { qs: &qs, scales: &scales, group: 48 }).expect("q8");
+        let refused = device.upload(&q8_matrix).expect_err("group 48 is not a power of two");
+        assert!(refused.to_string().contains("groups of 48 columns"), "{refused}");
+    }
+
+    /// The inputs that poison a CPU product (a NaN or an infinity) poison
+    /// the device's, and tiny and huge values beside each other match.
+    #[test]
+    fn extreme_activations_match_the_definition() {
+        let Some(device) = device() else { return };
+        let (rows, cols, group) = (5, 200, 32);
+        let src: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+        for layout in [Layout::Q8, Layout::Q4] {
+            let owned = Owned::new(layout, rows, cols, group, &src);
+            let on_device = device.upload(&owned.matrix()).expect("uploads");
+            let mut x = vec![0.0f32; cols];
+            x[40] = 1e30;
+            x[41] = 1e-3;
+            x[150] = -3.0;
+            let mut got = vec![0.0; rows];
+            device.matmul(&on_device, ActivationPrecision::Int16, &x, 1, &mut got);
+            assert_eq!(bits(&got), bits(&definition::<i16>(&owned, &x, 1, rows, cols)), "{layout:?}");
+            x[7] = f32::NAN;
+            device.matmul(&on_device, ActivationPrecision::Int16, &x, 1, &mut got);
+            assert!(got.iter().all(|v| v.is_nan()), "{layout:?}: {got:?}");
+        }
+    }
+}
+
+/// Without the feature the names are there, and making a device says
+/// what is missing.
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn without_the_feature_a_device_says_how_to_get_one() {
+    let missing = crate::gpu::Device::new().expect_err("no GPU support built");
+    assert_eq!(missing, crate::Error::GpuNotBuilt);
+    assert!(missing.to_string().contains("--features gpu"), "{missing}");
+}

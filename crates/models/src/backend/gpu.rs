@@ -1,0 +1,155 @@
+//! The GPU backend: the CPU backend, with every q8/q4 matrix the device's
+//! kernels take uploaded once as the container stores it, within the VRAM
+//! budget; the products with those matrices and the dense SwiGLU MLPs
+//! whose three matrices are all there run on the device, the rest on the
+//! CPU (`Gpu::summary` says which, at start). The device's products are
+//! the CPU's bit for bit (`strata_kernels::gpu`), so what runs where, and
+//! the VRAM budget, never change the output.
+//!
+//! Without the kernels' `gpu` feature the device cannot be made and
+//! [`Gpu::new`] fails, saying how to build it.
+
+use std::sync::Arc;
+
+use strata_format::{Container, SwiGlu};
+use strata_kernels::gpu::{Device as GpuDevice, DeviceMatrix};
+use strata_kernels::{Error as KernelError, Threads};
+
+use super::cpu::{Cpu, swiglu_act};
+use super::{Device, MatrixHandle};
+use crate::error::Result;
+
+/// The device, and which matrices it holds.
+pub struct Gpu {
+    host: Cpu,
+    device: GpuDevice,
+    /// The most bytes of matrices to upload (`None`: all the device takes).
+    vram_budget_bytes: Option<u64>,
+    /// By the host's matrix slot: the matrix on the device, if it went there.
+    on_device: Vec<Option<DeviceMatrix>>,
+    bytes_on_device: u64,
+    /// Matrices kept on the host: no kernel for their format, over the
+    /// budget, or larger than one of the device's buffers.
+    no_kernel: usize,
+    over_budget: usize,
+    too_large: usize,
+}
+
+impl Gpu {
+    /// The first GPU adapter, for `container`'s weights, holding at most
+    /// `vram_budget_bytes` of matrices.
+    pub fn new(container: Arc<Container>, vram_budget_bytes: Option<u64>) -> Result<Self> {
+        Ok(Self {
+            host: Cpu::new(container),
+            device: GpuDevice::new()?,
+            vram_budget_bytes,
+            on_device: Vec::new(),
+            bytes_on_device: 0,
+            no_kernel: 0,
+            over_budget: 0,
+            too_large: 0,
+        })
+    }
+
+    /// The CPU backend over the same container, which runs what the device
+    /// does not.
+    pub fn host(&self) -> &Cpu {
+        &self.host
+    }
+
+    pub fn host_mut(&mut self) -> &mut Cpu {
+        &mut self.host
+    }
+
+    /// Registers the matrix `name` on the host, and uploads it if the
+    /// device has its kernel and the budget room; the slot of its handle
+    /// and where its products run.
+    pub fn register_matrix(&mut self, name: &str) -> Result<(usize, Device)> {
+        let slot = self.host.register_matrix(name)?;
+        assert_eq!(slot, self.on_device.len(), "one device entry per host slot");
+        let matrix = self.host.container().dense(name)?;
+        let uploaded = match self.device.upload(&matrix) {
+            Ok(on_device) if self.fits(on_device.bytes()) => {
+                self.bytes_on_device += on_device.bytes();
+                Some(on_device)
+            }
+            Ok(_) => {
+                self.over_budget += 1;
+                None
+            }
+            Err(KernelError::GpuUnsupported { .. }) => {
+                self.no_kernel += 1;
+                None
+            }
+            Err(_) => {
+                self.too_large += 1;
+                None
+            }
+        };
+        let device = if uploaded.is_some() { Device::Gpu } else { Device::Cpu };
+        self.on_device.push(uploaded);
+        Ok((slot, device))
+    }
+
+    /// Registers the table `name` on the host (rows are read there); the
+    /// slot of its handle, which it shares with the matrices.
+    pub fn register_table(&mut self, name: &str) -> Result<usize> {
+        let slot = self.host.register_table(name)?;
+        assert_eq!(slot, self.on_device.len(), "one device entry per host slot");
+        self.on_device.push(None);
+        Ok(slot)
+    }
+
+    /// Whether `bytes` more stay within the budget.
+    fn fits(&self, bytes: u64) -> bool {
+        self.vram_budget_bytes.is_none_or(|budget| self.bytes_on_device.saturating_add(bytes) <= budget)
+    }
+
+    fn on_device(&self, m: MatrixHandle) -> &DeviceMatrix {
+        assert_eq!(m.device, Device::Gpu, "a device operation reads device tensors");
+        let matrix = self.on_device[m.slot].as_ref().expect("a handle on the device names an uploaded matrix");
+        assert_eq!((matrix.rows(), matrix.cols()), (m.rows, m.cols), "the handle's shape is its matrix's");
+        matrix
+    }
+
+    /// `out = W xs`, on the device where `w` is, else on the host.
+    pub fn matmul(&self, threads: &Threads, w: MatrixHandle, xs: &[f32], out: &mut [f32]) {
+        match w.device {
+            Device::Gpu => self.device.matmul(self.on_device(w), threads.activations(), xs, xs.len() / w.cols, out),
+            Device::Cpu => self.host.matmul(threads, w, xs, out),
+        }
+    }
+
+    /// A dense SwiGLU MLP, on the device where all three matrices are.
+    pub fn swiglu(&self, threads: &Threads, weights: &[MatrixHandle; 3], swiglu: SwiGlu, xs: &[f32], ys: &mut [f32]) {
+        if weights.iter().all(|m| m.device == Device::Gpu) {
+            let [gate, up, down] = weights.map(|m| self.on_device(m));
+            let n = xs.len() / gate.cols();
+            self.device.gated_ffn([gate, up, down], swiglu_act(swiglu), threads.activations(), xs, n, ys);
+        } else {
+            self.host.swiglu(threads, &weights.map(MatrixHandle::on_host), swiglu, xs, ys);
+        }
+    }
+
+    /// What runs where, said once at start.
+    pub fn summary(&self) -> String {
+        let uploaded = self.on_device.iter().flatten().count();
+        let mut kept = Vec::new();
+        if self.no_kernel > 0 {
+            kept.push(format!("{} matrices with no device kernel (f32, bf16 or other groups)", self.no_kernel));
+        }
+        if self.over_budget > 0 {
+            kept.push(format!("{} matrices over the VRAM budget", self.over_budget));
+        }
+        if self.too_large > 0 {
+            kept.push(format!("{} matrices larger than the device's buffers", self.too_large));
+        }
+        kept.push("attention, norms, routing, residual-stream mixes, row-block products and the routed experts".into());
+        format!(
+            "GPU {}: {uploaded} matrices ({:.1} MiB) and their products on the device; on the CPU: {}",
+            self.device.name(),
+            self.bytes_on_device as f64 / (1u64 << 20) as f64,
+            kept.join("; ")
+        )
+    }
+}
