@@ -36,6 +36,7 @@ pub const FAMILIES: &[&str] = &[
     "qwen3_5_moe",
     "gpt_oss",
     "kimi_linear",
+    "qwen4_exp",
     "deepseek_v4",
     "inkling",
 ];

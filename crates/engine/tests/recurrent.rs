@@ -14,7 +14,8 @@ use std::path::Path;
 use strata_engine::{Engine, EngineOptions, GenerateOptions, Session};
 use strata_format::{ConvertOptions, QuantPreset};
 
-const FAMILIES: [&str; 6] = ["qwen3_next", "qwen3_5_moe", "gpt_oss", "kimi_linear", "deepseek_v4", "inkling"];
+const FAMILIES: [&str; 7] =
+    ["qwen3_next", "qwen3_5_moe", "gpt_oss", "kimi_linear", "deepseek_v4", "inkling", "qwen4_exp"];
 const PROMPT: [u32; 9] = [17, 44, 5, 230, 91, 12, 150, 7, 66];
 
 fn engine(dir: &Path, family: &str, prefill_chunk_tokens: Option<usize>) -> Engine {

@@ -12,8 +12,9 @@ use strata_tier::test_util::WarningLog;
 
 /// The GQA families (gpt-oss: biased experts, a window's ring), the
 /// hybrid ones (recurrent state beside the streamed experts), DeepSeek V4
-/// (a window's ring and its compressors' open windows) and Inkling (rings
-/// and convolution states, shared experts weighed by the router).
+/// (a window's ring and its compressors' open windows) Inkling (rings
+/// and convolution states, shared experts weighed by the router) and
+/// Qwen3.8-Flash-Next (QSA's raw keys beside gated residual streams).
 const FAMILIES: [&str; 9] = [
     "olmoe",
     "qwen3_moe",
@@ -24,6 +25,7 @@ const FAMILIES: [&str; 9] = [
     "kimi_linear",
     "deepseek_v4",
     "inkling",
+    "qwen4_exp",
 ];
 
 fn fixture(family: &str) -> PathBuf {

@@ -362,7 +362,9 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
         push(base, vec![streams], TensorKind::HyperConnection);
         push(scale, vec![1], TensorKind::HyperConnection);
     }
-    push(final_norm_name(core), vec![h], TensorKind::Norm);
+    if arch.residual().has_layer_norms() {
+        push(final_norm_name(core), vec![h], TensorKind::Norm);
+    }
     if !core.tie_word_embeddings {
         push(lm_head_name(core), vec![core.vocab_size, h], TensorKind::LmHead);
     }
@@ -402,7 +404,10 @@ fn mtp_tensors(core: &CoreSpec, layer: usize, blocks: &LayerSpec, push: &mut Pus
 fn layer_tensors(core: &CoreSpec, layer: usize, blocks: &LayerSpec, push: &mut Push<'_>) {
     let h = core.hidden_size;
     let t = |suffix: &str| layer_tensor(core, layer, suffix);
-    push(t("input_layernorm.weight"), vec![h], TensorKind::Norm);
+    let norms = blocks.residual.has_layer_norms();
+    if norms {
+        push(t("input_layernorm.weight"), vec![h], TensorKind::Norm);
+    }
     match &blocks.mixer {
         MixerSpec::Gqa(gqa) => gqa_attention_tensors(core, gqa, layer, push),
         MixerSpec::Mla(mla) => mla_attention_tensors(core, mla, layer, push),
@@ -410,7 +415,9 @@ fn layer_tensors(core: &CoreSpec, layer: usize, blocks: &LayerSpec, push: &mut P
         MixerSpec::Inkling(attn) => inkling::attention_tensors(core, attn, layer, push),
         MixerSpec::SharedKv(sk) => shared_kv_tensors(core, sk, layer, push),
     }
-    push(t("post_attention_layernorm.weight"), vec![h], TensorKind::Norm);
+    if norms {
+        push(t("post_attention_layernorm.weight"), vec![h], TensorKind::Norm);
+    }
     match &blocks.ffn {
         FfnSpec::Moe(moe) => {
             push(router_name(core, layer), vec![moe.router_rows(), h], TensorKind::Router);
@@ -524,6 +531,21 @@ fn gqa_attention_tensors(core: &CoreSpec, gqa: &GqaSpec, layer: usize, push: &mu
         // Logits beside the scores: kept f32 like the biases.
         push(sinks_name(core, layer), vec![gqa.num_heads], TensorKind::Bias);
     }
+    if let Some(qsa) = &gqa.qsa {
+        let [qk, q_norm, k_norm] = qsa_names(core, layer);
+        push(qk, vec![(qsa.n_heads + 1) * qsa.head_dim, h], TensorKind::Linear);
+        push(q_norm, vec![qsa.head_dim], TensorKind::Norm);
+        push(k_norm, vec![qsa.head_dim], TensorKind::Norm);
+    }
+}
+
+/// A QSA layer's indexer ([`crate::QsaSpec`]): `index_qk_proj` `[(n_heads
+/// + 1) · head_dim, hidden]` (the query heads, then the one raw key), and
+/// the query and block-key norms `q_layernorm`, `k_layernorm` `[head_dim]`
+/// (applied as `1 + w`).
+pub fn qsa_names(core: &CoreSpec, layer: usize) -> [String; 3] {
+    ["index_qk_proj", "q_layernorm", "k_layernorm"]
+        .map(|part| layer_tensor(core, layer, &format!("self_attn.indexer.{part}.weight")))
 }
 
 /// Multi-head Latent Attention: the (compressed) query, the latent

@@ -20,7 +20,10 @@ pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
             let dim = gqa.kv_dim();
             // A sliding window needs only its last `window` keys and values.
             let part = gqa.sliding_window.map_or(StatePart::Rows { dim }, |window| StatePart::Ring { dim, window });
-            vec![part; 2]
+            // QSA scores blocks of every key a query sees: each token's raw
+            // indexer key, kept whole.
+            let qsa = gqa.qsa.map(|qsa| StatePart::Rows { dim: qsa.head_dim });
+            [part, part].into_iter().chain(qsa).collect()
         }
         MixerSpec::Mla(mla) => {
             let latent = StatePart::Rows { dim: mla.dims.latent_dim() };

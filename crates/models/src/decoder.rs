@@ -2,6 +2,8 @@
 //! the attention block and the FFN the layer's [`strata_format::LayerSpec`]
 //! names, each wrapped by the layer's residual (mix → norm → block →
 //! combine, [`crate::residual`]), then the final norm and the lm head.
+//! Under gated residual streams the mix norms the streams itself: the
+//! layers have no norms and the stack no final norm.
 //!
 //! Everything runs on a batch: `forward` is a batch of one sequence,
 //! `forward_batch` several (continuous batching). Every projection and each
@@ -45,7 +47,8 @@ pub struct Decoder {
     embed_norm: Option<Norm>,
     /// Collapses the streams the layers carry before the final norm.
     head: StreamHead,
-    final_norm: Norm,
+    /// `None` where the head is the last step before the lm head.
+    final_norm: Option<Norm>,
     lm_head: MatrixHandle,
     /// The multi-token-prediction layer that drafts, where the container
     /// keeps one.
@@ -55,10 +58,11 @@ pub struct Decoder {
 /// One decoder layer.
 struct Layer {
     attn_residual: Residual,
-    input_norm: Norm,
+    /// `None` where the residual's mix norms the block's input.
+    input_norm: Option<Norm>,
     attention: Attention,
     ffn_residual: Residual,
-    post_attn_norm: Norm,
+    post_attn_norm: Option<Norm>,
     ffn: Ffn,
     /// The short convolution of the FFN's output, if any (Inkling's
     /// `mlp_sconv`): its state follows the attention's in the layer's cache.
@@ -76,7 +80,10 @@ impl Layer {
         ropes: &mut Vec<(RopeSpec, Rope)>,
     ) -> Result<(Self, LayerLayout)> {
         let h = spec.hidden_size;
-        let mut norm = |suffix: &str| Norm::load(b, &names::layer_tensor(spec, l, suffix), layer.norm, h);
+        let mut norm = |suffix: &str| match layer.residual.has_layer_norms() {
+            true => Norm::load(b, &names::layer_tensor(spec, l, suffix), layer.norm, h).map(Some),
+            false => Ok(None),
+        };
         let (input_norm, post_attn_norm) = (norm("input_layernorm.weight")?, norm("post_attention_layernorm.weight")?);
         let attention = Attention::load(b, spec, &layer.mixer, layer.norm, l)?;
         if let Some(rope) = layer.mixer.rope()
@@ -117,7 +124,7 @@ impl Layer {
         seqs: &mut [SeqBatch<'_>],
     ) -> Result<()> {
         let residual = self.attn_residual;
-        self.input_norm.apply(b, &residual.mix(rt, b, streams), normed);
+        norm_into(b, self.input_norm.as_ref(), &residual.mix(rt, b, streams), normed);
         let attn = self.attention.forward(rt, b, cache_layer, normed, pass, seqs)?;
         residual.slot(streams).iter_mut().zip(&attn).for_each(|(x, y)| *x += y);
         residual.combine(b, streams);
@@ -126,7 +133,7 @@ impl Layer {
 
     /// The FFN's input from `streams`, into `normed`.
     fn ffn_input(&self, rt: &Runtime<'_>, b: &Backend, streams: &mut Streams, normed: &mut [f32]) {
-        self.post_attn_norm.apply(b, &self.ffn_residual.mix(rt, b, streams), normed);
+        norm_into(b, self.post_attn_norm.as_ref(), &self.ffn_residual.mix(rt, b, streams), normed);
     }
 
     /// The FFN over `normed` (from [`Layer::ffn_input`]), added back into
@@ -199,7 +206,10 @@ impl Decoder {
         }
         let embed = b.table(&names::embedding_name(&spec), spec.vocab_size, h)?;
         let lm_head = b.matrix(&names::lm_head_name(&spec), spec.vocab_size, h)?;
-        let final_norm = Norm::load(b, &names::final_norm_name(&spec), arch.core.final_norm, h)?;
+        let final_norm = match arch.residual().has_layer_norms() {
+            true => Some(Norm::load(b, &names::final_norm_name(&spec), arch.core.final_norm, h)?),
+            false => None,
+        };
         let mtp = match arch.mtp.as_slice() {
             [] => None,
             [layer] if head.streams() == 1 => Some(mtp::Mtp::load(b, &spec, layer, arch.layers.len(), &mut ropes)?),
@@ -264,7 +274,7 @@ impl Decoder {
             return Ok(());
         }
         let b = &self.backend;
-        first.post_attn_norm.apply(b, &first.ffn_residual.mix(rt, b, streams), scratch);
+        norm_into(b, first.post_attn_norm.as_ref(), &first.ffn_residual.mix(rt, b, streams), scratch);
         if let Some(experts) = first.ffn.predict(rt, b, scratch, tokens) {
             rt.store.prefetch(0, &experts)?;
         }
@@ -302,7 +312,7 @@ impl Decoder {
             Logits::Last => &x[(n - 1) * h..],
         };
         let mut normed = vec![0.0f32; rows.len()];
-        self.final_norm.apply(&self.backend, rows, &mut normed);
+        norm_into(&self.backend, self.final_norm.as_ref(), rows, &mut normed);
         Ok(self.head_logits(rt, normed))
     }
 
@@ -321,6 +331,14 @@ impl Decoder {
             out = out.chunks_exact(vocab_size).flat_map(|row| &row[..width]).copied().collect();
         }
         out
+    }
+}
+
+/// `xs` through `norm` into `out`, or as it is where there is none.
+fn norm_into(b: &Backend, norm: Option<&Norm>, xs: &[f32], out: &mut [f32]) {
+    match norm {
+        Some(norm) => norm.apply(b, xs, out),
+        None => out.copy_from_slice(xs),
     }
 }
 
@@ -367,7 +385,7 @@ impl CausalLm for Decoder {
         }
         let x = self.hidden_states(rt, &mut [SeqBatch { tokens, cache }])?;
         let mut normed = vec![0.0f32; x.len()];
-        self.final_norm.apply(&self.backend, &x, &mut normed);
+        norm_into(&self.backend, self.final_norm.as_ref(), &x, &mut normed);
         Ok((self.head_logits(rt, normed.clone()), normed))
     }
 

@@ -100,6 +100,11 @@ impl Angles {
         (&self.cos[range.clone()], &self.sin[range])
     }
 
+    /// cos and sin of every position, `[positions, dim / 2]` each.
+    pub fn tables(&self) -> (&[f32], &[f32]) {
+        (&self.cos, &self.sin)
+    }
+
     /// How many positions' angles this holds.
     pub fn row_count(&self) -> usize {
         self.cos.len() / self.half

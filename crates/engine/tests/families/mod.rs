@@ -13,6 +13,7 @@ pub const CHECKED: &[&str] = &[
     "qwen3_5_moe",
     "gpt_oss",
     "kimi_linear",
+    "qwen4_exp",
     "deepseek_v4",
     "inkling",
 ];

@@ -145,6 +145,7 @@ pub(super) fn parse_fields<'a>(cfg: Fields<'a>, family: Family, defaults: &Defau
         rope: Some(rope),
         sinks: false,
         output_gate: false,
+        qsa: None,
     };
     let moe = MoeBlock {
         num_experts,
@@ -242,6 +243,7 @@ pub(super) fn blocks(arch: &ModelArch) -> (GqaSpec, MoeBlock) {
         rope: Some(RopeSpec { theta: 10_000.0, scaling: RopeScaling::None, rotary_dim: head_dim }),
         sinks: false,
         output_gate: false,
+        qsa: None,
     });
     let moe = arch.first_moe().copied().unwrap_or(MoeBlock {
         num_experts: 1,

@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
 use crate::spec::{
-    FfnKind, FfnSpec, GdnDims, GdnProjections, GdnSpec, LayerSpec, LayerType, MixerSpec, ModelArch, NormKind, QkNorm,
-    RouterKind, SharedExperts,
+    FfnKind, FfnSpec, GateActivation, GdnDims, GdnProjections, GdnSpec, LayerSpec, LayerType, MixerSpec, ModelArch,
+    NormKind, QkNorm, RouterKind, SharedExperts, special_tokens,
 };
 
 /// The config-class defaults both families share (transformers 5.23
@@ -28,9 +28,25 @@ pub(super) const DEFAULTS: gqa::Defaults = gqa::Defaults {
     expert_width: "moe_intermediate_size",
 };
 
-/// `partial_rotary_factor` when the config gives none (`__post_init__`'s
-/// `kwargs.setdefault("partial_rotary_factor", 0.25)`).
-const DEFAULT_PARTIAL_ROTARY_FACTOR: f64 = 0.25;
+/// What differs between the hybrid families' configs beyond their own
+/// keys.
+pub(super) struct Hybrid {
+    pub family: Family,
+    pub projections: GdnProjections,
+    /// `partial_rotary_factor` when the config gives none (Qwen3-Next's and
+    /// Qwen3.5's `__post_init__`: `kwargs.setdefault("partial_rotary_factor",
+    /// 0.25)`; Qwen3.8-Flash-Next sets none, so the rotation is whole).
+    pub partial_rotary_factor: Option<f64>,
+    /// How `layer_types` spells a full-attention layer.
+    pub full_attention: &'static [&'static str],
+}
+
+/// The default `partial_rotary_factor` of Qwen3-Next and Qwen3.5.
+pub(super) const QWEN_PARTIAL_ROTARY_FACTOR: f64 = 0.25;
+
+/// `layer_types`' spelling of a full-attention layer in Qwen3-Next and
+/// Qwen3.5.
+pub(super) const FULL_ATTENTION: &[&str] = &["full_attention"];
 
 /// `full_attention_interval` when neither it nor `layer_types` is given.
 const DEFAULT_FULL_ATTENTION_INTERVAL: usize = 4;
@@ -83,18 +99,19 @@ impl<'a> Parsed<'a> {
 
 /// The fields both families read, with every feed-forward block left for
 /// the family file to lay out.
-pub(super) fn parse<'a>(cfg: Fields<'a>, family: Family, projections: GdnProjections) -> Result<Parsed<'a>> {
+pub(super) fn parse<'a>(cfg: Fields<'a>, hybrid: &Hybrid) -> Result<Parsed<'a>> {
+    let Hybrid { family, projections, partial_rotary_factor, full_attention } = *hybrid;
     let mut parsed = gqa::parse_fields(cfg, family, &DEFAULTS)?;
     let cfg = &parsed.cfg;
     let rope_params = cfg.object("rope_parameters")?.into_iter().chain(cfg.object("rope_scaling")?);
     let partial_given = cfg.raw("partial_rotary_factor").is_some()
         || rope_params.into_iter().any(|p| p.contains_key("partial_rotary_factor"));
     let attention = &mut parsed.attention;
-    if !partial_given && let Some(rope) = &mut attention.rope {
+    if !partial_given && let (Some(rope), Some(factor)) = (&mut attention.rope, partial_rotary_factor) {
         // transformers: dim = int(head_dim * partial_rotary_factor).
-        rope.rotary_dim = (attention.head_dim as f64 * DEFAULT_PARTIAL_ROTARY_FACTOR) as usize;
+        rope.rotary_dim = (attention.head_dim as f64 * factor) as usize;
     }
-    let mixers = mixers(cfg, parsed.num_layers)?;
+    let mixers = mixers(cfg, parsed.num_layers, full_attention)?;
     let head_count = |key: &str, default: usize| -> Result<usize> {
         limits::at_most(key, cfg.usize(key)?.unwrap_or(default), MAX_HEADS)
     };
@@ -114,12 +131,72 @@ pub(super) fn parse<'a>(cfg: Fields<'a>, family: Family, projections: GdnProject
     parsed.ffns.moe.shared = shared;
     let eps = parsed.core.final_norm.eps();
     parsed.core.final_norm = NormKind::OnePlusWeight { eps };
-    Ok(Parsed { gqa: parsed, gdn: GdnSpec { dims, eps, gate_lower_bound: None }, mixers })
+    Ok(Parsed {
+        gqa: parsed,
+        gdn: GdnSpec { dims, eps, gate_lower_bound: None, output_gate: GateActivation::Silu },
+        mixers,
+    })
+}
+
+/// The text model's config of a checkpoint: the multimodal wrapper's
+/// `text_config`, or the document itself where its `model_type` is the
+/// text model's own (`text_model_type`, as the text model saves), and
+/// whether it was nested.
+pub(super) fn text_config<'a>(root: &'a Map<String, Value>, text_model_type: &str) -> Result<(Fields<'a>, bool)> {
+    let top = Fields { map: root, prefix: "" };
+    let nested = top.str("model_type")? != Some(text_model_type);
+    Ok(match top.object("text_config")? {
+        Some(text) if nested => (Fields { map: text, prefix: "text_config." }, true),
+        None if nested => return Err(Error::MissingField { field: "text_config".into() }),
+        _ => (top, false),
+    })
+}
+
+/// What a multimodal wrapper (`root`) owns over its text config: tying
+/// (class default false) and, where it gives them, the special ids.
+pub(super) fn take_wrapper_fields(root: &Map<String, Value>, parsed: &mut Parsed<'_>) -> Result<()> {
+    let top = Fields { map: root, prefix: "" };
+    let mut merged = parsed.cfg().map.clone();
+    for key in ["bos_token_id", "eos_token_id"] {
+        if let Some(v) = top.raw(key) {
+            merged.insert(key.to_owned(), v.clone());
+        }
+    }
+    let core = &mut parsed.gqa.core;
+    (core.bos_token_id, core.eos_token_ids) = special_tokens(&Fields { map: &merged, prefix: "" }, (None, Vec::new()))?;
+    core.tie_word_embeddings = top.bool("tie_word_embeddings")?.unwrap_or(false);
+    Ok(())
+}
+
+/// A text model's config (`text`, of `model_type` `text_model_type`) for
+/// export: a checkpoint converted from the multimodal wrapper (`source`)
+/// goes back into it, vision config and all; otherwise the text model
+/// alone.
+pub(super) fn wrapped_config_json(
+    mut text: Map<String, Value>,
+    text_model_type: &str,
+    source: Option<&Value>,
+) -> Value {
+    text.insert("model_type".into(), json!(text_model_type));
+    match source.and_then(|s| Some((s.get("text_config")?, s.as_object()?))) {
+        Some((_, wrapper)) => {
+            let mut c = wrapper.clone();
+            for key in ["bos_token_id", "eos_token_id", "tie_word_embeddings"] {
+                if let Some(v) = text.get(key) {
+                    c.insert(key.into(), v.clone());
+                }
+            }
+            c.insert("text_config".into(), Value::Object(text));
+            c.insert("dtype".into(), json!("float32"));
+            Value::Object(c)
+        }
+        None => Value::Object(text),
+    }
 }
 
 /// `layer_types`, or every `full_attention_interval`-th layer full.
-fn mixers(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerType>> {
-    if let Some(listed) = listed_layer_types(cfg, num_layers)? {
+fn mixers(cfg: &Fields<'_>, num_layers: usize, full_attention: &[&str]) -> Result<Vec<LayerType>> {
+    if let Some(listed) = listed_layer_types(cfg, num_layers, full_attention)? {
         return Ok(listed);
     }
     let interval = cfg.usize("full_attention_interval")?.unwrap_or(DEFAULT_FULL_ATTENTION_INTERVAL);
@@ -131,9 +208,13 @@ fn mixers(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerType>> {
         .collect())
 }
 
-/// `layer_types` (`full_attention` or `linear_attention`, one per layer),
-/// or `None` when absent or null.
-pub(super) fn listed_layer_types(cfg: &Fields<'_>, num_layers: usize) -> Result<Option<Vec<LayerType>>> {
+/// `layer_types` (a spelling of `full_attention` or `linear_attention`, one
+/// per layer), or `None` when absent or null.
+pub(super) fn listed_layer_types(
+    cfg: &Fields<'_>,
+    num_layers: usize,
+    full_attention: &[&str],
+) -> Result<Option<Vec<LayerType>>> {
     let Some(types) = cfg.raw("layer_types").filter(|v| !v.is_null()) else {
         return Ok(None);
     };
@@ -147,11 +228,12 @@ pub(super) fn listed_layer_types(cfg: &Fields<'_>, num_layers: usize) -> Result<
     items
         .iter()
         .map(|item| match item.as_str() {
-            Some("full_attention") => Ok(LayerType::Full),
+            Some(full) if full_attention.contains(&full) => Ok(LayerType::Full),
             Some("linear_attention") => Ok(LayerType::Linear),
-            _ => {
-                Err(Error::invalid("layer_types", format!("{item} is not \"full_attention\" or \"linear_attention\"")))
-            }
+            _ => Err(Error::invalid(
+                "layer_types",
+                format!("{item} is not one of {full_attention:?} or \"linear_attention\""),
+            )),
         })
         .collect::<Result<Vec<_>>>()
         .map(Some)

@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
 use crate::spec::{
-    FfnKind, GdnDims, GdnProjections, GdnSpec, LayerType, MixerSpec, MlaAttention, ModelArch, RouterKind,
+    FfnKind, GateActivation, GdnDims, GdnProjections, GdnSpec, LayerType, MixerSpec, MlaAttention, ModelArch,
+    RouterKind,
 };
 
 pub(super) struct KimiLinear;
@@ -188,7 +189,7 @@ fn linear_dims(cfg: &Fields<'_>, linear: Option<&Fields<'_>>) -> Result<GdnDims>
 /// `full_attn_layers` (both, covering every layer once), else the class
 /// default.
 fn layer_types(cfg: &Fields<'_>, linear: Option<&Fields<'_>>, num_layers: usize) -> Result<Vec<LayerType>> {
-    if let Some(listed) = hybrid::listed_layer_types(cfg, num_layers)? {
+    if let Some(listed) = hybrid::listed_layer_types(cfg, num_layers, hybrid::FULL_ATTENTION)? {
         return Ok(listed);
     }
     let lists = match linear {
@@ -258,6 +259,7 @@ impl FamilyDef for KimiLinear {
             dims: linear_dims(&cfg, linear.as_ref())?,
             eps: parsed.core.final_norm.eps(),
             gate_lower_bound: None,
+            output_gate: GateActivation::Sigmoid,
         };
         let types = layer_types(&cfg, linear.as_ref(), num_layers)?;
         let kinds = match mla::string_list(&cfg, "mlp_layer_types")? {

@@ -30,6 +30,7 @@ mod olmoe;
 mod qwen3_5_moe;
 mod qwen3_moe;
 mod qwen3_next;
+mod qwen4_exp;
 
 use std::fmt;
 use std::str::FromStr;
@@ -93,6 +94,10 @@ pub enum Family {
     /// clamped SwiGLU, in a multimodal wrapper.
     #[serde(rename = "glm5_next")]
     Glm5Next,
+    /// Qwen3.8-Flash-Next: the Qwen3.5 body with QSA block selection,
+    /// gated residual streams and no layer norms.
+    #[serde(rename = "qwen4_exp")]
+    Qwen4Exp,
 }
 
 /// What a family file provides.
@@ -166,7 +171,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 13] = [
+    pub const ALL: [Family; 14] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -180,6 +185,7 @@ impl Family {
         Family::DeepseekV4,
         Family::Inkling,
         Family::Glm5Next,
+        Family::Qwen4Exp,
     ];
 
     /// The registry: the file that describes this family.
@@ -198,6 +204,7 @@ impl Family {
             Family::DeepseekV4 => &deepseek_v4::DeepseekV4,
             Family::Inkling => &inkling::Inkling,
             Family::Glm5Next => &glm5_next::Glm5Next,
+            Family::Qwen4Exp => &qwen4_exp::Qwen4Exp,
         }
     }
 

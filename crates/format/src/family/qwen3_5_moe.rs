@@ -7,13 +7,12 @@
 //! `Qwen3_5MoeForCausalLM` saves the flat text config
 //! (`qwen3_5_moe_text`). Both are read.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::known::{ConfigKeys, HF_INERT, Known, QUANTIZATION, ROPE};
 use super::{CORE_READ, Family, FamilyDef, Naming, gqa, hybrid};
 use crate::error::{Error, Result};
-use crate::spec::fields::Fields;
-use crate::spec::{FfnKind, GdnProjections, ModelArch, special_tokens};
+use crate::spec::{FfnKind, GdnProjections, ModelArch};
 
 pub(super) struct Qwen35Moe;
 
@@ -51,7 +50,7 @@ const KNOWN: Known = Known {
 /// `model_type` of the text model alone.
 const TEXT_MODEL_TYPE: &str = "qwen3_5_moe_text";
 
-const NAMING: Naming = Naming {
+pub(super) const NAMING: Naming = Naming {
     model_prefix: "model.language_model.",
     lm_head: "lm_head.weight",
     moe_module: "mlp",
@@ -83,30 +82,21 @@ impl FamilyDef for Qwen35Moe {
     }
 
     fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
-        let top = Fields { map: root, prefix: "" };
-        let nested = top.str("model_type")? != Some(TEXT_MODEL_TYPE);
-        let cfg = match top.object("text_config")? {
-            Some(text) if nested => Fields { map: text, prefix: "text_config." },
-            None if nested => return Err(Error::MissingField { field: "text_config".into() }),
-            _ => Fields { map: root, prefix: "" },
-        };
-        let mut parsed = hybrid::parse(cfg, Family::Qwen35Moe, GdnProjections::Split)?;
+        let (cfg, nested) = hybrid::text_config(root, TEXT_MODEL_TYPE)?;
+        let mut parsed = hybrid::parse(
+            cfg,
+            &hybrid::Hybrid {
+                family: Family::Qwen35Moe,
+                projections: GdnProjections::Split,
+                partial_rotary_factor: Some(hybrid::QWEN_PARTIAL_ROTARY_FACTOR),
+                full_attention: hybrid::FULL_ATTENTION,
+            },
+        )?;
         // Qwen3_5MoeTopKRouter always renormalises; every layer is MoE.
         parsed.gqa.softmax_router(true);
         let kinds = vec![FfnKind::Moe; parsed.gqa.num_layers];
         if nested {
-            // The wrapper owns tying (class default false) and, where it
-            // gives them, the special ids.
-            let mut merged = parsed.cfg().map.clone();
-            for key in ["bos_token_id", "eos_token_id"] {
-                if let Some(v) = top.raw(key) {
-                    merged.insert(key.to_owned(), v.clone());
-                }
-            }
-            let core = &mut parsed.gqa.core;
-            (core.bos_token_id, core.eos_token_ids) =
-                special_tokens(&Fields { map: &merged, prefix: "" }, (None, Vec::new()))?;
-            core.tie_word_embeddings = top.bool("tie_word_embeddings")?.unwrap_or(false);
+            hybrid::take_wrapper_fields(root, &mut parsed)?;
         }
         parsed.build(&kinds)
     }
@@ -119,26 +109,6 @@ impl FamilyDef for Qwen35Moe {
     }
 
     fn to_config_json(&self, arch: &ModelArch, source: Option<&Value>) -> Value {
-        let mut text = hybrid::config_json(arch);
-        // A checkpoint converted from the multimodal wrapper goes back into
-        // it, vision config and all; otherwise the text model alone.
-        match source.and_then(|s| Some((s.get("text_config")?, s.as_object()?))) {
-            Some((_, wrapper)) => {
-                let mut c = wrapper.clone();
-                text.insert("model_type".into(), json!(TEXT_MODEL_TYPE));
-                for key in ["bos_token_id", "eos_token_id", "tie_word_embeddings"] {
-                    if let Some(v) = text.get(key) {
-                        c.insert(key.into(), v.clone());
-                    }
-                }
-                c.insert("text_config".into(), Value::Object(text));
-                c.insert("dtype".into(), json!("float32"));
-                Value::Object(c)
-            }
-            None => {
-                text.insert("model_type".into(), json!(TEXT_MODEL_TYPE));
-                Value::Object(text)
-            }
-        }
+        hybrid::wrapped_config_json(hybrid::config_json(arch), TEXT_MODEL_TYPE, source)
     }
 }

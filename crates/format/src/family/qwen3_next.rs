@@ -51,7 +51,15 @@ impl FamilyDef for Qwen3Next {
 
     fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
         let cfg = Fields { map: root, prefix: "" };
-        let mut parsed = hybrid::parse(cfg, Family::Qwen3Next, GdnProjections::Grouped)?;
+        let mut parsed = hybrid::parse(
+            cfg,
+            &hybrid::Hybrid {
+                family: Family::Qwen3Next,
+                projections: GdnProjections::Grouped,
+                partial_rotary_factor: Some(hybrid::QWEN_PARTIAL_ROTARY_FACTOR),
+                full_attention: hybrid::FULL_ATTENTION,
+            },
+        )?;
         let renormalize = parsed.cfg().bool("norm_topk_prob")?.unwrap_or(true);
         let kinds = gqa::sparse_step_layer_kinds(parsed.cfg(), parsed.gqa.num_layers)?;
         parsed.gqa.softmax_router(renormalize);

@@ -80,6 +80,14 @@ impl ResidualKind {
             ResidualKind::HyperConnections { streams, .. } | ResidualKind::GatedStreams { streams, .. } => streams,
         }
     }
+
+    /// Whether the layer norms each block's input (`input_layernorm`,
+    /// `post_attention_layernorm`) and the stack norms its output before
+    /// `lm_head`. Gated streams do not: their mix norms every stream
+    /// itself, and the final mixer is the last step before `lm_head`.
+    pub fn has_layer_norms(&self) -> bool {
+        !matches!(self, ResidualKind::GatedStreams { .. })
+    }
 }
 
 /// How hyper-connections' streams become one hidden state before the final
@@ -143,8 +151,14 @@ impl LayerSpec {
                 let window = gqa.sliding_window.map(|w| format!(", window {w}")).unwrap_or_default();
                 let flags = [(gqa.bias, ", bias"), (gqa.sinks, ", sinks"), (gqa.output_gate, ", gated")];
                 let flags: String = flags.iter().filter(|(on, _)| *on).map(|(_, name)| *name).collect();
+                let qsa = gqa.qsa.map_or(String::new(), |qsa| {
+                    format!(
+                        ", qsa {} heads x {}, {} tokens in blocks of {}",
+                        qsa.n_heads, qsa.head_dim, qsa.budget_tokens, qsa.block_tokens
+                    )
+                });
                 format!(
-                    "gqa {} q / {} kv heads x {}, {rope}{window}{flags}",
+                    "gqa {} q / {} kv heads x {}, {rope}{window}{flags}{qsa}",
                     gqa.num_heads, gqa.num_kv_heads, gqa.head_dim
                 )
             }
@@ -179,8 +193,16 @@ impl LayerSpec {
                         )
                     }
                     GdnProjections::Grouped | GdnProjections::Split => format!(
-                        "gated deltanet {} k / {} v heads x {}/{}, conv {}",
-                        d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim, d.conv_kernel
+                        "gated deltanet {} k / {} v heads x {}/{}, conv {}{}",
+                        d.num_k_heads,
+                        d.num_v_heads,
+                        d.head_k_dim,
+                        d.head_v_dim,
+                        d.conv_kernel,
+                        match gdn.output_gate {
+                            GateActivation::Silu => "",
+                            GateActivation::Sigmoid => ", sigmoid output gate",
+                        }
                     ),
                 }
             }
@@ -295,14 +317,14 @@ impl MixerSpec {
 }
 
 impl MixerSpec {
-    /// f32 values one token adds to this layer's cache: keys and values
-    /// (GQA; none under a sliding window, whose ring is fixed state); the
-    /// latent with its rotary key, plus the indexer's keys with DSA (MLA);
-    /// none for a recurrent layer.
+    /// f32 values one token adds to this layer's cache: keys and values,
+    /// plus the raw indexer key with QSA (GQA; none under a sliding window,
+    /// whose ring is fixed state); the latent with its rotary key, plus the
+    /// indexer's keys with DSA (MLA); none for a recurrent layer.
     pub fn cache_floats_per_token(&self) -> usize {
         match self {
             MixerSpec::Gqa(gqa) if gqa.sliding_window.is_some() => 0,
-            MixerSpec::Gqa(gqa) => 2 * gqa.kv_dim(),
+            MixerSpec::Gqa(gqa) => 2 * gqa.kv_dim() + gqa.qsa.map_or(0, |qsa| qsa.head_dim),
             MixerSpec::Mla(mla) => mla.dims.latent_dim() + mla.indexer.map_or(0, |i| i.cache_floats_per_token()),
             MixerSpec::GatedDeltaNet(_) => 0,
             MixerSpec::Inkling(ink) => ink.cache_floats_per_token(),
@@ -345,6 +367,36 @@ pub struct GqaSpec {
     /// `q_proj` yields a gate per head after its query (`[q d | gate d]`
     /// per head) and the output is multiplied by `sigmoid(gate)`.
     pub output_gate: bool,
+    /// QSA block selection: each query attends only to the keys its indexer
+    /// keeps (Qwen3.8-Flash-Next).
+    pub qsa: Option<QsaSpec>,
+}
+
+/// QSA, the block-sparse selection of a GQA layer (transformers'
+/// `Qwen4ExpTextQSAIndexer`): `index_qk_proj` gives `n_heads` query heads
+/// and one raw key per token, `head_dim` wide; a query keeps the
+/// `budget_tokens / block_tokens` best complete blocks of the keys it sees
+/// (raw keys mean-pooled, normed with `1 + k_layernorm`, rotated at the
+/// block's first position, scored `Σ_h relu(q_h · k) / √head_dim`) and the
+/// incomplete tail block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QsaSpec {
+    /// `indexer_n_heads`.
+    pub n_heads: usize,
+    /// `indexer_head_dim`: of each query head and of the one key head.
+    pub head_dim: usize,
+    /// `indexer_budget`: tokens of complete blocks a query keeps, a
+    /// multiple of `block_tokens`.
+    pub budget_tokens: usize,
+    /// `indexer_compress_ratio`: tokens per block.
+    pub block_tokens: usize,
+}
+
+impl QsaSpec {
+    /// The complete blocks a query keeps.
+    pub fn kept_blocks(&self) -> usize {
+        self.budget_tokens / self.block_tokens
+    }
 }
 
 impl GqaSpec {
@@ -387,6 +439,18 @@ pub struct GdnSpec {
     /// bound (`linear_lower_bound`), instead of Kimi's
     /// `−exp(A_log) · softplus(f + dt_bias)`.
     pub gate_lower_bound: Option<f32>,
+    /// The activation of the output norm's gate.
+    pub output_gate: GateActivation,
+}
+
+/// The activation of a gate that scales a normed output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateActivation {
+    /// Qwen3-Next, Qwen3.5: `x · σ(x)`.
+    Silu,
+    /// Kimi Delta Attention, and Qwen3.8-Flash-Next's `output_gate_type`
+    /// `sigmoid`: `σ(x)`.
+    Sigmoid,
 }
 
 /// One layer's part in DeepSeek Sparse Attention.

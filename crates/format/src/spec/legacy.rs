@@ -5,9 +5,9 @@
 //! from the flat spec.
 
 use super::{
-    CoreSpec, ExpertKind, FfnKind, FfnSpec, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, LayerType, MixerSpec,
-    MlaAttention, ModelArch, ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, QkNorm, ResidualKind, RopeScaling,
-    RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts, SwiGlu,
+    CoreSpec, ExpertKind, FfnKind, FfnSpec, GateActivation, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, LayerType,
+    MixerSpec, MlaAttention, ModelArch, ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, QkNorm, ResidualKind,
+    RopeScaling, RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts, SwiGlu,
 };
 use super::{DsaSpec, GdnDims, LATENT_NORM_EPS, MlaSpec};
 use crate::error::{Error, Result};
@@ -199,6 +199,7 @@ impl ModelSpec {
                 rope: Some(self.rope),
                 sinks: false,
                 output_gate: self.attn_output_gate,
+                qsa: None,
             }),
         }
     }
@@ -224,7 +225,12 @@ impl ModelSpec {
     }
 
     fn gdn(&self, dims: GdnDims) -> MixerSpec {
-        MixerSpec::GatedDeltaNet(GdnSpec { dims, eps: self.rms_norm_eps, gate_lower_bound: None })
+        MixerSpec::GatedDeltaNet(GdnSpec {
+            dims,
+            eps: self.rms_norm_eps,
+            gate_lower_bound: None,
+            output_gate: GateActivation::Silu,
+        })
     }
 
     fn moe_block(&self) -> MoeBlock {

@@ -126,12 +126,19 @@ pub(super) fn check(arch: &ModelArch) -> Result<()> {
 /// maximum.
 fn layer_sizes(layer: &LayerSpec) -> Vec<(&'static str, usize, usize)> {
     let mut sizes = match &layer.mixer {
-        MixerSpec::Gqa(gqa) => vec![
-            ("num_attention_heads", gqa.num_heads, MAX_HEADS),
-            ("num_key_value_heads", gqa.num_kv_heads, MAX_HEADS),
-            ("head_dim", gqa.head_dim, MAX_HEAD_DIM),
-            ("sliding_window", gqa.sliding_window.unwrap_or(0), MAX_POSITIONS),
-        ],
+        MixerSpec::Gqa(gqa) => {
+            let qsa = gqa.qsa.map_or([0; 4], |q| [q.n_heads, q.head_dim, q.budget_tokens, q.block_tokens]);
+            vec![
+                ("num_attention_heads", gqa.num_heads, MAX_HEADS),
+                ("num_key_value_heads", gqa.num_kv_heads, MAX_HEADS),
+                ("head_dim", gqa.head_dim, MAX_HEAD_DIM),
+                ("sliding_window", gqa.sliding_window.unwrap_or(0), MAX_POSITIONS),
+                ("indexer_n_heads", qsa[0], MAX_HEADS),
+                ("indexer_head_dim", qsa[1], MAX_HEAD_DIM),
+                ("indexer_budget", qsa[2], MAX_POSITIONS),
+                ("indexer_compress_ratio", qsa[3], MAX_POSITIONS),
+            ]
+        }
         MixerSpec::Mla(mla) => {
             let (topk, head_dim, n_heads, pool) =
                 mla.indexer.map_or((0, 0, 0, None), |i| (i.topk, i.head_dim, i.n_heads, i.pool));

@@ -5,7 +5,7 @@
 
 use super::{
     CoreSpec, FfnSpec, GdnProjections, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention, ModelArch, MoeBlock,
-    NormKind, ResidualKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, limits,
+    NormKind, QsaSpec, ResidualKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, limits,
 };
 use crate::error::{Error, Result};
 
@@ -140,6 +140,41 @@ impl GqaSpec {
         }
         if self.sliding_window == Some(0) {
             return Err(Error::invalid("sliding_window", "must be > 0"));
+        }
+        if let Some(qsa) = &self.qsa {
+            let Some(rope) = &self.rope else {
+                return Err(Error::invalid(
+                    "indexer_n_heads",
+                    "QSA rotates its queries and keys with the layer's RoPE",
+                ));
+            };
+            qsa.validate(rope.rotary_dim)?;
+        }
+        Ok(())
+    }
+}
+
+impl QsaSpec {
+    /// A selection whose blocks are whole and whose query and key heads
+    /// hold the attention's rotary part (`rotary_dim`), which rotates them.
+    fn validate(&self, rotary_dim: usize) -> Result<()> {
+        positive(&[
+            ("indexer_n_heads", self.n_heads),
+            ("indexer_head_dim", self.head_dim),
+            ("indexer_budget", self.budget_tokens),
+            ("indexer_compress_ratio", self.block_tokens),
+        ])?;
+        if !self.budget_tokens.is_multiple_of(self.block_tokens) {
+            return Err(Error::invalid(
+                "indexer_budget",
+                format!("{} is not a multiple of indexer_compress_ratio {}", self.budget_tokens, self.block_tokens),
+            ));
+        }
+        if rotary_dim > self.head_dim {
+            return Err(Error::invalid(
+                "indexer_head_dim",
+                format!("{} is narrower than the attention's rotary part {rotary_dim}", self.head_dim),
+            ));
         }
         Ok(())
     }

@@ -15,7 +15,7 @@
 //! give exactly the logits of one pass.
 
 use crate::backend::NormGate;
-use strata_format::{CoreSpec, GdnDims, GdnProjections, GdnSpec, names};
+use strata_format::{CoreSpec, GateActivation, GdnDims, GdnProjections, GdnSpec, names};
 use strata_kv::StatePart;
 
 use crate::backend::Runtime;
@@ -31,6 +31,8 @@ const STATE: usize = 0;
 pub struct DeltaNet {
     dims: GdnDims,
     eps: f32,
+    /// The activation of the output norm's gate.
+    gate_act: NormGate,
     hidden: usize,
     /// The input projections, in the order of [`GdnDims::projections`]:
     /// `in_proj_qkvz`, `in_proj_ba` (grouped), `in_proj_qkv`, `in_proj_z`,
@@ -112,7 +114,11 @@ impl DeltaNet {
             (rule, b.vector(&t("norm.weight"), d.head_v_dim)?, t("out_proj.weight"))
         };
         let out = Linear::load(b, &out, None, h, d.value_dim())?;
-        Ok(Self { dims: d, eps: gdn.eps, hidden: h, inputs, rule, norm, out })
+        let gate_act = match gdn.output_gate {
+            GateActivation::Silu => NormGate::Silu,
+            GateActivation::Sigmoid => NormGate::Sigmoid,
+        };
+        Ok(Self { dims: d, eps: gdn.eps, gate_act, hidden: h, inputs, rule, norm, out })
     }
 
     /// What a sequence keeps in this layer: the delta-rule and convolution
@@ -149,10 +155,8 @@ impl DeltaNet {
             };
             b.delta_step(rt, &self.rule, job);
         }
-        // The gated norm per head: weight · x̂ · silu(z) (GDN) or
-        // sigmoid(z) (KDA).
-        let gate_act = if d.projections == GdnProjections::Kimi { NormGate::Sigmoid } else { NormGate::Silu };
-        b.rmsnorm_gated(self.norm, self.eps, &mut core, &inputs.z, gate_act);
+        // The gated norm per head: weight · x̂ · act(z).
+        b.rmsnorm_gated(self.norm, self.eps, &mut core, &inputs.z, self.gate_act);
         self.out.apply(rt, b, &core)
     }
 

@@ -17,13 +17,12 @@ use crate::error::Result;
 use crate::lm::SeqBatch;
 use crate::rope::Angles;
 
-/// One layer's attention block.
+/// One layer's attention block, each boxed: their sizes differ by
+/// hundreds of bytes (an indexer, QSA, compressors), and a layer holds one.
 pub enum Attention {
-    Gqa(gqa::Gqa),
-    /// Boxed: with its indexer it is the largest block by far.
+    Gqa(Box<gqa::Gqa>),
     Mla(Box<latent::LatentAttention>),
-    DeltaNet(delta::DeltaNet),
-    /// Boxed like MLA: its compressors make it large.
+    DeltaNet(Box<delta::DeltaNet>),
     SharedKv(Box<shared_kv::SharedKv>),
     /// Boxed: its three convolutions and five projections make it large.
     Inkling(Box<inkling::Inkling>),
@@ -64,9 +63,9 @@ impl Attention {
     /// `norm` is the layer's norm kind, which q/k norms follow.
     pub fn load(b: &mut Backend, spec: &CoreSpec, kind: &MixerSpec, norm: NormKind, layer: usize) -> Result<Self> {
         Ok(match kind {
-            MixerSpec::Gqa(gqa) => Attention::Gqa(gqa::Gqa::load(b, spec, *gqa, norm, layer)?),
+            MixerSpec::Gqa(gqa) => Attention::Gqa(Box::new(gqa::Gqa::load(b, spec, *gqa, norm, layer)?)),
             MixerSpec::Mla(mla) => Attention::Mla(Box::new(latent::LatentAttention::load(b, spec, mla, layer)?)),
-            MixerSpec::GatedDeltaNet(gdn) => Attention::DeltaNet(delta::DeltaNet::load(b, spec, gdn, layer)?),
+            MixerSpec::GatedDeltaNet(gdn) => Attention::DeltaNet(Box::new(delta::DeltaNet::load(b, spec, gdn, layer)?)),
             MixerSpec::Inkling(ink) => {
                 Attention::Inkling(Box::new(inkling::Inkling::load(b, spec, *ink, norm, layer)?))
             }

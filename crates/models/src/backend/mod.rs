@@ -282,7 +282,8 @@ pub struct PositionBias<'a> {
 /// One sequence's causal attention: its queries at positions
 /// `start..start + n`, the cached keys and values of positions
 /// `first_key..start + n` (0 unless a window's ring holds fewer), the bias
-/// by distance of its queries' scores, if any, and where the output goes.
+/// by distance of its queries' scores, if any, the keys each query may
+/// attend to, if chosen, and where the output goes.
 pub struct AttendJob<'a> {
     pub q: &'a [f32],
     pub keys: &'a [f32],
@@ -290,7 +291,34 @@ pub struct AttendJob<'a> {
     pub first_key: usize,
     pub start: usize,
     pub bias: Option<PositionBias<'a>>,
+    /// `[n, start + n]`: whether query `i` attends to the key at each
+    /// position (QSA's choice, [`Backend::qsa_select`]); `None`: to every
+    /// key its window shows.
+    pub selected: Option<&'a [bool]>,
     pub out: &'a mut [f32],
+}
+
+/// One attention layer's QSA indexer (`strata_format::QsaSpec`), its
+/// block-key norm's stored weight (applied as `1 + w`) registered.
+#[derive(Debug, Clone, Copy)]
+pub struct QsaShape {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub budget_tokens: usize,
+    pub block_tokens: usize,
+    pub k_norm: VectorHandle,
+    pub norm_eps: f32,
+}
+
+/// One sequence's QSA queries at positions `start..start + n`: `q` `[n,
+/// heads · head_dim]`, normed and rotated; the raw key of every position
+/// `0..start + n`, `[start + n, head_dim]`; the rotary angles of those
+/// positions, which rotate each block's key at its first.
+pub struct QsaJob<'a> {
+    pub q: &'a [f32],
+    pub raw_keys: &'a [f32],
+    pub angles: &'a Angles,
+    pub start: usize,
 }
 
 /// The shape of one shared key-value attention layer (DeepSeek V4): every
@@ -743,6 +771,12 @@ impl Backend {
     /// Several sequences' causal grouped-query attention at once.
     pub fn attend(&self, rt: &Runtime<'_>, shape: AttnShape, jobs: Vec<AttendJob<'_>>) {
         self.host().attend(rt.threads, shape, jobs)
+    }
+
+    /// The keys each of one sequence's queries attends to under QSA, `[n,
+    /// start + n]` (see [`AttendJob::selected`]).
+    pub fn qsa_select(&self, rt: &Runtime<'_>, shape: QsaShape, job: QsaJob<'_>) -> Vec<bool> {
+        self.host().qsa_select(rt.threads, shape, job)
     }
 
     /// One sequence's tokens through a delta-rule layer of kind `kind`.

@@ -195,7 +195,21 @@ fn variants() -> Vec<Value> {
     glm.as_object_mut().unwrap().remove("indexer_types");
     let mut glm_yarn = fixture("glm_moe_dsa");
     glm_yarn["rope_parameters"] = fixture("deepseek_v3")["rope_parameters"].clone();
-    vec![sliding, by_interval, linear, glm, glm_yarn, kimi_linear, kimi_linear_saved, glm5_next_flat()]
+    let mut qwen4_by_interval = fixture("qwen4_exp");
+    let text = qwen4_by_interval["text_config"].as_object_mut().unwrap();
+    text.remove("layer_types");
+    text.insert("full_attention_interval".into(), json!(2));
+    vec![
+        sliding,
+        by_interval,
+        linear,
+        glm,
+        glm_yarn,
+        kimi_linear,
+        kimi_linear_saved,
+        glm5_next_flat(),
+        qwen4_by_interval,
+    ]
 }
 
 /// glm5_next flat (the text fields at the top, as `Glm5NextConfig` reads

@@ -36,7 +36,7 @@ pub fn attend_all(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<
 /// `first_key <= start + 1 - window` ensures. The result does not depend on
 /// `first_key`, bit for bit.
 fn attend(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<&[f32]>, job: AttendJob<'_>) {
-    let AttendJob { q, keys, values, first_key, start, bias, out } = job;
+    let AttendJob { q, keys, values, first_key, start, bias, selected, out } = job;
     let hd = shape.head_dim;
     let q_dim = shape.n_heads * hd;
     let kv_dim = shape.n_kv_heads * hd;
@@ -54,6 +54,9 @@ fn attend(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<&[f32]>,
     if let Some(bias) = bias {
         assert!(bias.extent > 0 && bias.rows.len() == pairs * bias.extent, "a bias row per query head");
     }
+    if let Some(selected) = selected {
+        assert_eq!(selected.len(), n * (start + n), "a choice of keys per query");
+    }
     // Keys per query on average (causal: about half the new ones).
     let macs_per_pair = 2 * hd * (start + n.div_ceil(2)).max(1);
     let pairs_per_task = MIN_TASK_MACS.div_ceil(macs_per_pair).clamp(1, pairs.max(1));
@@ -61,8 +64,11 @@ fn attend(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<&[f32]>,
         for (j, oh) in chunk.chunks_exact_mut(hd).enumerate() {
             let pair = first_pair + j;
             let bias = bias.map(|b| &b.rows[pair * b.extent..(pair + 1) * b.extent]);
-            let pos = start + pair / shape.n_heads;
-            attend_pair(isa, shape, sinks, bias, q, keys, values, first_key, pos, pair, oh, scores);
+            let query = pair / shape.n_heads;
+            let pos = start + query;
+            let selected = selected.map(|s| &s[query * (start + n)..][..=pos]);
+            let masks = Masks { bias, selected };
+            attend_pair(isa, shape, sinks, masks, q, keys, values, first_key, pos, pair, oh, scores);
         }
     };
     if threads.n_threads() == 1 || pairs_per_task >= pairs {
@@ -77,15 +83,25 @@ fn attend(threads: &Threads, isa: Isa, shape: &AttnShape, sinks: Option<&[f32]>,
     });
 }
 
+/// What a query's scores are adjusted by: `bias` its row of the bias by
+/// distance, `selected` whether it attends to the key at each position
+/// `0..=pos` (unselected keys take no weight, as transformers' mask of
+/// `finfo.min` gives them).
+#[derive(Clone, Copy)]
+struct Masks<'a> {
+    bias: Option<&'a [f32]>,
+    selected: Option<&'a [bool]>,
+}
+
 /// One query head's attention: `pair` is `query * n_heads + head`, the
-/// query sits at position `pos`, `bias` is its row of the bias by distance,
-/// and row 0 of `keys` and `values` is position `first_key`.
+/// query sits at position `pos`, `masks` adjust its scores, and row 0 of
+/// `keys` and `values` is position `first_key`.
 #[allow(clippy::too_many_arguments)]
 fn attend_pair(
     isa: Isa,
     shape: &AttnShape,
     sinks: Option<&[f32]>,
-    bias: Option<&[f32]>,
+    Masks { bias, selected }: Masks<'_>,
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -113,6 +129,11 @@ fn attend_pair(
         // end, entry `d` is `d` positions before the query.
         for (s, b) in scores.iter_mut().rev().zip(bias) {
             *s += b;
+        }
+    }
+    if let Some(selected) = selected {
+        for (s, _) in scores.iter_mut().zip(&selected[first..]).filter(|(_, keep)| !**keep) {
+            *s = f32::NEG_INFINITY;
         }
     }
     match sinks {
@@ -151,7 +172,7 @@ mod tests {
             Isa::detect(),
             &shape,
             sinks,
-            AttendJob { q, keys, values, first_key: 0, start, bias: None, out },
+            AttendJob { q, keys, values, first_key: 0, start, bias: None, selected: None, out },
         );
     }
 
@@ -171,7 +192,7 @@ mod tests {
         let first_key = start + 1 - window;
         let mut ring = vec![0.0; q.len()];
         let (keys, values) = (&keys[first_key * kv_dim..], &values[first_key * kv_dim..]);
-        let job = AttendJob { q: &q, keys, values, first_key, start, bias: None, out: &mut ring };
+        let job = AttendJob { q: &q, keys, values, first_key, start, bias: None, selected: None, out: &mut ring };
         attend(&one_thread(), Isa::detect(), &shape, Some(&sinks), job);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&all), bits(&ring));
@@ -181,8 +202,16 @@ mod tests {
     #[should_panic(expected = "miss the window")]
     fn keys_that_start_inside_the_window_are_refused() {
         let shape = plain_shape(1, 1, 1, Some(2));
-        let job =
-            AttendJob { q: &[1.0], keys: &[1.0], values: &[1.0], first_key: 3, start: 3, bias: None, out: &mut [0.0] };
+        let job = AttendJob {
+            q: &[1.0],
+            keys: &[1.0],
+            values: &[1.0],
+            first_key: 3,
+            start: 3,
+            bias: None,
+            selected: None,
+            out: &mut [0.0],
+        };
         attend(&one_thread(), Isa::detect(), &shape, None, job);
     }
 
@@ -299,7 +328,16 @@ mod tests {
         let values: Vec<f32> = (0..(start + n) * 2 * 64).map(|i| value(i + 29)).collect();
         let run = |threads: usize| {
             let mut out = vec![0.0f32; q.len()];
-            let job = AttendJob { q: &q, keys: &keys, values: &values, first_key: 0, start, bias: None, out: &mut out };
+            let job = AttendJob {
+                q: &q,
+                keys: &keys,
+                values: &values,
+                first_key: 0,
+                start,
+                bias: None,
+                selected: None,
+                out: &mut out,
+            };
             attend(&Threads::new(threads).expect("pool"), Isa::detect(), &shape, None, job);
             out
         };

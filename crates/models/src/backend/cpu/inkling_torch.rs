@@ -120,6 +120,7 @@ fn inkling_attention(case: &Case, passes: &[usize]) -> Vec<f32> {
                 rows: &bias[start * case.n_heads * extent..end * case.n_heads * extent],
                 extent,
             }),
+            selected: None,
             out: &mut attn[start * q_dim..end * q_dim],
         };
         attend_all(&threads, Isa::detect(), &shape, None, vec![job]);

@@ -11,9 +11,6 @@ mod hyper;
 mod index;
 mod inkling;
 mod latent;
-// Qwen3.8-Flash-Next's QSA, checked against transformers; the attention
-// layer calls it once the family lands (docs/qwen4_exp.md).
-#[allow(dead_code)]
 mod qsa;
 mod route;
 mod shared_kv;
@@ -32,8 +29,8 @@ use strata_tier::ExpertStore;
 
 use super::{
     AttendJob, AttnResMix, AttnShape, CompressJob, DeltaJob, DeltaKind, Device, ExpertFfnKind, GatedResidual,
-    HyperConnection, IndexJob, IndexShape, LatentJob, LatentShape, MatrixHandle, MoeJob, Rotary, RouteKind, RouterSpec,
-    SharedKvJob, SharedKvShape, StreamHead, StreamWeights, TableHandle, VectorHandle,
+    HyperConnection, IndexJob, IndexShape, LatentJob, LatentShape, MatrixHandle, MoeJob, QsaJob, QsaShape, Rotary,
+    RouteKind, RouterSpec, SharedKvJob, SharedKvShape, StreamHead, StreamWeights, TableHandle, VectorHandle,
 };
 use crate::error::Result;
 use crate::rope::Angles;
@@ -315,6 +312,18 @@ impl Cpu {
     pub fn attend(&self, threads: &Threads, shape: AttnShape, jobs: Vec<AttendJob<'_>>) {
         let sinks = shape.sinks.map(|sinks| self.vector(sinks));
         attend::attend_all(threads, self.isa, &shape, sinks, jobs);
+    }
+
+    pub fn qsa_select(&self, threads: &Threads, shape: QsaShape, job: QsaJob<'_>) -> Vec<bool> {
+        let indexer = qsa::QsaIndexer {
+            heads: shape.heads,
+            head_dim: shape.head_dim,
+            budget_tokens: shape.budget_tokens,
+            block_tokens: shape.block_tokens,
+            k_norm: self.vector(shape.k_norm),
+            norm_eps: shape.norm_eps,
+        };
+        indexer.select_all(threads, &job)
     }
 
     pub fn delta_step(&self, threads: &Threads, kind: &DeltaKind, job: DeltaJob<'_>) {

@@ -9,8 +9,10 @@
 //! √dim`. The query attends to the tokens of its `budget / compress_ratio`
 //! best blocks (torch's CPU `topk`, ties included) and to the whole tail.
 
-use strata_kernels::ops;
+use rayon::prelude::*;
+use strata_kernels::{Threads, ops};
 
+use crate::backend::QsaJob;
 use crate::torch_topk::torch_topk;
 
 /// The indexer's shape and its key norm, resolved.
@@ -31,6 +33,31 @@ impl QsaIndexer<'_> {
     /// The blocks a query keeps: `budget / compress_ratio`.
     fn kept_blocks(&self) -> usize {
         self.budget_tokens / self.block_tokens
+    }
+
+    /// Which keys each query of `job` attends to, `[n, start + n]`: a query
+    /// sees every key up to its own position (causal, no padding). Queries
+    /// are independent, so they are shared out across `threads`, each
+    /// computed the same way on any thread.
+    pub fn select_all(&self, threads: &Threads, job: &QsaJob<'_>) -> Vec<bool> {
+        let width = self.heads * self.head_dim;
+        let n = job.q.len() / width;
+        let keys = job.start + n;
+        assert_eq!(job.q.len(), n * width, "[n, heads · head_dim] queries");
+        assert_eq!(job.angles.row_count(), keys, "angles for every key position");
+        let (cos, sin) = job.angles.tables();
+        let half = job.angles.dim() / 2;
+        let mut selected = vec![false; n * keys];
+        let query = |(i, row): (usize, &mut [bool])| {
+            let seen = job.start + i + 1;
+            let visible = vec![true; seen];
+            let q = &job.q[i * width..(i + 1) * width];
+            let raw_keys = &job.raw_keys[..seen * self.head_dim];
+            let chosen = self.select(q, raw_keys, &cos[..seen * half], &sin[..seen * half], &visible);
+            row[..seen].copy_from_slice(&chosen);
+        };
+        threads.pool().install(|| selected.par_chunks_mut(keys).enumerate().for_each(query));
+        selected
     }
 
     /// Which keys one query attends to (`[keys]`): `q` is its normed,
