@@ -36,6 +36,7 @@ pub const FAMILIES: &[&str] = &[
     "qwen3_5_moe",
     "gpt_oss",
     "kimi_linear",
+    "glm5_next",
 ];
 /// Reference scripts run with the full set in stage 1: the demo model's
 /// logits (testdata/demo) and transformers' tokenizer and chat-template
