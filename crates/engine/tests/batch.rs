@@ -16,7 +16,7 @@ fn engine(dir: &tempfile::TempDir, family: &str) -> Engine {
     Engine::open(&model, &options).unwrap()
 }
 
-const FAMILIES: [&str; 10] = families::CHECKED;
+const FAMILIES: [&str; 11] = families::CHECKED;
 
 const PROMPTS: [&[u32]; 3] = [&[5, 9, 14, 2, 77], &[101, 3], &[40, 41, 42, 43, 44, 45, 46, 47]];
 const STEPS: usize = 6;

@@ -23,7 +23,7 @@ use strata_engine::{Engine, EngineOptions, Sampler, SamplingOptions, Session};
 use strata_format::{ConvertOptions, QuantPreset};
 use strata_kernels::simd::{Isa, IsaLevel};
 
-const FAMILIES: [&str; 10] = families::CHECKED;
+const FAMILIES: [&str; 11] = families::CHECKED;
 
 const PRESETS: [(&str, QuantPreset); 3] = [("f32", QuantPreset::F32), ("q8", QuantPreset::Q8), ("q4", QuantPreset::Q4)];
 

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use strata_engine::{ActivationPrecision, Engine, EngineOptions, GenerateOptions};
 use strata_format::{ConvertOptions, QuantPreset, npy};
 
-const FAMILIES: [&str; 10] = families::CHECKED;
+const FAMILIES: [&str; 11] = families::CHECKED;
 
 /// Greedy steps whose reference margin (top-1 minus top-2 logit) is below
 /// this fraction of the logits' std are too close to call in f32 and are

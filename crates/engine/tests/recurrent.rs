@@ -1,6 +1,7 @@
 //! State beyond rows per token through everything that splits a sequence,
 //! on the real fixtures: the hybrid families' recurrent state (Qwen3-Next,
-//! Qwen3.5, Kimi Linear's Kimi Delta Attention) and gpt-oss's
+//! Qwen3.5, the Kimi Delta Attention of Kimi Linear and GLM-5.3-Flash, the
+//! latter's pooled indexer keys with their open pool) and gpt-oss's
 //! sliding-window ring (a window of 6, shorter than the prompt). A session
 //! saved and reopened, a prefix reused after a cut, and chunked prefill give
 //! the tokens of one uninterrupted greedy run, with an expert cache smaller
@@ -12,7 +13,7 @@ use std::path::Path;
 use strata_engine::{Engine, EngineOptions, GenerateOptions, Session};
 use strata_format::{ConvertOptions, QuantPreset};
 
-const FAMILIES: [&str; 4] = ["qwen3_next", "qwen3_5_moe", "gpt_oss", "kimi_linear"];
+const FAMILIES: [&str; 5] = ["qwen3_next", "qwen3_5_moe", "gpt_oss", "kimi_linear", "glm5_next"];
 const PROMPT: [u32; 9] = [17, 44, 5, 230, 91, 12, 150, 7, 66];
 
 fn engine(dir: &Path, family: &str, prefill_chunk_tokens: Option<usize>) -> Engine {

@@ -12,7 +12,8 @@ use strata_tier::test_util::WarningLog;
 
 /// The GQA families (gpt-oss: biased experts, a window's ring) and the
 /// hybrid ones (recurrent state beside the streamed experts).
-const FAMILIES: [&str; 7] = ["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "qwen3_next", "qwen3_5_moe", "kimi_linear"];
+const FAMILIES: [&str; 8] =
+    ["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "qwen3_next", "qwen3_5_moe", "kimi_linear", "glm5_next"];
 
 fn fixture(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(family)
@@ -273,7 +274,7 @@ fn an_expert_file_that_is_missing_or_unreadable_fails_at_open() {
     assert!(err.contains(file.file_name().unwrap().to_str().unwrap()), "{err}");
 }
 
-const ALL_FAMILIES: [&str; 10] = families::CHECKED;
+const ALL_FAMILIES: [&str; 11] = families::CHECKED;
 
 /// A look-ahead guess moves bytes, never results: with a 16 KiB cache, so
 /// that guesses are made for every layer and read, cancelled, dropped or

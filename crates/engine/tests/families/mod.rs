@@ -2,7 +2,7 @@
 //! the suites that run every one of them: a new family joins them all here.
 
 /// Every family with a fixture, the hybrid and MLA ones included.
-pub const CHECKED: [&str; 10] = [
+pub const CHECKED: [&str; 11] = [
     "olmoe",
     "qwen3_moe",
     "mixtral",
@@ -13,4 +13,5 @@ pub const CHECKED: [&str; 10] = [
     "qwen3_5_moe",
     "gpt_oss",
     "kimi_linear",
+    "glm5_next",
 ];
