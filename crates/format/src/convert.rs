@@ -553,6 +553,9 @@ pub(crate) fn encode(format: QuantFormat, rows: usize, cols: usize, group: usize
             let (weights, scales) = quant::quantize_q4(data, rows, cols, group);
             Encoded { weights, scales }
         }
+        // Formats come from presets, and no preset picks mxfp4: it is kept
+        // from an MXFP4 checkpoint's bytes, never re-quantized from f32.
+        QuantFormat::Mxfp4 => unreachable!("mxfp4 is never encoded from f32"),
     }
 }
 

@@ -93,11 +93,11 @@ impl FromStr for QuantPreset {
 }
 
 /// Group size for `format`: q8 is fixed at [`Q8_GROUP`], q4 uses `q4_group`,
-/// unscaled formats have none (0 on disk).
+/// unscaled formats and mxfp4 (whose blocks are fixed) have none (0 on disk).
 pub(crate) fn group_for(format: QuantFormat, q4_group: usize) -> usize {
     match format {
         QuantFormat::Q8 => Q8_GROUP,
         QuantFormat::Q4 => q4_group,
-        QuantFormat::F32 | QuantFormat::Bf16 => 0,
+        QuantFormat::F32 | QuantFormat::Bf16 | QuantFormat::Mxfp4 => 0,
     }
 }

@@ -228,6 +228,15 @@ fn corrupt_manifests_are_clear_errors() {
         (Box::new(|m| m["expert_layers"][1]["components"][2]["offset_bytes"] = 0.into()), "overlaps"),
         (Box::new(|m| m["expert_layers"][0]["file"] = "../../etc/passwd".into()), "file must be"),
         (Box::new(|m| m["expert_layers"][0]["num_experts"] = 5.into()), "5 experts"),
+        (
+            Box::new(|m| {
+                // The down projection's 48 columns as mxfp4: not whole blocks of 32.
+                let down = &mut m["expert_layers"][0]["components"][2];
+                down["format"] = 4.into();
+                down["group"] = 0.into();
+            }),
+            "mxfp4 rows are whole blocks of 32 columns, not 48",
+        ),
         (Box::new(|m| m["files"][0]["path"] = "/etc/passwd".into()), "not a plain relative path"),
         (Box::new(|m| m["hf_config"]["num_key_value_heads"] = 3.into()), "num_key_value_heads"),
         (Box::new(|m| m["model"]["layers"][1]["mixer"] = "mla".into()), "layer 1: recorded Mla"),

@@ -35,11 +35,14 @@ pub enum Error {
     /// Grouped formats need at least one column per group.
     #[error("{format}: group size must be at least 1 column, got {group}")]
     InvalidGroup { format: &'static str, group: usize },
+    /// MXFP4 rows are whole blocks of 32 columns.
+    #[error("mxfp4: a row of {cols} columns is not whole blocks of 32")]
+    PartialMxfp4Block { cols: usize },
     /// An on-disk format ordinal this version does not know.
-    #[error("unknown quant format ordinal {ordinal} (known: 0=f32, 1=bf16, 2=q8, 3=q4)")]
+    #[error("unknown quant format ordinal {ordinal} (known: 0=f32, 1=bf16, 2=q8, 3=q4, 4=mxfp4)")]
     UnknownFormatOrdinal { ordinal: u8 },
     /// A format name this version does not know.
-    #[error("unknown quant format name {name:?} (known: f32, bf16, q8, q4)")]
+    #[error("unknown quant format name {name:?} (known: f32, bf16, q8, q4, mxfp4)")]
     UnknownFormatName { name: String },
     /// A row range that does not lie inside the matrix.
     #[error("rows {start}..{start}+{count} out of range for a matrix with {rows} rows")]

@@ -11,14 +11,16 @@
 //!
 //! q8 and q4 matrices take the integer path of [`crate::int`] on x86_64
 //! (inputs quantized to int16, or int8 when asked for, once per product, see
-//! [`crate::act`]) when their group size allows it; f32, bf16, other group
-//! sizes and the scalar tier use the f32 row-dot kernels of [`crate::simd`].
+//! [`crate::act`]) when their group size allows it; f32, bf16, mxfp4 (kept
+//! as checkpoints store it), other group sizes and the scalar tier use the
+//! f32 row-dot kernels of [`crate::simd`].
 
 use std::ops::Range;
 
 use crate::act::{ActivationPrecision, Layout, QuantizedActs};
 use crate::error::{Error, Result};
 use crate::int::{self, IntWeights};
+use crate::mxfp4;
 use crate::quant::{QuantFormat, bf16_to_f32};
 use crate::simd::Isa;
 
@@ -54,6 +56,10 @@ pub enum MatData<'a> {
         /// Columns per scale group.
         group: usize,
     },
+    /// MXFP4 as checkpoints store it ([`crate::mxfp4`]): `rows * cols / 2`
+    /// bytes of E2M1 codes and `rows * cols / 32` E8M0 scales, `cols` whole
+    /// blocks of 32.
+    Mxfp4 { codes: &'a [u8], scales: &'a [u8] },
 }
 
 impl MatData<'_> {
@@ -64,13 +70,14 @@ impl MatData<'_> {
             Self::Bf16(_) => QuantFormat::Bf16,
             Self::Q8 { .. } => QuantFormat::Q8,
             Self::Q4 { .. } => QuantFormat::Q4,
+            Self::Mxfp4 { .. } => QuantFormat::Mxfp4,
         }
     }
 
     /// Columns per scale group, for grouped formats.
     pub fn group(&self) -> Option<usize> {
         match *self {
-            Self::F32(_) | Self::Bf16(_) => None,
+            Self::F32(_) | Self::Bf16(_) | Self::Mxfp4 { .. } => None,
             Self::Q8 { group, .. } | Self::Q4 { group, .. } => Some(group),
         }
     }
@@ -82,6 +89,7 @@ impl MatData<'_> {
             Self::Bf16(w) => w.len(),
             Self::Q8 { qs, .. } => qs.len(),
             Self::Q4 { qs, .. } => qs.len(),
+            Self::Mxfp4 { codes, .. } => codes.len(),
         }
     }
 
@@ -89,6 +97,7 @@ impl MatData<'_> {
         match self {
             Self::F32(_) | Self::Bf16(_) => 0,
             Self::Q8 { scales, .. } | Self::Q4 { scales, .. } => scales.len(),
+            Self::Mxfp4 { scales, .. } => scales.len(),
         }
     }
 }
@@ -115,12 +124,14 @@ struct LenCheck {
 
 impl<'a> Matrix<'a> {
     /// Wraps `data` as a `[rows, cols]` matrix after checking every length
-    /// (and, for grouped formats, that `group >= 1`).
+    /// (and, for grouped formats, that `group >= 1`; for mxfp4, that rows
+    /// are whole blocks).
     pub fn new(rows: usize, cols: usize, data: MatData<'a>) -> Result<Self> {
         let format = data.format();
         if let Some(group) = data.group() {
             check_group(format, group)?;
         }
+        check_blocks(format, cols)?;
         let overflow = || Error::ShapeOverflow { format: format.name(), rows, cols };
         let expected_weights = rows.checked_mul(format.row_elems(cols)).ok_or_else(overflow)?;
         let expected_scales = format.checked_scale_count(rows, cols, data.group().unwrap_or(1)).ok_or_else(overflow)?;
@@ -136,7 +147,8 @@ impl<'a> Matrix<'a> {
     /// Reinterprets raw little-endian bytes (typically from a memory map) as
     /// a `[rows, cols]` matrix without copying.
     ///
-    /// `group` is ignored for f32/bf16, whose `scale_bytes` must be empty.
+    /// `group` is ignored for f32/bf16, whose `scale_bytes` must be empty,
+    /// and for mxfp4, whose blocks are 32 columns.
     /// Fails, never panics, on a wrong length or a start address that is not
     /// aligned for the element type (4 bytes for f32 and scales, 2 for bf16).
     pub fn from_bytes(
@@ -150,12 +162,10 @@ impl<'a> Matrix<'a> {
         if format.is_grouped() {
             check_group(format, group)?;
         }
+        check_blocks(format, cols)?;
         let overflow = || Error::ShapeOverflow { format: format.name(), rows, cols };
         let expected_weight_bytes = format.checked_weight_bytes(rows, cols).ok_or_else(overflow)?;
-        let expected_scale_bytes = format
-            .checked_scale_count(rows, cols, group)
-            .and_then(|count| count.checked_mul(size_of::<f32>()))
-            .ok_or_else(overflow)?;
+        let expected_scale_bytes = format.checked_scale_bytes(rows, cols, group).ok_or_else(overflow)?;
         for check in [
             LenCheck { what: "weights", unit: "bytes", expected: expected_weight_bytes, actual: weight_bytes.len() },
             LenCheck { what: "scales", unit: "bytes", expected: expected_scale_bytes, actual: scale_bytes.len() },
@@ -171,6 +181,7 @@ impl<'a> Matrix<'a> {
                 group,
             },
             QuantFormat::Q4 => MatData::Q4 { qs: weight_bytes, scales: cast(format, "scales", scale_bytes)?, group },
+            QuantFormat::Mxfp4 => MatData::Mxfp4 { codes: weight_bytes, scales: scale_bytes },
         };
         Self::new(rows, cols, data)
     }
@@ -202,6 +213,10 @@ impl<'a> Matrix<'a> {
                 qs: &qs[self.elem_range(rows.clone())],
                 scales: &scales[scale_range(self.cols, group, rows)],
                 group,
+            },
+            MatData::Mxfp4 { codes, scales } => MatData::Mxfp4 {
+                codes: &codes[self.elem_range(rows.clone())],
+                scales: &scales[scale_range(self.cols, mxfp4::BLOCK_VALUES, rows)],
             },
         };
         Matrix::new(count, self.cols, data)
@@ -359,11 +374,20 @@ impl<'a> Matrix<'a> {
                     x
                 ))
             }
+            MatData::Mxfp4 { codes, scales } => {
+                let (stride, blocks) = (cols / 2, cols / mxfp4::BLOCK_VALUES);
+                for_each_output!(|r, x| isa.dot_mxfp4(
+                    &codes[r * stride..(r + 1) * stride],
+                    &scales[r * blocks..(r + 1) * blocks],
+                    x
+                ))
+            }
         }
     }
 
     /// Dequantizes row `r` into `out` (embedding lookup): `q * scale` for
-    /// grouped formats, exact widening for bf16.
+    /// grouped formats, exact widening for bf16, `code * 2^(e - 127)` for
+    /// mxfp4.
     ///
     /// # Panics
     /// If `r >= rows` or `out.len() != cols`.
@@ -400,6 +424,14 @@ impl<'a> Matrix<'a> {
                     }
                 }
             }
+            MatData::Mxfp4 { codes, scales } => {
+                let (stride, blocks) = (cols / 2, cols / mxfp4::BLOCK_VALUES);
+                mxfp4::dequantize_mxfp4(
+                    &codes[r * stride..(r + 1) * stride],
+                    &scales[r * blocks..(r + 1) * blocks],
+                    out,
+                );
+            }
         }
     }
 
@@ -416,6 +448,14 @@ impl<'a> Matrix<'a> {
 fn check_group(format: QuantFormat, group: usize) -> Result<()> {
     if group == 0 {
         return Err(Error::InvalidGroup { format: format.name(), group });
+    }
+    Ok(())
+}
+
+/// MXFP4 rows must be whole blocks; other formats take any width.
+fn check_blocks(format: QuantFormat, cols: usize) -> Result<()> {
+    if format == QuantFormat::Mxfp4 && !cols.is_multiple_of(mxfp4::BLOCK_VALUES) {
+        return Err(Error::PartialMxfp4Block { cols });
     }
     Ok(())
 }

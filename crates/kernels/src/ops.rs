@@ -102,6 +102,15 @@ pub fn silu_mul_limited(gate: &mut [f32], up: &[f32], limit: f32) {
     scalar::silu_mul_limited(gate, up, limit);
 }
 
+/// Kimi K3's SiTU-GLU (see [`scalar::situ_mul`]), in place in `gate`;
+/// scalar only, like [`silu_mul`].
+///
+/// # Panics
+/// If the lengths differ, or a beta is not a positive number.
+pub fn situ_mul(gate: &mut [f32], up: &[f32], beta: f32, linear_beta: f32) {
+    scalar::situ_mul(gate, up, beta, linear_beta);
+}
+
 /// gpt-oss's clamped SwiGLU over interleaved gate/up columns (see
 /// [`scalar::clamped_swiglu_interleaved`]); scalar only, like [`silu_mul`].
 ///

@@ -15,6 +15,11 @@
 //!   row stride is `ceil(cols / 2)` bytes; the unused high nibble of an
 //!   odd-length row is written as 8 (i.e. `q = 0`). Scales as for q8.
 //!
+//! * **mxfp4**: kept as MXFP4 checkpoints store it, never produced by a
+//!   quantizer here: per row, `cols / 2` bytes of E2M1 codes and `cols / 32`
+//!   E8M0 scale bytes, one per block of 32 columns; `cols` is whole blocks
+//!   (see [`crate::mxfp4`]).
+//!
 //! In both grouped formats an all-zero group has scale 0 and dequantizes to 0;
 //! a dequantized weight is exactly `q as f32 * scale`. Rounding is
 //! round-half-to-even, the convention of `torch.round` / `numpy.round`, so
@@ -33,11 +38,12 @@ pub enum QuantFormat {
     Bf16 = 1,
     Q8 = 2,
     Q4 = 3,
+    Mxfp4 = 4,
 }
 
 impl QuantFormat {
     /// Every format, in ordinal order.
-    pub const ALL: [QuantFormat; 4] = [Self::F32, Self::Bf16, Self::Q8, Self::Q4];
+    pub const ALL: [QuantFormat; 5] = [Self::F32, Self::Bf16, Self::Q8, Self::Q4, Self::Mxfp4];
 
     /// The stable on-disk number of this format.
     pub fn ordinal(self) -> u8 {
@@ -56,10 +62,12 @@ impl QuantFormat {
             Self::Bf16 => "bf16",
             Self::Q8 => "q8",
             Self::Q4 => "q4",
+            Self::Mxfp4 => "mxfp4",
         }
     }
 
-    /// Whether the format carries per-group scales.
+    /// Whether the format carries per-group `f32` scales with a group size
+    /// of the caller's choice (MXFP4's blocks are fixed, its scales bytes).
     pub fn is_grouped(self) -> bool {
         matches!(self, Self::Q8 | Self::Q4)
     }
@@ -72,8 +80,10 @@ impl QuantFormat {
         self.checked_weight_bytes(rows, cols).unwrap_or(usize::MAX)
     }
 
-    /// Number of `f32` scales for a `[rows, cols]` matrix with `group`
-    /// columns per group: `rows * ceil(cols / group)` for q8/q4, else 0.
+    /// Number of scales for a `[rows, cols]` matrix with `group` columns per
+    /// group: `rows * ceil(cols / group)` for q8/q4 (`f32` each),
+    /// `rows * ceil(cols / 32)` for mxfp4 (a byte each, `group` ignored),
+    /// else 0.
     ///
     /// `group == 0` is invalid for grouped formats; it yields `usize::MAX`
     /// (and overflow saturates) rather than panicking, for the same reason as
@@ -85,7 +95,7 @@ impl QuantFormat {
     /// Storage elements (`f32`, `u16`, `i8` or `u8`) per row.
     pub(crate) fn row_elems(self, cols: usize) -> usize {
         match self {
-            Self::Q4 => cols.div_ceil(2),
+            Self::Q4 | Self::Mxfp4 => cols.div_ceil(2),
             Self::F32 | Self::Bf16 | Self::Q8 => cols,
         }
     }
@@ -95,8 +105,27 @@ impl QuantFormat {
         match self {
             Self::F32 => 4,
             Self::Bf16 => 2,
-            Self::Q8 | Self::Q4 => 1,
+            Self::Q8 | Self::Q4 | Self::Mxfp4 => 1,
         }
+    }
+
+    /// Size in bytes of one scale.
+    pub(crate) fn scale_elem_bytes(self) -> usize {
+        match self {
+            Self::Mxfp4 => 1,
+            Self::F32 | Self::Bf16 | Self::Q8 | Self::Q4 => size_of::<f32>(),
+        }
+    }
+
+    /// Bytes of scales for a `[rows, cols]` matrix with `group` columns per
+    /// group ([`QuantFormat::scale_count`] scales of their own size);
+    /// saturates as [`QuantFormat::weight_bytes`] does.
+    pub fn scale_bytes(self, rows: usize, cols: usize, group: usize) -> usize {
+        self.checked_scale_bytes(rows, cols, group).unwrap_or(usize::MAX)
+    }
+
+    pub(crate) fn checked_scale_bytes(self, rows: usize, cols: usize, group: usize) -> Option<usize> {
+        self.checked_scale_count(rows, cols, group)?.checked_mul(self.scale_elem_bytes())
     }
 
     pub(crate) fn checked_weight_bytes(self, rows: usize, cols: usize) -> Option<usize> {
@@ -104,6 +133,9 @@ impl QuantFormat {
     }
 
     pub(crate) fn checked_scale_count(self, rows: usize, cols: usize, group: usize) -> Option<usize> {
+        if self == Self::Mxfp4 {
+            return rows.checked_mul(cols.div_ceil(crate::mxfp4::BLOCK_VALUES));
+        }
         if !self.is_grouped() {
             return Some(0);
         }

@@ -14,7 +14,8 @@
 //! * f32 / bf16 rows: the sequence is the whole row (bf16 widened exactly).
 //! * q8 / q4 rows: the sequence is one group, with terms `q as f32 * x`.
 //!   Each group sum is multiplied by its scale and accumulated sequentially,
-//!   group 0 first: `total += group_sum * scale[g]`.
+//!   group 0 first: `total += group_sum * scale[g]`. MXFP4 rows the same,
+//!   a group being a block of 32 E2M1 values and its scale `2^(e - 127)`.
 //!
 //! The SIMD paths in [`crate::simd`] keep the per-group structure but may
 //! reorder the additions (and use FMA), so they agree with this reference to
@@ -22,6 +23,7 @@
 
 pub mod gdn;
 
+use crate::mxfp4;
 use crate::quant::{Q4_OFFSET, bf16_to_f32};
 
 /// Number of interleaved partial sums in the reference dot product.
@@ -136,6 +138,29 @@ pub fn dot_q4(qs: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
             decode_q4(qs, group_col + start, out);
         });
         total += group_sum * scale;
+    }
+    total
+}
+
+/// Dot product of one MXFP4 row (`x.len()` columns, whole blocks: see
+/// [`crate::mxfp4`]) with `x`: each block's codes in the reference order,
+/// times the block's E8M0 scale, summed block 0 first as q4's groups are.
+///
+/// # Panics
+/// If the row is not whole blocks or `codes`/`scales` do not match it.
+pub fn dot_mxfp4(codes: &[u8], scales: &[u8], x: &[f32]) -> f32 {
+    mxfp4::check_row(codes, scales, x);
+    let mut total = 0.0f32;
+    for ((block_codes, x_block), &scale) in
+        codes.chunks(mxfp4::BLOCK_BYTES).zip(x.chunks(mxfp4::BLOCK_VALUES)).zip(scales)
+    {
+        let block_sum = decoded_dot(x_block, |start, out| {
+            for (pair, &byte) in out.chunks_mut(2).zip(&block_codes[start / 2..]) {
+                pair[0] = mxfp4::e2m1_to_f32(byte & 0x0F);
+                pair[1] = mxfp4::e2m1_to_f32(byte >> 4);
+            }
+        });
+        total += block_sum * mxfp4::e8m0_to_f32(scale);
     }
     total
 }
@@ -416,6 +441,22 @@ pub fn silu_mul_limited(gate: &mut [f32], up: &[f32], limit: f32) {
     for (g, &u) in gate.iter_mut().zip(up) {
         let (gate, up) = clamp_gate_up(*g, u, limit);
         *g = silu(gate) * up;
+    }
+}
+
+/// Kimi K3's SiTU-GLU: `gate[i] = b1·tanh(g/b1)·σ(g) · b2·tanh(u/b2)` with
+/// `b1 = beta`, `b2 = linear_beta` (a SiLU whose gate saturates at ±b1,
+/// times the up softly clamped to ±b2; docs/kimi_k3.md), in the order of
+/// operations of the reference (`xtask/fixtures/kimi_k3_ref.py`,
+/// `situ_glu`).
+///
+/// # Panics
+/// If the lengths differ, or a beta is not a positive number.
+pub fn situ_mul(gate: &mut [f32], up: &[f32], beta: f32, linear_beta: f32) {
+    assert_eq!(gate.len(), up.len(), "situ_mul: operand lengths differ");
+    assert!(beta > 0.0 && linear_beta > 0.0, "situ_mul: betas {beta}, {linear_beta} must be positive numbers");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = beta * (*g / beta).tanh() * sigmoid(*g) * (linear_beta * (u / linear_beta).tanh());
     }
 }
 

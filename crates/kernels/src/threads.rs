@@ -23,6 +23,9 @@ pub enum GatedAct<'a> {
     /// `silu(min(gate, limit)) * clamp(up, -limit, limit)`, no biases
     /// ([`crate::ops::silu_mul_limited`]: GLM-5.3-Flash, DeepSeek V4).
     LimitedSwiGlu { limit: f32 },
+    /// Kimi K3's SiTU-GLU, `b1·tanh(g/b1)·σ(g) · b2·tanh(u/b2)`, no biases
+    /// ([`crate::ops::situ_mul`]; `beta` is b1, `linear_beta` b2).
+    SituGlu { beta: f32, linear_beta: f32 },
     /// gpt-oss's experts: `gate + gate_bias` and `up + up_bias` through
     /// [`crate::ops::clamped_swiglu`] (`alpha`, `limit`), and `down_bias`
     /// added to the down product.
@@ -158,6 +161,7 @@ impl Threads {
     /// [`Threads::expert_ffn`] with the gate's activation and biases as
     /// `act` says: [`GatedAct::SwiGlu`] is `expert_ffn` itself, bit for bit;
     /// [`GatedAct::LimitedSwiGlu`] clamps gate and up before it;
+    /// [`GatedAct::SituGlu`] is K3's SiTU-GLU in its place;
     /// [`GatedAct::Clamped`] adds the biases to gate, up and down and applies
     /// gpt-oss's clamped SwiGLU ([`crate::ops::clamped_swiglu`]).
     ///
@@ -205,6 +209,7 @@ impl Threads {
             match act {
                 GatedAct::SwiGlu => crate::ops::silu_mul(out, u),
                 GatedAct::LimitedSwiGlu { limit } => crate::ops::silu_mul_limited(out, u, limit),
+                GatedAct::SituGlu { beta, linear_beta } => crate::ops::situ_mul(out, u, beta, linear_beta),
                 GatedAct::Clamped { alpha, limit, gate_bias, up_bias, .. } => {
                     for (g_row, u_row) in out.chunks_exact_mut(out_stride).zip(u.chunks_exact_mut(out_stride)) {
                         add_bias(g_row, &gate_bias[rows.clone()]);

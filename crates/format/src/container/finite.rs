@@ -1,10 +1,11 @@
 //! Every float a container stores must be finite: a NaN or infinite
-//! quantization scale (or f32/bf16 weight) turns every answer it touches
-//! into garbage without any other sign. Conversion never writes one (it
+//! quantization scale (or f32/bf16 weight, or MXFP4's E8M0 NaN scale) turns
+//! every answer it touches into garbage without any other sign. Conversion never writes one (it
 //! refuses non-finite source values, and a scale is `max|x| / 127` of finite
 //! values); these checks catch damage on disk when a tensor is loaded.
 
 use strata_kernels::QuantFormat;
+use strata_kernels::mxfp4::E8M0_NAN;
 
 /// The first non-finite float of a stored matrix: what it is (`"weight"` or
 /// `"scale"`), its index among those, and its value.
@@ -16,12 +17,17 @@ pub(super) fn first_non_finite(
     let weight = match format {
         QuantFormat::F32 => first_non_finite_f32(weights),
         QuantFormat::Bf16 => first_non_finite_bf16(weights),
-        // Integer weights have no non-finite values.
-        QuantFormat::Q8 | QuantFormat::Q4 => None,
+        // Integer weights (and E2M1 codes) have no non-finite values.
+        QuantFormat::Q8 | QuantFormat::Q4 | QuantFormat::Mxfp4 => None,
+    };
+    let scale = || match format {
+        // E8M0 scales are bytes; OCP reserves one of them for NaN.
+        QuantFormat::Mxfp4 => scales.iter().position(|&scale| scale == E8M0_NAN).map(|index| (index, f32::NAN)),
+        QuantFormat::F32 | QuantFormat::Bf16 | QuantFormat::Q8 | QuantFormat::Q4 => first_non_finite_f32(scales),
     };
     weight
         .map(|(index, value)| ("weight", index, value))
-        .or_else(|| first_non_finite_f32(scales).map(|(index, value)| ("scale", index, value)))
+        .or_else(|| scale().map(|(index, value)| ("scale", index, value)))
 }
 
 /// Host-order f32 values (the container's byte order, see docs/FORMAT.md).
@@ -70,6 +76,14 @@ mod tests {
         assert!(value.is_infinite());
         let nan_scale = f32_bytes(&[0.5, f32::NAN]);
         let (kind, index, value) = first_non_finite(QuantFormat::Q8, &[0x80; 8], &nan_scale).unwrap();
+        assert_eq!((kind, index), ("scale", 1));
+        assert!(value.is_nan());
+    }
+
+    #[test]
+    fn an_mxfp4_scale_of_e8m0_nan_is_found_and_its_codes_never_are() {
+        assert_eq!(first_non_finite(QuantFormat::Mxfp4, &[0xff; 32], &[0, 127, 254]), None);
+        let (kind, index, value) = first_non_finite(QuantFormat::Mxfp4, &[0xff; 32], &[127, 0xff, 0xff]).unwrap();
         assert_eq!((kind, index), ("scale", 1));
         assert!(value.is_nan());
     }

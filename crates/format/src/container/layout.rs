@@ -29,7 +29,7 @@ pub fn align_up(x: u64, align: u64) -> Option<u64> {
 /// Bytes of weights and of scales for a `[rows, cols]` matrix in `format`.
 pub fn matrix_bytes(format: QuantFormat, rows: usize, cols: usize, group: usize) -> (u64, u64) {
     let weights = format.weight_bytes(rows, cols) as u64;
-    let scales = (format.scale_count(rows, cols, group) as u64).saturating_mul(4);
+    let scales = format.scale_bytes(rows, cols, group) as u64;
     (weights, scales)
 }
 

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::Value;
-use strata_kernels::QuantFormat;
+use strata_kernels::{QuantFormat, mxfp4};
 
 use super::layout::{ComponentLayout, ExpertLayout, RECORD_ALIGN_BYTES, TENSOR_ALIGN_BYTES, matrix_bytes};
 use super::manifest::{
@@ -124,6 +124,9 @@ fn check_sizes(
     }
     if !format.is_grouped() && group != 0 {
         return Err(bad(format!("{what}: {format} has no groups, but group = {group}")));
+    }
+    if format == QuantFormat::Mxfp4 && !cols.is_multiple_of(mxfp4::BLOCK_VALUES) {
+        return Err(bad(format!("{what}: {format} rows are whole blocks of 32 columns, not {cols}")));
     }
     let (weights, scales) = matrix_bytes(format, rows, cols, group);
     if length_bytes != weights {

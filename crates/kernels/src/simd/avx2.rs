@@ -9,6 +9,7 @@
 use std::arch::x86_64::*;
 
 use super::lanes::{Lanes, axpy_vectors, dot_chains, fma4, impl_lanes, scale_vectors, sum4};
+use crate::mxfp4::{self, BLOCK_VALUES, E2M1_SIGNED_HALF_UNITS};
 use crate::quant::Q4_OFFSET;
 
 /// `f32` lanes per vector.
@@ -108,7 +109,7 @@ pub(crate) unsafe fn dot_q8(qs: &[i8], scales: &[f32], group: usize, x: &[f32]) 
     // SAFETY: every group's start + len <= n == qs.len() == x.len().
     unsafe {
         grouped_dot(
-            scales,
+            scales.iter().copied(),
             group,
             x,
             |start, len| q8_group_sum(qs.as_ptr().add(start), x.as_ptr().add(start), len),
@@ -129,7 +130,7 @@ pub(crate) unsafe fn dot_q8(qs: &[i8], scales: &[f32], group: usize, x: &[f32]) 
 /// every group of the row.
 #[inline(always)]
 unsafe fn grouped_dot(
-    scales: &[f32],
+    scales: impl IntoIterator<Item = f32>,
     group: usize,
     x: &[f32],
     group_sum: impl Fn(usize, usize) -> (__m256, usize),
@@ -141,7 +142,7 @@ unsafe fn grouped_dot(
     unsafe {
         let mut total = _mm256_setzero_ps();
         let mut total_tail = 0.0f32;
-        for (g, &scale) in scales.iter().enumerate() {
+        for (g, scale) in scales.into_iter().enumerate() {
             let start = g * group;
             let len = group.min(n - start);
             let (sum, tail_start) = group_sum(start, len);
@@ -171,18 +172,40 @@ unsafe fn q8_group_sum(q: *const i8, x: *const f32, len: usize) -> (__m256, usiz
     }
 }
 
-/// Unpacks 16 packed q4 bytes (32 columns) into the signed values of columns
-/// 0..16 and 16..32, one byte per value.
+/// Unpacks 16 packed bytes (32 columns, the low nibble the even column, as
+/// q4 and MXFP4 pack them) into the nibbles of columns 0..16 and 16..32, one
+/// byte per nibble.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn unpack_q4x32(bytes: __m128i) -> (__m128i, __m128i) {
+fn nibbles_x32(bytes: __m128i) -> (__m128i, __m128i) {
     let low_nibble = _mm_set1_epi8(0x0F);
     let lo = _mm_and_si128(bytes, low_nibble);
     // A 16-bit shift is fine: the mask drops the bits crossing byte borders.
     let hi = _mm_and_si128(_mm_srli_epi16::<4>(bytes), low_nibble);
     // Low nibble = even column, so interleaving lo/hi restores column order.
+    (_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi))
+}
+
+/// Unpacks 16 packed q4 bytes (32 columns) into the signed values of columns
+/// 0..16 and 16..32, one byte per value.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn unpack_q4x32(bytes: __m128i) -> (__m128i, __m128i) {
+    let (first, second) = nibbles_x32(bytes);
     let offset = _mm_set1_epi8(Q4_OFFSET as i8);
-    (_mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), offset), _mm_sub_epi8(_mm_unpackhi_epi8(lo, hi), offset))
+    (_mm_sub_epi8(first, offset), _mm_sub_epi8(second, offset))
+}
+
+/// Decodes 16 MXFP4 code bytes (one block, 32 columns) into the doubled
+/// values of columns 0..16 and 16..32 ([`E2M1_SIGNED_HALF_UNITS`]), one
+/// signed byte per value, by a byte shuffle through the code table.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn decode_e2m1x32(bytes: __m128i) -> (__m128i, __m128i) {
+    let (first, second) = nibbles_x32(bytes);
+    // SAFETY: the table is 16 bytes.
+    let table = unsafe { _mm_loadu_si128(E2M1_SIGNED_HALF_UNITS.as_ptr().cast()) };
+    (_mm_shuffle_epi8(table, first), _mm_shuffle_epi8(table, second))
 }
 
 /// Converts 16 signed bytes into two `f32` vectors (values 0..8, 8..16).
@@ -201,7 +224,7 @@ pub(crate) unsafe fn dot_q4(qs: &[u8], scales: &[f32], group: usize, x: &[f32]) 
     // or before ceil(n / 2) == qs.len(); start + len <= n == x.len().
     unsafe {
         grouped_dot(
-            scales,
+            scales.iter().copied(),
             group,
             x,
             |start, len| q4_group_sum(qs.as_ptr().add(start / 2), x.as_ptr().add(start), len),
@@ -241,6 +264,39 @@ unsafe fn q4_group_sum(q: *const u8, x: *const f32, len: usize) -> (__m256, usiz
             i += 2 * W;
         }
         (sum4::<Avx2>(acc), i)
+    }
+}
+
+/// Requires the invariants of [`crate::mxfp4::check_row`].
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_mxfp4(codes: &[u8], scales: &[u8], x: &[f32]) -> f32 {
+    // The blocks' values are doubled: halving the power-of-two scale is exact.
+    let halved_scales = scales.iter().map(|&scale| mxfp4::e8m0_to_f32(scale) * 0.5);
+    // SAFETY: the row is whole blocks of 16 code bytes and 32 values.
+    unsafe {
+        grouped_dot(
+            halved_scales,
+            BLOCK_VALUES,
+            x,
+            |start, _| (mxfp4_block_sum(codes.as_ptr().add(start / 2), x.as_ptr().add(start)), BLOCK_VALUES),
+            |c| mxfp4::signed_half_units_at(codes, c),
+        )
+    }
+}
+
+/// Lane-wise partial sums of one block's doubled values times `x`.
+///
+/// # Safety
+/// 16 bytes at `q` and 32 values at `x` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn mxfp4_block_sum(q: *const u8, x: *const f32) -> __m256 {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        let (first, second) = decode_e2m1x32(_mm_loadu_si128(q.cast()));
+        let (a, b) = widen_i8x16(first);
+        let (c, d) = widen_i8x16(second);
+        sum4::<Avx2>(fma4::<Avx2>([_mm256_setzero_ps(); 4], [a, b, c, d], x))
     }
 }
 

@@ -10,6 +10,7 @@ use std::arch::x86_64::*;
 
 use super::RowScale;
 use super::lanes::{Lanes, axpy_vectors, dot_chains, fma4, impl_lanes, scale_vectors, sum4};
+use crate::mxfp4::{self, BLOCK_VALUES};
 
 /// `f32` lanes per vector.
 const W: usize = Avx512::N;
@@ -106,7 +107,7 @@ unsafe fn load_q8(m: __mmask16, q: *const i8) -> __m512 {
 pub(crate) unsafe fn dot_q8(qs: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
     // SAFETY: every group's start + len <= n == qs.len() == x.len().
     unsafe {
-        grouped_dot(scales, group, x.len(), |start, len| {
+        grouped_dot(scales.iter().copied(), group, x.len(), |start, len| {
             q8_group_sum(qs.as_ptr().add(start), x.as_ptr().add(start), len)
         })
     }
@@ -121,12 +122,17 @@ pub(crate) unsafe fn dot_q8(qs: &[i8], scales: &[f32], group: usize, x: &[f32]) 
 /// The caller enables the features, and `group_sum` must be sound for every
 /// group of the row.
 #[inline(always)]
-unsafe fn grouped_dot(scales: &[f32], group: usize, cols: usize, group_sum: impl Fn(usize, usize) -> __m512) -> f32 {
+unsafe fn grouped_dot(
+    scales: impl IntoIterator<Item = f32>,
+    group: usize,
+    cols: usize,
+    group_sum: impl Fn(usize, usize) -> __m512,
+) -> f32 {
     // SAFETY: register-only operations of the caller's features, and
     // `group_sum` as the caller allows.
     unsafe {
         let mut total = _mm512_setzero_ps();
-        for (g, &scale) in scales.iter().enumerate() {
+        for (g, scale) in scales.into_iter().enumerate() {
             let start = g * group;
             let len = group.min(cols - start);
             total = _mm512_fmadd_ps(group_sum(start, len), _mm512_set1_ps(scale), total);
@@ -163,7 +169,7 @@ pub(crate) unsafe fn dot_q4(qs: &[u8], scales: &[f32], group: usize, x: &[f32]) 
     // SAFETY: every group's start is even, and its ceil(len / 2) bytes end
     // at or before ceil(n / 2) == qs.len(); start + len <= n == x.len().
     unsafe {
-        grouped_dot(scales, group, x.len(), |start, len| {
+        grouped_dot(scales.iter().copied(), group, x.len(), |start, len| {
             q4_group_sum(qs.as_ptr().add(start / 2), x.as_ptr().add(start), len)
         })
     }
@@ -206,6 +212,35 @@ unsafe fn q4_group_sum(q: *const u8, x: *const f32, len: usize) -> __m512 {
             acc[3] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m_second, x.add(i + W)), acc[3]);
         }
         sum4::<Avx512>(acc)
+    }
+}
+
+/// Requires the invariants of [`crate::mxfp4::check_row`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn dot_mxfp4(codes: &[u8], scales: &[u8], x: &[f32]) -> f32 {
+    // The blocks' values are doubled: halving the power-of-two scale is exact.
+    let halved_scales = scales.iter().map(|&scale| mxfp4::e8m0_to_f32(scale) * 0.5);
+    // SAFETY: the row is whole blocks of 16 code bytes and 32 values.
+    unsafe {
+        grouped_dot(halved_scales, BLOCK_VALUES, x.len(), |start, _| {
+            mxfp4_block_sum(codes.as_ptr().add(start / 2), x.as_ptr().add(start))
+        })
+    }
+}
+
+/// Lane-wise partial sums of one block's doubled values times `x`.
+///
+/// # Safety
+/// 16 bytes at `q` and 32 values at `x` must be readable.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn mxfp4_block_sum(q: *const u8, x: *const f32) -> __m512 {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        let (first, second) = super::avx2::decode_e2m1x32(_mm_loadu_si128(q.cast()));
+        let a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(first));
+        let b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(second));
+        _mm512_fmadd_ps(b, _mm512_loadu_ps(x.add(W)), _mm512_mul_ps(a, _mm512_loadu_ps(x)))
     }
 }
 

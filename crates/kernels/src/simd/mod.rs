@@ -7,7 +7,7 @@
 //!
 //! The `#[target_feature]` bodies live in `avx512` and `avx2` (x86_64 only),
 //! and the loops they share, written once over the lane width, in `lanes`
-//! (f32, bf16, q8 and q4 row dots) and `int_lanes` (the integer products).
+//! (f32, bf16, q8, q4 and MXFP4 row dots) and `int_lanes` (the integer products).
 //! Every dispatching method asserts the length invariants those bodies rely
 //! on before entering them, which is what makes the `unsafe` calls sound.
 //! On other architectures everything runs the [`crate::scalar`] reference.
@@ -197,6 +197,24 @@ impl Isa {
             }
         }
         scalar::dot_q4(qs, scales, group, x)
+    }
+
+    /// Dot product of one MXFP4 row (whole blocks of 32 columns: 16 code
+    /// bytes and one E8M0 scale each, see [`crate::mxfp4`]) with `x`.
+    ///
+    /// # Panics
+    /// If `x.len()` is not a multiple of 32, `codes.len() != x.len() / 2` or
+    /// `scales.len() != x.len() / 32`.
+    pub fn dot_mxfp4(self, codes: &[u8], scales: &[u8], x: &[f32]) -> f32 {
+        crate::mxfp4::check_row(codes, scales, x);
+        #[cfg(target_arch = "x86_64")]
+        match self.level {
+            // SAFETY: supported tier; row invariants asserted above.
+            IsaLevel::Avx512 | IsaLevel::Avx512Vnni => return unsafe { avx512::dot_mxfp4(codes, scales, x) },
+            IsaLevel::Avx2 => return unsafe { avx2::dot_mxfp4(codes, scales, x) },
+            IsaLevel::Scalar => {}
+        }
+        scalar::dot_mxfp4(codes, scales, x)
     }
 
     /// `y[i] += alpha * x[i]` (fused multiply-add on the vector paths).

@@ -8,6 +8,7 @@ mod gdn;
 mod gdn_torch;
 mod inkling_torch;
 mod int;
+mod kimi_k3_torch;
 mod matrix;
 mod mxfp4;
 mod ops;

@@ -1,8 +1,94 @@
-//! MXFP4 dequantization against hand-computed values and torch's f32
-//! semantics at the exponent edges.
+//! MXFP4: its element and scale values against their OCP definitions,
+//! dequantization against hand-computed values and torch's f32 semantics at
+//! the exponent edges, and matrices kept in the layout.
 
-use crate::mxfp4::{BLOCK_BYTES, BLOCK_VALUES, dequantize_mxfp4, e8m0_to_f32};
-use crate::quant::{bf16_to_f32, f32_to_bf16};
+use proptest::prelude::*;
+
+use super::{CASES, simd::mxfp4_row};
+use crate::mxfp4::{
+    BLOCK_BYTES, BLOCK_VALUES, E2M1_SIGNED_HALF_UNITS, E8M0_NAN, dequantize_mxfp4, e2m1_to_f32, e8m0_to_f32,
+};
+use crate::quant::{QuantFormat, bf16_to_f32, f32_to_bf16};
+use crate::simd::Isa;
+use crate::{Error, MatData, Matrix};
+
+/// OCP MX v1.0, E2M1: sign bit 3, exponent bits 2..1 with bias 1, mantissa
+/// bit 0; exponent 0 is subnormal, `2^(1 - bias) * (m / 2)`, and there is
+/// no infinity or NaN.
+#[test]
+fn every_e2m1_code_is_its_ocp_value() {
+    for code in 0..16u8 {
+        let (sign, exponent, mantissa) = (code >> 3, i32::from((code >> 1) & 3), f64::from(code & 1));
+        let magnitude = if exponent == 0 { mantissa / 2.0 } else { 2f64.powi(exponent - 1) * (1.0 + mantissa / 2.0) };
+        let want = if sign == 1 { -magnitude } else { magnitude } as f32;
+        assert_eq!(e2m1_to_f32(code).to_bits(), want.to_bits(), "code {code:#06b}");
+    }
+}
+
+/// OCP MX v1.0, E8M0: eight exponent bits, bias 127, no sign or mantissa;
+/// every byte but 0xFF is `2^(e - 127)` (0 the f32 subnormal `2^-127`),
+/// 0xFF is NaN.
+#[test]
+fn every_e8m0_scale_but_nan_is_its_ocp_power_of_two() {
+    for scale in 0..E8M0_NAN {
+        let want = (i32::from(scale) - 127) as f64;
+        assert_eq!(f64::from(e8m0_to_f32(scale)), want.exp2(), "scale {scale}");
+    }
+    assert_eq!(E8M0_NAN, 0xFF);
+}
+
+/// The vector paths look codes up doubled, as bytes.
+#[test]
+fn the_vector_code_table_is_every_code_doubled() {
+    for code in 0..16u8 {
+        assert_eq!(f32::from(E2M1_SIGNED_HALF_UNITS[usize::from(code)]), 2.0 * e2m1_to_f32(code), "code {code}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    /// A matrix kept as a checkpoint's bytes: its rows dequantize as the
+    /// checkpoint's blocks do, its products on every tier match the
+    /// dequantized rows', and its row ranges are the same rows.
+    #[test]
+    fn an_mxfp4_matrix_is_its_checkpoint_blocks(rows in 1usize..=4, (codes, scales, x) in mxfp4_row()) {
+        let cols = x.len();
+        let all_codes = codes.repeat(rows);
+        let all_scales = scales.repeat(rows);
+        let m = Matrix::from_bytes(QuantFormat::Mxfp4, rows, cols, 0, &all_codes, &all_scales).unwrap();
+        prop_assert_eq!(m.data, MatData::Mxfp4 { codes: &all_codes, scales: &all_scales });
+        let mut want = vec![0.0f32; rows * cols];
+        dequantize_mxfp4(&all_codes, &all_scales, &mut want);
+        prop_assert_eq!(m.to_f32(), want.clone());
+        for isa in Isa::all_supported() {
+            let mut y = vec![f32::NAN; rows];
+            m.matvec_with(isa, &x, &mut y);
+            for &got in &y {
+                prop_assert_eq!(got.to_bits(), isa.dot_mxfp4(&codes, &scales, &x).to_bits(), "{:?}", isa);
+            }
+        }
+        if rows > 1 {
+            prop_assert_eq!(m.row_range(1, rows - 1).unwrap().to_f32(), want[cols..].to_vec());
+        }
+    }
+}
+
+#[test]
+fn an_mxfp4_row_of_part_of_a_block_is_refused() {
+    let codes = [0u8; BLOCK_BYTES + 1];
+    let got = Matrix::new(1, BLOCK_VALUES + 2, MatData::Mxfp4 { codes: &codes, scales: &[127, 127] });
+    assert_eq!(got, Err(Error::PartialMxfp4Block { cols: BLOCK_VALUES + 2 }));
+    let got = Matrix::from_bytes(QuantFormat::Mxfp4, 1, 2, 0, &[0], &[127]);
+    assert_eq!(got, Err(Error::PartialMxfp4Block { cols: 2 }));
+}
+
+#[test]
+fn an_mxfp4_matrix_with_a_scale_missing_is_refused() {
+    let codes = [0u8; 2 * BLOCK_BYTES];
+    let got = Matrix::from_bytes(QuantFormat::Mxfp4, 1, 2 * BLOCK_VALUES, 0, &codes, &[127]);
+    assert!(matches!(got, Err(Error::Length { what: "scales", expected: 2, actual: 1, .. })), "{got:?}");
+}
 
 /// One block whose first byte is `byte` (the rest zero codes).
 fn first_pair(byte: u8, scale: u8) -> [f32; 2] {

@@ -153,7 +153,8 @@ fn format_ordinals_names_and_sizes() {
     assert_eq!(QuantFormat::Bf16.ordinal(), 1);
     assert_eq!(QuantFormat::Q8.ordinal(), 2);
     assert_eq!(QuantFormat::Q4.ordinal(), 3);
-    assert!(matches!(QuantFormat::from_ordinal(4), Err(Error::UnknownFormatOrdinal { ordinal: 4 })));
+    assert_eq!(QuantFormat::Mxfp4.ordinal(), 4);
+    assert!(matches!(QuantFormat::from_ordinal(5), Err(Error::UnknownFormatOrdinal { ordinal: 5 })));
     assert!(matches!("q5".parse::<QuantFormat>(), Err(Error::UnknownFormatName { .. })));
 
     assert_eq!(QuantFormat::F32.weight_bytes(3, 5), 60);
@@ -163,6 +164,11 @@ fn format_ordinals_names_and_sizes() {
     assert_eq!(QuantFormat::F32.scale_count(3, 5, 2), 0);
     assert_eq!(QuantFormat::Q8.scale_count(3, 5, 2), 9);
     assert_eq!(QuantFormat::Q4.scale_count(3, 64, 32), 6);
+    // MXFP4: half a byte a value, one scale byte per 32 whatever the group.
+    assert_eq!(QuantFormat::Mxfp4.weight_bytes(3, 64), 96);
+    assert_eq!(QuantFormat::Mxfp4.scale_count(3, 64, 0), 6);
+    assert_eq!(QuantFormat::Mxfp4.scale_bytes(3, 64, 0), 6);
+    assert_eq!(QuantFormat::Q4.scale_bytes(3, 64, 32), 24);
     // Invalid or overflowing inputs saturate instead of panicking.
     assert_eq!(QuantFormat::Q8.scale_count(3, 5, 0), usize::MAX);
     assert_eq!(QuantFormat::F32.weight_bytes(usize::MAX, 2), usize::MAX);

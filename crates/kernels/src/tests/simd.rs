@@ -3,6 +3,7 @@
 use proptest::prelude::*;
 
 use super::{CASES, assert_close, cols, group, magnitude, values};
+use crate::mxfp4;
 use crate::quant::{bf16_to_f32, f32_to_bf16_bits, q4_at};
 use crate::scalar;
 use crate::simd::{Isa, IsaLevel, RowScale};
@@ -39,6 +40,20 @@ fn q4_row() -> impl Strategy<Value = (Vec<u8>, Vec<f32>, usize, Vec<f32>)> {
             prop::collection::vec(0.0f32..0.1, cols.div_ceil(group)),
             Just(group),
             values(cols),
+        )
+    })
+}
+
+/// An MXFP4 row of 0..=12 blocks with arbitrary codes and scales around
+/// 2^0, and the smallest, 0 (2^-127, whose products are subnormal):
+/// (codes, scales, x).
+pub(super) fn mxfp4_row() -> impl Strategy<Value = (Vec<u8>, Vec<u8>, Vec<f32>)> {
+    (0usize..=12).prop_flat_map(|blocks| {
+        let scale = prop_oneof![9 => 110u8..=140, 1 => Just(0u8)];
+        (
+            prop::collection::vec(any::<u8>(), blocks * mxfp4::BLOCK_BYTES),
+            prop::collection::vec(scale, blocks),
+            values(blocks * mxfp4::BLOCK_VALUES),
         )
     })
 }
@@ -178,6 +193,17 @@ proptest! {
     }
 
     #[test]
+    fn dot_mxfp4_matches_scalar((codes, scales, x) in mxfp4_row()) {
+        let want = scalar::dot_mxfp4(&codes, &scales, &x);
+        let mut w = vec![0.0f32; x.len()];
+        mxfp4::dequantize_mxfp4(&codes, &scales, &mut w);
+        let mag = magnitude(&w, &x);
+        for isa in vector_isas() {
+            assert_close(isa.dot_mxfp4(&codes, &scales, &x), want, mag, &format!("{isa:?}"));
+        }
+    }
+
+    #[test]
     fn axpy_matches_scalar((x, y) in two_vectors(), alpha in -2.0f32..2.0) {
         let mut want = y.clone();
         scalar::axpy(alpha, &x, &mut want);
@@ -214,6 +240,14 @@ proptest! {
             .sum();
         let mag = grouped_magnitude(|c| q4_at(&qs, c) as f32, &scales, group, &x);
         assert_close(scalar::dot_q4(&qs, &scales, group, &x), want as f32, mag, "scalar q4");
+    }
+
+    #[test]
+    fn scalar_mxfp4_matches_definition((codes, scales, x) in mxfp4_row()) {
+        let mut w = vec![0.0f32; x.len()];
+        mxfp4::dequantize_mxfp4(&codes, &scales, &mut w);
+        let want: f64 = w.iter().zip(&x).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+        assert_close(scalar::dot_mxfp4(&codes, &scales, &x), want as f32, magnitude(&w, &x), "scalar mxfp4");
     }
 
     #[test]

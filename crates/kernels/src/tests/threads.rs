@@ -93,15 +93,23 @@ fn pool_has_the_requested_size() {
 }
 
 /// One source matrix in every format: f32, bf16, q8 and q4 (codes, scales).
-type Storage = (Vec<f32>, Vec<u16>, (Vec<i8>, Vec<f32>), (Vec<u8>, Vec<f32>));
+type Storage = (Vec<f32>, Vec<u16>, (Vec<i8>, Vec<f32>), (Vec<u8>, Vec<f32>), (Vec<u8>, Vec<u8>));
 
-/// Expert shapes (hidden 192, intermediate 136): odd enough to split in
-/// uneven chunks.
+/// Expert shapes (hidden 192, intermediate 160): odd enough to split in
+/// uneven chunks, whole MXFP4 blocks.
 const EXPERT_HIDDEN: usize = 192;
-const EXPERT_INTER: usize = 136;
+const EXPERT_INTER: usize = 160;
+
+/// MXFP4 storage of `[rows, cols]` made from `src`'s bits: every code, and
+/// scales from 2^-4 to 2^3.
+fn mxfp4_from_bits(src: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+    let codes = src.iter().step_by(2).map(|v| (v.to_bits() >> 12) as u8).take(rows * cols / 2).collect();
+    let scales = (0..rows * cols / crate::mxfp4::BLOCK_VALUES).map(|i| 123 + (i % 8) as u8).collect();
+    (codes, scales)
+}
 
 /// Runs `check` on one expert's gate, up and down in every format (q8/q4
-/// on the integer path, f32/bf16 on row dots).
+/// on the integer path, f32/bf16/mxfp4 on row dots).
 fn for_each_expert_format(check: impl Fn(QuantFormat, &[Matrix<'_>; 3])) {
     let (hidden, inter, group) = (EXPERT_HIDDEN, EXPERT_INTER, 32);
     let srcs =
@@ -117,18 +125,20 @@ fn for_each_expert_format(check: impl Fn(QuantFormat, &[Matrix<'_>; 3])) {
                     f32_to_bf16_bits(src),
                     quantize_q8(src, rows, cols, group),
                     quantize_q4(src, rows, cols, group),
+                    mxfp4_from_bits(src, rows, cols),
                 )
             })
             .collect();
         let m: Vec<Matrix<'_>> = owned
             .iter()
             .zip(shapes)
-            .map(|((f, b, q8, q4), (rows, cols))| {
+            .map(|((f, b, q8, q4, mx), (rows, cols))| {
                 let data = match format {
                     QuantFormat::F32 => MatData::F32(f),
                     QuantFormat::Bf16 => MatData::Bf16(b),
                     QuantFormat::Q8 => MatData::Q8 { qs: &q8.0, scales: &q8.1, group },
                     QuantFormat::Q4 => MatData::Q4 { qs: &q4.0, scales: &q4.1, group },
+                    QuantFormat::Mxfp4 => MatData::Mxfp4 { codes: &mx.0, scales: &mx.1 },
                 };
                 Matrix::new(rows, cols, data).unwrap()
             })
@@ -201,14 +211,11 @@ fn gated_ffn_clamped_equals_the_interleaved_scalar_reference_for_any_thread_coun
     });
 }
 
-/// The SwiGLU with a limit through the fused path, on every instruction
-/// set this CPU has (the integer path for q8/q4 where the tier has one),
-/// equals that tier's unfused products with the scalar reference of the
-/// limit between them, bit for bit, for every thread count.
-#[test]
-fn gated_ffn_limited_equals_the_scalar_reference_on_every_tier_for_any_thread_count() {
-    // A limit the products cross in both directions.
-    let limit = 0.5;
+/// `act` through the fused path, on every instruction set this CPU has
+/// (the integer path for q8/q4 where the tier has one), equals that tier's
+/// unfused products with `reference`, the scalar reference of the
+/// activation, between them, bit for bit, for every thread count.
+fn assert_fused_equals_unfused(act: GatedAct<'_>, reference: impl Fn(&mut [f32], &[f32])) {
     for_each_expert_format(|format, m| {
         for n in [1, 2, 5] {
             let xs = sample(n * EXPERT_HIDDEN);
@@ -219,16 +226,32 @@ fn gated_ffn_limited_equals_the_scalar_reference_on_every_tier_for_any_thread_co
                     ys
                 };
                 let mut h = products(&m[0], &xs, EXPERT_INTER);
-                crate::scalar::silu_mul_limited(&mut h, &products(&m[1], &xs, EXPERT_INTER), limit);
+                reference(&mut h, &products(&m[1], &xs, EXPERT_INTER));
                 let want = products(&m[2], &h, EXPERT_HIDDEN);
                 for threads in [1, 2, 3] {
                     let pool = Threads::new(threads).unwrap().with_isa(isa);
                     let mut got = vec![f32::NAN; n * EXPERT_HIDDEN];
-                    pool.gated_ffn(&m[0], &m[1], &m[2], GatedAct::LimitedSwiGlu { limit }, &xs, n, &mut got);
-                    assert_eq!(bits(&got), bits(&want), "{format}, n {n}, {isa:?}, {threads} threads");
+                    pool.gated_ffn(&m[0], &m[1], &m[2], act, &xs, n, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "{act:?}: {format}, n {n}, {isa:?}, {threads} threads");
                 }
             }
         }
+    });
+}
+
+#[test]
+fn gated_ffn_limited_equals_the_scalar_reference_on_every_tier_for_any_thread_count() {
+    // A limit the products cross in both directions.
+    let limit = 0.5;
+    assert_fused_equals_unfused(GatedAct::LimitedSwiGlu { limit }, |g, u| crate::scalar::silu_mul_limited(g, u, limit));
+}
+
+#[test]
+fn gated_ffn_situ_equals_the_scalar_reference_on_every_tier_for_any_thread_count() {
+    // Betas the products reach, so both tanh bend.
+    let (beta, linear_beta) = (0.4, 0.6);
+    assert_fused_equals_unfused(GatedAct::SituGlu { beta, linear_beta }, |g, u| {
+        crate::scalar::situ_mul(g, u, beta, linear_beta)
     });
 }
 
