@@ -39,6 +39,7 @@ pub const FAMILIES: &[&str] = &[
     "qwen4_exp",
     "deepseek_v4",
     "inkling",
+    "glm5_next",
 ];
 /// Reference scripts run with the full set in stage 1: the demo model's
 /// logits (testdata/demo) and transformers' tokenizer and chat-template

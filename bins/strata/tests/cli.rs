@@ -446,6 +446,63 @@ fn info_reports_bytes_and_state_of_the_published_kimi_linear_config() {
     }
 }
 
+/// GLM-5.3-Flash as transformers 5.23 writes it (testdata/glm5_next_hub):
+/// `info` on its config alone gives its three layer kinds and what a bf16
+/// checkpoint of it holds, dense and in experts, counted here tensor by
+/// tensor from the published dimensions, and what a session keeps: the
+/// latent and a pooled indexer key per 16 tokens on the MLA layers, the KDA
+/// state and each indexer's open pool per sequence.
+#[test]
+fn info_reports_bytes_and_state_of_the_published_glm5_next_config() {
+    let dir = fixture("glm5_next_hub").join("GLM-5.3-Flash");
+    let out = strata(&["info", path(&dir)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (hidden, vocab, heads, head_dim) = (4096u64, 154_880u64, 64u64, 128u64);
+    let kda = heads * head_dim;
+    // q, k, v with their convolutions, the forget gate (f_a, f_b, dt_bias,
+    // A_log), b_proj, the output gate (g_a, g_b), its norm, o_proj.
+    let kda_layer = 3 * kda * hidden
+        + 3 * kda * 4
+        + (head_dim * hidden + kda * head_dim + kda + heads)
+        + heads * hidden
+        + (head_dim * hidden + kda * head_dim)
+        + head_dim
+        + hidden * kda;
+    // q_a_proj, its norm, q_b_proj, kv_a_proj_with_mqa (no rope part), its
+    // norm, kv_b_proj, o_proj; the indexer's wq_b, wk, k_norm (weight and
+    // bias), weights_proj, pool position bias and gate.
+    let mla_layer = 1536 * hidden
+        + 1536
+        + heads * 256 * 1536
+        + 512 * hidden
+        + 512
+        + heads * 512 * 512
+        + hidden * heads * 256
+        + (32 * 128 * 1536 + 128 * hidden + 2 * 128 + 32 * hidden + 16 * 128 + 128 * hidden);
+    // Two norms and two hyper-connections (fn, base, scale) of 4 streams.
+    let per_layer = 2 * hidden + 2 * (24 * 4 * hidden + 24 + 3);
+    let dense_mlp = 3 * 12_288 * hidden;
+    // Router, its correction bias, one shared expert.
+    let moe_layer = 288 * hidden + 288 + 3 * 2048 * hidden;
+    let params =
+        2 * vocab * hidden + hidden + 45 * per_layer + 34 * kda_layer + 11 * mla_layer + 3 * dense_mlp + 42 * moe_layer;
+    let per_expert = 3 * 2048 * hidden * 2;
+    let kda_state = heads * head_dim * head_dim + 3 * kda * 3;
+    let open_pool = 2 * 15 * 128;
+    for line in [
+        "   3 x layer kimi delta attention 64 heads x 128, conv 4; dense 12288, swiglu limit 10;".to_owned(),
+        "  11 x layer mla 64 heads, 512 latent, no rope, 128 index-key top-2048 in pools of 16;".to_owned(),
+        format!("bytes dense   {} ", 2 * params),
+        format!("bytes/expert  {per_expert} "),
+        format!("bytes experts {} ", per_expert * 42 * 288),
+        format!("kv bytes/token {} ", 11 * (512 + 128 / 16) * 4),
+        format!("state bytes/session {} ", (34 * kda_state + 11 * open_pool) * 4),
+    ] {
+        assert!(text.contains(&line), "{line:?} in:\n{text}");
+    }
+}
+
 /// A malformed tokenizer.json was copied by `convert` without a word, and
 /// failed only when the converted model started. `convert` now refuses it
 /// first, in one line naming the file, and converts nothing.

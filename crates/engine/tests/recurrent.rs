@@ -1,7 +1,8 @@
 //! State beyond rows per token through everything that splits a sequence,
 //! on the real fixtures: the hybrid families' recurrent state (Qwen3-Next,
-//! Qwen3.5, Kimi Linear's Kimi Delta Attention), gpt-oss's
-//! sliding-window ring (a window of 6, shorter than the prompt) and
+//! Qwen3.5, the Kimi Delta Attention of Kimi Linear and GLM-5.3-Flash, the
+//! latter's pooled indexer keys with their open pool), gpt-oss's
+//! sliding-window ring (a window of 6, shorter than the prompt),
 //! DeepSeek V4's ring of 4 beside its compressors' open windows, and
 //! Inkling's rings and short-convolution states (attention's and the FFN's). A session
 //! saved and reopened, a prefix reused after a cut, and chunked prefill give
@@ -14,8 +15,8 @@ use std::path::Path;
 use strata_engine::{Engine, EngineOptions, GenerateOptions, Session};
 use strata_format::{ConvertOptions, QuantPreset};
 
-const FAMILIES: [&str; 7] =
-    ["qwen3_next", "qwen3_5_moe", "gpt_oss", "kimi_linear", "deepseek_v4", "inkling", "qwen4_exp"];
+const FAMILIES: [&str; 8] =
+    ["qwen3_next", "qwen3_5_moe", "gpt_oss", "kimi_linear", "glm5_next", "deepseek_v4", "inkling", "qwen4_exp"];
 const PROMPT: [u32; 9] = [17, 44, 5, 230, 91, 12, 150, 7, 66];
 
 fn engine(dir: &Path, family: &str, prefill_chunk_tokens: Option<usize>) -> Engine {

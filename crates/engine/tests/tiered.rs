@@ -12,10 +12,10 @@ use strata_tier::test_util::WarningLog;
 
 /// The GQA families (gpt-oss: biased experts, a window's ring), the
 /// hybrid ones (recurrent state beside the streamed experts), DeepSeek V4
-/// (a window's ring and its compressors' open windows) Inkling (rings
+/// (a window's ring and its compressors' open windows), Inkling (rings
 /// and convolution states, shared experts weighed by the router) and
 /// Qwen3.8-Flash-Next (QSA's raw keys beside gated residual streams).
-const FAMILIES: [&str; 9] = [
+const FAMILIES: [&str; 11] = [
     "olmoe",
     "qwen3_moe",
     "mixtral",
@@ -23,6 +23,7 @@ const FAMILIES: [&str; 9] = [
     "qwen3_next",
     "qwen3_5_moe",
     "kimi_linear",
+    "glm5_next",
     "deepseek_v4",
     "inkling",
     "qwen4_exp",

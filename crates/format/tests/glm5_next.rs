@@ -79,6 +79,18 @@ fn a_wrapper_config_reads_the_pattern_pools_gate_streams_and_clamp() {
     assert_eq!(parse(&exported), arch);
 }
 
+/// Glm5NextTextConfig's default pad id (154820) lies outside a small
+/// vocabulary, where transformers refuses to build the embedding: an
+/// export keeps the source's pad id, or names none.
+#[test]
+fn an_exported_config_keeps_the_sources_pad_id() {
+    let mut config = nested();
+    config["text_config"]["pad_token_id"] = json!(0);
+    let arch = parse(&config);
+    assert_eq!(arch.to_config_json_from(&config)["text_config"]["pad_token_id"], json!(0));
+    assert_eq!(arch.to_config_json_from(&nested())["text_config"]["pad_token_id"], Value::Null);
+}
+
 #[test]
 fn a_flat_config_and_linear_attn_config_read_as_the_class_does() {
     let mut flat = nested()["text_config"].clone();

@@ -78,8 +78,9 @@ fn every_committed_fixture_converts_leaving_only_known_tensors_unread() {
         let out = tmp.path().join(i.to_string());
         let report: ConvertReport =
             convert(dir, &out, &f32_options()).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        let kimi = dir.starts_with(testdata().join("kimi_k25"));
-        assert!(report.ignored_tensors.is_empty() || kimi, "{}: {:?}", dir.display(), report.ignored_tensors);
+        // Their fixtures carry a vision tower, known and not read.
+        let vision = ["kimi_k25", "glm5_next"].iter().any(|f| dir.starts_with(testdata().join(f)));
+        assert!(report.ignored_tensors.is_empty() || vision, "{}: {:?}", dir.display(), report.ignored_tensors);
     }
 }
 

@@ -16,4 +16,5 @@ pub const CHECKED: &[&str] = &[
     "qwen4_exp",
     "deepseek_v4",
     "inkling",
+    "glm5_next",
 ];

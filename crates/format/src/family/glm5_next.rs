@@ -435,6 +435,12 @@ impl FamilyDef for Glm5Next {
             text.insert("hc_sinkhorn_iters".into(), json!(sinkhorn_iters));
             text.insert("hc_eps".into(), json!(eps));
         }
+        // Glm5NextTextConfig's default pad id (154820) lies outside any
+        // smaller vocabulary, and transformers refuses to build such an
+        // embedding: the source's pad id is kept, else none is named.
+        let source_text = source.map(|s| s.get("text_config").unwrap_or(s));
+        let pad = source_text.and_then(|t| t.get("pad_token_id")).cloned().unwrap_or(Value::Null);
+        text.insert("pad_token_id".into(), pad);
         // Back into the wrapper the checkpoint came in, vision config and
         // all, or a wrapper of the text model alone.
         let wrapper = source.and_then(Value::as_object).filter(|s| s.contains_key("text_config"));

@@ -149,7 +149,12 @@ fn owner(looked_up: &str) -> (&str, &str) {
     }
     for object in ["text_config", "linear_attn_config"] {
         if let Some(key) = looked_up.strip_prefix(object).and_then(|k| k.strip_prefix('.')) {
-            return (object, key);
+            // An object in the text config (glm5_next's hub spelling of
+            // linear_attn_config) is checked against its own table.
+            return match owner(key) {
+                ("", _) => (object, key),
+                inner => inner,
+            };
         }
     }
     ("", looked_up)
