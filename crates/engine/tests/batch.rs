@@ -41,7 +41,7 @@ fn alone(engine: &Engine, sampling: SamplingOptions) -> Vec<(Vec<u32>, Vec<f32>)
 
 #[test]
 fn batched_decoding_is_bit_identical_to_decoding_alone() {
-    for family in FAMILIES {
+    for &family in FAMILIES {
         let dir = tempfile::tempdir().unwrap();
         let engine = engine(&dir, family);
         let sampling = SamplingOptions { temperature: 0.9, top_k: 20, top_p: 0.95, seed: 11 };
@@ -81,7 +81,7 @@ fn batched_decoding_is_bit_identical_to_decoding_alone() {
 #[test]
 fn prompts_fed_in_pieces_give_the_logits_of_one_pass() {
     let prompt: Vec<u32> = (0..23).map(|t| (5 + 17 * t) % 100).collect();
-    for family in FAMILIES {
+    for &family in FAMILIES {
         let dir = tempfile::tempdir().unwrap();
         let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(family).join("hf");
         let model = dir.path().join("model");

@@ -95,7 +95,7 @@ fn batch(engine: &Engine) -> Vec<f32> {
 /// `family preset scenario` → hash, for every family and preset.
 fn measure() -> BTreeMap<String, String> {
     let mut hashes = BTreeMap::new();
-    for family in FAMILIES {
+    for &family in FAMILIES {
         for (preset_name, preset) in PRESETS {
             let dir = tempfile::tempdir().unwrap();
             let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(family).join("hf");

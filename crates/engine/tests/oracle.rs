@@ -79,7 +79,7 @@ fn reference_logits(family: &str, file: &str) -> (Vec<usize>, Vec<f32>) {
 
 #[test]
 fn f32_logits_match_transformers_at_every_position() {
-    for family in FAMILIES {
+    for &family in FAMILIES {
         let r = reference(family);
         let (shape, want) = reference_logits(family, "logits_f32.npy");
         let dir = convert(family, "hf", QuantPreset::F32);
@@ -95,7 +95,7 @@ fn f32_logits_match_transformers_at_every_position() {
 /// absorbed form over the cached latents) at every position.
 #[test]
 fn one_token_at_a_time_matches_transformers_at_every_position() {
-    for family in FAMILIES {
+    for &family in FAMILIES {
         let r = reference(family);
         let (shape, want) = reference_logits(family, "logits_f32.npy");
         let vocab = shape[1];
@@ -116,7 +116,7 @@ fn one_token_at_a_time_matches_transformers_at_every_position() {
 
 #[test]
 fn greedy_continuation_matches_transformers() {
-    for family in FAMILIES {
+    for &family in FAMILIES {
         let r = reference(family);
         let (_, want) = reference_logits(family, "logits_f32.npy");
         let clear = CLEAR_MARGIN_STD * std_dev(&want);
@@ -133,7 +133,7 @@ fn greedy_continuation_matches_transformers() {
 
 #[test]
 fn bf16_checkpoint_with_4x_config_matches_within_2e_3_std() {
-    for family in FAMILIES {
+    for &family in FAMILIES {
         let r = reference(family);
         let (_, want) = reference_logits(family, "logits_bf16.npy");
         let dir = convert(family, "hf_bf16", QuantPreset::Bf16);
@@ -157,7 +157,7 @@ const QUANT_RECURRENT_TOLERANCE_STD: f32 = 3e-3;
 
 #[test]
 fn quantized_containers_match_transformers_on_their_dequantized_weights() {
-    for family in FAMILIES {
+    for &family in FAMILIES {
         let r = reference(family);
         for (preset, file) in [(QuantPreset::Q8, "logits_q8.npy"), (QuantPreset::Q4, "logits_q4.npy")] {
             let (shape, want) = reference_logits(family, file);
@@ -205,7 +205,7 @@ const INT8_GREEDY_TOKENS: usize = 64;
 #[test]
 fn int8_activations_cost_against_transformers_is_bounded() {
     let mut failures = Vec::new();
-    for family in FAMILIES {
+    for &family in FAMILIES {
         let r = reference(family);
         let text = std::fs::read_to_string(fixture(family).join("reference_q8.json")).unwrap();
         let q8_reference: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -260,7 +260,7 @@ fn int8_activations_cost_against_transformers_is_bounded() {
 
 #[test]
 fn logits_are_bit_identical_with_an_expert_cache_smaller_than_one_layer() {
-    for family in FAMILIES {
+    for &family in FAMILIES {
         let r = reference(family);
         for preset in [QuantPreset::F32, QuantPreset::Q4] {
             let dir = convert(family, "hf", preset);
@@ -319,7 +319,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 #[cfg(feature = "gpu")]
 #[test]
 fn every_family_through_the_gpu_equals_the_cpu_bit_for_bit() {
-    for family in FAMILIES {
+    for &family in FAMILIES {
         let r = reference(family);
         for (preset, file) in [(QuantPreset::Q8, "logits_q8.npy"), (QuantPreset::Q4, "logits_q4.npy")] {
             let dir = convert(family, "hf", preset);

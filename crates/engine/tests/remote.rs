@@ -89,7 +89,7 @@ fn logits_elsewhere_match_alone(family: &str, fail_odd: bool) -> usize {
 
 #[test]
 fn experts_computed_elsewhere_give_bit_identical_logits_for_every_family() {
-    for family in families::CHECKED {
+    for &family in families::CHECKED {
         let computed = logits_elsewhere_match_alone(family, false);
         // gpt-oss's biased experts stay here; every other family crosses.
         assert_eq!(computed == 0, family == "gpt_oss", "{family}: {computed} calls computed elsewhere");

@@ -300,7 +300,7 @@ const ALL_FAMILIES: &[&str] = families::CHECKED;
 fn tokens_are_identical_with_prefetch_on_and_off_for_every_family_and_io() {
     use strata_engine::{GenerateOptions, Prefetch};
     let generate = GenerateOptions { max_new_tokens: 6, ignore_eos: true, ..GenerateOptions::default() };
-    for family in ALL_FAMILIES {
+    for &family in ALL_FAMILIES {
         let prompt = prompt(family);
         let dir = convert(family, QuantPreset::Q4);
         for io in [IoBackend::Pread, IoBackend::Direct, IoBackend::Uring, IoBackend::Mmap] {

@@ -350,6 +350,9 @@ impl FamilyDef for DeepseekV4 {
             final_norm: NormKind::Weight { eps },
             bos_token_id,
             eos_token_ids,
+            embed_norm: None,
+            logits_mup_divisor: None,
+            unpadded_vocab_size: None,
         };
         let (main_rope, compress_rope) = ropes(&cfg, head_dim, max_positions)?;
         let (csa_ratio, hca_ratio) = compress_rates(&cfg)?;
@@ -400,9 +403,11 @@ impl FamilyDef for DeepseekV4 {
                 ffn: FfnSpec::Moe(MoeBlock { router, ..moe }),
                 norm: NormKind::Weight { eps },
                 residual,
+                ffn_output_conv: None,
             }
         };
-        Ok(ModelArch { core, layers: types.iter().zip(&hashed).map(layer).collect() })
+        // `mtp.*` is known and left unread (the draft layers run for DeepSeek-V3's layout only).
+        Ok(ModelArch { core, layers: types.iter().zip(&hashed).map(layer).collect(), mtp: Vec::new() })
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

@@ -261,7 +261,7 @@ impl FamilyDef for Inkling {
                 *global_scale = true;
             }
         }
-        Ok(ModelArch { core, layers })
+        Ok(ModelArch { core, layers, mtp: Vec::new() })
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

@@ -140,7 +140,7 @@ impl Inkling {
             let keys = seq.cache.rows_between(layer, KEYS, first_key, start + m);
             let values = seq.cache.rows_between(layer, VALUES, first_key, start + m);
             let bias = Some(PositionBias { rows: bias_seq, extent });
-            jobs.push(AttendJob { q: q_seq, keys, values, first_key, start, bias, out: out_seq });
+            jobs.push(AttendJob { q: q_seq, keys, values, first_key, start, bias, selected: None, out: out_seq });
         }
         b.attend(rt, shape, jobs);
         let mut out = self.o.apply(rt, b, &attn);
