@@ -38,25 +38,32 @@ fn main() -> Result<()> {
     }
 }
 
-/// The binaries' `gpu` and `workers` features: with them every crate builds
-/// with the GPU backend (features unify down to the kernels') and with the
-/// expert workers (Zenoh), so that clippy and the tests compile the
-/// workspace once and the GPU tests (the kernels against the CPU, every
-/// family through `--device gpu`, the VRAM budget's invariance) and the
-/// workers' run with the rest. Without an adapter the GPU tests skip, saying
-/// why; .ci/run installs Mesa's lavapipe and sets `STRATA_GPU_TESTS=require`,
-/// so that there they fail instead.
-const CI_FEATURES: &str =
+/// The binaries' `gpu` features: with them every crate builds with the GPU
+/// backend (features unify down to the kernels'), so that the tests compile
+/// the workspace once and the GPU tests (the kernels against the CPU, every
+/// family through `--device gpu`, the VRAM budget's invariance) run with the
+/// rest. Without an adapter they skip, saying why; .ci/run installs Mesa's
+/// lavapipe and sets `STRATA_GPU_TESTS=require`, so that there they fail
+/// instead.
+const GPU_FEATURES: &str = "strata/gpu,strata-chat/gpu,strata-serve/gpu";
+
+/// [`GPU_FEATURES`] and the expert workers (Zenoh): linted in CI, not
+/// built for its tests. Building Zenoh costs CI about four of its thirty
+/// minutes on two cores; the workers' exactness runs in every CI through
+/// engine/tests/remote.rs (a second engine as the worker), and their
+/// processes, key and faults through `cargo test -p strata --features
+/// workers --test workers` (docs/DISTRIBUTED.md).
+const LINT_FEATURES: &str =
     "strata/gpu,strata-chat/gpu,strata-serve/gpu,strata/workers,strata-chat/workers,strata-serve/workers";
 
 fn ci() -> Result<()> {
     cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--features", CI_FEATURES, "--", "-D", "warnings"])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--features", LINT_FEATURES, "--", "-D", "warnings"])?;
     // The stand-ins a build without the GPU backend compiles instead
     // (kernels' gpu/missing.rs), linted: only the crates up to the backend
     // check again.
     cargo(&["clippy", "-p", "strata-models", "--all-targets", "--", "-D", "warnings"])?;
-    cargo(&["test", "--workspace", "--features", CI_FEATURES])?;
+    cargo(&["test", "--workspace", "--features", GPU_FEATURES])?;
     Ok(())
 }
 
