@@ -94,37 +94,16 @@ pub fn combine(n: usize, injection: &[f32], out: &[f32], streams: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::PathBuf;
 
     use strata_kernels::MatData;
 
+    use super::super::torch_cases::{assert_close, case_dirs, load};
     use super::*;
-
-    /// Agreement with torch, relative to the largest magnitude of each tensor.
-    const TORCH_REL_TOL: f32 = 1e-5;
 
     /// The cases `xtask/fixtures/qwen4_ref.py` wrote.
     fn cases() -> Vec<PathBuf> {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/qwen4_exp/gated_residual");
-        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-            .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-            .map(|entry| entry.expect("listed").path())
-            .collect();
-        dirs.sort();
-        assert!(dirs.len() >= 4, "several stream and token counts and the final mixer: {dirs:?}");
-        dirs
-    }
-
-    fn load(case: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {
-        strata_format::npy::read_f32(case.join(format!("{name}.npy"))).unwrap_or_else(|e| panic!("{name}: {e}"))
-    }
-
-    fn assert_close(what: &str, got: &[f32], want: &[f32]) {
-        assert_eq!(got.len(), want.len(), "{what}: lengths");
-        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!((g - w).abs() <= TORCH_REL_TOL * scale, "{what}[{i}]: {g} vs torch {w} (scale {scale})");
-        }
+        case_dirs("qwen4_exp/gated_residual", 4, "several stream and token counts and the final mixer")
     }
 
     #[test]

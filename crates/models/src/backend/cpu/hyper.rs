@@ -180,34 +180,13 @@ mod tests {
 
     use strata_kernels::MatData;
 
+    use super::super::torch_cases::{assert_close, case_dirs, load};
     use super::*;
-
-    /// Agreement with torch, relative to the largest magnitude of each tensor.
-    const TORCH_REL_TOL: f32 = 1e-5;
 
     /// The cases `xtask/fixtures/hc_ref.py` wrote: every stream and token
     /// count it covers.
     fn cases() -> Vec<PathBuf> {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/hc");
-        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-            .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-            .map(|entry| entry.expect("listed").path())
-            .collect();
-        dirs.sort();
-        assert!(dirs.len() >= 3, "several stream and token counts: {dirs:?}");
-        dirs
-    }
-
-    fn load(case: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {
-        strata_format::npy::read_f32(case.join(format!("{name}.npy"))).unwrap_or_else(|e| panic!("{name}: {e}"))
-    }
-
-    fn assert_close(what: &str, got: &[f32], want: &[f32]) {
-        assert_eq!(got.len(), want.len(), "{what}: lengths");
-        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!((g - w).abs() <= TORCH_REL_TOL * scale, "{what}[{i}]: {g} vs torch {w} (scale {scale})");
-        }
+        case_dirs("hc", 3, "several stream and token counts")
     }
 
     /// A case's `[hc_sinkhorn_iters, hc_eps, rms_norm_eps]` and its

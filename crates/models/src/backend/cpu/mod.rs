@@ -17,6 +17,8 @@ mod shared_kv;
 
 #[cfg(test)]
 mod inkling_torch;
+#[cfg(test)]
+mod torch_cases;
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -113,13 +113,8 @@ impl QsaIndexer<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
-
+    use super::super::torch_cases::{case_dirs, load};
     use super::*;
-
-    fn load(case: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {
-        strata_format::npy::read_f32(case.join(format!("{name}.npy"))).unwrap_or_else(|e| panic!("{name}: {e}"))
-    }
 
     /// Half of each row of a `[rows, width]` table whose halves repeat (as
     /// transformers' `cat((freqs, freqs))` cos and sin).
@@ -129,14 +124,7 @@ mod tests {
 
     #[test]
     fn qsa_keeps_the_blocks_and_tail_transformers_keeps_with_ties_holes_and_any_budget() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/qwen4_exp/qsa");
-        let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
-            .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-            .map(|entry| entry.expect("listed").path())
-            .collect();
-        cases.sort();
-        assert!(cases.len() >= 4, "budgets below and above the prompt, ties, holes: {cases:?}");
-        for case in cases {
+        for case in case_dirs("qwen4_exp/qsa", 4, "budgets below and above the prompt, ties, holes") {
             let ((q_shape, q), (_, raw_keys), (_, k_norm), (_, config)) =
                 (load(&case, "q"), load(&case, "raw_keys"), load(&case, "k_norm"), load(&case, "config"));
             let [tokens, heads, head_dim] = [q_shape[0], q_shape[1], q_shape[2]];
