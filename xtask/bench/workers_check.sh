@@ -45,9 +45,19 @@ for i in 0 1; do
         sleep 0.2
     done
 done
+# One run's decode tokens/s, median step and median wait on the workers
+# (`stall_ms`) a step, and a digest of its tokens (they must not change).
 decode() {
     "$strata" generate "$model" --tokens 1,5,9 --max-new-tokens "$new_tokens" --ignore-eos --temperature 0 \
-        --json --threads 2 "$@" 2>/dev/null | tail -1
+        --json --threads 2 "$@" 2>/dev/null | tail -1 | python3 -c '
+import json, statistics, sys, zlib
+run = json.loads(sys.stdin.read())
+stats = run["stats"]
+steps = stats["per_token"][1:]
+step_ms = statistics.median(step["ms"] for step in steps)
+wait_ms = statistics.median(step["stall_ms"] for step in steps)
+digest = zlib.crc32(str(run["tokens"]).encode())
+print("%.2f tok/s, step %.0f ms, waiting %.1f ms, tokens %08x" % (stats["decode_tokens_per_s"], step_ms, wait_ms, digest))'
 }
 workers=$(IFS=,; echo "${addrs[*]}")
 for rep in $(seq "$reps"); do
