@@ -59,10 +59,16 @@ impl Drop for Worker {
 fn worker(model: &Path, shard: &str) -> Worker {
     let place = Place::new();
     let addr = place.listen_addr();
+    let child = start_worker(&place, &addr, model, shard);
+    Worker { child, addr, place }
+}
+
+/// A `strata worker` process in `place` at `addr`, once it answers.
+fn start_worker(place: &Place, addr: &str, model: &Path, shard: &str) -> Child {
     let mut child = place
         .command(Path::new(env!("CARGO_BIN_EXE_strata")))
         .env(KEY_ENV, KEY)
-        .args(["worker", path(model), "--listen", &addr, "--shard", shard, "--threads", "1"])
+        .args(["worker", path(model), "--listen", addr, "--shard", shard, "--threads", "1"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -74,7 +80,7 @@ fn worker(model: &Path, shard: &str) -> Worker {
     }
     // Its later lines must not fill the pipe and stall it.
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    Worker { child, addr, place }
+    child
 }
 
 fn logits(model: &Path, out: &Path, extra: &[&str]) -> Vec<u8> {
@@ -201,15 +207,18 @@ fn wait_for_line(lines: &mpsc::Receiver<String>, needle: &str) {
     }
 }
 
-#[test]
-fn a_worker_back_after_a_partition_is_used_again() {
+/// Generates long enough through `relay` to shard 1 of 2 (and directly to
+/// shard 0) for shard 1 to be lost to `fault` and answer again after
+/// `repair`: the same tokens as one machine, and the worker computing again
+/// once back.
+fn is_used_again_after(fault: impl FnOnce(&mut Worker, &Relay), repair: impl FnOnce(&mut Worker, &Relay, &Path)) {
     // Long enough that the run outlasts the deadline and the return.
     const NEW_TOKENS: usize = 1500;
     let dir = tempfile::tempdir().unwrap();
     let model = convert(dir.path(), "olmoe", "q8");
     let alone = tokens(&generate(&model, NEW_TOKENS, &[]).wait_with_output().unwrap());
     let shard0 = worker(&model, "0/2");
-    let shard1 = worker(&model, "1/2");
+    let mut shard1 = worker(&model, "1/2");
     let relay = Relay::start("127.0.0.1:0".parse().unwrap(), shard1.addr.parse().unwrap(), Duration::ZERO).unwrap();
     let workers = format!("{},{}", shard0.addr, relay.local_addr());
     let mut run = generate(&model, NEW_TOKENS, &["--workers", &workers, "--worker-deadline-ms", "1000"]);
@@ -219,9 +228,9 @@ fn a_worker_back_after_a_partition_is_used_again() {
         assert!(started.elapsed() < Duration::from_secs(60), "generation never used the worker");
         std::thread::sleep(Duration::from_millis(1));
     }
-    relay.partition();
+    fault(&mut shard1, &relay);
     wait_for_line(&lines, "expert worker lost");
-    relay.heal();
+    repair(&mut shard1, &relay, &model);
     wait_for_line(&lines, "expert worker back");
     let bytes_at_return = relay.bytes_forwarded();
     let output = run.wait_with_output().unwrap();
@@ -230,6 +239,22 @@ fn a_worker_back_after_a_partition_is_used_again() {
     // more than the session's keep-alives if the worker computes again.
     let bytes_since = relay.bytes_forwarded() - bytes_at_return;
     assert!(bytes_since > 10_000, "only {bytes_since} bytes crossed to the worker after its return");
+}
+
+#[test]
+fn a_worker_back_after_a_partition_is_used_again() {
+    is_used_again_after(|_, relay| relay.partition(), |_, relay, _| relay.heal());
+}
+
+#[test]
+fn a_worker_killed_and_restarted_at_its_address_is_used_again() {
+    is_used_again_after(
+        |worker, _| worker.child.kill().unwrap(),
+        |worker, _, model| {
+            let _ = worker.child.wait();
+            worker.child = start_worker(&worker.place, &worker.addr, model, "1/2");
+        },
+    );
 }
 
 #[test]
