@@ -3,10 +3,11 @@
 //! workers at once; the layer combines the outputs in its fixed order
 //! (`strata_sched`), so the logits are those of one machine. A worker that
 //! fails, refuses or misses the deadline is lost: its experts are computed
-//! here from the container from then on, with a warning.
+//! here from the container, with a warning, until it answers for its shard
+//! again (asked every [`REJOIN_POLL`]).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use strata_sched::{ExpertCall, Pending, RemoteExperts};
@@ -15,9 +16,17 @@ use zenoh::handlers::FifoChannelHandler;
 use zenoh::query::{ConsolidationMode, Reply};
 
 use crate::key::SharedKey;
-use crate::session::{ALL_SHARDS_KEY, experts_key, open_coordinator, zenoh_error};
+use crate::session::{ALL_SHARDS_KEY, experts_key, open_coordinator, shard_key, zenoh_error};
 use crate::worker::shard_info;
 use crate::{Error, Result, Shard, wire};
+
+/// How often the shards of lost workers are asked whether they answer
+/// again: a worker back after a partition (or restarted at its address, once
+/// Zenoh has reconnected to it) computes its experts again within this.
+const REJOIN_POLL: Duration = Duration::from_millis(250);
+/// The longest one such question waits; a worker still away costs only the
+/// watcher's thread this time.
+const REJOIN_ASK_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Workers holding a model's experts, shard by shard.
 pub struct Workers {
@@ -25,7 +34,7 @@ pub struct Workers {
     shard_count: usize,
     /// The longest a layer waits for a worker's reply.
     deadline: Duration,
-    /// Per shard: lost, and served here since.
+    /// Per shard: lost, and served here since (until it answers again).
     lost: Arc<[AtomicBool]>,
     /// Each shard's answer at start (`INDEX COUNT ACTIVATIONS HASH`).
     infos: Vec<String>,
@@ -49,7 +58,7 @@ impl Workers {
         let session = open_coordinator(addrs, key)?;
         let started = Instant::now();
         loop {
-            let infos = ask_shards(&session)?;
+            let infos = ask_shards(&session, ALL_SHARDS_KEY, Duration::from_secs(1))?;
             let count = infos.first().map(|(shard, _)| shard.count);
             let complete = count.filter(|&count| {
                 infos.iter().all(|(shard, _)| shard.count == count)
@@ -58,13 +67,10 @@ impl Workers {
             if let Some(shard_count) = complete {
                 let mut infos = infos;
                 infos.sort_by_key(|(shard, _)| shard.index);
-                return Ok(Workers {
-                    session,
-                    shard_count,
-                    deadline,
-                    lost: (0..shard_count).map(|_| AtomicBool::new(false)).collect(),
-                    infos: infos.into_iter().map(|(_, info)| info).collect(),
-                });
+                let infos: Vec<String> = infos.into_iter().map(|(_, info)| info).collect();
+                let lost: Arc<[AtomicBool]> = (0..shard_count).map(|_| AtomicBool::new(false)).collect();
+                watch_for_returns(session.clone(), infos.clone(), Arc::downgrade(&lost))?;
+                return Ok(Workers { session, shard_count, deadline, lost, infos });
             }
             if started.elapsed() > deadline {
                 let found: Vec<String> = infos.iter().map(|(shard, _)| shard.to_string()).collect();
@@ -96,12 +102,42 @@ impl Workers {
     }
 }
 
-/// Every shard's answer now: `(shard, info)`.
-fn ask_shards(session: &zenoh::Session) -> Result<Vec<(Shard, String)>> {
+/// Asks the shards of lost workers, every [`REJOIN_POLL`], whether they
+/// answer again as they did at start (`infos`, by shard), and gives a shard
+/// that does back to its worker. The thread ends with the last holder of
+/// `lost` (the `Workers` and the layers in flight).
+fn watch_for_returns(session: zenoh::Session, infos: Vec<String>, lost: Weak<[AtomicBool]>) -> Result<()> {
+    let watch = move || {
+        while let Some(lost) = lost.upgrade() {
+            for (index, info) in infos.iter().enumerate() {
+                if !lost[index].load(Ordering::Relaxed) {
+                    continue;
+                }
+                // A question that fails is a worker still away: asked again.
+                let answers = ask_shards(&session, &shard_key(index), REJOIN_ASK_TIMEOUT).unwrap_or_default();
+                if answers.iter().any(|(_, answer)| answer == info) {
+                    lost[index].store(false, Ordering::Relaxed);
+                    tracing::warn!(shard = index, "expert worker back: its experts are computed there again");
+                }
+            }
+            drop(lost);
+            std::thread::sleep(REJOIN_POLL);
+        }
+    };
+    std::thread::Builder::new()
+        .name("workers-rejoin".into())
+        .spawn(watch)
+        .map(drop)
+        .map_err(|source| Error::Io { what: "the lost workers' watcher thread".into(), source })
+}
+
+/// The answers to a shard question on `key` (every shard, or one) within
+/// `timeout`: `(shard, info)`.
+fn ask_shards(session: &zenoh::Session, key: &str, timeout: Duration) -> Result<Vec<(Shard, String)>> {
     let replies = session
-        .get(ALL_SHARDS_KEY)
+        .get(key)
         .consolidation(ConsolidationMode::None)
-        .timeout(Duration::from_secs(1))
+        .timeout(timeout)
         .wait()
         .map_err(zenoh_error("asking for shards"))?;
     let mut infos = Vec::new();
@@ -194,7 +230,7 @@ impl Pending for InFlight {
                             layer = self.layer,
                             shard = query.shard,
                             %why,
-                            "expert worker lost: its experts are computed here from now on"
+                            "expert worker lost: its experts are computed here until it answers again"
                         );
                     }
                     for &index in &query.indices {

@@ -3,7 +3,8 @@
 //! network namespaces, which `netem` would add but this kernel lacks; the
 //! rate of the link is `tc`'s `tbf`, on the namespaces' own interfaces.
 //! [`Relay::partition`] cuts the link without closing it, as a pulled cable
-//! or a dead switch does: bytes are held, no connection ends.
+//! or a dead switch does: bytes are held, no connection ends
+//! ([`Relay::heal`] plugs it back in).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -74,6 +75,11 @@ impl Relay {
     /// Holds every byte from now on, closing nothing.
     pub fn partition(&self) {
         self.link.partitioned.store(true, Ordering::Relaxed);
+    }
+
+    /// Ends a partition: the bytes held go on, in order.
+    pub fn heal(&self) {
+        self.link.partitioned.store(false, Ordering::Relaxed);
     }
 
     /// Where the relay listens (the port chosen, if `listen` asked for 0).

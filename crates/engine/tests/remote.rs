@@ -4,7 +4,7 @@
 //! `Engine::run_expert_calls`, as `strata worker` does, give the logits of
 //! one engine bit for bit, for every family; and the experts a worker fails
 //! to compute are computed here, the same. The process tests over Zenoh are
-//! bins/strata/tests/workers.rs.
+//! bins/strata/tests/workers/.
 
 mod families;
 
