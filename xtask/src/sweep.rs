@@ -13,7 +13,8 @@
 //!    continuation, plus `cases.json`
 //!    (`--family` keeps some families' cases only).
 //! 2. For every case: `strata convert hf <case>/strata --quant <f32|bf16>`; `strata logits` → `strata.npy`;
-//!    `strata logits --pass-tokens 1` on prompt + continuation → `decode.npy`; `strata generate --json` →
+//!    `strata logits --pass-tokens 1` on prompt + continuation → `decode.npy`; where `cases.json` gives a
+//!    `split_pass_tokens`, `strata logits --pass-tokens N` on the prompt → `split.npy`; `strata generate --json` →
 //!    `greedy.json`; for the export cases also `--quant q8|q4` → `q8.npy`/`q4.npy` and `strata export` →
 //!    `q8_hf/`/`q4_hf/`. A failing command's stderr goes to `<case>/<step>.err` and the sweep goes on.
 //! 3. `sweep.py check` compares (1e-3·std for f32, 2e-3·std for bf16; greedy tokens exactly; q8/q4: transformers
@@ -110,6 +111,8 @@ struct Case {
     decode_tokens: String,
     greedy_tokens: usize,
     export: bool,
+    /// Tokens per pass of the split-prompt run, for the cases that check one.
+    split_pass_tokens: Option<u64>,
 }
 
 /// A JSON list of token ids as `strata --tokens` takes it.
@@ -138,6 +141,7 @@ fn read_cases(path: &Path) -> Result<Vec<Case>> {
                 decode_tokens: token_list(c, "decode_tokens")?,
                 greedy_tokens,
                 export: c["export"].as_bool().unwrap_or(false),
+                split_pass_tokens: c["split_pass_tokens"].as_u64(),
             })
         })
         .collect()
@@ -191,7 +195,7 @@ fn run_strata_case(strata: &Path, tmp: &Path, case: &Case, root: &Path) -> Resul
     let s = |p: &str| path_str(&dir.join(p));
     let (converted, logits) = (s("strata")?, s("strata.npy")?);
     let decode = s("decode.npy")?;
-    for f in ["strata.npy", "decode.npy", "greedy.json", "q8.npy", "q4.npy"] {
+    for f in ["strata.npy", "decode.npy", "split.npy", "greedy.json", "q8.npy", "q4.npy"] {
         let _ = fs::remove_file(dir.join(f));
     }
     if strata_step(strata, &dir, "convert", &["convert", &hf, &converted, "--quant", &case.quant, "--overwrite"], root)?
@@ -200,6 +204,12 @@ fn run_strata_case(strata: &Path, tmp: &Path, case: &Case, root: &Path) -> Resul
         let decode_args =
             ["logits", &converted, "--tokens", &case.decode_tokens, "--pass-tokens", "1", "--out", &decode];
         strata_step(strata, &dir, "decode", &decode_args, root)?;
+        if let Some(pass_tokens) = case.split_pass_tokens {
+            let (pass_tokens, split) = (pass_tokens.to_string(), s("split.npy")?);
+            let split_args =
+                ["logits", &converted, "--tokens", &case.prompt, "--pass-tokens", &pass_tokens, "--out", &split];
+            strata_step(strata, &dir, "split", &split_args, root)?;
+        }
         let new_tokens = case.greedy_tokens.to_string();
         let generate_args = [
             "generate",

@@ -284,6 +284,25 @@ fn gpt_oss_mxfp4_experts_import_as_the_saved_f32_experts_bit_for_bit() {
     assert!(saved.iter().zip(&packed).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
+/// DeepSeek V4 stored as its hub checkpoint is (FP8 linears in 128 × 128
+/// blocks with power-of-two `.scale`s, FP4 routed experts with a scale per
+/// row and 32 columns): converted, it gives transformers' logits on what that
+/// storage decodes to, at the f32 oracle's tolerance.
+#[test]
+fn deepseek_v4_fp8_and_fp4_storage_converts_to_the_dequantized_model() {
+    let r = reference("deepseek_v4");
+    let (_, want) = reference_logits("deepseek_v4", "logits_fp8.npy");
+    let (_, unquantized) = reference_logits("deepseek_v4", "logits_f32.npy");
+    let got = engine(&convert("deepseek_v4", "hf_fp8", QuantPreset::F32), 1 << 30, 2).logits(&r.prompt).unwrap();
+    let tolerance = 1e-3 * std_dev(&want);
+    let diff = max_abs_diff(&got, &want);
+    eprintln!("deepseek_v4 hf_fp8: max |Δlogit| {diff:.3e} = {:.2e} std", diff / std_dev(&want));
+    assert!(diff <= tolerance, "max |Δlogit| {diff} > {tolerance}");
+    // The storage's rounding is visible, so a reader ignoring the scales or
+    // the packing could not pass by luck.
+    assert!(max_abs_diff(&want, &unquantized) > 100.0 * tolerance);
+}
+
 /// `--device gpu` on this machine's adapter (CI: Mesa's lavapipe), or
 /// `None` where there is none and `STRATA_GPU_TESTS=require` is not set.
 #[cfg(feature = "gpu")]

@@ -107,7 +107,7 @@ pub struct Checkpoint {
     config_json: String,
     shards: Vec<Shard>,
     tensors: BTreeMap<String, TensorLoc>,
-    /// FP8 tensor -> the tensor holding its block scales.
+    /// FP8 (or FP4) tensor -> the tensor holding its block scales.
     fp8_scales: HashMap<String, String>,
     /// Those scale tensors: read with their weight, never on their own.
     scale_tensors: HashSet<String>,
@@ -186,21 +186,35 @@ impl Checkpoint {
             }
             shards.push(Shard { path, map });
         }
-        // FP8 weights carry their block scales in a companion tensor.
+        // A config that does not parse fails later, with a better error.
+        let config = serde_json::from_str::<Value>(&config_json).ok();
+        let fp8_block = config.as_ref().and_then(fp8::block_size).unwrap_or(fp8::DEFAULT_BLOCK);
+        let fp4 = config.as_ref().is_some_and(fp8::fp4_experts);
+        // FP8 (and, where the config says so, FP4-packed I8) weights carry
+        // their block scales in a companion tensor.
         let mut fp8_scales = HashMap::new();
         for (name, loc) in &tensors {
-            if loc.dtype == Dtype::F8_E4M3
+            if (loc.dtype == Dtype::F8_E4M3 || (fp4 && loc.dtype == Dtype::I8))
                 && let Some(scale) = fp8::scale_candidates(name).into_iter().find(|c| tensors.contains_key(c))
             {
                 fp8_scales.insert(name.clone(), scale);
             }
         }
+        // An FP4 tensor holds two values a byte: every reader sees the
+        // matrix's own shape.
+        for (name, loc) in
+            tensors.iter_mut().filter(|(name, loc)| loc.dtype == Dtype::I8 && fp8_scales.contains_key(*name))
+        {
+            let last = loc.shape.last_mut().and_then(|cols| cols.checked_mul(2).map(|doubled| (cols, doubled)));
+            let Some((cols, doubled)) = last else {
+                return Err(Error::Checkpoint {
+                    path: dir,
+                    reason: format!("FP4 tensor {name:?} has no columns to unpack"),
+                });
+            };
+            *cols = doubled;
+        }
         let scale_tensors = fp8_scales.values().cloned().collect();
-        // A config that does not parse fails later, with a better error.
-        let fp8_block = serde_json::from_str::<Value>(&config_json)
-            .ok()
-            .and_then(|config| fp8::block_size(&config))
-            .unwrap_or(fp8::DEFAULT_BLOCK);
         Ok(Checkpoint { dir, config_json, shards, tensors, fp8_scales, scale_tensors, fp8_block })
     }
 
@@ -342,6 +356,7 @@ impl Checkpoint {
             Dtype::F16 => SourceDtype::F16,
             Dtype::I64 => SourceDtype::I64,
             Dtype::F8_E4M3 => return self.fp8_elements_f32(name, first, count),
+            Dtype::I8 if self.fp8_scales.contains_key(name) => return self.fp4_elements_f32(name, first, count),
             other => {
                 return Err(Error::UnsupportedDtype { name: name.to_owned(), dtype: format!("{other:?}") });
             }
@@ -387,6 +402,28 @@ impl Checkpoint {
             })
             .ok_or_else(|| bad(format!("elements {first}+{count} out of range")))?;
         Ok(fp8::dequantize(bytes, first, &grid, &scales))
+    }
+
+    /// Elements of an FP4 tensor ([`fp8::fp4_experts`]), dequantized with
+    /// its scales; `first` and `count` count values, two a byte.
+    fn fp4_elements_f32(&self, name: &str, first: usize, count: usize) -> Result<Vec<f32>> {
+        let loc = self.loc(name)?;
+        let shard = &self.shards[loc.shard];
+        let bad = |reason: String| Error::Checkpoint {
+            path: shard.path.clone(),
+            reason: format!("tensor {name:?}: {reason}"),
+        };
+        let scale_name = &self.fp8_scales[name];
+        let grid = ScaleGrid::new(&loc.shape, &self.loc(scale_name)?.shape, fp8::FP4_BLOCK).map_err(bad)?;
+        let scales = self.scale_values(scale_name)?;
+        let bytes = first
+            .checked_add(count)
+            .and_then(|end| {
+                let (s, e) = (loc.start_bytes + first / 2, loc.start_bytes + end.div_ceil(2));
+                (e <= loc.end_bytes && e <= shard.map.len()).then(|| &shard.map[s..e])
+            })
+            .ok_or_else(|| bad(format!("values {first}+{count} out of range")))?;
+        Ok(fp8::dequantize_fp4(bytes, first, count, &grid, &scales))
     }
 
     /// Every value of a scale tensor (f32, bf16, f16 or UE8M0) as f32.

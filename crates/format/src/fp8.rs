@@ -1,6 +1,6 @@
-//! Block-scaled FP8 weights as DeepSeek-V3, Kimi K2 and GLM-5-FP8 publish
-//! them: `X.weight` in float8 e4m3 (`F8_E4M3`) next to `X.weight_scale_inv`,
-//! one scale per block of `weight_block_size` (128 × 128) elements of the
+//! Block-scaled FP8 weights as DeepSeek-V3/V4, Kimi K2 and GLM-5-FP8 publish
+//! them (and DeepSeek V4's FP4 experts, [`fp4_experts`]): `X.weight` in
+//! float8 e4m3 (`F8_E4M3`) next to `X.weight_scale_inv`, one scale per block of `weight_block_size` (128 × 128) elements of the
 //! last two dimensions. Despite the name the scale multiplies:
 //! `w[i, j] = e4m3(q[i, j]) * scale_inv[i / 128, j / 128]`, as transformers'
 //! `finegrained_fp8` dequantizes.
@@ -12,15 +12,48 @@ use serde_json::Value;
 /// The block size when config.json does not give `weight_block_size`.
 pub const DEFAULT_BLOCK: [usize; 2] = [128, 128];
 
-/// Names under which the scales of FP8 tensor `name` may be stored, most
-/// common first: `weight_scale_inv` (DeepSeek, Kimi, GLM), `weight_scale`
-/// (compressed-tensors block FP8, also a multiplier), and `<name>_scale_inv`
-/// for tensors without a `.weight` suffix (transformers' fused experts).
+/// Names under which the scales of FP8 (or FP4) tensor `name` may be
+/// stored, most common first: `weight_scale_inv` (DeepSeek, Kimi, GLM),
+/// `weight_scale` (compressed-tensors block FP8, also a multiplier), `scale`
+/// (DeepSeek V4's hub checkpoints, which transformers renames to
+/// `weight_scale_inv` on load), and `<name>_scale_inv` for tensors without a
+/// `.weight` suffix (transformers' fused experts).
 pub fn scale_candidates(name: &str) -> Vec<String> {
     match name.strip_suffix(".weight") {
-        Some(stem) => vec![format!("{stem}.weight_scale_inv"), format!("{stem}.weight_scale")],
+        Some(stem) => {
+            vec![format!("{stem}.weight_scale_inv"), format!("{stem}.weight_scale"), format!("{stem}.scale")]
+        }
         None => vec![format!("{name}_scale_inv"), format!("{name}_scale")],
     }
+}
+
+/// FP4 weights as DeepSeek V4 publishes its routed experts
+/// (`expert_dtype: "fp4"`, at the top of config.json or inside
+/// `quantization_config`): an `I8` tensor with two e2m1 codes per byte, the
+/// even column in the low nibble, so its last dimension is half the
+/// matrix's; one scale per row and per [`FP4_BLOCK`]`[1]` columns,
+/// as transformers' `FP8Experts` allocates them (`sf_gran_n = 1`,
+/// `sf_gran_k = 32`) and `Fp8Dequantize` unpacks them.
+pub fn fp4_experts(config: &Value) -> bool {
+    let says_fp4 = |v: Option<&Value>| v.and_then(Value::as_str) == Some("fp4");
+    says_fp4(config.get("expert_dtype"))
+        || says_fp4(config.get("quantization_config").and_then(|q| q.get("expert_dtype")))
+}
+
+/// The scale block of an FP4 tensor: one row by 32 columns.
+pub const FP4_BLOCK: [usize; 2] = [1, 32];
+
+/// Dequantizes flat elements `first..first + count` of an FP4 tensor from
+/// `bytes`, its packed bytes `first / 2..(first + count).div_ceil(2)`.
+pub fn dequantize_fp4(bytes: &[u8], first: usize, count: usize, grid: &ScaleGrid, scales: &[f32]) -> Vec<f32> {
+    let byte0 = first / 2;
+    (first..first + count)
+        .map(|i| {
+            let byte = bytes[i / 2 - byte0];
+            let code = if i % 2 == 0 { byte & 0xF } else { byte >> 4 };
+            strata_kernels::mxfp4::e2m1_to_f32(code) * scales[grid.scale_index(i)]
+        })
+        .collect()
 }
 
 /// `quantization_config.weight_block_size` of a config.json, if well formed.
@@ -135,6 +168,24 @@ mod tests {
         assert_eq!(e8m0_to_f32(120), 2f32.powi(-7));
         assert_eq!(e8m0_to_f32(0), 2f32.powi(-127));
         assert!(!e8m0_to_f32(255).is_finite());
+    }
+
+    #[test]
+    fn fp4_codes_unpack_low_nibble_first_with_a_scale_per_32_columns() {
+        // Row 0: codes 2 (1.0) and 0xF (-6.0) in byte 0, then zeros; row 1 all 1.5 (code 3).
+        let mut bytes = vec![0u8; 32];
+        bytes[0] = 0xF2;
+        bytes[16..].fill(0x33);
+        let grid = ScaleGrid::new(&[2, 32], &[2, 1], FP4_BLOCK).unwrap();
+        let scales = [2.0, 0.5];
+        let all = dequantize_fp4(&bytes, 0, 64, &grid, &scales);
+        assert_eq!(&all[..3], &[2.0, -12.0, 0.0]);
+        assert!(all[32..].iter().all(|&v| v == 0.75));
+        // An odd window starts inside a byte.
+        assert_eq!(dequantize_fp4(&bytes[0..1], 1, 1, &grid, &scales), [-12.0]);
+        assert!(fp4_experts(&serde_json::json!({"quantization_config": {"expert_dtype": "fp4"}})));
+        assert!(fp4_experts(&serde_json::json!({"expert_dtype": "fp4"})));
+        assert!(!fp4_experts(&serde_json::json!({"quantization_config": {"fmt": "e4m3"}})));
     }
 
     #[test]

@@ -121,6 +121,24 @@ fn a_k3_style_kimi_config_is_refused_naming_its_extra_keys() {
 }
 
 #[test]
+fn a_deepseek_v4_1_checkpoint_is_refused_in_one_line_even_with_its_keys_allowed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v4_1 = |c: &mut Value| {
+        c["engram_layer_ids"] = json!([1]);
+        c["kv_source_layers"] = json!([0, 0, 1, 2]);
+    };
+    let hf = edited_fixture("deepseek_v4", &tmp.path().join("hf"), v4_1, &[]);
+    let allowed = vec!["engram_layer_ids".to_owned(), "kv_source_layers".to_owned()];
+    for options in [f32_options(), ConvertOptions { allow_unknown_config: allowed, ..f32_options() }] {
+        let err = refused(&hf, &tmp.path().join("out"), &options);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        for named in ["V4.1", "engram", "compressed-KV", "two-level"] {
+            assert!(err.contains(named), "names {named}: {err}");
+        }
+    }
+}
+
+#[test]
 fn a_tensor_no_block_reads_is_refused_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
     let gate = "model.layers.1.self_attn.o_gate.weight";

@@ -27,7 +27,17 @@ impl Bins {
     }
 }
 
-pub(crate) fn build() -> Result<Bins> {
+/// The binaries in `prebuilt` (`--bins`), else a fresh release build.
+pub(crate) fn build(prebuilt: Option<&Path>) -> Result<Bins> {
+    if let Some(dir) = prebuilt {
+        let bins = Bins { strata: dir.join("strata"), probe: dir.join("strata-probe") };
+        for bin in [&bins.strata, &bins.probe] {
+            if !bin.is_file() {
+                bail!("--bins: no {}", bin.display());
+            }
+        }
+        return Ok(bins);
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     eprintln!("building strata and strata-probe (release)...");
     let status = Command::new(&cargo)
@@ -142,8 +152,15 @@ pub(crate) struct Footprint {
 pub(crate) fn footprint(model: &Path) -> Result<Footprint> {
     let text = std::fs::read_to_string(model.join("manifest.json")).context("reading manifest.json")?;
     let m: Value = serde_json::from_str(&text).context("parsing manifest.json")?;
-    let top_k = m["spec"]["moe"]["top_k"].as_f64().context("spec.moe.top_k")?;
-    let tied = m["spec"]["tie_word_embeddings"].as_bool().unwrap_or(false);
+    // Version 2 manifests (the families with typed layers, DeepSeek V4 among
+    // them) carry the checkpoint's config instead of `spec`.
+    let hf = m["hf_config"].get("text_config").unwrap_or(&m["hf_config"]);
+    let top_k = m["spec"]["moe"]["top_k"]
+        .as_f64()
+        .or_else(|| hf["num_experts_per_tok"].as_f64())
+        .context("spec.moe.top_k or hf_config.num_experts_per_tok")?;
+    let tied =
+        m["spec"]["tie_word_embeddings"].as_bool().or_else(|| hf["tie_word_embeddings"].as_bool()).unwrap_or(false);
     let (mut bytes, mut macs) = (0.0, 0.0);
     for t in m["tensors"].as_array().context("tensors")? {
         let len = t["length_bytes"].as_f64().unwrap_or(0.0) + t["scale_length_bytes"].as_f64().unwrap_or(0.0);

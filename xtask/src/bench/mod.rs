@@ -46,11 +46,12 @@ pub fn run(rest: &[String]) -> Result<()> {
     let Some(opts) = Options::parse(rest)? else {
         return Ok(());
     };
+    quiet::set_quiet_wait(opts.quiet_wait);
     if let Some(peer) = &opts.peer {
         return peer::run(peer, &opts);
     }
     let started = Instant::now();
-    let bins = build()?;
+    let bins = build(opts.bins.as_deref())?;
     std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let mut report = Report::new(machine_info());
     let mut limits = Limits::default();

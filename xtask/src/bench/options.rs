@@ -48,6 +48,9 @@ pub(super) struct Cli {
     /// whose shapes the streaming model copies (a `strata synth --like` name, e.g. qwen3.6-35b-a3b)
     #[arg(long, value_name = "NAME", default_value = "qwen3-30b-a3b")]
     stream_like: String,
+    /// seconds each run waits for a quiet machine before it runs anyway, its row marked loaded (default 120)
+    #[arg(long, value_name = "S", default_value_t = 120)]
+    quiet_wait: u64,
     /// decoder layers of the OLMoE-1B-7B-shaped resident model
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub(super) resident_layers: usize,
@@ -57,6 +60,10 @@ pub(super) struct Cli {
     /// instead of the suites, compare with this engine (llama.cpp)
     #[arg(long, value_name = "ENGINE")]
     pub(super) peer: Option<String>,
+    /// run the strata and strata-probe binaries in DIR instead of building release ones (a shared machine's
+    /// target/debug, opt-level 2: figures then a lower bound of release's)
+    #[arg(long, value_name = "DIR")]
+    bins: Option<PathBuf>,
     /// this text
     #[arg(short, long, action = ArgAction::Help)]
     help: Option<bool>,
@@ -72,6 +79,10 @@ pub(crate) struct Options {
     pub(super) resident_layers: usize,
     pub(crate) out: PathBuf,
     pub(super) peer: Option<String>,
+    /// Prebuilt binaries' directory (`--bins`), else a release build.
+    pub(super) bins: Option<PathBuf>,
+    /// How long each run waits for a quiet machine (`--quiet-wait`).
+    pub(super) quiet_wait: std::time::Duration,
 }
 
 impl Options {
@@ -103,6 +114,8 @@ impl Options {
             resident_layers: cli.resident_layers,
             out: cli.out.unwrap_or_else(|| workspace_root().join("target").join("bench")),
             peer: cli.peer,
+            bins: cli.bins,
+            quiet_wait: std::time::Duration::from_secs(cli.quiet_wait),
         }))
     }
 

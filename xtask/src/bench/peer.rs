@@ -68,7 +68,7 @@ pub(crate) fn run(peer: &str, opts: &Options) -> Result<()> {
     let started = std::time::Instant::now();
     let dir = opts.out.join("peer");
     std::fs::create_dir_all(&dir)?;
-    let bins = super::common::build()?;
+    let bins = super::common::build(opts.bins.as_deref())?;
     let llama_bench = build_llama_cpp(&dir)?;
     let model = super::common::synth(&bins, opts, "olmoe-1b-7b", 4)?;
     let gguf = dir.join("olmoe-1b-7b-l4-q4.gguf");

@@ -12,7 +12,7 @@
 //! work is not another program's: most of it here is for the bench itself
 //! (reclaim for the cgroup row's memory limit, the block layer's workers and
 //! completions for its reads, the VM's DAMON monitor), and counting it marked
-//! runs loaded with nothing else running (0.11–0.57 of a core, 2026-12-03). Before each run the bench waits, at most [`QUIET_WAIT_MAX`], for a
+//! runs loaded with nothing else running (0.11–0.57 of a core, 2026-12-03). Before each run the bench waits, at most [`QUIET_WAIT_MAX_S`], for a
 //! window in which the others stay under [`OTHERS_CORES_MAX`]; a row any of
 //! whose runs saw more is marked loaded and compared with no goal
 //! (`bench_report::Row::verdict`).
@@ -22,6 +22,7 @@
 //! suite's code only says where its runs start and its rows end.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -31,8 +32,15 @@ use anyhow::{Context, Result};
 /// machine nobody else uses (measured 0.00–0.04 here).
 pub(crate) const OTHERS_CORES_MAX: f64 = 0.1;
 
-/// How long a run waits for a quiet machine before it runs anyway, loaded.
-const QUIET_WAIT_MAX: Duration = Duration::from_secs(120);
+/// How long a run waits for a quiet machine before it runs anyway, loaded
+/// (`--quiet-wait`, 120 s unless told; 0 on a machine shared with builds
+/// that will not stop, where every row is a loaded lower bound anyway).
+static QUIET_WAIT_MAX_S: AtomicU64 = AtomicU64::new(120);
+
+/// Sets how long each run waits for a quiet machine.
+pub(crate) fn set_quiet_wait(wait_max: Duration) {
+    QUIET_WAIT_MAX_S.store(wait_max.as_secs(), Ordering::Relaxed);
+}
 
 /// The window a quiet probe measures.
 const QUIET_PROBE: Duration = Duration::from_millis(500);
@@ -155,7 +163,7 @@ fn known_load() -> Vec<u32> {
 /// [`BusyCore`] the bench started does not count), measures what the
 /// others did meanwhile and records it for the next row.
 pub(crate) fn measured<T>(run: impl FnOnce() -> Result<T>) -> Result<T> {
-    measured_within(QUIET_WAIT_MAX, run)
+    measured_within(Duration::from_secs(QUIET_WAIT_MAX_S.load(Ordering::Relaxed)), run)
 }
 
 /// [`measured`], waiting at most `wait_max` for a quiet machine.

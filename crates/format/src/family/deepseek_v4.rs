@@ -49,7 +49,7 @@ const KNOWN: Known = Known {
             &["index_n_heads", "index_head_dim", "index_topk", "hc_mult", "hc_sinkhorn_iters", "hc_eps"],
         ],
         inert: &[HF_INERT, &["num_nextn_predict_layers", "router_jitter_noise", "mlp_bias", "expert_dtype"]],
-        nested: &[("rope_parameters", &V4_ROPE), ("rope_scaling", &ROPE), ("quantization_config", &QUANTIZATION)],
+        nested: &[("rope_parameters", &V4_ROPE), ("rope_scaling", &ROPE), ("quantization_config", &V4_QUANTIZATION)],
     },
     unused_tensors: &["mtp.*"],
     extra_layers_unused: false,
@@ -95,18 +95,28 @@ const HUB_ALIASES: &[(&str, &str)] = &[
     ("model.norm.", "norm."),
 ];
 
+/// The hub's `quantization_config`: V3's, plus `scale_fmt` (the scale
+/// tensors' dtype says it) and `expert_dtype` (here and at the top: it lets
+/// the checkpoint decode I8 experts as FP4, which are refused without it,
+/// so it never changes what a model computes).
+const V4_QUANTIZATION: ConfigKeys = ConfigKeys {
+    read: QUANTIZATION.read,
+    inert: &[QUANTIZATION.inert[0], &["scale_fmt", "expert_dtype"]],
+    nested: &[],
+};
+
 const NAMING: Naming = Naming { aliases: HUB_ALIASES, saved_as: SAVED_AS, ..HF_NAMING };
 
 /// Prefixes of DeepSeek V4.1's config keys (`engram_layer_ids`,
 /// `kv_source_layers`, `index_source_layers`, `candidate_topk_blocks`, as
-/// public ports spell them; transformers 5.23 has no V4.1), each with what
-/// it adds: refused in one line rather than run as V4 without it.
-const V4_1_KEYS: &[(&str, &str)] = &[
-    ("engram", "the engram n-gram memory"),
-    ("kv_source_layers", "compressed-KV sources shared across layers"),
-    ("index_source_layers", "indexer sources shared across layers"),
-    ("candidate_", "the two-level (candidate block) indexer"),
-];
+/// public ports spell them; transformers 5.23 has no V4.1): any one of them
+/// refuses the checkpoint in one line naming everything V4.1 adds, rather
+/// than running it as V4 without those parts.
+const V4_1_KEY_PREFIXES: &[&str] = &["engram", "kv_source_layers", "index_source_layers", "candidate_"];
+
+/// What DeepSeek V4.1 adds to V4, as the refusal names it.
+const V4_1_ADDS: &str = "the engram n-gram memory, compressed-KV (and indexer) sources shared across layers \
+                         and the two-level (candidate block) indexer";
 
 /// `DeepseekV4Config`'s class defaults that are not in [`CoreDims`].
 const HEAD_DIM: usize = 512;
@@ -285,10 +295,13 @@ fn ropes(cfg: &Fields<'_>, head_dim: usize, max_positions: usize) -> Result<(Rop
 /// Refuses what V4's config class would take but its model cannot run, and
 /// a V4.1 config, naming the key.
 fn refuse_unsupported(root: &Map<String, Value>, cfg: &Fields<'_>) -> Result<()> {
-    for (prefix, adds) in V4_1_KEYS {
-        if let Some(key) = root.keys().find(|k| k.starts_with(prefix)) {
-            return Err(Error::invalid(key.as_str(), format!("DeepSeek V4.1 adds {adds}, which Strata does not run")));
-        }
+    if let Some(key) = root.keys().find(|k| V4_1_KEY_PREFIXES.iter().any(|p| k.starts_with(p))) {
+        return Err(Error::invalid(
+            key.as_str(),
+            format!(
+                "a DeepSeek V4.1 checkpoint: V4.1 adds {V4_1_ADDS}, which transformers has no reference for and Strata does not run"
+            ),
+        ));
     }
     if let Some(func) = cfg.str("scoring_func")?
         && func != "sqrtsoftplus"
