@@ -587,7 +587,8 @@ impl Engine {
                 .run(|model, rt| match piece_hidden {
                     None => model.forward(rt, piece, cache, which),
                     Some(hidden) => {
-                        let mut rows = model.forward_batch_rows(rt, &mut [SeqBatch { tokens: piece, cache }], &[which])?;
+                        let mut rows =
+                            model.forward_batch_rows(rt, &mut [SeqBatch { tokens: piece, cache }], &[which])?;
                         let rows = rows.pop().expect("one sequence's rows");
                         hidden.extend(rows.hidden);
                         Ok(rows.logits)

@@ -48,7 +48,8 @@ pub use constraint::Constraint;
 pub use decode::{Finish, Generation, Step};
 pub use device::{DeviceKind, VramBudget};
 pub use engine::{
-    CONTEXT_TOKENS_DEFAULT_MAX, DRAFT_TOKENS_DEFAULT, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch, USAGE_FILE_NAME, kv_footprint,
+    CONTEXT_TOKENS_DEFAULT_MAX, DRAFT_TOKENS_DEFAULT, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch,
+    USAGE_FILE_NAME, kv_footprint,
 };
 pub use error::{Error, Result};
 pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport, session_path, validate_session_name};

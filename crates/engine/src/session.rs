@@ -647,9 +647,8 @@ impl<'e> Session<'e> {
                 };
                 if drafts.is_empty() {
                     logits = self.feed(&[])?;
-                    let step = generation.step(self, &mut logits, constraint.as_deref_mut(), |token, _| {
-                        on_token(token)
-                    })?;
+                    let step =
+                        generation.step(self, &mut logits, constraint.as_deref_mut(), |token, _| on_token(token))?;
                     report.tokens.push(step.token);
                     finish = step.finish;
                     let elapsed = step_start.at.elapsed();

@@ -10,8 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata_engine::{
-    BatchLimits, Batcher, Engine, EngineOptions, Event, GenerateOptions, IoBackend, Job, SamplingOptions,
-    SpeculateMode,
+    BatchLimits, Batcher, Engine, EngineOptions, Event, GenerateOptions, IoBackend, Job, SamplingOptions, SpeculateMode,
 };
 use strata_format::{ConvertOptions, QuantPreset};
 

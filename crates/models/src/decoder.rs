@@ -389,12 +389,7 @@ impl CausalLm for Decoder {
         Ok((self.head_logits(rt, normed.clone()), normed))
     }
 
-    fn forward_batch_rows(
-        &self,
-        rt: &Runtime<'_>,
-        seqs: &mut [SeqBatch<'_>],
-        which: &[Logits],
-    ) -> Result<Vec<Rows>> {
+    fn forward_batch_rows(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>], which: &[Logits]) -> Result<Vec<Rows>> {
         assert_eq!(seqs.len(), which.len(), "one choice of logits per sequence");
         if seqs.iter().any(|seq| seq.tokens.is_empty()) {
             return Err(Error::Unsupported("a sequence of a batch has no tokens".into()));

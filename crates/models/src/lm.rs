@@ -58,12 +58,7 @@ pub trait CausalLm: Send + Sync {
     /// hidden state after the final norm (what the MTP layer drafts from).
     /// The default runs [`CausalLm::forward_hidden`] per sequence; a model
     /// overrides it to read each MoE layer's expert union once for all.
-    fn forward_batch_rows(
-        &self,
-        rt: &Runtime<'_>,
-        seqs: &mut [SeqBatch<'_>],
-        which: &[Logits],
-    ) -> Result<Vec<Rows>> {
+    fn forward_batch_rows(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>], which: &[Logits]) -> Result<Vec<Rows>> {
         assert_eq!(seqs.len(), which.len(), "one choice of logits per sequence");
         let vocab = self.core().logits_width();
         seqs.iter_mut()
