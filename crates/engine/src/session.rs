@@ -411,7 +411,10 @@ impl<'e> Session<'e> {
         let (Some(drafter), Some(speculation)) = (&mut self.drafter, self.engine.speculation()) else {
             return Ok(Vec::new());
         };
-        let k = speculation.draft_tokens.min(max_tokens);
+        // The pass runs the unfed token and the drafts: within the cache's
+        // room, so drafting never fails where plain decoding would not.
+        let room = self.cache.capacity_tokens().saturating_sub(self.cache.len() + 1);
+        let k = speculation.draft_tokens.min(max_tokens).min(room);
         // Sampled, a seed's tokens depend on whether a step drafted (their
         // distribution does not): `auto`, which decides by the clock, would
         // make them differ run to run, so it drafts for greedy decoding only.
