@@ -399,6 +399,22 @@ impl<'e> Session<'e> {
         Ok(logits)
     }
 
+    /// Keeps the drafter for a generation sampled by `sampling` where it
+    /// may draft, and drops it (and the hidden rows it would hold) where it
+    /// may not: sampled, a seed's tokens depend on whether a step drafted
+    /// (their distribution does not), so `auto`, which decides by the
+    /// clock, drafts for greedy decoding only. A drafter comes back only on
+    /// an empty sequence: the MTP layer needs every position's hidden row.
+    pub(crate) fn prepare_drafter(&mut self, sampling: &SamplingOptions) {
+        let Some(speculation) = self.engine.speculation() else { return };
+        let by_clock = speculation.mode == SpeculateMode::Auto && sampling.temperature > 0.0;
+        if by_clock {
+            self.drafter = None;
+        } else if self.drafter.is_none() && self.tokens.is_empty() {
+            self.drafter = Some(Drafter::new(self.engine.model(), self.cache.capacity_tokens()));
+        }
+    }
+
     /// Whether the next step drafts: the engine drafts, the policy says
     /// so, and nothing constrains the tokens (drafts ignore a constraint).
     pub(crate) fn drafts_next(&self, constrained: bool) -> bool {
@@ -415,11 +431,7 @@ impl<'e> Session<'e> {
         // room, so drafting never fails where plain decoding would not.
         let room = self.cache.capacity_tokens().saturating_sub(self.cache.len() + 1);
         let k = speculation.draft_tokens.min(max_tokens).min(room);
-        // Sampled, a seed's tokens depend on whether a step drafted (their
-        // distribution does not): `auto`, which decides by the clock, would
-        // make them differ run to run, so it drafts for greedy decoding only.
-        let by_clock = speculation.mode == SpeculateMode::Auto && !sampler.is_greedy();
-        if k == 0 || self.unfed.is_none() || by_clock {
+        if k == 0 || self.unfed.is_none() {
             return Ok(Vec::new());
         }
         let tokens = &self.tokens;
@@ -614,6 +626,7 @@ impl<'e> Session<'e> {
         mut on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerateReport> {
         options.sampling.check()?;
+        self.prepare_drafter(&options.sampling);
         let run_start = Counters::take(self.engine);
         let mut logits = match self.pending_logits.take() {
             Some(logits) if prompt.is_empty() => logits,

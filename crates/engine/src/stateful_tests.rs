@@ -306,4 +306,11 @@ fn auto_with_a_drafter_that_never_stands_drafts_only_its_probes() {
     let stats = report.stats.speculation.unwrap();
     assert_eq!(stats.accepted, 0, "{stats:?}");
     assert!(stats.verify_passes <= 2 * crate::speculate::PROBE_PASSES, "{stats:?}");
+    // Sampled, auto keeps no drafter: the tokens would depend on the clock.
+    let sampling = crate::SamplingOptions { temperature: 0.8, seed: 5, ..crate::SamplingOptions::default() };
+    let report = engine
+        .session()
+        .generate(&PROMPT, &GenerateOptions { sampling, ..options }, |_| ControlFlow::Continue(()))
+        .unwrap();
+    assert!(report.stats.speculation.is_none(), "auto leaves sampled decoding plain");
 }

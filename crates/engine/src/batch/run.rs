@@ -122,7 +122,8 @@ fn admit<'e>(
         return;
     }
     assert!(active.len() < limits.max_batch, "a job is admitted only where there is room");
-    let (session, reused) = idle.take(engine, &job.prompt, limits.max_batch - active.len());
+    let (mut session, reused) = idle.take(engine, &job.prompt, limits.max_batch - active.len());
+    session.prepare_drafter(&job.options.sampling);
     observer.admitted(job.prompt.len(), reused);
     active.push(Seq {
         session,
