@@ -380,10 +380,11 @@ mod tests {
 
     #[test]
     fn auto_stops_drafting_with_a_drafter_that_never_pays() {
-        // Verify passes as cheap as a plain step: only acceptance decides.
+        // Verify passes measured cheaper than a plain step (the clock's
+        // noise under other work): acceptance alone must decide.
         let mut policy = Policy::new(SpeculateMode::Auto);
         let tokens = 4096;
-        let passes = run(&mut policy, tokens, 3, 0, 1);
+        let passes = run(&mut policy, tokens, 3, 0, 0);
         assert!(!policy.drafts(), "auto ends up off");
         // Probes of PROBE_PASSES passes after 4, 32, 64, ... 1024 plain
         // steps: 9 probes in 4096 tokens, under 1% of the steps.
