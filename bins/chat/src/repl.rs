@@ -200,4 +200,17 @@ fn print_stats(s: &RunStats) {
         s.bytes_read as f64 / (1 << 20) as f64,
         s.stall_ms
     );
+    if let Some(spec) = &s.speculation {
+        println!(
+            "speculation: {} drafted, {} accepted ({:.0}%; by position {:?}), {:.2} tokens a verify pass, {:.2} ms a \
+             token drafting vs {:.2} ms plain",
+            spec.drafted,
+            spec.accepted,
+            spec.acceptance() * 100.0,
+            spec.accepted_at,
+            spec.tokens_per_verify_pass(),
+            spec.ms_per_speculative_token(),
+            spec.ms_per_plain_token()
+        );
+    }
 }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use strata_engine::{BatchObserver, Engine};
+use strata_engine::{BatchObserver, Engine, SpeculationStats};
 
 /// The window over which the live tokens/s is measured.
 const RATE_WINDOW: Duration = Duration::from_secs(5);
@@ -52,6 +52,8 @@ pub struct Metrics {
     pub kv_bytes: AtomicU64,
     /// (when, tokens generated) of recent steps.
     recent: Mutex<VecDeque<(Instant, u64)>>,
+    /// Speculative decoding's counts over every sequence's verify passes.
+    speculation: Mutex<SpeculationStats>,
 }
 
 impl BatchObserver for Metrics {
@@ -66,6 +68,13 @@ impl BatchObserver for Metrics {
 
     fn stepped(&self, sequences: usize, sampled_tokens: usize, elapsed: Duration) {
         self.step(sequences, sampled_tokens as u64, elapsed);
+    }
+
+    fn speculated(&self, pass: &SpeculationStats) {
+        // `stepped` counted one token for the sequence; its accepted drafts
+        // are the rest.
+        self.generated_tokens.fetch_add(pass.verified_tokens.saturating_sub(1) as u64, Relaxed);
+        self.speculation.lock().unwrap_or_else(|p| p.into_inner()).add(pass);
     }
 
     fn settled(&self, engine: &Engine, active_sequences: usize, kv_bytes: u64) {
@@ -224,6 +233,44 @@ impl Metrics {
             &[("", get(&self.step_sequences))],
         );
         metric("step_seconds_total", "counter", "Time in forward passes and sampling.", &[("", secs(&self.step_ns))]);
+        let speculation = self.speculation.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        metric(
+            "speculation_drafted_tokens_total",
+            "counter",
+            "Tokens drafted by the MTP layer.",
+            &[("", speculation.drafted.to_string())],
+        );
+        let accepted_at: Vec<(String, String)> = speculation
+            .accepted_at
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (format!("{{position=\"{i}\"}}"), n.to_string()))
+            .collect();
+        let accepted_at: Vec<(&str, String)> = accepted_at.iter().map(|(l, v)| (l.as_str(), v.clone())).collect();
+        metric(
+            "speculation_accepted_tokens_total",
+            "counter",
+            "Drafted tokens that stood, by their place in the draft (from 0).",
+            &accepted_at,
+        );
+        metric(
+            "speculation_verify_passes_total",
+            "counter",
+            "Sequences' verify passes (divide verified_tokens_total by it for tokens per pass).",
+            &[("", speculation.verify_passes.to_string())],
+        );
+        metric(
+            "speculation_verified_tokens_total",
+            "counter",
+            "Tokens the verify passes gave: each pass's own and its accepted drafts.",
+            &[("", speculation.verified_tokens.to_string())],
+        );
+        metric(
+            "speculation_seconds_total",
+            "counter",
+            "Time of the steps that verified drafts, drafting included, summed per sequence.",
+            &[("", format!("{:.6}", speculation.speculative_ms / 1e3))],
+        );
         metric("expert_hits_total", "counter", "Routed-expert lookups found in RAM.", &[("", get(&self.expert_hits))]);
         metric(
             "expert_misses_total",

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use clap::Args;
 use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget};
 
-use crate::{ActivationPrecision, DeviceKind, EngineOptions, Prefetch, SamplingDefaults, SamplingOptions, VramBudget};
+use crate::{
+    ActivationPrecision, DRAFT_TOKENS_DEFAULT, DeviceKind, EngineOptions, Prefetch, SamplingDefaults, SamplingOptions,
+    SpeculateMode, VramBudget,
+};
 
 /// Flags of every command that runs a model.
 #[derive(Debug, Clone, Args)]
@@ -65,6 +68,16 @@ pub struct EngineArgs {
     /// gpu`: a size (e.g. 8GiB) or auto (every matrix its kernels take).
     #[arg(long, default_value = "auto")]
     pub vram_budget: VramBudget,
+    /// Speculative decoding with the model's own MTP layer (where it has
+    /// one): on, off, or auto (drafts while it measures faster than plain
+    /// steps, greedy decoding only). Greedy tokens are plain decoding's;
+    /// sampled ones keep its distribution.
+    #[arg(long, default_value = "auto")]
+    pub speculate: SpeculateMode,
+    /// Tokens the MTP layer drafts ahead per verify pass.
+    #[arg(long, default_value_t = DRAFT_TOKENS_DEFAULT,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
+    pub draft_tokens: usize,
 }
 
 impl EngineArgs {
@@ -83,6 +96,8 @@ impl EngineArgs {
             prefetch: self.prefetch,
             activations: self.activations,
             device: self.device.request(self.vram_budget),
+            speculate: self.speculate,
+            draft_tokens: self.draft_tokens,
             ..EngineOptions::default()
         }
     }

@@ -7,6 +7,8 @@
 use std::ops::ControlFlow;
 
 use crate::closing::Closing;
+use crate::sampler::Verdict;
+use crate::speculate::Drafted;
 use crate::{Constraint, GenerateOptions, Result, Sampler, Session};
 
 /// Why generation ended: the one answer of every loop (the CLI's, chat's,
@@ -100,21 +102,102 @@ impl Generation {
             }
             None => self.sampler.sample(logits, position),
         };
-        self.generated_tokens += 1;
-        let is_eos = self.eos_token_ids.contains(&token);
-        let finish = if emit(token, is_eos).is_break() {
-            Some(Finish::Cancelled)
-        } else if is_eos || constraint.is_some_and(|c| c.is_finished()) {
-            Some(Finish::Stop)
-        } else if self.generated_tokens == self.max_new_tokens {
-            Some(Finish::Length)
-        } else {
-            None
-        };
+        let constraint_finished = constraint.is_some_and(|c| c.is_finished());
+        let finish = self.count(token, constraint_finished, emit);
         if finish.is_some() {
             session.snapshot();
         }
         session.push_unfed(token, finish.is_some());
         Ok(Step { token, finish })
     }
+
+    /// Counts `token` as generated, hands it to `emit`, and says whether
+    /// generation ends there.
+    fn count(
+        &mut self,
+        token: u32,
+        constraint_finished: bool,
+        emit: impl FnOnce(u32, bool) -> ControlFlow<()>,
+    ) -> Option<Finish> {
+        self.generated_tokens += 1;
+        let is_eos = self.eos_token_ids.contains(&token);
+        if emit(token, is_eos).is_break() {
+            Some(Finish::Cancelled)
+        } else if is_eos || constraint_finished {
+            Some(Finish::Stop)
+        } else if self.generated_tokens == self.max_new_tokens {
+            Some(Finish::Length)
+        } else {
+            None
+        }
+    }
+
+    /// Drafts tokens after `session`'s unfed one for a verify pass: at
+    /// most one fewer than the tokens left to generate (the pass gives
+    /// one of its own), none where there is no room.
+    pub(crate) fn draft(&mut self, session: &mut Session<'_>) -> Result<Vec<Drafted>> {
+        let tokens_left = self.max_new_tokens - self.generated_tokens;
+        session.draft(&mut self.sampler, tokens_left.saturating_sub(1))
+    }
+
+    /// The other half of a speculative step: `rows` (`[drafts + 1, vocab]`)
+    /// are the stack's logits after the unfed token and each of `drafts`,
+    /// which [`Session::verify`] ran. Each draft stands or is replaced by
+    /// [`crate::Sampler::verify`]; after the last that stands comes a token
+    /// of the stack's own (drawn from the next row), unless generation
+    /// ended. Every token goes to `emit` as in [`Self::step`]; the last
+    /// becomes the sequence's unfed token and those past it are taken back.
+    pub(crate) fn step_drafted(
+        &mut self,
+        session: &mut Session<'_>,
+        rows: &[f32],
+        drafts: &[Drafted],
+        mut emit: impl FnMut(u32, bool) -> ControlFlow<()>,
+    ) -> Result<DraftedStep> {
+        assert_eq!(rows.len() % (drafts.len() + 1), 0, "a row per draft and one after them");
+        let vocab = rows.len() / (drafts.len() + 1);
+        // The first draft's position: the verify pass appended the drafts.
+        let first = session.tokens().len() - drafts.len();
+        let mut step = DraftedStep { tokens: Vec::new(), accepted: 0, finish: None };
+        for (i, row) in rows.chunks_exact(vocab).enumerate() {
+            let position = first + i;
+            let draft = drafts.get(i);
+            let verdict = draft.map(|d| {
+                let p = self.sampler.distribution(row);
+                self.sampler.verify(&p, &d.q, d.token, position)
+            });
+            let token = match (draft, verdict) {
+                (Some(d), Some(Verdict::Accepted)) => {
+                    step.accepted += 1;
+                    d.token
+                }
+                (_, Some(Verdict::Replaced(token))) => token,
+                _ => self.sampler.sample(row, position),
+            };
+            step.tokens.push(token);
+            step.finish = self.count(token, false, &mut emit);
+            if step.finish.is_some() || verdict != Some(Verdict::Accepted) {
+                break;
+            }
+        }
+        let last = *step.tokens.last().expect("a verify pass gives a token");
+        session.take_back_to(first + step.tokens.len() - 1)?;
+        if step.finish.is_some() {
+            session.snapshot();
+        }
+        session.push_unfed(last, step.finish.is_some());
+        Ok(step)
+    }
+}
+
+/// What one [`Generation::step_drafted`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DraftedStep {
+    /// The tokens generated: the drafts that stood and, unless generation
+    /// ended at one of them, the stack's own.
+    pub tokens: Vec<u32>,
+    /// Drafts that stood.
+    pub accepted: usize,
+    /// `Some` when generation ends at the last token.
+    pub finish: Option<Finish>,
 }

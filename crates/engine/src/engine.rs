@@ -8,13 +8,14 @@ use serde::Serialize;
 use strata_format::{Container, CoreSpec, Embedding, ExpertKind, FfnKind, FfnSpec, LayerSpec, ModelArch, SwiGlu};
 use strata_kernels::{ActivationPrecision, Threads};
 use strata_kv::SequenceState;
-use strata_models::{CausalLm, DeviceRequest, Logits, Runtime};
+use strata_models::{CausalLm, DeviceRequest, Logits, Runtime, SeqBatch};
 use strata_sched::{ExpertCall, ExpertFfn, LayerStats, RemoteExperts};
 use strata_tier::{
     BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, MirrorSpec, PREFETCH_IN_FLIGHT, PolicyKind,
     RamBudget, RecordCheck, StoreOptions, StoreStats, TraceHeader, TraceWriter, Usage,
 };
 
+use crate::speculate::{SpeculateMode, Speculation};
 use crate::{Error, Result, Session};
 
 /// How to open a model.
@@ -66,6 +67,11 @@ pub struct EngineOptions {
     /// Workers computing routed experts on other machines (`--workers`,
     /// crates/dist); `None`: every expert runs here.
     pub workers: Option<Arc<dyn RemoteExperts>>,
+    /// Whether decoding drafts with the model's MTP layer (`--speculate`;
+    /// nothing where it has none), and how many tokens ahead
+    /// (`--draft-tokens`).
+    pub speculate: SpeculateMode,
+    pub draft_tokens: usize,
 }
 
 /// Look-ahead prefetch (`--prefetch`): while a layer computes, the next
@@ -151,6 +157,11 @@ pub fn kv_footprint(layers: &[LayerSpec]) -> KvFootprint {
     }
 }
 
+/// Tokens drafted ahead per verify pass by default: DeepSeek-V3's report
+/// accepts its one MTP layer's draft 85-90% of the time, so a second draft
+/// from its own output still stands often.
+pub const DRAFT_TOKENS_DEFAULT: usize = 2;
+
 /// The usage file's name inside a model directory.
 pub const USAGE_FILE_NAME: &str = "usage.json";
 
@@ -177,6 +188,8 @@ impl Default for EngineOptions {
             activations: ActivationPrecision::Int16,
             device: DeviceRequest::Cpu,
             workers: None,
+            speculate: SpeculateMode::Auto,
+            draft_tokens: DRAFT_TOKENS_DEFAULT,
         }
     }
 }
@@ -211,6 +224,8 @@ pub struct Engine {
     /// Whether saving learned usage has failed once already (see
     /// [`Engine::persist_learning_or_warn`]).
     learning_save_failed: AtomicBool,
+    /// How sessions draft (`None`: they do not).
+    speculation: Option<Speculation>,
 }
 
 impl Engine {
@@ -340,6 +355,11 @@ impl Engine {
                 tracing::info!(bytes_read, "every expert read at open: the model fits its budget");
             }
         }
+        if options.draft_tokens == 0 {
+            return Err(Error::InvalidOption { option: "draft-tokens", reason: "must be at least 1 token".into() });
+        }
+        let speculation = (options.speculate != SpeculateMode::Off && model.mtp_layers() > 0)
+            .then_some(Speculation { mode: options.speculate, draft_tokens: options.draft_tokens });
         let trace = options
             .trace_file
             .as_deref()
@@ -360,7 +380,14 @@ impl Engine {
             trace,
             workers: options.workers.clone(),
             learning_save_failed: AtomicBool::new(false),
+            speculation,
         })
+    }
+
+    /// How sessions draft with the MTP layer (`None`: `--speculate off`, or
+    /// the model has none).
+    pub fn speculation(&self) -> Option<Speculation> {
+        self.speculation
     }
 
     /// What runs on which device with `--device gpu`, as said at start
@@ -526,8 +553,22 @@ impl Engine {
     /// of one piece at a time. All or nothing: on error the cache is as it
     /// was.
     pub(crate) fn forward(&self, tokens: &[u32], cache: &mut SequenceState, which: Logits) -> Result<Vec<f32>> {
+        self.forward_rows(tokens, cache, which, None)
+    }
+
+    /// [`Engine::forward`], appending each row's hidden state after the
+    /// final norm to `hidden` where it is given (what the MTP layer drafts
+    /// from); on error `hidden` is as it was too.
+    pub(crate) fn forward_rows(
+        &self,
+        tokens: &[u32],
+        cache: &mut SequenceState,
+        which: Logits,
+        mut hidden: Option<&mut Vec<f32>>,
+    ) -> Result<Vec<f32>> {
         let pieces = tokens.len().div_ceil(self.prefill_chunk_tokens).max(1);
         let start = cache.len();
+        let hidden_start = hidden.as_ref().map_or(0, |h| h.len());
         if pieces > 1 {
             // A recurrent state cannot be cut back to `start` after later
             // pieces commit, so it is snapshotted there. That is free where
@@ -541,8 +582,20 @@ impl Engine {
         for (i, piece) in tokens.chunks(self.prefill_chunk_tokens).enumerate() {
             // Only the last piece's last logits matter for `Last`; the
             // others' one lm-head row is the price of reusing `forward`.
-            let logits =
-                self.run(|model, rt| model.forward(rt, piece, cache, which)).map_err(Error::from).and_then(|logits| {
+            let piece_hidden = hidden.as_deref_mut();
+            let logits = self
+                .run(|model, rt| match piece_hidden {
+                    None => model.forward(rt, piece, cache, which),
+                    Some(hidden) => {
+                        let mut rows =
+                            model.forward_batch_rows(rt, &mut [SeqBatch { tokens: piece, cache }], &[which])?;
+                        let rows = rows.pop().expect("one sequence's rows");
+                        hidden.extend(rows.hidden);
+                        Ok(rows.logits)
+                    }
+                })
+                .map_err(Error::from)
+                .and_then(|logits| {
                     // The rows are those of the piece's last positions.
                     let first_position = cache.len() - logits.len() / vocab.max(1);
                     check_logits(&logits, vocab, first_position).map(|()| logits)
@@ -555,6 +608,9 @@ impl Engine {
                     // All or nothing: the pieces already run are taken back.
                     let kept = cache.truncate(start);
                     assert_eq!(kept, start, "a pass is taken back to where it started");
+                    if let Some(hidden) = hidden.as_deref_mut() {
+                        hidden.truncate(hidden_start);
+                    }
                     return Err(e);
                 }
             }

@@ -48,13 +48,14 @@ pub use constraint::Constraint;
 pub use decode::{Finish, Generation, Step};
 pub use device::{DeviceKind, VramBudget};
 pub use engine::{
-    CONTEXT_TOKENS_DEFAULT_MAX, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch, USAGE_FILE_NAME, kv_footprint,
+    CONTEXT_TOKENS_DEFAULT_MAX, DRAFT_TOKENS_DEFAULT, Engine, EngineOptions, KvFootprint, MemoryUse, Prefetch,
+    USAGE_FILE_NAME, kv_footprint,
 };
 pub use error::{Error, Result};
 pub use persist::{SESSION_FILE_EXTENSION, SESSION_NAME_MAX_BYTES, SessionReport, session_path, validate_session_name};
-pub use sampler::{Sampler, SamplingDefaults, SamplingOptions};
+pub use sampler::{Sampler, SamplingDefaults, SamplingOptions, Verdict};
 pub use session::{GenerateOptions, GenerateReport, RunStats, Session};
-pub use speculate::{SpeculationStats, SpeculativeOptions, SpeculativeReport};
+pub use speculate::{Drafted, Policy, SpeculateMode, Speculation, SpeculationStats};
 pub use strata_format::{CoreSpec, ModelArch};
 pub use strata_kernels::ActivationPrecision;
 pub use strata_kv::CutTail;

@@ -100,9 +100,86 @@ impl Sampler {
     /// vocabulary per token would cost more than a small model's forward.)
     pub fn sample(&mut self, logits: &[f32], position: usize) -> u32 {
         assert!(!logits.is_empty(), "logits over an empty vocabulary");
-        if self.options.temperature <= 0.0 {
+        if self.is_greedy() {
             return argmax(logits);
         }
+        self.weigh(logits);
+        let sum: f64 = self.candidates.iter().map(|c| f64::from(c.1)).sum();
+        let mut target = self.uniform(position, SAMPLE_WORD) * sum;
+        for &(token, weight) in &self.candidates {
+            target -= f64::from(weight);
+            if target <= 0.0 {
+                return token;
+            }
+        }
+        self.candidates.last().expect("at least one candidate").0
+    }
+
+    /// Whether this sampler always takes the argmax (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.options.temperature <= 0.0
+    }
+
+    /// The distribution [`Self::sample`] draws from for `logits`, dense over
+    /// the vocabulary and summing to 1: temperature, top-k and top-p
+    /// applied (greedy: all on the argmax). Speculative decoding compares
+    /// the draft's and the stack's through it, so both see the same
+    /// truncation.
+    pub fn distribution(&mut self, logits: &[f32]) -> Vec<f64> {
+        assert!(!logits.is_empty(), "logits over an empty vocabulary");
+        let mut probabilities = vec![0.0; logits.len()];
+        if self.is_greedy() {
+            probabilities[argmax(logits) as usize] = 1.0;
+            return probabilities;
+        }
+        self.weigh(logits);
+        let sum: f64 = self.candidates.iter().map(|c| f64::from(c.1)).sum();
+        for &(token, weight) in &self.candidates {
+            probabilities[token as usize] = f64::from(weight) / sum;
+        }
+        probabilities
+    }
+
+    /// A draft token at sequence position `position` from the draft's
+    /// distribution `q` ([`Self::distribution`] of the draft's logits),
+    /// from the seed and the position only, as [`Self::sample`]'s.
+    pub fn draft(&mut self, q: &[f64], position: usize) -> u32 {
+        let u = self.uniform(position, DRAFT_WORD);
+        draw(q, u)
+    }
+
+    /// The standard rule of speculative sampling (Leviathan et al. 2023,
+    /// Chen et al. 2023): `draft`, drawn from `q`, stands with probability
+    /// min(1, p/q); else the token is drawn from max(0, p - q), normalized.
+    /// The token that results follows `p` exactly, whatever `q` is. Greedy
+    /// (one-hot `p` and `q`): the draft stands where it is the argmax.
+    pub fn verify(&mut self, p: &[f64], q: &[f64], draft: u32, position: usize) -> Verdict {
+        assert_eq!(p.len(), q.len(), "the draft's and the stack's vocabularies");
+        let (p_draft, q_draft) = (p[draft as usize], q[draft as usize]);
+        assert!(q_draft > 0.0, "a draft drawn from q has q > 0");
+        // u < p/q, without the division.
+        if self.uniform(position, ACCEPT_WORD) * q_draft < p_draft {
+            return Verdict::Accepted;
+        }
+        let residual: Vec<f64> = p.iter().zip(q).map(|(p, q)| (p - q).max(0.0)).collect();
+        let sum: f64 = residual.iter().sum();
+        let u = self.uniform(position, SAMPLE_WORD);
+        // p > q somewhere whenever p(draft) < q(draft); a sum lost to
+        // rounding falls back on p itself.
+        Verdict::Replaced(if sum > 0.0 { draw(&residual, u * sum) } else { draw(p, u) })
+    }
+
+    /// A uniform draw in [0, 1) at word `word` of position `position`'s
+    /// stream: a function of the seed, the position and the use only.
+    fn uniform(&mut self, position: usize, word: u128) -> f64 {
+        self.rng.set_stream(position as u64);
+        self.rng.set_word_pos(word);
+        self.rng.random::<f64>()
+    }
+
+    /// Fills the candidates with the weights `sample` draws from:
+    /// temperature, top-k, exp, then top-p (unnormalized).
+    fn weigh(&mut self, logits: &[f32]) {
         let o = self.options;
         self.candidates.clear();
         self.candidates.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / o.temperature)));
@@ -117,17 +194,6 @@ impl Sampler {
         if o.top_p < 1.0 {
             self.keep_nucleus(o.top_p);
         }
-        let sum: f64 = self.candidates.iter().map(|c| f64::from(c.1)).sum();
-        self.rng.set_stream(position as u64);
-        self.rng.set_word_pos(0);
-        let mut target = self.rng.random::<f64>() * sum;
-        for &(token, weight) in &self.candidates {
-            target -= f64::from(weight);
-            if target <= 0.0 {
-                return token;
-            }
-        }
-        self.candidates.last().expect("at least one candidate").0
     }
 
     /// Keeps the smallest head of the candidates (by weight, descending;
@@ -158,6 +224,39 @@ impl Sampler {
             head = (head * 4).min(len);
         }
     }
+}
+
+/// What [`Sampler::verify`] decided about a draft token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The draft stands.
+    Accepted,
+    /// The draft is rejected; this token takes its place.
+    Replaced(u32),
+}
+
+/// Where in a position's stream each use draws (in 32-bit words; a draw
+/// takes 2): the token's own sample (or the residual's, in its place), the
+/// draft's, and the acceptance test's. Distinct, so the uses are independent.
+const SAMPLE_WORD: u128 = 0;
+const DRAFT_WORD: u128 = 16;
+const ACCEPT_WORD: u128 = 32;
+
+/// The index that `target` (in [0, sum of `weights`)) falls on, walking
+/// the cumulative weights; the last with weight on rounding.
+fn draw(weights: &[f64], mut target: f64) -> u32 {
+    let mut last = 0;
+    for (token, &weight) in weights.iter().enumerate() {
+        if weight <= 0.0 {
+            continue;
+        }
+        if target < weight {
+            return token as u32;
+        }
+        target -= weight;
+        last = token;
+    }
+    last as u32
 }
 
 /// How many candidates the nucleus search sorts first.
@@ -254,5 +353,54 @@ mod tests {
         let logits = [10.0, 9.0, -10.0, -10.0];
         let mut s = Sampler::new(SamplingOptions { temperature: 1.0, top_k: 0, top_p: 0.5, seed: 1 });
         assert!((0..100).all(|p| s.sample(&logits, p) == 0));
+    }
+
+    /// Speculative sampling's tokens follow the stack's distribution (after
+    /// temperature, top-k and top-p), not the draft's: over many seeded
+    /// positions, each token's share is within 4.5 standard deviations of
+    /// p's, for a draft that is far from p and one that is near it.
+    #[test]
+    fn speculative_sampling_keeps_the_target_distribution() {
+        let stack = [2.0f32, 0.5, 1.0, -1.0, 0.0, 1.5];
+        let drafts = [[0.0f32, 2.5, 0.0, 1.0, 0.5, -1.0], [1.8, 0.6, 1.1, -1.0, 0.1, 1.2]];
+        let settings = [
+            SamplingOptions { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 11 },
+            SamplingOptions { temperature: 0.7, top_k: 4, top_p: 0.9, seed: 12 },
+        ];
+        let runs = 40_000;
+        for options in settings {
+            for draft_logits in &drafts {
+                let mut s = Sampler::new(options);
+                let p = s.distribution(&stack);
+                let q = s.distribution(draft_logits);
+                let mut counts = [0usize; 6];
+                for position in 0..runs {
+                    let draft = s.draft(&q, position);
+                    let token = match s.verify(&p, &q, draft, position) {
+                        Verdict::Accepted => draft,
+                        Verdict::Replaced(token) => token,
+                    };
+                    counts[token as usize] += 1;
+                }
+                for (token, (&count, &want)) in counts.iter().zip(&p).enumerate() {
+                    let got = count as f64 / runs as f64;
+                    let tolerance = 4.5 * (want * (1.0 - want) / runs as f64).sqrt();
+                    assert!(
+                        (got - want).abs() <= tolerance,
+                        "{options:?}, draft {draft_logits:?}: token {token}'s share {got} vs p's {want}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn greedy_verification_accepts_exactly_the_argmax() {
+        let mut s = Sampler::new(SamplingOptions::default());
+        let p = s.distribution(&[0.0, 3.0, 1.0]);
+        let q = s.distribution(&[5.0, 0.0, 1.0]);
+        assert_eq!(s.draft(&q, 4), 0);
+        assert_eq!(s.verify(&p, &q, 0, 4), Verdict::Replaced(1));
+        assert_eq!(s.verify(&p, &p, 1, 4), Verdict::Accepted);
     }
 }

@@ -12,6 +12,7 @@ use strata_tier::StoreStats;
 
 use crate::decode::Generation;
 use crate::engine::check_logits;
+use crate::speculate::{Drafted, Drafter, Policy, SpeculateMode, SpeculationStats};
 use crate::{Constraint, Engine, Error, Finish, Result, Sampler, SamplingOptions};
 
 /// What to generate.
@@ -74,6 +75,8 @@ pub struct RunStats {
     /// look-ahead guess (made one layer earlier) named (`null` where no
     /// guess was made).
     pub layer_prefetch_recall: Vec<Option<f64>>,
+    /// Speculative decoding's counts (`None`: the engine does not draft).
+    pub speculation: Option<SpeculationStats>,
     /// One entry per forward pass: the prompt's prefill, then each decoded token.
     pub per_token: Vec<StepStats>,
 }
@@ -193,10 +196,18 @@ pub struct Session<'e> {
     persist: Option<Persist>,
     /// Warnings not yet taken, e.g. that saving stopped on a full disk.
     warnings: Vec<String>,
+    /// The MTP layer's side of the sequence, where the engine drafts
+    /// (`None` too for a session reopened from its file: its hidden rows
+    /// are not saved).
+    drafter: Option<Drafter>,
+    /// When this sequence drafts.
+    policy: Policy,
 }
 
 impl<'e> Session<'e> {
     pub(crate) fn new(engine: &'e Engine, cache: SequenceState) -> Self {
+        let speculation = engine.speculation();
+        let drafter = speculation.map(|_| Drafter::new(engine.model(), cache.capacity_tokens()));
         Self {
             engine,
             cache,
@@ -205,6 +216,8 @@ impl<'e> Session<'e> {
             unfed: None,
             persist: None,
             warnings: Vec::new(),
+            drafter,
+            policy: Policy::new(speculation.map_or(SpeculateMode::Off, |s| s.mode)),
         }
     }
 
@@ -216,7 +229,7 @@ impl<'e> Session<'e> {
         unfed: Option<u32>,
         persist: Option<Persist>,
     ) -> Self {
-        Self { tokens, unfed, persist, ..Self::new(engine, cache) }
+        Self { tokens, unfed, persist, drafter: None, ..Self::new(engine, cache) }
     }
 
     /// Warnings since the last call, e.g. that the session file stopped
@@ -282,6 +295,9 @@ impl<'e> Session<'e> {
     /// Forgets the sequence.
     pub fn reset(&mut self) {
         self.cache.truncate(0);
+        if let Some(drafter) = &mut self.drafter {
+            drafter.truncate(0);
+        }
         self.tokens.clear();
         self.pending_logits = None;
         self.unfed = None;
@@ -332,6 +348,9 @@ impl<'e> Session<'e> {
         // `len_tokens` is within the cache.
         let kept = self.cache.truncate(len_tokens);
         assert!(kept <= len_tokens);
+        if let Some(drafter) = &mut self.drafter {
+            drafter.truncate(kept);
+        }
         self.tokens.truncate(kept);
         self.unfed = None;
         self.pending_logits = None;
@@ -360,12 +379,102 @@ impl<'e> Session<'e> {
         if batch.is_empty() {
             return Err(Error::InvalidRequest("no tokens to feed".into()));
         }
-        let logits = self.engine.forward(&batch, &mut self.cache, Logits::Last)?;
+        let logits = self.forward(&batch, Logits::Last)?;
         self.unfed = None;
         self.tokens.extend_from_slice(tokens);
         self.pending_logits = Some(logits.clone());
         self.persist_new();
         Ok(logits)
+    }
+
+    /// Runs `batch` after the cache's tokens, handing the hidden rows to
+    /// the drafter, if any.
+    fn forward(&mut self, batch: &[u32], which: Logits) -> Result<Vec<f32>> {
+        let mut hidden = Vec::new();
+        let wants_hidden = self.drafter.is_some().then_some(&mut hidden);
+        let logits = self.engine.forward_rows(batch, &mut self.cache, which, wants_hidden)?;
+        if let Some(drafter) = &mut self.drafter {
+            drafter.extend(&hidden);
+        }
+        Ok(logits)
+    }
+
+    /// Keeps the drafter for a generation sampled by `sampling` where it
+    /// may draft, and drops it (and the hidden rows it would hold) where it
+    /// may not: sampled, a seed's tokens depend on whether a step drafted
+    /// (their distribution does not), so `auto`, which decides by the
+    /// clock, drafts for greedy decoding only. A drafter comes back only on
+    /// an empty sequence: the MTP layer needs every position's hidden row.
+    pub(crate) fn prepare_drafter(&mut self, sampling: &SamplingOptions) {
+        let Some(speculation) = self.engine.speculation() else { return };
+        let by_clock = speculation.mode == SpeculateMode::Auto && sampling.temperature > 0.0;
+        if by_clock {
+            self.drafter = None;
+        } else if self.drafter.is_none() && self.tokens.is_empty() {
+            self.drafter = Some(Drafter::new(self.engine.model(), self.cache.capacity_tokens()));
+        }
+    }
+
+    /// Whether the next step drafts: the engine drafts, the policy says
+    /// so, and nothing constrains the tokens (drafts ignore a constraint).
+    pub(crate) fn drafts_next(&self, constrained: bool) -> bool {
+        self.drafter.is_some() && !constrained && self.policy.drafts()
+    }
+
+    /// Drafts up to `max_tokens` tokens after the unfed token with the MTP
+    /// layer, each drawn by `sampler` (empty where none may be drafted).
+    pub(crate) fn draft(&mut self, sampler: &mut Sampler, max_tokens: usize) -> Result<Vec<Drafted>> {
+        let (Some(drafter), Some(speculation)) = (&mut self.drafter, self.engine.speculation()) else {
+            return Ok(Vec::new());
+        };
+        // The pass runs the unfed token and the drafts: within the cache's
+        // room, so drafting never fails where plain decoding would not.
+        let room = self.cache.capacity_tokens().saturating_sub(self.cache.len() + 1);
+        let k = speculation.draft_tokens.min(max_tokens).min(room);
+        if k == 0 || self.unfed.is_none() {
+            return Ok(Vec::new());
+        }
+        let tokens = &self.tokens;
+        self.engine.run(|model, rt| drafter.draft(model, rt, tokens, k, sampler))
+    }
+
+    /// Runs the unfed token and `drafts` in one pass and appends the drafts
+    /// (fed, not saved: [`Self::take_back_to`] saves what stands); the
+    /// logits of every row, `[drafts + 1, vocab]`.
+    pub(crate) fn verify(&mut self, drafts: &[u32]) -> Result<Vec<f32>> {
+        let unfed = self.unfed.expect("a verify pass runs the token before its drafts");
+        let batch: Vec<u32> = std::iter::once(unfed).chain(drafts.iter().copied()).collect();
+        let logits = self.forward(&batch, Logits::All)?;
+        self.unfed = None;
+        self.tokens.extend_from_slice(drafts);
+        self.pending_logits = None;
+        Ok(logits)
+    }
+
+    /// Keeps the first `len_tokens` tokens, all fed, after a verify pass
+    /// (those past it were run but not saved): the cache cuts its rows in
+    /// place, and where a recurrent state cannot, it is undone to before
+    /// the pass and the kept tokens are run again.
+    pub(crate) fn take_back_to(&mut self, len_tokens: usize) -> Result<()> {
+        assert!(self.unfed.is_none() && len_tokens <= self.tokens.len(), "a cut inside fed tokens");
+        let kept = self.cache.truncate(len_tokens);
+        if let Some(drafter) = &mut self.drafter {
+            drafter.truncate(kept);
+        }
+        if kept < len_tokens {
+            let gap = self.tokens[kept..len_tokens].to_vec();
+            self.forward(&gap, Logits::Last)?;
+        }
+        self.tokens.truncate(len_tokens);
+        self.pending_logits = None;
+        self.persist_new();
+        Ok(())
+    }
+
+    /// The policy that decides when this sequence drafts, to tell it
+    /// what each step cost (the batcher's steps).
+    pub(crate) fn policy_mut(&mut self) -> &mut Policy {
+        &mut self.policy
     }
 
     /// Feeds several sessions of the same engine in one forward pass (the
@@ -374,7 +483,20 @@ impl<'e> Session<'e> {
     /// Every weight, and each MoE layer's expert union, is read once for all
     /// of them; each session's logits are bit-identical to feeding it alone.
     pub fn feed_batch(sessions: &mut [&mut Session<'e>], tokens: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        let last = vec![Logits::Last; sessions.len()];
+        Self::feed_batch_rows(sessions, tokens, &last)
+    }
+
+    /// [`Self::feed_batch`], with the logits of every new row for the
+    /// sessions whose `which` is [`Logits::All`]: those verify drafts, which
+    /// stay unsaved until [`Self::take_back_to`] keeps them.
+    pub(crate) fn feed_batch_rows(
+        sessions: &mut [&mut Session<'e>],
+        tokens: &[&[u32]],
+        which: &[Logits],
+    ) -> Result<Vec<Vec<f32>>> {
         assert_eq!(sessions.len(), tokens.len(), "one token list per session");
+        assert_eq!(sessions.len(), which.len(), "one choice of logits per session");
         let Some(first) = sessions.first() else { return Ok(Vec::new()) };
         let engine = first.engine;
         assert!(sessions.iter().all(|s| std::ptr::eq(s.engine, engine)), "sessions of one engine");
@@ -399,18 +521,34 @@ impl<'e> Session<'e> {
             let head = (batch.len() - 1) / chunk * chunk;
             if head > 0 && result.is_ok() {
                 session.cache.snapshot();
-                result = engine.forward(&batch[..head], &mut session.cache, Logits::Last).map(drop);
+                result = session.forward(&batch[..head], Logits::Last).map(drop);
             }
             tails.push(&batch[head..]);
         }
         let logits = result.and_then(|()| {
+            let drafting = sessions.iter().any(|s| s.drafter.is_some());
             let mut seqs: Vec<SeqBatch<'_>> =
                 sessions.iter_mut().zip(&tails).map(|(s, t)| SeqBatch { tokens: t, cache: &mut s.cache }).collect();
-            let logits = engine.run(|model, rt| model.forward_batch(rt, &mut seqs))?;
-            drop(seqs);
+            let logits = if drafting {
+                let rows = engine.run(|model, rt| model.forward_batch_rows(rt, &mut seqs, which))?;
+                drop(seqs);
+                rows.into_iter()
+                    .zip(sessions.iter_mut())
+                    .map(|(rows, session)| {
+                        if let Some(drafter) = &mut session.drafter {
+                            drafter.extend(&rows.hidden);
+                        }
+                        rows.logits
+                    })
+                    .collect()
+            } else {
+                assert!(which.iter().all(|&w| w == Logits::Last), "every row's logits only where sessions draft");
+                engine.run(|model, rt| model.forward_batch(rt, &mut seqs))?
+            };
             let vocab = engine.core().logits_width();
             for (session, row) in sessions.iter().zip(&logits) {
-                check_logits(row, vocab, session.cache.len() - 1)?;
+                let rows = row.len() / vocab.max(1);
+                check_logits(row, vocab, session.cache.len() - rows)?;
             }
             Ok(logits)
         });
@@ -421,15 +559,22 @@ impl<'e> Session<'e> {
                 for (session, &start) in sessions.iter_mut().zip(&starts) {
                     let kept = session.cache.truncate(start);
                     assert_eq!(kept, start, "a step is taken back to where it started");
+                    if let Some(drafter) = &mut session.drafter {
+                        drafter.truncate(start);
+                    }
                 }
                 return Err(e);
             }
         };
-        for ((session, new), logits) in sessions.iter_mut().zip(tokens).zip(&logits) {
+        for (((session, new), logits), &which) in sessions.iter_mut().zip(tokens).zip(&logits).zip(which) {
             session.unfed = None;
             session.tokens.extend_from_slice(new);
-            session.pending_logits = Some(logits.clone());
-            session.persist_new();
+            if which == Logits::Last {
+                session.pending_logits = Some(logits.clone());
+                session.persist_new();
+            } else {
+                session.pending_logits = None;
+            }
         }
         Ok(logits)
     }
@@ -481,6 +626,7 @@ impl<'e> Session<'e> {
         mut on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerateReport> {
         options.sampling.check()?;
+        self.prepare_drafter(&options.sampling);
         let run_start = Counters::take(self.engine);
         let mut logits = match self.pending_logits.take() {
             Some(logits) if prompt.is_empty() => logits,
@@ -504,19 +650,44 @@ impl<'e> Session<'e> {
         report.stats.per_token.push(prefill);
         let decode_started = Instant::now();
         let mut generation = Generation::new(options, &self.engine.core().eos_token_ids);
+        let mut speculation = self.drafter.is_some().then(SpeculationStats::default);
         if options.max_new_tokens > 0 {
-            loop {
-                let step = generation.step(self, &mut logits, constraint.as_deref_mut(), |token, _| on_token(token))?;
-                report.tokens.push(step.token);
-                if let Some(finish) = step.finish {
-                    report.finish = finish;
-                    break;
-                }
+            let step = generation.step(self, &mut logits, constraint.as_deref_mut(), |token, _| on_token(token))?;
+            report.tokens.push(step.token);
+            let mut finish = step.finish;
+            while finish.is_none() {
                 let step_start = Counters::take(self.engine);
-                logits = self.feed(&[])?;
-                report.stats.per_token.push(step_start.step_since(self.engine, 1));
+                let drafts = match self.drafts_next(constraint.is_some()) {
+                    true => generation.draft(self)?,
+                    false => Vec::new(),
+                };
+                if drafts.is_empty() {
+                    logits = self.feed(&[])?;
+                    let step =
+                        generation.step(self, &mut logits, constraint.as_deref_mut(), |token, _| on_token(token))?;
+                    report.tokens.push(step.token);
+                    finish = step.finish;
+                    let elapsed = step_start.at.elapsed();
+                    self.policy.plain_step(elapsed);
+                    speculation.iter_mut().for_each(|s| s.add_plain_step(elapsed));
+                    report.stats.per_token.push(step_start.step_since(self.engine, 1));
+                    continue;
+                }
+                let tokens: Vec<u32> = drafts.iter().map(|d| d.token).collect();
+                let rows = self.verify(&tokens)?;
+                let step = generation.step_drafted(self, &rows, &drafts, |token, _| on_token(token))?;
+                let elapsed = step_start.at.elapsed();
+                self.policy.verify_pass(step.tokens.len(), step.accepted, elapsed);
+                if let Some(stats) = &mut speculation {
+                    stats.add_verify_pass(drafts.len(), step.accepted, step.tokens.len(), elapsed);
+                }
+                report.tokens.extend(&step.tokens);
+                finish = step.finish;
+                report.stats.per_token.push(step_start.step_since(self.engine, drafts.len() + 1));
             }
+            report.finish = finish.expect("the loop ends where generation does");
         }
+        report.stats.speculation = speculation;
         report.stats.generated_tokens = report.tokens.len();
         report.stats.decode_ms = ms(decode_started.elapsed());
         run_start.fill_run(self.engine, &mut report.stats);

@@ -1,10 +1,13 @@
-//! Greedy speculative decoding with the model's own MTP layer: draft
-//! `draft_tokens` tokens ahead, verify them and the token before them in one
-//! pass of the stack (each MoE layer's expert union read once for all), keep
-//! the drafts up to the first the stack would not have chosen, and take the
-//! rest back. The tokens are exactly plain greedy decoding's: every token
-//! kept is the stack's own argmax, and a pass over several tokens gives each
-//! the logits it gets alone (`Engine::forward`'s invariant).
+//! Speculative decoding with the model's own MTP layer, as a mode of the
+//! one decode loop ([`crate::Session::generate`] and the
+//! [`crate::Batcher`]): draft `draft_tokens` tokens ahead, verify them and
+//! the token before them in one pass of the stack (each MoE layer's expert
+//! union read once for all), keep the drafts by the rule of speculative
+//! sampling ([`crate::Sampler::verify`]) and take the rest back. Greedy
+//! decoding gives exactly plain decoding's tokens (a draft stands where it
+//! is the stack's argmax, and a pass over several tokens gives each the
+//! logits it gets alone); sampled decoding draws from the stack's
+//! distribution, though not the same tokens for a seed as plain decoding.
 //!
 //! Rejected tokens are taken back through the cache's own rule
 //! (`SequenceState::truncate`): latent and key/value rows are cut back in
@@ -12,159 +15,400 @@
 //! the last pass) and the kept tokens are run again. Recomputing the kept
 //! tokens costs a pass only where a model has recurrent layers, and needs no
 //! snapshot per drafted token.
+//!
+//! `--speculate auto` ([`Policy`]) measures what a plain step and a verify
+//! pass cost per token as the run goes, and drafts only while drafting
+//! gives tokens faster; it drafts for greedy decoding only, since sampled
+//! tokens would then depend on the clock. `on` drafts sampled decoding too:
+//! a seed gives the same tokens alone or batched, but not plain decoding's.
 
+use std::time::Duration;
+
+use serde::Serialize;
 use strata_kv::SequenceState;
 use strata_models::{CausalLm, Runtime};
 
-use crate::sampler::argmax;
-use crate::{Engine, Error, Result};
+use crate::{Error, Result, Sampler};
 
-/// What [`Engine::generate_speculative`] does.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpeculativeOptions {
-    pub max_new_tokens: usize,
-    /// Tokens the MTP layer drafts ahead per verify pass (at least 1; past
-    /// the model's MTP layers, the last one drafts from its own output).
-    pub draft_tokens: usize,
-    /// Generate through end-of-sequence tokens.
-    pub ignore_eos: bool,
+/// When the decode loop drafts (`--speculate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpeculateMode {
+    Off,
+    /// Every step drafts (where the model has an MTP layer).
+    On,
+    /// Drafts while it measures faster than plain steps ([`Policy`]).
+    Auto,
 }
 
-/// Counts of one speculative run.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+impl SpeculateMode {
+    pub const ALL: [SpeculateMode; 3] = [SpeculateMode::Off, SpeculateMode::On, SpeculateMode::Auto];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SpeculateMode::Off => "off",
+            SpeculateMode::On => "on",
+            SpeculateMode::Auto => "auto",
+        }
+    }
+}
+
+impl std::fmt::Display for SpeculateMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for SpeculateMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        let wanted = text.trim().to_ascii_lowercase();
+        SpeculateMode::ALL
+            .into_iter()
+            .find(|m| m.name() == wanted)
+            .ok_or_else(|| format!("unknown speculation mode {text:?} (expected off, on or auto)"))
+    }
+}
+
+/// How a model's sessions draft: resolved at open (`None` there where the
+/// mode is off or the model has no MTP layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Speculation {
+    pub mode: SpeculateMode,
+    /// Tokens drafted ahead per verify pass (at least 1; past the model's
+    /// MTP layers, the last one drafts from its own output).
+    pub draft_tokens: usize,
+}
+
+/// Counts of speculative decoding over a run (`generate --json`'s
+/// `speculation`, serve's /metrics, chat's /stats).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SpeculationStats {
     /// Tokens drafted.
     pub drafted: usize,
-    /// Drafted tokens the stack agreed with.
+    /// Drafted tokens that stood.
     pub accepted: usize,
-    /// `accepted_at[i]`: verify passes whose draft i (from 0) was accepted.
+    /// `accepted_at[i]`: verify passes whose draft i (from 0) stood.
     pub accepted_at: Vec<usize>,
     /// Passes of the stack that verified drafts.
     pub verify_passes: usize,
+    /// Tokens the verify passes gave: each pass's own and its accepted drafts.
+    pub verified_tokens: usize,
+    /// Time drafting and verifying, in milliseconds.
+    pub speculative_ms: f64,
+    /// Steps decoded without drafts, and their time in milliseconds.
+    pub plain_steps: usize,
+    pub plain_ms: f64,
 }
 
 impl SpeculationStats {
     /// Tokens each verify pass gave: its own and the drafts it accepted.
     pub fn tokens_per_verify_pass(&self) -> f64 {
-        (self.verify_passes + self.accepted) as f64 / self.verify_passes.max(1) as f64
+        self.verified_tokens as f64 / self.verify_passes.max(1) as f64
     }
-}
 
-/// The generated tokens and the counts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpeculativeReport {
-    pub tokens: Vec<u32>,
-    pub stats: SpeculationStats,
-}
+    /// Drafted tokens that stood, as a share of those drafted.
+    pub fn acceptance(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
+    }
 
-/// The sequence as the loop holds it: the stack's cache, the MTP layer's
-/// (row r is position r + 1), and the stack's hidden rows the draft cache
-/// has not taken yet (positions `draft_cache.len()..cache.len()`).
-struct Sequence {
-    tokens: Vec<u32>,
-    cache: SequenceState,
-    draft_cache: SequenceState,
-    hidden_tail: Vec<f32>,
-}
+    /// Milliseconds per token of the speculative passes (drafting included).
+    pub fn ms_per_speculative_token(&self) -> f64 {
+        self.speculative_ms / self.verified_tokens.max(1) as f64
+    }
 
-impl Engine {
-    /// Greedy decoding of `prompt` drafted by the model's MTP layer: the
-    /// tokens of plain greedy decoding, in fewer passes of the stack where
-    /// drafts are accepted.
-    pub fn generate_speculative(&self, prompt: &[u32], options: &SpeculativeOptions) -> Result<SpeculativeReport> {
-        if prompt.is_empty() || options.draft_tokens == 0 {
-            return Err(Error::InvalidRequest("speculation needs a prompt and at least 1 draft token".into()));
+    /// Milliseconds per token of plain steps.
+    pub fn ms_per_plain_token(&self) -> f64 {
+        self.plain_ms / self.plain_steps.max(1) as f64
+    }
+
+    /// Adds a verify pass that drafted `drafted` tokens, the first
+    /// `accepted` of which stood, and gave `tokens` tokens in `elapsed`.
+    pub(crate) fn add_verify_pass(&mut self, drafted: usize, accepted: usize, tokens: usize, elapsed: Duration) {
+        assert!(accepted <= drafted && tokens <= accepted + 1, "a pass gives its accepted drafts and one token");
+        if self.accepted_at.len() < drafted {
+            self.accepted_at.resize(drafted, 0);
         }
-        let capacity = prompt.len().saturating_add(options.max_new_tokens).saturating_add(options.draft_tokens);
-        let eos: &[u32] = if options.ignore_eos { &[] } else { &self.core().eos_token_ids };
-        self.run(|model, rt| {
-            if model.mtp_layers() == 0 {
-                return Err(Error::InvalidRequest("the model has no MTP layer to draft with".into()));
-            }
-            let mut seq = Sequence {
-                tokens: prompt.to_vec(),
-                cache: model.new_cache(capacity),
-                draft_cache: model.new_draft_cache(capacity),
-                hidden_tail: Vec::new(),
-            };
-            let (logits, hidden) = model.forward_hidden(rt, prompt, &mut seq.cache)?;
-            seq.hidden_tail = hidden;
-            let vocab = self.core().vocab_size;
-            let mut next_logits = logits[logits.len() - vocab..].to_vec();
-            let mut report = SpeculativeReport { tokens: Vec::new(), stats: SpeculationStats::default() };
-            report.stats.accepted_at = vec![0; options.draft_tokens];
-            loop {
-                let token = argmax(&next_logits);
-                report.tokens.push(token);
-                seq.tokens.push(token);
-                if eos.contains(&token) || report.tokens.len() >= options.max_new_tokens {
-                    return Ok(report);
-                }
-                let drafts = seq.draft(model, rt, options.draft_tokens, vocab)?;
-                let verified: Vec<u32> = std::iter::once(token).chain(drafts.iter().copied()).collect();
-                let (logits, hidden) = model.forward_hidden(rt, &verified, &mut seq.cache)?;
-                report.stats.verify_passes += 1;
-                report.stats.drafted += drafts.len();
-                // Row i holds the stack's choice after draft i - 1: draft i
-                // stands while it is that choice.
-                let rows: Vec<&[f32]> = logits.chunks_exact(vocab).collect();
-                let mut accepted = 0;
-                while let Some(&draft) = drafts.get(accepted).filter(|&&d| argmax(rows[accepted]) == d) {
-                    report.stats.accepted_at[accepted] += 1;
-                    report.stats.accepted += 1;
-                    accepted += 1;
-                    report.tokens.push(draft);
-                    seq.tokens.push(draft);
-                    if eos.contains(&draft) || report.tokens.len() >= options.max_new_tokens {
-                        return Ok(report);
-                    }
-                }
-                next_logits = rows[accepted].to_vec();
-                let h = self.core().hidden_size;
-                seq.hidden_tail = hidden[..(accepted + 1) * h].to_vec();
-                seq.take_back(model, rt, drafts.len() - accepted)?;
-            }
-        })
+        self.accepted_at[..accepted].iter_mut().for_each(|n| *n += 1);
+        self.drafted += drafted;
+        self.accepted += accepted;
+        self.verify_passes += 1;
+        self.verified_tokens += tokens;
+        self.speculative_ms += elapsed.as_secs_f64() * 1e3;
+    }
+
+    pub(crate) fn add_plain_step(&mut self, elapsed: Duration) {
+        self.plain_steps += 1;
+        self.plain_ms += elapsed.as_secs_f64() * 1e3;
+    }
+
+    /// Adds another run's counts (serve's totals).
+    pub fn add(&mut self, other: &SpeculationStats) {
+        if self.accepted_at.len() < other.accepted_at.len() {
+            self.accepted_at.resize(other.accepted_at.len(), 0);
+        }
+        for (total, n) in self.accepted_at.iter_mut().zip(&other.accepted_at) {
+            *total += n;
+        }
+        self.drafted += other.drafted;
+        self.accepted += other.accepted;
+        self.verify_passes += other.verify_passes;
+        self.verified_tokens += other.verified_tokens;
+        self.speculative_ms += other.speculative_ms;
+        self.plain_steps += other.plain_steps;
+        self.plain_ms += other.plain_ms;
     }
 }
 
-impl Sequence {
-    /// Drafts `k` tokens after the last one: the MTP layer first takes the
-    /// stack's rows it lacks (ending with the last token's), then drafts from
-    /// its own output; its rows past the stack's are taken back after.
-    fn draft(&mut self, model: &dyn CausalLm, rt: &Runtime<'_>, k: usize, vocab: usize) -> Result<Vec<u32>> {
-        let known = self.draft_cache.len();
-        let next = &self.tokens[known + 1..];
-        let mut draft = model.draft(rt, &self.hidden_tail, next, &mut self.draft_cache)?;
+/// When `auto` drafts. Plain steps are measured first; then drafting is
+/// tried for [`PROBE_PASSES`] passes and kept while its time per token is
+/// below a plain step's. Turned off, it is tried again after
+/// [`PROBE_INTERVAL_STEPS`] plain steps, twice as many after each probe that
+/// did not pay (up to [`PROBE_INTERVAL_STEPS_MAX`]): a drafter that never
+/// pays costs at most `PROBE_PASSES` verify passes per interval.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    mode: SpeculateMode,
+    /// Plain steps measured since the last verify pass, and their mean time.
+    plain_steps: usize,
+    plain_ms_per_token: Option<f64>,
+    /// Verify passes since drafting (re)started, and the recent time per
+    /// token and accepted drafts of those passes (moving averages).
+    passes: usize,
+    speculative_ms_per_token: f64,
+    accepted_per_pass: f64,
+    drafting: bool,
+    /// Probes since drafting last paid (0: it paid, or was never tried).
+    probes_failed: u32,
+    probed: bool,
+}
+
+/// Plain steps measured before drafting is first tried.
+pub const PLAIN_STEPS_FIRST: usize = 4;
+/// Verify passes a probe runs before it decides.
+pub const PROBE_PASSES: usize = 4;
+/// Plain steps between probes, at first and at most.
+pub const PROBE_INTERVAL_STEPS: usize = 32;
+pub const PROBE_INTERVAL_STEPS_MAX: usize = 1024;
+/// Weight of the newest measurement in the moving averages.
+const RECENT_WEIGHT: f64 = 0.25;
+
+impl Policy {
+    pub fn new(mode: SpeculateMode) -> Self {
+        Self {
+            mode,
+            plain_steps: 0,
+            plain_ms_per_token: None,
+            passes: 0,
+            speculative_ms_per_token: 0.0,
+            accepted_per_pass: 0.0,
+            drafting: mode == SpeculateMode::On,
+            probes_failed: 0,
+            probed: false,
+        }
+    }
+
+    /// Whether the next step drafts.
+    pub fn drafts(&self) -> bool {
+        match self.mode {
+            SpeculateMode::Off => false,
+            SpeculateMode::On => true,
+            SpeculateMode::Auto => self.drafting,
+        }
+    }
+
+    /// A plain step took `elapsed`.
+    pub fn plain_step(&mut self, elapsed: Duration) {
+        let ms = elapsed.as_secs_f64() * 1e3;
+        self.plain_steps += 1;
+        self.plain_ms_per_token = Some(match self.plain_ms_per_token {
+            None => ms,
+            Some(mean) => mean + (ms - mean) * RECENT_WEIGHT,
+        });
+        let wait = if self.probed {
+            // Shifted at most 10 places: past the cap already, never overflowing.
+            (PROBE_INTERVAL_STEPS << self.probes_failed.saturating_sub(1).min(10)).min(PROBE_INTERVAL_STEPS_MAX)
+        } else {
+            PLAIN_STEPS_FIRST
+        };
+        if self.mode == SpeculateMode::Auto && self.plain_steps >= wait {
+            self.drafting = true;
+            self.passes = 0;
+        }
+    }
+
+    /// A verify pass, drafting included, gave `tokens` tokens with
+    /// `accepted` drafts standing, in `elapsed`.
+    pub fn verify_pass(&mut self, tokens: usize, accepted: usize, elapsed: Duration) {
+        let ms_per_token = elapsed.as_secs_f64() * 1e3 / tokens.max(1) as f64;
+        if self.passes == 0 {
+            self.speculative_ms_per_token = ms_per_token;
+            self.accepted_per_pass = accepted as f64;
+        } else {
+            self.speculative_ms_per_token += (ms_per_token - self.speculative_ms_per_token) * RECENT_WEIGHT;
+            self.accepted_per_pass += (accepted as f64 - self.accepted_per_pass) * RECENT_WEIGHT;
+        }
+        self.passes += 1;
+        if self.mode != SpeculateMode::Auto || self.passes < PROBE_PASSES {
+            return;
+        }
+        // A pass that accepts nothing ran a plain step and drafting: never
+        // faster, whatever the clock says through other work's noise.
+        let pays = self.accepted_per_pass > 0.0
+            && self.plain_ms_per_token.is_none_or(|plain| self.speculative_ms_per_token < plain);
+        if pays {
+            self.probes_failed = 0;
+        } else {
+            self.drafting = false;
+            self.plain_steps = 0;
+            self.probed = true;
+            self.probes_failed = self.probes_failed.saturating_add(1);
+        }
+    }
+}
+
+/// A drafted token and the distribution it was drawn from (the sampler's
+/// [`Sampler::distribution`] of the MTP layer's logits).
+#[derive(Debug, Clone)]
+pub struct Drafted {
+    pub token: u32,
+    pub q: Vec<f64>,
+}
+
+/// One sequence's MTP layer: its cache (row r is position r + 1) and the
+/// stack's hidden rows it has not taken yet (positions
+/// `cache.len()..` the stack's length).
+pub(crate) struct Drafter {
+    cache: SequenceState,
+    hidden_tail: Vec<f32>,
+    hidden_size: usize,
+}
+
+impl Drafter {
+    pub(crate) fn new(model: &dyn CausalLm, capacity_tokens: usize) -> Self {
+        Self {
+            cache: model.new_draft_cache(capacity_tokens),
+            hidden_tail: Vec::new(),
+            hidden_size: model.core().hidden_size,
+        }
+    }
+
+    /// The stack ran rows whose hidden states are `hidden`.
+    pub(crate) fn extend(&mut self, hidden: &[f32]) {
+        assert_eq!(hidden.len() % self.hidden_size, 0, "whole hidden rows");
+        self.hidden_tail.extend_from_slice(hidden);
+    }
+
+    /// The stack was cut back to `stack_tokens`. Below the rows the MTP
+    /// layer took, the hidden state of the position before the cut is gone
+    /// with the stack's: its row is redrafted from zeros, which changes
+    /// drafts only, never the tokens.
+    pub(crate) fn truncate(&mut self, stack_tokens: usize) {
+        let taken = self.cache.len();
+        if stack_tokens >= taken {
+            self.hidden_tail.truncate((stack_tokens - taken) * self.hidden_size);
+            return;
+        }
+        let kept = self.cache.truncate(stack_tokens.saturating_sub(1));
+        self.hidden_tail = vec![0.0; (stack_tokens - kept) * self.hidden_size];
+    }
+
+    /// Drafts `k` tokens after `tokens` (the stack's and one unfed after
+    /// them), each drawn by `sampler` at its position: the MTP layer first
+    /// takes the stack's rows it lacks (ending with the unfed token's),
+    /// then drafts from its own output; its rows past the stack's are
+    /// taken back after.
+    pub(crate) fn draft(
+        &mut self,
+        model: &dyn CausalLm,
+        rt: &Runtime<'_>,
+        tokens: &[u32],
+        k: usize,
+        sampler: &mut Sampler,
+    ) -> Result<Vec<Drafted>> {
+        if k == 0 {
+            return Err(Error::InvalidRequest("a draft of no tokens".into()));
+        }
+        let known = self.cache.len();
+        let h = self.hidden_size;
+        assert_eq!(known + self.hidden_tail.len() / h + 1, tokens.len(), "the MTP layer's rows and the stack's");
+        let vocab = model.core().logits_width();
+        let mut draft = model.draft(rt, &self.hidden_tail, &tokens[known + 1..], &mut self.cache)?;
         self.hidden_tail.clear();
-        let committed = self.draft_cache.len();
-        let mut drafts = Vec::with_capacity(k);
+        let committed = self.cache.len();
+        let mut drafts: Vec<Drafted> = Vec::with_capacity(k);
         loop {
             let row = draft.logits.len() / vocab - 1;
-            drafts.push(argmax(&draft.logits[row * vocab..]));
+            let q = sampler.distribution(&draft.logits[row * vocab..]);
+            let token = sampler.draft(&q, tokens.len() + drafts.len());
+            drafts.push(Drafted { token, q });
             if drafts.len() == k {
                 break;
             }
-            let h = draft.hidden.len() / (row + 1);
             let last = draft.hidden[row * h..].to_vec();
-            draft = model.draft(rt, &last, &drafts[drafts.len() - 1..], &mut self.draft_cache)?;
+            draft = model.draft(rt, &last, &[token], &mut self.cache)?;
         }
-        let kept = self.draft_cache.truncate(committed);
+        let kept = self.cache.truncate(committed);
         assert_eq!(kept, committed, "the MTP layer's rows cut back in place");
         Ok(drafts)
     }
+}
 
-    /// Takes the last `rejected` positions of the stack's cache back, running
-    /// again what its rule could not keep (a recurrent state's undo goes back
-    /// to before the whole verify pass).
-    fn take_back(&mut self, model: &dyn CausalLm, rt: &Runtime<'_>, rejected: usize) -> Result<()> {
-        let wanted = self.cache.len() - rejected;
-        let kept = self.cache.truncate(wanted);
-        if kept < wanted {
-            // The tokens the cache holds are `self.tokens[..cache.len()]`.
-            model.forward_hidden(rt, &self.tokens[kept..wanted], &mut self.cache)?;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Drives `policy` over `tokens` tokens with passes that accept
+    /// `accepted` of `k` drafts, a plain step costing 1 ms and a verify pass
+    /// `verify_ms`; returns the verify passes run.
+    fn run(policy: &mut Policy, tokens: usize, k: usize, accepted: usize, verify_ms: u64) -> usize {
+        let (mut made, mut passes) = (0, 0);
+        while made < tokens {
+            if policy.drafts() {
+                policy.verify_pass(accepted + 1, accepted.min(k), MS * verify_ms as u32);
+                made += accepted + 1;
+                passes += 1;
+            } else {
+                policy.plain_step(MS);
+                made += 1;
+            }
         }
-        debug_assert_eq!(self.cache.len(), self.tokens.len(), "the stack holds every token kept");
-        Ok(())
+        passes
+    }
+
+    #[test]
+    fn auto_stops_drafting_with_a_drafter_that_never_pays() {
+        // Verify passes measured cheaper than a plain step (the clock's
+        // noise under other work): acceptance alone must decide.
+        let mut policy = Policy::new(SpeculateMode::Auto);
+        let tokens = 4096;
+        let passes = run(&mut policy, tokens, 3, 0, 0);
+        assert!(!policy.drafts(), "auto ends up off");
+        // Probes of PROBE_PASSES passes after 4, 32, 64, ... 1024 plain
+        // steps: 9 probes in 4096 tokens, under 1% of the steps.
+        assert!(passes <= 9 * PROBE_PASSES, "{passes} verify passes");
+        assert!(passes * 100 <= tokens, "{passes} verify passes of {tokens} steps");
+    }
+
+    #[test]
+    fn auto_keeps_drafting_where_it_pays_and_stops_where_passes_cost_more() {
+        let mut paying = Policy::new(SpeculateMode::Auto);
+        let passes = run(&mut paying, 1000, 3, 2, 2);
+        assert!(paying.drafts());
+        assert!(passes * 3 >= 1000 - 3 * PLAIN_STEPS_FIRST, "{passes} passes");
+        // Two tokens a pass at 3 ms each: 1.5 ms a token, slower than plain.
+        let mut slow = Policy::new(SpeculateMode::Auto);
+        run(&mut slow, 1000, 3, 1, 3);
+        assert!(!slow.drafts());
+    }
+
+    #[test]
+    fn on_and_off_never_change_their_mind() {
+        let mut on = Policy::new(SpeculateMode::On);
+        assert_eq!(run(&mut on, 100, 2, 0, 5), 100);
+        let mut off = Policy::new(SpeculateMode::Off);
+        assert_eq!(run(&mut off, 100, 2, 2, 1), 0);
     }
 }

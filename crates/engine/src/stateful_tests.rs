@@ -13,7 +13,8 @@ use strata_kv::{LayerLayout, StatePart};
 use strata_models::SeqBatch;
 
 use super::*;
-use crate::{EngineOptions, GenerateOptions, SpeculativeOptions};
+use crate::speculate::{SpeculateMode, Speculation};
+use crate::{EngineOptions, GenerateOptions};
 
 /// Layer 0 keeps a row per token, layer 1 a state that every token folds
 /// into; the logits depend on both, so a wrong state or a missing row
@@ -271,20 +272,45 @@ fn speculation_over_a_recurrent_state_gives_plain_greedy_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let plain = greedy(&mut toy_engine(dir.path(), 64).0.session(), &PROMPT, 20);
     for wrong_draft_every in [0, 2, 3] {
-        let (engine, _) = toy_drafting_engine(dir.path(), 64, wrong_draft_every);
+        let (mut engine, _) = toy_drafting_engine(dir.path(), 64, wrong_draft_every);
         for draft_tokens in 1..=3 {
-            let options = SpeculativeOptions { max_new_tokens: 20, draft_tokens, ignore_eos: true };
-            let report = engine.generate_speculative(&PROMPT, &options).unwrap();
-            let what = format!("wrong every {wrong_draft_every}, {draft_tokens} drafted: {:?}", report.stats);
+            engine.speculation = Some(Speculation { mode: SpeculateMode::On, draft_tokens });
+            let options = GenerateOptions { max_new_tokens: 20, ignore_eos: true, ..GenerateOptions::default() };
+            let report = engine.session().generate(&PROMPT, &options, |_| ControlFlow::Continue(())).unwrap();
+            let stats = report.stats.speculation.expect("the toy drafts");
+            let what = format!("wrong every {wrong_draft_every}, {draft_tokens} drafted: {stats:?}");
             assert_eq!(report.tokens, plain, "{what}");
-            let stats = &report.stats;
             assert!(stats.accepted > 0, "{what}");
-            // Right drafts are all accepted but those past the length limit.
-            let unaccepted = stats.drafted - stats.accepted;
-            assert_eq!(unaccepted < draft_tokens, wrong_draft_every == 0, "{what}");
-            // A token from the prompt's pass, then one a verify pass with
-            // its accepted drafts (but none after drafts that end the run).
-            assert!((19..=20).contains(&(stats.verify_passes + stats.accepted)), "{what}");
+            // Right drafts all stand.
+            assert_eq!(stats.accepted == stats.drafted, wrong_draft_every == 0, "{what}");
+            // A token from the prompt's pass, then the verify passes' (and a
+            // plain step where one token was left to generate).
+            assert_eq!(1 + stats.verified_tokens + stats.plain_steps, 20, "{what}");
         }
     }
+}
+
+/// `auto` with a drafter that is always wrong: the tokens stay plain
+/// greedy decoding's, and drafting stops after its probes (at most
+/// `PROBE_PASSES` verify passes after the first plain steps, then a probe
+/// per 32 plain steps: 8 of 60 steps here).
+#[test]
+fn auto_with_a_drafter_that_never_stands_drafts_only_its_probes() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = greedy(&mut toy_engine(dir.path(), 64).0.session(), &PROMPT, 60);
+    let (mut engine, _) = toy_drafting_engine(dir.path(), 64, 1);
+    engine.speculation = Some(Speculation { mode: SpeculateMode::Auto, draft_tokens: 2 });
+    let options = GenerateOptions { max_new_tokens: 60, ignore_eos: true, ..GenerateOptions::default() };
+    let report = engine.session().generate(&PROMPT, &options, |_| ControlFlow::Continue(())).unwrap();
+    assert_eq!(report.tokens, plain);
+    let stats = report.stats.speculation.unwrap();
+    assert_eq!(stats.accepted, 0, "{stats:?}");
+    assert!(stats.verify_passes <= 2 * crate::speculate::PROBE_PASSES, "{stats:?}");
+    // Sampled, auto keeps no drafter: the tokens would depend on the clock.
+    let sampling = crate::SamplingOptions { temperature: 0.8, seed: 5, ..crate::SamplingOptions::default() };
+    let report = engine
+        .session()
+        .generate(&PROMPT, &GenerateOptions { sampling, ..options }, |_| ControlFlow::Continue(()))
+        .unwrap();
+    assert!(report.stats.speculation.is_none(), "auto leaves sampled decoding plain");
 }

@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::ffn::Ffn;
 use crate::lm::CausalLm;
 use crate::lm::SeqBatch;
-use crate::lm::{Draft, Logits};
+use crate::lm::{Draft, Logits, Rows};
 use crate::norm::Norm;
 use crate::residual::{self, Residual, Streams};
 use crate::rope::{Angles, Rope};
@@ -387,6 +387,40 @@ impl CausalLm for Decoder {
         let mut normed = vec![0.0f32; x.len()];
         norm_into(&self.backend, self.final_norm.as_ref(), &x, &mut normed);
         Ok((self.head_logits(rt, normed.clone()), normed))
+    }
+
+    fn forward_batch_rows(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>], which: &[Logits]) -> Result<Vec<Rows>> {
+        assert_eq!(seqs.len(), which.len(), "one choice of logits per sequence");
+        if seqs.iter().any(|seq| seq.tokens.is_empty()) {
+            return Err(Error::Unsupported("a sequence of a batch has no tokens".into()));
+        }
+        let lengths: Vec<usize> = seqs.iter().map(|seq| seq.tokens.len()).collect();
+        let x = self.hidden_states(rt, seqs)?;
+        let h = self.spec.hidden_size;
+        let mut normed = vec![0.0f32; x.len()];
+        norm_into(&self.backend, self.final_norm.as_ref(), &x, &mut normed);
+        // The rows asked for, of every sequence; the lm head runs once over all.
+        let mut head_rows = Vec::new();
+        let mut start = 0;
+        for (&n, &which) in lengths.iter().zip(which) {
+            let first = if which == Logits::All { start } else { start + n - 1 };
+            head_rows.extend_from_slice(&normed[first * h..(start + n) * h]);
+            start += n;
+        }
+        let logits = self.head_logits(rt, head_rows);
+        let width = self.spec.logits_width();
+        let (mut row, mut start) = (0, 0);
+        let mut out = Vec::with_capacity(seqs.len());
+        for (&n, &which) in lengths.iter().zip(which) {
+            let rows = if which == Logits::All { n } else { 1 };
+            out.push(Rows {
+                logits: logits[row * width..(row + rows) * width].to_vec(),
+                hidden: normed[start * h..(start + n) * h].to_vec(),
+            });
+            row += rows;
+            start += n;
+        }
+        Ok(out)
     }
 
     fn mtp_layers(&self) -> usize {

@@ -33,7 +33,7 @@ mod torch_topk;
 pub use backend::{DeviceRequest, Runtime};
 pub use decoder::Decoder;
 pub use error::{Error, Result};
-pub use lm::{CausalLm, Draft, Logits, SeqBatch};
+pub use lm::{CausalLm, Draft, Logits, Rows, SeqBatch};
 
 use strata_format::Container;
 

@@ -53,6 +53,26 @@ pub trait CausalLm: Send + Sync {
         Err(Error::Unsupported("the model has no MTP layer".into()))
     }
 
+    /// [`CausalLm::forward_batch`] for speculative decoding: each
+    /// sequence's logits of the rows its `which` asks for, and every row's
+    /// hidden state after the final norm (what the MTP layer drafts from).
+    /// The default runs [`CausalLm::forward_hidden`] per sequence; a model
+    /// overrides it to read each MoE layer's expert union once for all.
+    fn forward_batch_rows(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>], which: &[Logits]) -> Result<Vec<Rows>> {
+        assert_eq!(seqs.len(), which.len(), "one choice of logits per sequence");
+        let vocab = self.core().logits_width();
+        seqs.iter_mut()
+            .zip(which)
+            .map(|(seq, &which)| {
+                let (mut logits, hidden) = self.forward_hidden(rt, seq.tokens, seq.cache)?;
+                if which == Logits::Last {
+                    logits.drain(..logits.len() - vocab);
+                }
+                Ok(Rows { logits, hidden })
+            })
+            .collect()
+    }
+
     /// Multi-token-prediction layers the model drafts with (0: none).
     fn mtp_layers(&self) -> usize {
         0
@@ -77,6 +97,14 @@ pub trait CausalLm: Send + Sync {
 /// its head norm `[n, hidden]` (the hidden state a further draft step
 /// starts from).
 pub struct Draft {
+    pub logits: Vec<f32>,
+    pub hidden: Vec<f32>,
+}
+
+/// One sequence's part of [`CausalLm::forward_batch_rows`]: the logits
+/// asked for (`[rows, logits_width]`) and every row's hidden state after the
+/// final norm (`[n, hidden]`).
+pub struct Rows {
     pub logits: Vec<f32>,
     pub hidden: Vec<f32>,
 }

@@ -137,6 +137,10 @@ pub trait BatchObserver: Send + Sync {
     /// counters.
     fn settled(&self, _engine: &Engine, _active_sequences: usize, _kv_bytes: u64) {}
 
+    /// A sequence's verify pass ran (`pass`: its counts alone); told
+    /// after [`Self::stepped`], for speculative decoding's totals.
+    fn speculated(&self, _pass: &crate::SpeculationStats) {}
+
     /// `sequences` jobs failed with `message`.
     fn failed(&self, _sequences: usize, _message: &str) {}
 

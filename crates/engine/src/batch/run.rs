@@ -8,7 +8,10 @@ use std::time::Instant;
 
 use super::idle::IdlePool;
 use super::{BatchLimits, BatchObserver, Event, EventSink, Queue, Queued};
-use crate::{Constraint, Engine, Finish, Generation, Session, Step};
+use strata_models::Logits;
+
+use crate::speculate::Drafted;
+use crate::{Constraint, Engine, Finish, Generation, Session, SpeculationStats};
 
 /// One sequence in the batch.
 struct Seq<'e> {
@@ -119,7 +122,8 @@ fn admit<'e>(
         return;
     }
     assert!(active.len() < limits.max_batch, "a job is admitted only where there is room");
-    let (session, reused) = idle.take(engine, &job.prompt, limits.max_batch - active.len());
+    let (mut session, reused) = idle.take(engine, &job.prompt, limits.max_batch - active.len());
+    session.prepare_drafter(&job.options.sampling);
     observer.admitted(job.prompt.len(), reused);
     active.push(Seq {
         session,
@@ -142,25 +146,50 @@ fn step(prefill_chunk_tokens: usize, active: &mut Vec<Seq<'_>>, observer: &dyn B
     let _span = tracing::debug_span!("step", requests = %RequestIds(active)).entered();
     let started = Instant::now();
     let mut prompt_budget = prefill_chunk_tokens;
-    // (index in `active`, tokens to feed); a sequence still waiting for its
-    // turn to prefill sits this step out.
-    let mut inputs: Vec<(usize, Vec<u32>)> = Vec::with_capacity(active.len());
+    // (index in `active`, tokens to feed, drafts among them); a sequence
+    // still waiting for its turn to prefill sits this step out, and one
+    // whose drafting failed leaves.
+    let mut inputs: Vec<(usize, Vec<u32>, Vec<Drafted>)> = Vec::with_capacity(active.len());
+    let mut failed_drafts: Vec<(usize, String)> = Vec::new();
     for (i, seq) in active.iter_mut().enumerate() {
         if seq.to_feed.is_empty() {
-            inputs.push((i, Vec::new()));
+            let drafts = match seq.session.drafts_next(seq.constraint.is_some()) {
+                true => std::panic::catch_unwind(AssertUnwindSafe(|| seq.generation.draft(&mut seq.session))),
+                false => Ok(Ok(Vec::new())),
+            };
+            match drafts {
+                Ok(Ok(drafts)) => inputs.push((i, drafts.iter().map(|d| d.token).collect(), drafts)),
+                Ok(Err(e)) => failed_drafts.push((i, e.to_string())),
+                Err(panic) => failed_drafts.push((i, panic_message(&*panic))),
+            }
         } else if prompt_budget > 0 {
             let n = seq.to_feed.len().min(prompt_budget);
             prompt_budget -= n;
-            inputs.push((i, seq.to_feed.drain(..n).collect()));
+            inputs.push((i, seq.to_feed.drain(..n).collect(), Vec::new()));
+        }
+    }
+    if !failed_drafts.is_empty() {
+        // Leaves from the back, so the indices before stay right.
+        for (i, message) in failed_drafts.iter().rev() {
+            let mut seq = active.remove(*i);
+            observer.failed(1, message);
+            seq.sink.send(Event::Failed(message.clone()));
+            for input in &mut inputs {
+                if input.0 > *i {
+                    input.0 -= 1;
+                }
+            }
         }
     }
     let fed = {
-        let fed_here: Vec<bool> = (0..active.len()).map(|i| inputs.iter().any(|&(j, _)| j == i)).collect();
+        let fed_here: Vec<bool> = (0..active.len()).map(|i| inputs.iter().any(|&(j, ..)| j == i)).collect();
         let mut sessions: Vec<&mut Session<'_>> =
             active.iter_mut().zip(&fed_here).filter(|(_, fed)| **fed).map(|(seq, _)| &mut seq.session).collect();
-        let tokens: Vec<&[u32]> = inputs.iter().map(|(_, t)| t.as_slice()).collect();
+        let tokens: Vec<&[u32]> = inputs.iter().map(|(_, t, _)| t.as_slice()).collect();
+        let which: Vec<Logits> =
+            inputs.iter().map(|(_, _, d)| if d.is_empty() { Logits::Last } else { Logits::All }).collect();
         // A panic in the engine fails this batch, not the thread.
-        std::panic::catch_unwind(AssertUnwindSafe(|| Session::feed_batch(&mut sessions, &tokens)))
+        std::panic::catch_unwind(AssertUnwindSafe(|| Session::feed_batch_rows(&mut sessions, &tokens, &which)))
     };
     let logits = match fed {
         Ok(Ok(logits)) => logits,
@@ -168,18 +197,19 @@ fn step(prefill_chunk_tokens: usize, active: &mut Vec<Seq<'_>>, observer: &dyn B
         Err(panic) => return fail_all(active, &panic_message(&*panic), observer),
     };
     let sequences = inputs.len();
-    let prompt_tokens: usize = inputs.iter().map(|(_, tokens)| tokens.len()).sum();
-    let mut next_logits: Vec<Option<Vec<f32>>> = vec![None; active.len()];
-    for ((i, fed), logits) in inputs.into_iter().zip(logits) {
+    let prompt_tokens: usize =
+        inputs.iter().filter(|(_, _, drafts)| drafts.is_empty()).map(|(_, tokens, _)| tokens.len()).sum();
+    let mut next_logits: Vec<Option<(Vec<f32>, Vec<Drafted>)>> = vec![None; active.len()];
+    for ((i, fed, drafts), logits) in inputs.into_iter().zip(logits) {
         // Mid-prompt logits are not sampled from.
         if active[i].to_feed.is_empty() {
-            if !fed.is_empty() {
+            if !fed.is_empty() && drafts.is_empty() {
                 // The end of a prompt: a later one sharing it (the next turn
                 // of a chat, the same system prompt) resumes here even when
                 // the sequence holds a recurrent state.
                 active[i].session.snapshot();
             }
-            next_logits[i] = Some(logits);
+            next_logits[i] = Some((logits, drafts));
         }
     }
     // Counted before any token goes out, so a listener that has its last
@@ -192,32 +222,39 @@ fn step(prefill_chunk_tokens: usize, active: &mut Vec<Seq<'_>>, observer: &dyn B
     active.retain_mut(|seq| {
         let logits = next_logits[index].take();
         index += 1;
-        let Some(mut logits) = logits else { return true };
+        let Some((mut logits, drafts)) = logits else { return true };
         let Seq { session, generation, constraint, sink, finished, .. } = seq;
+        // Nobody listening cancels (the sink holds every event a job sends,
+        // so it is never full).
+        let mut emit = |token: u32, is_eos: bool| {
+            if is_eos || sink.send(Event::Token(token)) { ControlFlow::Continue(()) } else { ControlFlow::Break(()) }
+        };
         // A panic in a constraint fails its own job only.
         let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            generation.step(session, &mut logits, constraint.as_deref_mut(), |token, is_eos| {
-                // Nobody listening cancels (the sink holds every event a
-                // job sends, so it is never full).
-                if is_eos || sink.send(Event::Token(token)) {
-                    ControlFlow::Continue(())
-                } else {
-                    ControlFlow::Break(())
-                }
-            })
+            if drafts.is_empty() {
+                let step = generation.step(session, &mut logits, constraint.as_deref_mut(), &mut emit)?;
+                session.policy_mut().plain_step(elapsed);
+                return Ok(step.finish);
+            }
+            let step = generation.step_drafted(session, &logits, &drafts, &mut emit)?;
+            session.policy_mut().verify_pass(step.tokens.len(), step.accepted, elapsed);
+            let mut pass = SpeculationStats::default();
+            pass.add_verify_pass(drafts.len(), step.accepted, step.tokens.len(), elapsed);
+            observer.speculated(&pass);
+            Ok(step.finish)
         }));
         let message = match stepped {
-            Ok(Ok(Step { finish: None, .. })) => return true,
-            Ok(Ok(Step { finish: Some(Finish::Cancelled), .. })) => {
+            Ok(Ok(None)) => return true,
+            Ok(Ok(Some(Finish::Cancelled))) => {
                 observer.cancelled(1);
                 return false;
             }
-            Ok(Ok(Step { finish: Some(finish), .. })) => {
+            Ok(Ok(Some(finish))) => {
                 sink.send(Event::Done { finish, completion_tokens: generation.generated_tokens() });
                 *finished = true;
                 return true;
             }
-            Ok(Err(e)) => e.to_string(),
+            Ok(Err(e)) => crate::Error::to_string(&e),
             Err(panic) => panic_message(&*panic),
         };
         observer.failed(1, &message);
