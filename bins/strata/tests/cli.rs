@@ -390,17 +390,22 @@ fn info_reports_kv_per_token_and_fixed_state_of_the_hybrid_configs() {
     }
 }
 
-/// What an Inkling session costs: `info` on the Hub config's shapes gives
-/// the 11 full layers' keys and values per token, and per sequence the 55
-/// sliding rings and every layer's four short-convolution states.
+/// What an Inkling session costs: `info` on the Hub config's shapes (and
+/// on `synth --like inkling`'s, the same) gives the 11 full layers' keys
+/// and values per token, and per sequence the 55 sliding rings and every
+/// layer's four short-convolution states.
 #[test]
 fn info_reports_inkling_rows_per_token_and_rings_and_convolutions_per_session() {
-    let out = strata(&["info", path(&fixture("inkling_hub").join("inkling"))]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("kv bytes/token 90112 (88.00 KiB)"), "{text}");
-    assert!(text.contains("state bytes/session 474079232 "), "{text}");
-    assert!(text.contains("55 x layer inkling 64 q / 16 kv heads x 128, window 512"), "{text}");
+    let synth = tempfile::tempdir().unwrap();
+    std::fs::write(synth.path().join("config.json"), strata_format::like_config("inkling", None).unwrap()).unwrap();
+    for dir in [fixture("inkling_hub").join("inkling"), synth.path().to_path_buf()] {
+        let out = strata(&["info", path(&dir)]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains("kv bytes/token 90112 (88.00 KiB)"), "{text}");
+        assert!(text.contains("state bytes/session 474079232 "), "{text}");
+        assert!(text.contains("55 x layer inkling 64 q / 16 kv heads x 128, window 512"), "{text}");
+    }
 }
 
 /// Kimi-Linear-48B-A3B-Instruct as published (testdata/kimi_linear_hub):

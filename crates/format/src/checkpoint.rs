@@ -15,6 +15,7 @@ use safetensors::tensor::{Dtype, SafeTensors};
 use serde_json::Value;
 
 mod interleaved;
+mod paired;
 
 pub use interleaved::InterleavedExperts;
 pub(crate) use interleaved::{fused_down, fused_gate_up, interleave, interleaved_sources};
@@ -246,9 +247,18 @@ impl Checkpoint {
 
     /// The first of `candidates` that the checkpoint stores, or derives
     /// from what it stores (a split expert bias, see
-    /// [`InterleavedExperts`]).
+    /// [`InterleavedExperts`]; half of a paired gate and up, `paired.rs`).
     pub fn resolve<'n>(&self, candidates: &'n [String]) -> Option<&'n str> {
-        candidates.iter().map(String::as_str).find(|name| self.has(name) || self.split_bias(name).is_some())
+        candidates
+            .iter()
+            .map(String::as_str)
+            .find(|name| self.has(name) || self.split_bias(name).is_some() || self.paired_half(name).is_some())
+    }
+
+    /// The stored tensor `name` is read from: itself, or the pair it is
+    /// half of.
+    pub fn stored_as(&self, name: &str) -> String {
+        self.paired_half(name).map_or_else(|| name.to_owned(), |(source, _)| source)
     }
 
     /// A whole tensor decoded to f32, with its shape.
@@ -265,6 +275,9 @@ impl Checkpoint {
     pub fn rows_f32(&self, name: &str, row_start: usize, row_count: usize) -> Result<Vec<f32>> {
         if let Some((source, parity)) = self.split_bias(name) {
             return self.split_bias_rows(&source, parity, row_start, row_count);
+        }
+        if let Some((source, parity)) = self.paired_half(name) {
+            return self.paired_rows(&source, parity, row_start, row_count);
         }
         let loc = self.loc(name)?;
         let (rows, cols) = as_matrix(name, &loc.shape)?;
@@ -293,6 +306,9 @@ impl Checkpoint {
             return Err(Error::ExpertOutOfRange { layer, expert, num_experts: e });
         }
 
+        if self.has_paired_experts(arch, layer) {
+            return self.paired_expert_f32(arch, layer, expert);
+        }
         let (fused_gate_up, fused_down) = names::fused_expert_names(layer);
         let prefix = fused_gate_up.trim_end_matches("gate_up_proj");
         if interleaved::is_interleaved(self, prefix) {
@@ -328,6 +344,9 @@ impl Checkpoint {
         if let (Some((source, _)), [experts, width]) = (self.split_bias(name), expected) {
             // Its source interleaves two such biases.
             return self.check_shape(&source, &[*experts, 2 * width]);
+        }
+        if let Some((source, _)) = self.paired_half(name) {
+            return self.check_paired_shape(name, &source, expected);
         }
         let loc = self.loc(name)?;
         if loc.shape != expected {

@@ -137,6 +137,11 @@ pub(crate) trait Source {
     fn expert_sources(&self, _arch: &ModelArch, _layer: usize) -> Vec<String> {
         Vec::new()
     }
+    /// The stored tensor that resolved name `name` is read from (itself,
+    /// or the pair holding it, Inkling's hub `w13`).
+    fn stored_as(&self, name: &str) -> String {
+        name.to_owned()
+    }
     /// A directory whose tokenizer and generation files are copied along.
     fn aux_dir(&self) -> Option<&Path> {
         None
@@ -176,7 +181,14 @@ impl Source for Checkpoint {
         self.shape(name).is_ok_and(|shape| !shape.contains(&0))
     }
 
+    fn stored_as(&self, name: &str) -> String {
+        Checkpoint::stored_as(self, name)
+    }
+
     fn expert_sources(&self, arch: &ModelArch, layer: usize) -> Vec<String> {
+        if let Some(paired) = names::paired_expert_names(&arch.core, layer).filter(|[w13, _]| self.has(w13)) {
+            return paired.into();
+        }
         // Published per-expert names, or the fused 3-D tensors of transformers 5.x.
         let (fused_gate_up, fused_down) = names::fused_expert_names(layer);
         let interleaved = crate::checkpoint::interleaved_sources(self, fused_gate_up.trim_end_matches("gate_up_proj"));
@@ -300,7 +312,7 @@ pub(crate) fn write_container(source: &dyn Source, out_dir: &Path, opts: &Conver
 fn tensors_read(source: &dyn Source, arch: &ModelArch) -> Result<HashSet<String>> {
     let mut read: HashSet<String> = HashSet::new();
     for desc in names::dense_tensors(arch) {
-        read.insert(resolve_dense(source, arch, &desc.name)?);
+        read.insert(source.stored_as(&resolve_dense(source, arch, &desc.name)?));
     }
     for layer in arch.expert_layers() {
         read.extend(source.expert_sources(arch, layer));
@@ -378,7 +390,7 @@ impl Work<'_> {
                 group,
                 crc32c: Some(placed.crc32c),
             });
-            used.insert(source);
+            used.insert(self.source.stored_as(&source));
             self.bar.inc(1);
         }
         Ok((tensors, out.finish(DENSE_FILE)?))

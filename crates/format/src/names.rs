@@ -296,6 +296,16 @@ pub fn fused_expert_names(layer: usize) -> (String, String) {
     (format!("{p}mlp.experts.gate_up_proj"), format!("{p}mlp.experts.down_proj"))
 }
 
+/// A layer's routed experts as its family's hub stores them when that
+/// spelling renames transformers' fused tensors (Inkling's `w13_weight`,
+/// gate and up rows paired, `[E, 2I, H]`, and `w2_weight`, `[E, H, I]`;
+/// read by `checkpoint/paired.rs`); `None` for other families.
+pub fn paired_expert_names(core: &CoreSpec, layer: usize) -> Option<[String; 2]> {
+    let (gate_up, down) = fused_expert_names(layer);
+    let hub = respelled(&gate_up, core.family.def().hub_spelling());
+    (hub != gate_up).then(|| [hub, respelled(&down, core.family.def().hub_spelling())])
+}
+
 /// `name` with each of `renames` (`(canonical, stored)` parts) applied in
 /// order, to every occurrence: a later rename sees the earlier ones' output,
 /// as transformers' conversion mapping renames one key step by step.
@@ -307,10 +317,12 @@ fn respelled(name: &str, renames: &[(&str, &str)]) -> String {
 /// (transformers 5.x renames some modules when loading, and saves them so
 /// unless asked for the original format; a family's saved spelling, whole;
 /// an alias part of the name or of its saved spelling, e.g. DeepSeek V4's
-/// hub names: its saved names without the `model.` prefix).
+/// hub names: its saved names without the `model.` prefix; a family's hub
+/// spelling, whole).
 pub fn aliases(core: &CoreSpec, name: &str) -> Vec<String> {
     let naming = naming(core);
     let saved = respelled(name, naming.saved_as);
+    let hub = respelled(name, core.family.def().hub_spelling());
     let aliased = |base: &str| -> Vec<String> {
         naming
             .aliases
@@ -320,7 +332,7 @@ pub fn aliases(core: &CoreSpec, name: &str) -> Vec<String> {
             .collect()
     };
     let mut out: Vec<String> = Vec::new();
-    for candidate in aliased(name).into_iter().chain([saved.clone()]).chain(aliased(&saved)) {
+    for candidate in aliased(name).into_iter().chain([saved.clone()]).chain(aliased(&saved)).chain([hub]) {
         if candidate != name && !out.contains(&candidate) {
             out.push(candidate);
         }

@@ -24,8 +24,11 @@ use crate::{Error, Result};
 /// Qwen models the shapes transformers 5.23's config classes default to,
 /// which describe Qwen3.5/3.6-35B-A3B (in the hub's multimodal wrapper) and
 /// Qwen3-Next-80B-A3B; and DeepSeek V4 Flash's shapes in the hub's spelling
-/// (testdata/deepseek_v4/flash_shape, its FP8 and FP4 storage left out).
-pub const LIKE: [(&str, &str); 6] = [
+/// (testdata/deepseek_v4/flash_shape, its FP8 and FP4 storage left out);
+/// Inkling's (975B) in the hub's wrapper, `InklingTextConfig`'s defaults
+/// (testdata/inkling_hub, its vision and audio towers, MTP layer and NVFP4
+/// storage left out).
+pub const LIKE: [(&str, &str); 7] = [
     (
         "olmoe-1b-7b",
         r#"{"model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 1024,
@@ -91,6 +94,18 @@ pub const LIKE: [(&str, &str); 6] = [
             "hc_eps": 1e-06, "max_position_embeddings": 1048576, "rms_norm_eps": 1e-06,
             "num_nextn_predict_layers": 1, "hidden_act": "silu", "bos_token_id": 0, "eos_token_id": 1,
             "tie_word_embeddings": false, "torch_dtype": "bfloat16"}"#,
+    ),
+    (
+        "inkling",
+        r#"{"model_type": "inkling_mm_model", "text_config": {
+            "model_type": "inkling_text", "vocab_size": 201024, "unpadded_vocab_size": 200058, "hidden_size": 6144,
+            "num_hidden_layers": 66, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+            "swa_num_attention_heads": 64, "swa_num_key_value_heads": 16, "swa_head_dim": 128,
+            "sliding_window_size": 512, "d_rel": 16, "rel_extent": 1024, "sconv_kernel_size": 4, "dense_mlp_idx": 0,
+            "intermediate_size": 3072, "dense_intermediate_size": 24576, "n_routed_experts": 256,
+            "num_experts_per_tok": 6, "n_shared_experts": 2, "route_scale": 8.0, "logits_mup_width_multiplier": 24.0,
+            "rms_norm_eps": 1e-06, "model_max_length": 131072, "hidden_act": "silu", "bos_token_id": 1,
+            "eos_token_id": 2}}"#,
     ),
 ];
 

@@ -59,7 +59,7 @@ fn overflow(prefix: &str) -> Error {
 
 /// Splits `[2·inter, cols]` rows whose even rows are the gate's and odd
 /// rows the up's into gate and up, `[inter, cols]` each.
-fn split_rows(rows: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) {
+pub(super) fn split_rows(rows: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) {
     let (mut gate, mut up) = (Vec::with_capacity(rows.len() / 2), Vec::with_capacity(rows.len() / 2));
     for pair in rows.chunks_exact(2 * cols) {
         gate.extend_from_slice(&pair[..cols]);

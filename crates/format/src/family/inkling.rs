@@ -8,8 +8,8 @@
 //! multiplier and cut to the unpadded vocabulary (docs/inkling.md).
 //!
 //! Tensors are named as transformers' `save_pretrained` writes the text
-//! model; the Hub's own names (`model.llm.…`, fused interleaved `w13`) and
-//! its NVFP4 experts are not read yet.
+//! model, or as the Hub's checkpoints do (`HUB_SPELLING`: `model.llm.…`,
+//! gate and up rows paired in `w13`); the Hub's NVFP4 experts are refused.
 
 use serde_json::{Map, Value, json};
 
@@ -29,6 +29,37 @@ const TEXT_MODEL_TYPE: &str = "inkling_text";
 
 /// `model_type` of the Hub's multimodal wrapper.
 const WRAPPER_MODEL_TYPE: &str = "inkling_mm_model";
+
+/// `save_pretrained`'s names (canonical) → the hub's, the inverse of
+/// transformers 5.23's `inkling_mm_model` conversion mapping, in order:
+/// the model's own tensors under `model.llm.`, the attention under `attn.`
+/// with the hub's projection names, the convolutions without `conv1d.`,
+/// the norms by block, the router's bias, dense `w2_md` and the fused
+/// experts' `w13_weight`/`w2_weight`. The gate and up halves of dense
+/// `w13_dn` and shared `shared_w13_weight` keep their canonical ends and
+/// are read from the pair (`checkpoint/paired.rs`).
+const HUB_SPELLING: &[(&str, &str)] = &[
+    ("model.embed_tokens.embed_norm.", "model.llm.embed_norm."),
+    ("model.embed_tokens.", "model.llm.embed."),
+    ("model.norm.", "model.llm.norm."),
+    ("lm_head.", "model.llm.unembed."),
+    ("model.layers.", "model.llm.layers."),
+    (".self_attn.q_proj.", ".attn.wq_du."),
+    (".self_attn.k_proj.", ".attn.wk_dv."),
+    (".self_attn.v_proj.", ".attn.wv_dv."),
+    (".self_attn.r_proj.", ".attn.wr_du."),
+    (".self_attn.o_proj.", ".attn.wo_ud."),
+    // q_norm, k_norm, k_sconv, v_sconv, rel_logits_proj.
+    (".self_attn.", ".attn."),
+    ("_sconv.conv1d.", "_sconv."),
+    (".input_layernorm.", ".attn_norm."),
+    (".post_attention_layernorm.", ".mlp_norm."),
+    (".mlp.gate.e_score_correction_bias", ".mlp.gate.bias"),
+    (".mlp.down_proj.", ".mlp.w2_md."),
+    (".mlp.shared_experts.down_proj", ".mlp.shared_experts.shared_w2_weight"),
+    (".mlp.experts.gate_up_proj", ".mlp.experts.w13_weight"),
+    (".mlp.experts.down_proj", ".mlp.experts.w2_weight"),
+];
 
 /// The text model's keys, with the spellings `InklingTextConfig`'s
 /// `attribute_map` and `__post_init__` accept from checkpoints.
@@ -179,6 +210,10 @@ impl FamilyDef for Inkling {
 
     fn naming(&self) -> &'static Naming {
         &HF_NAMING
+    }
+
+    fn hub_spelling(&self) -> &'static [(&'static str, &'static str)] {
+        HUB_SPELLING
     }
 
     fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {

@@ -117,6 +117,14 @@ pub(crate) trait FamilyDef: Sync {
     /// How the family's tensors are named in its published checkpoints.
     fn naming(&self) -> &'static Naming;
 
+    /// `(canonical, hub)`: how the family's hub checkpoints spell every
+    /// canonical name, each part renamed in turn like
+    /// [`Naming::saved_as`], when no one part can say it (Inkling's
+    /// `model.llm.` prefix and its own module names at once).
+    fn hub_spelling(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+
     /// The config keys the family reads and those known not to change the
     /// computation, and the tensors known to be unused (`known.rs`).
     fn known(&self) -> &'static Known;
