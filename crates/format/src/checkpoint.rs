@@ -234,7 +234,50 @@ impl Checkpoint {
     /// from what it stores (a split expert bias, see
     /// [`InterleavedExperts`]).
     pub fn resolve<'n>(&self, candidates: &'n [String]) -> Option<&'n str> {
-        candidates.iter().map(String::as_str).find(|name| self.has(name) || self.split_bias(name).is_some())
+        candidates
+            .iter()
+            .map(String::as_str)
+            .find(|name| self.has(name) || self.split_bias(name).is_some() || !self.row_shards(name).is_empty())
+    }
+
+    /// The tensors `name` is stored as: itself, or the row shards it is
+    /// joined from (see [`Checkpoint::row_shards`]).
+    pub fn stored_as(&self, name: &str) -> Vec<String> {
+        match self.row_shards(name) {
+            shards if shards.is_empty() => vec![name.to_owned()],
+            shards => shards,
+        }
+    }
+
+    /// The shards `X.shard_{k}.weight` (k = 0, 1, … while stored) a matrix
+    /// `X.weight` that is not stored itself is split into by rows: the
+    /// PLE tables (`ngram_embedding`, `split_ngram_parts` shards, as
+    /// transformers' `Concatenate(dim=0)` joins them). Empty otherwise.
+    pub fn row_shards(&self, name: &str) -> Vec<String> {
+        let Some(base) = name.strip_suffix(".weight").filter(|_| !self.has(name)) else { return Vec::new() };
+        (0..).map(|k| format!("{base}.shard_{k}.weight")).take_while(|shard| self.has(shard)).collect()
+    }
+
+    /// Rows of a matrix stored as row shards, from each shard in turn.
+    fn shard_rows_f32(&self, shards: &[String], mut row_start: usize, mut row_count: usize) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        for shard in shards {
+            let (rows, _) = as_matrix(shard, &self.loc(shard)?.shape)?;
+            if row_start >= rows {
+                row_start -= rows;
+                continue;
+            }
+            let take = row_count.min(rows - row_start);
+            out.extend(self.rows_f32(shard, row_start, take)?);
+            (row_start, row_count) = (0, row_count - take);
+            if row_count == 0 {
+                return Ok(out);
+            }
+        }
+        Err(Error::Checkpoint {
+            path: self.dir.clone(),
+            reason: format!("tensor {:?}: {row_count} rows past its shards' end", shards.first()),
+        })
     }
 
     /// A whole tensor decoded to f32, with its shape.
@@ -251,6 +294,10 @@ impl Checkpoint {
     pub fn rows_f32(&self, name: &str, row_start: usize, row_count: usize) -> Result<Vec<f32>> {
         if let Some((source, parity)) = self.split_bias(name) {
             return self.split_bias_rows(&source, parity, row_start, row_count);
+        }
+        let shards = self.row_shards(name);
+        if !shards.is_empty() {
+            return self.shard_rows_f32(&shards, row_start, row_count);
         }
         let loc = self.loc(name)?;
         let (rows, cols) = as_matrix(name, &loc.shape)?;
@@ -314,6 +361,34 @@ impl Checkpoint {
         if let (Some((source, _)), [experts, width]) = (self.split_bias(name), expected) {
             // Its source interleaves two such biases.
             return self.check_shape(&source, &[*experts, 2 * width]);
+        }
+        let shards = self.row_shards(name);
+        if let [rows, cols] = expected
+            && !shards.is_empty()
+        {
+            // Every shard `[r_k, cols]`, the r_k summing to `rows`.
+            let mut total: usize = 0;
+            for shard in &shards {
+                let shape = &self.loc(shard)?.shape;
+                match shape[..] {
+                    [r, c] if c == *cols => total = total.checked_add(r).unwrap_or(usize::MAX),
+                    _ => {
+                        return Err(Error::TensorShape {
+                            name: shard.clone(),
+                            expected: vec![0, *cols],
+                            found: shape.clone(),
+                        });
+                    }
+                }
+            }
+            if total != *rows {
+                return Err(Error::TensorShape {
+                    name: name.to_owned(),
+                    expected: expected.to_vec(),
+                    found: vec![total, *cols],
+                });
+            }
+            return Ok(());
         }
         let loc = self.loc(name)?;
         if loc.shape != expected {

@@ -123,6 +123,11 @@ pub(crate) trait Source {
     fn rows_f32(&self, name: &str, row_start: usize, row_count: usize, cols: usize) -> Result<Vec<f32>>;
     /// Gate, up and down of one routed expert, as f32.
     fn expert_f32(&self, arch: &ModelArch, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]>;
+    /// The source tensors holding the resolved tensor `name` (several
+    /// where it is joined from row shards).
+    fn stored_as(&self, name: &str) -> Vec<String> {
+        vec![name.to_owned()]
+    }
     /// Every tensor name in the source, to report the ones left unused.
     fn tensor_names(&self) -> Vec<String> {
         Vec::new()
@@ -166,6 +171,10 @@ impl Source for Checkpoint {
 
     fn expert_f32(&self, arch: &ModelArch, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
         Checkpoint::expert_f32(self, arch, layer, expert)
+    }
+
+    fn stored_as(&self, name: &str) -> Vec<String> {
+        Checkpoint::stored_as(self, name)
     }
 
     fn tensor_names(&self) -> Vec<String> {
@@ -300,7 +309,7 @@ pub(crate) fn write_container(source: &dyn Source, out_dir: &Path, opts: &Conver
 fn tensors_read(source: &dyn Source, arch: &ModelArch) -> Result<HashSet<String>> {
     let mut read: HashSet<String> = HashSet::new();
     for desc in names::dense_tensors(arch) {
-        read.insert(resolve_dense(source, arch, &desc.name)?);
+        read.extend(source.stored_as(&resolve_dense(source, arch, &desc.name)?));
     }
     for layer in arch.expert_layers() {
         read.extend(source.expert_sources(arch, layer));
@@ -378,7 +387,7 @@ impl Work<'_> {
                 group,
                 crc32c: Some(placed.crc32c),
             });
-            used.insert(source);
+            used.extend(self.source.stored_as(&source));
             self.bar.inc(1);
         }
         Ok((tensors, out.finish(DENSE_FILE)?))

@@ -102,6 +102,14 @@ impl Streams {
     }
 
     /// Rows of the pass.
+    /// Every stream of every token, `[tokens, streams · hidden]`, between
+    /// blocks (no mix pending), for what adds to all streams at once (the
+    /// PLE).
+    pub fn rows_mut(&mut self) -> &mut [f32] {
+        assert!(self.mixed.is_none(), "no block's mix is pending");
+        &mut self.rows
+    }
+
     pub fn tokens(&self) -> usize {
         self.rows.len() / (self.streams * self.hidden)
     }
