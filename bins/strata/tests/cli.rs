@@ -518,7 +518,7 @@ fn info_reports_the_ple_table_on_disk_and_state_of_the_published_qwen3_8_flash_n
     let out = strata(&["info", path(dir.path())]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
-    let is_prime = |n: u64| n > 1 && (2..).take_while(|d| d * d <= n).all(|d| n % d != 0);
+    let is_prime = |n: u64| n > 1 && (2..).take_while(|d| d * d <= n).all(|d| !n.is_multiple_of(d));
     let primes: u64 = (20_000_000u64..).filter(|&n| is_prime(n)).take(16).sum();
     let table_rows = primes.div_ceil(128) * 128;
     let (hidden, streams) = (2560u64, 4u64);

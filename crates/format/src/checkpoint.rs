@@ -371,7 +371,7 @@ impl Checkpoint {
             for shard in &shards {
                 let shape = &self.loc(shard)?.shape;
                 match shape[..] {
-                    [r, c] if c == *cols => total = total.checked_add(r).unwrap_or(usize::MAX),
+                    [r, c] if c == *cols => total = total.saturating_add(r),
                     _ => {
                         return Err(Error::TensorShape {
                             name: shard.clone(),
