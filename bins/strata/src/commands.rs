@@ -473,9 +473,13 @@ fn print_checkpoint_bytes(arch: &strata_format::ModelArch) -> Result<()> {
     let overflow = || anyhow::anyhow!("the config's tensor sizes overflow 64 bits");
     let bytes =
         |shape: &[usize]| shape.iter().try_fold(BF16_BYTES, |n, &d| n.checked_mul(d as u64)).ok_or_else(overflow);
-    let mut dense_bytes = 0u64;
+    let (mut dense_bytes, mut ple_bytes) = (0u64, 0u64);
     for tensor in strata_format::names::dense_tensors(arch) {
-        dense_bytes = dense_bytes.checked_add(bytes(&tensor.shape)?).ok_or_else(overflow)?;
+        let tensor_bytes = bytes(&tensor.shape)?;
+        dense_bytes = dense_bytes.checked_add(tensor_bytes).ok_or_else(overflow)?;
+        if strata_format::names::is_ple_table(&tensor.name) {
+            ple_bytes = ple_bytes.checked_add(tensor_bytes).ok_or_else(overflow)?;
+        }
     }
     let mut per_expert_bytes = 0u64;
     for shape in strata_format::names::expert_shapes(arch) {
@@ -486,7 +490,16 @@ fn print_checkpoint_bytes(arch: &strata_format::ModelArch) -> Result<()> {
     println!("bytes dense   {dense_bytes} ({}) at bf16", ByteSize(dense_bytes));
     println!("bytes/expert  {per_expert_bytes} ({}) at bf16", ByteSize(per_expert_bytes));
     println!("bytes experts {expert_bytes} ({}) at bf16, {experts} experts", ByteSize(expert_bytes));
+    print_ple_bytes(ple_bytes, " at bf16");
     Ok(())
+}
+
+/// The PLE tables' share of the dense bytes: on disk, read by row (a line
+/// only where the model has them).
+fn print_ple_bytes(ple_bytes: u64, precision: &str) {
+    if ple_bytes > 0 {
+        println!("bytes ple     {ple_bytes} ({}){precision}, n-gram tables read by row from disk", ByteSize(ple_bytes));
+    }
 }
 
 /// The common part, then each distinct kind of layer once with how many
@@ -584,6 +597,8 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     println!("bytes/expert  {} ({})", per_expert_bytes, ByteSize(per_expert_bytes));
     println!("bytes experts {} ({})", expert_bytes, ByteSize(expert_bytes));
     println!("bytes total   {} ({})", total_bytes, ByteSize(total_bytes));
+    let ple_tables = manifest.tensors.iter().filter(|t| strata_format::names::is_ple_table(&t.name));
+    print_ple_bytes(ple_tables.map(|t| t.length_bytes + t.scale_length_bytes).sum(), "");
     // Loading checks the template as every binary that chats does (a sample
     // conversation within the render limits).
     match strata_text::ChatTemplate::from_dir(model_dir)? {

@@ -508,6 +508,40 @@ fn info_reports_bytes_and_state_of_the_published_glm5_next_config() {
     }
 }
 
+/// Qwen3.8-Flash-Next's published shapes (`synth --like
+/// qwen3.8-flash-next`): `info` on the config alone gives its three layer
+/// kinds, the n-gram PLE table's bytes at bf16 (16 heads' primes from 20 M,
+/// padded to 128 rows, x 160: 51 B parameters) read by row from disk, and
+/// per session the 12 QSA layers' keys, values and raw index keys and the
+/// PLE layer's token id per token, the 36 DeltaNet states and the PLE's
+/// dilated convolution rows.
+#[test]
+fn info_reports_the_ple_table_on_disk_and_state_of_the_published_qwen3_8_flash_next_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = strata_format::like_config("qwen3.8-flash-next", None).unwrap();
+    std::fs::write(dir.path().join("config.json"), config).unwrap();
+    let out = strata(&["info", path(dir.path())]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let is_prime = |n: u64| n > 1 && (2..).take_while(|d| d * d <= n).all(|d| !n.is_multiple_of(d));
+    let primes: u64 = (20_000_000u64..).filter(|&n| is_prime(n)).take(16).sum();
+    let table_rows = primes.div_ceil(128) * 128;
+    let (hidden, streams) = (2560u64, 4u64);
+    let gdn_state = 48 * 128 * 128 + (2 * 16 * 128 + 48 * 128) * 3;
+    let ple_conv = (4 - 1) * 3 * streams * hidden;
+    for line in [
+        "  12 x layer gqa 24 q / 2 kv heads x 256, rope 64, gated, qsa 4 heads x 128, 2048 tokens in blocks of 4;"
+            .to_owned(),
+        "n-gram PLE 16 heads x 160 (3-grams), conv 4 dilated 3".to_owned(),
+        format!("bytes ple     {} ", table_rows * 160 * 2),
+        format!("kv bytes/token {} ", 12 * (2 * 2 * 256 + 128) * 4 + 4),
+        format!("state bytes/session {} ", (36 * gdn_state + ple_conv) * 4),
+    ] {
+        assert!(text.contains(&line), "{line:?} in:\n{text}");
+    }
+    assert!(table_rows * 160 > 51_000_000_000, "the 51 B-parameter table");
+}
+
 /// A malformed tokenizer.json was copied by `convert` without a word, and
 /// failed only when the converted model started. `convert` now refuses it
 /// first, in one line naming the file, and converts nothing.

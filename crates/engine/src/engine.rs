@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use strata_format::{Container, CoreSpec, Embedding, ExpertKind, FfnKind, FfnSpec, LayerSpec, ModelArch, SwiGlu};
+use strata_format::{
+    Container, CoreSpec, Embedding, ExpertKind, FfnKind, FfnSpec, LayerSpec, ModelArch, RowReads, SwiGlu,
+};
 use strata_kernels::{ActivationPrecision, Threads};
 use strata_kv::SequenceState;
 use strata_models::{CausalLm, DeviceRequest, Logits, Runtime, SeqBatch};
@@ -469,6 +471,11 @@ impl Engine {
     /// Expert-store counters since the engine opened.
     pub fn store_stats(&self) -> StoreStats {
         self.store.stats()
+    }
+
+    /// Rows and bytes read so far from the PLE tables on disk.
+    pub fn ple_row_reads(&self) -> RowReads {
+        self.container.ple_row_reads()
     }
 
     /// Stall and compute time of the MoE pipeline since the engine opened.

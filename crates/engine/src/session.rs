@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde::Serialize;
+use strata_format::RowReads;
 use strata_kv::{Persist, SequenceState, SessionFile};
 use strata_models::{Logits, SeqBatch};
 use strata_sched::LayerStats;
@@ -77,6 +78,11 @@ pub struct RunStats {
     pub layer_prefetch_recall: Vec<Option<f64>>,
     /// Speculative decoding's counts (`None`: the engine does not draft).
     pub speculation: Option<SpeculationStats>,
+    /// Rows read from the PLE tables kept on disk (Qwen3.8-Flash-Next's
+    /// n-gram rows, one per head and token of a PLE layer) and their bytes;
+    /// no row cache stands before them, so every row is a read.
+    pub ple_rows_read: u64,
+    pub ple_bytes_read: u64,
     /// One entry per forward pass: the prompt's prefill, then each decoded token.
     pub per_token: Vec<StepStats>,
 }
@@ -111,11 +117,17 @@ struct Counters {
     at: Instant,
     store: StoreStats,
     pipeline: LayerStats,
+    ple: RowReads,
 }
 
 impl Counters {
     fn take(engine: &Engine) -> Self {
-        Self { at: Instant::now(), store: engine.store_stats(), pipeline: engine.pipeline_stats() }
+        Self {
+            at: Instant::now(),
+            store: engine.store_stats(),
+            pipeline: engine.pipeline_stats(),
+            ple: engine.ple_row_reads(),
+        }
     }
 
     fn step_since(&self, engine: &Engine, tokens: usize) -> StepStats {
@@ -139,6 +151,8 @@ impl Counters {
         let accesses = stats.expert_hits + stats.expert_misses;
         stats.expert_hit_rate = if accesses > 0 { stats.expert_hits as f64 / accesses as f64 } else { 0.0 };
         stats.bytes_read = now.store.bytes_read - self.store.bytes_read;
+        stats.ple_rows_read = now.ple.rows - self.ple.rows;
+        stats.ple_bytes_read = now.ple.bytes - self.ple.bytes;
         stats.stall_ms = (now.pipeline.stall_ns - self.pipeline.stall_ns) as f64 / 1e6;
         stats.expert_compute_ms = (now.pipeline.compute_ns - self.pipeline.compute_ns) as f64 / 1e6;
         stats.expert_cache_bytes = engine.expert_cache_bytes() as u64;

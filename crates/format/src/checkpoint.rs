@@ -252,13 +252,55 @@ impl Checkpoint {
         candidates
             .iter()
             .map(String::as_str)
-            .find(|name| self.has(name) || self.split_bias(name).is_some() || self.paired_half(name).is_some())
+            .find(|name| {
+                self.has(name)
+                    || self.split_bias(name).is_some()
+                    || self.paired_half(name).is_some()
+                    || !self.row_shards(name).is_empty()
+            })
     }
 
-    /// The stored tensor `name` is read from: itself, or the pair it is
-    /// half of.
-    pub fn stored_as(&self, name: &str) -> String {
-        self.paired_half(name).map_or_else(|| name.to_owned(), |(source, _)| source)
+    /// The stored tensors `name` is read from: itself, the pair it is half
+    /// of, or the row shards it is joined from (see [`Checkpoint::row_shards`]).
+    pub fn stored_as(&self, name: &str) -> Vec<String> {
+        if let Some((source, _)) = self.paired_half(name) {
+            return vec![source];
+        }
+        match self.row_shards(name) {
+            shards if shards.is_empty() => vec![name.to_owned()],
+            shards => shards,
+        }
+    }
+
+    /// The shards `X.shard_{k}.weight` (k = 0, 1, … while stored) a matrix
+    /// `X.weight` that is not stored itself is split into by rows: the
+    /// PLE tables (`ngram_embedding`, `split_ngram_parts` shards, as
+    /// transformers' `Concatenate(dim=0)` joins them). Empty otherwise.
+    pub fn row_shards(&self, name: &str) -> Vec<String> {
+        let Some(base) = name.strip_suffix(".weight").filter(|_| !self.has(name)) else { return Vec::new() };
+        (0..).map(|k| format!("{base}.shard_{k}.weight")).take_while(|shard| self.has(shard)).collect()
+    }
+
+    /// Rows of a matrix stored as row shards, from each shard in turn.
+    fn shard_rows_f32(&self, shards: &[String], mut row_start: usize, mut row_count: usize) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        for shard in shards {
+            let (rows, _) = as_matrix(shard, &self.loc(shard)?.shape)?;
+            if row_start >= rows {
+                row_start -= rows;
+                continue;
+            }
+            let take = row_count.min(rows - row_start);
+            out.extend(self.rows_f32(shard, row_start, take)?);
+            (row_start, row_count) = (0, row_count - take);
+            if row_count == 0 {
+                return Ok(out);
+            }
+        }
+        Err(Error::Checkpoint {
+            path: self.dir.clone(),
+            reason: format!("tensor {:?}: {row_count} rows past its shards' end", shards.first()),
+        })
     }
 
     /// A whole tensor decoded to f32, with its shape.
@@ -278,6 +320,10 @@ impl Checkpoint {
         }
         if let Some((source, parity)) = self.paired_half(name) {
             return self.paired_rows(&source, parity, row_start, row_count);
+        }
+        let shards = self.row_shards(name);
+        if !shards.is_empty() {
+            return self.shard_rows_f32(&shards, row_start, row_count);
         }
         let loc = self.loc(name)?;
         let (rows, cols) = as_matrix(name, &loc.shape)?;
@@ -347,6 +393,34 @@ impl Checkpoint {
         }
         if let Some((source, _)) = self.paired_half(name) {
             return self.check_paired_shape(name, &source, expected);
+        }
+        let shards = self.row_shards(name);
+        if let [rows, cols] = expected
+            && !shards.is_empty()
+        {
+            // Every shard `[r_k, cols]`, the r_k summing to `rows`.
+            let mut total: usize = 0;
+            for shard in &shards {
+                let shape = &self.loc(shard)?.shape;
+                match shape[..] {
+                    [r, c] if c == *cols => total = total.saturating_add(r),
+                    _ => {
+                        return Err(Error::TensorShape {
+                            name: shard.clone(),
+                            expected: vec![0, *cols],
+                            found: shape.clone(),
+                        });
+                    }
+                }
+            }
+            if total != *rows {
+                return Err(Error::TensorShape {
+                    name: name.to_owned(),
+                    expected: expected.to_vec(),
+                    found: vec![total, *cols],
+                });
+            }
+            return Ok(());
         }
         let loc = self.loc(name)?;
         if loc.shape != expected {

@@ -123,6 +123,12 @@ pub(crate) trait Source {
     fn rows_f32(&self, name: &str, row_start: usize, row_count: usize, cols: usize) -> Result<Vec<f32>>;
     /// Gate, up and down of one routed expert, as f32.
     fn expert_f32(&self, arch: &ModelArch, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]>;
+    /// The source tensors holding the resolved tensor `name`: itself, the
+    /// pair holding it (Inkling's hub `w13`), or the row shards it is
+    /// joined from.
+    fn stored_as(&self, name: &str) -> Vec<String> {
+        vec![name.to_owned()]
+    }
     /// Every tensor name in the source, to report the ones left unused.
     fn tensor_names(&self) -> Vec<String> {
         Vec::new()
@@ -136,11 +142,6 @@ pub(crate) trait Source {
     /// The source tensors holding `layer`'s routed experts.
     fn expert_sources(&self, _arch: &ModelArch, _layer: usize) -> Vec<String> {
         Vec::new()
-    }
-    /// The stored tensor that resolved name `name` is read from (itself,
-    /// or the pair holding it, Inkling's hub `w13`).
-    fn stored_as(&self, name: &str) -> String {
-        name.to_owned()
     }
     /// A directory whose tokenizer and generation files are copied along.
     fn aux_dir(&self) -> Option<&Path> {
@@ -173,16 +174,16 @@ impl Source for Checkpoint {
         Checkpoint::expert_f32(self, arch, layer, expert)
     }
 
+    fn stored_as(&self, name: &str) -> Vec<String> {
+        Checkpoint::stored_as(self, name)
+    }
+
     fn tensor_names(&self) -> Vec<String> {
         self.names().map(str::to_owned).collect()
     }
 
     fn has_elements(&self, name: &str) -> bool {
         self.shape(name).is_ok_and(|shape| !shape.contains(&0))
-    }
-
-    fn stored_as(&self, name: &str) -> String {
-        Checkpoint::stored_as(self, name)
     }
 
     fn expert_sources(&self, arch: &ModelArch, layer: usize) -> Vec<String> {
@@ -312,7 +313,7 @@ pub(crate) fn write_container(source: &dyn Source, out_dir: &Path, opts: &Conver
 fn tensors_read(source: &dyn Source, arch: &ModelArch) -> Result<HashSet<String>> {
     let mut read: HashSet<String> = HashSet::new();
     for desc in names::dense_tensors(arch) {
-        read.insert(source.stored_as(&resolve_dense(source, arch, &desc.name)?));
+        read.extend(source.stored_as(&resolve_dense(source, arch, &desc.name)?));
     }
     for layer in arch.expert_layers() {
         read.extend(source.expert_sources(arch, layer));
@@ -390,7 +391,7 @@ impl Work<'_> {
                 group,
                 crc32c: Some(placed.crc32c),
             });
-            used.insert(self.source.stored_as(&source));
+            used.extend(self.source.stored_as(&source));
             self.bar.inc(1);
         }
         Ok((tensors, out.finish(DENSE_FILE)?))

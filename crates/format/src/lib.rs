@@ -44,7 +44,7 @@ pub mod temporaries;
 pub mod test_util;
 
 pub use checkpoint::Checkpoint;
-pub use container::{ComponentLayout, Container, DenseId, Embedding, ExpertLayout, Manifest};
+pub use container::{ComponentLayout, Container, DenseId, Embedding, ExpertLayout, Manifest, RowReads};
 pub use convert::{CHUNK_ELEMS, ConvertOptions, ConvertReport, convert};
 pub use error::{Error, Result};
 pub use export::export;
@@ -55,7 +55,7 @@ pub use spec::{
     CompressedIndexer, Compression, CompressorState, CoreSpec, DsaSpec, ExpertKind, Family, FfnKind, FfnSpec,
     GateActivation, GdnDims, GdnProjections, GdnSpec, GqaSpec, HyperHead, IndexerKind, IndexerSpec, InklingAttention,
     LayerSpec, LayerType, LogScaling, MixerSpec, MlaAttention, MlaSpec, ModelArch, ModelSpec, MoeBlock, MoeSpec,
-    NormKind, NormStyle, QkNorm, QsaSpec, ResidualKind, RopeScaling, RopeSpec, RouterKind, RouterSpec, ScoringFunc,
-    SharedExperts, SharedKvAttention, ShortConv, SwiGlu,
+    NormKind, NormStyle, PleSpec, QkNorm, QsaSpec, ResidualKind, RopeScaling, RopeSpec, RouterKind, RouterSpec,
+    ScoringFunc, SharedExperts, SharedKvAttention, ShortConv, SwiGlu,
 };
-pub use synth::{LIKE, SynthOptions, like_config, synth};
+pub use synth::{LIKE, SynthOptions, like_config, synth, synth_config};

@@ -14,8 +14,8 @@ pub use self::inkling::{embed_norm_name, global_scale_name, sink_shared_expert_n
 use crate::family::Naming;
 use crate::spec::{
     Compression, CompressorState, CoreSpec, ExpertKind, FfnSpec, GdnProjections, GdnSpec, GqaSpec, HyperHead,
-    IndexerKind, LayerSpec, MixerSpec, MlaAttention, ModelArch, QkNorm, ResidualKind, RouterKind, SharedExperts,
-    SharedKvAttention,
+    IndexerKind, LayerSpec, MixerSpec, MlaAttention, ModelArch, PleSpec, QkNorm, ResidualKind, RouterKind,
+    SharedExperts, SharedKvAttention,
 };
 
 /// What role a non-expert tensor plays; decides its storage format.
@@ -484,6 +484,9 @@ fn layer_tensors(core: &CoreSpec, layer: usize, blocks: &LayerSpec, push: &mut P
     if let Some(conv) = blocks.ffn_output_conv {
         inkling::short_conv_tensor(core, layer, "mlp_sconv", conv, push);
     }
+    if let Some(ple) = &blocks.ple {
+        ple_tensors(core, ple, layer, push);
+    }
     if let ResidualKind::HyperConnections { streams, .. } = blocks.residual {
         for site in [HyperSite::Attention, HyperSite::Ffn] {
             let [mixes, base, scale] = hyper_connection_names(core, layer, site);
@@ -505,6 +508,46 @@ fn layer_tensors(core: &CoreSpec, layer: usize, blocks: &LayerSpec, push: &mut P
             push(inject, vec![streams, streams * h], TensorKind::HyperConnection);
         }
     }
+}
+
+/// The PLE of layer `layer`: its table (`[rows, head_dim]`, quantized
+/// like the embedding table and, like it, read by row), the key and value
+/// projections, the three grouped norms and the dilated convolution.
+fn ple_tensors(core: &CoreSpec, ple: &PleSpec, layer: usize, push: &mut Push<'_>) {
+    let [table, key, value, norm_key, norm_query, norm_conv, conv] = ple_names(core, layer);
+    // Validated: the rows do not overflow.
+    let rows = ple.table_rows().unwrap_or(0);
+    push(table, vec![rows, ple.head_dim()], TensorKind::Embedding);
+    push(key, vec![ple.channels, ple.embed_dim], TensorKind::Linear);
+    push(value, vec![core.hidden_size, ple.embed_dim], TensorKind::Linear);
+    for norm in [norm_key, norm_query, norm_conv] {
+        push(norm, vec![ple.channels], TensorKind::Norm);
+    }
+    push(conv, vec![ple.channels, 1, ple.conv_kernel], TensorKind::Recurrence);
+}
+
+/// Layer `layer`'s PLE tensors: the table, `key_proj`, `value_proj`,
+/// `norm_key`, `norm_query`, `norm_conv`, `conv1d`.
+pub fn ple_names(core: &CoreSpec, layer: usize) -> [String; 7] {
+    [
+        PLE_TABLE,
+        "ple.key_proj.weight",
+        "ple.value_proj.weight",
+        "ple.norm_key.weight",
+        "ple.norm_query.weight",
+        "ple.norm_conv.weight",
+        "ple.conv1d.weight",
+    ]
+    .map(|suffix| layer_tensor(core, layer, suffix))
+}
+
+/// A PLE table's name within its layer; the hub splits it by rows into
+/// `ngram_embedding.shard_{k}.weight` (`split_ngram_parts` of them).
+pub const PLE_TABLE: &str = "ple.ple_embedding.ngram_embedding.weight";
+
+/// Whether `name` is a PLE table: read by row, like the embedding table.
+pub fn is_ple_table(name: &str) -> bool {
+    name.ends_with(PLE_TABLE)
 }
 
 type Push<'a> = dyn FnMut(String, Vec<usize>, TensorKind) + 'a;

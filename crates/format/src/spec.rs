@@ -519,6 +519,7 @@ mod linear;
 mod mla;
 #[cfg(test)]
 mod mla_tests;
+mod ple;
 mod shared_kv;
 #[cfg(test)]
 mod tests;
@@ -532,4 +533,5 @@ pub use layer::{
 };
 pub use linear::{GdnDims, GdnProjections, LayerType};
 pub use mla::{DsaSpec, IndexerKind, LATENT_NORM_EPS, MlaSpec};
+pub use ple::{MAX_NGRAM_SIZE, MAX_NGRAM_VOCAB_BASE, PleSpec, is_prime};
 pub use shared_kv::{CompressedIndexer, Compression, CompressorState, SharedKvAttention};

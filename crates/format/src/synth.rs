@@ -27,8 +27,11 @@ use crate::{Error, Result};
 /// (testdata/deepseek_v4/flash_shape, its FP8 and FP4 storage left out);
 /// Inkling's (975B) in the hub's wrapper, `InklingTextConfig`'s defaults
 /// (testdata/inkling_hub, its vision and audio towers, MTP layer and NVFP4
-/// storage left out).
-pub const LIKE: [(&str, &str); 7] = [
+/// storage left out); and Qwen3.8-Flash-Next's as public ports give them
+/// (hidden 2560, 48 layers, 512 experts x 640 top-10, four gated streams,
+/// QSA, the n-gram PLE on layer 2 with its 51 B-parameter table;
+/// docs/qwen4_exp.md), as the text model `Qwen4ExpForCausalLM` saves it.
+pub const LIKE: [(&str, &str); 8] = [
     (
         "olmoe-1b-7b",
         r#"{"model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 1024,
@@ -107,6 +110,22 @@ pub const LIKE: [(&str, &str); 7] = [
             "rms_norm_eps": 1e-06, "model_max_length": 131072, "hidden_act": "silu", "bos_token_id": 1,
             "eos_token_id": 2}}"#,
     ),
+    (
+        "qwen3.8-flash-next",
+        r#"{"model_type": "qwen4_exp_text", "vocab_size": 151936, "hidden_size": 2560, "num_hidden_layers": 48,
+            "num_attention_heads": 24, "num_key_value_heads": 2, "head_dim": 256, "full_attention_interval": 4,
+            "linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "moe_intermediate_size": 640,
+            "shared_expert_intermediate_size": 640, "num_experts": 512, "num_experts_per_tok": 10,
+            "norm_topk_prob": true, "hc_count": 4, "hc_lowrank": 320, "output_gate_type": "sigmoid",
+            "indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 128, "indexer_budget": 2048,
+            "indexer_compress_ratio": 4, "ple_layer_ids": [2], "ple_embed_dim": 2560, "ple_conv_kernel_size": 4,
+            "ngram_size": 3, "heads_per_ngram": 8, "ngram_vocab_size_base": 20000000,
+            "make_ngram_vocab_size_divisible_by": 128, "seed": 1234, "max_position_embeddings": 262144,
+            "rms_norm_eps": 1e-06,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+            "eos_token_id": 151645, "tie_word_embeddings": false, "dtype": "bfloat16"}"#,
+    ),
 ];
 
 /// Standard deviation of the synthetic weights.
@@ -166,7 +185,13 @@ pub fn like_config(like: &str, layers: Option<usize>) -> Result<String> {
 
 /// Writes a synthetic container to `out_dir`.
 pub fn synth(out_dir: impl AsRef<Path>, options: &SynthOptions) -> Result<ConvertReport> {
-    let config_json = like_config(&options.like, options.layers)?;
+    synth_config(out_dir, like_config(&options.like, options.layers)?, options)
+}
+
+/// Writes a synthetic container of the model `config_json` describes to
+/// `out_dir` (`options.like` and `options.layers` unread): for a test's
+/// own shapes.
+pub fn synth_config(out_dir: impl AsRef<Path>, config_json: String, options: &SynthOptions) -> Result<ConvertReport> {
     // Parsed here too so a bad --layers fails before anything is written.
     let arch = ModelArch::from_config_json(&config_json)?;
     let source = RandomSource { config_json, seed: options.seed, num_experts: arch.num_experts() };

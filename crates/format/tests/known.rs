@@ -80,7 +80,10 @@ fn every_committed_fixture_converts_leaving_only_known_tensors_unread() {
             convert(dir, &out, &f32_options()).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         // Their fixtures carry a vision tower, known and not read.
         let vision = ["kimi_k25", "glm5_next"].iter().any(|f| dir.starts_with(testdata().join(f)));
-        assert!(report.ignored_tensors.is_empty() || vision, "{}: {:?}", dir.display(), report.ignored_tensors);
+        // So does qwen4_exp's: the PLE's int64 hash buffers, derived from the config.
+        let derived = |name: &String| name.contains(".ple.ple_embedding.") && !name.contains("ngram_embedding");
+        let known = report.ignored_tensors.iter().all(derived);
+        assert!(known || vision, "{}: {:?}", dir.display(), report.ignored_tensors);
     }
 }
 

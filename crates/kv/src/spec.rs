@@ -13,7 +13,7 @@ use crate::{LayerLayout, StatePart};
 /// (Multi-head Latent Attention); the delta-rule and convolution state
 /// (Gated DeltaNet); keys and values as GQA's, then the k, v and output
 /// convolutions' inputs (Inkling). Then the FFN's: its output convolution's
-/// inputs.
+/// inputs. Then the PLE's: its last token ids and its convolution's inputs.
 pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
     let mut parts = match &spec.mixer {
         MixerSpec::Gqa(gqa) => {
@@ -48,6 +48,11 @@ pub fn layout_of(spec: &LayerSpec) -> LayerLayout {
             .collect(),
     };
     parts.extend(spec.ffn_output_conv.map(|conv| StatePart::Fixed { floats: conv.state_floats() }));
+    // The PLE's: the ids its n-grams reach back to, its convolution's inputs.
+    if let Some(ple) = &spec.ple {
+        parts.push(StatePart::Tokens { n: ple.context_tokens() });
+        parts.push(StatePart::Fixed { floats: ple.conv_state_floats() });
+    }
     LayerLayout::new(parts)
 }
 
@@ -118,6 +123,7 @@ mod tests {
                 norm: NormKind::Weight { eps: 1e-6 },
                 residual: ResidualKind::Plain,
                 ffn_output_conv: None,
+                ple: None,
             };
             let layout = layout_of(&layer);
             assert_eq!(layout.bytes_per_token(), layer.cache_floats_per_token() * size_of::<f32>(), "{compression:?}");

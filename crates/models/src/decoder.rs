@@ -28,6 +28,7 @@ use crate::lm::CausalLm;
 use crate::lm::SeqBatch;
 use crate::lm::{Draft, Logits, Rows};
 use crate::norm::Norm;
+use crate::ple::Ple;
 use crate::residual::{self, Residual, Streams};
 use crate::rope::{Angles, Rope};
 
@@ -67,6 +68,9 @@ struct Layer {
     /// The short convolution of the FFN's output, if any (Inkling's
     /// `mlp_sconv`): its state follows the attention's in the layer's cache.
     ffn_conv: Option<ShortConvolution>,
+    /// The n-gram Per-Layer Embedding added to the streams before the
+    /// blocks, if any (Qwen3.8-Flash-Next): its state comes last.
+    ple: Option<Ple>,
 }
 
 impl Layer {
@@ -102,12 +106,17 @@ impl Layer {
             None => None,
         };
         parts.extend(ffn_conv.as_ref().map(ShortConvolution::cache_part));
+        let ple = match &layer.ple {
+            Some(ple) => Some(Ple::load(b, spec, (ple, layer.norm.eps()), l, parts.len())?),
+            None => None,
+        };
+        parts.extend(ple.iter().flat_map(Ple::cache_parts));
         let layout = LayerLayout::new(parts);
         assert_eq!(layout, strata_kv::layout_of(layer), "layer {l}: the blocks keep what the spec says");
         let residual = |b: &mut Backend, site| Residual::load(b, spec, layer.residual, layer.norm.eps(), l, site);
         let (attn_residual, ffn_residual) = (residual(b, HyperSite::Attention)?, residual(b, HyperSite::Ffn)?);
         let ffn = Ffn::load(b, spec, &layer.ffn, l)?;
-        Ok((Self { attn_residual, input_norm, attention, ffn_residual, post_attn_norm, ffn, ffn_conv }, layout))
+        Ok((Self { attn_residual, input_norm, attention, ffn_residual, post_attn_norm, ffn, ffn_conv, ple }, layout))
     }
 
     /// The attention block over `streams`, added back into them; `cache_layer`
@@ -239,6 +248,9 @@ impl Decoder {
         let mut normed = vec![0.0f32; tokens.len() * self.spec.hidden_size];
         self.guess_first_layer(rt, &mut streams, &mut normed, &tokens)?;
         for (l, layer) in self.layers.iter().enumerate() {
+            if let Some(ple) = &layer.ple {
+                ple.add_to(rt, b, l, streams.rows_mut(), seqs)?;
+            }
             layer.attend(rt, b, l, &mut streams, &mut normed, &mut pass, seqs)?;
             layer.ffn_input(rt, b, &mut streams, &mut normed);
             // Look-ahead: the next layer's router on this layer's FFN input

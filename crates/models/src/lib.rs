@@ -21,11 +21,9 @@ mod error;
 mod ffn;
 mod lm;
 mod mla;
-// Qwen3.8-Flash-Next's n-gram hashing, checked against transformers; the PLE
-// layer reads it once the `qwen4_exp` spec variant lands (docs/qwen4_exp.md).
-#[allow(dead_code)]
 mod ngram;
 mod norm;
+mod ple;
 mod residual;
 mod rope;
 mod torch_topk;

@@ -10,6 +10,8 @@
 //! primes from `ngram_vocab_size_base` on, one per head of every PLE layer)
 //! plus the head's offset in the layer's table.
 
+use strata_format::spec::is_prime;
+
 use crate::error::{Error, Result};
 
 const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -24,16 +26,6 @@ fn splitmix64(value: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(SPLITMIX_M1);
     z = (z ^ (z >> 27)).wrapping_mul(SPLITMIX_M2);
     z ^ (z >> 31)
-}
-
-fn is_prime(value: u64) -> bool {
-    if value < 2 {
-        return false;
-    }
-    if value.is_multiple_of(2) {
-        return value == 2;
-    }
-    (3..).step_by(2).take_while(|d| d * d <= value).all(|d| !value.is_multiple_of(d))
 }
 
 /// The hashing of one PLE layer.

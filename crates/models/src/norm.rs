@@ -27,6 +27,12 @@ impl Norm {
         })
     }
 
+    /// Its weight as the kernel reads it (`1 + w` for that kind), for an
+    /// operation that norms inside itself.
+    pub fn into_weight(self) -> VectorHandle {
+        self.weight
+    }
+
     /// Normalises each row of `xs` into `out`.
     pub fn apply(&self, b: &Backend, xs: &[f32], out: &mut [f32]) {
         b.rmsnorm(self.weight, self.eps, xs, out);

@@ -102,6 +102,16 @@ impl Streams {
     }
 
     /// Rows of the pass.
+    /// Every stream of every token, `[tokens, streams · hidden]`, between
+    /// blocks, for what adds to all streams at once (the PLE). A mix still
+    /// pending there is a look-ahead's (`guess_first_layer` mixes for its
+    /// router and combines nothing): it is dropped, as the next block's mix
+    /// would replace it.
+    pub fn rows_mut(&mut self) -> &mut [f32] {
+        self.mixed = None;
+        &mut self.rows
+    }
+
     pub fn tokens(&self) -> usize {
         self.rows.len() / (self.streams * self.hidden)
     }

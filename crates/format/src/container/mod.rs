@@ -38,6 +38,7 @@ pub use manifest::{
     MANIFEST_FILE, Manifest, OLDEST_FORMAT_VERSION, QuantInfo, TensorEntry, expert_file_name,
 };
 pub use record::{FfnRecord, LayerRecord, MixerRecord, ModelRecord};
+pub use rows::RowReads;
 pub use seal::SEAL_FIELD;
 pub(crate) use seal::seal_of;
 pub(crate) use validate::matrix_dims;
@@ -53,8 +54,9 @@ pub struct Container {
     arch: ModelArch,
     /// dense.bin in this process's memory (see `dense`), but for `by_row`.
     dense: DenseBytes,
-    /// The embedding table, when opened with `Embedding::ReadByRow`.
-    by_row: Option<RowTable>,
+    /// The tables read by row, when opened with `Embedding::ReadByRow`:
+    /// the embedding table (untied) and every PLE table.
+    by_row: Vec<RowTable>,
     /// Tensor name -> index into `manifest.tensors`.
     dense_index: HashMap<String, usize>,
     /// Indexed by layer; `None` for dense layers.
@@ -88,7 +90,8 @@ pub enum Embedding {
     /// ([`Container::dense_rows`]): a token reads one row of it, so in
     /// memory it would only take room from the expert cache. A tied table is
     /// the lm head as well, which reads all of it every token, and stays
-    /// resident.
+    /// resident. The PLE tables (Qwen3.8-Flash-Next's n-gram rows, 51 B
+    /// parameters, a few rows a token) are read by row too.
     ReadByRow,
 }
 
@@ -124,15 +127,24 @@ impl Container {
         let dense_path = dir.join(DENSE_FILE);
         let file = std::fs::File::open(&dense_path).map_err(|e| Error::io(&dense_path, e))?;
         let table_name = crate::names::embedding_name(&checked.arch.core);
-        let by_row_entry = match embedding {
-            Embedding::ReadByRow if !checked.arch.core.tie_word_embeddings => {
-                checked.dense_index.get(&table_name).map(|&i| &manifest.tensors[i])
-            }
-            _ => None,
+        let tied = checked.arch.core.tie_word_embeddings;
+        let by_row_entries: Vec<&TensorEntry> = match embedding {
+            Embedding::ReadByRow => manifest
+                .tensors
+                .iter()
+                .filter(|entry| (entry.name == table_name && !tied) || crate::names::is_ple_table(&entry.name))
+                .collect(),
+            Embedding::Resident => Vec::new(),
         };
-        let unread = by_row_entry.map(RowTable::byte_ranges).unwrap_or_default();
+        let unread: Vec<_> = by_row_entries.iter().flat_map(|entry| RowTable::byte_ranges(entry)).collect();
         let dense = DenseBytes::read(&dense_path, &file, checked.dense_file_bytes, &unread)?;
-        let by_row = by_row_entry.map(|entry| RowTable::open(&dense_path, file, entry)).transpose()?;
+        let by_row = by_row_entries
+            .into_iter()
+            .map(|entry| {
+                let file = file.try_clone().map_err(|e| Error::io(&dense_path, e))?;
+                RowTable::open(&dense_path, file, entry)
+            })
+            .collect::<Result<Vec<_>>>()?;
         let (content_hash, _) = sha256_file(&dir.join(MANIFEST_FILE))?;
         let container = Container {
             content_hash,
@@ -215,14 +227,21 @@ impl Container {
         &self.content_hash
     }
 
-    /// Memory dense.bin takes while the model runs: all of it, less an
-    /// embedding table read by rows (plus that table's row checksums).
+    /// Memory dense.bin takes while the model runs: all of it, less the
+    /// tables read by rows (plus their row checksums).
     pub fn dense_resident_bytes(&self) -> u64 {
-        self.dense.resident_bytes() + self.by_row.as_ref().map_or(0, RowTable::resident_bytes)
+        self.dense.resident_bytes() + self.by_row.iter().map(RowTable::resident_bytes).sum::<u64>()
+    }
+
+    /// Rows read and bytes read so far from the PLE tables kept on disk
+    /// (every PLE layer's together).
+    pub fn ple_row_reads(&self) -> RowReads {
+        let tables = self.by_row.iter().filter(|table| crate::names::is_ple_table(table.name()));
+        tables.map(RowTable::reads).fold(RowReads::default(), |sum, reads| sum + reads)
     }
 
     fn is_read_by_row(&self, name: &str) -> bool {
-        self.by_row.as_ref().is_some_and(|table| table.name() == name)
+        self.by_row.iter().any(|table| table.name() == name)
     }
 
     /// The container directory.
@@ -290,7 +309,7 @@ impl Container {
     /// [`Container::dense_rows`] of a resolved tensor.
     pub fn dense_rows_at(&self, id: DenseId, rows: &[usize], out: &mut [f32]) -> Result<()> {
         let name = &self.manifest.tensors[id.0].name;
-        if let Some(table) = self.by_row.as_ref().filter(|table| table.name() == name) {
+        if let Some(table) = self.by_row.iter().find(|table| table.name() == name) {
             return table.rows_to_f32(rows, out);
         }
         let matrix = self.dense_at(id)?;

@@ -15,6 +15,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use strata_kernels::{Matrix, QuantFormat};
 
@@ -41,6 +42,24 @@ pub(super) struct RowTable {
     row_scale_bytes: usize,
     /// CRC32C of each row's weight bytes followed by its scale bytes.
     row_crcs: Vec<u32>,
+    /// Rows read for tokens since open (the check at open not counted).
+    rows_read: AtomicU64,
+}
+
+/// Rows read from tables kept on disk, and their bytes (weights and
+/// scales).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RowReads {
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+impl std::ops::Add for RowReads {
+    type Output = RowReads;
+
+    fn add(self, other: RowReads) -> RowReads {
+        RowReads { rows: self.rows + other.rows, bytes: self.bytes + other.bytes }
+    }
 }
 
 impl RowTable {
@@ -70,6 +89,7 @@ impl RowTable {
             row_weight_bytes,
             row_scale_bytes,
             row_crcs: Vec::with_capacity(rows),
+            rows_read: AtomicU64::new(0),
         };
         table.check(entry.crc32c)?;
         Ok(table)
@@ -87,6 +107,12 @@ impl RowTable {
     /// What the table keeps in memory: its row checksums.
     pub(super) fn resident_bytes(&self) -> u64 {
         (self.row_crcs.len() * size_of::<u32>()) as u64
+    }
+
+    /// Rows read for tokens since open, and their bytes.
+    pub(super) fn reads(&self) -> RowReads {
+        let rows = self.rows_read.load(Ordering::Relaxed);
+        RowReads { rows, bytes: rows * (self.row_weight_bytes + self.row_scale_bytes) as u64 }
     }
 
     pub(super) fn name(&self) -> &str {
@@ -141,6 +167,7 @@ impl RowTable {
                 return Err(Error::RowOutOfRange { name: self.name.clone(), row, rows: self.rows });
             }
             self.read(row, 1, &mut weights, &mut scales)?;
+            self.rows_read.fetch_add(1, Ordering::Relaxed);
             let weight_bytes = bytes_of(&weights, self.row_weight_bytes);
             let scale_bytes = bytes_of(&scales, self.row_scale_bytes);
             let actual = row_crc(weight_bytes, scale_bytes);

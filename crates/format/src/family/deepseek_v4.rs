@@ -417,6 +417,7 @@ impl FamilyDef for DeepseekV4 {
                 norm: NormKind::Weight { eps },
                 residual,
                 ffn_output_conv: None,
+                ple: None,
             }
         };
         // `mtp.*` is known and left unread (the draft layers run for DeepSeek-V3's layout only).

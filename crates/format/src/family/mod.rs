@@ -337,6 +337,7 @@ pub(crate) fn stack(
         norm,
         residual: ResidualKind::Plain,
         ffn_output_conv: None,
+        ple: None,
     };
     Ok(kinds.iter().enumerate().map(layer).collect())
 }

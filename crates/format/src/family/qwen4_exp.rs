@@ -7,8 +7,8 @@
 //! the multimodal wrapper (`model_type: qwen4_exp`, the text config in
 //! `text_config`, tensors under `model.language_model.`);
 //! `Qwen4ExpForCausalLM` saves the flat text config (`qwen4_exp_text`).
-//! Both are read. The n-gram Per-Layer Embedding (`ple_layer_ids`) is not
-//! supported yet: a config with PLE layers is refused.
+//! Both are read, with the n-gram Per-Layer Embedding on the layers
+//! `ple_layer_ids` names (1-based, Gated DeltaNet layers only).
 
 use serde_json::{Map, Value, json};
 
@@ -17,7 +17,7 @@ use super::{CORE_READ, Family, FamilyDef, Naming, gqa, hybrid, qwen3_5_moe};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_INTERMEDIATE, MAX_STREAMS};
-use crate::spec::{FfnKind, GateActivation, GdnProjections, ModelArch, QsaSpec, ResidualKind};
+use crate::spec::{FfnKind, GateActivation, GdnProjections, MixerSpec, ModelArch, PleSpec, QsaSpec, ResidualKind};
 
 pub(super) struct Qwen4Exp;
 
@@ -41,13 +41,6 @@ const OWN_READ: &[&str] = &[
     "indexer_budget",
     "indexer_compress_ratio",
     "ple_layer_ids",
-];
-
-/// The n-gram Per-Layer Embedding's own keys, which change nothing while
-/// `ple_layer_ids` is empty (the only PLE this build reads), and the cache
-/// states `__post_init__` derives from it (`number_of_conv_states`).
-const PLE_INERT: &[&str] = &[
-    "number_of_conv_states",
     "ple_embed_dim",
     "ple_conv_kernel_size",
     "ngram_size",
@@ -55,8 +48,12 @@ const PLE_INERT: &[&str] = &[
     "ngram_vocab_size_base",
     "make_ngram_vocab_size_divisible_by",
     "seed",
-    "split_ngram_parts",
 ];
+
+/// The cache states `__post_init__` derives from the PLE
+/// (`number_of_conv_states`), and how many shards the hub splits each PLE
+/// table into (`split_ngram_parts`: the reader finds them by name).
+const PLE_INERT: &[&str] = &["number_of_conv_states", "split_ngram_parts"];
 
 /// The text model's keys (`Qwen4ExpTextConfig`), in `text_config` or at
 /// the top of a text model saved on its own; the Hub's multi-token
@@ -80,7 +77,16 @@ const KNOWN: Known = Known {
         ],
         nested: &[("text_config", &TEXT), ("quantization_config", &QUANTIZATION)],
     },
-    unused_tensors: &["model.visual.*", "visual.*", "mtp.*"],
+    // The PLE's hash multipliers, primes and offsets (int64 buffers
+    // transformers saves) are derived from the config, not read.
+    unused_tensors: &[
+        "model.visual.*",
+        "visual.*",
+        "mtp.*",
+        "*.ple.ple_embedding.layer_multipliers",
+        "*.ple.ple_embedding.ngram_heads_vocab_sizes",
+        "*.ple.ple_embedding.ngram_heads_offsets",
+    ],
     extra_layers_unused: false,
 };
 
@@ -125,9 +131,6 @@ impl FamilyDef for Qwen4Exp {
 
     fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
         let (cfg, nested) = hybrid::text_config(root, TEXT_MODEL_TYPE)?;
-        if cfg.usize_list("ple_layer_ids")?.is_some_and(|layers| !layers.is_empty()) {
-            return Err(Error::invalid("ple_layer_ids", "the n-gram Per-Layer Embedding is not supported yet"));
-        }
         let renormalize = cfg.bool("norm_topk_prob")?.unwrap_or(true);
         let output_gate = match cfg.str("output_gate_type")? {
             // Unset: `hidden_act`, which CoreDims holds to SiLU.
@@ -146,6 +149,7 @@ impl FamilyDef for Qwen4Exp {
             )?,
         };
         let qsa = qsa(&cfg)?;
+        let ple = ple(&cfg, residual.streams())?;
         let mut parsed = hybrid::parse(cfg, &HYBRID)?;
         parsed.gqa.softmax_router(renormalize);
         parsed.gqa.attention.qsa = Some(qsa);
@@ -156,6 +160,9 @@ impl FamilyDef for Qwen4Exp {
         let kinds = vec![FfnKind::Moe; parsed.gqa.num_layers];
         let mut arch = parsed.build(&kinds)?;
         arch.layers.iter_mut().for_each(|layer| layer.residual = residual);
+        if let Some((layer_ids, ple)) = ple {
+            place_ple(&mut arch, &layer_ids, ple)?;
+        }
         Ok(arch)
     }
 
@@ -193,9 +200,96 @@ impl FamilyDef for Qwen4Exp {
         }
         let renormalize = arch.first_moe().is_some_and(|moe| moe.router.renormalizes());
         text.insert("norm_topk_prob".into(), json!(renormalize));
-        text.insert("ple_layer_ids".into(), json!([]));
+        let ple_layers: Vec<(usize, PleSpec)> =
+            arch.layers.iter().enumerate().filter_map(|(l, layer)| Some((l + 1, layer.ple?))).collect();
+        text.insert("ple_layer_ids".into(), json!(ple_layers.iter().map(|(id, _)| id).collect::<Vec<_>>()));
+        if let Some((_, ple)) = ple_layers.first() {
+            text.insert("ple_embed_dim".into(), json!(ple.embed_dim));
+            text.insert("ple_conv_kernel_size".into(), json!(ple.conv_kernel));
+            text.insert("ngram_size".into(), json!(ple.ngram_size));
+            text.insert("heads_per_ngram".into(), json!(ple.heads_per_ngram));
+            text.insert("ngram_vocab_size_base".into(), json!(ple.vocab_base));
+            text.insert("make_ngram_vocab_size_divisible_by".into(), json!(ple.rows_multiple));
+            text.insert("seed".into(), json!(ple.seed));
+            // The PLE's EOS is the first of the text config's (the
+            // wrapper's may differ): written where the core's is not it.
+            let first_eos = match text.get("eos_token_id") {
+                Some(Value::Array(ids)) => ids.first().cloned(),
+                other => other.cloned(),
+            };
+            if first_eos != Some(json!(ple.eos)) {
+                text.insert("eos_token_id".into(), json!(ple.eos));
+            }
+        }
         hybrid::wrapped_config_json(text, TEXT_MODEL_TYPE, source)
     }
+}
+
+/// `Qwen4ExpTextConfig`'s defaults of the PLE's fields.
+const DEFAULT_PLE_CONV_KERNEL: usize = 4;
+const DEFAULT_NGRAM_SIZE: usize = 3;
+const DEFAULT_HEADS_PER_NGRAM: usize = 8;
+const DEFAULT_NGRAM_VOCAB_BASE: u64 = 20_000_000;
+const DEFAULT_ROWS_MULTIPLE: usize = 128;
+const DEFAULT_SEED: u64 = 1234;
+
+/// The PLE layers' ids (1-based, sorted, each once, as `__post_init__`
+/// leaves them) and the fields every one shares but its place among them,
+/// or `None` without PLE. The EOS is the text config's own (the first of a
+/// list): transformers' module reads it, not the wrapper's.
+fn ple(cfg: &Fields<'_>, streams: usize) -> Result<Option<(Vec<usize>, PleSpec)>> {
+    let mut layer_ids = cfg.usize_list("ple_layer_ids")?.unwrap_or_default();
+    layer_ids.sort_unstable();
+    layer_ids.dedup();
+    if layer_ids.is_empty() {
+        return Ok(None);
+    }
+    let hidden = cfg.req_usize("hidden_size")?;
+    let eos = match cfg.raw("eos_token_id") {
+        Some(Value::Array(ids)) => ids.first(),
+        other => other,
+    }
+    .ok_or_else(|| Error::invalid("eos_token_id", "the n-gram PLE restarts its history at EOS: one is needed"))?;
+    let as_u64 = |key: &str, default: u64| -> Result<u64> {
+        match cfg.raw(key) {
+            None => Ok(default),
+            Some(v) => {
+                v.as_u64().ok_or_else(|| Error::invalid(key, format!("expected a non-negative integer, got {v}")))
+            }
+        }
+    };
+    let channels = streams.checked_mul(hidden).ok_or_else(|| Error::invalid("hc_count", "too many channels"))?;
+    let ple = PleSpec {
+        embed_dim: cfg.usize("ple_embed_dim")?.unwrap_or(hidden),
+        conv_kernel: cfg.usize("ple_conv_kernel_size")?.unwrap_or(DEFAULT_PLE_CONV_KERNEL),
+        ngram_size: cfg.usize("ngram_size")?.unwrap_or(DEFAULT_NGRAM_SIZE),
+        heads_per_ngram: cfg.usize("heads_per_ngram")?.unwrap_or(DEFAULT_HEADS_PER_NGRAM),
+        vocab_base: as_u64("ngram_vocab_size_base", DEFAULT_NGRAM_VOCAB_BASE)?,
+        rows_multiple: cfg.usize("make_ngram_vocab_size_divisible_by")?.unwrap_or(DEFAULT_ROWS_MULTIPLE),
+        seed: as_u64("seed", DEFAULT_SEED)?,
+        layer_index: 0,
+        eos: crate::spec::fields::as_u32(eos, "eos_token_id")?,
+        channels,
+    };
+    Ok(Some((layer_ids, ple)))
+}
+
+/// Puts `ple` on each layer `layer_ids` names (1-based), each with its
+/// place among them; every one must be a Gated DeltaNet layer, as
+/// transformers requires.
+fn place_ple(arch: &mut ModelArch, layer_ids: &[usize], ple: PleSpec) -> Result<()> {
+    let layers = arch.layers.len();
+    for (layer_index, &id) in layer_ids.iter().enumerate() {
+        let layer = id
+            .checked_sub(1)
+            .and_then(|l| arch.layers.get_mut(l))
+            .ok_or_else(|| Error::invalid("ple_layer_ids", format!("{id} is not a layer id in 1..={layers}")))?;
+        if !matches!(layer.mixer, MixerSpec::GatedDeltaNet(_)) {
+            return Err(Error::invalid("ple_layer_ids", format!("layer {id} is not a linear_attention layer")));
+        }
+        layer.ple = Some(PleSpec { layer_index, ..ple });
+    }
+    Ok(())
 }
 
 /// QSA's fields, every one required (transformers builds an indexer on
@@ -220,8 +314,8 @@ mod tests {
 
     use super::*;
     use crate::names::dense_tensors;
+    use crate::spec::RopeSpec;
     use crate::spec::limits::MAX_HEADS;
-    use crate::spec::{MixerSpec, RopeSpec};
 
     /// The committed fixture's config: the hub's wrapper around the text
     /// model's.
@@ -269,13 +363,37 @@ mod tests {
     }
 
     #[test]
-    fn a_qwen4_exp_config_with_ple_layers_is_refused_naming_the_field() {
+    fn ple_layers_are_the_deltanet_layers_ple_layer_ids_names_each_with_its_place_and_table() {
+        let arch = ModelArch::from_config_value(&fixture()).unwrap();
+        let ple: Vec<Option<PleSpec>> = arch.layers.iter().map(|layer| layer.ple).collect();
+        let (first, second) = (ple[0].unwrap(), ple[2].unwrap());
+        assert!(ple[1].is_none() && ple[3].is_none(), "{ple:?}");
+        assert_eq!((first.layer_index, second.layer_index), (0, 1));
+        assert_eq!((first.heads(), first.head_dim(), first.channels, first.eos), (4, 32, 3 * 48, 2));
+        // Primes 61, 67, 71, 73 (then 79, 83, 89, 97), padded to 32 rows.
+        assert_eq!((first.table_rows().unwrap(), second.table_rows().unwrap()), (288, 352));
+        assert_eq!(
+            arch.layers[0].state_floats(),
+            arch.layers[0].mixer.state_floats() + 9 * 144,
+            "conv rows (4 - 1) x 3"
+        );
+        let names: Vec<String> = dense_tensors(&arch).into_iter().map(|t| t.name).collect();
+        assert!(names.contains(&"model.language_model.layers.2.ple.ple_embedding.ngram_embedding.weight".to_owned()));
+        for (ids, want) in [(json!([4]), "not a linear_attention layer"), (json!([5]), "not a layer id")] {
+            let err = edited(|text| {
+                text.insert("ple_layer_ids".into(), ids);
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("ple_layer_ids") && err.contains(want), "{err}");
+        }
         let err = edited(|text| {
-            text.insert("ple_layer_ids".into(), json!([1]));
+            text.insert("ple_embed_dim".into(), json!(102));
         })
+        .and_then(|arch| arch.validate().map(|()| arch))
         .unwrap_err()
         .to_string();
-        assert!(err.contains("ple_layer_ids") && err.contains("not supported"), "{err}");
+        assert!(err.contains("ple_embed_dim"), "{err}");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! in this one place.
 
 use super::{
-    Compression, FfnKind, GdnDims, GdnProjections, IndexerKind, InklingAttention, MlaSpec, QkNorm, RopeSpec,
+    Compression, FfnKind, GdnDims, GdnProjections, IndexerKind, InklingAttention, MlaSpec, PleSpec, QkNorm, RopeSpec,
     SharedKvAttention, ShortConv,
 };
 
@@ -26,6 +26,10 @@ pub struct LayerSpec {
     /// The short convolution the FFN's output passes before the residual
     /// add (Inkling); its state is the FFN's, after the mixer's.
     pub ffn_output_conv: Option<ShortConv>,
+    /// The n-gram Per-Layer Embedding added to the streams before the
+    /// layer's blocks (Qwen3.8-Flash-Next); its token ids and convolution
+    /// state follow the mixer's (and the FFN's) in the layer's cache.
+    pub ple: Option<PleSpec>,
 }
 
 /// How a block's output joins the hidden states.
@@ -105,12 +109,15 @@ pub enum HyperHead {
 impl LayerSpec {
     /// f32 values one token adds to this layer's cache.
     pub fn cache_floats_per_token(&self) -> usize {
-        self.mixer.cache_floats_per_token()
+        // A PLE layer keeps each token's id (4 bytes, one f32's room).
+        self.mixer.cache_floats_per_token() + usize::from(self.ple.is_some())
     }
 
     /// f32 values of fixed state one sequence keeps in this layer.
     pub fn state_floats(&self) -> usize {
-        self.mixer.state_floats() + self.ffn_output_conv.map_or(0, |conv| conv.state_floats())
+        self.mixer.state_floats()
+            + self.ffn_output_conv.map_or(0, |conv| conv.state_floats())
+            + self.ple.map_or(0, |ple| ple.conv_state_floats())
     }
 
     /// An upper estimate of the f32 values one token of a forward pass
@@ -268,7 +275,17 @@ impl LayerSpec {
                 format!("; attention residuals every {block_size} layers")
             }
         };
-        format!("{mixer}; {ffn}{conv}; {state}{streams}")
+        let ple = self.ple.map_or(String::new(), |ple| {
+            format!(
+                "; n-gram PLE {} heads x {} ({}-grams), conv {} dilated {}",
+                ple.heads(),
+                ple.head_dim(),
+                ple.ngram_size,
+                ple.conv_kernel,
+                ple.ngram_size
+            )
+        });
+        format!("{mixer}; {ffn}{conv}; {state}{streams}{ple}")
     }
 }
 

@@ -176,6 +176,7 @@ impl ModelSpec {
             norm: self.norm_kind(),
             residual: ResidualKind::Plain,
             ffn_output_conv: None,
+            ple: None,
         }
     }
 
@@ -294,8 +295,10 @@ mod tests {
     #[test]
     fn the_flat_spec_of_every_family_derives_its_architecture_back() {
         // DeepSeek V4's layers differ in kind (sliding, CSA, HCA), Inkling's
-        // in heads and windows, which no flat spec says.
-        let flat = LIKE.iter().filter(|(like, _)| !["deepseek-v4-flash", "inkling"].contains(like));
+        // in heads and windows, and Qwen3.8-Flash-Next's in streams, QSA and
+        // PLE, which no flat spec says.
+        let unflat = ["deepseek-v4-flash", "inkling", "qwen3.8-flash-next"];
+        let flat = LIKE.iter().filter(|(like, _)| !unflat.contains(like));
         let likes = flat.map(|(like, _)| like_config(like, Some(4)).unwrap());
         for config in likes.chain([GLM.to_owned()]) {
             let arch = ModelArch::from_config_json(&config).unwrap();

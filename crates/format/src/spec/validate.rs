@@ -74,6 +74,9 @@ impl LayerSpec {
         if let Some(conv) = &self.ffn_output_conv {
             conv.validate()?;
         }
+        if let Some(ple) = &self.ple {
+            ple.validate()?;
+        }
         self.ffn.validate()
     }
 }

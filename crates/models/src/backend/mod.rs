@@ -541,6 +541,20 @@ pub struct MoeJob<'a> {
     pub prefetch: Option<Guess<'a>>,
 }
 
+/// A PLE's gate and convolution (Qwen3.8-Flash-Next): its three norms'
+/// `1 + w`, each `[streams · hidden]`, and the dilated convolution's
+/// `[streams · hidden, kernel]` weight; host vectors.
+pub struct PleGate {
+    pub hidden: usize,
+    pub norm_key: VectorHandle,
+    pub norm_query: VectorHandle,
+    pub norm_conv: VectorHandle,
+    pub conv: VectorHandle,
+    pub kernel: usize,
+    pub dilation: usize,
+    pub eps: f32,
+}
+
 impl Backend {
     /// The CPU backend over `container`'s resident bytes.
     pub fn cpu(container: Arc<Container>) -> Self {
@@ -735,6 +749,14 @@ impl Backend {
     /// injection weights (`[tokens, streams]`) for [`Self::gated_combine`].
     pub fn gated_mix(&self, rt: &Runtime<'_>, gated: &GatedResidual, streams: &[f32], input: &mut [f32]) -> Vec<f32> {
         self.host().gated_mix(rt.threads, &gated.on_host(), streams, input)
+    }
+
+    /// A PLE's output into the streams (`[tokens, streams · hidden]`) of
+    /// one sequence, from its tokens' projected rows: `keys`
+    /// (`[tokens, streams · hidden]`, normed in place) and `values`
+    /// (`[tokens, hidden]`); `state` is the sequence's convolution inputs.
+    pub fn ple_inject(&self, ple: &PleGate, keys: &mut [f32], values: &[f32], streams: &mut [f32], state: &mut [f32]) {
+        self.host().ple_inject(ple, keys, values, streams, state)
     }
 
     /// The block's output `out` (`[tokens, hidden]`) into every stream,

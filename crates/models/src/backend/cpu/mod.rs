@@ -11,6 +11,7 @@ mod hyper;
 mod index;
 mod inkling;
 mod latent;
+mod ple;
 mod qsa;
 mod route;
 mod shared_kv;
@@ -31,8 +32,8 @@ use strata_tier::ExpertStore;
 
 use super::{
     AttendJob, AttnResMix, AttnShape, CompressJob, DeltaJob, DeltaKind, Device, ExpertFfnKind, GatedResidual,
-    HyperConnection, IndexJob, IndexShape, LatentJob, LatentShape, MatrixHandle, MoeJob, QsaJob, QsaShape, Rotary,
-    RouteKind, RouterSpec, SharedKvJob, SharedKvShape, StreamHead, StreamWeights, TableHandle, VectorHandle,
+    HyperConnection, IndexJob, IndexShape, LatentJob, LatentShape, MatrixHandle, MoeJob, PleGate, QsaJob, QsaShape,
+    Rotary, RouteKind, RouterSpec, SharedKvJob, SharedKvShape, StreamHead, StreamWeights, TableHandle, VectorHandle,
 };
 use crate::error::Result;
 use crate::rope::Angles;
@@ -238,6 +239,20 @@ impl Cpu {
     pub fn gated_mix(&self, threads: &Threads, gated: &GatedResidual, streams: &[f32], input: &mut [f32]) -> Vec<f32> {
         assert!(gated.inject.is_some(), "a block's gated residual injects its output");
         gated_hyper::mix(threads, &self.gated_mixer(gated), streams, input)
+    }
+
+    pub fn ple_inject(&self, ple: &PleGate, keys: &mut [f32], values: &[f32], streams: &mut [f32], state: &mut [f32]) {
+        let mixer = ple::PleMixer {
+            hidden: ple.hidden,
+            norm_key: self.vector(ple.norm_key),
+            norm_query: self.vector(ple.norm_query),
+            norm_conv: self.vector(ple.norm_conv),
+            conv: self.vector(ple.conv),
+            kernel: ple.kernel,
+            dilation: ple.dilation,
+            eps: ple.eps,
+        };
+        ple::inject(&mixer, keys, values, streams, state);
     }
 
     pub fn gated_combine(gated: &GatedResidual, injection: &[f32], out: &[f32], streams: &mut [f32]) {
