@@ -31,8 +31,9 @@ pub struct Moe {
     shared_swiglu: SwiGlu,
     /// The shared expert's sigmoid gate, `[1, hidden]`, if it has one.
     shared_gate: Option<Linear>,
-    /// Kimi K3's latent, where the routed experts run.
-    latent: Option<Latent>,
+    /// Kimi K3's latent, where the routed experts run (boxed: `Ffn` stays
+    /// small).
+    latent: Option<Box<Latent>>,
 }
 
 /// A latent MoE's shared projections and norm ([`strata_format::LatentMoe`]).
@@ -119,7 +120,7 @@ impl Moe {
             shared_weighed: matches!(block.shared, SharedExperts::Sink { .. }),
             shared_swiglu: block.swiglu,
             shared_gate,
-            latent: block.latent.map(|latent| Latent::load(b, spec, latent, layer)).transpose()?,
+            latent: block.latent.map(|latent| Latent::load(b, spec, latent, layer).map(Box::new)).transpose()?,
         })
     }
 
