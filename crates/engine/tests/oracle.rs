@@ -150,6 +150,22 @@ fn kimi_k3_matches_its_reference_in_one_pass_token_by_token_and_in_chunks() {
     }
 }
 
+/// Kimi K3's hub experts are packed MXFP4 (`weight_packed`/`weight_scale`):
+/// read from the packed checkpoint they are the same weights as the f32
+/// one's (which lie on MXFP4's grid), so every preset gives the same logits
+/// bit for bit.
+#[test]
+fn kimi_k3_packed_mxfp4_experts_convert_as_their_f32_values_bit_for_bit() {
+    let text = std::fs::read_to_string(fixture("kimi_k3").join("reference.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let prompt: Vec<u32> = json["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    for preset in [QuantPreset::F32, QuantPreset::Q4] {
+        let [f32_experts, packed] =
+            ["hf", "hf_mxfp4"].map(|hf| engine(&convert("kimi_k3", hf, preset), 1 << 30, 2).logits(&prompt).unwrap());
+        assert_eq!(bits(&packed), bits(&f32_experts), "{preset:?}");
+    }
+}
+
 #[test]
 fn greedy_continuation_matches_transformers() {
     for &family in FAMILIES {
@@ -343,7 +359,6 @@ fn gpu_engine(dir: &tempfile::TempDir, vram_budget_bytes: Option<u64>) -> Option
     }
 }
 
-#[cfg(feature = "gpu")]
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
