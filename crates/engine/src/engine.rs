@@ -650,6 +650,7 @@ impl Engine {
         let experts = match (moe.experts, moe.swiglu) {
             (ExpertKind::SwiGlu, SwiGlu::Plain) => ExpertFfn::SwiGlu,
             (ExpertKind::SwiGlu, SwiGlu::Limited { limit }) => ExpertFfn::LimitedSwiGlu { limit },
+            (ExpertKind::SwiGlu, SwiGlu::Situ { beta, linear_beta }) => ExpertFfn::SituGlu { beta, linear_beta },
             (ExpertKind::ClampedSwiGlu { .. }, _) => {
                 return Err(Error::InvalidOption {
                     option: "--workers",

@@ -114,6 +114,58 @@ fn one_token_at_a_time_matches_transformers_at_every_position() {
     }
 }
 
+/// Kimi K3 has no transformers oracle: its fixture is Strata's own PyTorch
+/// reference (xtask/fixtures/kimi_k3_ref.py `write_model`, docs/kimi_k3.md).
+/// Its f32 container matches that reference at every position in one pass,
+/// token by token, and over passes of several tokens (the KDA state, the
+/// MLA cache and the Attention Residuals' snapshots carried between them).
+#[test]
+fn kimi_k3_matches_its_reference_in_one_pass_token_by_token_and_in_chunks() {
+    let text = std::fs::read_to_string(fixture("kimi_k3").join("reference.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let prompt: Vec<u32> = json["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let (_, want) = reference_logits("kimi_k3", "logits_f32.npy");
+    let dir = convert("kimi_k3", "hf", QuantPreset::F32);
+    let engine = engine(&dir, 1 << 30, 2);
+    let tolerance = 1e-3 * std_dev(&want);
+    let vocab = want.len() / prompt.len();
+    let mut token_by_token = engine.session();
+    let mut in_chunks = engine.session();
+    // A pass of several tokens gives its last position's logits.
+    let chunk_ends: Vec<f32> =
+        prompt.chunks(4).flat_map(|part| in_chunks.feed(part).unwrap()[..vocab].to_vec()).collect();
+    let want_at_chunk_ends: Vec<f32> = (0..prompt.len())
+        .filter(|i| (i + 1) % 4 == 0 || i + 1 == prompt.len())
+        .flat_map(|i| want[i * vocab..(i + 1) * vocab].to_vec())
+        .collect();
+    let passes = [
+        ("one pass", engine.logits(&prompt).unwrap(), want.clone()),
+        ("token by token", prompt.iter().flat_map(|&t| token_by_token.feed(&[t]).unwrap()).collect(), want.clone()),
+        ("in chunks of 4", chunk_ends, want_at_chunk_ends),
+    ];
+    for (how, got, want) in passes {
+        let diff = max_abs_diff(&got, &want);
+        eprintln!("kimi_k3 {how}: f32 max |Δlogit| {diff:.3e} = {:.2e} std", diff / std_dev(&want));
+        assert!(diff <= tolerance, "kimi_k3 {how}: max |Δlogit| {diff} > {tolerance}");
+    }
+}
+
+/// Kimi K3's hub experts are packed MXFP4 (`weight_packed`/`weight_scale`):
+/// read from the packed checkpoint they are the same weights as the f32
+/// one's (which lie on MXFP4's grid), so every preset gives the same logits
+/// bit for bit.
+#[test]
+fn kimi_k3_packed_mxfp4_experts_convert_as_their_f32_values_bit_for_bit() {
+    let text = std::fs::read_to_string(fixture("kimi_k3").join("reference.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let prompt: Vec<u32> = json["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    for preset in [QuantPreset::F32, QuantPreset::Q4] {
+        let [f32_experts, packed] =
+            ["hf", "hf_mxfp4"].map(|hf| engine(&convert("kimi_k3", hf, preset), 1 << 30, 2).logits(&prompt).unwrap());
+        assert_eq!(bits(&packed), bits(&f32_experts), "{preset:?}");
+    }
+}
+
 #[test]
 fn greedy_continuation_matches_transformers() {
     for &family in FAMILIES {
@@ -326,7 +378,6 @@ fn gpu_engine(dir: &tempfile::TempDir, vram_budget_bytes: Option<u64>) -> Option
     }
 }
 
-#[cfg(feature = "gpu")]
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }

@@ -15,10 +15,12 @@ use safetensors::tensor::{Dtype, SafeTensors};
 use serde_json::Value;
 
 mod interleaved;
+mod packed;
 mod paired;
 
 pub use interleaved::InterleavedExperts;
 pub(crate) use interleaved::{fused_down, fused_gate_up, interleave, interleaved_sources};
+pub(crate) use packed::packed_names;
 
 use crate::error::{Error, Result};
 use crate::fp8::{self, ScaleGrid};
@@ -375,10 +377,13 @@ impl Checkpoint {
         for ((slot, name), shape) in out.iter_mut().zip(&names).zip(shapes) {
             let mut candidates = vec![name.clone()];
             candidates.extend(names::aliases(&arch.core, name));
-            let found = self.resolve(&candidates).ok_or_else(|| Error::MissingTensor {
-                name: name.clone(),
-                hint: format!(" (nor fused {fused_gate_up})"),
-            })?;
+            let Some(found) = self.resolve(&candidates) else {
+                *slot = self.packed_mxfp4_f32(name, shape)?.ok_or_else(|| Error::MissingTensor {
+                    name: name.clone(),
+                    hint: format!(" (nor fused {fused_gate_up}, nor packed MXFP4)"),
+                })?;
+                continue;
+            };
             self.check_shape(found, &shape)?;
             *slot = self.tensor_f32(found)?.1;
         }

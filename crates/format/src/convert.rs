@@ -204,7 +204,12 @@ impl Source for Checkpoint {
             for name in names::expert_names(&arch.core, layer, expert) {
                 let mut candidates = vec![name.clone()];
                 candidates.extend(names::aliases(&arch.core, &name));
-                found.extend(Checkpoint::resolve(self, &candidates).map(str::to_owned));
+                match Checkpoint::resolve(self, &candidates) {
+                    Some(stored) => found.push(stored.to_owned()),
+                    // Kimi K3's hub experts: packed MXFP4 codes and scales.
+                    None => found
+                        .extend(crate::checkpoint::packed_names(&name).into_iter().flatten().filter(|n| self.has(n))),
+                }
             }
         }
         found

@@ -53,9 +53,9 @@ pub use names::{ExpertProj, TensorDesc, TensorKind};
 pub use preset::{Q4_DEFAULT_GROUP, Q8_GROUP, QuantPreset};
 pub use spec::{
     CompressedIndexer, Compression, CompressorState, CoreSpec, DsaSpec, ExpertKind, Family, FfnKind, FfnSpec,
-    GateActivation, GdnDims, GdnProjections, GdnSpec, GqaSpec, HyperHead, IndexerKind, IndexerSpec, InklingAttention,
-    LayerSpec, LayerType, LogScaling, MixerSpec, MlaAttention, MlaSpec, ModelArch, ModelSpec, MoeBlock, MoeSpec,
-    NormKind, NormStyle, PleSpec, QkNorm, QsaSpec, ResidualKind, RopeScaling, RopeSpec, RouterKind, RouterSpec,
-    ScoringFunc, SharedExperts, SharedKvAttention, ShortConv, SwiGlu,
+    GateActivation, GateRank, GdnDims, GdnProjections, GdnSpec, GqaSpec, HyperHead, IndexerKind, IndexerSpec,
+    InklingAttention, LatentMoe, LayerSpec, LayerType, LogScaling, MixerSpec, MlaAttention, MlaSpec, ModelArch,
+    ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, PleSpec, QkNorm, QsaSpec, ResidualKind, RopeScaling, RopeSpec,
+    RouterKind, RouterSpec, ScoringFunc, SharedExperts, SharedKvAttention, ShortConv, SwiGlu,
 };
 pub use synth::{LIKE, SynthOptions, like_config, synth, synth_config};

@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 pub use self::inkling::{embed_norm_name, global_scale_name, sink_shared_expert_names};
 use crate::family::Naming;
 use crate::spec::{
-    Compression, CompressorState, CoreSpec, ExpertKind, FfnSpec, GdnProjections, GdnSpec, GqaSpec, HyperHead,
-    IndexerKind, LayerSpec, MixerSpec, MlaAttention, ModelArch, PleSpec, QkNorm, ResidualKind, RouterKind,
-    SharedExperts, SharedKvAttention,
+    Compression, CompressorState, CoreSpec, ExpertKind, FfnSpec, GateRank, GdnProjections, GdnSpec, GqaSpec, HyperHead,
+    IndexerKind, LayerSpec, MixerSpec, MlaAttention, ModelArch, PleSpec, QkNorm, ResidualKind, RouterKind, SharedExperts,
+    SharedKvAttention,
 };
 
 /// What role a non-expert tensor plays; decides its storage format.
@@ -281,10 +281,22 @@ pub fn expert_name_templates(core: &CoreSpec, layer: usize) -> [String; 3] {
     expert_names(core, layer, 0).map(|n| n.replace(".experts.0.", ".experts.{expert}."))
 }
 
-/// Shapes `[rows, cols]` of gate, up, down for every expert of the model.
+/// Shapes `[rows, cols]` of gate, up, down for every expert of the model:
+/// over the hidden width, or a latent MoE's latent.
 pub fn expert_shapes(arch: &ModelArch) -> [[usize; 2]; 3] {
-    let (h, i) = (arch.core.hidden_size, arch.first_moe().map_or(0, |moe| moe.intermediate_size));
+    let moe = arch.first_moe();
+    let i = moe.map_or(0, |moe| moe.intermediate_size);
+    let h = moe.and_then(|moe| moe.latent).map_or(arch.core.hidden_size, |latent| latent.width);
     [[i, h], [i, h], [h, i]]
+}
+
+/// A latent MoE's ([`crate::LatentMoe`]) shared projections and norm:
+/// `routed_expert_down_proj` `[width, hidden]`, `routed_expert_up_proj`
+/// `[hidden, width]`, `routed_expert_norm` `[width]`.
+pub fn latent_moe_names(core: &CoreSpec, layer: usize) -> [String; 3] {
+    let module = naming(core).moe_module;
+    ["routed_expert_down_proj", "routed_expert_up_proj", "routed_expert_norm"]
+        .map(|part| layer_tensor(core, layer, &format!("{module}.{part}.weight")))
 }
 
 /// Names of the fused 3-D expert tensors transformers 5.x keeps in memory
@@ -450,6 +462,12 @@ fn layer_tensors(core: &CoreSpec, layer: usize, blocks: &LayerSpec, push: &mut P
                     push(hash_table_name(core, layer), vec![core.vocab_size, moe.top_k], TensorKind::Router);
                 }
                 RouterKind::SoftmaxTopK { .. } => {}
+            }
+            if let Some(latent) = moe.latent {
+                let [down, up, norm] = latent_moe_names(core, layer);
+                push(down, vec![latent.width, h], TensorKind::Linear);
+                push(up, vec![h, latent.width], TensorKind::Linear);
+                push(norm, vec![latent.width], TensorKind::Norm);
             }
             if let ExpertKind::ClampedSwiGlu { .. } = moe.experts {
                 let [gate, up, down] = expert_bias_names(core, layer);
@@ -634,6 +652,9 @@ fn mla_attention_tensors(core: &CoreSpec, attn: &MlaAttention, layer: usize, pus
     push(t("self_attn.kv_a_layernorm.weight"), vec![r], TensorKind::Norm);
     push(t("self_attn.kv_b_proj.weight"), vec![heads * (mla.qk_nope_head_dim + mla.v_head_dim), r], TensorKind::Linear);
     push(t("self_attn.o_proj.weight"), vec![h, heads * mla.v_head_dim], TensorKind::Linear);
+    if attn.output_gate {
+        push(t("self_attn.g_proj.weight"), vec![heads * mla.v_head_dim, h], TensorKind::Linear);
+    }
     if attn.bias {
         push(t("self_attn.o_proj.bias"), vec![h], TensorKind::Bias);
     }
@@ -719,10 +740,17 @@ fn gdn_tensors(core: &CoreSpec, gdn: &GdnSpec, layer: usize, push: &mut Push<'_>
             ("b_proj", n_v, h),
             ("f_a_proj", d.head_k_dim, h),
             ("f_b_proj", key_dim, d.head_k_dim),
-            ("g_a_proj", d.head_v_dim, h),
-            ("g_b_proj", value_dim, d.head_v_dim),
         ],
     };
+    let gate: &[(&str, usize, usize)] = match (d.projections, gdn.output_gate_rank) {
+        (GdnProjections::Kimi, GateRank::Low) => {
+            &[("g_a_proj", d.head_v_dim, h), ("g_b_proj", value_dim, d.head_v_dim)]
+        }
+        (GdnProjections::Kimi, GateRank::Full) => &[("g_proj", value_dim, h)],
+        // GDN's gate `z` is one of its input projections.
+        _ => &[],
+    };
+    let projections = projections.iter().chain(gate);
     for &(name, rows, cols) in projections {
         push(t(&format!("{name}.weight")), vec![rows, cols], TensorKind::Linear);
     }
@@ -733,7 +761,11 @@ fn gdn_tensors(core: &CoreSpec, gdn: &GdnSpec, layer: usize, push: &mut Push<'_>
         // Per key channel; A_log as the hub shapes it: Kimi's to broadcast
         // over `[batch, tokens, heads, d_k]`, the bounded gate's per head.
         push(t("dt_bias"), vec![key_dim], TensorKind::Recurrence);
-        let a_log = if gdn.gate_lower_bound.is_some() { vec![n_v] } else { vec![1, 1, n_v, 1] };
+        let a_log = match (gdn.a_log_padded_to, gdn.gate_lower_bound) {
+            (Some(padded), _) => vec![padded],
+            (None, Some(_)) => vec![n_v],
+            (None, None) => vec![1, 1, n_v, 1],
+        };
         push(t("A_log"), a_log, TensorKind::Recurrence);
         push(t("o_norm.weight"), vec![d.head_v_dim], TensorKind::Norm);
         push(t("o_proj.weight"), vec![h, value_dim], TensorKind::Linear);

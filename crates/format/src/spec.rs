@@ -528,8 +528,8 @@ mod validate;
 pub use arch::{CoreSpec, ModelArch};
 pub use inkling::{InklingAttention, LogScaling, ShortConv};
 pub use layer::{
-    ExpertKind, FfnSpec, GateActivation, GdnSpec, GqaSpec, HyperHead, IndexerSpec, LayerSpec, MixerSpec, MlaAttention,
-    MoeBlock, NormKind, QsaSpec, ResidualKind, RouterKind, SharedExperts, SwiGlu,
+    ExpertKind, FfnSpec, GateActivation, GateRank, GdnSpec, GqaSpec, HyperHead, IndexerSpec, LatentMoe, LayerSpec,
+    MixerSpec, MlaAttention, MoeBlock, NormKind, QsaSpec, ResidualKind, RouterKind, SharedExperts, SwiGlu,
 };
 pub use linear::{GdnDims, GdnProjections, LayerType};
 pub use mla::{DsaSpec, IndexerKind, LATENT_NORM_EPS, MlaSpec};

@@ -46,6 +46,9 @@ pub enum ExpertFfn<'a> {
     /// `down(silu(min(gate(x), limit)) * clamp(up(x), -limit, limit))`
     /// ([`strata_kernels::GatedAct::LimitedSwiGlu`]).
     LimitedSwiGlu { limit: f32 },
+    /// Kimi K3's `down(b1·tanh(g/b1)·σ(g) · b2·tanh(u/b2))`
+    /// ([`strata_kernels::GatedAct::SituGlu`]).
+    SituGlu { beta: f32, linear_beta: f32 },
     /// gpt-oss's biased experts with the clamped SwiGLU
     /// ([`strata_kernels::GatedAct::Clamped`]); the biases are the layer's,
     /// one row per expert: gate and up `[num_experts, intermediate]`, down
@@ -59,6 +62,7 @@ impl<'a> ExpertFfn<'a> {
         match self {
             ExpertFfn::SwiGlu => GatedAct::SwiGlu,
             ExpertFfn::LimitedSwiGlu { limit } => GatedAct::LimitedSwiGlu { limit },
+            ExpertFfn::SituGlu { beta, linear_beta } => GatedAct::SituGlu { beta, linear_beta },
             ExpertFfn::Clamped { alpha, limit, gate_bias, up_bias, down_bias } => {
                 let row = |bias: &'a [f32], width: usize| &bias[expert * width..(expert + 1) * width];
                 GatedAct::Clamped {

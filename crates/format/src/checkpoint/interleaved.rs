@@ -221,7 +221,7 @@ impl Checkpoint {
     }
 
     /// Bytes `[first, first + count)` of a `U8` tensor.
-    fn u8_elements(&self, name: &str, first: usize, count: usize) -> Result<&[u8]> {
+    pub(super) fn u8_elements(&self, name: &str, first: usize, count: usize) -> Result<&[u8]> {
         let loc = self.loc(name)?;
         if loc.dtype != Dtype::U8 {
             return Err(Error::UnsupportedDtype {

@@ -395,6 +395,7 @@ impl FamilyDef for DeepseekV4 {
             shared: SharedExperts::Plain { intermediate_size: expert_width },
             experts: ExpertKind::SwiGlu,
             swiglu: SwiGlu::Limited { limit: cfg.f64("swiglu_limit")?.unwrap_or(SWIGLU_LIMIT) as f32 },
+            latent: None,
         };
         let residual = ResidualKind::HyperConnections {
             streams: cfg.usize("hc_mult")?.unwrap_or(HC_MULT),

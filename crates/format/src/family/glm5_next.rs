@@ -21,8 +21,8 @@ use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
 use crate::spec::{
-    FfnKind, FfnSpec, GateActivation, GdnDims, GdnProjections, GdnSpec, HyperHead, IndexerKind, IndexerSpec, LayerSpec,
-    MixerSpec, MlaAttention, ModelArch, ResidualKind, SwiGlu,
+    FfnKind, FfnSpec, GateActivation, GateRank, GdnDims, GdnProjections, GdnSpec, HyperHead, IndexerKind, IndexerSpec,
+    LayerSpec, MixerSpec, MlaAttention, ModelArch, ResidualKind, SwiGlu,
 };
 
 pub(super) struct Glm5Next;
@@ -269,7 +269,14 @@ fn kda(cfg: &Fields<'_>, eps: f32) -> Result<GdnSpec> {
         }
         Some(_) => cfg.req_f64("linear_lower_bound")?,
     };
-    Ok(GdnSpec { dims, eps, gate_lower_bound: Some(bound as f32), output_gate: GateActivation::Sigmoid })
+    Ok(GdnSpec {
+        dims,
+        eps,
+        gate_lower_bound: Some(bound as f32),
+        output_gate: GateActivation::Sigmoid,
+        output_gate_rank: GateRank::Low,
+        a_log_padded_to: None,
+    })
 }
 
 /// Each layer's indexer (`indexer_types` and its spellings, as GLM-5

@@ -155,6 +155,7 @@ pub(super) fn parse_fields<'a>(cfg: Fields<'a>, family: Family, defaults: &Defau
         shared: SharedExperts::None,
         experts: ExpertKind::SwiGlu,
         swiglu: SwiGlu::Plain,
+        latent: None,
     };
     Ok(Parsed { core, num_layers, attention, ffns: Ffns { moe, dense_intermediate_size }, cfg })
 }
@@ -253,6 +254,7 @@ pub(super) fn blocks(arch: &ModelArch) -> (GqaSpec, MoeBlock) {
         shared: SharedExperts::None,
         experts: ExpertKind::SwiGlu,
         swiglu: SwiGlu::Plain,
+        latent: None,
     });
     (gqa, moe)
 }

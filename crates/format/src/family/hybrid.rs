@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
 use crate::spec::{
-    FfnKind, FfnSpec, GateActivation, GdnDims, GdnProjections, GdnSpec, LayerSpec, LayerType, MixerSpec, ModelArch,
-    NormKind, QkNorm, RouterKind, SharedExperts, special_tokens,
+    FfnKind, FfnSpec, GateActivation, GateRank, GdnDims, GdnProjections, GdnSpec, LayerSpec, LayerType, MixerSpec,
+    ModelArch, NormKind, QkNorm, RouterKind, SharedExperts, special_tokens,
 };
 
 /// The config-class defaults both families share (transformers 5.23
@@ -133,7 +133,14 @@ pub(super) fn parse<'a>(cfg: Fields<'a>, hybrid: &Hybrid) -> Result<Parsed<'a>> 
     parsed.core.final_norm = NormKind::OnePlusWeight { eps };
     Ok(Parsed {
         gqa: parsed,
-        gdn: GdnSpec { dims, eps, gate_lower_bound: None, output_gate: GateActivation::Silu },
+        gdn: GdnSpec {
+            dims,
+            eps,
+            gate_lower_bound: None,
+            output_gate: GateActivation::Silu,
+            output_gate_rank: GateRank::Low,
+            a_log_padded_to: None,
+        },
         mixers,
     })
 }

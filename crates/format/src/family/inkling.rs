@@ -286,6 +286,7 @@ impl FamilyDef for Inkling {
             shared: SharedExperts::Sink { count: cfg.req_usize("n_shared_experts")?, intermediate_size: expert_width },
             experts: ExpertKind::SwiGlu,
             swiglu: SwiGlu::Plain,
+            latent: None,
         };
         let kinds = ffn_kinds(&cfg, num_layers)?;
         let ffns = Ffns { moe, dense_intermediate_size: dense_width };

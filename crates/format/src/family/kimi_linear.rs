@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
 use crate::spec::{
-    FfnKind, GateActivation, GdnDims, GdnProjections, GdnSpec, LayerType, MixerSpec, MlaAttention, ModelArch,
+    FfnKind, GateActivation, GateRank, GdnDims, GdnProjections, GdnSpec, LayerType, MixerSpec, MlaAttention, ModelArch,
     RouterKind,
 };
 
@@ -28,7 +28,7 @@ const DEFAULTS: mla::Defaults =
 
 /// `attribute_map`: `(the spelling the MLA reader takes, Kimi's)`. A
 /// config may give either; transformers reads both into one field.
-const SPELLINGS: [(&str, &str); 6] = [
+pub(super) const SPELLINGS: [(&str, &str); 6] = [
     ("max_position_embeddings", "model_max_length"),
     ("norm_topk_prob", "moe_renormalize"),
     ("n_group", "num_expert_group"),
@@ -75,18 +75,28 @@ const NAMING: Naming = Naming {
     saved_as: &[(".mlp.", ".block_sparse_moe.")],
 };
 
+/// The keys `KimiLinearConfig` reads beyond the MLA families' own.
+pub(super) const KIMI_READ: &[&str] = &[
+    "model_max_length",
+    "moe_renormalize",
+    "num_expert_group",
+    "num_experts",
+    "num_experts_per_token",
+    "num_shared_experts",
+    "num_local_experts",
+    "mlp_layer_types",
+    "layer_types",
+    "linear_num_heads",
+    "linear_head_dim",
+    "linear_conv_kernel_dim",
+    "rope_interleave",
+];
+
 /// What a kimi_linear checkpoint may hold (`KimiLinearConfig`, and the
 /// hub's `linear_attn_config`).
 const KNOWN: Known = Known {
     config: ConfigKeys {
-        read: &[
-            CORE_READ,
-            mla::READ,
-            &["model_max_length", "moe_renormalize", "num_expert_group", "num_experts", "num_experts_per_token"],
-            &["num_shared_experts", "num_local_experts", "mlp_layer_types", "layer_types"],
-            &["linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim", "rope_interleave"],
-            &HUB_SWITCHES,
-        ],
+        read: &[CORE_READ, mla::READ, KIMI_READ, &HUB_SWITCHES],
         inert: &[HF_INERT, mla::INERT, mla::MTP_KEYS],
         nested: &[
             ("linear_attn_config", &LINEAR_ATTN_CONFIG),
@@ -103,11 +113,11 @@ const KNOWN: Known = Known {
 /// that transformers' class does not read: it always routes by sigmoid,
 /// always group-limits the top-k and never rotates the latent layers. A
 /// config is converted only where each says what transformers runs.
-const HUB_SWITCHES: [&str; 3] = ["moe_router_activation_func", "use_grouped_topk", "mla_use_nope"];
+pub(super) const HUB_SWITCHES: [&str; 3] = ["moe_router_activation_func", "use_grouped_topk", "mla_use_nope"];
 
 /// Refuses a hub switch ([`HUB_SWITCHES`]) that asks for other arithmetic
 /// than transformers' kimi_linear does, for a model routed by `router`.
-fn check_hub_switches(cfg: &Fields<'_>, router: RouterKind) -> Result<()> {
+pub(super) fn check_hub_switches(cfg: &Fields<'_>, router: RouterKind) -> Result<()> {
     if let Some(activation) = cfg.str("moe_router_activation_func")?
         && activation != "sigmoid"
     {
@@ -140,17 +150,18 @@ fn check_hub_switches(cfg: &Fields<'_>, router: RouterKind) -> Result<()> {
 }
 
 /// The hub's `linear_attn_config`.
-const LINEAR_ATTN_CONFIG: ConfigKeys = ConfigKeys {
+pub(super) const LINEAR_ATTN_CONFIG: ConfigKeys = ConfigKeys {
     read: &[&["num_heads", "head_dim", "short_conv_kernel_size", "kda_layers", "full_attn_layers"]],
     inert: &[],
     nested: &[],
 };
 
-/// `root` with Kimi's spellings read into the MLA reader's and the class
-/// defaults filled in; a field given in both spellings must agree.
-fn normalized(root: &Map<String, Value>) -> Result<Map<String, Value>> {
+/// `root` (its fields named after `prefix`) with Kimi's spellings read into
+/// the MLA reader's and the class defaults filled in; a field given in
+/// both spellings must agree.
+pub(super) fn normalized(root: &Map<String, Value>, prefix: &'static str) -> Result<Map<String, Value>> {
     let mut map = root.clone();
-    let top = Fields { map: root, prefix: "" };
+    let top = Fields { map: root, prefix };
     for (theirs, kimi) in SPELLINGS {
         let Some(v) = top.raw(kimi) else { continue };
         if root.get(theirs).is_some_and(|other| other != v) {
@@ -165,7 +176,7 @@ fn normalized(root: &Map<String, Value>) -> Result<Map<String, Value>> {
 }
 
 /// The KDA dimensions: `linear_attn_config`'s, else the class fields.
-fn linear_dims(cfg: &Fields<'_>, linear: Option<&Fields<'_>>) -> Result<GdnDims> {
+pub(super) fn linear_dims(cfg: &Fields<'_>, linear: Option<&Fields<'_>>) -> Result<GdnDims> {
     let read = |(field, nested, default): (&str, &str, usize)| -> Result<usize> {
         let given = match linear {
             Some(linear) if linear.raw(nested).is_some() => linear.usize(nested)?,
@@ -188,7 +199,7 @@ fn linear_dims(cfg: &Fields<'_>, linear: Option<&Fields<'_>>) -> Result<GdnDims>
 /// `layer_types`, else `linear_attn_config`'s 1-based `kda_layers` and
 /// `full_attn_layers` (both, covering every layer once), else the class
 /// default.
-fn layer_types(cfg: &Fields<'_>, linear: Option<&Fields<'_>>, num_layers: usize) -> Result<Vec<LayerType>> {
+pub(super) fn layer_types(cfg: &Fields<'_>, linear: Option<&Fields<'_>>, num_layers: usize) -> Result<Vec<LayerType>> {
     if let Some(listed) = hybrid::listed_layer_types(cfg, num_layers, hybrid::FULL_ATTENTION)? {
         return Ok(listed);
     }
@@ -227,6 +238,25 @@ fn layer_types(cfg: &Fields<'_>, linear: Option<&Fields<'_>>, num_layers: usize)
         .collect()
 }
 
+/// Each layer's feed-forward kind: `mlp_layer_types` (`dense` or `sparse`
+/// per layer), else `first_k_dense_replace`'s (`dense_first`).
+pub(super) fn ffn_kinds(cfg: &Fields<'_>, dense_first: Vec<FfnKind>, num_layers: usize) -> Result<Vec<FfnKind>> {
+    match mla::string_list(cfg, "mlp_layer_types")? {
+        None => Ok(dense_first),
+        Some(listed) if listed.len() == num_layers => listed
+            .iter()
+            .map(|t| match t.as_str() {
+                "dense" => Ok(FfnKind::Dense),
+                "sparse" => Ok(FfnKind::Moe),
+                other => Err(Error::invalid("mlp_layer_types", format!("{other:?} is not \"dense\" or \"sparse\""))),
+            })
+            .collect(),
+        Some(listed) => {
+            Err(Error::invalid("mlp_layer_types", format!("{} entries for {num_layers} layers", listed.len())))
+        }
+    }
+}
+
 impl FamilyDef for KimiLinear {
     fn model_type(&self) -> &'static str {
         "kimi_linear"
@@ -245,7 +275,7 @@ impl FamilyDef for KimiLinear {
     }
 
     fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
-        let map = normalized(root)?;
+        let map = normalized(root, "")?;
         let cfg = Fields { map: &map, prefix: "" };
         let linear_map = cfg.object("linear_attn_config")?;
         let linear = linear_map.map(|map| Fields { map, prefix: "linear_attn_config." });
@@ -260,27 +290,11 @@ impl FamilyDef for KimiLinear {
             eps: parsed.core.final_norm.eps(),
             gate_lower_bound: None,
             output_gate: GateActivation::Sigmoid,
+            output_gate_rank: GateRank::Low,
+            a_log_padded_to: None,
         };
         let types = layer_types(&cfg, linear.as_ref(), num_layers)?;
-        let kinds = match mla::string_list(&cfg, "mlp_layer_types")? {
-            None => parsed.kinds,
-            Some(listed) if listed.len() == num_layers => listed
-                .iter()
-                .map(|t| match t.as_str() {
-                    "dense" => Ok(FfnKind::Dense),
-                    "sparse" => Ok(FfnKind::Moe),
-                    other => {
-                        Err(Error::invalid("mlp_layer_types", format!("{other:?} is not \"dense\" or \"sparse\"")))
-                    }
-                })
-                .collect::<Result<_>>()?,
-            Some(listed) => {
-                return Err(Error::invalid(
-                    "mlp_layer_types",
-                    format!("{} entries for {num_layers} layers", listed.len()),
-                ));
-            }
-        };
+        let kinds = ffn_kinds(&cfg, parsed.kinds, num_layers)?;
         let mixer = |l: usize| match types[l] {
             LayerType::Full => MixerSpec::Mla(full),
             LayerType::Linear => MixerSpec::GatedDeltaNet(gdn),

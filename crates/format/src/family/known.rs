@@ -19,7 +19,6 @@ use serde_json::{Map, Value};
 use super::Family;
 use crate::error::{Error, Result};
 use crate::spec::ModelArch;
-use crate::spec::fields::Fields;
 
 /// The keys of one config object.
 #[derive(Debug)]
@@ -169,7 +168,7 @@ pub(crate) fn unknown_config_keys(family: Family, config: &Map<String, Value>) -
 /// except the keys in `allowed` (dotted paths, as the error names them).
 pub fn check_config_keys(config: &Value, allowed: &[String]) -> Result<()> {
     let map = config.as_object().ok_or_else(|| Error::invalid("<root>", "config.json must be a JSON object"))?;
-    let family: Family = Fields { map, prefix: "" }.req_str("model_type")?.parse()?;
+    let family: Family = Family::of_config(map)?;
     let refused: Vec<String> =
         unknown_config_keys(family, map).into_iter().filter(|key| !allowed.contains(key)).collect();
     if refused.is_empty() {

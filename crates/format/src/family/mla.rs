@@ -190,6 +190,7 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
         latent_norm_eps: LATENT_NORM_EPS,
         bias: cfg.bool("attention_bias")?.unwrap_or(false),
         indexer: None,
+        output_gate: false,
     };
     let moe = MoeBlock {
         num_experts,
@@ -199,6 +200,7 @@ pub(super) fn parse(cfg: &Fields<'_>, family: Family, defaults: &Defaults) -> Re
         shared,
         experts: ExpertKind::SwiGlu,
         swiglu: SwiGlu::Plain,
+        latent: None,
     };
     let ffns = Ffns { moe, dense_intermediate_size: cfg.req_usize("intermediate_size")? };
     let kinds = dense_first_layer_kinds(cfg, num_layers)?;

@@ -22,6 +22,7 @@ mod gqa;
 mod hybrid;
 mod inkling;
 mod kimi_k25;
+mod kimi_k3;
 mod kimi_linear;
 mod known;
 mod mixtral;
@@ -98,6 +99,11 @@ pub enum Family {
     /// gated residual streams and no layer norms.
     #[serde(rename = "qwen4_exp")]
     Qwen4Exp,
+    /// Kimi K3: Kimi-Linear's body with gated KDA and MLA, Attention
+    /// Residuals, a latent MoE and SiTU-GLU; told from Kimi-Linear by its
+    /// keys (its text config says `kimi_linear`).
+    #[serde(rename = "kimi_k3")]
+    KimiK3,
 }
 
 /// What a family file provides.
@@ -179,7 +185,7 @@ pub(crate) const HF_NAMING: Naming = Naming {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 14] = [
+    pub const ALL: [Family; 15] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -194,6 +200,7 @@ impl Family {
         Family::Inkling,
         Family::Glm5Next,
         Family::Qwen4Exp,
+        Family::KimiK3,
     ];
 
     /// The registry: the file that describes this family.
@@ -213,7 +220,16 @@ impl Family {
             Family::Inkling => &inkling::Inkling,
             Family::Glm5Next => &glm5_next::Glm5Next,
             Family::Qwen4Exp => &qwen4_exp::Qwen4Exp,
+            Family::KimiK3 => &kimi_k3::KimiK3,
         }
+    }
+
+    /// The family of a config.json object: its `model_type`'s, except that
+    /// a `kimi_linear` config with Kimi K3's keys is K3's (transformers'
+    /// `kimi_linear` would drop what K3 adds).
+    pub(crate) fn of_config(root: &Map<String, Value>) -> Result<Family> {
+        let family: Family = Fields { map: root, prefix: "" }.req_str("model_type")?.parse()?;
+        Ok(if family == Family::KimiLinear && kimi_k3::is_k3(root) { Family::KimiK3 } else { family })
     }
 
     /// The Hugging Face `model_type`.

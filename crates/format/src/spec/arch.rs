@@ -9,7 +9,6 @@
 
 use serde_json::Value;
 
-use super::fields::Fields;
 use super::{
     Family, FfnKind, FfnSpec, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention, ModelSpec, MoeBlock, NormKind,
     ResidualKind, RopeSpec,
@@ -76,7 +75,7 @@ impl ModelArch {
     /// As [`ModelArch::from_config_json`], from an already parsed document.
     pub fn from_config_value(value: &Value) -> Result<ModelArch> {
         let map = value.as_object().ok_or_else(|| Error::invalid("<root>", "config.json must be a JSON object"))?;
-        let family: Family = Fields { map, prefix: "" }.req_str("model_type")?.parse()?;
+        let family: Family = Family::of_config(map)?;
         let arch = family.def().parse(map)?;
         arch.validate()?;
         Ok(arch)

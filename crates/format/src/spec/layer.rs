@@ -443,6 +443,10 @@ pub struct MlaAttention {
     pub bias: bool,
     /// The DSA lightning indexer, on models that have one.
     pub indexer: Option<IndexerSpec>,
+    /// Kimi K3's `mla_use_output_gate`: each head's value context times
+    /// `σ(g_proj x)` (full rank, `[heads · v_head_dim, hidden]`) before
+    /// `o_proj`.
+    pub output_gate: bool,
 }
 
 /// A Gated DeltaNet layer.
@@ -458,6 +462,21 @@ pub struct GdnSpec {
     pub gate_lower_bound: Option<f32>,
     /// The activation of the output norm's gate.
     pub output_gate: GateActivation,
+    /// How the output norm's gate is projected (Kimi Delta Attention).
+    pub output_gate_rank: GateRank,
+    /// Kimi K3: `A_log` is stored zero-padded to this many values, of which
+    /// the first `num_v_heads` are read (docs/kimi_k3.md, inferred point 3).
+    pub a_log_padded_to: Option<usize>,
+}
+
+/// How a Kimi Delta Attention layer projects its output gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateRank {
+    /// Kimi-Linear, GLM-5.3-Flash: `g_b_proj(g_a_proj x)` through
+    /// `head_v_dim` (and every GDN layer, whose `z` is an input projection).
+    Low,
+    /// Kimi K3: one `g_proj` `[value_dim, hidden]`.
+    Full,
 }
 
 /// The activation of a gate that scales a normed output.
@@ -546,6 +565,22 @@ pub struct MoeBlock {
     /// The SwiGLU of the shared experts, and of the routed ones when
     /// `experts` is [`ExpertKind::SwiGlu`].
     pub swiglu: SwiGlu,
+    /// Kimi K3's latent MoE: the routed experts run in a narrower latent.
+    pub latent: Option<LatentMoe>,
+}
+
+/// Kimi K3's latent MoE (`block_sparse_moe`): the router reads the
+/// full-width input `x`; every routed expert runs on `z =
+/// routed_expert_down_proj(x)` (`width` wide, so the expert records are
+/// `[intermediate, width]` and `[width, intermediate]`); their weighted sum
+/// is RMS-normed (`routed_expert_norm`, `norm_eps`) and brought back by
+/// `routed_expert_up_proj`; the shared experts run on `x` and are added.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatentMoe {
+    /// `routed_expert_hidden_size`.
+    pub width: usize,
+    /// Epsilon of `routed_expert_norm` (`rms_norm_eps`).
+    pub norm_eps: f32,
 }
 
 /// What a SwiGLU computes between its gate/up products and its down
@@ -558,6 +593,10 @@ pub enum SwiGlu {
     /// `swiglu_limit` (GLM-5.3-Flash, DeepSeek V4; a NaN stays NaN, as
     /// through torch's `clamp`).
     Limited { limit: f32 },
+    /// Kimi K3's SiTU-GLU, `b1·tanh(g/b1)·σ(g) · b2·tanh(u/b2)`: `beta` is
+    /// `activation_situ_beta` (b1), `linear_beta`
+    /// `activation_situ_linear_beta` (b2).
+    Situ { beta: f32, linear_beta: f32 },
 }
 
 impl SwiGlu {
@@ -566,6 +605,7 @@ impl SwiGlu {
         match self {
             SwiGlu::Plain => String::new(),
             SwiGlu::Limited { limit } => format!(", swiglu limit {limit}"),
+            SwiGlu::Situ { beta, linear_beta } => format!(", SiTU-GLU betas {beta}, {linear_beta}"),
         }
     }
 }

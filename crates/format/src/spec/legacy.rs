@@ -5,9 +5,9 @@
 //! from the flat spec.
 
 use super::{
-    CoreSpec, ExpertKind, FfnKind, FfnSpec, GateActivation, GdnSpec, GqaSpec, IndexerSpec, LayerSpec, LayerType,
-    MixerSpec, MlaAttention, ModelArch, ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, QkNorm, ResidualKind,
-    RopeScaling, RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts, SwiGlu,
+    CoreSpec, ExpertKind, FfnKind, FfnSpec, GateActivation, GateRank, GdnSpec, GqaSpec, IndexerSpec, LayerSpec,
+    LayerType, MixerSpec, MlaAttention, ModelArch, ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, QkNorm,
+    ResidualKind, RopeScaling, RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts, SwiGlu,
 };
 use super::{DsaSpec, GdnDims, LATENT_NORM_EPS, MlaSpec};
 use crate::error::{Error, Result};
@@ -222,6 +222,7 @@ impl ModelSpec {
             latent_norm_eps: LATENT_NORM_EPS,
             bias: self.attention_bias,
             indexer,
+            output_gate: false,
         }
     }
 
@@ -231,6 +232,8 @@ impl ModelSpec {
             eps: self.rms_norm_eps,
             gate_lower_bound: None,
             output_gate: GateActivation::Silu,
+            a_log_padded_to: None,
+            output_gate_rank: GateRank::Low,
         })
     }
 
@@ -255,6 +258,7 @@ impl ModelSpec {
             },
             experts: ExpertKind::SwiGlu,
             swiglu: SwiGlu::Plain,
+            latent: None,
         }
     }
 

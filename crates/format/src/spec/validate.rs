@@ -4,8 +4,9 @@
 //! Errors name the config.json field at fault.
 
 use super::{
-    CoreSpec, FfnSpec, GdnProjections, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention, ModelArch, MoeBlock,
-    NormKind, QsaSpec, ResidualKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, limits,
+    CoreSpec, ExpertKind, FfnSpec, GateRank, GdnProjections, GdnSpec, GqaSpec, LayerSpec, MixerSpec, MlaAttention,
+    ModelArch, MoeBlock, NormKind, QsaSpec, ResidualKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu,
+    limits,
 };
 use crate::error::{Error, Result};
 
@@ -115,7 +116,14 @@ impl SwiGlu {
             SwiGlu::Limited { limit } if !(limit.is_finite() && limit >= 0.0) => {
                 Err(Error::invalid("swiglu_limit", "must be finite and >= 0"))
             }
-            SwiGlu::Plain | SwiGlu::Limited { .. } => Ok(()),
+            SwiGlu::Situ { beta, linear_beta } if !(beta.is_finite() && beta > 0.0) => Err(Error::invalid(
+                "activation_situ_beta",
+                format!("{beta} is not finite and > 0 (with linear beta {linear_beta})"),
+            )),
+            SwiGlu::Situ { linear_beta, .. } if !(linear_beta.is_finite() && linear_beta > 0.0) => {
+                Err(Error::invalid("activation_situ_linear_beta", "must be finite and > 0"))
+            }
+            SwiGlu::Plain | SwiGlu::Limited { .. } | SwiGlu::Situ { .. } => Ok(()),
         }
     }
 }
@@ -259,6 +267,21 @@ impl GdnSpec {
                 format!("{} is not a multiple of linear_num_key_heads {}", dims.num_v_heads, dims.num_k_heads),
             ));
         }
+        let kimi_only =
+            [("g_proj", self.output_gate_rank == GateRank::Full), ("A_log", self.a_log_padded_to.is_some())];
+        if let Some((part, _)) = kimi_only.iter().find(|(_, set)| *set)
+            && dims.projections != GdnProjections::Kimi
+        {
+            return Err(Error::invalid(*part, "only Kimi Delta Attention has a full-rank gate or a padded A_log"));
+        }
+        if let Some(padded) = self.a_log_padded_to
+            && padded < dims.num_v_heads
+        {
+            return Err(Error::invalid(
+                "A_log",
+                format!("padded to {padded} values, fewer than the {} heads", dims.num_v_heads),
+            ));
+        }
         if let Some(bound) = self.gate_lower_bound {
             if dims.projections != GdnProjections::Kimi {
                 return Err(Error::invalid(
@@ -336,6 +359,17 @@ impl MoeBlock {
             _ => {}
         }
         self.swiglu.validate()?;
+        if let Some(latent) = self.latent {
+            positive(&[("routed_expert_hidden_size", latent.width)])?;
+            if !(latent.norm_eps.is_finite() && latent.norm_eps > 0.0) {
+                return Err(Error::invalid("rms_norm_eps", "the latent norm's eps must be finite and > 0"));
+            }
+            // The latent block runs the experts as SwiGLUs of `z` only: a
+            // biased expert's rows would be sized by the full width.
+            if self.experts != ExpertKind::SwiGlu {
+                return Err(Error::invalid("routed_expert_hidden_size", "a latent MoE's experts carry no biases"));
+            }
+        }
         self.validate_router()
     }
 

@@ -15,7 +15,7 @@
 //! give exactly the logits of one pass.
 
 use crate::backend::NormGate;
-use strata_format::{CoreSpec, GateActivation, GdnDims, GdnProjections, GdnSpec, names};
+use strata_format::{CoreSpec, GateActivation, GateRank, GdnDims, GdnProjections, GdnSpec, names};
 use strata_kv::StatePart;
 
 use crate::backend::Runtime;
@@ -33,11 +33,14 @@ pub struct DeltaNet {
     eps: f32,
     /// The activation of the output norm's gate.
     gate_act: NormGate,
+    /// How a Kimi layer projects its output gate (low rank, or K3's full).
+    gate_rank: GateRank,
     hidden: usize,
     /// The input projections, in the order of [`GdnDims::projections`]:
     /// `in_proj_qkvz`, `in_proj_ba` (grouped), `in_proj_qkv`, `in_proj_z`,
     /// `in_proj_b`, `in_proj_a` (split), or `q_proj`, `k_proj`, `v_proj`,
-    /// `b_proj`, `f_a_proj`, `f_b_proj`, `g_a_proj`, `g_b_proj` (Kimi).
+    /// `b_proj`, `f_a_proj`, `f_b_proj`, `g_a_proj`, `g_b_proj` (Kimi; K3's
+    /// one `g_proj` in place of the last two).
     inputs: Vec<Linear>,
     /// The delta rule and its convolution, dt bias and decay.
     rule: DeltaKind,
@@ -79,12 +82,19 @@ impl DeltaNet {
                 ("b_proj", d.num_v_heads, h),
                 ("f_a_proj", d.head_k_dim, h),
                 ("f_b_proj", d.key_dim(), d.head_k_dim),
-                ("g_a_proj", d.head_v_dim, h),
-                ("g_b_proj", d.value_dim(), d.head_v_dim),
             ],
         };
-        let mut inputs = Vec::with_capacity(shapes.len());
-        for (name, rows, cols) in shapes {
+        let gate: &[(&str, usize, usize)] = match (d.projections, gdn.output_gate_rank) {
+            (GdnProjections::Kimi, GateRank::Low) => {
+                &[("g_a_proj", d.head_v_dim, h), ("g_b_proj", d.value_dim(), d.head_v_dim)]
+            }
+            (GdnProjections::Kimi, GateRank::Full) => &[("g_proj", d.value_dim(), h)],
+            // GDN's gate `z` is one of its input projections.
+            _ => &[],
+        };
+        let shapes = shapes.iter().chain(gate);
+        let mut inputs = Vec::new();
+        for &(name, rows, cols) in shapes {
             inputs.push(Linear::load(b, &t(&format!("{name}.weight")), None, rows, cols)?);
         }
         let (rule, norm, out) = if d.projections == GdnProjections::Kimi {
@@ -100,7 +110,7 @@ impl DeltaNet {
                 dims: d,
                 conv: b.upload_vector(conv),
                 dt_bias: b.vector(&t("dt_bias"), d.key_dim())?,
-                a_log: b.vector(&t("A_log"), d.num_v_heads)?,
+                a_log: kimi_a_log(b, &t("A_log"), gdn)?,
                 gate_lower_bound: gdn.gate_lower_bound,
             };
             (rule, b.vector(&t("o_norm.weight"), d.head_v_dim)?, t("o_proj.weight"))
@@ -118,7 +128,17 @@ impl DeltaNet {
             GateActivation::Silu => NormGate::Silu,
             GateActivation::Sigmoid => NormGate::Sigmoid,
         };
-        Ok(Self { dims: d, eps: gdn.eps, gate_act, hidden: h, inputs, rule, norm, out })
+        Ok(Self {
+            dims: d,
+            eps: gdn.eps,
+            gate_act,
+            gate_rank: gdn.output_gate_rank,
+            hidden: h,
+            inputs,
+            rule,
+            norm,
+            out,
+        })
     }
 
     /// What a sequence keeps in this layer: the delta-rule and convolution
@@ -181,12 +201,27 @@ impl DeltaNet {
                     .zip(v.chunks_exact(value_dim))
                     .flat_map(|((q, k), v)| [q, k, v].concat())
                     .collect();
-                // The low-rank gates: f_b(f_a(x)) and g_b(g_a(x)).
+                // The low-rank gates: f_b(f_a(x)) and g_b(g_a(x)); K3's
+                // output gate is one full-rank g_proj.
                 let low_rank = |first: usize| self.inputs[first + 1].apply(rt, b, &run(&self.inputs[first]));
-                Inputs { qkv, b: run(&self.inputs[3]), a: low_rank(4), z: low_rank(6) }
+                let z = match self.gate_rank {
+                    GateRank::Low => low_rank(6),
+                    GateRank::Full => run(&self.inputs[6]),
+                };
+                Inputs { qkv, b: run(&self.inputs[3]), a: low_rank(4), z }
             }
         }
     }
+}
+
+/// KDA's per-head `A_log`: the first `num_v_heads` values of K3's padded
+/// tensor (docs/kimi_k3.md, inferred point 3), else the whole tensor.
+fn kimi_a_log(b: &mut Backend, name: &str, gdn: &GdnSpec) -> Result<VectorHandle> {
+    let heads = gdn.dims.num_v_heads;
+    let Some(padded) = gdn.a_log_padded_to else { return b.vector(name, heads) };
+    let stored = b.vector(name, padded)?;
+    let first = b.vector_values(stored)[..heads].to_vec();
+    Ok(b.upload_vector(first))
 }
 
 /// Values of `a` per row: GDN's one per value head, or KDA's forget-gate

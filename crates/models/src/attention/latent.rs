@@ -4,11 +4,12 @@
 //! pooled, whose selection a sharing layer takes from the full layer
 //! before it.
 
-use strata_format::{CoreSpec, IndexerKind, MlaAttention, RopeSpec};
+use strata_format::{CoreSpec, IndexerKind, MlaAttention, RopeSpec, names};
 use strata_kv::{SequenceState, StatePart};
 
 use crate::backend::Backend;
 use crate::backend::Runtime;
+use crate::common::Linear;
 use crate::dsa::Indexer;
 use crate::error::{Error, Result};
 use crate::lm::SeqBatch;
@@ -34,6 +35,9 @@ pub struct LatentAttention {
     index_head_dim: Option<usize>,
     /// What a sequence keeps in this layer.
     parts: Vec<StatePart>,
+    /// Kimi K3's full-rank output gate `g_proj`: each head's value context
+    /// times `σ(g_proj x)` before `o_proj`.
+    output_gate: Option<Linear>,
 }
 
 /// The DSA indexer of a layer.
@@ -69,7 +73,12 @@ impl LatentAttention {
                 "layer {layer}: a DSA indexer needs RoPE exactly when it is not pooled"
             )));
         }
+        let gate_rows = kind.num_heads * kind.dims.v_head_dim;
+        let gate_name = names::layer_tensor(spec, layer, "self_attn.g_proj.weight");
+        let output_gate =
+            if kind.output_gate { Some(Linear::load(b, &gate_name, None, gate_rows, spec.hidden_size)?) } else { None };
         Ok(Self {
+            output_gate,
             attn: Mla::load(b, spec, kind, layer)?,
             rope: kind.rope,
             hidden: spec.hidden_size,
@@ -162,6 +171,9 @@ impl LatentAttention {
             let cached = seq.cache.rows(l, LATENT, start + m);
             out.extend(self.attn.attend(rt, b, q, cached, start, selection.as_deref()));
             row += m;
+        }
+        if let Some(gate) = &self.output_gate {
+            b.sigmoid_gate(&mut out, &gate.apply(rt, b, xs));
         }
         Ok(self.attn.output(rt, b, &out))
     }

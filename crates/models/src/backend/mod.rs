@@ -125,6 +125,8 @@ pub enum ExpertFfnKind {
     SwiGlu,
     /// `down(silu(min(gate(x), limit)) * clamp(up(x), -limit, limit))`.
     LimitedSwiGlu { limit: f32 },
+    /// Kimi K3's SiTU-GLU, `down(b1·tanh(g/b1)·σ(g) · b2·tanh(u/b2))`.
+    SituGlu { beta: f32, linear_beta: f32 },
     /// gpt-oss's biased experts with the clamped SwiGLU; the biases one row
     /// per expert: gate and up `[num_experts, intermediate]`, down
     /// `[num_experts, hidden]`.

@@ -2,14 +2,14 @@
 //! routed experts run through the one expert pipeline ([`strata_sched`]),
 //! and shared experts, if any, run resident beside them.
 
-use strata_format::{CoreSpec, ExpertKind, MoeBlock, SharedExperts, SwiGlu, names};
+use strata_format::{CoreSpec, ExpertKind, LatentMoe, MoeBlock, SharedExperts, SwiGlu, names};
 use strata_sched::{Guess, LayerStats, Route};
 use strata_tier::TraceWriter;
 
 use super::load_swiglu;
 use super::router::Router;
 use crate::backend::Runtime;
-use crate::backend::{Backend, ExpertFfnKind, ExpertsHandle, MatrixHandle, MoeJob};
+use crate::backend::{Backend, ExpertFfnKind, ExpertsHandle, MatrixHandle, MoeJob, VectorHandle};
 use crate::common::Linear;
 use crate::error::Result;
 
@@ -31,6 +31,35 @@ pub struct Moe {
     shared_swiglu: SwiGlu,
     /// The shared expert's sigmoid gate, `[1, hidden]`, if it has one.
     shared_gate: Option<Linear>,
+    /// Kimi K3's latent, where the routed experts run (boxed: `Ffn` stays
+    /// small).
+    latent: Option<Box<Latent>>,
+}
+
+/// A latent MoE's shared projections and norm ([`strata_format::LatentMoe`]).
+struct Latent {
+    /// `routed_expert_down_proj`, `[width, hidden]`.
+    down: Linear,
+    /// `routed_expert_up_proj`, `[hidden, width]`.
+    up: Linear,
+    /// `routed_expert_norm`, `[width]`, on the routed sum.
+    norm: VectorHandle,
+    norm_eps: f32,
+    width: usize,
+}
+
+impl Latent {
+    fn load(b: &mut Backend, spec: &CoreSpec, latent: LatentMoe, layer: usize) -> Result<Self> {
+        let (h, width) = (spec.hidden_size, latent.width);
+        let [down, up, norm] = names::latent_moe_names(spec, layer);
+        Ok(Self {
+            down: Linear::load(b, &down, None, width, h)?,
+            up: Linear::load(b, &up, None, h, width)?,
+            norm: b.vector(&norm, width)?,
+            norm_eps: latent.norm_eps,
+            width,
+        })
+    }
 }
 
 impl Moe {
@@ -44,6 +73,7 @@ impl Moe {
             ExpertKind::SwiGlu => match block.swiglu {
                 SwiGlu::Plain => ExpertFfnKind::SwiGlu,
                 SwiGlu::Limited { limit } => ExpertFfnKind::LimitedSwiGlu { limit },
+                SwiGlu::Situ { beta, linear_beta } => ExpertFfnKind::SituGlu { beta, linear_beta },
             },
             ExpertKind::ClampedSwiGlu { alpha, limit } => {
                 // A row per expert (bounded sizes: MAX_EXPERTS x MAX_INTERMEDIATE).
@@ -90,6 +120,7 @@ impl Moe {
             shared_weighed: matches!(block.shared, SharedExperts::Sink { .. }),
             shared_swiglu: block.swiglu,
             shared_gate,
+            latent: block.latent.map(|latent| Latent::load(b, spec, latent, layer).map(Box::new)).transpose()?,
         })
     }
 
@@ -120,18 +151,38 @@ impl Moe {
         guess: Option<Guess<'_>>,
     ) -> Result<()> {
         let (routes, shares) = self.router.route_with_shares(rt, b, xs, tokens);
-        let Some(shared) = &self.shared else {
+        if let Some(latent) = &self.latent {
+            // The router reads x; the experts, z = down(x); the routed sum is
+            // normed and brought back before the shared experts join it.
+            let z = latent.down.apply(rt, b, xs);
+            let mut sum = vec![0.0f32; z.len()];
+            self.run_routed(rt, b, layer, positions, (&z, latent.width), &routes, &mut sum, guess)?;
+            b.rmsnorm_rows(latent.norm, latent.norm_eps, &mut sum);
+            let mut ys = latent.up.apply(rt, b, &sum);
+            self.add_shared(rt, b, xs, &shares, &mut ys);
+            out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
+            return Ok(());
+        }
+        if self.shared.is_none() {
             // Without shared experts the routed outputs go straight into the
             // residual stream.
-            return self.run_routed(rt, b, layer, positions, xs, &routes, out, guess);
-        };
+            return self.run_routed(rt, b, layer, positions, (xs, self.hidden), &routes, out, guess);
+        }
         // transformers adds the shared experts to the routed sum before the
         // residual; keep that order.
         let mut ys = vec![0.0f32; out.len()];
-        self.run_routed(rt, b, layer, positions, xs, &routes, &mut ys, guess)?;
+        self.run_routed(rt, b, layer, positions, (xs, self.hidden), &routes, &mut ys, guess)?;
+        self.add_shared(rt, b, xs, &shares, &mut ys);
+        out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
+        Ok(())
+    }
+
+    /// Adds the shared experts' output for `xs` to the routed output `ys`.
+    fn add_shared(&self, rt: &Runtime<'_>, b: &Backend, xs: &[f32], shares: &[f32], ys: &mut [f32]) {
+        let Some(shared) = &self.shared else { return };
         let mut shared_out = vec![0.0f32; ys.len()];
         if self.shared_weighed {
-            b.weighted_shared_experts(rt, shared, xs, &shares, &mut shared_out);
+            b.weighted_shared_experts(rt, shared, xs, shares, &mut shared_out);
         } else {
             b.swiglu(rt, shared, self.shared_swiglu, xs, &mut shared_out);
         }
@@ -141,12 +192,11 @@ impl Moe {
             b.sigmoid_gate(&mut shared_out, &logits);
         }
         ys.iter_mut().zip(&shared_out).for_each(|(y, v)| *y += v);
-        out.iter_mut().zip(&ys).for_each(|(o, y)| *o += y);
-        Ok(())
     }
 
-    /// Adds the routed experts' weighted outputs to `out`, recording the
-    /// routes in the trace and the time in the run statistics.
+    /// Adds the routed experts' weighted outputs for the rows `xs` (each
+    /// `width` wide: the hidden states, or a latent MoE's `z`) to `out`,
+    /// recording the routes in the trace and the time in the run statistics.
     #[allow(clippy::too_many_arguments)]
     fn run_routed(
         &self,
@@ -154,7 +204,7 @@ impl Moe {
         b: &Backend,
         layer: usize,
         positions: &[usize],
-        xs: &[f32],
+        (xs, width): (&[f32], usize),
         routes: &[Route],
         out: &mut [f32],
         guess: Option<Guess<'_>>,
@@ -167,7 +217,7 @@ impl Moe {
             experts: self.experts,
             ffn: *self.ffn,
             xs,
-            hidden: self.hidden,
+            hidden: width,
             routes,
             top_k: self.top_k,
             prefetch: guess,

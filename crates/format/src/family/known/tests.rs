@@ -84,9 +84,10 @@ fn a_k3_style_config_is_refused_naming_every_extra_key() {
 
 /// Kimi K3's text config still says `kimi_linear`, with gated MLA,
 /// attention residuals, a latent MoE and SiTU-GLU that transformers'
-/// kimi_linear does not implement: it is refused, naming each of its keys.
+/// kimi_linear does not implement: its keys make it kimi_k3's, whose table
+/// knows each of them, and never kimi_linear's.
 #[test]
-fn a_k3_style_kimi_linear_config_is_refused_naming_every_k3_key() {
+fn a_k3_style_kimi_linear_config_is_checked_as_kimi_k3() {
     let text = std::fs::read_to_string(testdata().join("kimi_linear/hf_bf16/config.json")).unwrap();
     let mut config: Value = serde_json::from_str(&text).unwrap();
     check_config_keys(&config, &[]).unwrap();
@@ -100,10 +101,10 @@ fn a_k3_style_kimi_linear_config_is_refused_naming_every_k3_key() {
         config[key] = value;
     }
     config["linear_attn_config"]["gate_lower_bound"] = json!(-5.0);
+    check_config_keys(&config, &[]).unwrap();
+    config["moe_latent_dim"] = json!(16);
     let err = refusal(&config, &[]);
-    let named = "activation_situ_beta, activation_situ_linear_beta, attn_res_block_size, \
-                 linear_attn_config.gate_lower_bound, mla_use_output_gate, routed_expert_hidden_size:";
-    assert!(err.contains(&format!("kimi_linear does not know {named}")), "{err}");
+    assert!(err.contains("kimi_k3 does not know moe_latent_dim:"), "{err}");
 }
 
 #[test]
@@ -204,7 +205,10 @@ fn variants() -> Vec<Value> {
     let text = qwen4_by_interval["text_config"].as_object_mut().unwrap();
     text.remove("layer_types");
     text.insert("full_attention_interval".into(), json!(2));
+    let (k3_hub, k3_saved) = kimi_k3_configs();
     vec![
+        k3_hub,
+        k3_saved,
         sliding,
         by_interval,
         linear,
@@ -215,6 +219,41 @@ fn variants() -> Vec<Value> {
         glm5_next_flat(),
         qwen4_by_interval,
     ]
+}
+
+/// kimi_k3 as the hub nests it (the KDA dimensions and pattern in
+/// `linear_attn_config`, the special ids and tying on the wrapper), and
+/// with the pattern and dimensions as `KimiLinearConfig` fields and a rope
+/// object: every key its parser may read is looked up.
+fn kimi_k3_configs() -> (Value, Value) {
+    let text = json!({
+        "model_type": "kimi_linear", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "kv_lora_rank": 16, "q_lora_rank": 12,
+        "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "intermediate_size": 48,
+        "moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 1,
+        "moe_renormalize": true, "num_expert_group": 1, "topk_group": 1, "model_max_length": 128,
+        "routed_scaling_factor": 1.0, "first_k_dense_replace": 1, "rms_norm_eps": 1e-5,
+        "routed_expert_hidden_size": 32, "attn_res_block_size": 2, "activation_situ_beta": 4.0,
+        "activation_situ_linear_beta": 25.0, "mla_use_output_gate": true,
+        "linear_attn_config": {"head_dim": 8, "num_heads": 2, "short_conv_kernel_size": 4,
+            "kda_layers": [1, 2, 4], "full_attn_layers": [3], "gate_lower_bound": -5.0}
+    });
+    let hub = json!({"model_type": "kimi_k3", "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2,
+        "text_config": text});
+    let mut saved = hub.clone();
+    let text = saved["text_config"].as_object_mut().unwrap();
+    text.remove("linear_attn_config");
+    text.insert(
+        "layer_types".into(),
+        json!(["linear_attention", "linear_attention", "full_attention", "linear_attention"]),
+    );
+    text.insert("mlp_layer_types".into(), json!(["dense", "sparse", "sparse", "sparse"]));
+    for (key, value) in [("linear_head_dim", 8), ("linear_num_heads", 2), ("linear_conv_kernel_dim", 4)] {
+        text.insert(key.into(), json!(value));
+    }
+    text.insert("rope_scaling".into(), json!({"rope_type": "yarn", "factor": 2.0}));
+    text.insert("original_max_position_embeddings".into(), json!(64));
+    (hub, saved)
 }
 
 /// glm5_next flat (the text fields at the top, as `Glm5NextConfig` reads

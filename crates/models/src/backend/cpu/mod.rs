@@ -431,6 +431,7 @@ impl Cpu {
         let experts = match job.ffn {
             ExpertFfnKind::SwiGlu => ExpertFfn::SwiGlu,
             ExpertFfnKind::LimitedSwiGlu { limit } => ExpertFfn::LimitedSwiGlu { limit },
+            ExpertFfnKind::SituGlu { beta, linear_beta } => ExpertFfn::SituGlu { beta, linear_beta },
             ExpertFfnKind::Clamped { alpha, limit, gate_bias, up_bias, down_bias } => ExpertFfn::Clamped {
                 alpha,
                 limit,
@@ -460,6 +461,7 @@ pub(super) fn swiglu_act(swiglu: SwiGlu) -> GatedAct<'static> {
     match swiglu {
         SwiGlu::Plain => GatedAct::SwiGlu,
         SwiGlu::Limited { limit } => GatedAct::LimitedSwiGlu { limit },
+        SwiGlu::Situ { beta, linear_beta } => GatedAct::SituGlu { beta, linear_beta },
     }
 }
 

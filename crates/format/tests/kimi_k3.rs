@@ -1,0 +1,171 @@
+//! kimi_k3's config.json as the hub nests it (`text_config`, `model_type:
+//! kimi_linear` inside) and flat, told from Kimi-Linear's by its keys; its
+//! blocks and its tensor names under `language_model.`.
+
+use serde_json::{Value, json};
+use strata_format::names::{dense_tensors, expert_names, expert_shapes};
+use strata_format::{
+    Family, FfnSpec, GateRank, LatentMoe, MixerSpec, ModelArch, ResidualKind, RouterKind, SharedExperts, SwiGlu,
+};
+
+/// The reference's tiny text config (xtask/fixtures/kimi_k3_ref.py
+/// `k3_config`): five layers, a block boundary mid-stack, a dense first
+/// layer, KDA and MLA on both sides of it.
+fn text_config() -> Value {
+    json!({
+        "model_type": "kimi_linear",
+        "vocab_size": 48, "hidden_size": 32, "num_hidden_layers": 5, "intermediate_size": 40,
+        "first_k_dense_replace": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "q_lora_rank": 12,
+        "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "num_experts": 4,
+        "num_experts_per_token": 2, "moe_intermediate_size": 32, "num_shared_experts": 1,
+        "routed_expert_hidden_size": 32, "routed_scaling_factor": 2.5, "attn_res_block_size": 2,
+        "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0, "mla_use_output_gate": true,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": false,
+        "linear_attn_config": {"kda_layers": [1, 2, 4], "full_attn_layers": [3, 5], "num_heads": 2, "head_dim": 8,
+                               "short_conv_kernel_size": 4, "gate_lower_bound": -4.0}
+    })
+}
+
+/// The hub's wrapper around [`text_config`].
+fn hub_config() -> Value {
+    json!({"model_type": "kimi_k3", "architectures": ["KimiK3ForCausalLM"], "text_config": text_config()})
+}
+
+fn parse(config: &Value) -> ModelArch {
+    ModelArch::from_config_value(config).unwrap()
+}
+
+fn refusal(config: &Value) -> String {
+    ModelArch::from_config_value(config).unwrap_err().to_string()
+}
+
+#[test]
+fn a_hub_config_reads_every_block_k3_adds() {
+    let arch = parse(&hub_config());
+    assert_eq!(arch.core.family, Family::KimiK3);
+    let mut full = Vec::new();
+    for (l, layer) in arch.layers.iter().enumerate() {
+        assert_eq!(layer.residual, ResidualKind::AttentionResiduals { block_size: 2 });
+        match &layer.mixer {
+            MixerSpec::Mla(mla) => {
+                full.push(l);
+                assert_eq!((mla.rope, mla.output_gate, mla.latent_norm_eps), (None, true, 1e-5));
+            }
+            MixerSpec::GatedDeltaNet(gdn) => {
+                assert_eq!((gdn.gate_lower_bound, gdn.output_gate_rank), (Some(-4.0), GateRank::Full));
+                assert_eq!(gdn.a_log_padded_to, Some(8), "max(heads, head_dim)");
+            }
+            other => panic!("layer {l}: {other:?}"),
+        }
+    }
+    assert_eq!(full, [2, 4]);
+    let situ = SwiGlu::Situ { beta: 4.0, linear_beta: 25.0 };
+    assert_eq!(arch.layers[0].ffn, FfnSpec::Dense { intermediate_size: 40, swiglu: situ, global_scale: false });
+    let FfnSpec::Moe(moe) = arch.layers[1].ffn else { panic!("layer 1 is MoE") };
+    assert_eq!((moe.num_experts, moe.top_k, moe.swiglu), (4, 2, situ));
+    assert_eq!(moe.latent, Some(LatentMoe { width: 32, norm_eps: 1e-5 }));
+    assert_eq!(moe.shared, SharedExperts::Plain { intermediate_size: 32 });
+    let RouterKind::GroupedSigmoid { n_group, topk_group, scaling, .. } = moe.router else { panic!("{moe:?}") };
+    assert_eq!((n_group, topk_group, scaling), (1, 1, 2.5));
+}
+
+#[test]
+fn a_flat_kimi_linear_config_with_k3_keys_is_k3_and_without_them_kimi_linear() {
+    assert_eq!(parse(&text_config()), parse(&hub_config()));
+    let mut kimi_linear = text_config();
+    let map = kimi_linear.as_object_mut().unwrap();
+    for key in [
+        "routed_expert_hidden_size",
+        "attn_res_block_size",
+        "activation_situ_beta",
+        "activation_situ_linear_beta",
+        "mla_use_output_gate",
+    ] {
+        map.remove(key);
+    }
+    map["linear_attn_config"].as_object_mut().unwrap().remove("gate_lower_bound");
+    let arch = parse(&kimi_linear);
+    assert_eq!(arch.core.family, Family::KimiLinear);
+    assert!(arch.layers.iter().all(|l| l.residual == ResidualKind::Plain));
+}
+
+#[test]
+fn a_k3_config_missing_what_only_k3_says_is_refused_naming_it() {
+    for key in ["routed_expert_hidden_size", "attn_res_block_size", "routed_scaling_factor"] {
+        let mut config = hub_config();
+        config["text_config"].as_object_mut().unwrap().remove(key);
+        let err = refusal(&config);
+        assert!(err.contains(&format!("text_config.{key}")), "{key}: {err}");
+    }
+    let mut config = hub_config();
+    config["text_config"]["model_type"] = json!("deepseek_v3");
+    assert!(refusal(&config).contains("is not K3's text model"));
+}
+
+#[test]
+fn mla_use_output_gate_false_drops_the_mla_gate_only() {
+    let mut config = hub_config();
+    config["text_config"]["mla_use_output_gate"] = json!(false);
+    let arch = parse(&config);
+    let names: Vec<String> = dense_tensors(&arch).into_iter().map(|t| t.name).collect();
+    assert!(!names.contains(&"language_model.model.layers.2.self_attn.g_proj.weight".to_owned()));
+    assert!(names.contains(&"language_model.model.layers.1.self_attn.g_proj.weight".to_owned()), "KDA's stays");
+}
+
+#[test]
+fn to_config_json_parses_back_to_the_same_architecture() {
+    let arch = parse(&hub_config());
+    let written = arch.to_config_json();
+    assert_eq!(written["model_type"], "kimi_k3");
+    assert_eq!(written["text_config"]["model_type"], "kimi_linear");
+    assert_eq!(parse(&written), arch);
+}
+
+#[test]
+fn tensors_are_named_and_shaped_as_the_hub_spells_them() {
+    let arch = parse(&hub_config());
+    let tensors = dense_tensors(&arch);
+    let shape = |name: &str| -> Vec<usize> {
+        let full = format!("language_model.model.{name}");
+        tensors.iter().find(|t| t.name == full).unwrap_or_else(|| panic!("no {full}")).shape.clone()
+    };
+    // KDA (layer 1): the full-rank gate, the padded A_log, no low-rank gate.
+    assert_eq!(shape("layers.1.self_attn.g_proj.weight"), [16, 32]);
+    assert_eq!(shape("layers.1.self_attn.A_log"), [8]);
+    assert!(!tensors.iter().any(|t| t.name.contains("g_a_proj") || t.name.contains("g_b_proj")));
+    // Gated MLA (layer 2): a gate per head's value.
+    assert_eq!(shape("layers.2.self_attn.g_proj.weight"), [16, 32]);
+    // The latent MoE (layer 1) and the residual mixes.
+    assert_eq!(shape("layers.1.block_sparse_moe.routed_expert_down_proj.weight"), [32, 32]);
+    assert_eq!(shape("layers.1.block_sparse_moe.routed_expert_up_proj.weight"), [32, 32]);
+    assert_eq!(shape("layers.1.block_sparse_moe.routed_expert_norm.weight"), [32]);
+    assert_eq!(shape("layers.1.block_sparse_moe.shared_experts.gate_proj.weight"), [32, 32]);
+    assert_eq!(shape("layers.0.mlp.gate_proj.weight"), [40, 32]);
+    assert_eq!(shape("layers.3.mlp_res_proj.weight"), [1, 32]);
+    assert_eq!(shape("output_attn_res_norm.weight"), [32]);
+    assert!(tensors.iter().any(|t| t.name == "language_model.lm_head.weight"));
+    assert_eq!(
+        expert_names(&arch.core, 1, 3),
+        ["w1", "w3", "w2"].map(|w| format!("language_model.model.layers.1.block_sparse_moe.experts.3.{w}.weight"))
+    );
+}
+
+#[test]
+fn the_experts_records_are_sized_by_the_latent_width() {
+    let mut config = hub_config();
+    config["text_config"]["routed_expert_hidden_size"] = json!(64);
+    let arch = parse(&config);
+    assert_eq!(expert_shapes(&arch), [[32, 64], [32, 64], [64, 32]]);
+    let tensors = dense_tensors(&arch);
+    let down = tensors.iter().find(|t| t.name.ends_with("layers.1.block_sparse_moe.routed_expert_down_proj.weight"));
+    assert_eq!(down.unwrap().shape, [64, 32]);
+}
+
+#[test]
+fn situ_betas_that_are_not_positive_are_refused() {
+    for (key, value) in [("activation_situ_beta", 0.0), ("activation_situ_linear_beta", -1.0)] {
+        let mut config = hub_config();
+        config["text_config"][key] = json!(value);
+        assert!(refusal(&config).contains(key), "{key}");
+    }
+}
