@@ -8,7 +8,7 @@ use serde::Serialize;
 use strata_format::{Container, CoreSpec, Embedding, ExpertKind, FfnKind, FfnSpec, LayerSpec, ModelArch, SwiGlu};
 use strata_kernels::{ActivationPrecision, Threads};
 use strata_kv::SequenceState;
-use strata_models::{CausalLm, DeviceRequest, Logits, Runtime};
+use strata_models::{CausalLm, DeviceRequest, Logits, Runtime, VramStats};
 use strata_sched::{ExpertCall, ExpertFfn, LayerStats, RemoteExperts};
 use strata_tier::{
     BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, MirrorSpec, PREFETCH_IN_FLIGHT, PolicyKind,
@@ -442,6 +442,12 @@ impl Engine {
     /// Expert-store counters since the engine opened.
     pub fn store_stats(&self) -> StoreStats {
         self.store.stats()
+    }
+
+    /// What VRAM holds, and what its tier of routed experts did since the
+    /// engine opened (zeros without `--device gpu`).
+    pub fn vram_stats(&self) -> VramStats {
+        self.model.vram_stats().unwrap_or_default()
     }
 
     /// Stall and compute time of the MoE pipeline since the engine opened.

@@ -8,7 +8,7 @@ use serde::Serialize;
 use strata_kv::{Persist, SequenceState, SessionFile};
 use strata_models::{Logits, SeqBatch};
 use strata_sched::LayerStats;
-use strata_tier::StoreStats;
+use strata_tier::{DeviceTierStats, StoreStats};
 
 use crate::decode::Generation;
 use crate::engine::check_logits;
@@ -74,6 +74,13 @@ pub struct RunStats {
     /// look-ahead guess (made one layer earlier) named (`null` where no
     /// guess was made).
     pub layer_prefetch_recall: Vec<Option<f64>>,
+    /// The tier of routed experts in VRAM (`--device gpu`; zeros without):
+    /// lookups it held and did not, bytes of experts copied to the device,
+    /// and the time those copies took.
+    pub vram_expert_hits: u64,
+    pub vram_expert_misses: u64,
+    pub vram_bytes_uploaded: u64,
+    pub vram_upload_stall_ms: f64,
     /// One entry per forward pass: the prompt's prefill, then each decoded token.
     pub per_token: Vec<StepStats>,
 }
@@ -108,11 +115,17 @@ struct Counters {
     at: Instant,
     store: StoreStats,
     pipeline: LayerStats,
+    vram: DeviceTierStats,
 }
 
 impl Counters {
     fn take(engine: &Engine) -> Self {
-        Self { at: Instant::now(), store: engine.store_stats(), pipeline: engine.pipeline_stats() }
+        Self {
+            at: Instant::now(),
+            store: engine.store_stats(),
+            pipeline: engine.pipeline_stats(),
+            vram: engine.vram_stats().experts,
+        }
     }
 
     fn step_since(&self, engine: &Engine, tokens: usize) -> StepStats {
@@ -158,6 +171,10 @@ impl Counters {
                 (lookups > 0).then(|| hits as f64 / lookups as f64)
             })
             .collect();
+        stats.vram_expert_hits = now.vram.hits - self.vram.hits;
+        stats.vram_expert_misses = now.vram.misses - self.vram.misses;
+        stats.vram_bytes_uploaded = now.vram.bytes_uploaded - self.vram.bytes_uploaded;
+        stats.vram_upload_stall_ms = (now.vram.upload_stall_ns - self.vram.upload_stall_ns) as f64 / 1e6;
         stats.ram_budget_bytes = engine.budget().total_bytes;
         stats.peak_rss_bytes = strata_tier::peak_rss_bytes();
         stats.decode_tokens_per_s = stats.decode_tokens_per_s();

@@ -23,13 +23,6 @@ pub(crate) struct Resident<V> {
     capacity_bytes: usize,
 }
 
-/// What an admission did: whether the value is now held, and what left
-/// to make room for it.
-pub(crate) struct Admission<V> {
-    pub(crate) held: bool,
-    pub(crate) evicted: Vec<Arc<V>>,
-}
-
 impl<V> Resident<V> {
     pub(crate) fn new(policy: Box<dyn Policy>, capacity_bytes: usize) -> Self {
         Self { entries: HashMap::new(), policy, held_bytes: 0, capacity_bytes }
@@ -60,15 +53,15 @@ impl<V> Resident<V> {
 
     /// Holds `value`, charged `bytes`, if room can be made without
     /// evicting a leased value and the policy admits it over its victims;
-    /// the caller serves it uncached otherwise.
-    pub(crate) fn admit(&mut self, key: ExpertKey, value: &Arc<V>, bytes: usize) -> Admission<V> {
+    /// the caller serves it uncached otherwise. What left to make room.
+    pub(crate) fn admit(&mut self, key: ExpertKey, value: &Arc<V>, bytes: usize) -> Vec<Arc<V>> {
         let mut evicted = Vec::new();
         if self.entries.contains_key(&key) {
-            return Admission { held: false, evicted };
+            return evicted;
         }
         if bytes > self.capacity_bytes {
             self.policy.on_bypass(key);
-            return Admission { held: false, evicted };
+            return evicted;
         }
         while self.held_bytes + bytes > self.capacity_bytes {
             let entries = &self.entries;
@@ -77,7 +70,7 @@ impl<V> Resident<V> {
             let Some(victim) = admitted else {
                 // Everything held is in use, or the policy prefers what is.
                 self.policy.on_bypass(key);
-                return Admission { held: false, evicted };
+                return evicted;
             };
             self.policy.on_remove(victim);
             let (value, charged) = self.entries.remove(&victim).expect("the policy names held keys");
@@ -88,7 +81,7 @@ impl<V> Resident<V> {
         self.policy.on_insert(key);
         self.held_bytes += bytes;
         assert!(self.held_bytes <= self.capacity_bytes, "a tier within its capacity");
-        Admission { held: true, evicted }
+        evicted
     }
 }
 
@@ -102,6 +95,9 @@ pub struct DeviceTierStats {
     pub evictions: u64,
     /// Time spent uploading: compute on the device waited for it.
     pub upload_stall_ns: u64,
+    /// Bytes of experts held now, and the most the tier may hold.
+    pub held_bytes: usize,
+    pub capacity_bytes: usize,
 }
 
 /// Experts on a device (VRAM): values `V` (an expert's matrices there) by
@@ -129,7 +125,8 @@ impl<V> DeviceTier<V> {
     }
 
     pub fn stats(&self) -> DeviceTierStats {
-        *self.stats.lock().unwrap_or_else(|p| p.into_inner())
+        let counted = *self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        DeviceTierStats { held_bytes: self.held_bytes(), capacity_bytes: self.capacity_bytes, ..counted }
     }
 
     fn lock(&self) -> MutexGuard<'_, Resident<V>> {
@@ -159,8 +156,7 @@ impl<V> DeviceTier<V> {
     /// freed); its lease.
     pub fn admit(&self, key: ExpertKey, value: V, bytes: usize, took: Duration) -> Arc<V> {
         let value = Arc::new(value);
-        let admission = self.lock().admit(key, &value, bytes);
-        let evictions = admission.evicted.len() as u64;
+        let evictions = self.lock().admit(key, &value, bytes).len() as u64;
         self.count(|s| {
             s.bytes_uploaded += bytes as u64;
             s.evictions += evictions;

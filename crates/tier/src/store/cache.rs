@@ -133,9 +133,9 @@ impl ExpertStore {
             cache.stats.bytes_read += len as u64;
         }
         let buf = Arc::new(buf);
-        let admission = cache.records.admit(key, &buf, len);
-        cache.stats.evictions += admission.evicted.len() as u64;
-        for evicted in admission.evicted {
+        let evicted = cache.records.admit(key, &buf, len);
+        cache.stats.evictions += evicted.len() as u64;
+        for evicted in evicted {
             if let Some(spare) = Arc::try_unwrap(evicted).ok().map(Record::into_buffer)
                 && cache.free.len() < self.options.max_in_flight
             {

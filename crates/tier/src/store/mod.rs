@@ -159,7 +159,9 @@ impl ExpertStore {
     pub fn device_tier<V>(&self, capacity_bytes: usize) -> DeviceTier<V> {
         let record_bytes_max = self.files.iter().flatten().map(|f| f.record_bytes()).max().unwrap_or(0);
         let experts_max = self.files.iter().flatten().map(|f| f.num_experts()).max().unwrap_or(0);
-        let pinned_max = capacity_bytes.checked_div(record_bytes_max).unwrap_or(0) * self.options.pinned_percent / 100;
+        // `auto` is a capacity of usize::MAX: the share saturates.
+        let pinned_max =
+            capacity_bytes.checked_div(record_bytes_max).unwrap_or(0).saturating_mul(self.options.pinned_percent) / 100;
         let policy = new_policy(self.options.policy, &self.usage(), pinned_max, experts_max);
         DeviceTier::new(Resident::new(policy, capacity_bytes))
     }
