@@ -254,7 +254,8 @@ impl StreamHead {
 /// The devices a model's weights can live on, each with its tensors.
 pub enum Backend {
     Cpu(cpu::Cpu),
-    Gpu(gpu::Gpu),
+    /// Boxed: the device and its tier outweigh the other backends.
+    Gpu(Box<gpu::Gpu>),
     Cuda(cuda::Cuda),
 }
 
@@ -558,7 +559,7 @@ impl Backend {
     /// adapter within `vram_budget_bytes` (`None`: all the device takes);
     /// fails where there is no adapter, or the build has no GPU support.
     pub fn gpu(container: Arc<Container>, vram_budget_bytes: Option<u64>) -> Result<Self> {
-        Ok(Backend::Gpu(gpu::Gpu::new(container, vram_budget_bytes)?))
+        Ok(Backend::Gpu(Box::new(gpu::Gpu::new(container, vram_budget_bytes)?)))
     }
 
     /// The CUDA backend on the NVIDIA GPU of ordinal `ordinal`; fails where
