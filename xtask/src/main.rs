@@ -44,8 +44,11 @@ fn main() -> Result<()> {
 /// family through `--device gpu`, the VRAM budget's invariance) run with the
 /// rest. Without an adapter they skip, saying why; .ci/run installs Mesa's
 /// lavapipe and sets `STRATA_GPU_TESTS=require`, so that there they fail
-/// instead.
-const GPU_FEATURES: &str = "strata/gpu,strata-chat/gpu,strata-serve/gpu";
+/// instead. With them the `cuda` features: the CUDA backend builds with no
+/// toolkit and no GPU (cudarc loads the driver at run time; its clean build
+/// adds about 35 s on this machine's two busy cores), and its test skips,
+/// saying why, where the driver is absent.
+const GPU_FEATURES: &str = "strata/gpu,strata-chat/gpu,strata-serve/gpu,strata/cuda,strata-chat/cuda,strata-serve/cuda";
 
 /// [`GPU_FEATURES`] and the expert workers (Zenoh): linted in CI, not
 /// built for its tests. Building Zenoh costs CI about four of its thirty
@@ -53,8 +56,8 @@ const GPU_FEATURES: &str = "strata/gpu,strata-chat/gpu,strata-serve/gpu";
 /// engine/tests/remote.rs (a second engine as the worker), and their
 /// processes, key and faults through `cargo test -p strata --features
 /// workers --test workers` (docs/DISTRIBUTED.md).
-const LINT_FEATURES: &str =
-    "strata/gpu,strata-chat/gpu,strata-serve/gpu,strata/workers,strata-chat/workers,strata-serve/workers";
+const LINT_FEATURES: &str = "strata/gpu,strata-chat/gpu,strata-serve/gpu,strata/cuda,strata-chat/cuda,strata-serve/cuda,\
+                             strata/workers,strata-chat/workers,strata-serve/workers";
 
 fn ci() -> Result<()> {
     cargo(&["fmt", "--all", "--", "--check"])?;

@@ -213,4 +213,13 @@ fn print_stats(s: &RunStats) {
             spec.ms_per_plain_token()
         );
     }
+    if s.vram_expert_hits + s.vram_expert_misses > 0 {
+        println!(
+            "experts in VRAM: {} hits, {} misses, {:.1} MiB uploaded in {:.0} ms",
+            s.vram_expert_hits,
+            s.vram_expert_misses,
+            s.vram_bytes_uploaded as f64 / (1 << 20) as f64,
+            s.vram_upload_stall_ms
+        );
+    }
 }

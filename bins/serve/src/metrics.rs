@@ -48,6 +48,11 @@ pub struct Metrics {
     pub expert_stall_ns: AtomicU64,
     /// Bytes of expert records in the cache now.
     pub expert_cache_used_bytes: AtomicU64,
+    /// The tier of routed experts in VRAM (`--device gpu`).
+    pub vram_expert_hits: AtomicU64,
+    pub vram_expert_misses: AtomicU64,
+    pub vram_bytes_uploaded: AtomicU64,
+    pub vram_upload_stall_ns: AtomicU64,
     /// Bytes of KV cache the active and idle sessions fill now.
     pub kv_bytes: AtomicU64,
     /// (when, tokens generated) of recent steps.
@@ -87,6 +92,11 @@ impl BatchObserver for Metrics {
         self.expert_evictions.store(store.evictions, Relaxed);
         self.expert_stall_ns.store(engine.pipeline_stats().stall_ns, Relaxed);
         self.expert_cache_used_bytes.store(engine.memory_use().expert_cache_used_bytes, Relaxed);
+        let vram = engine.vram_stats().experts;
+        self.vram_expert_hits.store(vram.hits, Relaxed);
+        self.vram_expert_misses.store(vram.misses, Relaxed);
+        self.vram_bytes_uploaded.store(vram.bytes_uploaded, Relaxed);
+        self.vram_upload_stall_ns.store(vram.upload_stall_ns, Relaxed);
     }
 
     // The batcher's news goes to the log, as every other line of the server's.
@@ -313,6 +323,30 @@ impl Metrics {
             "gauge",
             "The expert cache's capacity in bytes.",
             &[("", expert_cache_capacity_bytes.to_string())],
+        );
+        metric(
+            "vram_expert_hits_total",
+            "counter",
+            "Routed-expert lookups found in VRAM (--device gpu).",
+            &[("", get(&self.vram_expert_hits))],
+        );
+        metric(
+            "vram_expert_misses_total",
+            "counter",
+            "Routed-expert lookups not in VRAM (then looked up in RAM).",
+            &[("", get(&self.vram_expert_misses))],
+        );
+        metric(
+            "vram_bytes_uploaded_total",
+            "counter",
+            "Bytes of expert records copied to the GPU.",
+            &[("", get(&self.vram_bytes_uploaded))],
+        );
+        metric(
+            "vram_upload_stall_seconds_total",
+            "counter",
+            "Time copying experts to the GPU.",
+            &[("", secs(&self.vram_upload_stall_ns))],
         );
         metric(
             "kv_bytes",

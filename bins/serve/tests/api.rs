@@ -143,6 +143,7 @@ fn models_health_metrics_and_info() {
         "strata_expert_bytes_read_total",
         "strata_generated_tokens_total",
         "strata_active_sequences",
+        "strata_vram_bytes_uploaded_total",
     ] {
         assert!(text.contains(&format!("# TYPE {name} ")), "{name} in\n{text}");
     }

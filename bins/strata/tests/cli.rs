@@ -96,7 +96,10 @@ fn generate_on_the_gpu_gives_the_cpus_tokens_or_says_how_to_build_it() {
         eprintln!("GPU test skipped: {stderr}");
         return;
     }
-    assert!(on_gpu.status.success() && stderr.contains("on the device; on the CPU:"), "{stderr}");
+    assert!(
+        on_gpu.status.success() && stderr.contains("routed experts in") && stderr.contains("; on the CPU:"),
+        "{stderr}"
+    );
     let tokens = |out: &Output| {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();

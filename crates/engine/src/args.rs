@@ -61,11 +61,13 @@ pub struct EngineArgs {
     /// Where the model's products run: cpu, or gpu (the first GPU
     /// adapter, Vulkan, Metal or DX12; a build with `--features gpu`): the
     /// q8/q4 matrices its kernels take, computed bit for bit as on the CPU;
-    /// what it does not run stays on the CPU, as said at start.
+    /// what it does not run stays on the CPU, as said at start; or cuda[:N]
+    /// (an NVIDIA GPU, a build with `--features cuda`: no kernel yet).
     #[arg(long, default_value = "cpu")]
     pub device: DeviceKind,
     /// The most GPU memory the model's matrices may take with `--device
-    /// gpu`: a size (e.g. 8GiB) or auto (every matrix its kernels take).
+    /// gpu`, the dense part first and routed experts in what it leaves: a
+    /// size (e.g. 8GiB) or auto (every matrix its kernels take).
     #[arg(long, default_value = "auto")]
     pub vram_budget: VramBudget,
     /// Speculative decoding with the model's own MTP layer (where it has

@@ -1,4 +1,4 @@
-//! Where a model runs: `--device cpu|gpu` and, on a GPU, `--vram-budget
+//! Where a model runs: `--device cpu|gpu|cuda[:N]` and, on a GPU, `--vram-budget
 //! SIZE|auto`, made into the models' [`DeviceRequest`].
 
 use strata_models::DeviceRequest;
@@ -13,15 +13,19 @@ pub enum DeviceKind {
     /// The first GPU adapter (a build with `--features gpu`): the q8/q4
     /// matrices its kernels take, the rest on the CPU.
     Gpu,
+    /// The NVIDIA GPU of ordinal `ordinal` (`cuda:N`, a build with
+    /// `--features cuda`): opened through the driver, no kernel ported yet.
+    Cuda { ordinal: usize },
 }
 
 impl DeviceKind {
-    pub const ALL: [DeviceKind; 2] = [DeviceKind::Cpu, DeviceKind::Gpu];
+    pub const ALL: [DeviceKind; 3] = [DeviceKind::Cpu, DeviceKind::Gpu, DeviceKind::Cuda { ordinal: 0 }];
 
     pub fn name(self) -> &'static str {
         match self {
             DeviceKind::Cpu => "cpu",
             DeviceKind::Gpu => "gpu",
+            DeviceKind::Cuda { .. } => "cuda",
         }
     }
 
@@ -31,13 +35,17 @@ impl DeviceKind {
         match self {
             DeviceKind::Cpu => DeviceRequest::Cpu,
             DeviceKind::Gpu => DeviceRequest::Gpu { vram_budget_bytes: vram_budget.bytes() },
+            DeviceKind::Cuda { ordinal } => DeviceRequest::Cuda { ordinal },
         }
     }
 }
 
 impl std::fmt::Display for DeviceKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        match self {
+            DeviceKind::Cuda { ordinal } if *ordinal > 0 => write!(f, "cuda:{ordinal}"),
+            _ => f.write_str(self.name()),
+        }
     }
 }
 
@@ -46,10 +54,11 @@ impl std::str::FromStr for DeviceKind {
 
     fn from_str(text: &str) -> std::result::Result<Self, String> {
         let wanted = text.trim().to_ascii_lowercase();
-        DeviceKind::ALL
-            .into_iter()
-            .find(|d| d.name() == wanted)
-            .ok_or_else(|| format!("unknown device {text:?} (expected cpu or gpu)"))
+        let unknown = || format!("unknown device {text:?} (expected cpu, gpu, cuda or cuda:N)");
+        if let Some(ordinal) = wanted.strip_prefix("cuda:") {
+            return ordinal.parse().map(|ordinal| DeviceKind::Cuda { ordinal }).map_err(|_| unknown());
+        }
+        DeviceKind::ALL.into_iter().find(|d| d.name() == wanted).ok_or_else(unknown)
     }
 }
 
@@ -108,10 +117,13 @@ mod tests {
     }
 
     #[test]
-    fn devices_parse_from_their_flag_names_only() {
+    fn devices_parse_from_their_flag_names_and_cuda_takes_an_ordinal() {
         for device in DeviceKind::ALL {
             assert_eq!(device.name().parse::<DeviceKind>(), Ok(device));
         }
-        assert!("cuda".parse::<DeviceKind>().unwrap_err().contains("expected cpu or gpu"));
+        assert_eq!("CUDA:1".parse::<DeviceKind>(), Ok(DeviceKind::Cuda { ordinal: 1 }));
+        assert_eq!(DeviceKind::Cuda { ordinal: 1 }.to_string(), "cuda:1");
+        assert!("cuda:-1".parse::<DeviceKind>().unwrap_err().contains("expected cpu, gpu, cuda or cuda:N"));
+        assert!("metal".parse::<DeviceKind>().is_err());
     }
 }

@@ -10,7 +10,7 @@ use strata_format::{
 };
 use strata_kernels::{ActivationPrecision, Threads};
 use strata_kv::SequenceState;
-use strata_models::{CausalLm, DeviceRequest, Logits, Runtime, SeqBatch};
+use strata_models::{CausalLm, DeviceRequest, Logits, Runtime, SeqBatch, VramStats};
 use strata_sched::{ExpertCall, ExpertFfn, LayerStats, RemoteExperts};
 use strata_tier::{
     BudgetNeeds, BudgetPlan, ExpertSource, ExpertStore, IoBackend, MirrorSpec, PREFETCH_IN_FLIGHT, PolicyKind,
@@ -476,6 +476,12 @@ impl Engine {
     /// Rows and bytes read so far from the PLE tables on disk.
     pub fn ple_row_reads(&self) -> RowReads {
         self.container.ple_row_reads()
+    }
+
+    /// What VRAM holds, and what its tier of routed experts did since the
+    /// engine opened (zeros without `--device gpu`).
+    pub fn vram_stats(&self) -> VramStats {
+        self.model.vram_stats().unwrap_or_default()
     }
 
     /// Stall and compute time of the MoE pipeline since the engine opened.

@@ -59,5 +59,5 @@ pub use speculate::{Drafted, Policy, SpeculateMode, Speculation, SpeculationStat
 pub use strata_format::{CoreSpec, ModelArch};
 pub use strata_kernels::ActivationPrecision;
 pub use strata_kv::CutTail;
-pub use strata_models::DeviceRequest;
+pub use strata_models::{DeviceRequest, VramStats};
 pub use strata_tier::{ByteSize, IoBackend, MirrorSpec, PolicyKind, RamBudget, StoreStats, resident_bytes};

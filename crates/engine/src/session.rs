@@ -9,7 +9,7 @@ use strata_format::RowReads;
 use strata_kv::{Persist, SequenceState, SessionFile};
 use strata_models::{Logits, SeqBatch};
 use strata_sched::LayerStats;
-use strata_tier::StoreStats;
+use strata_tier::{DeviceTierStats, StoreStats};
 
 use crate::decode::Generation;
 use crate::engine::check_logits;
@@ -83,6 +83,13 @@ pub struct RunStats {
     /// no row cache stands before them, so every row is a read.
     pub ple_rows_read: u64,
     pub ple_bytes_read: u64,
+    /// The tier of routed experts in VRAM (`--device gpu`; zeros without):
+    /// lookups it held and did not, bytes of experts copied to the device,
+    /// and the time those copies took.
+    pub vram_expert_hits: u64,
+    pub vram_expert_misses: u64,
+    pub vram_bytes_uploaded: u64,
+    pub vram_upload_stall_ms: f64,
     /// One entry per forward pass: the prompt's prefill, then each decoded token.
     pub per_token: Vec<StepStats>,
 }
@@ -118,6 +125,7 @@ struct Counters {
     store: StoreStats,
     pipeline: LayerStats,
     ple: RowReads,
+    vram: DeviceTierStats,
 }
 
 impl Counters {
@@ -127,6 +135,7 @@ impl Counters {
             store: engine.store_stats(),
             pipeline: engine.pipeline_stats(),
             ple: engine.ple_row_reads(),
+            vram: engine.vram_stats().experts,
         }
     }
 
@@ -175,6 +184,10 @@ impl Counters {
                 (lookups > 0).then(|| hits as f64 / lookups as f64)
             })
             .collect();
+        stats.vram_expert_hits = now.vram.hits - self.vram.hits;
+        stats.vram_expert_misses = now.vram.misses - self.vram.misses;
+        stats.vram_bytes_uploaded = now.vram.bytes_uploaded - self.vram.bytes_uploaded;
+        stats.vram_upload_stall_ms = (now.vram.upload_stall_ns - self.vram.upload_stall_ns) as f64 / 1e6;
         stats.ram_budget_bytes = engine.budget().total_bytes;
         stats.peak_rss_bytes = strata_tier::peak_rss_bytes();
         stats.decode_tokens_per_s = stats.decode_tokens_per_s();

@@ -410,7 +410,9 @@ fn every_family_through_the_gpu_equals_the_cpu_bit_for_bit() {
 }
 
 /// The output never depends on the VRAM budget: no matrix on the device,
-/// a few, or all of them give the same logits bit for bit.
+/// a few, or all of them, and no routed expert in VRAM, a few (evicted by
+/// the RAM cache's policy) or all, give the same logits bit for bit; the
+/// VRAM tier counts what it uploaded.
 #[cfg(feature = "gpu")]
 #[test]
 fn a_gpu_run_is_bit_identical_for_any_vram_budget() {
@@ -420,12 +422,63 @@ fn a_gpu_run_is_bit_identical_for_any_vram_budget() {
     let summary = |e: &Engine| e.device_summary().expect("a GPU run says what runs where");
     assert!(!summary(&all).contains("over the VRAM budget"), "{}", summary(&all));
     let want = bits(&all.logits(&r.prompt).unwrap());
-    for (budget_bytes, uploaded_none) in [(0, true), (16 << 10, false)] {
+    // Every expert the pass used went up once, as its record.
+    let first = all.vram_stats();
+    assert!(first.experts.misses > 0, "{first:?}");
+    assert_eq!(first.experts.bytes_uploaded as usize, first.experts.held_bytes, "{first:?}");
+    let record_bytes = first.experts.bytes_uploaded / first.experts.misses;
+    // Again: every expert from VRAM, nothing uploaded.
+    assert_eq!(bits(&all.logits(&r.prompt).unwrap()), want, "experts from VRAM");
+    let again = all.vram_stats().experts;
+    assert_eq!((again.misses, again.bytes_uploaded), (first.experts.misses, first.experts.bytes_uploaded));
+    assert!(again.hits > first.experts.hits, "{again:?}");
+
+    let few_experts = 3;
+    let few_bytes = first.dense_bytes + few_experts * record_bytes;
+    for (budget_bytes, uploaded_none) in [(0, true), (16 << 10, false), (few_bytes, false)] {
         let some = gpu_engine(&dir, Some(budget_bytes)).expect("the adapter found above");
         let said = summary(&some);
-        assert!(said.contains("over the VRAM budget"), "{said}");
+        assert_eq!(said.contains("over the VRAM budget"), budget_bytes < first.dense_bytes, "{said}");
         assert_eq!(said.contains(": 0 matrices"), uploaded_none, "{said}");
         assert_eq!(bits(&some.logits(&r.prompt).unwrap()), want, "a VRAM budget of {budget_bytes} bytes");
+        let experts = some.vram_stats().experts;
+        if budget_bytes == few_bytes {
+            assert_eq!(experts.capacity_bytes as u64, few_experts * record_bytes, "{experts:?}");
+            assert!(experts.held_bytes as u64 <= few_experts * record_bytes && experts.evictions > 0, "{experts:?}");
+            assert!(experts.bytes_uploaded > few_experts * record_bytes, "{experts:?}");
+        } else if budget_bytes == 0 {
+            assert_eq!((experts.bytes_uploaded, experts.held_bytes), (0, 0), "{experts:?}");
+        }
+    }
+}
+
+/// `--device cuda`: where there is no NVIDIA GPU, refused, naming what is
+/// missing (the feature, or the driver's library; the test then skips,
+/// saying so); where there is one, the CPU's logits (no kernel runs on it
+/// yet).
+#[test]
+fn cuda_is_refused_naming_what_is_missing_or_gives_the_cpus_logits() {
+    use strata_engine::DeviceRequest;
+    let r = reference("olmoe");
+    let dir = convert("olmoe", "hf", QuantPreset::Q4);
+    let options = EngineOptions {
+        threads: 2,
+        expert_cache_bytes: Some(1 << 30),
+        device: DeviceRequest::Cuda { ordinal: 0 },
+        ..EngineOptions::default()
+    };
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    match Engine::open(&dir.path().join("model"), &options) {
+        Ok(cuda) => {
+            let want = bits(engine(&dir, 1 << 30, 2).logits(&r.prompt).unwrap());
+            assert_eq!(bits(cuda.logits(&r.prompt).unwrap()), want, "the CPU's logits");
+        }
+        Err(e) => {
+            let said = e.to_string();
+            let missing = if cfg!(feature = "cuda") { ["libcuda", "CUDA: "] } else { ["--features cuda"; 2] };
+            assert!(missing.iter().any(|m| said.contains(m)), "{said}");
+            eprintln!("CUDA test skipped: {said}");
+        }
     }
 }
 

@@ -53,6 +53,15 @@ pub enum Error {
     /// The OS refused to create the pool's threads.
     #[error("building a pool of {n_threads} threads failed: {reason}")]
     ThreadPool { n_threads: usize, reason: String },
+    /// This build has no CUDA support.
+    #[error("this build has no CUDA support: build with `--features cuda`")]
+    CudaNotBuilt,
+    /// The NVIDIA driver's library could not be loaded.
+    #[error("no CUDA driver: {library} was not found (install the NVIDIA driver, or run with --device gpu or cpu)")]
+    NoCudaDriver { library: &'static str },
+    /// The driver refused the device.
+    #[error("CUDA: {reason}")]
+    Cuda { reason: String },
     /// This build has no GPU support.
     #[error("this build has no GPU support: build with `--features gpu`")]
     GpuNotBuilt,

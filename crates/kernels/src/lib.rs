@@ -9,6 +9,7 @@
 //! reference with proptest.
 
 mod act;
+pub mod cuda;
 mod error;
 pub mod gdn;
 pub mod gpu;

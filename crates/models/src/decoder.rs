@@ -192,6 +192,7 @@ impl Decoder {
         let mut backend = match request {
             DeviceRequest::Cpu => Backend::cpu(Arc::clone(&container)),
             DeviceRequest::Gpu { vram_budget_bytes } => Backend::gpu(Arc::clone(&container), vram_budget_bytes)?,
+            DeviceRequest::Cuda { ordinal } => Backend::cuda(Arc::clone(&container), ordinal)?,
         };
         let b = &mut backend;
         let h = arch.core.hidden_size;
@@ -372,6 +373,10 @@ impl CausalLm for Decoder {
 
     fn device_summary(&self) -> Option<String> {
         self.backend.summary()
+    }
+
+    fn vram_stats(&self) -> Option<crate::VramStats> {
+        self.backend.vram_stats()
     }
 
     fn new_cache(&self, capacity_tokens: usize) -> SequenceState {

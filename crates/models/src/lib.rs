@@ -28,7 +28,7 @@ mod residual;
 mod rope;
 mod torch_topk;
 
-pub use backend::{DeviceRequest, Runtime};
+pub use backend::{DeviceRequest, Runtime, VramStats};
 pub use decoder::Decoder;
 pub use error::{Error, Result};
 pub use lm::{CausalLm, Draft, Logits, Rows, SeqBatch};

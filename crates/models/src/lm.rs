@@ -27,6 +27,11 @@ pub trait CausalLm: Send + Sync {
         None
     }
 
+    /// What the tier of routed experts in VRAM did (`None`: no GPU).
+    fn vram_stats(&self) -> Option<crate::VramStats> {
+        None
+    }
+
     /// An empty KV cache for this model holding at most `capacity_tokens`.
     fn new_cache(&self, capacity_tokens: usize) -> SequenceState;
 

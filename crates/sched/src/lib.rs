@@ -17,6 +17,7 @@ mod moe;
 mod remote;
 mod stats;
 mod union;
+mod vram;
 
 pub use error::{Error, Result};
 pub use ffn::gated_ffn;
@@ -24,3 +25,4 @@ pub use moe::{ExpertFfn, Guess, MoeBatch, run_expert_calls, run_moe_layer};
 pub use remote::{ExpertCall, Pending, RemoteExperts};
 pub use stats::LayerStats;
 pub use union::{Route, union};
+pub use vram::{ExpertOnDevice, VramExperts};

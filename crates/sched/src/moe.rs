@@ -10,6 +10,7 @@ use strata_tier::{ExpertKey, ExpertStore, Record};
 
 use crate::ffn::gated_ffn;
 use crate::remote::{ExpertCall, RemoteExperts};
+use crate::vram::{ExpertOnDevice, VramExperts};
 use crate::{Error, LayerStats, Result, Route, union};
 
 /// The inputs of one MoE layer for a batch of tokens.
@@ -36,6 +37,9 @@ pub struct MoeBatch<'a> {
     /// Workers computing some of this layer's experts on other machines
     /// (`None`: every expert runs here).
     pub remote: Option<&'a dyn RemoteExperts>,
+    /// A GPU holding experts in VRAM (`None`: every expert runs on the
+    /// CPU from its record).
+    pub vram: Option<VramExperts<'a>>,
 }
 
 /// The feed-forward each routed expert of a layer computes.
@@ -131,10 +135,15 @@ pub fn run_moe_layer(
         _ => None,
     };
     // place: look every distinct expert of this machine's share up once,
-    // leasing the resident ones.
+    // leasing the resident ones: in VRAM first, then in RAM.
+    let mut on_device = Vec::new();
     let mut resident = Vec::new();
     let mut missing = Vec::new();
     for &expert in groups.keys().filter(|expert| remote_experts.binary_search(expert).is_err()) {
+        if let Some(copy) = batch.vram.and_then(|vram| vram.lookup(key(expert))) {
+            on_device.push((expert, copy));
+            continue;
+        }
         match store.lookup(key(expert))? {
             Some(buf) => resident.push((expert, buf)),
             None => missing.push(key(expert)),
@@ -142,24 +151,49 @@ pub fn run_moe_layer(
     }
     // overlap: the loads run while the resident experts are computed, and
     // the next layer's guessed records are read behind them.
-    let (resident_experts, loaded_experts) = (resident.len(), missing.len());
+    let (resident_experts, loaded_experts) = (on_device.len() + resident.len(), missing.len());
     let stall_before_ns = stats.stall_ns;
     let mut bytes_loaded = 0usize;
     let mut loads = store.fetch(missing)?;
     if let Some(guess) = batch.prefetch {
         store.prefetch(guess.layer, guess.experts)?;
     }
+    // fill: experts in RAM but not in VRAM go up while the disk reads run.
+    if let Some(vram) = batch.vram {
+        let mut on_host = Vec::with_capacity(resident.len());
+        for (expert, buf) in resident {
+            match vram.upload(key(expert), batch.layout, &buf)? {
+                Some(copy) => on_device.push((expert, copy)),
+                None => on_host.push((expert, buf)),
+            }
+        }
+        resident = on_host;
+    }
     let mut slot_out = vec![0.0f32; batch.routes.len() * hidden];
-    // Resident experts are independent: they run side by side across the
-    // pool (a decode step's experts are each too small to split by rows).
+    // Resident experts are independent: the host's run side by side across
+    // the pool (a decode step's experts are each too small to split by
+    // rows) while the device runs its own.
     let started = Instant::now();
-    let outputs: Vec<Vec<f32>> = threads.pool().install(|| {
-        resident
-            .par_iter()
-            .map(|(expert, buf)| apply_expert(threads, batch, *expert, buf, &groups[expert]))
-            .collect::<Result<_>>()
-    })?;
-    for ((expert, _), ys) in resident.iter().zip(&outputs) {
+    let (device_outputs, outputs) = threads.pool().install(|| {
+        rayon::join(
+            || {
+                on_device
+                    .iter()
+                    .map(|(expert, copy)| on_the_device(threads, batch, *expert, copy, &groups[expert]))
+                    .collect::<Vec<_>>()
+            },
+            || {
+                resident
+                    .par_iter()
+                    .map(|(expert, buf)| apply_expert(threads, batch, *expert, buf, &groups[expert]))
+                    .collect::<Result<Vec<_>>>()
+            },
+        )
+    });
+    let host_experts = resident.iter().map(|(expert, _)| expert);
+    for (expert, ys) in
+        on_device.iter().map(|(expert, _)| expert).chain(host_experts).zip(device_outputs.iter().chain(&outputs?))
+    {
         scatter(&groups[expert], ys, hidden, &mut slot_out);
     }
     stats.compute_ns += started.elapsed().as_nanos() as u64;
@@ -171,7 +205,14 @@ pub fn run_moe_layer(
         bytes_loaded += buf.len();
         let started = Instant::now();
         let members = &groups[&loaded.expert];
-        let ys = apply_expert(threads, batch, loaded.expert, &buf, members)?;
+        let copy = match batch.vram {
+            Some(vram) => vram.upload(loaded, batch.layout, &buf)?,
+            None => None,
+        };
+        let ys = match copy {
+            Some(copy) => on_the_device(threads, batch, loaded.expert, &copy, members),
+            None => apply_expert(threads, batch, loaded.expert, &buf, members)?,
+        };
         scatter(members, &ys, hidden, &mut slot_out);
         stats.compute_ns += started.elapsed().as_nanos() as u64;
     }
@@ -228,6 +269,20 @@ fn apply_expert(
     members: &[(usize, usize)],
 ) -> Result<Vec<f32>> {
     compute_expert(threads, batch.layer, batch.layout, batch.experts, expert, record, &gather(batch, members))
+}
+
+/// Runs one expert over the tokens routed to it from its copy on the
+/// device: `[members, hidden]`, bit for bit [`apply_expert`]'s.
+fn on_the_device(
+    threads: &Threads,
+    batch: &MoeBatch<'_>,
+    expert: usize,
+    copy: &ExpertOnDevice,
+    members: &[(usize, usize)],
+) -> Vec<f32> {
+    let vram = batch.vram.expect("a copy on the device comes from the batch's VRAM tier");
+    let act = batch.experts.of_expert(expert, copy[0].rows(), copy[0].cols());
+    vram.compute(threads, copy, act, &gather(batch, members))
 }
 
 /// The hidden states of the tokens routed to an expert, `[members, hidden]`.

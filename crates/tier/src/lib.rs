@@ -20,6 +20,7 @@ pub mod mirror;
 pub mod policy;
 mod record;
 mod replay;
+mod resident;
 mod size;
 mod store;
 #[cfg(any(test, feature = "test-util"))]
@@ -38,6 +39,7 @@ pub use mirror::{LayerFile, MirrorOptions, MirrorSpec, Mirrors};
 pub use policy::{Policy, PolicyKind, new_policy};
 pub use record::Record;
 pub use replay::{HitRate, ReplayReport, replay, replay_learned, simulate};
+pub use resident::{DeviceTier, DeviceTierStats};
 pub use size::ByteSize;
 pub use store::{ExpertKey, ExpertSource, ExpertStore, Loads, PREFETCH_IN_FLIGHT, StoreOptions, StoreStats};
 pub use trace::{TRACE_FORMAT, TRACE_VERSION, TraceEvent, TraceHeader, TraceWriter, read_trace};

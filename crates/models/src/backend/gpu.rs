@@ -2,22 +2,36 @@
 //! kernels take uploaded once as the container stores it, within the VRAM
 //! budget; the products with those matrices and the dense SwiGLU MLPs
 //! whose three matrices are all there run on the device, the rest on the
-//! CPU (`Gpu::summary` says which, at start). The device's products are
-//! the CPU's bit for bit (`strata_kernels::gpu`), so what runs where, and
-//! the VRAM budget, never change the output.
+//! CPU (`Gpu::summary` says which, at start). What the dense matrices
+//! leave of the budget is a tier of routed experts in VRAM
+//! (`strata_sched::VramExperts`), under the RAM cache's policy and leases,
+//! filled from the RAM cache or the disk. The device's products are the
+//! CPU's bit for bit (`strata_kernels::gpu`), so what runs where, and the
+//! VRAM budget, never change the output.
 //!
 //! Without the kernels' `gpu` feature the device cannot be made and
 //! [`Gpu::new`] fails, saying how to build it.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use strata_format::{Container, SwiGlu};
 use strata_kernels::gpu::{Device as GpuDevice, DeviceMatrix};
 use strata_kernels::{Error as KernelError, Threads};
+use strata_sched::{ExpertOnDevice, VramExperts};
+use strata_tier::{DeviceTier, DeviceTierStats, ExpertStore};
 
 use super::cpu::{Cpu, swiglu_act};
 use super::{Device, MatrixHandle};
 use crate::error::Result;
+
+/// What a GPU holds, for the run stats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VramStats {
+    /// Bytes of the dense part's matrices on the device.
+    pub dense_bytes: u64,
+    /// The tier of routed experts.
+    pub experts: DeviceTierStats,
+}
 
 /// The device, and which matrices it holds.
 pub struct Gpu {
@@ -33,6 +47,9 @@ pub struct Gpu {
     no_kernel: usize,
     over_budget: usize,
     too_large: usize,
+    /// The routed experts in VRAM, made at the first MoE layer (once every
+    /// dense matrix has taken its share of the budget).
+    experts: OnceLock<DeviceTier<ExpertOnDevice>>,
 }
 
 impl Gpu {
@@ -48,6 +65,7 @@ impl Gpu {
             no_kernel: 0,
             over_budget: 0,
             too_large: 0,
+            experts: OnceLock::new(),
         })
     }
 
@@ -100,6 +118,30 @@ impl Gpu {
         Ok(slot)
     }
 
+    /// The bytes of VRAM left to routed experts: the budget less the dense
+    /// matrices (`auto`: as many as the device takes).
+    fn expert_vram_bytes(&self) -> usize {
+        match self.vram_budget_bytes {
+            Some(budget) => usize::try_from(budget.saturating_sub(self.bytes_on_device)).unwrap_or(usize::MAX),
+            None => usize::MAX,
+        }
+    }
+
+    /// The device and its tier of routed experts, under `store`'s policy.
+    pub fn vram_experts(&self, store: &ExpertStore) -> VramExperts<'_> {
+        let tier = self.experts.get_or_init(|| store.device_tier(self.expert_vram_bytes()));
+        VramExperts { device: &self.device, tier }
+    }
+
+    /// What VRAM holds, and what the tier of routed experts did (zeros
+    /// before the first MoE layer ran).
+    pub fn vram_stats(&self) -> VramStats {
+        VramStats {
+            dense_bytes: self.bytes_on_device,
+            experts: self.experts.get().map(DeviceTier::stats).unwrap_or_default(),
+        }
+    }
+
     /// Whether `bytes` more stay within the budget.
     fn fits(&self, bytes: u64) -> bool {
         self.vram_budget_bytes.is_none_or(|budget| self.bytes_on_device.saturating_add(bytes) <= budget)
@@ -144,11 +186,20 @@ impl Gpu {
         if self.too_large > 0 {
             kept.push(format!("{} matrices larger than the device's buffers", self.too_large));
         }
-        kept.push("attention, norms, routing, residual-stream mixes, row-block products and the routed experts".into());
+        kept.push(
+            "attention, norms, routing, residual-stream mixes, row-block products, and the routed experts the VRAM \
+             tier does not hold or has no kernel for"
+                .into(),
+        );
+        let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
+        let experts = match self.expert_vram_bytes() {
+            usize::MAX => "routed experts in VRAM as the device takes them".to_owned(),
+            bytes => format!("routed experts in {:.1} MiB of VRAM", mib(bytes as u64)),
+        };
         format!(
-            "GPU {}: {uploaded} matrices ({:.1} MiB) and their products on the device; on the CPU: {}",
+            "GPU {}: {uploaded} matrices ({:.1} MiB) and their products on the device, {experts}; on the CPU: {}",
             self.device.name(),
-            self.bytes_on_device as f64 / (1u64 << 20) as f64,
+            mib(self.bytes_on_device),
             kept.join("; ")
         )
     }

@@ -19,7 +19,10 @@
 //! chosen once when the backend is made.
 
 mod cpu;
+mod cuda;
 mod gpu;
+
+pub use gpu::VramStats;
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -72,6 +75,9 @@ pub enum DeviceRequest {
     /// The first GPU adapter, holding at most `vram_budget_bytes` of
     /// matrices (`None`: all it takes); the rest on the CPU.
     Gpu { vram_budget_bytes: Option<u64> },
+    /// The NVIDIA GPU of ordinal `ordinal` (`cuda::Cuda`): opened, and the
+    /// model run on the CPU, as said at start.
+    Cuda { ordinal: usize },
 }
 
 /// A `[rows, cols]` matrix the backend holds.
@@ -250,7 +256,9 @@ impl StreamHead {
 /// The devices a model's weights can live on, each with its tensors.
 pub enum Backend {
     Cpu(cpu::Cpu),
-    Gpu(gpu::Gpu),
+    /// Boxed: the device and its tier outweigh the other backends.
+    Gpu(Box<gpu::Gpu>),
+    Cuda(cuda::Cuda),
 }
 
 /// The shape of one grouped-query attention layer.
@@ -567,7 +575,13 @@ impl Backend {
     /// adapter within `vram_budget_bytes` (`None`: all the device takes);
     /// fails where there is no adapter, or the build has no GPU support.
     pub fn gpu(container: Arc<Container>, vram_budget_bytes: Option<u64>) -> Result<Self> {
-        Ok(Backend::Gpu(gpu::Gpu::new(container, vram_budget_bytes)?))
+        Ok(Backend::Gpu(Box::new(gpu::Gpu::new(container, vram_budget_bytes)?)))
+    }
+
+    /// The CUDA backend on the NVIDIA GPU of ordinal `ordinal`; fails where
+    /// the driver or the device is missing, or the build has no CUDA support.
+    pub fn cuda(container: Arc<Container>, ordinal: usize) -> Result<Self> {
+        Ok(Backend::Cuda(cuda::Cuda::new(container, ordinal)?))
     }
 
     fn container(&self) -> &Container {
@@ -587,6 +601,7 @@ impl Backend {
         let (slot, device) = match self {
             Backend::Cpu(cpu) => (cpu.register_matrix(name)?, Device::Cpu),
             Backend::Gpu(gpu) => gpu.register_matrix(name)?,
+            Backend::Cuda(_) => (self.host_mut().register_matrix(name)?, Device::Cpu),
         };
         Ok(MatrixHandle { device, rows, cols, slot })
     }
@@ -623,8 +638,8 @@ impl Backend {
             return Err(Error::Shape { name: name.to_owned(), expected: vec![rows, cols], found: found.clone() });
         }
         let slot = match self {
-            Backend::Cpu(cpu) => cpu.register_table(name)?,
             Backend::Gpu(gpu) => gpu.register_table(name)?,
+            _ => self.host_mut().register_table(name)?,
         };
         Ok(TableHandle { device: Device::Cpu, rows, cols, slot })
     }
@@ -641,6 +656,15 @@ impl Backend {
         match self {
             Backend::Cpu(_) => None,
             Backend::Gpu(gpu) => Some(gpu.summary()),
+            Backend::Cuda(cuda) => Some(cuda.summary()),
+        }
+    }
+
+    /// What the tier of routed experts in VRAM did (`None`: no GPU).
+    pub fn vram_stats(&self) -> Option<gpu::VramStats> {
+        match self {
+            Backend::Gpu(gpu) => Some(gpu.vram_stats()),
+            _ => None,
         }
     }
 
@@ -650,6 +674,7 @@ impl Backend {
         match self {
             Backend::Cpu(cpu) => cpu,
             Backend::Gpu(gpu) => gpu.host(),
+            Backend::Cuda(cuda) => cuda.host(),
         }
     }
 
@@ -657,6 +682,7 @@ impl Backend {
         match self {
             Backend::Cpu(cpu) => cpu,
             Backend::Gpu(gpu) => gpu.host_mut(),
+            Backend::Cuda(cuda) => cuda.host_mut(),
         }
     }
 
@@ -668,8 +694,8 @@ impl Backend {
     /// `out = W xs` for every `w.cols`-wide row of `xs`.
     pub fn matmul(&self, rt: &Runtime<'_>, w: MatrixHandle, xs: &[f32], out: &mut [f32]) {
         match self {
-            Backend::Cpu(cpu) => cpu.matmul(rt.threads, w, xs, out),
             Backend::Gpu(gpu) => gpu.matmul(rt.threads, w, xs, out),
+            _ => self.host().matmul(rt.threads, w, xs, out),
         }
     }
 
@@ -723,8 +749,8 @@ impl Backend {
     /// `swiglu` says.
     pub fn swiglu(&self, rt: &Runtime<'_>, weights: &[MatrixHandle; 3], swiglu: SwiGlu, xs: &[f32], ys: &mut [f32]) {
         match self {
-            Backend::Cpu(cpu) => cpu.swiglu(rt.threads, weights, swiglu, xs, ys),
             Backend::Gpu(gpu) => gpu.swiglu(rt.threads, weights, swiglu, xs, ys),
+            _ => self.host().swiglu(rt.threads, weights, swiglu, xs, ys),
         }
     }
 
@@ -885,6 +911,10 @@ impl Backend {
         out: &mut [f32],
         stats: &mut LayerStats,
     ) -> Result<()> {
-        self.host().run_moe_layer(rt.threads, rt.store, rt.remote, job, out, stats)
+        let vram = match self {
+            Backend::Gpu(gpu) => Some(gpu.vram_experts(rt.store)),
+            _ => None,
+        };
+        self.host().run_moe_layer(rt.threads, rt.store, rt.remote, vram, job, out, stats)
     }
 }

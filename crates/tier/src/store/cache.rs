@@ -7,16 +7,16 @@
 //! are still served, from a buffer that is freed once the caller drops it, so
 //! a tiny cache changes speed, never results.
 //!
-//! Invariants: `held_bytes` is the sum of the cached records' lengths and
-//! never exceeds the capacity (asserted on every admission); a record is
-//! cached only after its check passed (callers admit checked records only);
-//! the buffers kept from evictions for reuse are at most `max_in_flight`.
+//! Invariants: the records are a [`Resident`] (cached bytes within the
+//! capacity, leased records never evicted); a record is cached only after
+//! its check passed (callers admit checked records only); the buffers kept
+//! from evictions for reuse are at most `max_in_flight`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, MutexGuard};
 
 use super::{ExpertKey, ExpertStore};
-use crate::policy::Policy;
+use crate::resident::Resident;
 use crate::{AlignedBuf, Record, Result};
 
 /// Counters of what the store did, for `--json` stats and tests.
@@ -52,9 +52,8 @@ pub struct StoreStats {
 }
 
 pub(super) struct Cache {
-    pub(super) entries: HashMap<ExpertKey, Arc<Record>>,
-    pub(super) policy: Box<dyn Policy>,
-    pub(super) held_bytes: usize,
+    /// The cached records, each charged its length.
+    pub(super) records: Resident<Record>,
     /// Buffers of evicted records, reused for loads: first-touching fresh
     /// memory is several times slower than reading into warm pages.
     pub(super) free: Vec<AlignedBuf>,
@@ -74,7 +73,7 @@ impl ExpertStore {
 
     /// Bytes of records currently cached.
     pub fn held_bytes(&self) -> usize {
-        self.lock().held_bytes
+        self.lock().records.held_bytes()
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Cache> {
@@ -96,16 +95,13 @@ impl ExpertStore {
             cache.stats.layer_predicted_lookups[key.layer] += 1;
             cache.stats.layer_predicted_hits[key.layer] += u64::from(predicted.contains(&key.expert));
         }
-        match cache.entries.get(&key) {
+        match cache.records.lookup(key) {
             Some(buf) => {
-                let buf = Arc::clone(buf);
-                cache.policy.on_hit(key);
                 cache.stats.hits += 1;
                 cache.stats.layer_hits[key.layer] += 1;
                 Ok(Some(buf))
             }
             None => {
-                cache.policy.on_miss(key);
                 cache.stats.misses += 1;
                 cache.stats.layer_misses[key.layer] += 1;
                 Ok(None)
@@ -115,7 +111,7 @@ impl ExpertStore {
 
     /// Whether `key`'s record is cached (no lookup counted, no lease).
     pub(super) fn is_cached(&self, key: ExpertKey) -> bool {
-        self.lock().entries.contains_key(&key)
+        self.lock().records.contains(key)
     }
 
     pub(super) fn take_buffer(&self, record_bytes: usize) -> AlignedBuf {
@@ -137,39 +133,15 @@ impl ExpertStore {
             cache.stats.bytes_read += len as u64;
         }
         let buf = Arc::new(buf);
-        if cache.entries.contains_key(&key) {
-            return buf;
-        }
-        if len > self.options.capacity_bytes {
-            cache.policy.on_bypass(key);
-            return buf;
-        }
-        while cache.held_bytes + len > self.options.capacity_bytes {
-            let entries = &cache.entries;
-            let leased = |k: ExpertKey| entries.get(&k).is_some_and(|b| Arc::strong_count(b) > 1);
-            let Some(victim) = cache.policy.victim(&leased) else {
-                // Everything resident is in use: serve this one uncached.
-                cache.policy.on_bypass(key);
-                return buf;
-            };
-            if !cache.policy.admits(key, victim) {
-                cache.policy.on_bypass(key);
-                return buf;
-            }
-            cache.policy.on_remove(victim);
-            let evicted = cache.entries.remove(&victim).expect("the policy names resident keys");
-            cache.held_bytes -= evicted.len();
-            cache.stats.evictions += 1;
+        let evicted = cache.records.admit(key, &buf, len);
+        cache.stats.evictions += evicted.len() as u64;
+        for evicted in evicted {
             if let Some(spare) = Arc::try_unwrap(evicted).ok().map(Record::into_buffer)
                 && cache.free.len() < self.options.max_in_flight
             {
                 cache.free.push(spare);
             }
         }
-        cache.entries.insert(key, Arc::clone(&buf));
-        cache.policy.on_insert(key);
-        cache.held_bytes += len;
-        assert!(cache.held_bytes <= self.options.capacity_bytes, "cache within capacity");
         buf
     }
 }

@@ -33,6 +33,7 @@ use self::prefetch::Prefetches;
 use crate::io::{Gate, IoBackend, IoPool, RecordCheck, RecordFile, RecordSource};
 use crate::mirror::{MirrorOptions, Mirrors};
 use crate::policy::new_policy;
+use crate::resident::{DeviceTier, Resident};
 use crate::usage::Usage;
 use crate::{Error, Result};
 
@@ -113,9 +114,7 @@ impl ExpertStore {
         let experts_max = files.iter().flatten().map(|f| f.num_experts()).max().unwrap_or(0);
         let n_layers = files.len();
         let cache = Cache {
-            entries: HashMap::new(),
-            policy: new_policy(options.policy, &usage, pinned_max, experts_max),
-            held_bytes: 0,
+            records: Resident::new(new_policy(options.policy, &usage, pinned_max, experts_max), options.capacity_bytes),
             free: Vec::new(),
             predicted: vec![None; n_layers],
             stats: StoreStats {
@@ -152,6 +151,19 @@ impl ExpertStore {
             prefetches,
             usage: Mutex::new(usage),
         })
+    }
+
+    /// A tier of experts on a device (VRAM) holding `capacity_bytes`,
+    /// under this store's policy (its learned usage, and its share pinned
+    /// of as many of the largest records as fit).
+    pub fn device_tier<V>(&self, capacity_bytes: usize) -> DeviceTier<V> {
+        let record_bytes_max = self.files.iter().flatten().map(|f| f.record_bytes()).max().unwrap_or(0);
+        let experts_max = self.files.iter().flatten().map(|f| f.num_experts()).max().unwrap_or(0);
+        // `auto` is a capacity of usize::MAX: the share saturates.
+        let pinned_max =
+            capacity_bytes.checked_div(record_bytes_max).unwrap_or(0).saturating_mul(self.options.pinned_percent) / 100;
+        let policy = new_policy(self.options.policy, &self.usage(), pinned_max, experts_max);
+        DeviceTier::new(Resident::new(policy, capacity_bytes))
     }
 
     /// The byte bound on cached records.

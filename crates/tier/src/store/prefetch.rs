@@ -93,7 +93,7 @@ impl ExpertStore {
             if held >= prefetches.pool.max_in_flight() || (held + 1) * record_bytes > self.options.capacity_bytes {
                 break;
             }
-            if cache.entries.contains_key(&key)
+            if cache.records.contains(key)
                 || prefetches.landed.contains_key(&key)
                 || prefetches.in_flight.values().any(|&k| k == key)
             {

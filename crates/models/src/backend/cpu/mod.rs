@@ -27,7 +27,7 @@ use std::sync::Arc;
 use strata_format::{Container, DenseId, SwiGlu};
 use strata_kernels::simd::Isa;
 use strata_kernels::{GatedAct, Matrix, Threads, ops};
-use strata_sched::{ExpertFfn, LayerStats, MoeBatch, RemoteExperts, Route, gated_ffn};
+use strata_sched::{ExpertFfn, LayerStats, MoeBatch, RemoteExperts, Route, VramExperts, gated_ffn};
 use strata_tier::ExpertStore;
 
 use super::{
@@ -423,6 +423,7 @@ impl Cpu {
         threads: &Threads,
         store: &ExpertStore,
         remote: Option<&dyn RemoteExperts>,
+        vram: Option<VramExperts<'_>>,
         job: &MoeJob<'_>,
         out: &mut [f32],
         stats: &mut LayerStats,
@@ -450,6 +451,7 @@ impl Cpu {
             top_k: job.top_k,
             prefetch: job.prefetch,
             remote,
+            vram,
         };
         Ok(strata_sched::run_moe_layer(store, threads, &batch, out, stats)?)
     }
