@@ -251,15 +251,12 @@ impl Checkpoint {
     /// from what it stores (a split expert bias, see
     /// [`InterleavedExperts`]; half of a paired gate and up, `paired.rs`).
     pub fn resolve<'n>(&self, candidates: &'n [String]) -> Option<&'n str> {
-        candidates
-            .iter()
-            .map(String::as_str)
-            .find(|name| {
-                self.has(name)
-                    || self.split_bias(name).is_some()
-                    || self.paired_half(name).is_some()
-                    || !self.row_shards(name).is_empty()
-            })
+        candidates.iter().map(String::as_str).find(|name| {
+            self.has(name)
+                || self.split_bias(name).is_some()
+                || self.paired_half(name).is_some()
+                || !self.row_shards(name).is_empty()
+        })
     }
 
     /// The stored tensors `name` is read from: itself, the pair it is half

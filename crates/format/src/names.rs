@@ -14,8 +14,8 @@ pub use self::inkling::{embed_norm_name, global_scale_name, sink_shared_expert_n
 use crate::family::Naming;
 use crate::spec::{
     Compression, CompressorState, CoreSpec, ExpertKind, FfnSpec, GateRank, GdnProjections, GdnSpec, GqaSpec, HyperHead,
-    IndexerKind, LayerSpec, MixerSpec, MlaAttention, ModelArch, PleSpec, QkNorm, ResidualKind, RouterKind, SharedExperts,
-    SharedKvAttention,
+    IndexerKind, LayerSpec, MixerSpec, MlaAttention, ModelArch, PleSpec, QkNorm, ResidualKind, RouterKind,
+    SharedExperts, SharedKvAttention,
 };
 
 /// What role a non-expert tensor plays; decides its storage format.
