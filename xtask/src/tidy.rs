@@ -106,11 +106,12 @@ fn a_model_family_is_named_only_in_its_registry() {
             continue;
         }
         let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        assert!(
-            !text.contains("Family::"),
-            "{} names a model family outside crates/format/src/family/",
-            file.display()
-        );
+        // A variant (`Family::Olmoe`) or the list of them names a family; an
+        // associated function (`Family::of_config`) does not.
+        let names_one = text
+            .match_indices("Family::")
+            .any(|(at, needle)| text[at + needle.len()..].starts_with(|c: char| c.is_ascii_uppercase()));
+        assert!(!names_one, "{} names a model family outside crates/format/src/family/", file.display());
     }
 }
 
