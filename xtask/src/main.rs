@@ -38,35 +38,32 @@ fn main() -> Result<()> {
     }
 }
 
-/// The binaries' `gpu` features: with them every crate builds with the GPU
-/// backend (features unify down to the kernels'), so that the tests compile
-/// the workspace once and the GPU tests (the kernels against the CPU, every
-/// family through `--device gpu`, the VRAM budget's invariance) run with the
-/// rest. Without an adapter they skip, saying why; .ci/run installs Mesa's
-/// lavapipe and sets `STRATA_GPU_TESTS=require`, so that there they fail
-/// instead. With them the `cuda` features: the CUDA backend builds with no
-/// toolkit and no GPU (cudarc loads the driver at run time; its clean build
-/// adds about 35 s on this machine's two busy cores), and its test skips,
-/// saying why, where the driver is absent.
-const GPU_FEATURES: &str = "strata/gpu,strata-chat/gpu,strata-serve/gpu,strata/cuda,strata-chat/cuda,strata-serve/cuda";
-
-/// [`GPU_FEATURES`] and the expert workers (Zenoh): linted in CI, not
-/// built for its tests. Building Zenoh costs CI about four of its thirty
-/// minutes on two cores; the workers' exactness runs in every CI through
-/// engine/tests/remote.rs (a second engine as the worker), and their
-/// processes, key and faults through `cargo test -p strata --features
-/// workers --test workers` (docs/DISTRIBUTED.md).
-const LINT_FEATURES: &str = "strata/gpu,strata-chat/gpu,strata-serve/gpu,strata/cuda,strata-chat/cuda,strata-serve/cuda,\
-                             strata/workers,strata-chat/workers,strata-serve/workers";
+/// The features CI lints and tests with, one set so that every crate builds
+/// once. The binaries' `gpu` features: every crate builds with the GPU
+/// backend (features unify down to the kernels'), and the GPU tests (the
+/// kernels against the CPU, every family through `--device gpu`, the VRAM
+/// budget's invariance) run with the rest. Without an adapter they skip,
+/// saying why; .ci/run installs Mesa's lavapipe and sets
+/// `STRATA_GPU_TESTS=require`, so that there they fail instead. The `cuda`
+/// features: the CUDA backend builds with no toolkit and no GPU (cudarc loads
+/// the driver at run time), and its tests skip, saying why, where the driver
+/// is absent. The `workers` features: the expert workers' process tests
+/// (`bins/strata/tests/workers`: bit-identity with 1 to 3 workers, killed,
+/// partitioned, no key), each worker in a network namespace of its own where
+/// the runner may make one (.ci/run installs `ip`). Zenoh's crates build
+/// unoptimised (Cargo.toml's dev profile), which keeps them to about a
+/// minute of CI.
+const CI_FEATURES: &str = "strata/gpu,strata-chat/gpu,strata-serve/gpu,strata/cuda,strata-chat/cuda,strata-serve/cuda,\
+                           strata/workers,strata-chat/workers,strata-serve/workers";
 
 fn ci() -> Result<()> {
     cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--features", LINT_FEATURES, "--", "-D", "warnings"])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--features", CI_FEATURES, "--", "-D", "warnings"])?;
     // The stand-ins a build without the GPU backend compiles instead
     // (kernels' gpu/missing.rs), linted: only the crates up to the backend
     // check again.
     cargo(&["clippy", "-p", "strata-models", "--all-targets", "--", "-D", "warnings"])?;
-    cargo(&["test", "--workspace", "--features", GPU_FEATURES])?;
+    cargo(&["test", "--workspace", "--features", CI_FEATURES])?;
     Ok(())
 }
 
