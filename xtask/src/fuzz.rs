@@ -5,6 +5,7 @@
 //! the inputs, which then become regression tests in the crate that owns the
 //! parser (fuzz/README.md).
 
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -93,59 +94,97 @@ pub fn run(args: &[String]) -> Result<()> {
     if build_only {
         return Ok(());
     }
+    // One afl-fuzz process per core (each is single-threaded), taking the
+    // targets in turn: on CI's two cores the run takes half the time and each
+    // target still gets its seconds on a core of its own.
+    let lanes = std::thread::available_parallelism().map_or(1, |n| n.get()).min(targets.len()).max(1);
+    let next = std::sync::Mutex::new(targets.into_iter());
+    let ran: Vec<Result<Vec<String>>> = std::thread::scope(|scope| {
+        let lanes: Vec<_> = (0..lanes)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut findings = Vec::new();
+                    loop {
+                        let Some(target) = next.lock().expect("no lane panics holding it").next() else {
+                            return Ok(findings);
+                        };
+                        findings.extend(fuzz_one(
+                            &cargo,
+                            target,
+                            seconds,
+                            &fuzz_dir,
+                            &build_dir.join(profile),
+                            &target_root,
+                        )?);
+                    }
+                })
+            })
+            .collect();
+        lanes.into_iter().map(|lane| lane.join().expect("a fuzz lane panicked")).collect()
+    });
     let mut findings = Vec::new();
-    for target in targets {
-        let out = target_root.join("fuzz-out").join(target);
-        // A fresh run each time: the committed corpus is the starting point.
-        let _ = std::fs::remove_dir_all(&out);
-        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-        println!("fuzz: {target} for {seconds} s");
-        let status = Command::new(&cargo)
-            .args(["afl", "fuzz", "-V", &seconds.to_string(), "-t", &HANG_MS.to_string()])
-            .args(["-m", &MEMORY_LIMIT_MIB.to_string(), "-i"])
-            .arg(fuzz_dir.join("corpus").join(target))
-            .arg("-o")
-            .arg(&out)
-            .arg("--")
-            .arg(build_dir.join(profile).join(target))
-            .env("AFL_NO_UI", "1")
-            // Shared CI machines: no CPU pinning or frequency scaling checks, and
-            // crashes are seen by waiting on the child whatever core_pattern says.
-            .env("AFL_NO_AFFINITY", "1")
-            .env("AFL_SKIP_CPUFREQ", "1")
-            .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1")
-            .stdout(std::fs::File::create(out.join("afl.log"))?)
-            .status()
-            .with_context(|| format!("cargo afl fuzz {target}"))?;
-        let stats = std::fs::read_to_string(out.join("default/fuzzer_stats")).unwrap_or_default();
-        let stat = |key: &str| {
-            stats
-                .lines()
-                .find_map(|l| l.strip_prefix(key)?.trim_start().strip_prefix(':'))
-                .unwrap_or("?")
-                .trim()
-                .to_owned()
-        };
-        println!(
-            "fuzz: {target}: {} execs, {} paths, edges {}",
-            stat("execs_done"),
-            stat("corpus_count"),
-            stat("bitmap_cvg")
-        );
-        if !status.success() {
-            bail!("afl-fuzz {target} failed with {status}; see {}", out.join("afl.log").display());
-        }
-        for kind in ["crashes", "hangs"] {
-            let dir = out.join("default").join(kind);
-            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                if entry.file_name() != "README.txt" {
-                    findings.push(format!("{target} {kind}: {}", entry.path().display()));
-                }
-            }
-        }
+    for lane in ran {
+        findings.extend(lane?);
     }
     if !findings.is_empty() {
         bail!("the fuzzer found {} inputs:\n{}", findings.len(), findings.join("\n"));
     }
     Ok(())
+}
+
+/// Runs afl-fuzz on one target for `seconds` from its committed corpus, and
+/// returns the crashes and hangs it found.
+fn fuzz_one(
+    cargo: &str,
+    target: &str,
+    seconds: u64,
+    fuzz_dir: &Path,
+    bin_dir: &Path,
+    target_root: &Path,
+) -> Result<Vec<String>> {
+    let out = target_root.join("fuzz-out").join(target);
+    // A fresh run each time: the committed corpus is the starting point.
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    println!("fuzz: {target} for {seconds} s");
+    let status = Command::new(cargo)
+        .args(["afl", "fuzz", "-V", &seconds.to_string(), "-t", &HANG_MS.to_string()])
+        .args(["-m", &MEMORY_LIMIT_MIB.to_string(), "-i"])
+        .arg(fuzz_dir.join("corpus").join(target))
+        .arg("-o")
+        .arg(&out)
+        .arg("--")
+        .arg(bin_dir.join(target))
+        .env("AFL_NO_UI", "1")
+        // Shared CI machines: no CPU pinning or frequency scaling checks, and
+        // crashes are seen by waiting on the child whatever core_pattern says.
+        .env("AFL_NO_AFFINITY", "1")
+        .env("AFL_SKIP_CPUFREQ", "1")
+        .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1")
+        .stdout(std::fs::File::create(out.join("afl.log"))?)
+        .status()
+        .with_context(|| format!("cargo afl fuzz {target}"))?;
+    let stats = std::fs::read_to_string(out.join("default/fuzzer_stats")).unwrap_or_default();
+    let stat = |key: &str| {
+        stats.lines().find_map(|l| l.strip_prefix(key)?.trim_start().strip_prefix(':')).unwrap_or("?").trim().to_owned()
+    };
+    println!(
+        "fuzz: {target}: {} execs, {} paths, edges {}",
+        stat("execs_done"),
+        stat("corpus_count"),
+        stat("bitmap_cvg")
+    );
+    if !status.success() {
+        bail!("afl-fuzz {target} failed with {status}; see {}", out.join("afl.log").display());
+    }
+    let mut findings = Vec::new();
+    for kind in ["crashes", "hangs"] {
+        let dir = out.join("default").join(kind);
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if entry.file_name() != "README.txt" {
+                findings.push(format!("{target} {kind}: {}", entry.path().display()));
+            }
+        }
+    }
+    Ok(findings)
 }
