@@ -16,8 +16,8 @@ pub(super) struct GlmMoeDsa;
 
 /// What a glm_moe_dsa checkpoint may hold (`GlmMoeDsaConfig`: its
 /// `layer_types`, `mlp_bias` and `rope_interleave` are not read by the
-/// 5.23 model, which always interleaves; multi-token-prediction layers
-/// follow the last decoder layer).
+/// 5.23 model, which always interleaves; its multi-token-prediction layers
+/// follow the last decoder layer, DeepSeek-V3's layout, and are kept).
 const KNOWN: Known = Known {
     config: ConfigKeys {
         read: &[
@@ -25,8 +25,9 @@ const KNOWN: Known = Known {
             mla::READ,
             &["index_topk", "index_head_dim", "index_n_heads", "mlp_layer_types", "indexer_types"],
             &["index_topk_pattern", "index_topk_freq", "index_skip_topk_offset"],
+            mla::MTP_KEYS,
         ],
-        inert: &[HF_INERT, mla::INERT, mla::MTP_KEYS, &["layer_types", "mlp_bias", "rope_interleave"]],
+        inert: &[HF_INERT, mla::INERT, &["layer_types", "mlp_bias", "rope_interleave"]],
         nested: ROPE_AND_QUANTIZATION,
     },
     unused_tensors: &[],
@@ -55,7 +56,7 @@ impl FamilyDef for GlmMoeDsa {
 
     fn parse(&self, root: &Map<String, Value>) -> Result<ModelArch> {
         let cfg = Fields { map: root, prefix: "" };
-        let mut parsed = mla::parse(&cfg, Family::GlmMoeDsa, &DEFAULTS)?;
+        let mut parsed = mla::parse(&cfg, Family::GlmMoeDsa, &DEFAULTS)?.with_mtp(&cfg)?;
         // GlmMoeDsaAttention always compresses the query and uses the
         // interleaved rotation.
         parsed.attention.dims.q_lora_rank = Some(cfg.req_usize("q_lora_rank")?);
@@ -77,7 +78,11 @@ impl FamilyDef for GlmMoeDsa {
                 format!("{} entries for {num_layers} layers", parsed.kinds.len()),
             ));
         }
-        parsed.build(|l| Some(IndexerSpec { kind: kinds[l], topk, head_dim, n_heads, pool: None }))
+        // An MTP layer selects with an indexer of its own: it has no earlier
+        // layer's selection to share (transformers numbers each MTP layer
+        // from 0, whose indexer is always full).
+        let kind = |l: usize| kinds.get(l).copied().unwrap_or(IndexerKind::Full);
+        parsed.build(|l| Some(IndexerSpec { kind: kind(l), topk, head_dim, n_heads, pool: None }))
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

@@ -272,6 +272,21 @@ fn deepseek_mtp_layers_are_moe_layers_after_the_stack_within_their_limit() {
     assert!(err.contains("num_nextn_predict_layers") && err.contains("at most 16"), "{err}");
 }
 
+#[test]
+fn glm5_mtp_layers_are_kept_as_moe_layers_with_their_own_indexer() {
+    let mut config = glm();
+    let root = config.as_object_mut().unwrap();
+    root.insert("num_nextn_predict_layers".into(), json!(1));
+    // The last stack layer shares its selection; the MTP layer cannot.
+    root.insert("indexer_types".into(), json!(["full", "shared", "full", "shared"]));
+    let arch = ModelArch::from_config_value(&config).unwrap();
+    assert_eq!((arch.layers.len(), arch.mtp.len()), (4, 1));
+    let MixerSpec::Mla(mla) = &arch.mtp[0].mixer else { panic!("the MTP layer is latent attention") };
+    assert_eq!(mla.indexer.map(|i| i.kind), Some(IndexerKind::Full));
+    assert_eq!(arch.expert_layers().last(), Some(&4), "the MTP layer routes, first_k_dense_replace aside");
+    assert_eq!(ModelArch::from_config_value(&arch.to_config_json()).unwrap(), arch, "kept through export");
+}
+
 /// GLM-5.3-Flash's indexer over pools of `pool` tokens, keeping `topk`.
 fn pooled_indexer(kind: IndexerKind, pool: usize, topk: usize) -> Option<IndexerSpec> {
     Some(IndexerSpec { kind, topk, head_dim: 64, n_heads: 4, pool: Some(pool) })
