@@ -225,8 +225,11 @@ fn a_quantization_config_asking_for_anything_but_mxfp4_weights_is_refused_naming
         let err = refusal(&nested);
         assert!(err.contains(&format!("text_config.{named}")), "{at}/{key}: {err}");
     }
-    let mut missing = hub_config();
-    missing["quantization_config"] = mxfp4_quantization();
-    missing["quantization_config"].as_object_mut().unwrap().remove("config_groups");
-    assert!(refusal(&missing).contains("quantization_config.config_groups"));
+    for (at, key) in [("", "config_groups"), (weights, "num_bits"), (weights, "type"), (weights, "group_size")] {
+        let mut missing = hub_config();
+        missing["quantization_config"] = mxfp4_quantization();
+        missing["quantization_config"].pointer_mut(at).unwrap().as_object_mut().unwrap().remove(key);
+        let err = refusal(&missing);
+        assert!(err.contains(&format!("quantization_config{}.{key}", at.replace('/', "."))), "{key}: {err}");
+    }
 }

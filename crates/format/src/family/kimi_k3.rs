@@ -225,18 +225,29 @@ impl<'a> At<'a> {
 const SCHEME_KEYS: [&str; 5] = ["targets", "weights", "input_activations", "output_activations", "format"];
 
 /// compressed-tensors `QuantizationArgs` of MXFP4 weights: what each key
-/// must say (a key absent takes its default, which for these is the
-/// value), and the keys that change nothing once the weights are packed.
-const MXFP4_ARGS: [(&str, &str); 5] =
-    [("num_bits", "4"), ("type", "\"float\""), ("symmetric", "true"), ("group_size", "32"), ("strategy", "\"group\"")];
-const INERT_ARGS: [&str; 6] = ["observer", "observer_kwargs", "dynamic", "actorder", "scale_dtype", "zp_dtype"];
+/// must say, and whether it must be given (`num_bits`, `type` and
+/// `group_size` default to int8 per channel; `symmetric` defaults to true
+/// and `strategy` follows from `group_size`).
+const MXFP4_ARGS: [(&str, &str, bool); 5] = [
+    ("num_bits", "4", true),
+    ("type", "\"float\"", true),
+    ("group_size", "32", true),
+    ("symmetric", "true", false),
+    ("strategy", "\"group\"", false),
+];
+/// The other keys: `dynamic` (checked below) and those that only say how
+/// the weights were calibrated or which dtype their scales had, which the
+/// stored bytes already fix.
+const OTHER_ARGS: [&str; 6] = ["dynamic", "observer", "observer_kwargs", "actorder", "scale_dtype", "zp_dtype"];
 
 fn check_mxfp4_args(args: &At<'_>) -> Result<()> {
-    for (key, want) in MXFP4_ARGS {
-        if let Some(v) = args.get(key)
-            && v.to_string() != want
-        {
-            return Err(Error::invalid(args.name(key), format!("{v}: MXFP4 is {want}")));
+    for (key, want, required) in MXFP4_ARGS {
+        match args.get(key) {
+            Some(v) if v.to_string() != want => {
+                return Err(Error::invalid(args.name(key), format!("{v}: MXFP4 is {want}")));
+            }
+            None if required => return Err(Error::MissingField { field: args.name(key) }),
+            _ => {}
         }
     }
     if let Some(v) = args.get("dynamic")
@@ -244,7 +255,7 @@ fn check_mxfp4_args(args: &At<'_>) -> Result<()> {
     {
         return Err(Error::invalid(args.name("dynamic"), format!("{v}: the weights' scales are stored (false)")));
     }
-    let known: Vec<&str> = MXFP4_ARGS.iter().map(|(key, _)| *key).chain(INERT_ARGS).collect();
+    let known: Vec<&str> = MXFP4_ARGS.iter().map(|(key, ..)| *key).chain(OTHER_ARGS).collect();
     args.check_keys(&known)
 }
 
