@@ -228,25 +228,29 @@ const SCHEME_KEYS: [&str; 5] = ["targets", "weights", "input_activations", "outp
 /// must say, and whether it must be given (`num_bits`, `type` and
 /// `group_size` default to int8 per channel; `symmetric` defaults to true
 /// and `strategy` follows from `group_size`).
-const MXFP4_ARGS: [(&str, &str, bool); 5] = [
-    ("num_bits", "4", true),
-    ("type", "\"float\"", true),
-    ("group_size", "32", true),
-    ("symmetric", "true", false),
-    ("strategy", "\"group\"", false),
-];
+fn mxfp4_args() -> [(&'static str, Value, bool); 5] {
+    [
+        ("num_bits", json!(4), true),
+        ("type", json!("float"), true),
+        ("group_size", json!(32), true),
+        ("symmetric", json!(true), false),
+        ("strategy", json!("group"), false),
+    ]
+}
+
 /// The other keys: `dynamic` (checked below) and those that only say how
 /// the weights were calibrated or which dtype their scales had, which the
 /// stored bytes already fix.
 const OTHER_ARGS: [&str; 6] = ["dynamic", "observer", "observer_kwargs", "actorder", "scale_dtype", "zp_dtype"];
 
 fn check_mxfp4_args(args: &At<'_>) -> Result<()> {
-    for (key, want, required) in MXFP4_ARGS {
+    let mxfp4 = mxfp4_args();
+    for (key, want, required) in &mxfp4 {
         match args.get(key) {
-            Some(v) if v.to_string() != want => {
+            Some(v) if v != want => {
                 return Err(Error::invalid(args.name(key), format!("{v}: MXFP4 is {want}")));
             }
-            None if required => return Err(Error::MissingField { field: args.name(key) }),
+            None if *required => return Err(Error::MissingField { field: args.name(key) }),
             _ => {}
         }
     }
@@ -255,7 +259,7 @@ fn check_mxfp4_args(args: &At<'_>) -> Result<()> {
     {
         return Err(Error::invalid(args.name("dynamic"), format!("{v}: the weights' scales are stored (false)")));
     }
-    let known: Vec<&str> = MXFP4_ARGS.iter().map(|(key, ..)| *key).chain(OTHER_ARGS).collect();
+    let known: Vec<&str> = mxfp4.iter().map(|(key, ..)| *key).chain(OTHER_ARGS).collect();
     args.check_keys(&known)
 }
 
