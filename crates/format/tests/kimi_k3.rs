@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use strata_format::names::{dense_tensors, expert_names, expert_shapes};
 use strata_format::{
     Family, FfnSpec, GateRank, LatentMoe, MixerSpec, ModelArch, ResidualKind, RouterKind, SharedExperts, SwiGlu,
+    check_config_keys,
 };
 
 /// The reference's tiny text config (xtask/fixtures/kimi_k3_ref.py
@@ -167,5 +168,68 @@ fn situ_betas_that_are_not_positive_are_refused() {
         let mut config = hub_config();
         config["text_config"][key] = json!(value);
         assert!(refusal(&config).contains(key), "{key}");
+    }
+}
+
+/// The compressed-tensors `quantization_config` of the hub's MXFP4 experts
+/// (testdata/kimi_k3/quantization_config.json).
+fn mxfp4_quantization() -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/kimi_k3/quantization_config.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn compressed_tensors_mxfp4_quantization_is_accepted_on_the_wrapper_and_in_the_text_config() {
+    let mut hub = hub_config();
+    hub["quantization_config"] = mxfp4_quantization();
+    assert_eq!(parse(&hub), parse(&hub_config()));
+    check_config_keys(&hub, &[]).unwrap();
+    let mut nested = hub_config();
+    nested["text_config"]["quantization_config"] = mxfp4_quantization();
+    assert_eq!(parse(&nested), parse(&hub_config()));
+    check_config_keys(&nested, &[]).unwrap();
+}
+
+#[test]
+fn a_quantization_config_asking_for_anything_but_mxfp4_weights_is_refused_naming_the_key() {
+    let group = "/config_groups/group_0";
+    let weights = "/config_groups/group_0/weights";
+    let cases: [(&str, &str, Value, &str); 12] = [
+        ("", "quant_method", json!("fp8"), "quantization_config.quant_method"),
+        ("", "format", json!("nvfp4-pack-quantized"), "quantization_config.format"),
+        ("", "quantization_status", json!("initialized"), "quantization_config.quantization_status"),
+        ("", "kv_cache_scheme", json!({"num_bits": 8}), "quantization_config.kv_cache_scheme"),
+        ("", "ignore", json!("lm_head"), "quantization_config.ignore"),
+        (group, "format", json!("pack-quantized"), "quantization_config.config_groups.group_0.format"),
+        (
+            group,
+            "input_activations",
+            json!({"num_bits": 8}),
+            "quantization_config.config_groups.group_0.input_activations",
+        ),
+        (group, "extra", json!(1), "quantization_config.config_groups.group_0.extra"),
+        (weights, "num_bits", json!(8), "quantization_config.config_groups.group_0.weights.num_bits"),
+        (weights, "type", json!("int"), "quantization_config.config_groups.group_0.weights.type"),
+        (weights, "group_size", json!(16), "quantization_config.config_groups.group_0.weights.group_size"),
+        (weights, "dynamic", json!(true), "quantization_config.config_groups.group_0.weights.dynamic"),
+    ];
+    for (at, key, value, named) in cases {
+        let mut quant = mxfp4_quantization();
+        quant.pointer_mut(at).unwrap()[key] = value;
+        let mut hub = hub_config();
+        hub["quantization_config"] = quant.clone();
+        let err = refusal(&hub);
+        assert!(err.contains(named), "{at}/{key}: {err}");
+        let mut nested = hub_config();
+        nested["text_config"]["quantization_config"] = quant;
+        let err = refusal(&nested);
+        assert!(err.contains(&format!("text_config.{named}")), "{at}/{key}: {err}");
+    }
+    for (at, key) in [("", "config_groups"), (weights, "num_bits"), (weights, "type"), (weights, "group_size")] {
+        let mut missing = hub_config();
+        missing["quantization_config"] = mxfp4_quantization();
+        missing["quantization_config"].pointer_mut(at).unwrap().as_object_mut().unwrap().remove(key);
+        let err = refusal(&missing);
+        assert!(err.contains(&format!("quantization_config{}.{key}", at.replace('/', "."))), "{key}: {err}");
     }
 }

@@ -14,7 +14,7 @@
 use serde_json::{Map, Value, json};
 
 use super::kimi_linear::{self, KimiLinear};
-use super::known::{ConfigKeys, HF_INERT, Known, QUANTIZATION, ROPE_AND_QUANTIZATION};
+use super::known::{ConfigKeys, HF_INERT, Known, ROPE_AND_QUANTIZATION};
 use super::{CORE_READ, CoreDims, Family, FamilyDef, Naming, mla, stack};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
@@ -64,7 +64,7 @@ const TEXT: ConfigKeys = ConfigKeys {
         ("linear_attn_config", &LINEAR_ATTN_CONFIG),
         ROPE_AND_QUANTIZATION[0],
         ROPE_AND_QUANTIZATION[1],
-        ROPE_AND_QUANTIZATION[2],
+        ("quantization_config", &COMPRESSED_TENSORS),
     ],
 };
 
@@ -74,11 +74,194 @@ const KNOWN: Known = Known {
     config: ConfigKeys {
         read: &[&["model_type", "tie_word_embeddings", "bos_token_id", "eos_token_id"]],
         inert: &[HF_INERT, &["vision_config", "media_placeholder_token_id"]],
-        nested: &[("text_config", &TEXT), ("quantization_config", &QUANTIZATION)],
+        nested: &[("text_config", &TEXT), ("quantization_config", &COMPRESSED_TENSORS)],
     },
     unused_tensors: &["vision_tower.*", "mm_projector.*"],
     extra_layers_unused: true,
 };
+
+/// The hub's `quantization_config` (compressed-tensors): every key is read
+/// by [`check_quantization`] but the bookkeeping ones, which say nothing
+/// about the values.
+const COMPRESSED_TENSORS: ConfigKeys = ConfigKeys {
+    read: &[&[
+        "quant_method",
+        "format",
+        "config_groups",
+        "ignore",
+        "quantization_status",
+        "kv_cache_scheme",
+        "sparsity_config",
+        "transform_config",
+    ]],
+    inert: &[&["global_compression_ratio", "version"]],
+    nested: &[],
+};
+
+/// The one quantization K3 is read with: compressed-tensors' MXFP4 weights
+/// (`weight_packed`/`weight_scale`, what `checkpoint::packed` decodes).
+const QUANT_METHOD: &str = "compressed-tensors";
+const MXFP4_FORMAT: &str = "mxfp4-pack-quantized";
+/// The only statuses whose tensors are stored packed.
+const PACKED_STATUSES: [&str; 2] = ["compressed", "frozen"];
+
+/// Checks a compressed-tensors `quantization_config` (at `prefix`) against
+/// what the reader implements, naming the first key that asks for anything
+/// else: MXFP4 weights (4-bit floats, symmetric, one scale per group of
+/// 32 along a row) and nothing on activations or the KV cache. Which
+/// modules are quantized (`targets`, `ignore`) is not checked against the
+/// tensors: the tensors say it themselves (a module with `weight_packed`
+/// and no `weight` is read as MXFP4, any other as stored), so the lists
+/// only need to be lists of names.
+fn check_quantization(quant: &Map<String, Value>, prefix: &str) -> Result<()> {
+    let cfg = At { map: quant, prefix: prefix.to_owned() };
+    let method = cfg.str("quant_method")?.ok_or_else(|| Error::MissingField { field: cfg.name("quant_method") })?;
+    if method != QUANT_METHOD {
+        return Err(Error::invalid(
+            cfg.name("quant_method"),
+            format!("{method:?}: K3 is read as {QUANT_METHOD:?} only"),
+        ));
+    }
+    cfg.check_format()?;
+    if let Some(status) = cfg.str("quantization_status")?
+        && !PACKED_STATUSES.contains(&status)
+    {
+        return Err(Error::invalid(
+            cfg.name("quantization_status"),
+            format!("{status:?}: only packed weights ({PACKED_STATUSES:?}) are read"),
+        ));
+    }
+    for key in ["kv_cache_scheme", "sparsity_config", "transform_config"] {
+        if let Some(v) = cfg.get(key)
+            && v.as_object().is_none_or(|o| !o.is_empty())
+        {
+            return Err(Error::invalid(cfg.name(key), format!("{v}: not implemented (only null is)")));
+        }
+    }
+    cfg.check_names("ignore")?;
+    let groups =
+        cfg.object("config_groups")?.ok_or_else(|| Error::MissingField { field: cfg.name("config_groups") })?;
+    for (group_name, group) in groups {
+        let group_field = cfg.name(&format!("config_groups.{group_name}"));
+        let group = group
+            .as_object()
+            .ok_or_else(|| Error::invalid(&group_field, format!("expected an object, got {group}")))?;
+        let scheme = At { map: group, prefix: format!("{group_field}.") };
+        scheme.check_format()?;
+        scheme.check_names("targets")?;
+        for key in ["input_activations", "output_activations"] {
+            if let Some(v) = scheme.get(key) {
+                return Err(Error::invalid(scheme.name(key), format!("{v}: only weight quantization is implemented")));
+            }
+        }
+        scheme.check_keys(&SCHEME_KEYS)?;
+        let weights = scheme.object("weights")?.ok_or_else(|| Error::MissingField { field: scheme.name("weights") })?;
+        check_mxfp4_args(&At { map: weights, prefix: scheme.name("weights.") })?;
+    }
+    Ok(())
+}
+
+/// A config object and the prefix its keys are named by (built at run
+/// time: a config group's name is the checkpoint's).
+struct At<'a> {
+    map: &'a Map<String, Value>,
+    prefix: String,
+}
+
+impl<'a> At<'a> {
+    fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// `key`'s value; null reads as absent, as compressed-tensors writes
+    /// its unset fields.
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn str(&self, key: &str) -> Result<Option<&'a str>> {
+        self.get(key)
+            .map(|v| v.as_str().ok_or_else(|| Error::invalid(self.name(key), format!("expected a string, got {v}"))))
+            .transpose()
+    }
+
+    fn object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>> {
+        self.get(key)
+            .map(|v| {
+                v.as_object().ok_or_else(|| Error::invalid(self.name(key), format!("expected an object, got {v}")))
+            })
+            .transpose()
+    }
+
+    /// `format`, if given, is MXFP4's.
+    fn check_format(&self) -> Result<()> {
+        match self.str("format")? {
+            None | Some(MXFP4_FORMAT) => Ok(()),
+            Some(other) => {
+                Err(Error::invalid(self.name("format"), format!("{other:?}: only {MXFP4_FORMAT:?} is implemented")))
+            }
+        }
+    }
+
+    /// `key`, if given, is a list of module names or patterns.
+    fn check_names(&self, key: &str) -> Result<()> {
+        match self.get(key) {
+            Some(Value::Array(items)) if items.iter().all(Value::is_string) => Ok(()),
+            Some(v) => Err(Error::invalid(self.name(key), format!("expected a list of names, got {v}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Every key is one of `known`.
+    fn check_keys(&self, known: &[&str]) -> Result<()> {
+        match self.map.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(unknown) => Err(Error::invalid(self.name(unknown), "not a key K3's reader knows")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A quantization scheme's keys (compressed-tensors `QuantizationScheme`).
+const SCHEME_KEYS: [&str; 5] = ["targets", "weights", "input_activations", "output_activations", "format"];
+
+/// compressed-tensors `QuantizationArgs` of MXFP4 weights: what each key
+/// must say, and whether it must be given (`num_bits`, `type` and
+/// `group_size` default to int8 per channel; `symmetric` defaults to true
+/// and `strategy` follows from `group_size`).
+fn mxfp4_args() -> [(&'static str, Value, bool); 5] {
+    [
+        ("num_bits", json!(4), true),
+        ("type", json!("float"), true),
+        ("group_size", json!(32), true),
+        ("symmetric", json!(true), false),
+        ("strategy", json!("group"), false),
+    ]
+}
+
+/// The other keys: `dynamic` (checked below) and those that only say how
+/// the weights were calibrated or which dtype their scales had, which the
+/// stored bytes already fix.
+const OTHER_ARGS: [&str; 6] = ["dynamic", "observer", "observer_kwargs", "actorder", "scale_dtype", "zp_dtype"];
+
+fn check_mxfp4_args(args: &At<'_>) -> Result<()> {
+    let mxfp4 = mxfp4_args();
+    for (key, want, required) in &mxfp4 {
+        match args.get(key) {
+            Some(v) if v != want => {
+                return Err(Error::invalid(args.name(key), format!("{v}: MXFP4 is {want}")));
+            }
+            None if *required => return Err(Error::MissingField { field: args.name(key) }),
+            _ => {}
+        }
+    }
+    if let Some(v) = args.get("dynamic")
+        && v != &Value::Bool(false)
+    {
+        return Err(Error::invalid(args.name("dynamic"), format!("{v}: the weights' scales are stored (false)")));
+    }
+    let known: Vec<&str> = mxfp4.iter().map(|(key, ..)| *key).chain(OTHER_ARGS).collect();
+    args.check_keys(&known)
+}
 
 /// The hub's names (k3.c `model_init`, `expert_table_init`): the text model
 /// under `language_model.`, Kimi-Linear's module names below it.
@@ -142,6 +325,15 @@ impl FamilyDef for KimiK3 {
         // k3.c applies none: K3's must be given (docs/kimi_k3.md, point 1).
         if !text.contains_key("routed_scaling_factor") {
             return Err(Error::MissingField { field: format!("{prefix}routed_scaling_factor") });
+        }
+        let top = Fields { map: root, prefix: "" };
+        if let Some(quant) = top.object("quantization_config")? {
+            check_quantization(quant, "quantization_config.")?;
+        }
+        if !prefix.is_empty()
+            && let Some(quant) = (Fields { map: text, prefix }).object("quantization_config")?
+        {
+            check_quantization(quant, &format!("{prefix}quantization_config."))?;
         }
         let map = kimi_linear::normalized(text, prefix)?;
         let cfg = Fields { map: &map, prefix };
