@@ -40,7 +40,16 @@ pub const FAMILIES: &[&str] = &[
     "deepseek_v4",
     "inkling",
     "glm5_next",
+    "kimi_k3",
 ];
+/// Families whose reference is a script of their own rather than transformers through
+/// gen_fixtures.py (transformers has no Kimi K3): stage 1 runs `SCRIPT OUT/FAMILY` (block fixtures) and
+/// `SCRIPT --model OUT/FAMILY`, stage 2 `SCRIPT --quantized QUANT CKPT OUT/FAMILY`.
+const OWN_REFERENCES: [(&str, &str); 1] = [("kimi_k3", "kimi_k3_ref.py")];
+
+fn own_reference(family: &str) -> Option<&'static str> {
+    OWN_REFERENCES.iter().find(|(f, _)| *f == family).map(|(_, script)| *script)
+}
 /// Reference scripts run with the full set in stage 1: the demo model's
 /// logits (testdata/demo) and transformers' tokenizer and chat-template
 /// renderings (testdata/templates, testdata/tokenizer).
@@ -165,12 +174,21 @@ pub fn run(args: &[String]) -> Result<()> {
 
     if opts.stage1 {
         println!("fixtures: stage 1 ({})", opts.families.join(", "));
-        let mut cmd = python_cmd(&python, &script);
-        cmd.arg("stage1").args(&py_common);
-        for f in &opts.families {
-            cmd.args(["--family", f]);
+        let (own, transformers): (Vec<&String>, Vec<&String>) =
+            opts.families.iter().partition(|f| own_reference(f).is_some());
+        if !transformers.is_empty() {
+            let mut cmd = python_cmd(&python, &script);
+            cmd.arg("stage1").args(&py_common);
+            for f in transformers {
+                cmd.args(["--family", f]);
+            }
+            run_cmd(&mut cmd, &root)?;
         }
-        run_cmd(&mut cmd, &root)?;
+        for f in own {
+            let own_script = script_dir.join(own_reference(f).context("partitioned by own_reference")?);
+            run_cmd(python_cmd(&python, &own_script).arg(out.join(f)), &root)?;
+            run_cmd(python_cmd(&python, &own_script).arg("--model").arg(out.join(f)), &root)?;
+        }
         // The demo model's references and the tokenizer/chat-template
         // fixtures belong to no family: regenerated with the full set.
         if opts.families.len() == FAMILIES.len() {
@@ -205,8 +223,19 @@ pub fn run(args: &[String]) -> Result<()> {
                 let exported = tmp.join(format!("{q}_hf"));
                 run_cmd(Command::new(&strata).arg("convert").arg(&hf).arg(&converted).args(["--quant", q]), &root)?;
                 run_cmd(Command::new(&strata).arg("export").arg(&converted).arg(&exported), &root)?;
-                let mut cmd = python_cmd(&python, &script);
-                cmd.arg("stage2").args(&py_common).args(["--family", f, "--quant", q]).arg("--ckpt").arg(&exported);
+                let mut cmd = match own_reference(f) {
+                    Some(own_script) => {
+                        let mut cmd = python_cmd(&python, &script_dir.join(own_script));
+                        cmd.args(["--quantized", q]).arg(&exported).arg(out.join(f));
+                        cmd
+                    }
+                    None => {
+                        let mut cmd = python_cmd(&python, &script);
+                        cmd.arg("stage2").args(&py_common).args(["--family", f, "--quant", q]);
+                        cmd.arg("--ckpt").arg(&exported);
+                        cmd
+                    }
+                };
                 run_cmd(&mut cmd, &root)?;
             }
         }

@@ -25,6 +25,14 @@ use strata_kernels::simd::{Isa, IsaLevel};
 
 const FAMILIES: &[&str] = families::CHECKED;
 
+/// Checked families left out here until their hashes are recorded on the
+/// tier CI compares (avx512): kimi_k3 joined `CHECKED` on a machine without
+/// AVX-512, so its avx512 hashes could not be measured, and with it the
+/// count of hashes would no longer match. To add it, empty this list and on
+/// an AVX-512 machine run `STRATA_RECORD_LOGIT_HASHES=1 cargo test -p
+/// strata-engine --test logit_hashes` (only kimi_k3's lines should change).
+const NOT_YET_RECORDED: &[&str] = &["kimi_k3"];
+
 const PRESETS: [(&str, QuantPreset); 3] = [("f32", QuantPreset::F32), ("q8", QuantPreset::Q8), ("q4", QuantPreset::Q4)];
 
 const PROMPTS: [&[u32]; 2] = [&[5, 9, 14, 2, 77, 31, 8], &[101, 3, 60]];
@@ -95,7 +103,7 @@ fn batch(engine: &Engine) -> Vec<f32> {
 /// `family preset scenario` → hash, for every family and preset.
 fn measure() -> BTreeMap<String, String> {
     let mut hashes = BTreeMap::new();
-    for &family in FAMILIES {
+    for &family in FAMILIES.iter().filter(|family| !NOT_YET_RECORDED.contains(family)) {
         for (preset_name, preset) in PRESETS {
             let dir = tempfile::tempdir().unwrap();
             let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(family).join("hf");

@@ -206,6 +206,24 @@ const QUANT_TOLERANCE_STD: f32 = 1e-3;
 /// carries each token's activation rounding into every later token: measured
 /// 0.7–1.5e-3 std over the fixtures' 10 tokens, growing with the position.
 const QUANT_RECURRENT_TOLERANCE_STD: f32 = 3e-3;
+/// The same for Kimi K3, whose KDA state carries the rounding as above and
+/// whose Attention Residuals re-weight every block snapshot by a softmax of
+/// rounded activations before each attention and MLP: measured 3.9e-3 std
+/// at q8 and 1.5e-3 at q4 over its fixture's 11 tokens.
+const QUANT_ATTN_RES_TOLERANCE_STD: f32 = 5e-3;
+const ATTN_RES_FAMILIES: [&str; 1] = ["kimi_k3"];
+
+/// The quantized containers' tolerance for `family` (opened as `engine`),
+/// as a fraction of the reference logits' std.
+fn quant_tolerance_std(family: &str, engine: &Engine) -> f32 {
+    if ATTN_RES_FAMILIES.contains(&family) {
+        QUANT_ATTN_RES_TOLERANCE_STD
+    } else if engine.arch().first_gdn().is_some() {
+        QUANT_RECURRENT_TOLERANCE_STD
+    } else {
+        QUANT_TOLERANCE_STD
+    }
+}
 
 #[test]
 fn quantized_containers_match_transformers_on_their_dequantized_weights() {
@@ -216,9 +234,7 @@ fn quantized_containers_match_transformers_on_their_dequantized_weights() {
             let dir = convert(family, "hf", preset);
             let engine = engine(&dir, 1 << 30, 2);
             let got = engine.logits(&r.prompt).unwrap();
-            let recurrent = engine.arch().first_gdn().is_some();
-            let tolerance =
-                if recurrent { QUANT_RECURRENT_TOLERANCE_STD } else { QUANT_TOLERANCE_STD } * std_dev(&want);
+            let tolerance = quant_tolerance_std(family, &engine) * std_dev(&want);
             let diff = max_abs_diff(&got, &want);
             eprintln!("{family} {preset:?}: max |Δlogit| {diff:.3e} = {:.2e} std", diff / std_dev(&want));
             assert!(diff <= tolerance, "{family} {preset:?}: max |Δlogit| {diff} > {tolerance}");
@@ -244,6 +260,11 @@ const INT8_VS_Q8_WEIGHTS_MAX: f32 = 1.5;
 /// more than rounding does (glm_moe_dsa q4: 4.6 times).
 const INT8_VS_Q8_WEIGHTS_TOKEN_PICKING_MAX: f32 = 6.0;
 const TOKEN_PICKING_FAMILIES: [&str; 1] = ["glm_moe_dsa"];
+
+/// The same for the families with Attention Residuals (`ATTN_RES_FAMILIES`),
+/// whose softmax mixes of block snapshots amplify any rounding of the
+/// activations they are computed from (kimi_k3: 2.5 times at q8, 2.1 at q4).
+const INT8_VS_Q8_WEIGHTS_ATTN_RES_MAX: f32 = 3.0;
 
 /// Greedy tokens compared between the exact and the int8 path.
 const INT8_GREEDY_TOKENS: usize = 64;
@@ -299,6 +320,8 @@ fn int8_activations_cost_against_transformers_is_bounded() {
             );
             let bound = if TOKEN_PICKING_FAMILIES.contains(&family) {
                 INT8_VS_Q8_WEIGHTS_TOKEN_PICKING_MAX
+            } else if ATTN_RES_FAMILIES.contains(&family) {
+                INT8_VS_Q8_WEIGHTS_ATTN_RES_MAX
             } else {
                 INT8_VS_Q8_WEIGHTS_MAX
             };
@@ -398,9 +421,7 @@ fn every_family_through_the_gpu_equals_the_cpu_bit_for_bit() {
             let got = gpu.logits(&r.prompt).unwrap();
             assert_eq!(bits(&got), bits(&cpu.logits(&r.prompt).unwrap()), "{family} {preset:?}: the CPU's logits");
             let (_, want) = reference_logits(family, file);
-            let recurrent = cpu.arch().first_gdn().is_some();
-            let tolerance =
-                if recurrent { QUANT_RECURRENT_TOLERANCE_STD } else { QUANT_TOLERANCE_STD } * std_dev(&want);
+            let tolerance = quant_tolerance_std(family, &cpu) * std_dev(&want);
             assert!(max_abs_diff(&got, &want) <= tolerance, "{family} {preset:?}: within the CPU's tolerance");
             let options = GenerateOptions { max_new_tokens: 8, ignore_eos: true, ..GenerateOptions::default() };
             let greedy = |e: &Engine| e.session().generate(&r.prompt, &options, |_| ControlFlow::Continue(())).unwrap();

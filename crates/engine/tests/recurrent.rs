@@ -1,6 +1,6 @@
 //! State beyond rows per token through everything that splits a sequence,
 //! on the real fixtures: the hybrid families' recurrent state (Qwen3-Next,
-//! Qwen3.5, the Kimi Delta Attention of Kimi Linear and GLM-5.3-Flash, the
+//! Qwen3.5, the Kimi Delta Attention of Kimi Linear, Kimi K3 and GLM-5.3-Flash, the
 //! latter's pooled indexer keys with their open pool), gpt-oss's
 //! sliding-window ring (a window of 6, shorter than the prompt),
 //! DeepSeek V4's ring of 4 beside its compressors' open windows, and
@@ -15,8 +15,17 @@ use std::path::Path;
 use strata_engine::{Engine, EngineOptions, GenerateOptions, Session};
 use strata_format::{ConvertOptions, QuantPreset};
 
-const FAMILIES: [&str; 8] =
-    ["qwen3_next", "qwen3_5_moe", "gpt_oss", "kimi_linear", "glm5_next", "deepseek_v4", "inkling", "qwen4_exp"];
+const FAMILIES: [&str; 9] = [
+    "qwen3_next",
+    "qwen3_5_moe",
+    "gpt_oss",
+    "kimi_linear",
+    "glm5_next",
+    "deepseek_v4",
+    "inkling",
+    "qwen4_exp",
+    "kimi_k3",
+];
 const PROMPT: [u32; 9] = [17, 44, 5, 230, 91, 12, 150, 7, 66];
 
 fn engine(dir: &Path, family: &str, prefill_chunk_tokens: Option<usize>) -> Engine {

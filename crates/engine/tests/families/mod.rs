@@ -17,4 +17,5 @@ pub const CHECKED: &[&str] = &[
     "deepseek_v4",
     "inkling",
     "glm5_next",
+    "kimi_k3",
 ];
