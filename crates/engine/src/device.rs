@@ -30,12 +30,13 @@ impl DeviceKind {
     }
 
     /// The models' request for this device within `vram_budget`, which
-    /// only a GPU reads.
+    /// only a GPU reads (`auto`: wgpu sets no cap, CUDA shares the free
+    /// memory less a reserve).
     pub fn request(self, vram_budget: VramBudget) -> DeviceRequest {
         match self {
             DeviceKind::Cpu => DeviceRequest::Cpu,
             DeviceKind::Gpu => DeviceRequest::Gpu { vram_budget_bytes: vram_budget.bytes() },
-            DeviceKind::Cuda { ordinal } => DeviceRequest::Cuda { ordinal },
+            DeviceKind::Cuda { ordinal } => DeviceRequest::Cuda { ordinal, vram_budget_bytes: vram_budget.bytes() },
         }
     }
 }

@@ -85,11 +85,12 @@ pub struct RunStats {
     pub ple_bytes_read: u64,
     /// The tier of routed experts in VRAM (`--device gpu`; zeros without):
     /// lookups it held and did not, bytes of experts copied to the device,
-    /// and the time those copies took.
+    /// the time those copies took, and uploads refused for want of memory.
     pub vram_expert_hits: u64,
     pub vram_expert_misses: u64,
     pub vram_bytes_uploaded: u64,
     pub vram_upload_stall_ms: f64,
+    pub vram_refused_uploads: u64,
     /// One entry per forward pass: the prompt's prefill, then each decoded token.
     pub per_token: Vec<StepStats>,
 }
@@ -188,6 +189,7 @@ impl Counters {
         stats.vram_expert_misses = now.vram.misses - self.vram.misses;
         stats.vram_bytes_uploaded = now.vram.bytes_uploaded - self.vram.bytes_uploaded;
         stats.vram_upload_stall_ms = (now.vram.upload_stall_ns - self.vram.upload_stall_ns) as f64 / 1e6;
+        stats.vram_refused_uploads = now.vram.refused_uploads - self.vram.refused_uploads;
         stats.ram_budget_bytes = engine.budget().total_bytes;
         stats.peak_rss_bytes = strata_tier::peak_rss_bytes();
         stats.decode_tokens_per_s = stats.decode_tokens_per_s();

@@ -485,7 +485,7 @@ fn cuda_is_refused_naming_what_is_missing_or_gives_the_cpus_logits() {
     let options = EngineOptions {
         threads: 2,
         expert_cache_bytes: Some(1 << 30),
-        device: DeviceRequest::Cuda { ordinal: 0 },
+        device: DeviceRequest::Cuda { ordinal: 0, vram_budget_bytes: None },
         ..EngineOptions::default()
     };
     let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

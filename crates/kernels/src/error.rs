@@ -77,6 +77,10 @@ pub enum Error {
     /// The GPU refused a device or a buffer.
     #[error("GPU: {reason}")]
     Gpu { reason: String },
+    /// The GPU had no memory left for a buffer (wgpu's out-of-memory error
+    /// scope): the matrix stays on the host.
+    #[error("GPU out of memory for {what}: {bytes} bytes")]
+    GpuOutOfMemory { what: &'static str, bytes: u64 },
 }
 
 /// `Result` with this crate's [`Error`].

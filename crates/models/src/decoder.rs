@@ -192,7 +192,9 @@ impl Decoder {
         let mut backend = match request {
             DeviceRequest::Cpu => Backend::cpu(Arc::clone(&container)),
             DeviceRequest::Gpu { vram_budget_bytes } => Backend::gpu(Arc::clone(&container), vram_budget_bytes)?,
-            DeviceRequest::Cuda { ordinal } => Backend::cuda(Arc::clone(&container), ordinal)?,
+            DeviceRequest::Cuda { ordinal, vram_budget_bytes } => {
+                Backend::cuda(Arc::clone(&container), ordinal, vram_budget_bytes)?
+            }
         };
         let b = &mut backend;
         let h = arch.core.hidden_size;

@@ -35,7 +35,8 @@ impl VramExperts<'_> {
 
     /// `key`'s matrices from `record` uploaded (and held if the tier makes
     /// room), or `None` where they stay on the CPU: the tier could never
-    /// hold the record, or a matrix has no device kernel. Charged the
+    /// hold the record, a matrix has no device kernel, or the device is out
+    /// of memory (counted, and said once). Charged the
     /// record's length, an upper bound of its buffers on the device.
     pub(crate) fn upload(
         &self,
@@ -60,7 +61,16 @@ impl VramExperts<'_> {
                 self.device.upload(down)?,
             ])
         })();
-        let Ok(on_device) = uploaded else { return Ok(None) };
+        let on_device = match uploaded {
+            Ok(on_device) => on_device,
+            Err(e @ strata_kernels::Error::GpuOutOfMemory { .. }) => {
+                if self.tier.refuse() {
+                    tracing::warn!("{e}: routed experts the device refuses run on the CPU (counted in the run stats)");
+                }
+                return Ok(None);
+            }
+            Err(_) => return Ok(None),
+        };
         Ok(Some(self.tier.admit(key, on_device, record.len(), started.elapsed())))
     }
 

@@ -95,6 +95,9 @@ pub struct DeviceTierStats {
     pub evictions: u64,
     /// Time spent uploading: compute on the device waited for it.
     pub upload_stall_ns: u64,
+    /// Uploads the device refused (out of memory): those experts ran on
+    /// the CPU from their records.
+    pub refused_uploads: u64,
     /// Bytes of experts held now, and the most the tier may hold.
     pub held_bytes: usize,
     pub capacity_bytes: usize,
@@ -149,6 +152,17 @@ impl<V> DeviceTier<V> {
     /// that could not is wasted.
     pub fn could_hold(&self, bytes: usize) -> bool {
         bytes <= self.capacity_bytes
+    }
+
+    /// Counts an upload the device refused; whether it is the first, which
+    /// the run reports (once: later ones are only counted).
+    pub fn refuse(&self) -> bool {
+        let mut first = false;
+        self.count(|s| {
+            first = s.refused_uploads == 0;
+            s.refused_uploads += 1;
+        });
+        first
     }
 
     /// The copy `upload` made of `key`, `bytes` long and taking `took`,

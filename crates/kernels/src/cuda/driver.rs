@@ -14,6 +14,8 @@ pub struct CudaDevice {
     /// The device's name and ordinal, as a start-up line shows it.
     name: String,
     total_bytes: u64,
+    /// Free at opening (cuMemGetInfo), what `--vram-budget auto` shares.
+    free_bytes: u64,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -39,8 +41,9 @@ impl CudaDevice {
         }
         let context = CudaContext::new(ordinal).map_err(refused)?;
         let name = format!("{} (cuda:{ordinal})", context.name().map_err(refused)?);
-        let total_bytes = context.total_mem().map_err(refused)? as u64;
-        Ok(Self { _context: context, name, total_bytes })
+        let (free_bytes, total_bytes) = context.mem_get_info().map_err(refused)?;
+        let (free_bytes, total_bytes) = (free_bytes as u64, total_bytes as u64);
+        Ok(Self { _context: context, name, total_bytes, free_bytes })
     }
 
     /// The device's name and ordinal.
@@ -48,9 +51,15 @@ impl CudaDevice {
         &self.name
     }
 
-    /// The device's memory in bytes (what `--vram-budget auto` may share).
+    /// The device's memory in bytes.
     pub fn total_bytes(&self) -> u64 {
         self.total_bytes
+    }
+
+    /// The bytes free when the device was opened (what `--vram-budget auto`
+    /// shares, [`super::auto_vram_budget_bytes`]).
+    pub fn free_bytes(&self) -> u64 {
+        self.free_bytes
     }
 }
 
@@ -68,7 +77,9 @@ mod tests {
                 let said = Error::NoCudaDriver { library }.to_string();
                 assert!(said.contains("libcuda") || said.contains("nvcuda"), "{said}");
             }
-            Ok(device) => assert!(device.total_bytes() > 0 && device.name().contains("cuda:0"), "{device:?}"),
+            Ok(device) => {
+                assert!(device.free_bytes() <= device.total_bytes() && device.name().contains("cuda:0"), "{device:?}")
+            }
             Err(e) => eprintln!("CUDA test skipped: {e}"),
         }
     }

@@ -24,4 +24,8 @@ impl CudaDevice {
     pub fn total_bytes(&self) -> u64 {
         match self.never {}
     }
+
+    pub fn free_bytes(&self) -> u64 {
+        match self.never {}
+    }
 }

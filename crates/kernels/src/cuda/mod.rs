@@ -23,6 +23,41 @@ pub use missing::CudaDevice;
 /// The driver's library, as a refusal names it.
 pub const DRIVER_LIBRARY: &str = if cfg!(windows) { "nvcuda.dll" } else { "libcuda.so (the NVIDIA driver)" };
 
+/// The VRAM `--vram-budget auto` gives the model on a CUDA device with
+/// `free_bytes` free of `total_bytes` (cuMemGetInfo): the free bytes less a
+/// reserve for the driver, the kernels' scratch and the activations, the
+/// larger of 1 GiB and 5% of the device (a floor for small cards, a share
+/// for large ones); zero where less than that is free.
+pub fn auto_vram_budget_bytes(free_bytes: u64, total_bytes: u64) -> u64 {
+    const RESERVE_FLOOR_BYTES: u64 = 1 << 30;
+    let reserve_bytes = RESERVE_FLOOR_BYTES.max(total_bytes / 20);
+    free_bytes.saturating_sub(reserve_bytes)
+}
+
+#[cfg(test)]
+mod auto_budget_tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn auto_vram_budget_keeps_a_gib_on_small_cards_and_five_percent_on_large() {
+        // 8 GiB card, 7 GiB free: 5% is 0.4 GiB, so the 1 GiB floor applies.
+        assert_eq!(auto_vram_budget_bytes(7 * GIB, 8 * GIB), 6 * GIB);
+        // 140 GiB card (H200-like), all free: 5% is 7 GiB.
+        assert_eq!(auto_vram_budget_bytes(140 * GIB, 140 * GIB), 133 * GIB);
+        // 20 GiB is exactly where the share meets the floor.
+        assert_eq!(auto_vram_budget_bytes(20 * GIB, 20 * GIB), 19 * GIB);
+    }
+
+    #[test]
+    fn auto_vram_budget_is_zero_when_less_than_the_reserve_is_free() {
+        assert_eq!(auto_vram_budget_bytes(GIB / 2, 8 * GIB), 0);
+        assert_eq!(auto_vram_budget_bytes(0, 0), 0);
+        assert_eq!(auto_vram_budget_bytes(u64::MAX, u64::MAX), u64::MAX - u64::MAX / 20);
+    }
+}
+
 #[cfg(all(test, not(feature = "cuda")))]
 mod tests {
     use super::*;

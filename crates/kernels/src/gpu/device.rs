@@ -348,11 +348,19 @@ impl Device {
             });
         }
         let word = [0u8; size_of::<u32>()];
-        Ok(self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        // wgpu gives no size of free VRAM (`--vram-budget auto` sets no cap):
+        // a refused allocation is caught here, so that the matrix stays on
+        // the host rather than the device being lost.
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(what),
             contents: if contents.is_empty() { &word } else { contents },
             usage: wgpu::BufferUsages::STORAGE,
-        }))
+        });
+        match pollster::block_on(scope.pop()) {
+            None => Ok(buffer),
+            Some(_) => Err(Error::GpuOutOfMemory { what, bytes }),
+        }
     }
 }
 

@@ -43,10 +43,12 @@ pub struct Gpu {
     on_device: Vec<Option<DeviceMatrix>>,
     bytes_on_device: u64,
     /// Matrices kept on the host: no kernel for their format, over the
-    /// budget, or larger than one of the device's buffers.
+    /// budget, larger than one of the device's buffers, or refused by a
+    /// device out of memory.
     no_kernel: usize,
     over_budget: usize,
     too_large: usize,
+    out_of_memory: usize,
     /// The routed experts in VRAM, made at the first MoE layer (once every
     /// dense matrix has taken its share of the budget).
     experts: OnceLock<DeviceTier<ExpertOnDevice>>,
@@ -65,6 +67,7 @@ impl Gpu {
             no_kernel: 0,
             over_budget: 0,
             too_large: 0,
+            out_of_memory: 0,
             experts: OnceLock::new(),
         })
     }
@@ -97,6 +100,10 @@ impl Gpu {
             }
             Err(KernelError::GpuUnsupported { .. }) => {
                 self.no_kernel += 1;
+                None
+            }
+            Err(KernelError::GpuOutOfMemory { .. }) => {
+                self.out_of_memory += 1;
                 None
             }
             Err(_) => {
@@ -185,6 +192,9 @@ impl Gpu {
         }
         if self.too_large > 0 {
             kept.push(format!("{} matrices larger than the device's buffers", self.too_large));
+        }
+        if self.out_of_memory > 0 {
+            kept.push(format!("{} matrices the device had no memory for", self.out_of_memory));
         }
         kept.push(
             "attention, norms, routing, residual-stream mixes, row-block products, and the routed experts the VRAM \

@@ -75,9 +75,11 @@ pub enum DeviceRequest {
     /// The first GPU adapter, holding at most `vram_budget_bytes` of
     /// matrices (`None`: all it takes); the rest on the CPU.
     Gpu { vram_budget_bytes: Option<u64> },
-    /// The NVIDIA GPU of ordinal `ordinal` (`cuda::Cuda`): opened, and the
+    /// The NVIDIA GPU of ordinal `ordinal` (`cuda::Cuda`) with at most
+    /// `vram_budget_bytes` (`None`: the free memory less a reserve,
+    /// `strata_kernels::cuda::auto_vram_budget_bytes`): opened, and the
     /// model run on the CPU, as said at start.
-    Cuda { ordinal: usize },
+    Cuda { ordinal: usize, vram_budget_bytes: Option<u64> },
 }
 
 /// A `[rows, cols]` matrix the backend holds.
@@ -580,8 +582,8 @@ impl Backend {
 
     /// The CUDA backend on the NVIDIA GPU of ordinal `ordinal`; fails where
     /// the driver or the device is missing, or the build has no CUDA support.
-    pub fn cuda(container: Arc<Container>, ordinal: usize) -> Result<Self> {
-        Ok(Backend::Cuda(cuda::Cuda::new(container, ordinal)?))
+    pub fn cuda(container: Arc<Container>, ordinal: usize, vram_budget_bytes: Option<u64>) -> Result<Self> {
+        Ok(Backend::Cuda(cuda::Cuda::new(container, ordinal, vram_budget_bytes)?))
     }
 
     fn container(&self) -> &Container {
