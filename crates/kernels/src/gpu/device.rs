@@ -189,6 +189,12 @@ impl Device {
     pub fn matmul(&self, m: &DeviceMatrix, precision: ActivationPrecision, xs: &[f32], n: usize, ys: &mut [f32]) {
         assert_eq!(Some(xs.len()), n.checked_mul(m.cols), "device matmul: xs must be [n, cols]");
         assert_eq!(Some(ys.len()), n.checked_mul(m.rows), "device matmul: ys must be [n, rows]");
+        if m.cols == 0 {
+            // An empty sum: `xs` has no elements to chunk by token, so no
+            // dispatch would write `ys`.
+            ys.fill(0.0);
+            return;
+        }
         for (xs, ys) in token_chunks(xs, m.cols, ys, m.rows) {
             let n = xs.len() / m.cols.max(1);
             let acts = self.upload_acts(m.layout, precision, xs, n, m.cols);
