@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use strata_engine::{ByteSize, Engine, GenerateOptions, SamplingDefaults};
 use strata_format::{ConvertOptions, QuantPreset, SynthOptions};
 use strata_hub::{self as hub, ModelName, default_cache_dir, resolve_model};
-use strata_text::TextModel;
+use strata_text::{TOKENIZER_FILE, TextModel};
 
 use crate::cli::{Cli, Command, RunArgs, TraceCommand, WorkersArgs};
 
@@ -102,6 +102,9 @@ pub fn run(cli: Cli) -> Result<()> {
                 anyhow::bail!("no tokens and no session to continue (give --tokens or --prompt)");
             }
             let model_dir = model(model_dir.dir())?;
+            if prompt_text.is_some() {
+                require_tokenizer(&model_dir, "--prompt")?;
+            }
             // The same defaults as `chat` and `serve`: generation_config.json
             // next to the tokenizer, which `generate` takes from the container.
             let sampling = sampling.resolve(&SamplingDefaults::from_dir(&model_dir))?;
@@ -338,9 +341,23 @@ fn ago(seconds: u64) -> String {
     }
 }
 
+/// Refuses `what` on a model without a tokenizer before the model is
+/// opened: opening reads every expert that fits the budget (gigabytes, tens
+/// of seconds, for a large model) before the text side would be read.
+fn require_tokenizer(model_dir: &Path, what: &str) -> Result<()> {
+    if !model_dir.join(TOKENIZER_FILE).exists() {
+        anyhow::bail!(
+            "{} has no {TOKENIZER_FILE}, which {what} needs: this model takes token ids only (generate --tokens)",
+            model_dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// Perplexity of `text_file`: teacher-forced in windows of the model's
 /// context, each window predicting its own tokens after the first.
 fn perplexity(model_dir: &Path, text_file: &Path, json: bool, run: &RunArgs) -> Result<()> {
+    require_tokenizer(model_dir, "perplexity")?;
     let engine = open(model_dir, run)?;
     let text_model = TextModel::load(&engine)?;
     let text = std::fs::read_to_string(text_file).with_context(|| format!("reading {}", text_file.display()))?;

@@ -545,6 +545,28 @@ fn info_reports_the_ple_table_on_disk_and_state_of_the_published_qwen3_8_flash_n
     assert!(table_rows * 160 > 51_000_000_000, "the 51 B-parameter table");
 }
 
+/// `generate --prompt` and `perplexity` on a model without a tokenizer
+/// opened the model first (a synthetic 18 GiB model read its experts for 23
+/// s) and then named a `--tokenizer` flag they do not have. They now refuse
+/// before opening it: here a budget the model cannot open in would be
+/// refused otherwise.
+#[test]
+fn a_prompt_without_a_tokenizer_is_refused_before_the_model_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("olmoe-q8");
+    let out = strata(&["convert", path(&fixture("olmoe").join("hf")), path(&model), "--quant", "q8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!model.join("tokenizer.json").exists(), "the fixture has no tokenizer");
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "some text to score").unwrap();
+    let tiny_budget = ["--ram-budget", "1KiB"];
+    let generate = strata(&[&["generate", path(&model), "--prompt", "hi"][..], &tiny_budget].concat());
+    assert_clean_failure(&generate, "no tokenizer.json, which --prompt needs");
+    assert!(String::from_utf8_lossy(&generate.stderr).contains("--tokens"), "says what to give instead");
+    let perplexity = strata(&[&["perplexity", path(&model), "--text", path(&text)][..], &tiny_budget].concat());
+    assert_clean_failure(&perplexity, "no tokenizer.json, which perplexity needs");
+}
+
 /// A malformed tokenizer.json was copied by `convert` without a word, and
 /// failed only when the converted model started. `convert` now refuses it
 /// first, in one line naming the file, and converts nothing.
