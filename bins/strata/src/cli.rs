@@ -189,6 +189,10 @@ pub enum Command {
         /// Replace OUT_DIR if it exists.
         #[arg(long)]
         overwrite: bool,
+        /// The hashed n-gram table's base size instead of the model's (qwen3.8-flash-next: its 20000000 makes a
+        /// 51 B-parameter table), so that it fits a disk; the shapes of everything else are kept.
+        #[arg(long, value_name = "N")]
+        ngram_vocab_size_base: Option<u64>,
         out_dir: PathBuf,
     },
     /// Routing traces recorded with `--trace`.

@@ -204,9 +204,16 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Synth { like, layers, quant, seed, overwrite, out_dir } => {
+        Command::Synth { like, layers, quant, seed, overwrite, ngram_vocab_size_base, out_dir } => {
             let preset: QuantPreset = quant.parse()?;
-            let options = SynthOptions { layers, seed, overwrite, progress: true, ..SynthOptions::new(&like, preset) };
+            let options = SynthOptions {
+                layers,
+                seed,
+                overwrite,
+                progress: true,
+                ngram_vocab_size_base,
+                ..SynthOptions::new(&like, preset)
+            };
             let report = strata_format::synth(&out_dir, &options)?;
             println!(
                 "wrote {} (random weights shaped like {like}, {}): dense {}, {} MoE layers of {} per expert, {} in all, in {:.1} s",

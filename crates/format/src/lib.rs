@@ -58,4 +58,4 @@ pub use spec::{
     ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, PleSpec, QkNorm, QsaSpec, ResidualKind, RopeScaling, RopeSpec,
     RouterKind, RouterSpec, ScoringFunc, SharedExperts, SharedKvAttention, ShortConv, SwiGlu,
 };
-pub use synth::{LIKE, SynthOptions, like_config, synth, synth_config};
+pub use synth::{LIKE, SynthOptions, like_config, synth, synth_config, with_ngram_vocab_size_base};

@@ -143,6 +143,10 @@ pub struct SynthOptions {
     pub seed: u64,
     pub progress: bool,
     pub overwrite: bool,
+    /// Replaces the hashed n-gram table's `ngram_vocab_size_base`, so that
+    /// its rows fit a disk (Qwen3.8-Flash-Next's 20 M gives 51 B
+    /// parameters); only for a model with that table.
+    pub ngram_vocab_size_base: Option<u64>,
 }
 
 impl SynthOptions {
@@ -155,6 +159,7 @@ impl SynthOptions {
             seed: 0,
             progress: false,
             overwrite: false,
+            ngram_vocab_size_base: None,
         }
     }
 }
@@ -185,7 +190,30 @@ pub fn like_config(like: &str, layers: Option<usize>) -> Result<String> {
 
 /// Writes a synthetic container to `out_dir`.
 pub fn synth(out_dir: impl AsRef<Path>, options: &SynthOptions) -> Result<ConvertReport> {
-    synth_config(out_dir, like_config(&options.like, options.layers)?, options)
+    let mut config_json = like_config(&options.like, options.layers)?;
+    if let Some(base) = options.ngram_vocab_size_base {
+        config_json = with_ngram_vocab_size_base(&config_json, base)?;
+    }
+    synth_config(out_dir, config_json, options)
+}
+
+/// `config_json` with its hashed n-gram table's `ngram_vocab_size_base`
+/// replaced by `base` (the family then checks it as any config's); an error
+/// for a model without that table.
+pub fn with_ngram_vocab_size_base(config_json: &str, base: u64) -> Result<String> {
+    const KEY: &str = "ngram_vocab_size_base";
+    let invalid = |reason: String| Error::InvalidOption { option: KEY.replace('_', "-"), reason };
+    let mut config: serde_json::Value =
+        serde_json::from_str(config_json).map_err(|source| Error::Json { what: "synth config".into(), source })?;
+    let text = match config.get_mut("text_config") {
+        Some(text) => text,
+        None => &mut config,
+    };
+    match text.get_mut(KEY) {
+        Some(value) => *value = base.into(),
+        None => return Err(invalid("this model has no hashed n-gram table".into())),
+    }
+    Ok(config.to_string())
 }
 
 /// Writes a synthetic container of the model `config_json` describes to
@@ -285,6 +313,24 @@ impl Source for RandomSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bench's Qwen3.8-Flash-Next row shrinks only the n-gram table: the
+    /// published 20 M base gives 51 B parameters, more than a disk spares.
+    #[test]
+    fn the_ngram_base_option_shrinks_only_the_ple_table_and_only_where_there_is_one() {
+        let published = like_config("qwen3.8-flash-next", Some(4)).unwrap();
+        let smaller = with_ngram_vocab_size_base(&published, 2_000_000).unwrap();
+        let (a, b) = (ModelArch::from_config_json(&published).unwrap(), ModelArch::from_config_json(&smaller).unwrap());
+        let bases = |arch: &ModelArch| {
+            arch.layers.iter().filter_map(|l| l.ple.as_ref().map(|p| p.vocab_base)).collect::<Vec<_>>()
+        };
+        assert_eq!((bases(&a), bases(&b)), (vec![20_000_000], vec![2_000_000]));
+        assert_eq!(ModelArch { layers: Vec::new(), ..a }, ModelArch { layers: Vec::new(), ..b }, "the rest unchanged");
+        let err = with_ngram_vocab_size_base(&like_config("inkling", Some(2)).unwrap(), 1000).unwrap_err();
+        assert!(err.to_string().contains("no hashed n-gram table"), "{err}");
+        let too_large = with_ngram_vocab_size_base(&published, u64::MAX).unwrap();
+        assert!(ModelArch::from_config_json(&too_large).is_err(), "the family's limit still holds");
+    }
 
     #[test]
     fn a_synthetic_hash_table_holds_distinct_valid_expert_ids_per_token() {

@@ -114,19 +114,24 @@ pub(crate) fn machine_info() -> Value {
     })
 }
 
-/// A synthetic container under `OUT/models`, made once and reused.
+/// A synthetic container under `OUT/models`, made once and reused; the
+/// streaming model's (`like` the `--stream-like` one) with its n-gram table
+/// base if `--stream-ngram-vocab-size-base` gives one.
 pub(crate) fn synth(bins: &Bins, opts: &Options, like: &str, layers: usize) -> Result<PathBuf> {
-    let dir = opts.out.join("models").join(format!("{like}-l{layers}-q4"));
+    let ngram_base = opts.stream_ngram_vocab_size_base.filter(|_| like == opts.stream_like);
+    let ngram = ngram_base.map(|n| format!("-ngram{n}")).unwrap_or_default();
+    let dir = opts.out.join("models").join(format!("{like}-l{layers}{ngram}-q4"));
     if dir.join("manifest.json").exists() {
         return Ok(dir);
     }
-    eprintln!("synth: {like}, {layers} layers, q4 -> {} (once; reused by later runs)", dir.display());
+    eprintln!("synth: {like}, {layers} layers{ngram}, q4 -> {} (once; reused by later runs)", dir.display());
     let layers = layers.to_string();
-    let status = Command::new(&bins.strata)
-        .args(["synth", "--like", like, "--layers", &layers, "--quant", "q4", "--overwrite"])
-        .arg(&dir)
-        .status()
-        .context("running strata synth")?;
+    let mut cmd = Command::new(&bins.strata);
+    cmd.args(["synth", "--like", like, "--layers", &layers, "--quant", "q4", "--overwrite"]);
+    if let Some(n) = ngram_base {
+        cmd.args(["--ngram-vocab-size-base", &n.to_string()]);
+    }
+    let status = cmd.arg(&dir).status().context("running strata synth")?;
     if !status.success() {
         bail!("strata synth failed with {status}");
     }

@@ -48,6 +48,10 @@ pub(super) struct Cli {
     /// whose shapes the streaming model copies (a `strata synth --like` name, e.g. qwen3.6-35b-a3b)
     #[arg(long, value_name = "NAME", default_value = "qwen3-30b-a3b")]
     stream_like: String,
+    /// the streaming model's hashed n-gram table base size (`strata synth --ngram-vocab-size-base`: qwen3.8-flash-next's
+    /// published 20000000 makes a 51 B-parameter table)
+    #[arg(long, value_name = "N")]
+    stream_ngram_vocab_size_base: Option<u64>,
     /// seconds each run waits for a quiet machine before it runs anyway, its row marked loaded (default 120)
     #[arg(long, value_name = "S", default_value_t = 120)]
     quiet_wait: u64,
@@ -76,6 +80,7 @@ pub(crate) struct Options {
     pub(crate) tokens: usize,
     pub(crate) stream_layers: usize,
     pub(crate) stream_like: String,
+    pub(crate) stream_ngram_vocab_size_base: Option<u64>,
     pub(super) resident_layers: usize,
     pub(crate) out: PathBuf,
     pub(super) peer: Option<String>,
@@ -111,6 +116,7 @@ impl Options {
             tokens: cli.tokens as usize,
             stream_layers: cli.stream_layers,
             stream_like: cli.stream_like,
+            stream_ngram_vocab_size_base: cli.stream_ngram_vocab_size_base,
             resident_layers: cli.resident_layers,
             out: cli.out.unwrap_or_else(|| workspace_root().join("target").join("bench")),
             peer: cli.peer,

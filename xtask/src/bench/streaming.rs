@@ -98,6 +98,8 @@ pub(super) fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) 
         step_ms: Vec<f64>,
         /// Share of the decode steps' time spent waiting on expert reads.
         stall_share: Vec<f64>,
+        /// Bytes of n-gram table rows (PLE) a decode step read.
+        ple_per_token: Vec<f64>,
         curve: Vec<f64>,
     }
     let mut per_io: Vec<PerIo> = STREAM_IO.iter().map(|_| PerIo::default()).collect();
@@ -124,6 +126,9 @@ pub(super) fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) 
             p.stall_share.push(stall_ms / ms.iter().sum::<f64>().max(1e-9));
             p.rates.push(num(&stats, "decode_tokens_per_s")?);
             p.logical_per_token.push(logical / n_steps);
+            // The whole run's rows less the first token's (the prompt's).
+            let ple_bytes = num(&stats, "ple_bytes_read")? - num(&first, "ple_bytes_read")?;
+            p.ple_per_token.push(ple_bytes.max(0.0) / n_steps);
             p.device_per_token.push(((device - first_device) / n_steps).max(0.0));
             p.ttft_cold_ms.push(num(&first, "prefill_ms")?);
             p.ttft_cold_device.push(first_device);
@@ -172,10 +177,18 @@ pub(super) fn suite_streaming(bins: &Bins, opts: &Options, report: &mut Report) 
             ratio: measured / bound,
             goal: Some(0.9),
             note: format!(
-                "model {:.1} GB, {:.1}x the budget; stall {:.0}% of decode time",
+                "model {:.1} GB, {:.1}x the budget; stall {:.0}% of decode time{}",
                 fp.total_bytes / 1e9,
                 fp.total_bytes / budget_bytes,
-                100.0 * median(&p.stall_share)
+                100.0 * median(&p.stall_share),
+                match median(&p.ple_per_token) {
+                    ple if ple > 0.0 => format!(
+                        "; n-gram table rows {:.0} KB a step, {:.1}% of the bytes read",
+                        ple / 1e3,
+                        100.0 * ple / (ple + logical)
+                    ),
+                    _ => String::new(),
+                }
             ),
         });
         // Time rows: the bound is a least time, so ratio = bound / measured.
