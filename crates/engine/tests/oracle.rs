@@ -45,11 +45,19 @@ fn reference(family: &str) -> Reference {
 }
 
 fn convert(family: &str, checkpoint: &str, preset: QuantPreset) -> tempfile::TempDir {
+    convert_with(family, checkpoint, &ConvertOptions::new(preset))
+}
+
+fn convert_with(family: &str, checkpoint: &str, options: &ConvertOptions) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("model");
-    let options = ConvertOptions::new(preset);
-    strata_format::convert(fixture(family).join(checkpoint), &out, &options).unwrap();
+    strata_format::convert(fixture(family).join(checkpoint), dir.path().join("model"), options).unwrap();
     dir
+}
+
+/// `preset`, MXFP4 experts dequantized to its expert format
+/// (`--dequantize-mxfp4`).
+fn dequantizing(preset: QuantPreset) -> ConvertOptions {
+    ConvertOptions { dequantize_mxfp4: true, ..ConvertOptions::new(preset) }
 }
 
 fn engine(dir: &tempfile::TempDir, expert_cache_bytes: u64, threads: usize) -> Engine {
@@ -151,18 +159,16 @@ fn kimi_k3_matches_its_reference_in_one_pass_token_by_token_and_in_chunks() {
 }
 
 /// Kimi K3's hub experts are packed MXFP4 (`weight_packed`/`weight_scale`):
-/// read from the packed checkpoint they are the same weights as the f32
-/// one's (which lie on MXFP4's grid), so every preset gives the same logits
-/// bit for bit.
+/// dequantized at convert they are the same weights as the f32 checkpoint's
+/// (which lie on MXFP4's grid), so every preset gives the same logits bit
+/// for bit.
 #[test]
-fn kimi_k3_packed_mxfp4_experts_convert_as_their_f32_values_bit_for_bit() {
-    let text = std::fs::read_to_string(fixture("kimi_k3").join("reference.json")).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let prompt: Vec<u32> = json["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+fn kimi_k3_packed_mxfp4_experts_dequantized_convert_as_their_f32_values_bit_for_bit() {
+    let prompt = reference("kimi_k3").prompt;
     for preset in [QuantPreset::F32, QuantPreset::Q4] {
-        let [f32_experts, packed] =
-            ["hf", "hf_mxfp4"].map(|hf| engine(&convert("kimi_k3", hf, preset), 1 << 30, 2).logits(&prompt).unwrap());
-        assert_eq!(bits(&packed), bits(&f32_experts), "{preset:?}");
+        let f32_experts = engine(&convert("kimi_k3", "hf", preset), 1 << 30, 2).logits(&prompt).unwrap();
+        let packed = engine(&convert_with("kimi_k3", "hf_mxfp4", &dequantizing(preset)), 1 << 30, 2);
+        assert_eq!(bits(&packed.logits(&prompt).unwrap()), bits(&f32_experts), "{preset:?}");
     }
 }
 
@@ -348,15 +354,16 @@ fn logits_are_bit_identical_with_an_expert_cache_smaller_than_one_layer() {
     }
 }
 
-/// The hub's MXFP4 experts (`*_blocks`/`*_scales`) import as exactly the
-/// model `save_pretrained` writes of them (the fixture's experts are MXFP4
-/// values): the same bits at every position.
+/// The hub's MXFP4 experts (`*_blocks`/`*_scales`), dequantized at
+/// convert, import as exactly the model `save_pretrained` writes of them
+/// (the fixture's experts are MXFP4 values): the same bits at every
+/// position.
 #[test]
-fn gpt_oss_mxfp4_experts_import_as_the_saved_f32_experts_bit_for_bit() {
+fn gpt_oss_mxfp4_experts_dequantized_import_as_the_saved_f32_experts_bit_for_bit() {
     let r = reference("gpt_oss");
     let saved = engine(&convert("gpt_oss", "hf", QuantPreset::F32), 1 << 30, 2).logits(&r.prompt).unwrap();
-    let packed = engine(&convert("gpt_oss", "hf_mxfp4", QuantPreset::F32), 1 << 30, 2).logits(&r.prompt).unwrap();
-    assert!(saved.iter().zip(&packed).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let packed = engine(&convert_with("gpt_oss", "hf_mxfp4", &dequantizing(QuantPreset::F32)), 1 << 30, 2);
+    assert_eq!(bits(&packed.logits(&r.prompt).unwrap()), bits(&saved));
 }
 
 /// DeepSeek V4 stored as its hub checkpoint is (FP8 linears in 128 × 128
