@@ -56,6 +56,11 @@ pub enum Command {
         /// speculative decoding).
         #[arg(long)]
         no_mtp: bool,
+        /// Dequantize routed experts stored MXFP4 (Kimi K3's and gpt-oss's
+        /// hub checkpoints) to --quant's expert format, instead of keeping
+        /// their codes and scales as they are.
+        #[arg(long)]
+        dequantize_mxfp4: bool,
     },
     /// Describe a container: family, shapes, sizes, quantization, hashes.
     #[command(after_help = "Example:\n  strata info --model allenai/OLMoE-1B-7B-0125-Instruct --verify")]

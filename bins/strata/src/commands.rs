@@ -19,12 +19,13 @@ pub fn run(cli: Cli) -> Result<()> {
         Ok(resolve_model(dir.as_deref(), &cache_dir, std::io::stderr().is_terminal(), &allowed)?.container_dir)
     };
     match cli.command {
-        Command::Convert { hf_dir, out_dir, quant, q4_group, overwrite, no_mtp } => {
+        Command::Convert { hf_dir, out_dir, quant, q4_group, overwrite, no_mtp, dequantize_mxfp4 } => {
             let preset: QuantPreset = quant.parse()?;
             let options = ConvertOptions {
                 overwrite,
                 q4_group,
                 drop_mtp: no_mtp,
+                dequantize_mxfp4,
                 progress: true,
                 allow_unknown_config: allowed.clone(),
                 ..ConvertOptions::new(preset)
@@ -617,6 +618,22 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
         "quant         {} (q8 group {}, q4 group {})",
         manifest.quant.preset, manifest.quant.q8_group, manifest.quant.q4_group
     );
+    // Routed experts kept in the checkpoint's own format (MXFP4) rather
+    // than the preset's.
+    let preset = manifest.quant.preset;
+    let kept: std::collections::BTreeSet<String> = arch
+        .expert_layers()
+        .into_iter()
+        .filter_map(|layer| {
+            let format = if layer < arch.layers.len() { preset.expert_format() } else { preset.mtp_expert_format() };
+            Some((format, container.expert_layout(layer).ok()?))
+        })
+        .flat_map(|(format, layout)| layout.components.iter().filter(move |c| c.format != format))
+        .map(|c| c.format.to_string())
+        .collect();
+    if !kept.is_empty() {
+        println!("experts       {} (as the checkpoint stores them)", kept.into_iter().collect::<Vec<_>>().join(", "));
+    }
     println!("bytes dense   {} ({})", dense_bytes, ByteSize(dense_bytes));
     println!("bytes/expert  {} ({})", per_expert_bytes, ByteSize(per_expert_bytes));
     println!("bytes experts {} ({})", expert_bytes, ByteSize(expert_bytes));

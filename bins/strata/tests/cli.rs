@@ -61,6 +61,25 @@ fn convert_info_generate_logits_export_round_trip() {
     assert!(hf.join("config.json").exists() && hf.join("model.safetensors").exists());
 }
 
+/// A checkpoint's MXFP4 experts are kept as it stores them, which `info`
+/// says; `--dequantize-mxfp4` stores them in `--quant`'s format instead.
+#[test]
+fn mxfp4_experts_are_kept_unless_convert_is_told_to_dequantize_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = fixture("gpt_oss").join("hf_mxfp4");
+    for (flag, kept) in [(None, true), (Some("--dequantize-mxfp4"), false)] {
+        let model = dir.path().join(if kept { "kept" } else { "dequantized" });
+        let mut args = vec!["convert", path(&hub), path(&model), "--quant", "q4"];
+        args.extend(flag);
+        let out = strata(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let info = strata(&["info", path(&model)]);
+        let text = String::from_utf8_lossy(&info.stdout);
+        assert!(info.status.success(), "{text}");
+        assert_eq!(text.contains("experts       mxfp4 (as the checkpoint stores them)"), kept, "{flag:?}: {text}");
+    }
+}
+
 /// `--device gpu`: without the GPU backend built in, one line saying how to
 /// build it; with it (`--features gpu`), on this machine's adapter, the
 /// CPU's tokens, and a line at start saying what runs where.

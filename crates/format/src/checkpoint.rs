@@ -20,6 +20,7 @@ mod paired;
 
 pub use interleaved::InterleavedExperts;
 pub(crate) use interleaved::{fused_down, fused_gate_up, interleave, interleaved_sources};
+pub use packed::Mxfp4Bytes;
 pub(crate) use packed::packed_names;
 
 use crate::error::{Error, Result};
@@ -357,8 +358,7 @@ impl Checkpoint {
         let (fused_gate_up, fused_down) = names::fused_expert_names(layer);
         let prefix = fused_gate_up.trim_end_matches("gate_up_proj");
         if interleaved::is_interleaved(self, prefix) {
-            let experts = InterleavedExperts { prefix, num_experts: e, hidden: h, inter: i };
-            return self.interleaved_expert_f32(&experts, expert);
+            return self.interleaved_expert_f32(&self.interleaved_experts(arch, prefix), expert);
         }
         if !self.has(&names[0]) && self.has(&fused_gate_up) {
             self.check_shape(&fused_gate_up, &[e, 2 * i, h])?;
@@ -375,16 +375,70 @@ impl Checkpoint {
             let mut candidates = vec![name.clone()];
             candidates.extend(names::aliases(&arch.core, name));
             let Some(found) = self.resolve(&candidates) else {
-                *slot = self.packed_mxfp4_f32(name, shape)?.ok_or_else(|| Error::MissingTensor {
+                let packed = self.packed_mxfp4(name, shape)?.ok_or_else(|| Error::MissingTensor {
                     name: name.clone(),
                     hint: format!(" (nor fused {fused_gate_up}, nor packed MXFP4)"),
                 })?;
+                *slot = packed.to_f32();
                 continue;
             };
             self.check_shape(found, &shape)?;
             *slot = self.tensor_f32(found)?.1;
         }
         Ok(out)
+    }
+
+    /// Whether every matrix of every routed expert of `layer` is stored as
+    /// MXFP4 codes and scales: Kimi K3's `weight_packed`/`weight_scale`, or
+    /// gpt-oss's `*_blocks`/`*_scales`. Their bytes are then what
+    /// [`Checkpoint::expert_mxfp4`] gives.
+    pub fn has_packed_mxfp4_experts(&self, arch: &ModelArch, layer: usize) -> bool {
+        let (fused_gate_up, _) = names::fused_expert_names(layer);
+        let prefix = fused_gate_up.trim_end_matches("gate_up_proj");
+        if interleaved::is_interleaved(self, prefix) {
+            let experts = self.interleaved_experts(arch, prefix);
+            return self.has_mxfp4_experts(&experts);
+        }
+        // Per-expert matrices (paired and fused experts have no such names).
+        let packed = |name: &String| {
+            let aliases = names::aliases(&arch.core, name);
+            self.is_packed_mxfp4(name) && !aliases.iter().any(|alias| self.has(alias))
+        };
+        !self.has_paired_experts(arch, layer)
+            && (0..arch.num_experts()).all(|e| names::expert_names(&arch.core, layer, e).iter().all(packed))
+    }
+
+    /// Gate, up and down of one routed expert of a layer stored MXFP4
+    /// ([`Checkpoint::has_packed_mxfp4_experts`]) as their codes and scales,
+    /// shapes checked: the bytes a container's `mxfp4` components keep.
+    pub fn expert_mxfp4(&self, arch: &ModelArch, layer: usize, expert: usize) -> Result<[Mxfp4Bytes; 3]> {
+        let e = arch.num_experts();
+        if expert >= e {
+            return Err(Error::ExpertOutOfRange { layer, expert, num_experts: e });
+        }
+        let (fused_gate_up, _) = names::fused_expert_names(layer);
+        let prefix = fused_gate_up.trim_end_matches("gate_up_proj");
+        if interleaved::is_interleaved(self, prefix) {
+            return self.interleaved_expert_mxfp4(&self.interleaved_experts(arch, prefix), expert);
+        }
+        let (names, shapes) = (names::expert_names(&arch.core, layer, expert), names::expert_shapes(arch));
+        let [gate, up, down] = std::array::from_fn(|k| {
+            self.packed_mxfp4(&names[k], shapes[k])?.ok_or_else(|| Error::MissingTensor {
+                name: names[k].clone(),
+                hint: " as packed MXFP4 (weight_packed and weight_scale)".to_owned(),
+            })
+        });
+        Ok([gate?, up?, down?])
+    }
+
+    /// The widths of the interleaved experts under `prefix`.
+    fn interleaved_experts<'p>(&self, arch: &ModelArch, prefix: &'p str) -> InterleavedExperts<'p> {
+        InterleavedExperts {
+            prefix,
+            num_experts: arch.num_experts(),
+            hidden: arch.core.hidden_size,
+            inter: arch.expert_intermediate_size(),
+        }
     }
 
     /// Errors unless `name` exists with exactly `expected` shape.

@@ -17,12 +17,13 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
-use strata_kernels::{QuantFormat, quant};
+use strata_kernels::{QuantFormat, mxfp4, quant};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, Mxfp4Bytes};
 use crate::container::{
-    AUX_FILES, ComponentEntry, DENSE_FILE, EXPERTS_DIR, ExpertLayerEntry, ExpertLayout, FORMAT_VERSION, FileEntry,
-    MAGIC, MANIFEST_FILE, Manifest, ModelRecord, QuantInfo, TENSOR_ALIGN_BYTES, TensorEntry, expert_file_name, seal_of,
+    AUX_FILES, ComponentEntry, ComponentLayout, DENSE_FILE, EXPERTS_DIR, ExpertLayerEntry, ExpertLayout,
+    FORMAT_VERSION, FileEntry, MAGIC, MANIFEST_FILE, Manifest, ModelRecord, QuantInfo, TENSOR_ALIGN_BYTES, TensorEntry,
+    expert_file_name, seal_of,
 };
 use crate::error::{Error, Result};
 use crate::names;
@@ -52,6 +53,11 @@ pub struct ConvertOptions {
     /// speculative decoding), which are otherwise kept where the checkpoint
     /// holds them.
     pub drop_mtp: bool,
+    /// Dequantize routed experts a checkpoint stores as MXFP4 codes and
+    /// scales (Kimi K3's and gpt-oss's hub checkpoints) and store them in
+    /// the preset's expert format; otherwise their bytes are kept, unchanged,
+    /// as `mxfp4` records.
+    pub dequantize_mxfp4: bool,
 }
 
 impl ConvertOptions {
@@ -64,6 +70,7 @@ impl ConvertOptions {
             overwrite: false,
             allow_unknown_config: Vec::new(),
             drop_mtp: false,
+            dequantize_mxfp4: false,
         }
     }
 }
@@ -123,6 +130,19 @@ pub(crate) trait Source {
     fn rows_f32(&self, name: &str, row_start: usize, row_count: usize, cols: usize) -> Result<Vec<f32>>;
     /// Gate, up and down of one routed expert, as f32.
     fn expert_f32(&self, arch: &ModelArch, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]>;
+    /// Whether every routed expert of `layer` is stored as MXFP4 codes and
+    /// scales, which [`Source::expert_mxfp4`] gives as they are.
+    fn stores_mxfp4_experts(&self, _arch: &ModelArch, _layer: usize) -> bool {
+        false
+    }
+    /// Gate, up and down of one routed expert of a layer
+    /// [`Source::stores_mxfp4_experts`] says is stored MXFP4, as stored.
+    fn expert_mxfp4(&self, _arch: &ModelArch, layer: usize, _expert: usize) -> Result<[Mxfp4Bytes; 3]> {
+        Err(Error::InvalidOption {
+            option: "mxfp4 experts".into(),
+            reason: format!("{} stores no MXFP4 experts (layer {layer})", self.describe()),
+        })
+    }
     /// The source tensors holding the resolved tensor `name`: itself, the
     /// pair holding it (Inkling's hub `w13`), or the row shards it is
     /// joined from.
@@ -172,6 +192,14 @@ impl Source for Checkpoint {
 
     fn expert_f32(&self, arch: &ModelArch, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
         Checkpoint::expert_f32(self, arch, layer, expert)
+    }
+
+    fn stores_mxfp4_experts(&self, arch: &ModelArch, layer: usize) -> bool {
+        self.has_packed_mxfp4_experts(arch, layer)
+    }
+
+    fn expert_mxfp4(&self, arch: &ModelArch, layer: usize, expert: usize) -> Result<[Mxfp4Bytes; 3]> {
+        Checkpoint::expert_mxfp4(self, arch, layer, expert)
     }
 
     fn stored_as(&self, name: &str) -> Vec<String> {
@@ -408,9 +436,14 @@ impl Work<'_> {
         let mut layers = Vec::new();
         let mut files = Vec::new();
         for layer in arch.expert_layers() {
-            let format = match layer < arch.layers.len() {
-                true => self.opts.preset.expert_format(),
-                false => self.opts.preset.mtp_expert_format(),
+            // An MXFP4 checkpoint's experts are kept as stored (the MTP
+            // layers' too: the bytes are the model, nothing is rounded).
+            let format = if !self.opts.dequantize_mxfp4 && self.source.stores_mxfp4_experts(arch, layer) {
+                QuantFormat::Mxfp4
+            } else if layer < arch.layers.len() {
+                self.opts.preset.expert_format()
+            } else {
+                self.opts.preset.mtp_expert_format()
             };
             let group = group_for(format, self.opts.q4_group);
             self.bar.set_message(format!("layer {layer}"));
@@ -468,7 +501,9 @@ impl Work<'_> {
 }
 
 /// Writes every expert record of one layer, one expert in memory at a time;
-/// returns the file's entry and each record's CRC32C.
+/// returns the file's entry and each record's CRC32C. An `mxfp4` layout
+/// takes the source's MXFP4 bytes as they are; any other format encodes
+/// the expert's f32 values.
 fn write_expert_file(
     source: &dyn Source,
     arch: &ModelArch,
@@ -479,26 +514,28 @@ fn write_expert_file(
 ) -> Result<(FileEntry, Vec<u32>)> {
     let layer = layout.layer;
     let mut out = HashingFile::create(layout.path.clone())?;
-    let mut record = vec![0u8; layout.record_bytes as usize];
+    let record_bytes = usize::try_from(layout.record_bytes).map_err(|_| Error::InvalidOption {
+        option: "expert layout".into(),
+        reason: format!("layer {layer}: a record of {} bytes does not fit in memory", layout.record_bytes),
+    })?;
+    let mut record = vec![0u8; record_bytes];
     let mut record_crc32c = Vec::with_capacity(layout.num_experts);
     for expert in 0..layout.num_experts {
-        let mats = source.expert_f32(arch, layer, expert)?;
         let names = names::expert_names(&arch.core, layer, expert);
         record.fill(0);
-        for ((comp, data), name) in layout.components.iter().zip(&mats).zip(&names) {
-            check_finite(name, data, 0)?;
-            let enc = encode(comp.format, comp.rows, comp.cols, comp.group, data);
-            let scales: &[u8] = bytemuck::cast_slice(&enc.scales);
-            if enc.weights.len() as u64 != comp.length_bytes || scales.len() as u64 != comp.scale_length_bytes {
-                return Err(Error::InvalidOption {
-                    option: "expert layout".into(),
-                    reason: format!("{name}: encoded size disagrees with the layout"),
-                });
+        if layout.components.iter().all(|c| c.format == QuantFormat::Mxfp4) {
+            let mats = source.expert_mxfp4(arch, layer, expert)?;
+            for ((comp, m), name) in layout.components.iter().zip(&mats).zip(&names) {
+                check_e8m0_scales(name, &m.scales)?;
+                place(&mut record, comp, name, &m.codes, &m.scales)?;
             }
-            let w = comp.offset_bytes as usize;
-            record[w..w + enc.weights.len()].copy_from_slice(&enc.weights);
-            let s = comp.scale_offset_bytes as usize;
-            record[s..s + scales.len()].copy_from_slice(scales);
+        } else {
+            let mats = source.expert_f32(arch, layer, expert)?;
+            for ((comp, data), name) in layout.components.iter().zip(&mats).zip(&names) {
+                check_finite(name, data, 0)?;
+                let enc = encode(comp.format, comp.rows, comp.cols, comp.group, data);
+                place(&mut record, comp, name, &enc.weights, bytemuck::cast_slice(&enc.scales))?;
+            }
         }
         out.write(&record)?;
         record_crc32c.push(crate::checksum::crc32c(&record));
@@ -507,6 +544,23 @@ fn write_expert_file(
     let entry = out.finish(rel_path)?;
     used.extend(source.expert_sources(arch, layer));
     Ok((entry, record_crc32c))
+}
+
+/// Copies one matrix's weight and scale bytes to where `comp` puts them in
+/// `record`, refusing bytes of another size than the layout's.
+fn place(record: &mut [u8], comp: &ComponentLayout, name: &str, weights: &[u8], scales: &[u8]) -> Result<()> {
+    if weights.len() as u64 != comp.length_bytes || scales.len() as u64 != comp.scale_length_bytes {
+        return Err(Error::InvalidOption {
+            option: "expert layout".into(),
+            reason: format!("{name}: encoded size disagrees with the layout"),
+        });
+    }
+    // In range: the layout placed both blocks inside the record.
+    let w = comp.offset_bytes as usize;
+    record[w..w + weights.len()].copy_from_slice(weights);
+    let s = comp.scale_offset_bytes as usize;
+    record[s..s + scales.len()].copy_from_slice(scales);
+    Ok(())
 }
 
 /// Where one tensor landed in dense.bin.
@@ -587,8 +641,21 @@ pub(crate) fn encode(format: QuantFormat, rows: usize, cols: usize, group: usize
             Encoded { weights, scales }
         }
         // Formats come from presets, and no preset picks mxfp4: it is kept
-        // from an MXFP4 checkpoint's bytes, never re-quantized from f32.
+        // from an MXFP4 checkpoint's bytes (`write_expert_file`), never
+        // re-quantized from f32.
         QuantFormat::Mxfp4 => unreachable!("mxfp4 is never encoded from f32"),
+    }
+}
+
+/// Rejects the E8M0 scale OCP reserves for NaN ([`mxfp4::E8M0_NAN`]) in
+/// kept MXFP4 weights, naming the first value of its block, as
+/// [`check_finite`] names that value when the block is dequantized.
+fn check_e8m0_scales(name: &str, scales: &[u8]) -> Result<()> {
+    match scales.iter().position(|&scale| scale == mxfp4::E8M0_NAN) {
+        None => Ok(()),
+        Some(block) => {
+            Err(Error::NonFinite { name: name.to_owned(), index: block * mxfp4::BLOCK_VALUES, value: f32::NAN })
+        }
     }
 }
 

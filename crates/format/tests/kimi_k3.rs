@@ -1,13 +1,24 @@
 //! kimi_k3's config.json as the hub nests it (`text_config`, `model_type:
 //! kimi_linear` inside) and flat, told from Kimi-Linear's by its keys; its
-//! blocks and its tensor names under `language_model.`.
+//! blocks and its tensor names under `language_model.`; its hub's MXFP4
+//! experts kept as stored, or dequantized by choice.
 
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{expert_values, read_safetensors, stored_expert, weight_file_hashes, write_safetensors};
 use serde_json::{Value, json};
 use strata_format::names::{dense_tensors, expert_names, expert_shapes};
 use strata_format::{
-    Family, FfnSpec, GateRank, LatentMoe, MixerSpec, ModelArch, ResidualKind, RouterKind, SharedExperts, SwiGlu,
-    check_config_keys,
+    Container, ConvertOptions, Error, Family, FfnSpec, GateRank, LatentMoe, MixerSpec, ModelArch, QuantPreset,
+    ResidualKind, RouterKind, SharedExperts, SwiGlu, check_config_keys, convert,
 };
+use strata_kernels::QuantFormat;
+
+fn fixture(checkpoint: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/kimi_k3").join(checkpoint)
+}
 
 /// The reference's tiny text config (xtask/fixtures/kimi_k3_ref.py
 /// `k3_config`): five layers, a block boundary mid-stack, a dense first
@@ -231,5 +242,89 @@ fn a_quantization_config_asking_for_anything_but_mxfp4_weights_is_refused_naming
         missing["quantization_config"].pointer_mut(at).unwrap().as_object_mut().unwrap().remove(key);
         let err = refusal(&missing);
         assert!(err.contains(&format!("quantization_config{}.{key}", at.replace('/', "."))), "{key}: {err}");
+    }
+}
+
+/// The hub's packed experts (`weight_packed`/`weight_scale`) are kept as
+/// `mxfp4` records, each matrix's codes and scales byte for byte, whatever
+/// the preset (which still sets the dense part's format).
+#[test]
+fn packed_mxfp4_experts_are_kept_as_the_checkpoint_s_bytes_at_every_preset() {
+    let stored: std::collections::HashMap<String, Vec<u8>> =
+        read_safetensors(&fixture("hf_mxfp4")).into_iter().map(|(name, _, _, data)| (name, data)).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    for preset in QuantPreset::ALL {
+        let out = tmp.path().join(preset.name());
+        convert(fixture("hf_mxfp4"), &out, &ConvertOptions::new(preset)).unwrap();
+        let container = Container::open(&out).unwrap();
+        let arch = container.arch();
+        assert!(!arch.expert_layers().is_empty());
+        for layer in arch.expert_layers() {
+            for expert in 0..arch.num_experts() {
+                let matrices = stored_expert(&container, layer, expert);
+                for ((format, codes, scales), w) in matrices.into_iter().zip(["w1", "w3", "w2"]) {
+                    let name = format!("language_model.model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}");
+                    assert_eq!(format, QuantFormat::Mxfp4, "{preset} {name}");
+                    assert_eq!(codes, stored[&format!("{name}.weight_packed")], "{preset} {name}");
+                    assert_eq!(scales, stored[&format!("{name}.weight_scale")], "{preset} {name}");
+                }
+            }
+        }
+    }
+}
+
+/// With `dequantize_mxfp4` the packed experts convert as today: as the f32
+/// checkpoint's experts (the same values, on MXFP4's grid) in the preset's
+/// format, every weight file the same bits but for the sign of zero.
+#[test]
+fn dequantized_mxfp4_experts_convert_as_the_f32_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    for preset in QuantPreset::ALL {
+        let dir = tmp.path().join(preset.name());
+        let dequantize = ConvertOptions { dequantize_mxfp4: true, ..ConvertOptions::new(preset) };
+        convert(fixture("hf"), dir.join("f32"), &ConvertOptions::new(preset)).unwrap();
+        convert(fixture("hf_mxfp4"), dir.join("packed"), &dequantize).unwrap();
+        let [f32_experts, packed] = ["f32", "packed"].map(|c| Container::open(dir.join(c)).unwrap());
+        let (hashes, want) = (weight_file_hashes(&packed), weight_file_hashes(&f32_experts));
+        match preset {
+            // The reference's f32 experts hold -0.0 where its packing
+            // wrote code 0 (+0), which q8 and q4 store alike.
+            QuantPreset::F32 | QuantPreset::Bf16 => assert_eq!(hashes[0], want[0], "{preset}: dense.bin"),
+            QuantPreset::Q8 | QuantPreset::Q4 => assert_eq!(hashes, want, "{preset}"),
+        }
+        for layer in packed.arch().expert_layers() {
+            for expert in 0..packed.arch().num_experts() {
+                let (got, want) = (expert_values(&packed, layer, expert), expert_values(&f32_experts, layer, expert));
+                assert_eq!(got, want, "{preset} layer {layer} expert {expert}");
+            }
+        }
+        assert_eq!(packed.expert_layout(1).unwrap().components[0].format, preset.expert_format());
+    }
+}
+
+/// An E8M0 scale of 255 (OCP's NaN) is refused at convert, kept or
+/// dequantized, naming the matrix and the first value of its block.
+#[test]
+fn a_nan_e8m0_scale_is_refused_naming_its_block() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = tmp.path().join("hub");
+    std::fs::create_dir(&hub).unwrap();
+    std::fs::copy(fixture("hf_mxfp4").join("config.json"), hub.join("config.json")).unwrap();
+    let mut tensors = read_safetensors(&fixture("hf_mxfp4"));
+    let scale = "language_model.model.layers.2.block_sparse_moe.experts.1.w3.weight_scale";
+    let (_, shape, _, data) = tensors.iter_mut().find(|t| t.0 == scale).unwrap();
+    // Row 3's block 0: value 3 · cols of the matrix.
+    data[3 * shape[1]] = 0xFF;
+    let cols = shape[1] * 32;
+    write_safetensors(&hub.join("model.safetensors"), &tensors);
+    let name = scale.replace("weight_scale", "weight");
+    let kept = ConvertOptions::new(QuantPreset::Q8);
+    let dequantized = ConvertOptions { dequantize_mxfp4: true, ..kept.clone() };
+    for (how, options) in [("kept", kept), ("dequantized", dequantized)] {
+        let refused = convert(&hub, tmp.path().join(how), &options).unwrap_err();
+        // Dequantized, every value of the block is 0 · inf or ±inf.
+        let named = matches!(&refused, Error::NonFinite { name: n, index, .. } if *n == name && *index == 3 * cols);
+        assert!(named, "{how}: {refused}");
+        assert!(!tmp.path().join(how).exists(), "{how}: nothing is published");
     }
 }

@@ -18,9 +18,9 @@
 //! `down_proj_bias` `[E, hidden]`.
 
 use safetensors::tensor::Dtype;
-use strata_kernels::mxfp4::{BLOCK_BYTES, BLOCK_VALUES, dequantize_mxfp4};
+use strata_kernels::mxfp4::{BLOCK_BYTES, BLOCK_VALUES};
 
-use super::Checkpoint;
+use super::{Checkpoint, Mxfp4Bytes};
 use crate::error::{Error, Result};
 
 /// The widths of one layer's interleaved experts.
@@ -57,13 +57,15 @@ fn overflow(prefix: &str) -> Error {
     Error::Checkpoint { path: prefix.into(), reason: "expert tensor sizes overflow".into() }
 }
 
-/// Splits `[2·inter, cols]` rows whose even rows are the gate's and odd
-/// rows the up's into gate and up, `[inter, cols]` each.
-pub(super) fn split_rows(rows: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) {
+/// Splits `[2·inter, width]` rows (`width` elements each: values, or an
+/// MXFP4 row's code or scale bytes, a row being whole blocks) whose even
+/// rows are the gate's and odd rows the up's into gate and up, `[inter,
+/// width]` each.
+pub(super) fn split_rows<T: Copy>(rows: &[T], width: usize) -> (Vec<T>, Vec<T>) {
     let (mut gate, mut up) = (Vec::with_capacity(rows.len() / 2), Vec::with_capacity(rows.len() / 2));
-    for pair in rows.chunks_exact(2 * cols) {
-        gate.extend_from_slice(&pair[..cols]);
-        up.extend_from_slice(&pair[cols..]);
+    for pair in rows.chunks_exact(2 * width) {
+        gate.extend_from_slice(&pair[..width]);
+        up.extend_from_slice(&pair[width..]);
     }
     (gate, up)
 }
@@ -159,10 +161,7 @@ impl Checkpoint {
         let InterleavedExperts { num_experts: e, hidden: h, inter: i, .. } = *experts;
         let two_i = i.checked_mul(2).ok_or_else(|| overflow(experts.prefix))?;
         if self.has_mxfp4_experts(experts) {
-            let gate_up = self.mxfp4_rows(experts, "gate_up_proj", expert, two_i, h)?;
-            let (gate, up) = split_rows(&gate_up, h);
-            let down = self.mxfp4_rows(experts, "down_proj", expert, h, i)?;
-            return Ok([gate, up, down]);
+            return Ok(self.interleaved_expert_mxfp4(experts, expert)?.map(|m| m.to_f32()));
         }
         let (gate_up_name, down_name) = (experts.name("gate_up_proj"), experts.name("down_proj"));
         self.check_shape(&gate_up_name, &[e, h, two_i])?;
@@ -188,17 +187,36 @@ impl Checkpoint {
         Ok([take_columns(&gate_up, 0), take_columns(&gate_up, 1), down])
     }
 
-    /// One expert's `[rows, cols]` matrix `{proj}` from its MXFP4 blocks and
-    /// scales, dequantized as transformers' `convert_moe_packed_tensors`
-    /// does.
-    fn mxfp4_rows(
+    /// Gate, up and down of expert `expert` of an interleaved layer stored
+    /// MXFP4-packed ([`Checkpoint::has_mxfp4_experts`]), as its codes and
+    /// scales: `gate_up_proj`'s even rows the gate's and odd rows the up's,
+    /// each row whole blocks, so the rows are taken apart as bytes.
+    /// Dequantized, they are what transformers' `convert_moe_packed_tensors`
+    /// computes.
+    pub fn interleaved_expert_mxfp4(&self, experts: &InterleavedExperts<'_>, expert: usize) -> Result<[Mxfp4Bytes; 3]> {
+        let InterleavedExperts { hidden: h, inter: i, .. } = *experts;
+        let two_i = i.checked_mul(2).ok_or_else(|| overflow(experts.prefix))?;
+        let (codes, scales) = self.mxfp4_slab(experts, "gate_up_proj", expert, two_i, h)?;
+        let ((gate_codes, up_codes), (gate_scales, up_scales)) =
+            (split_rows(codes, h / 2), split_rows(scales, h / BLOCK_VALUES));
+        let (codes, scales) = self.mxfp4_slab(experts, "down_proj", expert, h, i)?;
+        Ok([
+            Mxfp4Bytes { codes: gate_codes, scales: gate_scales },
+            Mxfp4Bytes { codes: up_codes, scales: up_scales },
+            Mxfp4Bytes { codes: codes.to_vec(), scales: scales.to_vec() },
+        ])
+    }
+
+    /// One expert's `[rows, cols]` matrix `{proj}` as its MXFP4 blocks' and
+    /// scales' bytes, shapes checked.
+    fn mxfp4_slab(
         &self,
         experts: &InterleavedExperts<'_>,
         proj: &str,
         expert: usize,
         rows: usize,
         cols: usize,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<(&[u8], &[u8])> {
         let (blocks_name, scales_name) =
             (experts.name(&format!("{proj}_blocks")), experts.name(&format!("{proj}_scales")));
         if !cols.is_multiple_of(BLOCK_VALUES) {
@@ -215,9 +233,7 @@ impl Checkpoint {
         let scales = self.u8_elements(&scales_name, first, count)?;
         // In range of usize: the blocks tensor holds BLOCK_BYTES per scale.
         let blocks = self.u8_elements(&blocks_name, first * BLOCK_BYTES, count * BLOCK_BYTES)?;
-        let mut out = vec![0.0f32; count * BLOCK_VALUES];
-        dequantize_mxfp4(blocks, scales, &mut out);
-        Ok(out)
+        Ok((blocks, scales))
     }
 
     /// Bytes `[first, first + count)` of a `U8` tensor.

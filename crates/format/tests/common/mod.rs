@@ -275,3 +275,49 @@ pub fn read_record(layout: &strata_format::ExpertLayout, expert: usize) -> Vec<u
     f.read_exact(bytemuck::cast_slice_mut(&mut buf)).unwrap();
     buf
 }
+
+/// Expert `expert`'s gate, up and down as `container` stores them in
+/// `layer`'s record: each matrix's format, weight bytes and scale bytes.
+pub fn stored_expert(
+    container: &strata_format::Container,
+    layer: usize,
+    expert: usize,
+) -> [(QuantFormat, Vec<u8>, Vec<u8>); 3] {
+    let layout = container.expert_layout(layer).unwrap();
+    let record = read_record(layout, expert);
+    let bytes: &[u8] = bytemuck::cast_slice(&record);
+    let range = |offset: u64, length: u64| bytes[offset as usize..(offset + length) as usize].to_vec();
+    layout
+        .components
+        .clone()
+        .map(|c| (c.format, range(c.offset_bytes, c.length_bytes), range(c.scale_offset_bytes, c.scale_length_bytes)))
+}
+
+/// Expert `expert`'s gate, up and down in `container`'s record of `layer`,
+/// as f32 values.
+pub fn expert_values(container: &strata_format::Container, layer: usize, expert: usize) -> [Vec<f32>; 3] {
+    let layout = container.expert_layout(layer).unwrap();
+    let record = read_record(layout, expert);
+    layout.matrices(bytemuck::cast_slice(&record)).unwrap().map(|m| m.to_f32())
+}
+
+/// The SHA-256 of each weight file of `container` (dense.bin and the
+/// expert files), by path: equal when the weights are, bit for bit.
+pub fn weight_file_hashes(container: &strata_format::Container) -> Vec<(String, String)> {
+    let files = container.manifest().files.iter().filter(|f| f.path.ends_with(".bin"));
+    files.map(|f| (f.path.clone(), f.sha256.clone())).collect()
+}
+
+/// Every tensor of the single-file checkpoint `dir` as `write_safetensors`
+/// takes them, for a copy with some of them changed.
+pub fn read_safetensors(dir: &Path) -> Vec<(String, Vec<usize>, Dtype, Vec<u8>)> {
+    let file = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&file).unwrap();
+    let mut all: Vec<_> = tensors
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.shape().to_vec(), view.dtype(), view.data().to_vec()))
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all
+}

@@ -130,8 +130,8 @@ mod on_device {
         }
     }
 
-    /// f32, bf16 and groups the integer path cannot lane-align stay on the
-    /// host, each refused by name.
+    /// f32, bf16, mxfp4 and groups the integer path cannot lane-align stay
+    /// on the host, each refused by name.
     #[test]
     fn matrices_without_a_device_kernel_are_refused_by_format_and_group() {
         let Some(device) = device() else { return };
@@ -139,6 +139,10 @@ mod on_device {
         let f32_matrix = Matrix::new(2, 64, MatData::F32(&values)).expect("f32");
         let refused = device.upload(&f32_matrix).expect_err("f32 has no device kernel");
         assert_eq!(refused, Error::GpuUnsupported { format: "f32", group: None });
+        let (codes, scales) = ([0x21u8; 2 * 32], [127u8; 2 * 2]);
+        let mxfp4_matrix = Matrix::new(2, 64, MatData::Mxfp4 { codes: &codes, scales: &scales }).expect("mxfp4");
+        let refused = device.upload(&mxfp4_matrix).expect_err("mxfp4 has no device kernel");
+        assert_eq!(refused, Error::GpuUnsupported { format: "mxfp4", group: None });
         let (qs, scales) = quantize_q8(&values, 2, 64, 48);
         let q8_matrix = Matrix::new(2, 64, MatData::Q8 { qs: &qs, scales: &scales, group: 48 }).expect("q8");
         let refused = device.upload(&q8_matrix).expect_err("group 48 is not a power of two");

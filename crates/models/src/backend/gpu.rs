@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 
 use strata_format::{Container, SwiGlu};
 use strata_kernels::gpu::{Device as GpuDevice, DeviceMatrix};
-use strata_kernels::{Error as KernelError, Threads};
+use strata_kernels::{Error as KernelError, QuantFormat, Threads};
 use strata_sched::{ExpertOnDevice, VramExperts};
 use strata_tier::{DeviceTier, DeviceTierStats, ExpertStore};
 
@@ -180,6 +180,28 @@ impl Gpu {
         }
     }
 
+    /// The routed experts stored in a format the device has no kernel for
+    /// (its kernels are the integer path's, q8 and q4: MXFP4 experts kept
+    /// from their checkpoint stay on the CPU), by format, if any.
+    fn experts_without_kernel(&self) -> Option<String> {
+        let container = self.host.container();
+        let mut layers_by_format: std::collections::BTreeMap<&str, usize> = Default::default();
+        for layer in container.arch().expert_layers() {
+            let Ok(layout) = container.expert_layout(layer) else { continue };
+            let formats = layout.components.iter().map(|c| c.format);
+            let without: std::collections::BTreeSet<&str> =
+                formats.filter(|f| !matches!(f, QuantFormat::Q8 | QuantFormat::Q4)).map(QuantFormat::name).collect();
+            for format in without {
+                *layers_by_format.entry(format).or_default() += 1;
+            }
+        }
+        let said: Vec<String> = layers_by_format
+            .into_iter()
+            .map(|(format, layers)| format!("the routed experts of {layers} layers ({format}: no device kernel)"))
+            .collect();
+        (!said.is_empty()).then(|| said.join("; "))
+    }
+
     /// What runs where, said once at start.
     pub fn summary(&self) -> String {
         let uploaded = self.on_device.iter().flatten().count();
@@ -195,6 +217,9 @@ impl Gpu {
         }
         if self.out_of_memory > 0 {
             kept.push(format!("{} matrices the device had no memory for", self.out_of_memory));
+        }
+        if let Some(experts) = self.experts_without_kernel() {
+            kept.push(experts);
         }
         kept.push(
             "attention, norms, routing, residual-stream mixes, row-block products, and the routed experts the VRAM \
