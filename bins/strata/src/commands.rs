@@ -536,16 +536,49 @@ fn print_architecture(arch: &strata_format::ModelArch) {
     println!("layers        {} ({moe_layers} MoE)", arch.layers.len());
     println!("hidden        {}", core.hidden_size);
     println!("vocab         {}", core.vocab_size);
-    let mut kinds: Vec<(String, usize)> = Vec::new();
-    for description in arch.layers.iter().map(strata_format::LayerSpec::describe) {
-        match kinds.iter_mut().find(|(known, _)| *known == description) {
-            Some((_, count)) => *count += 1,
-            None => kinds.push((description, 1)),
-        }
-    }
-    for (description, count) in kinds {
+    for (description, count) in counted(arch.layers.iter().map(strata_format::LayerSpec::describe)) {
         println!("{count:>4} x layer {description}");
     }
+    if !arch.mtp.is_empty() {
+        println!("mtp layers    {} ({})", arch.mtp.len(), arch.mtp_form.describe());
+        for (description, count) in counted(arch.mtp.iter().map(strata_format::LayerSpec::describe)) {
+            println!("{count:>4} x mtp layer {description}");
+        }
+    }
+}
+
+/// Each distinct item once, in first-seen order, with how many times it
+/// came.
+fn counted(items: impl Iterator<Item = String>) -> Vec<(String, usize)> {
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for item in items {
+        match kinds.iter_mut().find(|(known, _)| *known == item) {
+            Some((_, count)) => *count += 1,
+            None => kinds.push((item, 1)),
+        }
+    }
+    kinds
+}
+
+/// What the container's multi-token-prediction layers take (a line only
+/// where it keeps them): their dense tensors and their expert records.
+fn print_mtp_bytes(arch: &strata_format::ModelArch, manifest: &strata_format::Manifest) {
+    if arch.mtp.is_empty() {
+        return;
+    }
+    let stack: std::collections::HashSet<String> =
+        strata_format::names::dense_tensors(&arch.clone().without_mtp()).into_iter().map(|d| d.name).collect();
+    let tensors: Vec<_> = manifest.tensors.iter().filter(|t| !stack.contains(&t.name)).collect();
+    let dense_bytes: u64 = tensors.iter().map(|t| t.length_bytes + t.scale_length_bytes).sum();
+    let mtp_experts = manifest.expert_layers.iter().filter(|l| l.layer >= arch.layers.len());
+    let expert_bytes: u64 = mtp_experts.map(|l| l.record_bytes * l.num_experts as u64).sum();
+    println!(
+        "bytes mtp     {} ({}): {} tensors, {} in experts",
+        dense_bytes + expert_bytes,
+        ByteSize(dense_bytes + expert_bytes),
+        tensors.len(),
+        ByteSize(expert_bytes)
+    );
 }
 
 /// What one sequence costs besides the weights: bytes per token of
@@ -575,8 +608,7 @@ fn print_state(arch: &strata_format::ModelArch) {
 /// what session files and the budget count), once with how many layers keep
 /// it, e.g. `state parts   4 x rows 128, rows 128`.
 fn print_state_parts(arch: &strata_format::ModelArch) {
-    let mut kinds: Vec<(String, usize)> = Vec::new();
-    for layer in &arch.layers {
+    let layouts = arch.layers.iter().map(|layer| {
         let parts: Vec<String> = strata_kv::layout_of(layer)
             .parts
             .iter()
@@ -588,13 +620,9 @@ fn print_state_parts(arch: &strata_format::ModelArch) {
                 strata_kv::StatePart::Tokens { n } => format!("last {n} token ids"),
             })
             .collect();
-        let parts = parts.join(", ");
-        match kinds.iter_mut().find(|(kind, _)| *kind == parts) {
-            Some((_, count)) => *count += 1,
-            None => kinds.push((parts, 1)),
-        }
-    }
-    for (parts, count) in kinds {
+        parts.join(", ")
+    });
+    for (parts, count) in counted(layouts) {
         println!("state parts   {count} x {parts} (f32)");
     }
 }
@@ -638,6 +666,7 @@ fn info(model_dir: &std::path::Path, verify: bool) -> Result<()> {
     println!("bytes/expert  {} ({})", per_expert_bytes, ByteSize(per_expert_bytes));
     println!("bytes experts {} ({})", expert_bytes, ByteSize(expert_bytes));
     println!("bytes total   {} ({})", total_bytes, ByteSize(total_bytes));
+    print_mtp_bytes(arch, manifest);
     let ple_tables = manifest.tensors.iter().filter(|t| strata_format::names::is_ple_table(&t.name));
     print_ple_bytes(ple_tables.map(|t| t.length_bytes + t.scale_length_bytes).sum(), "");
     // Loading checks the template as every binary that chats does (a sample

@@ -415,7 +415,7 @@ fn info_reports_kv_per_token_and_fixed_state_of_the_hybrid_configs() {
 /// What an Inkling session costs: `info` on the Hub config's shapes (and
 /// on `synth --like inkling`'s, the same) gives the 11 full layers' keys
 /// and values per token, and per sequence the 55 sliding rings and every
-/// layer's four short-convolution states.
+/// layer's four short-convolution states; and the hub's MTP layer.
 #[test]
 fn info_reports_inkling_rows_per_token_and_rings_and_convolutions_per_session() {
     let synth = tempfile::tempdir().unwrap();
@@ -428,6 +428,11 @@ fn info_reports_inkling_rows_per_token_and_rings_and_convolutions_per_session() 
         assert!(text.contains("state bytes/session 474079232 "), "{text}");
         assert!(text.contains("55 x layer inkling 64 q / 16 kv heads x 128, window 512"), "{text}");
     }
+    // The hub's `mtp_config` declares one full MTP layer (synth leaves it out).
+    let out = strata(&["info", path(&fixture("inkling_hub").join("inkling"))]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("mtp layers    1 ([hidden, embedding] joined, no output norm)"), "{text}");
+    assert!(text.contains("   1 x mtp layer inkling 64 q / 8 kv heads x 128, bias 1024 back x 16, conv 4"), "{text}");
 }
 
 /// Kimi-Linear-48B-A3B-Instruct as published (testdata/kimi_linear_hub):
@@ -637,4 +642,36 @@ fn a_chat_template_that_never_ends_is_refused_at_convert_and_info() {
     assert!(String::from_utf8_lossy(&info.stdout).contains("chat template none"), "{info:?}");
     std::fs::write(model.join("chat_template.jinja"), ENDLESS).unwrap();
     assert_clean_failure(&within_a_minute(&["info", path(&model)]), "instructions");
+}
+
+/// A container keeping Inkling's MTP layer (converted from the hub's
+/// names, `model.mtp.`): `info` names the layer and its form and counts its
+/// tensors; Strata does not draft in Inkling's form yet, so `generate
+/// --speculate on` is refused saying why, in one line, and the default
+/// (`auto`) says so once and generates without drafting.
+#[test]
+fn inklings_mtp_layer_is_counted_by_info_and_never_drafts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = tmp.path().join("hub");
+    std::fs::create_dir(&hub).unwrap();
+    let stored = strata_format::test_util::inkling_hub_with_mtp(&hub, &[false], false);
+    let model = tmp.path().join("model");
+    let out = strata(&["convert", path(&hub), path(&model), "--quant", "q8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let info = strata(&["info", path(&model)]);
+    assert!(info.status.success(), "{}", String::from_utf8_lossy(&info.stderr));
+    let text = String::from_utf8(info.stdout).unwrap();
+    assert!(text.contains("mtp layers    1 ([hidden, embedding] joined, no output norm)"), "{text}");
+    assert!(text.contains("   1 x mtp layer inkling 4 q / 2 kv heads x 8"), "{text}");
+    // The hub's pair `w13_dn` is two tensors, gate and up.
+    assert!(text.contains(&format!(": {} tensors, ", stored.len() + 1)), "{text}");
+    let generate = |extra: &[&str]| {
+        let args = [&["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "3"][..], extra].concat();
+        strata(&args)
+    };
+    assert_clean_failure(&generate(&["--speculate", "on"]), "[hidden, embedding] joined, no output norm");
+    let auto = generate(&[]);
+    assert!(auto.status.success(), "{}", String::from_utf8_lossy(&auto.stderr));
+    let stderr = String::from_utf8_lossy(&auto.stderr);
+    assert_eq!(stderr.matches("speculation off").count(), 1, "{stderr}");
 }

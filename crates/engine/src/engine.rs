@@ -76,6 +76,31 @@ pub struct EngineOptions {
     pub draft_tokens: usize,
 }
 
+/// How `model`'s sessions draft (`--speculate`, `--draft-tokens`):
+/// nothing where the mode is off or the model has no MTP layer. MTP layers
+/// the model keeps but cannot run ([`CausalLm::mtp_refused`]) never draft:
+/// `auto` says so once, at open, and runs without; `on` is refused, since
+/// it asked for what cannot be given.
+fn resolve_speculation(options: &EngineOptions, model: &dyn CausalLm) -> Result<Option<Speculation>> {
+    if options.draft_tokens == 0 {
+        return Err(Error::InvalidOption { option: "draft-tokens", reason: "must be at least 1 token".into() });
+    }
+    match (options.speculate, model.mtp_refused()) {
+        (SpeculateMode::Off, _) => Ok(None),
+        (SpeculateMode::On, Some(why)) => Err(Error::InvalidOption {
+            option: "speculate",
+            reason: format!("on needs MTP layers that draft, and this model's cannot: {why}"),
+        }),
+        (SpeculateMode::Auto, Some(why)) => {
+            tracing::warn!("speculation off: the model's MTP layers cannot draft: {why}");
+            Ok(None)
+        }
+        (mode, None) => {
+            Ok((model.mtp_layers() > 0).then_some(Speculation { mode, draft_tokens: options.draft_tokens }))
+        }
+    }
+}
+
 /// Look-ahead prefetch (`--prefetch`): while a layer computes, the next
 /// layer's router applied to this layer's input guesses its experts, and
 /// their reads start. A guess costs bytes and I/O buffers, never results.
@@ -268,6 +293,7 @@ impl Engine {
             // Said at start: what the device does not run stays on the CPU.
             tracing::warn!("{summary}");
         }
+        let speculation = resolve_speculation(options, model.as_ref())?;
         let prefill_chunk_tokens = match options.prefill_chunk_tokens {
             Some(0) => {
                 return Err(Error::InvalidOption {
@@ -357,11 +383,6 @@ impl Engine {
                 tracing::info!(bytes_read, "every expert read at open: the model fits its budget");
             }
         }
-        if options.draft_tokens == 0 {
-            return Err(Error::InvalidOption { option: "draft-tokens", reason: "must be at least 1 token".into() });
-        }
-        let speculation = (options.speculate != SpeculateMode::Off && model.mtp_layers() > 0)
-            .then_some(Speculation { mode: options.speculate, draft_tokens: options.draft_tokens });
         let trace = options
             .trace_file
             .as_deref()

@@ -373,7 +373,7 @@ impl Checkpoint {
         let mut out: [Vec<f32>; 3] = Default::default();
         for ((slot, name), shape) in out.iter_mut().zip(&names).zip(shapes) {
             let mut candidates = vec![name.clone()];
-            candidates.extend(names::aliases(&arch.core, name));
+            candidates.extend(names::aliases(arch, name));
             let Some(found) = self.resolve(&candidates) else {
                 let packed = self.packed_mxfp4(name, shape)?.ok_or_else(|| Error::MissingTensor {
                     name: name.clone(),

@@ -231,7 +231,7 @@ impl Source for Checkpoint {
         for expert in 0..arch.num_experts() {
             for name in names::expert_names(&arch.core, layer, expert) {
                 let mut candidates = vec![name.clone()];
-                candidates.extend(names::aliases(&arch.core, &name));
+                candidates.extend(names::aliases(arch, &name));
                 match Checkpoint::resolve(self, &candidates) {
                     Some(stored) => found.push(stored.to_owned()),
                     // Kimi K3's hub experts: packed MXFP4 codes and scales.
@@ -358,7 +358,7 @@ fn tensors_read(source: &dyn Source, arch: &ModelArch) -> Result<HashSet<String>
 /// name or an alias).
 fn resolve_dense(source: &dyn Source, arch: &ModelArch, name: &str) -> Result<String> {
     let mut candidates = vec![name.to_owned()];
-    candidates.extend(names::aliases(&arch.core, name));
+    candidates.extend(names::aliases(arch, name));
     source
         .resolve(&candidates)
         .ok_or_else(|| Error::MissingTensor { name: name.to_owned(), hint: format!(" in {}", source.describe()) })

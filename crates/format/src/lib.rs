@@ -55,7 +55,7 @@ pub use spec::{
     CompressedIndexer, Compression, CompressorState, CoreSpec, DsaSpec, ExpertKind, Family, FfnKind, FfnSpec,
     GateActivation, GateRank, GdnDims, GdnProjections, GdnSpec, GqaSpec, HyperHead, IndexerKind, IndexerSpec,
     InklingAttention, LatentMoe, LayerSpec, LayerType, LogScaling, MixerSpec, MlaAttention, MlaSpec, ModelArch,
-    ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, PleSpec, QkNorm, QsaSpec, ResidualKind, RopeScaling, RopeSpec,
-    RouterKind, RouterSpec, ScoringFunc, SharedExperts, SharedKvAttention, ShortConv, SwiGlu,
+    ModelSpec, MoeBlock, MoeSpec, MtpForm, MtpOutputNorm, NormKind, NormStyle, PleSpec, QkNorm, QsaSpec, ResidualKind,
+    RopeScaling, RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts, SharedKvAttention, ShortConv, SwiGlu,
 };
 pub use synth::{LIKE, SynthOptions, like_config, synth, synth_config, with_ngram_vocab_size_base};

@@ -14,8 +14,8 @@ pub use self::inkling::{embed_norm_name, global_scale_name, sink_shared_expert_n
 use crate::family::Naming;
 use crate::spec::{
     Compression, CompressorState, CoreSpec, ExpertKind, FfnSpec, GateRank, GdnProjections, GdnSpec, GqaSpec, HyperHead,
-    IndexerKind, LayerSpec, MixerSpec, MlaAttention, ModelArch, PleSpec, QkNorm, ResidualKind, RouterKind,
-    SharedExperts, SharedKvAttention,
+    IndexerKind, LayerSpec, MixerSpec, MlaAttention, ModelArch, MtpForm, MtpOutputNorm, PleSpec, QkNorm, ResidualKind,
+    RouterKind, SharedExperts, SharedKvAttention,
 };
 
 /// What role a non-expert tensor plays; decides its storage format.
@@ -321,7 +321,7 @@ pub fn paired_expert_names(core: &CoreSpec, layer: usize) -> Option<[String; 2]>
 /// `name` with each of `renames` (`(canonical, stored)` parts) applied in
 /// order, to every occurrence: a later rename sees the earlier ones' output,
 /// as transformers' conversion mapping renames one key step by step.
-fn respelled(name: &str, renames: &[(&str, &str)]) -> String {
+pub(crate) fn respelled(name: &str, renames: &[(&str, &str)]) -> String {
     renames.iter().fold(name.to_owned(), |name, (canonical, stored)| name.replace(canonical, stored))
 }
 
@@ -330,11 +330,13 @@ fn respelled(name: &str, renames: &[(&str, &str)]) -> String {
 /// unless asked for the original format; a family's saved spelling, whole;
 /// an alias part of the name or of its saved spelling, e.g. DeepSeek V4's
 /// hub names: its saved names without the `model.` prefix; a family's hub
-/// spelling, whole).
-pub fn aliases(core: &CoreSpec, name: &str) -> Vec<String> {
+/// spelling, whole; an MTP layer's tensor as the family's hub keeps it).
+pub fn aliases(arch: &ModelArch, name: &str) -> Vec<String> {
+    let core = &arch.core;
     let naming = naming(core);
     let saved = respelled(name, naming.saved_as);
     let hub = respelled(name, core.family.def().hub_spelling());
+    let mtp_hub = mtp_layer_part(arch, name).and_then(|(k, suffix)| core.family.def().hub_mtp_name(k, suffix));
     let aliased = |base: &str| -> Vec<String> {
         naming
             .aliases
@@ -344,12 +346,22 @@ pub fn aliases(core: &CoreSpec, name: &str) -> Vec<String> {
             .collect()
     };
     let mut out: Vec<String> = Vec::new();
-    for candidate in aliased(name).into_iter().chain([saved.clone()]).chain(aliased(&saved)).chain([hub]) {
+    for candidate in aliased(name).into_iter().chain([saved.clone()]).chain(aliased(&saved)).chain([hub]).chain(mtp_hub)
+    {
         if candidate != name && !out.contains(&candidate) {
             out.push(candidate);
         }
     }
     out
+}
+
+/// `(k, suffix)` where `name` is tensor `suffix` of `arch`'s MTP layer `k`
+/// (the container's layer `layers.len() + k`).
+fn mtp_layer_part<'a>(arch: &ModelArch, name: &'a str) -> Option<(usize, &'a str)> {
+    let rest = name.strip_prefix(naming(&arch.core).model_prefix)?.strip_prefix("layers.")?;
+    let (index, suffix) = rest.split_once('.')?;
+    let k = index.parse::<usize>().ok()?.checked_sub(arch.layers.len())?;
+    (k < arch.mtp.len()).then_some((k, suffix))
 }
 
 /// Canonical tensor `name` as transformers' `save_pretrained` writes it
@@ -393,9 +405,19 @@ pub fn dense_tensors(arch: &ModelArch) -> Vec<TensorDesc> {
         push(lm_head_name(core), vec![core.vocab_size, h], TensorKind::LmHead);
     }
     for (k, blocks) in arch.mtp.iter().enumerate() {
-        mtp_tensors(core, arch.layers.len() + k, blocks, &mut push);
+        mtp_tensors(core, arch.layers.len() + k, blocks, arch.mtp_form, &mut push);
+    }
+    if !arch.mtp.is_empty() && arch.mtp_form.output_norm == MtpOutputNorm::Chain {
+        push(mtp_chain_norm_name(core), vec![h], TensorKind::Norm);
     }
     out
+}
+
+/// The norm every MTP layer's output passes where the form has one shared
+/// norm ([`MtpOutputNorm::Chain`]), `[hidden]`: Inkling's hub name,
+/// `model.mtp.chain_norm` (`MtpModel`'s `shared_post_norm`).
+pub fn mtp_chain_norm_name(core: &CoreSpec) -> String {
+    format!("{}mtp.chain_norm.weight", naming(core).model_prefix)
 }
 
 /// The first MTP layer's `eh_proj`: whether a checkpoint or container
@@ -409,19 +431,25 @@ const MTP_PROJECTION: &str = "eh_proj.weight";
 
 /// A multi-token-prediction layer `layer`: DeepSeek-V3's `enorm` (the next
 /// token's embedding) and `hnorm` (the stack's hidden state), `eh_proj`
-/// over the two joined, the decoder layer `blocks`, and `shared_head.norm`
-/// before the model's own lm head. (Checkpoints also copy the embedding
-/// and lm head into each MTP layer; the model's own are read instead, as
-/// transformers' `MtpModel` does.)
-fn mtp_tensors(core: &CoreSpec, layer: usize, blocks: &LayerSpec, push: &mut Push<'_>) {
+/// over the two joined, the decoder layer `blocks`, and, where the form
+/// gives each layer its own norm, `shared_head.norm` before the model's own
+/// lm head. (Checkpoints also copy the embedding and lm head into each MTP
+/// layer; the model's own are read instead, as transformers' `MtpModel`
+/// does.)
+fn mtp_tensors(core: &CoreSpec, layer: usize, blocks: &LayerSpec, form: MtpForm, push: &mut Push<'_>) {
     let h = core.hidden_size;
     let t = |suffix: &str| layer_tensor(core, layer, suffix);
     push(t("enorm.weight"), vec![h], TensorKind::Norm);
     push(t("hnorm.weight"), vec![h], TensorKind::Norm);
     push(t(MTP_PROJECTION), vec![h, 2 * h], TensorKind::Linear);
     layer_tensors(core, layer, blocks, push);
-    push(t("shared_head.norm.weight"), vec![h], TensorKind::Norm);
+    if form.output_norm == MtpOutputNorm::PerLayer {
+        push(t(MTP_HEAD_NORM), vec![h], TensorKind::Norm);
+    }
 }
+
+/// An MTP layer's own output norm ([`MtpOutputNorm::PerLayer`]).
+pub const MTP_HEAD_NORM: &str = "shared_head.norm.weight";
 
 /// One decoder layer's tensors: norms, attention, MLP or router and shared
 /// experts, residual streams.

@@ -525,7 +525,7 @@ mod shared_kv;
 mod tests;
 mod validate;
 
-pub use arch::{CoreSpec, ModelArch};
+pub use arch::{CoreSpec, ModelArch, MtpForm, MtpOutputNorm};
 pub use inkling::{InklingAttention, LogScaling, ShortConv};
 pub use layer::{
     ExpertKind, FfnSpec, GateActivation, GateRank, GdnSpec, GqaSpec, HyperHead, IndexerSpec, LatentMoe, LayerSpec,

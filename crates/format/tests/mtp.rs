@@ -1,10 +1,12 @@
 //! Multi-token-prediction layers: kept at convert where the checkpoint
-//! holds them (DeepSeek-V3's layer `num_hidden_layers`), their experts in
-//! an expert file of their own never below q8, and left out on request.
+//! holds them (DeepSeek-V3's layer `num_hidden_layers`, Inkling's
+//! `model.mtp.`), their experts in an expert file of their own and their
+//! dense matrices never below q8, and left out on request.
 
 use std::path::{Path, PathBuf};
 
-use strata_format::{Container, ConvertOptions, QuantPreset, convert, export};
+use strata_format::test_util::inkling_hub_with_mtp;
+use strata_format::{Container, ConvertOptions, MtpForm, MtpOutputNorm, QuantPreset, convert, export};
 use strata_kernels::QuantFormat;
 
 fn testdata() -> PathBuf {
@@ -70,4 +72,84 @@ fn an_exported_container_keeps_its_mtp_layer() {
     convert(tmp.path().join("hf"), tmp.path().join("again"), &ConvertOptions::new(QuantPreset::F32)).unwrap();
     let again = Container::open(tmp.path().join("again")).unwrap();
     assert_eq!(again.arch().mtp.len(), 1);
+}
+
+/// Inkling's hub checkpoint with two MTP layers (the second sliding) and
+/// the chain norm converts at q4 with every MTP tensor in the container
+/// under its canonical name (layer 4 and 5 of the 4-layer stack, the chain
+/// norm its own), shaped as the hub stores it, its matrices at q8 and its
+/// dense gate and up the even and odd rows of the hub's `w13_dn`; nothing
+/// of the checkpoint is left unread, and the layers add no expert file.
+#[test]
+fn inklings_hub_mtp_layers_convert_under_their_canonical_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = tmp.path().join("hub");
+    std::fs::create_dir(&hub).unwrap();
+    let stored = inkling_hub_with_mtp(&hub, &[false, true], true);
+    let report = convert(&hub, tmp.path().join("q4"), &ConvertOptions::new(QuantPreset::Q4)).unwrap();
+    assert!(report.ignored_tensors.is_empty(), "{:?}", report.ignored_tensors);
+    let container = Container::open(tmp.path().join("q4")).unwrap();
+    let arch = container.arch();
+    assert_eq!((arch.layers.len(), arch.mtp.len()), (4, 2));
+    assert_eq!(arch.mtp_form, MtpForm { hidden_first: true, output_norm: MtpOutputNorm::Chain });
+    assert_eq!(arch.expert_layers(), [1, 2, 3], "the MTP layers' MLPs are dense");
+    let stack: Vec<String> =
+        strata_format::names::dense_tensors(&arch.clone().without_mtp()).into_iter().map(|d| d.name).collect();
+    let kept: Vec<_> = container.manifest().tensors.iter().filter(|t| !stack.contains(&t.name)).collect();
+    // Every hub tensor is one canonical tensor, but the pair `w13_dn`: two.
+    assert_eq!(kept.len(), stored.len() + 2, "{:?}", kept.iter().map(|t| &t.name).collect::<Vec<_>>());
+    let shape = |name: &str| container.dense_entry(name).unwrap().shape.clone();
+    let format = |name: &str| QuantFormat::from_ordinal(container.dense_entry(name).unwrap().format).unwrap();
+    assert_eq!(shape("model.layers.4.eh_proj.weight"), [48, 96]);
+    assert_eq!(shape("model.layers.4.self_attn.q_proj.weight"), [32, 48], "full: 4 heads x 8");
+    assert_eq!(shape("model.layers.5.self_attn.q_proj.weight"), [36, 48], "sliding: 6 heads x 6");
+    assert_eq!(shape("model.layers.5.self_attn.rel_logits_proj.proj"), [4, 6], "the window's distances");
+    assert_eq!(shape("model.mtp.chain_norm.weight"), [48]);
+    for name in ["model.layers.4.eh_proj.weight", "model.layers.5.mlp.down_proj.weight"] {
+        assert_eq!(format(name), QuantFormat::Q8, "{name}");
+    }
+    // The dense gate and up: the even and odd rows of the hub's pair.
+    let checkpoint = strata_format::Checkpoint::open(&hub).unwrap();
+    let pair = checkpoint.rows_f32("model.mtp.layers.1.transformer_block.mlp.w13_dn.weight", 0, 128).unwrap();
+    let mut gate = vec![0.0f32; 64 * 48];
+    container.dense_rows("model.layers.5.mlp.gate_proj.weight", &(0..64).collect::<Vec<_>>(), &mut gate).unwrap();
+    for (r, (row, paired)) in gate.chunks(48).zip(pair.chunks(96)).enumerate() {
+        let amax = paired[..48].iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (x, want) in row.iter().zip(&paired[..48]) {
+            assert!((x - want).abs() <= amax / 127.0, "gate row {r}: {x} for {want}");
+        }
+    }
+    assert_eq!(
+        container.dense_vec("model.layers.4.hnorm.weight").unwrap(),
+        checkpoint.rows_f32("model.mtp.layers.0.hidden_norm.weight", 0, 1).unwrap()
+    );
+}
+
+/// Without the chain norm no output norm is stored; exported and converted
+/// again, the MTP layer and its form are the same; dropped on request, the
+/// hub's `model.mtp.` tensors are left unread and the model has none.
+#[test]
+fn inklings_mtp_layers_without_the_chain_norm_and_dropped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = tmp.path().join("hub");
+    std::fs::create_dir(&hub).unwrap();
+    let stored = inkling_hub_with_mtp(&hub, &[false], false);
+    convert(&hub, tmp.path().join("kept"), &ConvertOptions::new(QuantPreset::F32)).unwrap();
+    let kept = Container::open(tmp.path().join("kept")).unwrap();
+    assert_eq!(kept.arch().mtp_form.output_norm, MtpOutputNorm::Unnormed);
+    assert!(kept.manifest().tensors.iter().all(|t| !t.name.contains("chain_norm") && !t.name.contains("shared_head")));
+    // Exported (canonical names, the form in config.json) and converted again.
+    export(tmp.path().join("kept"), tmp.path().join("exported")).unwrap();
+    convert(tmp.path().join("exported"), tmp.path().join("again"), &ConvertOptions::new(QuantPreset::F32)).unwrap();
+    let again = Container::open(tmp.path().join("again")).unwrap();
+    assert_eq!((&again.arch().mtp, again.arch().mtp_form), (&kept.arch().mtp, kept.arch().mtp_form));
+    let options = ConvertOptions { drop_mtp: true, ..ConvertOptions::new(QuantPreset::F32) };
+    let report = convert(&hub, tmp.path().join("dropped"), &options).unwrap();
+    let unread: Vec<&String> = stored.iter().map(|(name, _)| name).collect();
+    assert_eq!(report.ignored_tensors.iter().collect::<Vec<_>>(), {
+        let mut u = unread;
+        u.sort();
+        u
+    });
+    assert!(Container::open(tmp.path().join("dropped")).unwrap().arch().mtp.is_empty());
 }

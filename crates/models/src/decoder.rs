@@ -52,8 +52,11 @@ pub struct Decoder {
     final_norm: Option<Norm>,
     lm_head: MatrixHandle,
     /// The multi-token-prediction layer that drafts, where the container
-    /// keeps one.
+    /// keeps one the decoder can run.
     mtp: Option<mtp::Mtp>,
+    /// Why the container's MTP layers do not draft, where it keeps some
+    /// the decoder cannot run (`mtp::refusal`).
+    mtp_refused: Option<String>,
 }
 
 /// One decoder layer.
@@ -222,22 +225,29 @@ impl Decoder {
             true => Some(Norm::load(b, &names::final_norm_name(&spec), arch.core.final_norm, h)?),
             false => None,
         };
-        let mtp = match arch.mtp.as_slice() {
-            [] => None,
-            [layer] if head.streams() == 1 => Some(mtp::Mtp::load(b, &spec, layer, arch.layers.len(), &mut ropes)?),
-            more => {
-                return Err(Error::Unsupported(format!(
-                    "{} MTP layers over {} residual streams: Strata drafts with one over a plain residual",
-                    more.len(),
-                    head.streams()
-                )));
-            }
+        let mtp_refused = mtp::refusal(arch, head.streams());
+        let mtp = match (arch.mtp.as_slice(), &mtp_refused) {
+            ([layer], None) => Some(mtp::Mtp::load(b, &spec, layer, arch.layers.len(), &mut ropes)?),
+            _ => None,
         };
         let embed_norm = match spec.embed_norm {
             Some(kind) => Some(Norm::load(b, &names::embed_norm_name(&spec), kind, h)?),
             None => None,
         };
-        Ok(Self { backend, spec, layers, ropes, cache_layouts, embed, embed_norm, head, final_norm, lm_head, mtp })
+        Ok(Self {
+            backend,
+            spec,
+            layers,
+            ropes,
+            cache_layouts,
+            embed,
+            embed_norm,
+            head,
+            final_norm,
+            lm_head,
+            mtp,
+            mtp_refused,
+        })
     }
 
     /// The final hidden states (before the last norm) of every new row of
@@ -444,6 +454,10 @@ impl CausalLm for Decoder {
 
     fn mtp_layers(&self) -> usize {
         self.mtp.iter().count()
+    }
+
+    fn mtp_refused(&self) -> Option<&str> {
+        self.mtp_refused.as_deref()
     }
 
     fn new_draft_cache(&self, capacity_tokens: usize) -> SequenceState {

@@ -83,6 +83,13 @@ pub trait CausalLm: Send + Sync {
         0
     }
 
+    /// Why the model's multi-token-prediction layers do not draft, where it
+    /// has some it cannot run (a form or a state the decoder does not
+    /// implement): the model runs, without speculation.
+    fn mtp_refused(&self) -> Option<&str> {
+        None
+    }
+
     /// An empty cache for the MTP layer (the draft cache), holding at most
     /// `capacity_tokens`.
     fn new_draft_cache(&self, capacity_tokens: usize) -> SequenceState {

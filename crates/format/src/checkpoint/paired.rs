@@ -131,7 +131,7 @@ mod tests {
         let mut paired = 0;
         for desc in names::dense_tensors(&arch) {
             let mut candidates = vec![desc.name.clone()];
-            candidates.extend(names::aliases(&arch.core, &desc.name));
+            candidates.extend(names::aliases(&arch, &desc.name));
             let stored = hub.resolve(&candidates).unwrap_or_else(|| panic!("{}: none of {candidates:?}", desc.name));
             assert!(stored.starts_with("model.llm."), "{}: read as {stored}", desc.name);
             paired += usize::from(hub.paired_half(stored).is_some());

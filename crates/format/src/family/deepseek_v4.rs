@@ -19,6 +19,7 @@ use super::known::{ConfigKeys, HF_INERT, Known, QUANTIZATION, ROPE};
 use super::mla::string_list;
 use super::{CORE_READ, CoreDims, Family, FamilyDef, HF_NAMING, Naming};
 use crate::error::{Error, Result};
+use crate::spec::MtpForm;
 use crate::spec::fields::Fields;
 use crate::spec::{
     CompressedIndexer, Compression, CoreSpec, ExpertKind, FfnSpec, HyperHead, LayerSpec, MixerSpec, ModelArch,
@@ -422,7 +423,12 @@ impl FamilyDef for DeepseekV4 {
             }
         };
         // `mtp.*` is known and left unread (the draft layers run for DeepSeek-V3's layout only).
-        Ok(ModelArch { core, layers: types.iter().zip(&hashed).map(layer).collect(), mtp: Vec::new() })
+        Ok(ModelArch {
+            core,
+            layers: types.iter().zip(&hashed).map(layer).collect(),
+            mtp: Vec::new(),
+            mtp_form: MtpForm::DEEPSEEK_V3,
+        })
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

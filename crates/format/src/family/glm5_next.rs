@@ -18,6 +18,7 @@ use super::known::{ConfigKeys, HF_INERT, Known, QUANTIZATION, ROPE};
 use super::mla::string_list;
 use super::{CORE_READ, Family, FamilyDef, Naming, mla, stack};
 use crate::error::{Error, Result};
+use crate::spec::MtpForm;
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
 use crate::spec::{
@@ -364,7 +365,7 @@ impl FamilyDef for Glm5Next {
             // The wrapper's own (class default false) decides.
             core.tie_word_embeddings = tie;
         }
-        Ok(ModelArch { core, layers, mtp: Vec::new() })
+        Ok(ModelArch { core, layers, mtp: Vec::new(), mtp_form: MtpForm::DEEPSEEK_V3 })
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

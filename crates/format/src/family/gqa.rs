@@ -5,6 +5,7 @@ use serde_json::{Map, Value, json};
 
 use super::{CoreDims, Family, Ffns, stack};
 use crate::error::{Error, Result};
+use crate::spec::MtpForm;
 use crate::spec::fields::Fields;
 use crate::spec::{
     CoreSpec, ExpertKind, FfnKind, FfnSpec, GqaSpec, LayerSpec, MixerSpec, ModelArch, MoeBlock, NormKind, QkNorm,
@@ -53,7 +54,7 @@ impl Parsed<'_> {
     /// the feed-forward block `kinds[l]` names.
     pub(super) fn build(self, kinds: &[FfnKind], attention: impl Fn(usize) -> MixerSpec) -> Result<ModelArch> {
         let layers = stack(kinds, &self.ffns, self.core.final_norm, attention)?;
-        Ok(ModelArch { core: self.core, layers, mtp: Vec::new() })
+        Ok(ModelArch { core: self.core, layers, mtp: Vec::new(), mtp_form: MtpForm::DEEPSEEK_V3 })
     }
 
     /// The model whose every layer has the model's attention block and the

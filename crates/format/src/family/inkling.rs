@@ -10,16 +10,25 @@
 //! Tensors are named as transformers' `save_pretrained` writes the text
 //! model, or as the Hub's checkpoints do (`HUB_SPELLING`: `model.llm.…`,
 //! gate and up rows paired in `w13`); the Hub's NVFP4 experts are refused.
+//!
+//! The multi-token-prediction layers (`num_mtp_layers`, or the wrapper's
+//! `mtp_config`) are kept as layers `num_hidden_layers + k`, each an
+//! Inkling layer with a dense MLP, in the form `MtpModel` gives them
+//! (`MtpForm`: the hidden state first, the shared chain norm or none); the
+//! hub keeps them under `model.mtp.` (`HUB_MTP_OWN`).
 
 use serde_json::{Map, Value, json};
 
 use super::known::{ConfigKeys, HF_INERT, Known};
 use super::{CoreDims, Family, FamilyDef, Ffns, HF_NAMING, Naming, stack};
 use crate::error::{Error, Result};
+use crate::names::respelled;
 use crate::spec::fields::Fields;
+use crate::spec::limits::{MAX_MTP_LAYERS, at_most};
 use crate::spec::{
-    CoreSpec, ExpertKind, FfnKind, FfnSpec, InklingAttention, LogScaling, MixerSpec, ModelArch, MoeBlock, NormKind,
-    RouterKind, SharedExperts, ShortConv, SwiGlu, expert_count, f32_to_json, special_tokens,
+    CoreSpec, ExpertKind, FfnKind, FfnSpec, InklingAttention, LayerSpec, LogScaling, MixerSpec, ModelArch, MoeBlock,
+    MtpForm, MtpOutputNorm, NormKind, RouterKind, SharedExperts, ShortConv, SwiGlu, expert_count, f32_to_json,
+    special_tokens,
 };
 
 pub(super) struct Inkling;
@@ -61,6 +70,15 @@ const HUB_SPELLING: &[(&str, &str)] = &[
     (".mlp.experts.down_proj", ".mlp.experts.w2_weight"),
 ];
 
+/// An MTP layer's own tensors (canonical suffix → the hub's), the inverse
+/// of transformers 5.23's `MtpModel` conversion mapping for Inkling: the
+/// norms of the stack's hidden state and of the embedding and the
+/// projection of the two sit at `model.mtp.layers.{k}.`; the decoder block
+/// under `transformer_block.` with the stack's hub names; the chain norm
+/// is `model.mtp.chain_norm`, canonical as it is.
+const HUB_MTP_OWN: &[(&str, &str)] =
+    &[("hnorm.", "hidden_norm."), ("enorm.", "embed_norm."), ("eh_proj.", "input_proj.")];
+
 /// The text model's keys, with the spellings `InklingTextConfig`'s
 /// `attribute_map` and `__post_init__` accept from checkpoints.
 const TEXT: ConfigKeys = ConfigKeys {
@@ -74,14 +92,14 @@ const TEXT: ConfigKeys = ConfigKeys {
         &["dense_intermediate_size", "moe_intermediate_size", "n_routed_experts", "num_local_experts"],
         &["num_experts_per_tok", "n_shared_experts", "route_scale", "logits_mup_width_multiplier"],
         &["embedding_multiplier"],
+        // The multi-token-prediction layers, kept for speculative decoding.
+        &["num_mtp_layers", "chain_hidden_post_norm", "mtp_hidden_states_first", "mtp_local_layer_ids"],
     ],
     inert: &[
         HF_INERT,
         // Read by no module of transformers 5.23 (the router has no norm;
         // the shared experts are always the sink's; nothing is tied).
         &["rms_norm_eps_moe_gate", "shared_expert_sink", "tie_word_embeddings"],
-        // The multi-token-prediction layers, kept for speculative decoding.
-        &["num_mtp_layers", "chain_hidden_post_norm", "mtp_hidden_states_first", "mtp_local_layer_ids"],
         // Set by `__post_init__` (always 4: k, v, attention and MLP
         // convolutions) and written back by `save_pretrained`.
         &["number_of_conv_states"],
@@ -89,18 +107,27 @@ const TEXT: ConfigKeys = ConfigKeys {
     nested: &[],
 };
 
+/// The wrapper's `mtp_config`: what the text model's MTP keys default to
+/// (`InklingConfig.__post_init__`).
+const MTP_CONFIG: ConfigKeys = ConfigKeys {
+    read: &[&["num_nextn_predict_layers", "chain_hidden_post_norm", "local_layer_ids"]],
+    inert: &[],
+    nested: &[],
+};
+
 /// What an Inkling checkpoint may hold: the text model, flat or in the
-/// wrapper's `text_config` beside the vision and audio towers and the
-/// multi-token-prediction module, which are not loaded.
+/// wrapper's `text_config` beside the vision and audio towers, which are
+/// not loaded, and the multi-token-prediction module, which is kept unless
+/// convert is asked to drop it (`model.mtp.*` is then left unread).
 const KNOWN: Known = Known {
     config: ConfigKeys {
         read: &[&["model_type", "bos_token_id", "eos_token_id"]],
         inert: &[
             HF_INERT,
-            &["vision_config", "audio_config", "mtp_config", "tie_word_embeddings"],
+            &["vision_config", "audio_config", "tie_word_embeddings"],
             &["image_token_id", "audio_token_id", "image_bos_token_id", "audio_bos_token_id"],
         ],
-        nested: &[("text_config", &TEXT)],
+        nested: &[("text_config", &TEXT), ("mtp_config", &MTP_CONFIG)],
     },
     unused_tensors: &["model.mtp.*"],
     extra_layers_unused: false,
@@ -172,6 +199,45 @@ fn ffn_kinds(cfg: &Fields<'_>, num_layers: usize) -> Result<Vec<FfnKind>> {
     let dense_below = cfg.usize("dense_mlp_idx")?.unwrap_or(0);
     let dense: Vec<bool> = types.unwrap_or_else(|| (0..num_layers).map(|l| l < dense_below).collect());
     Ok(dense.into_iter().map(|d| if d { FfnKind::Dense } else { FfnKind::Moe }).collect())
+}
+
+/// Where the text model's MTP key `own` is read: its own config where it
+/// has the key (null included: `InklingConfig.__post_init__` only
+/// `setdefault`s it), else the wrapper's `mtp_config` (if any) as `outer`.
+fn mtp_source<'a, 'k>(
+    cfg: Fields<'a>,
+    mtp_config: Option<Fields<'a>>,
+    own: &'k str,
+    outer: &'k str,
+) -> (Fields<'a>, &'k str) {
+    match mtp_config {
+        Some(wrapper) if cfg.raw(own).is_none() => (wrapper, outer),
+        _ => (cfg, own),
+    }
+}
+
+/// The multi-token-prediction layers the config declares: how many
+/// (`num_mtp_layers`, none if null), which slide (`mtp_local_layer_ids`,
+/// else none: `mtp_layer_types`) and their form. `MtpModel` gives Inkling
+/// no per-layer norm (its config has `chain_hidden_post_norm`), one shared
+/// norm where that key is true.
+fn mtp_layers(root: &Map<String, Value>, cfg: Fields<'_>) -> Result<(Vec<bool>, MtpForm)> {
+    let top = Fields { map: root, prefix: "" };
+    let wrapper = match cfg.prefix.is_empty() {
+        true => None,
+        false => top.object("mtp_config")?.map(|map| Fields { map, prefix: "mtp_config." }),
+    };
+    let (fields, key) = mtp_source(cfg, wrapper, "num_mtp_layers", "num_nextn_predict_layers");
+    let count = at_most(key, fields.usize(key)?.unwrap_or(0), MAX_MTP_LAYERS)?;
+    let (fields, key) = mtp_source(cfg, wrapper, "chain_hidden_post_norm", "chain_hidden_post_norm");
+    let chain_norm = fields.bool(key)?.unwrap_or(false);
+    let (fields, key) = mtp_source(cfg, wrapper, "mtp_local_layer_ids", "local_layer_ids");
+    let local = fields.usize_list(key)?.unwrap_or_default();
+    let form = MtpForm {
+        hidden_first: cfg.bool("mtp_hidden_states_first")?.unwrap_or(true),
+        output_norm: if chain_norm { MtpOutputNorm::Chain } else { MtpOutputNorm::Unnormed },
+    };
+    Ok(((0..count).map(|k| local.contains(&k)).collect(), form))
 }
 
 /// The text model's config: the document itself, or the wrapper's
@@ -253,9 +319,9 @@ impl FamilyDef for Inkling {
         let log_scaling = cfg.usize("log_scaling_n_floor")?.map(|n_floor| LogScaling { n_floor, alpha });
         let conv_kernel = aliased(&cfg, "conv_kernel_size", "sconv_kernel_size")?.unwrap_or(CONV_KERNEL);
         let sliding = sliding_layers(&cfg, num_layers)?;
-        let attention = |l: usize| {
+        let attention = |slides: bool| {
             let ((num_heads, num_kv_heads, head_dim), sliding_window) =
-                if sliding[l] { (sliding_heads, Some(window)) } else { (full_heads, None) };
+                if slides { (sliding_heads, Some(window)) } else { (full_heads, None) };
             MixerSpec::Inkling(InklingAttention {
                 num_heads,
                 num_kv_heads,
@@ -263,8 +329,8 @@ impl FamilyDef for Inkling {
                 sliding_window,
                 d_rel,
                 // A sliding layer's bias spans its window.
-                rel_extent: if sliding[l] { window } else { rel_extent },
-                log_scaling: if sliding[l] { None } else { log_scaling },
+                rel_extent: if slides { window } else { rel_extent },
+                log_scaling: if slides { None } else { log_scaling },
                 conv_kernel,
                 hidden_size,
             })
@@ -290,21 +356,39 @@ impl FamilyDef for Inkling {
         };
         let kinds = ffn_kinds(&cfg, num_layers)?;
         let ffns = Ffns { moe, dense_intermediate_size: dense_width };
-        let mut layers = stack(&kinds, &ffns, NormKind::Weight { eps }, attention)?;
-        for layer in &mut layers {
-            layer.ffn_output_conv = Some(ShortConv { kernel: conv_kernel, channels: hidden_size });
-            if let FfnSpec::Dense { global_scale, .. } = &mut layer.ffn {
-                *global_scale = true;
+        let norm = NormKind::Weight { eps };
+        let inkling_layers = |mut layers: Vec<LayerSpec>| {
+            for layer in &mut layers {
+                layer.ffn_output_conv = Some(ShortConv { kernel: conv_kernel, channels: hidden_size });
+                if let FfnSpec::Dense { global_scale, .. } = &mut layer.ffn {
+                    *global_scale = true;
+                }
             }
-        }
-        Ok(ModelArch { core, layers, mtp: Vec::new() })
+            layers
+        };
+        let layers = inkling_layers(stack(&kinds, &ffns, norm, |l| attention(sliding[l]))?);
+        // Every MTP layer's MLP is dense (`mtp_mlp_layer_types`), as wide
+        // as the stack's dense ones (`InklingMLP` reads `intermediate_size`).
+        let (mtp_sliding, mtp_form) = mtp_layers(root, cfg)?;
+        let mtp_kinds = vec![FfnKind::Dense; mtp_sliding.len()];
+        let mtp = inkling_layers(stack(&mtp_kinds, &ffns, norm, |k| attention(mtp_sliding[k]))?);
+        Ok(ModelArch { core, layers, mtp, mtp_form })
+    }
+
+    fn hub_mtp_name(&self, k: usize, suffix: &str) -> Option<String> {
+        let layer = format!("model.mtp.layers.{k}.");
+        let own = HUB_MTP_OWN.iter().find_map(|(own, hub)| suffix.strip_prefix(own).map(|rest| format!("{hub}{rest}")));
+        // The block's parts are renamed as a stack layer's: every part of
+        // `HUB_SPELLING` that applies inside a layer begins with a dot.
+        let block = || format!("transformer_block{}", respelled(&format!(".{suffix}"), HUB_SPELLING));
+        Some(format!("{layer}{}", own.unwrap_or_else(block)))
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {
         let core = &arch.core;
         let ours = core.embed_norm.is_some()
             && core.logits_mup_divisor.is_some()
-            && arch.layers.iter().all(|l| {
+            && arch.layers.iter().chain(&arch.mtp).all(|l| {
                 let ffn = match &l.ffn {
                     FfnSpec::Dense { global_scale, .. } => *global_scale,
                     FfnSpec::Moe(moe) => matches!(moe.router, RouterKind::SharedExpertSink { .. }),
@@ -317,13 +401,22 @@ impl FamilyDef for Inkling {
                 "inkling is Inkling attention, output convolutions and the shared-expert sink throughout",
             ));
         }
+        // `MtpModel` gives a config with `chain_hidden_post_norm` no
+        // per-layer norm, and an Inkling MTP layer's MLP is dense.
+        let mtp_dense = arch.mtp.iter().all(|l| matches!(l.ffn, FfnSpec::Dense { .. }));
+        if !mtp_dense || (!arch.mtp.is_empty() && arch.mtp_form.output_norm == MtpOutputNorm::PerLayer) {
+            return Err(Error::invalid(
+                "num_mtp_layers",
+                "Inkling's MTP layers have a dense MLP and the chain norm or none, not a norm each",
+            ));
+        }
         Ok(())
     }
 
     fn to_config_json(&self, arch: &ModelArch, _source: Option<&Value>) -> Value {
         let core = &arch.core;
         let attention = |sliding: bool| {
-            let mut blocks = arch.layers.iter().filter_map(|l| match &l.mixer {
+            let mut blocks = arch.layers.iter().chain(&arch.mtp).filter_map(|l| match &l.mixer {
                 MixerSpec::Inkling(ink) => Some(ink),
                 _ => None,
             });
@@ -334,14 +427,9 @@ impl FamilyDef for Inkling {
             // validate() guarantees Inkling attention on every layer.
             return Value::Null;
         };
-        let layer_types: Vec<&str> = arch
-            .layers
-            .iter()
-            .map(|l| match &l.mixer {
-                MixerSpec::Inkling(ink) if ink.sliding_window.is_some() => "hybrid_sliding",
-                _ => "hybrid",
-            })
-            .collect();
+        let slides = |l: &LayerSpec| matches!(&l.mixer, MixerSpec::Inkling(ink) if ink.sliding_window.is_some());
+        let layer_types: Vec<&str> =
+            arch.layers.iter().map(|l| if slides(l) { "hybrid_sliding" } else { "hybrid" }).collect();
         let mlp_layer_types: Vec<&str> =
             arch.layer_kinds().iter().map(|k| if *k == FfnKind::Dense { "dense" } else { "sparse" }).collect();
         let moe = arch.first_moe().copied();
@@ -357,7 +445,7 @@ impl FamilyDef for Inkling {
             [one] => json!(one),
             ids => json!(ids),
         };
-        json!({
+        let mut config = json!({
             "architectures": [self.architecture()],
             "model_type": TEXT_MODEL_TYPE,
             "dtype": "float32",
@@ -391,7 +479,17 @@ impl FamilyDef for Inkling {
             "bos_token_id": core.bos_token_id,
             "eos_token_id": eos,
             "tie_word_embeddings": false,
-        })
+        });
+        // Declared only where kept: a container converted without them
+        // (or from a checkpoint lacking them) has none.
+        if let (Some(c), false) = (config.as_object_mut(), arch.mtp.is_empty()) {
+            let local: Vec<usize> = (0..arch.mtp.len()).filter(|&k| slides(&arch.mtp[k])).collect();
+            c.insert("num_mtp_layers".into(), json!(arch.mtp.len()));
+            c.insert("mtp_local_layer_ids".into(), json!(local));
+            c.insert("mtp_hidden_states_first".into(), json!(arch.mtp_form.hidden_first));
+            c.insert("chain_hidden_post_norm".into(), json!(arch.mtp_form.output_norm == MtpOutputNorm::Chain));
+        }
+        config
     }
 }
 

@@ -17,6 +17,7 @@ use super::kimi_linear::{self, KimiLinear};
 use super::known::{ConfigKeys, HF_INERT, Known, ROPE_AND_QUANTIZATION};
 use super::{CORE_READ, CoreDims, Family, FamilyDef, Naming, mla, stack};
 use crate::error::{Error, Result};
+use crate::spec::MtpForm;
 use crate::spec::fields::Fields;
 use crate::spec::{
     FfnSpec, GateActivation, GateRank, GdnSpec, LatentMoe, LayerType, MixerSpec, MlaAttention, ModelArch, ResidualKind,
@@ -398,7 +399,7 @@ impl FamilyDef for KimiK3 {
                 core.tie_word_embeddings = tie;
             }
         }
-        Ok(ModelArch { core: parsed.core, layers, mtp: Vec::new() })
+        Ok(ModelArch { core: parsed.core, layers, mtp: Vec::new(), mtp_form: MtpForm::DEEPSEEK_V3 })
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

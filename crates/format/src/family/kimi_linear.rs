@@ -13,6 +13,7 @@ use serde_json::{Map, Value, json};
 use super::known::{ConfigKeys, HF_INERT, Known, ROPE_AND_QUANTIZATION};
 use super::{CORE_READ, CoreDims, Family, FamilyDef, Naming, hybrid, mla, stack};
 use crate::error::{Error, Result};
+use crate::spec::MtpForm;
 use crate::spec::fields::Fields;
 use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
 use crate::spec::{
@@ -300,7 +301,7 @@ impl FamilyDef for KimiLinear {
             LayerType::Linear => MixerSpec::GatedDeltaNet(gdn),
         };
         let layers = stack(&kinds, &parsed.ffns, parsed.core.final_norm, mixer)?;
-        Ok(ModelArch { core: parsed.core, layers, mtp: Vec::new() })
+        Ok(ModelArch { core: parsed.core, layers, mtp: Vec::new(), mtp_form: MtpForm::DEEPSEEK_V3 })
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

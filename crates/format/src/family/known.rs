@@ -210,8 +210,7 @@ const UNUSED_EVERYWHERE: &[&str] = &["*rotary_emb.inv_freq"];
 pub(crate) fn unknown_tensors(arch: &ModelArch, unread: &BTreeSet<String>) -> Vec<String> {
     let def = arch.core.family.def();
     let (known, naming) = (def.known(), def.naming());
-    let stored =
-        |canonical: &str| std::iter::once(canonical.to_owned()).chain(crate::names::aliases(&arch.core, canonical));
+    let stored = |canonical: &str| std::iter::once(canonical.to_owned()).chain(crate::names::aliases(arch, canonical));
     let prefixes: Vec<String> = stored(naming.model_prefix).collect();
     let lm_heads: Vec<String> = stored(naming.lm_head).collect();
     let num_layers = arch.layers.len();

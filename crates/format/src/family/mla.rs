@@ -13,7 +13,7 @@ use crate::spec::fields::Fields;
 use crate::spec::limits::{MAX_MTP_LAYERS, at_most};
 use crate::spec::{
     CoreSpec, ExpertKind, FfnKind, FfnSpec, IndexerSpec, LATENT_NORM_EPS, MixerSpec, MlaAttention, MlaSpec, ModelArch,
-    MoeBlock, NormKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, common_config, expert_count,
+    MoeBlock, MtpForm, NormKind, RopeScaling, RopeSpec, RouterKind, SharedExperts, SwiGlu, common_config, expert_count,
     parse_rope, special_tokens,
 };
 
@@ -112,7 +112,7 @@ impl Parsed {
         kinds.extend(std::iter::repeat_n(FfnKind::Moe, self.mtp_layers));
         let mut layers = stack(&kinds, &self.ffns, self.core.final_norm, attention)?;
         let mtp = layers.split_off(self.kinds.len());
-        Ok(ModelArch { core: self.core, layers, mtp })
+        Ok(ModelArch { core: self.core, layers, mtp, mtp_form: MtpForm::DEEPSEEK_V3 })
     }
 }
 

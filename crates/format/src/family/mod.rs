@@ -131,6 +131,14 @@ pub(crate) trait FamilyDef: Sync {
         &[]
     }
 
+    /// The hub's name of tensor `suffix` of multi-token-prediction layer
+    /// `k`, where the family's hub checkpoints keep those layers apart from
+    /// the stack (Inkling's `model.mtp.layers.{k}.…`); `None` where they are
+    /// stored as the stack's layer `num_hidden_layers + k`.
+    fn hub_mtp_name(&self, _k: usize, _suffix: &str) -> Option<String> {
+        None
+    }
+
     /// The config keys the family reads and those known not to change the
     /// computation, and the tensors known to be unused (`known.rs`).
     fn known(&self) -> &'static Known;

@@ -61,6 +61,55 @@ pub struct ModelArch {
     /// `layers.len()`. Empty where the family has none, the config declares
     /// none, or the container was converted without them.
     pub mtp: Vec<LayerSpec>,
+    /// How the MTP layers join their inputs and norm their outputs, as the
+    /// config says (meaningful only where [`ModelArch::mtp`] has layers).
+    pub mtp_form: MtpForm,
+}
+
+/// How a model's multi-token-prediction layers are wired, as transformers'
+/// `MtpLayer` and `MtpModel` build them from the config: read by the family
+/// file, so that neither a reader nor the decoder guesses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MtpForm {
+    /// `eh_proj` takes `[hnorm(hidden), enorm(embedding)]` (Inkling's
+    /// `mtp_hidden_states_first`) rather than `[enorm(embedding),
+    /// hnorm(hidden)]` (DeepSeek-V3's).
+    pub hidden_first: bool,
+    /// What norms each MTP layer's output before the lm head and the next
+    /// MTP layer.
+    pub output_norm: MtpOutputNorm,
+}
+
+/// The norm of an MTP layer's output (`MtpModel`: a config with
+/// `chain_hidden_post_norm` has no per-layer norm, and one shared norm
+/// where the key is true).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MtpOutputNorm {
+    /// Each layer's own, `shared_head.norm` (DeepSeek-V3's `post_norm`).
+    PerLayer,
+    /// One norm after every layer (Inkling's `chain_norm` with
+    /// `chain_hidden_post_norm`).
+    Chain,
+    /// None: the output goes to the lm head as it is (Inkling without
+    /// `chain_hidden_post_norm`).
+    Unnormed,
+}
+
+impl MtpForm {
+    /// transformers' `MtpModel` for a config without Inkling's keys
+    /// (DeepSeek-V3, GLM-5): the embedding first, each layer its own norm.
+    pub const DEEPSEEK_V3: MtpForm = MtpForm { hidden_first: false, output_norm: MtpOutputNorm::PerLayer };
+
+    /// The line `strata info` prints.
+    pub fn describe(&self) -> String {
+        let order = if self.hidden_first { "[hidden, embedding]" } else { "[embedding, hidden]" };
+        let norm = match self.output_norm {
+            MtpOutputNorm::PerLayer => "a norm per layer",
+            MtpOutputNorm::Chain => "the shared chain norm",
+            MtpOutputNorm::Unnormed => "no output norm",
+        };
+        format!("{order} joined, {norm}")
+    }
 }
 
 impl ModelArch {
@@ -159,9 +208,11 @@ impl ModelArch {
         self.first_moe().map_or(0, |moe| moe.intermediate_size)
     }
 
-    /// The first dense layer's MLP width (`None`: no dense layer).
+    /// The first dense layer's MLP width, MTP layers included (Inkling's
+    /// are dense and as wide as its stack's dense layers); `None`: no dense
+    /// layer.
     pub fn dense_intermediate_size(&self) -> Option<usize> {
-        self.layers.iter().find_map(|l| match l.ffn {
+        self.layers.iter().chain(&self.mtp).find_map(|l| match l.ffn {
             FfnSpec::Dense { intermediate_size, .. } => Some(intermediate_size),
             FfnSpec::Moe(_) => None,
         })

@@ -16,6 +16,7 @@ pub(crate) fn as_u32(v: &Value, field: &str) -> Result<u32> {
 
 /// Typed access to one JSON object, naming `prefix + key` in errors. Absent
 /// and `null` are both "not given", as in transformers.
+#[derive(Clone, Copy)]
 pub(crate) struct Fields<'a> {
     pub(crate) map: &'a Map<String, Value>,
     pub(crate) prefix: &'static str,

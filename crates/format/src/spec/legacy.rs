@@ -9,7 +9,7 @@ use super::{
     LayerType, MixerSpec, MlaAttention, ModelArch, ModelSpec, MoeBlock, MoeSpec, NormKind, NormStyle, QkNorm,
     ResidualKind, RopeScaling, RopeSpec, RouterKind, RouterSpec, ScoringFunc, SharedExperts, SwiGlu,
 };
-use super::{DsaSpec, GdnDims, LATENT_NORM_EPS, MlaSpec};
+use super::{DsaSpec, GdnDims, LATENT_NORM_EPS, MlaSpec, MtpForm};
 use crate::error::{Error, Result};
 
 impl ModelSpec {
@@ -31,7 +31,7 @@ impl ModelSpec {
             eos_token_ids: self.eos_token_ids.clone(),
         };
         let layers = self.layers.iter().enumerate().map(|(l, kind)| self.layer_spec(l, *kind)).collect();
-        ModelArch { core, layers, mtp: Vec::new() }
+        ModelArch { core, layers, mtp: Vec::new(), mtp_form: MtpForm::DEEPSEEK_V3 }
     }
 
     /// Checks a stored spec: its layer list matches its layer count, and the

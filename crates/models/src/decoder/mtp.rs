@@ -10,9 +10,15 @@
 //! draft cache), whose first row is the second token's: row r is position
 //! r + 1. Its experts are the container's layer `num_hidden_layers`, read
 //! through the same store and budget as the stack's.
+//!
+//! Only that form drafts: MTP layers the decoder cannot run as
+//! `MtpModel` does (another form, several layers, residual streams, or
+//! fixed state such as Inkling's short convolutions, which a draft cache
+//! cut back to its committed rows would not undo) are left unloaded, and
+//! the model says why ([`refusal`]) instead of drafting wrongly.
 
 use strata_format::names;
-use strata_format::{CoreSpec, LayerSpec, ResidualKind, RopeSpec};
+use strata_format::{CoreSpec, LayerSpec, ModelArch, MtpForm, ResidualKind, RopeSpec};
 use strata_kv::{LayerLayout, SequenceState};
 
 use super::{Decoder, Layer};
@@ -36,6 +42,32 @@ pub(super) struct Mtp {
     pub(super) cache_layout: LayerLayout,
 }
 
+/// Why `arch`'s MTP layers cannot draft here (`None`: they can, or there
+/// are none), over a stack carrying `streams` residual streams.
+pub(super) fn refusal(arch: &ModelArch, streams: usize) -> Option<String> {
+    let layer = match arch.mtp.as_slice() {
+        [] => return None,
+        [layer] => layer,
+        more => return Some(format!("{} MTP layers: Strata drafts with one", more.len())),
+    };
+    if arch.mtp_form != MtpForm::DEEPSEEK_V3 {
+        return Some(format!(
+            "its MTP form ({}) is not implemented: Strata drafts with {}",
+            arch.mtp_form.describe(),
+            MtpForm::DEEPSEEK_V3.describe()
+        ));
+    }
+    if streams != 1 || layer.residual != ResidualKind::Plain {
+        return Some(format!("an MTP layer over {streams} residual streams: Strata drafts over a plain residual"));
+    }
+    // A draft is cut back to its committed rows in place (the drafter
+    // asserts it); a fixed state (convolution, recurrence) is not.
+    if layer.state_floats() > 0 {
+        return Some("the MTP layer keeps a fixed state, which its draft cache cannot roll back".into());
+    }
+    None
+}
+
 impl Mtp {
     /// MTP layer `index` (numbered after the stack's layers) as `layer`
     /// says; adds its rotary embedding to `ropes` if new.
@@ -46,18 +78,15 @@ impl Mtp {
         index: usize,
         ropes: &mut Vec<(RopeSpec, Rope)>,
     ) -> Result<Self> {
-        // The residual streams of hyper-connections would need the MTP
-        // layer's own head; no family with them keeps MTP layers.
-        if layer.residual != ResidualKind::Plain {
-            return Err(Error::Unsupported(format!("MTP layer {index}: residual streams")));
-        }
+        // `refusal` keeps any other layer from loading.
+        assert_eq!(layer.residual, ResidualKind::Plain, "MTP layer {index}: a plain residual");
         let h = spec.hidden_size;
         let t = |suffix: &str| names::layer_tensor(spec, index, suffix);
         let enorm = Norm::load(b, &t("enorm.weight"), layer.norm, h)?;
         let hnorm = Norm::load(b, &t("hnorm.weight"), layer.norm, h)?;
         let eh_proj = b.matrix(&t("eh_proj.weight"), h, 2 * h)?;
         let (layer_blocks, cache_layout) = Layer::load(b, spec, layer, index, ropes)?;
-        let head_norm = Norm::load(b, &t("shared_head.norm.weight"), layer.norm, h)?;
+        let head_norm = Norm::load(b, &t(names::MTP_HEAD_NORM), layer.norm, h)?;
         Ok(Self { enorm, hnorm, eh_proj, layer: layer_blocks, head_norm, index, cache_layout })
     }
 }
@@ -80,7 +109,9 @@ impl Decoder {
         next: &[u32],
         cache: &mut SequenceState,
     ) -> Result<Draft> {
-        let mtp = self.mtp.as_ref().ok_or_else(|| Error::Unsupported("the model has no MTP layer".into()))?;
+        let mtp = self.mtp.as_ref().ok_or_else(|| {
+            Error::Unsupported(self.mtp_refused.clone().unwrap_or_else(|| "the model has no MTP layer".into()))
+        })?;
         let (b, h, n) = (&self.backend, self.spec.hidden_size, next.len());
         assert_eq!(hidden.len(), n * h, "a hidden row per next token");
         cache.reserve(n)?;
@@ -114,5 +145,35 @@ impl Decoder {
         let mut logits = vec![0.0f32; n * self.spec.vocab_size];
         b.matmul(rt, self.lm_head, &out, &mut logits);
         Ok(Draft { logits, hidden: out })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture_arch(family: &str, edit: impl FnOnce(&mut serde_json::Value)) -> ModelArch {
+        let path = format!("{}/../../testdata/{family}/config.json", env!("CARGO_MANIFEST_DIR"));
+        let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        edit(&mut config);
+        ModelArch::from_config_value(&config).unwrap()
+    }
+
+    /// DeepSeek-V3's one MTP layer drafts; two, or Inkling's form (its
+    /// hidden-first join, no per-layer norm, convolution state), are
+    /// refused, saying what is missing, rather than drafted wrongly.
+    #[test]
+    fn only_deepseeks_form_of_one_stateless_layer_drafts() {
+        assert_eq!(refusal(&fixture_arch("deepseek_v3/hf", |_| {}), 1), None);
+        let two = fixture_arch("deepseek_v3/hf", |c| c["num_nextn_predict_layers"] = 2.into());
+        assert_eq!(refusal(&two, 1).unwrap(), "2 MTP layers: Strata drafts with one");
+        assert!(refusal(&fixture_arch("deepseek_v3/hf", |_| {}), 2).unwrap().contains("residual streams"));
+        let inkling = fixture_arch("inkling/hf", |c| c["num_mtp_layers"] = 1.into());
+        let why = refusal(&inkling, 1).unwrap();
+        assert!(why.contains("[hidden, embedding] joined, no output norm"), "{why}");
+        // Were the form DeepSeek's, the layer's convolution state would still stop it.
+        let stateful = ModelArch { mtp_form: MtpForm::DEEPSEEK_V3, ..inkling };
+        assert!(refusal(&stateful, 1).unwrap().contains("fixed state"));
+        assert_eq!(refusal(&stateful.without_mtp(), 1), None);
     }
 }

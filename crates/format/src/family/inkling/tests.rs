@@ -160,3 +160,115 @@ fn the_sink_router_and_its_shared_experts_come_together() {
     moe.router = RouterKind::SoftmaxTopK { renormalize: false };
     assert!(plain.validate().is_err());
 }
+
+/// The hub's wrapper declares its MTP layer in `mtp_config` (one, no
+/// sliding one, no chain norm): a full-attention Inkling layer whose MLP is
+/// dense, as wide as `dense_intermediate_size` (`InklingMLP` reads
+/// `intermediate_size`, which that key overrides) with its `global_scale`,
+/// and the form `MtpModel` gives Inkling: the hidden state first, no
+/// output norm.
+#[test]
+fn the_hub_wrappers_mtp_config_declares_one_full_layer_with_a_dense_mlp() {
+    let arch = parse(&hub()).unwrap();
+    let [mtp] = arch.mtp.as_slice() else { panic!("{:?}", arch.mtp) };
+    let ink = attention(mtp);
+    assert_eq!((ink.num_heads, ink.num_kv_heads, ink.head_dim, ink.sliding_window), (64, 8, 128, None));
+    assert_eq!((ink.rel_extent, ink.conv_kernel), (1024, 4));
+    assert_eq!(mtp.ffn, FfnSpec::Dense { intermediate_size: 24576, swiglu: SwiGlu::Plain, global_scale: true });
+    assert_eq!(mtp.ffn_output_conv, Some(ShortConv { kernel: 4, channels: 6144 }));
+    assert_eq!(arch.mtp_form, MtpForm { hidden_first: true, output_norm: MtpOutputNorm::Unnormed });
+    assert_eq!(arch.expert_layers().len(), 66, "the MTP layer has no expert file");
+}
+
+/// `InklingConfig.__post_init__` only `setdefault`s the text model's MTP
+/// keys from `mtp_config`: a key the text model has wins, null included.
+#[test]
+fn the_text_models_own_mtp_keys_win_over_the_wrappers_null_included() {
+    let mut config = hub();
+    config["mtp_config"] =
+        json!({"num_nextn_predict_layers": 2, "chain_hidden_post_norm": true, "local_layer_ids": [1]});
+    let arch = parse(&config).unwrap();
+    let slides: Vec<bool> = arch.mtp.iter().map(|l| attention(l).sliding_window.is_some()).collect();
+    assert_eq!(slides, [false, true]);
+    assert_eq!(attention(&arch.mtp[1]).rel_extent, 512, "a sliding MTP layer's bias spans its window");
+    assert_eq!(arch.mtp_form.output_norm, MtpOutputNorm::Chain);
+    config["text_config"]["chain_hidden_post_norm"] = json!(false);
+    config["text_config"]["mtp_local_layer_ids"] = json!([0]);
+    let arch = parse(&config).unwrap();
+    assert_eq!(arch.mtp_form.output_norm, MtpOutputNorm::Unnormed);
+    assert!(attention(&arch.mtp[0]).sliding_window.is_some() && attention(&arch.mtp[1]).sliding_window.is_none());
+    config["text_config"]["num_mtp_layers"] = json!(null);
+    assert!(parse(&config).unwrap().mtp.is_empty(), "the text model's null wins");
+}
+
+/// A saved text model's own keys: every form `MtpModel` builds for
+/// Inkling, each exported and read back as it was.
+#[test]
+fn a_saved_text_configs_mtp_keys_give_the_form_and_export_back() {
+    for (hidden_first, chain) in [(true, false), (false, true)] {
+        let mut config = small_text();
+        config["num_mtp_layers"] = json!(2);
+        config["mtp_local_layer_ids"] = json!([0, 5]);
+        config["mtp_hidden_states_first"] = json!(hidden_first);
+        config["chain_hidden_post_norm"] = json!(chain);
+        let arch = parse(&config).unwrap();
+        let output_norm = if chain { MtpOutputNorm::Chain } else { MtpOutputNorm::Unnormed };
+        assert_eq!(arch.mtp_form, MtpForm { hidden_first, output_norm });
+        assert_eq!(attention(&arch.mtp[0]).num_heads, 6, "sliding: the swa heads");
+        assert_eq!(attention(&arch.mtp[1]).log_scaling, Some(LogScaling { n_floor: 3, alpha: 0.25 }));
+        assert_eq!(
+            arch.mtp[1].ffn,
+            FfnSpec::Dense { intermediate_size: 40, swiglu: SwiGlu::Plain, global_scale: true }
+        );
+        assert_eq!(parse(&arch.to_config_json()).unwrap(), arch);
+    }
+}
+
+#[test]
+fn mtp_layers_past_the_limit_are_refused_naming_the_key_that_declares_them() {
+    let mut config = small_text();
+    config["num_mtp_layers"] = json!(MAX_MTP_LAYERS + 1);
+    let err = parse(&config).unwrap_err().to_string();
+    assert!(err.contains("num_mtp_layers") && err.contains("at most"), "{err}");
+    let mut config = hub();
+    config["mtp_config"]["num_nextn_predict_layers"] = json!(u64::MAX);
+    let err = parse(&config).unwrap_err().to_string();
+    assert!(err.contains("num_nextn_predict_layers"), "{err}");
+}
+
+/// The MTP layers' tensors: the canonical names are the stack's layers
+/// `num_hidden_layers + k` (and the chain norm's own), each found under
+/// the hub's `model.mtp.` name; no per-layer head norm in Inkling's form.
+#[test]
+fn the_mtp_tensors_are_the_hubs_model_mtp_ones() {
+    let mut config = small_text();
+    config["num_mtp_layers"] = json!(2);
+    config["chain_hidden_post_norm"] = json!(true);
+    let arch = parse(&config).unwrap();
+    let names: Vec<String> = crate::names::dense_tensors(&arch).into_iter().map(|d| d.name).collect();
+    let hub_of = |name: &str| {
+        assert!(names.iter().any(|n| n == name), "{name} is not a tensor of the model");
+        crate::names::aliases(&arch, name)
+    };
+    for (canonical, hub) in [
+        ("model.layers.4.hnorm.weight", "model.mtp.layers.0.hidden_norm.weight"),
+        ("model.layers.4.enorm.weight", "model.mtp.layers.0.embed_norm.weight"),
+        ("model.layers.5.eh_proj.weight", "model.mtp.layers.1.input_proj.weight"),
+        ("model.layers.5.self_attn.q_proj.weight", "model.mtp.layers.1.transformer_block.attn.wq_du.weight"),
+        ("model.layers.4.self_attn.k_sconv.conv1d.weight", "model.mtp.layers.0.transformer_block.attn.k_sconv.weight"),
+        ("model.layers.4.input_layernorm.weight", "model.mtp.layers.0.transformer_block.attn_norm.weight"),
+        ("model.layers.4.mlp.down_proj.weight", "model.mtp.layers.0.transformer_block.mlp.w2_md.weight"),
+        // Read from the pair `mlp.w13_dn` (checkpoint/paired.rs).
+        ("model.layers.4.mlp.gate_proj.weight", "model.mtp.layers.0.transformer_block.mlp.gate_proj.weight"),
+        ("model.layers.5.mlp.global_scale", "model.mtp.layers.1.transformer_block.mlp.global_scale"),
+        ("model.layers.5.mlp_sconv.conv1d.weight", "model.mtp.layers.1.transformer_block.mlp_sconv.weight"),
+    ] {
+        assert!(hub_of(canonical).iter().any(|n| n == hub), "{canonical}: {:?}", hub_of(canonical));
+    }
+    assert!(names.iter().any(|n| n == "model.mtp.chain_norm.weight"));
+    assert!(!names.iter().any(|n| n.contains("shared_head")), "no per-layer norm");
+    assert!(hub_of("model.layers.3.self_attn.q_proj.weight").iter().all(|n| !n.contains("mtp")), "a stack layer");
+    config["chain_hidden_post_norm"] = json!(false);
+    let unnormed = crate::names::dense_tensors(&parse(&config).unwrap());
+    assert!(unnormed.iter().all(|d| !d.name.contains("chain_norm")));
+}

@@ -148,7 +148,7 @@ fn owner(looked_up: &str) -> (&str, &str) {
             return ("rope", key);
         }
     }
-    for object in ["text_config", "linear_attn_config"] {
+    for object in ["text_config", "linear_attn_config", "mtp_config"] {
         if let Some(key) = looked_up.strip_prefix(object).and_then(|k| k.strip_prefix('.')) {
             // An object in the text config (glm5_next's hub spelling of
             // linear_attn_config) is checked against its own table.
@@ -305,6 +305,7 @@ fn each_family_table_lists_exactly_the_keys_its_parser_reads() {
             ("", Some(own)),
             ("text_config", own.nested_table("text_config")),
             ("linear_attn_config", own.nested_table("linear_attn_config")),
+            ("mtp_config", own.nested_table("mtp_config")),
             ("rope", Some(&ROPE)),
         ];
         for (object, table) in tables {
