@@ -401,7 +401,7 @@ impl Checkpoint {
         }
         // Per-expert matrices (paired and fused experts have no such names).
         let packed = |name: &String| {
-            let aliases = names::aliases(&arch.core, name);
+            let aliases = names::aliases(arch, name);
             self.is_packed_mxfp4(name) && !aliases.iter().any(|alias| self.has(alias))
         };
         !self.has_paired_experts(arch, layer)
