@@ -122,11 +122,7 @@ fn the_hub_s_mxfp4_experts_are_kept_as_their_bytes_with_gate_and_up_rows_apart()
 fn dequantized_mxfp4_experts_convert_as_the_saved_f32_experts_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
     for preset in QuantPreset::ALL {
-        let dir = tmp.path().join(preset.name());
-        let dequantize = ConvertOptions { dequantize_mxfp4: true, ..ConvertOptions::new(preset) };
-        convert(fixture("hf"), dir.join("saved"), &ConvertOptions::new(preset)).unwrap();
-        convert(fixture("hf_mxfp4"), dir.join("hub"), &dequantize).unwrap();
-        let [saved, hub] = ["saved", "hub"].map(|c| Container::open(dir.join(c)).unwrap());
+        let [saved, hub] = common::f32_and_dequantized_mxfp4(&fixture(""), &tmp.path().join(preset.name()), preset);
         assert_eq!(weight_file_hashes(&hub), weight_file_hashes(&saved), "{preset}");
         assert_eq!(hub.expert_layout(0).unwrap().components[2].format, preset.expert_format());
     }

@@ -280,11 +280,8 @@ fn packed_mxfp4_experts_are_kept_as_the_checkpoint_s_bytes_at_every_preset() {
 fn dequantized_mxfp4_experts_convert_as_the_f32_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     for preset in QuantPreset::ALL {
-        let dir = tmp.path().join(preset.name());
-        let dequantize = ConvertOptions { dequantize_mxfp4: true, ..ConvertOptions::new(preset) };
-        convert(fixture("hf"), dir.join("f32"), &ConvertOptions::new(preset)).unwrap();
-        convert(fixture("hf_mxfp4"), dir.join("packed"), &dequantize).unwrap();
-        let [f32_experts, packed] = ["f32", "packed"].map(|c| Container::open(dir.join(c)).unwrap());
+        let [f32_experts, packed] =
+            common::f32_and_dequantized_mxfp4(&fixture(""), &tmp.path().join(preset.name()), preset);
         let (hashes, want) = (weight_file_hashes(&packed), weight_file_hashes(&f32_experts));
         match preset {
             // The reference's f32 experts hold -0.0 where its packing

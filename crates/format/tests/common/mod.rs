@@ -308,6 +308,22 @@ pub fn weight_file_hashes(container: &strata_format::Container) -> Vec<(String, 
     files.map(|f| (f.path.clone(), f.sha256.clone())).collect()
 }
 
+/// `family_dir`'s f32 checkpoint (`hf/`) and its packed MXFP4 copy
+/// (`hf_mxfp4/`) read with `dequantize_mxfp4`, both converted at `preset`
+/// under `out`: the two containers, for comparing the dequantized path with
+/// the f32 one.
+pub fn f32_and_dequantized_mxfp4(
+    family_dir: &Path,
+    out: &Path,
+    preset: strata_format::QuantPreset,
+) -> [strata_format::Container; 2] {
+    use strata_format::ConvertOptions;
+    let dequantize = ConvertOptions { dequantize_mxfp4: true, ..ConvertOptions::new(preset) };
+    strata_format::convert(family_dir.join("hf"), out.join("f32"), &ConvertOptions::new(preset)).unwrap();
+    strata_format::convert(family_dir.join("hf_mxfp4"), out.join("dequantized"), &dequantize).unwrap();
+    ["f32", "dequantized"].map(|c| strata_format::Container::open(out.join(c)).unwrap())
+}
+
 /// Every tensor of the single-file checkpoint `dir` as `write_safetensors`
 /// takes them, for a copy with some of them changed.
 pub fn read_safetensors(dir: &Path) -> Vec<(String, Vec<usize>, Dtype, Vec<u8>)> {
