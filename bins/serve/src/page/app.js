@@ -17,12 +17,15 @@ let controller = null;
 let contextTokens = null;
 // Prompt tokens per character sent, learned from each reply's usage; a
 // cautious guess until the first one. Each message counts MARKUP_CHARS more
-// for what the chat template wraps it in.
+// for what the chat template wraps it in. Kept beside the conversation: a
+// reload that forgot it would fit the kept turns by the guess, and leave out
+// turns that fit.
 let tokensPerChar = 0.5;
 const MARKUP_CHARS = 16;
 // The share of the context kept for the answer when no max tokens is set.
 const ANSWER_SHARE = 0.25;
 const CONVERSATION_KEY = "strata-conversation";
+const TOKENS_PER_CHAR_KEY = "strata-tokens-per-char";
 
 function apiKey() {
   return localStorage.getItem("strata-api-key") || "";
@@ -121,6 +124,7 @@ async function refreshInfo() {
 function saveConversation() {
   try {
     localStorage.setItem(CONVERSATION_KEY, JSON.stringify(conversation.map(({ role, content }) => ({ role, content }))));
+    localStorage.setItem(TOKENS_PER_CHAR_KEY, String(tokensPerChar));
   } catch (e) {
     // Nothing to do: the conversation goes on without being kept.
   }
@@ -136,6 +140,9 @@ function restoreConversation() {
     return;
   }
   if (!Array.isArray(saved)) return;
+  // A stored estimate is used only if it is one this page could have learned.
+  const learned = Number(localStorage.getItem(TOKENS_PER_CHAR_KEY));
+  if (Number.isFinite(learned) && learned > 0 && learned <= 4) tokensPerChar = learned;
   for (const m of saved) {
     if (!m || typeof m.content !== "string" || !["system", "user", "assistant"].includes(m.role)) continue;
     conversation.push({ role: m.role, content: m.content, bubble: addMessage(m.role, m.content) });
