@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's own tooling, in Rust.
 //!
-//! - `cargo xtask ci` — what CI runs: fmt --check, clippy -D warnings, the whole test suite.
+//! - `cargo xtask ci [lint|test]` — what CI runs: fmt --check and clippy -D warnings (`lint`), the whole
+//!   test suite (`test`); both without an argument.
 //! - `cargo xtask fixtures [--python PATH] [--stage1-only|--stage2-only]` — regenerate the oracle
 //!   fixtures in testdata/ with pinned torch and transformers.
 //! - `cargo xtask bench [--only SUITES] [--reps N] ...` — speed against the physical limits
@@ -28,7 +29,7 @@ fn main() -> Result<()> {
         return Ok(());
     };
     match task.as_str() {
-        "ci" => ci(),
+        "ci" => ci(rest),
         "bench" => bench::run(rest),
         "fixtures" => fixtures::run(rest),
         "fuzz" => fuzz::run(rest),
@@ -59,14 +60,27 @@ const TEST_FEATURES: &str =
 const LINT_FEATURES: &str = "strata/gpu,strata-chat/gpu,strata-serve/gpu,strata/cuda,strata-chat/cuda,strata-serve/cuda,\
                              strata/workers,strata-chat/workers,strata-serve/workers";
 
-fn ci() -> Result<()> {
-    cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--features", LINT_FEATURES, "--", "-D", "warnings"])?;
-    // The stand-ins a build without the GPU backend compiles instead
-    // (kernels' gpu/missing.rs), linted: only the crates up to the backend
-    // check again.
-    cargo(&["clippy", "-p", "strata-models", "--all-targets", "--", "-D", "warnings"])?;
-    cargo(&["test", "--workspace", "--features", TEST_FEATURES])?;
+/// `cargo xtask ci [lint|test]`: the lint needs only the toolchain, so
+/// .ci/run runs it while it installs what the tests drive (Chromium,
+/// lavapipe, the official clients), and the tests after.
+fn ci(rest: &[String]) -> Result<()> {
+    let (lint, test) = match rest {
+        [] => (true, true),
+        [phase] if phase == "lint" => (true, false),
+        [phase] if phase == "test" => (false, true),
+        other => bail!("unexpected arguments {other:?} (expected nothing, lint or test)"),
+    };
+    if lint {
+        cargo(&["fmt", "--all", "--", "--check"])?;
+        cargo(&["clippy", "--workspace", "--all-targets", "--features", LINT_FEATURES, "--", "-D", "warnings"])?;
+        // The stand-ins a build without the GPU backend compiles instead
+        // (kernels' gpu/missing.rs), linted: only the crates up to the backend
+        // check again.
+        cargo(&["clippy", "-p", "strata-models", "--all-targets", "--", "-D", "warnings"])?;
+    }
+    if test {
+        cargo(&["test", "--workspace", "--features", TEST_FEATURES])?;
+    }
     Ok(())
 }
 
