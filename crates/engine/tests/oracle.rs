@@ -620,8 +620,11 @@ fn draft_logits_match_the_reference_at_every_preset(family: &str) {
     let text = std::fs::read_to_string(fixture(family).join("mtp_reference.json")).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let prompt: Vec<u32> = json["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-    let presets =
-        [(QuantPreset::F32, "mtp_logits_f32.npy"), (QuantPreset::Q8, "mtp_logits_q8.npy"), (QuantPreset::Q4, "mtp_logits_q4.npy")];
+    let presets = [
+        (QuantPreset::F32, "mtp_logits_f32.npy"),
+        (QuantPreset::Q8, "mtp_logits_q8.npy"),
+        (QuantPreset::Q4, "mtp_logits_q4.npy"),
+    ];
     for (preset, file) in presets {
         let (shape, want) = reference_logits(family, file);
         let dir = convert(family, "hf", preset);
