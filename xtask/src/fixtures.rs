@@ -10,6 +10,10 @@
 //! `strata export <tmp>/<q> <tmp>/<q>_hf`, then transformers float32 logits of the exported checkpoint on the
 //! stage-1 prompt -> `logits_<q>.npy` and `reference_<q>.json`.
 //!
+//! DeepSeek-V3, Qwen3-Next and Qwen3.5 also get `testdata/<family>_mtp/`: the checkpoint with a seeded
+//! multi-token-prediction module and its draft logits, f32 in stage 1 and on each quant's export in stage 2
+//! (`mtp_ref.py`).
+//!
 //! The Python side lives in `xtask/fixtures/` (`gen_fixtures.py`, `numpy_ref.py`, pinned `requirements.txt`).
 //! By default a venv is created in `target/fixtures-venv` with `python3 -m venv` and the pinned requirements
 //! are pip-installed from PyPI (reused while `requirements.txt` is unchanged); `--python PATH` uses an
@@ -49,6 +53,16 @@ const OWN_REFERENCES: [(&str, &str); 1] = [("kimi_k3", "kimi_k3_ref.py")];
 
 fn own_reference(family: &str) -> Option<&'static str> {
     OWN_REFERENCES.iter().find(|(f, _)| *f == family).map(|(_, script)| *script)
+}
+/// Families whose fixture has a multi-token-prediction twin, `OUT/FAMILY_mtp` (the fixture's checkpoint
+/// plus a seeded MTP module, and its draft logits), made by [`MTP_SCRIPT`]: stage 1 runs `SCRIPT FAMILY OUT`
+/// after the family's own fixture, stage 2 converts and exports `FAMILY_mtp/hf` and runs
+/// `SCRIPT --dequantized CKPT QUANT FAMILY OUT`.
+const MTP_FAMILIES: [&str; 3] = ["deepseek_v3", "qwen3_next", "qwen3_5_moe"];
+const MTP_SCRIPT: &str = "mtp_ref.py";
+
+fn has_mtp_twin(family: &str) -> bool {
+    MTP_FAMILIES.contains(&family)
 }
 /// Reference scripts run with the full set in stage 1: the demo model's
 /// logits (testdata/demo) and transformers' tokenizer and chat-template
@@ -189,6 +203,9 @@ pub fn run(args: &[String]) -> Result<()> {
             run_cmd(python_cmd(&python, &own_script).arg(out.join(f)), &root)?;
             run_cmd(python_cmd(&python, &own_script).arg("--model").arg(out.join(f)), &root)?;
         }
+        for f in opts.families.iter().filter(|f| has_mtp_twin(f)) {
+            run_cmd(python_cmd(&python, &script_dir.join(MTP_SCRIPT)).arg(f).arg(&out), &root)?;
+        }
         // The demo model's references and the tokenizer/chat-template
         // fixtures belong to no family: regenerated with the full set.
         if opts.families.len() == FAMILIES.len() {
@@ -237,6 +254,16 @@ pub fn run(args: &[String]) -> Result<()> {
                     }
                 };
                 run_cmd(&mut cmd, &root)?;
+                if has_mtp_twin(f) {
+                    let hf = out.join(format!("{f}_mtp")).join("hf");
+                    let converted = tmp.join(format!("{q}_mtp"));
+                    let exported = tmp.join(format!("{q}_mtp_hf"));
+                    run_cmd(Command::new(&strata).arg("convert").arg(&hf).arg(&converted).args(["--quant", q]), &root)?;
+                    run_cmd(Command::new(&strata).arg("export").arg(&converted).arg(&exported), &root)?;
+                    let mut cmd = python_cmd(&python, &script_dir.join(MTP_SCRIPT));
+                    cmd.arg("--dequantized").arg(&exported).args([q, f]).arg(&out);
+                    run_cmd(&mut cmd, &root)?;
+                }
             }
         }
         if !opts.keep_tmp && tmp_root.exists() {
@@ -359,7 +386,8 @@ fn dir_size(p: &Path) -> u64 {
 
 fn summarize(out: &Path, opts: &Opts) -> Result<()> {
     let mut total = 0;
-    for f in FAMILIES {
+    let twins: Vec<String> = MTP_FAMILIES.iter().map(|f| format!("{f}_mtp")).collect();
+    for f in FAMILIES.iter().copied().chain(twins.iter().map(String::as_str)) {
         let dir = out.join(f);
         if !dir.is_dir() {
             continue;

@@ -3,7 +3,10 @@
 //! tokens, through `Session::generate` and the batcher alike, every `--io`,
 //! a cache holding every expert and one holding almost none, 1 to 3 drafted
 //! tokens a pass; sampled decoding with `--speculate on` gives a seed's
-//! tokens alone and batched alike.
+//! tokens alone and batched alike. Every family with MTP layers runs both
+//! checks ([`fixtures!`]): DeepSeek-V3's (latent attention: rejected rows
+//! cut back in place) and Qwen3-Next's and Qwen3.5's (hybrid stacks: their
+//! Gated DeltaNet states undone and the kept tokens run again).
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -16,9 +19,33 @@ use strata_format::{ConvertOptions, QuantPreset};
 
 const NEW_TOKENS: usize = 24;
 
-/// The MTP fixture converted at q8, and its reference prompt.
-fn model(tmp: &tempfile::TempDir) -> (PathBuf, Vec<u32>) {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/deepseek_v3_mtp");
+/// One module of both checks per family with an MTP fixture
+/// (`testdata/FAMILY_mtp`, from xtask/fixtures/mtp_ref.py), and whether
+/// its MTP layer was trained to draft the stack's tokens (`distil`), so
+/// that some drafts must stand and the rollback of the rest after them is
+/// checked too (a random layer's never stand); each check takes one to
+/// three seconds in the debug profile.
+macro_rules! fixtures {
+    ($($family:ident: $drafts_stand:literal),+) => {$(
+        mod $family {
+            #[test]
+            fn greedy_speculation_gives_plain_greedy_tokens_every_io_and_cache() {
+                super::greedy_speculation_gives_plain_greedy_tokens(stringify!($family), $drafts_stand);
+            }
+
+            #[test]
+            fn the_batcher_drafts_per_sequence_and_gives_each_its_tokens_alone() {
+                super::batched_drafts_give_each_sequence_its_tokens_alone(stringify!($family));
+            }
+        }
+    )+};
+}
+
+fixtures!(deepseek_v3: false, qwen3_next: true, qwen3_5_moe: true);
+
+/// `family`'s MTP fixture converted at q8, and its reference prompt.
+fn model(family: &str, tmp: &tempfile::TempDir) -> (PathBuf, Vec<u32>) {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(format!("{family}_mtp"));
     let text = std::fs::read_to_string(fixture.join("mtp_reference.json")).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let prompt: Vec<u32> = json["prompt"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
@@ -31,10 +58,10 @@ fn greedy() -> GenerateOptions {
     GenerateOptions { max_new_tokens: NEW_TOKENS, ignore_eos: true, ..GenerateOptions::default() }
 }
 
-#[test]
-fn greedy_speculation_gives_plain_greedy_tokens_every_io_and_cache() {
+fn greedy_speculation_gives_plain_greedy_tokens(family: &str, drafts_stand: bool) {
     let tmp = tempfile::tempdir().unwrap();
-    let (dir, prompt) = model(&tmp);
+    let (dir, prompt) = model(family, &tmp);
+    let mut accepted = 0;
     for io in [IoBackend::Pread, IoBackend::Direct, IoBackend::Uring, IoBackend::Mmap] {
         for expert_cache_bytes in [1 << 30, 16 << 10] {
             let options = |speculate, draft_tokens| EngineOptions {
@@ -53,11 +80,12 @@ fn greedy_speculation_gives_plain_greedy_tokens_every_io_and_cache() {
             for draft_tokens in 1..=3 {
                 let engine = Engine::open(&dir, &options(SpeculateMode::On, draft_tokens)).unwrap();
                 let spec = engine.session().generate(&prompt, &greedy(), |_| ControlFlow::Continue(())).unwrap();
-                let what = format!("{io:?}, cache {expert_cache_bytes}, {draft_tokens} drafted");
+                let what = format!("{family}: {io:?}, cache {expert_cache_bytes}, {draft_tokens} drafted");
                 assert_eq!(spec.tokens, plain.tokens, "{what}");
                 let stats = spec.stats.speculation.expect("on drafts");
                 eprintln!("{what}: {stats:?}, {:.2} tokens a verify pass", stats.tokens_per_verify_pass());
                 assert_eq!(stats.accepted, stats.accepted_at.iter().sum::<usize>(), "{what}");
+                accepted += stats.accepted;
                 assert!(stats.accepted <= stats.drafted && stats.drafted <= draft_tokens * stats.verify_passes);
                 // A token from the prompt's pass, then the verify passes'
                 // (and a plain step where one token was left to generate).
@@ -65,14 +93,14 @@ fn greedy_speculation_gives_plain_greedy_tokens_every_io_and_cache() {
             }
         }
     }
+    assert!(accepted > 0 || !drafts_stand, "{family}: no draft stood");
 }
 
 /// The batcher drafts per sequence inside the batch: each job's tokens are
 /// those it gets alone, greedy (plain decoding's) and sampled with `on`.
-#[test]
-fn the_batcher_drafts_per_sequence_and_gives_each_its_tokens_alone() {
+fn batched_drafts_give_each_sequence_its_tokens_alone(family: &str) {
     let tmp = tempfile::tempdir().unwrap();
-    let (dir, prompt) = model(&tmp);
+    let (dir, prompt) = model(family, &tmp);
     let options = EngineOptions { threads: 2, sessions: 3, speculate: SpeculateMode::On, ..EngineOptions::default() };
     let engine = Arc::new(Engine::open(&dir, &options).unwrap());
     let sampled = |seed| GenerateOptions {

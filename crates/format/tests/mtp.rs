@@ -1,7 +1,8 @@
 //! Multi-token-prediction layers: kept at convert where the checkpoint
 //! holds them (DeepSeek-V3's layer `num_hidden_layers`, Inkling's
-//! `model.mtp.`), their experts in an expert file of their own and their
-//! dense matrices never below q8, and left out on request.
+//! `model.mtp.`, Qwen3-Next's and Qwen3.5's `mtp.`), their experts in an
+//! expert file of their own and their dense matrices never below q8, and
+//! left out on request.
 
 use std::path::{Path, PathBuf};
 
@@ -152,4 +153,69 @@ fn inklings_mtp_layers_without_the_chain_norm_and_dropped() {
         u
     });
     assert!(Container::open(tmp.path().join("dropped")).unwrap().arch().mtp.is_empty());
+}
+
+/// Qwen3-Next's and Qwen3.5's hub `mtp.` module (testdata/FAMILY_mtp: the
+/// family's 4-layer fixture plus the module, Qwen3.5's in the multimodal
+/// layout) converts at q4 as layer 4 under canonical names, its shared
+/// join and norm as the layer's `eh_proj`, `enorm`, `hnorm` and
+/// `shared_head.norm`, its experts q8 in an expert file of their own, with
+/// nothing of the checkpoint unread; exported and converted again it is
+/// the same; dropped, `mtp.*` is left unread.
+#[test]
+fn qwens_hub_mtp_modules_convert_as_layer_num_hidden_layers() {
+    for (family, prefix) in [("qwen3_next", "model."), ("qwen3_5_moe", "model.language_model.")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let hub = testdata().join(format!("{family}_mtp/hf"));
+        let report = convert(&hub, tmp.path().join("q4"), &ConvertOptions::new(QuantPreset::Q4)).unwrap();
+        let unread: Vec<&String> = report.ignored_tensors.iter().filter(|n| !n.contains("visual")).collect();
+        assert!(unread.is_empty(), "{family}: {unread:?}");
+        let container = Container::open(tmp.path().join("q4")).unwrap();
+        let arch = container.arch();
+        assert_eq!((arch.layers.len(), arch.mtp.len(), arch.mtp_form), (4, 1, MtpForm::DEEPSEEK_V3), "{family}");
+        assert_eq!(arch.mtp[0].mixer, arch.layers.iter().find(|l| l.state_floats() == 0).unwrap().mixer, "{family}");
+        assert_eq!(expert_formats(&container).last(), Some(&(4, QuantFormat::Q8)), "{family}");
+        let format = |name: &str| QuantFormat::from_ordinal(container.dense_entry(name).unwrap().format).unwrap();
+        assert_eq!(format(&format!("{prefix}layers.4.eh_proj.weight")), QuantFormat::Q8, "{family}");
+        let checkpoint = strata_format::Checkpoint::open(&hub).unwrap();
+        for (canonical, stored) in [("enorm", "mtp.pre_fc_norm_embedding"), ("shared_head.norm", "mtp.norm")] {
+            let kept = container.dense_vec(&format!("{prefix}layers.4.{canonical}.weight")).unwrap();
+            assert_eq!(kept, checkpoint.rows_f32(&format!("{stored}.weight"), 0, 1).unwrap(), "{family} {canonical}");
+        }
+        export(tmp.path().join("q4"), tmp.path().join("exported")).unwrap();
+        convert(tmp.path().join("exported"), tmp.path().join("again"), &ConvertOptions::new(QuantPreset::F32)).unwrap();
+        let again = Container::open(tmp.path().join("again")).unwrap();
+        assert_eq!((&again.arch().mtp, again.arch().mtp_form), (&arch.mtp, arch.mtp_form), "{family}");
+        let options = ConvertOptions { drop_mtp: true, ..ConvertOptions::new(QuantPreset::F32) };
+        let report = convert(&hub, tmp.path().join("dropped"), &options).unwrap();
+        assert!(report.ignored_tensors.contains(&"mtp.fc.weight".to_owned()), "{family}");
+        assert!(Container::open(tmp.path().join("dropped")).unwrap().arch().mtp.is_empty(), "{family}");
+    }
+}
+
+/// A Qwen3-Next MTP layer k has the MLP the stack's layer k has (vLLM
+/// builds it by the stack's rule at index k): with `mlp_only_layers: [0]`
+/// the first of two is dense, the second MoE; a module with its own
+/// embedding table (`mtp_use_dedicated_embeddings`) is not kept, and more
+/// MTP layers than stack layers are refused.
+#[test]
+fn qwen3_next_mtp_layer_k_has_the_stack_layer_ks_mlp() {
+    let text = std::fs::read_to_string(testdata().join("qwen3_next_mtp/hf/config.json")).unwrap();
+    let config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let arch = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut c = config.clone();
+        edit(&mut c);
+        strata_format::ModelArch::from_config_value(&c)
+    };
+    let two = arch(&|c| {
+        c["mtp_num_hidden_layers"] = 2.into();
+        c["mlp_only_layers"] = serde_json::json!([0]);
+    })
+    .unwrap();
+    let kinds: Vec<_> = two.mtp.iter().map(|l| l.ffn.kind()).collect();
+    assert_eq!(kinds, [strata_format::FfnKind::Dense, strata_format::FfnKind::Moe]);
+    assert_eq!(two.layers[0].ffn.kind(), strata_format::FfnKind::Dense);
+    assert!(arch(&|c| c["mtp_use_dedicated_embeddings"] = true.into()).unwrap().mtp.is_empty());
+    let err = arch(&|c| c["mtp_num_hidden_layers"] = 5.into()).unwrap_err().to_string();
+    assert!(err.contains("mtp_num_hidden_layers"), "{err}");
 }

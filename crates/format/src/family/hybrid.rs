@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use super::{Family, gqa};
 use crate::error::{Error, Result};
 use crate::spec::fields::Fields;
-use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS};
+use crate::spec::limits::{self, MAX_HEAD_DIM, MAX_HEADS, MAX_MTP_LAYERS};
 use crate::spec::{
     FfnKind, FfnSpec, GateActivation, GateRank, GdnDims, GdnProjections, GdnSpec, LayerSpec, LayerType, MixerSpec,
     ModelArch, NormKind, QkNorm, RouterKind, SharedExperts, special_tokens,
@@ -66,9 +66,33 @@ pub(super) const READ: &[&str] = &[
     "attention_bias",
 ];
 
-/// The Hub's keys of the multi-token-prediction module both families
-/// publish under `mtp.`, which is not loaded.
-pub(super) const MTP_INERT: &[&str] = &["mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"];
+/// The Hub's keys of the multi-token-prediction module the hybrid
+/// families publish under `mtp.`: read by Qwen3-Next and Qwen3.5/3.6,
+/// whose module Strata keeps ([`Parsed::with_mtp`]), inert in
+/// Qwen3.8-Flash-Next, whose module is not loaded.
+pub(super) const MTP_KEYS: &[&str] = &["mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"];
+
+/// The parts of the hub's `mtp.` module that all its layers share
+/// (canonical MTP-layer suffix → the hub's name under `mtp.`): the two
+/// pre-norms, `fc` and the output `norm` ([`Parsed::with_mtp`]).
+const HUB_MTP_SHARED: &[(&str, &str)] = &[
+    ("enorm.", "pre_fc_norm_embedding."),
+    ("hnorm.", "pre_fc_norm_hidden."),
+    ("eh_proj.", "fc."),
+    ("shared_head.norm.", "norm."),
+];
+
+/// The hub's name of tensor `suffix` (canonical) of MTP layer `k`: the
+/// shared parts at `mtp.` ([`HUB_MTP_SHARED`]), read for every layer, the
+/// decoder block at `mtp.layers.{k}.` under the stack's own names (at the
+/// checkpoint's root, also in Qwen3.5's multimodal layout).
+pub(super) fn hub_mtp_name(k: usize, suffix: &str) -> String {
+    let shared = HUB_MTP_SHARED.iter().find_map(|(own, hub)| suffix.strip_prefix(own).map(|rest| (hub, rest)));
+    match shared {
+        Some((hub, rest)) => format!("mtp.{hub}{rest}"),
+        None => format!("mtp.layers.{k}.{suffix}"),
+    }
+}
 
 /// What both families read, on top of the GQA fields: the gated,
 /// per-head-normed full attention, the Gated DeltaNet block, each layer's
@@ -77,6 +101,9 @@ pub(super) struct Parsed<'a> {
     pub gqa: gqa::Parsed<'a>,
     pub gdn: GdnSpec,
     pub mixers: Vec<LayerType>,
+    /// Multi-token-prediction layers after the stack (0 unless the family
+    /// reads them, [`Parsed::with_mtp`]).
+    pub mtp_layers: usize,
 }
 
 impl<'a> Parsed<'a> {
@@ -85,15 +112,65 @@ impl<'a> Parsed<'a> {
         &self.gqa.cfg
     }
 
+    /// The same, with the multi-token-prediction layers the config declares
+    /// (`mtp_num_hidden_layers`; none where it is absent, as in every
+    /// config transformers saves).
+    ///
+    /// transformers ignores the hub's `mtp.` module; its reference is vLLM's
+    /// (`vllm/model_executor/models/qwen3_next_mtp.py` at 055e47c,
+    /// `Qwen3NextMultiTokenPredictor`, and `qwen3_5_mtp.py` at 01d9980,
+    /// `Qwen3_5MultiTokenPredictor`, alike; SGLang's `qwen3_next_mtp.py`
+    /// builds the same). `forward` (lines 129-160 of the first) norms the
+    /// next token's embedding (`pre_fc_norm_embedding`) and the stack's
+    /// hidden state (`pre_fc_norm_hidden`), joins them embedding first
+    /// (`torch.cat([inputs_embeds, hidden_states])`), projects the join back
+    /// to the hidden size (`fc`, 2H → H, no bias), runs one decoder layer
+    /// and norms its output (`norm`) for the shared lm head. The hidden
+    /// state is the stack's after its final norm: what `Qwen3NextModel.forward`
+    /// returns (`self.norm(hidden_states, residual)`), which the drafter is
+    /// handed. Every norm is the family's zero-centred one
+    /// (`Qwen3NextRMSNorm` = `GemmaRMSNorm`, `(1 + w) · x̂`). The decoder layer
+    /// is built as `layer_type="full_attention"` (lines 91-98): the stack's
+    /// gated full attention with its per-head q/k norms and its rotary
+    /// embedding, partial rotation included (`get_rope` from the same
+    /// config, `Qwen3NextAttention.__init__`); its MLP is chosen by the
+    /// stack's rule at the index `extract_layer_index("mtp.layers.{k}")`
+    /// gives, k (`Qwen3NextDecoderLayer.__init__`), so MTP layer k has the
+    /// MLP the stack's layer k has. That is DeepSeek-V3's wiring
+    /// ([`MtpForm::DEEPSEEK_V3`]: the embedding first, a norm after the
+    /// layer) under other names ([`hub_mtp_name`]); where a module has
+    /// several layers, the join and the norm are one set shared by all
+    /// (vLLM runs layer `spec_step_idx % num_mtp_layers` between them),
+    /// which convert reads into each layer, the same computation. A module
+    /// with its own embedding table (`mtp_use_dedicated_embeddings`, false
+    /// in every published config) is not one Strata runs: it keeps none.
+    ///
+    /// [`MtpForm::DEEPSEEK_V3`]: crate::spec::MtpForm::DEEPSEEK_V3
+    pub(super) fn with_mtp(self) -> Result<Self> {
+        let cfg = self.cfg();
+        let key = "mtp_num_hidden_layers";
+        let declared = limits::at_most(key, cfg.usize(key)?.unwrap_or(0), MAX_MTP_LAYERS)?;
+        let dedicated = cfg.bool("mtp_use_dedicated_embeddings")?.unwrap_or(false);
+        Ok(Parsed { mtp_layers: if dedicated { 0 } else { declared }, ..self })
+    }
+
     /// The model whose layer `l` runs the mixer `mixers[l]` and the FFN
-    /// `kinds[l]` names.
+    /// `kinds[l]` names, then its MTP layers ([`Parsed::with_mtp`]).
     pub(super) fn build(self, kinds: &[FfnKind]) -> Result<ModelArch> {
-        let Parsed { gqa, gdn, mixers } = self;
+        let Parsed { gqa, gdn, mut mixers, mtp_layers } = self;
+        let stack_layers = kinds.len();
+        let mtp_kinds = kinds.get(..mtp_layers).ok_or_else(|| {
+            Error::invalid("mtp_num_hidden_layers", format!("{mtp_layers} MTP layers over {stack_layers} layers"))
+        })?;
+        let all_kinds: Vec<FfnKind> = kinds.iter().chain(mtp_kinds).copied().collect();
+        mixers.extend(std::iter::repeat_n(LayerType::Full, mtp_layers));
         let full = gqa.attention;
-        gqa.build(kinds, |l| match mixers[l] {
+        let mut arch = gqa.build(&all_kinds, |l| match mixers[l] {
             LayerType::Linear => MixerSpec::GatedDeltaNet(gdn),
             LayerType::Full => MixerSpec::Gqa(full),
-        })
+        })?;
+        arch.mtp = arch.layers.split_off(stack_layers);
+        Ok(arch)
     }
 }
 
@@ -142,6 +219,7 @@ pub(super) fn parse<'a>(cfg: Fields<'a>, hybrid: &Hybrid) -> Result<Parsed<'a>> 
             a_log_padded_to: None,
         },
         mixers,
+        mtp_layers: 0,
     })
 }
 
@@ -266,7 +344,7 @@ pub(super) fn validate(arch: &ModelArch) -> Result<()> {
         };
         mixer_ok && ffn_ok && matches!(layer.norm, NormKind::OnePlusWeight { .. })
     };
-    if !arch.layers.iter().all(hybrid) {
+    if !arch.layers.iter().chain(&arch.mtp).all(hybrid) {
         return Err(Error::invalid("model_type", format!("{family} has GQA with per-head q/k norms only")));
     }
     Ok(())
@@ -304,5 +382,8 @@ pub(super) fn config_json(arch: &ModelArch) -> Map<String, Value> {
     c.insert("shared_expert_intermediate_size".into(), json!(shared));
     c.insert("num_experts".into(), json!(moe.num_experts));
     c.insert("attention_bias".into(), json!(attention.bias));
+    if !arch.mtp.is_empty() {
+        c.insert("mtp_num_hidden_layers".into(), json!(arch.mtp.len()));
+    }
     c
 }

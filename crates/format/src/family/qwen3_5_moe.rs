@@ -5,7 +5,9 @@
 //! wrapper (`model_type: qwen3_5_moe`, the text config in `text_config`,
 //! tensors under `model.language_model.`, the vision tower not loaded);
 //! `Qwen3_5MoeForCausalLM` saves the flat text config
-//! (`qwen3_5_moe_text`). Both are read.
+//! (`qwen3_5_moe_text`). Both are read. The hub's multi-token-prediction
+//! module (`mtp.`, `mtp_num_hidden_layers`) is kept as layers
+//! `num_hidden_layers + k` (`hybrid::Parsed::with_mtp`).
 
 use serde_json::{Map, Value};
 
@@ -22,18 +24,25 @@ const MROPE: ConfigKeys =
     ConfigKeys { read: ROPE.read, inert: &[&["mrope_section", "mrope_interleaved"]], nested: &[] };
 
 /// The text model's keys (`Qwen3_5MoeTextConfig`), in `text_config` or
-/// at the top of a text model saved on its own; the Hub's
-/// multi-token-prediction module is not loaded.
+/// at the top of a text model saved on its own, and the Hub's
+/// multi-token-prediction module's.
 const TEXT: ConfigKeys = ConfigKeys {
-    read: &[CORE_READ, gqa::READ, hybrid::READ, &["num_experts", "num_local_experts", "moe_intermediate_size"]],
-    inert: &[HF_INERT, hybrid::MTP_INERT],
+    read: &[
+        CORE_READ,
+        gqa::READ,
+        hybrid::READ,
+        hybrid::MTP_KEYS,
+        &["num_experts", "num_local_experts", "moe_intermediate_size"],
+    ],
+    inert: &[HF_INERT],
     nested: &[("rope_parameters", &MROPE), ("rope_scaling", &MROPE), ("quantization_config", &QUANTIZATION)],
 };
 
 /// What a qwen3_5_moe checkpoint may hold (`Qwen3_5MoeConfig`): the
 /// wrapper's tying and special ids, the text model, and the vision tower's
 /// config, token ids and tensors, which are not loaded; the Hub's
-/// multi-token-prediction module sits under `mtp.`.
+/// multi-token-prediction module sits under `mtp.` (unread where it is
+/// not kept: `--no-mtp`, or a config that declares none).
 const KNOWN: Known = Known {
     config: ConfigKeys {
         read: &[&["model_type", "tie_word_embeddings", "bos_token_id", "eos_token_id"]],
@@ -91,7 +100,8 @@ impl FamilyDef for Qwen35Moe {
                 partial_rotary_factor: Some(hybrid::QWEN_PARTIAL_ROTARY_FACTOR),
                 full_attention: hybrid::FULL_ATTENTION,
             },
-        )?;
+        )?
+        .with_mtp()?;
         // Qwen3_5MoeTopKRouter always renormalises; every layer is MoE.
         parsed.gqa.softmax_router(true);
         let kinds = vec![FfnKind::Moe; parsed.gqa.num_layers];
@@ -99,6 +109,10 @@ impl FamilyDef for Qwen35Moe {
             hybrid::take_wrapper_fields(root, &mut parsed)?;
         }
         parsed.build(&kinds)
+    }
+
+    fn hub_mtp_name(&self, k: usize, suffix: &str) -> Option<String> {
+        Some(hybrid::hub_mtp_name(k, suffix))
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

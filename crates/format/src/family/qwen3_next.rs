@@ -2,7 +2,9 @@
 //! to one gated full-attention layer by default, the DeltaNet projections
 //! fused per key-head group (`in_proj_qkvz`, `in_proj_ba`), a softmax router
 //! honouring `norm_topk_prob`, a sigmoid-gated shared expert, and dense
-//! layers where `mlp_only_layers` or `decoder_sparse_step` put them.
+//! layers where `mlp_only_layers` or `decoder_sparse_step` put them. The
+//! hub's multi-token-prediction module (`mtp.`, `mtp_num_hidden_layers`)
+//! is kept as layers `num_hidden_layers + k` (`hybrid::Parsed::with_mtp`).
 
 use serde_json::{Map, Value, json};
 
@@ -14,8 +16,10 @@ use crate::spec::{GdnProjections, ModelArch};
 
 pub(super) struct Qwen3Next;
 
-/// What a qwen3_next checkpoint may hold (`Qwen3NextConfig`; the Hub's
-/// multi-token-prediction module sits under `mtp.`).
+/// What a qwen3_next checkpoint may hold (`Qwen3NextConfig`, and the Hub's
+/// multi-token-prediction module's keys; the module sits under `mtp.`,
+/// unread where it is not kept: `--no-mtp`, or a config that declares
+/// none).
 const KNOWN: Known = Known {
     config: ConfigKeys {
         read: &[
@@ -23,9 +27,10 @@ const KNOWN: Known = Known {
             gqa::READ,
             gqa::SPARSE_STEP_READ,
             hybrid::READ,
+            hybrid::MTP_KEYS,
             &["num_experts", "num_local_experts", "moe_intermediate_size", "norm_topk_prob"],
         ],
-        inert: &[HF_INERT, hybrid::MTP_INERT],
+        inert: &[HF_INERT],
         nested: ROPE_AND_QUANTIZATION,
     },
     unused_tensors: &["mtp.*"],
@@ -59,11 +64,16 @@ impl FamilyDef for Qwen3Next {
                 partial_rotary_factor: Some(hybrid::QWEN_PARTIAL_ROTARY_FACTOR),
                 full_attention: hybrid::FULL_ATTENTION,
             },
-        )?;
+        )?
+        .with_mtp()?;
         let renormalize = parsed.cfg().bool("norm_topk_prob")?.unwrap_or(true);
         let kinds = gqa::sparse_step_layer_kinds(parsed.cfg(), parsed.gqa.num_layers)?;
         parsed.gqa.softmax_router(renormalize);
         parsed.build(&kinds)
+    }
+
+    fn hub_mtp_name(&self, k: usize, suffix: &str) -> Option<String> {
+        Some(hybrid::hub_mtp_name(k, suffix))
     }
 
     fn validate(&self, arch: &ModelArch) -> Result<()> {

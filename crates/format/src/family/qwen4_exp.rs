@@ -60,7 +60,7 @@ const PLE_INERT: &[&str] = &["number_of_conv_states", "split_ngram_parts"];
 /// prediction module is not loaded.
 const TEXT: ConfigKeys = ConfigKeys {
     read: &[CORE_READ, gqa::READ, hybrid::READ, OWN_READ],
-    inert: &[HF_INERT, hybrid::MTP_INERT, PLE_INERT],
+    inert: &[HF_INERT, hybrid::MTP_KEYS, PLE_INERT],
     nested: &[("rope_parameters", &MROPE), ("rope_scaling", &MROPE), ("quantization_config", &QUANTIZATION)],
 };
 

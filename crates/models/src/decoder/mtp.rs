@@ -6,6 +6,13 @@
 //! after `shared_head.norm` goes through the model's lm head: logits for
 //! token p + 2.
 //!
+//! Qwen3-Next's and Qwen3.5/3.6's MTP module is the same computation
+//! (vLLM's `Qwen3NextMultiTokenPredictor`: `pre_fc_norm_embedding` and
+//! `pre_fc_norm_hidden` over the same inputs, joined embedding first, `fc`,
+//! a full-attention layer of the stack's kind, `norm`; strata-format's
+//! `family/hybrid.rs` cites it line by line), which convert stores in this
+//! form: it drafts here as it is.
+//!
 //! Its attention keeps its own cache (a `SequenceState` of one layer, the
 //! draft cache), whose first row is the second token's: row r is position
 //! r + 1. Its experts are the container's layer `num_hidden_layers`, read
