@@ -1,9 +1,21 @@
 #!/usr/bin/env python3
-"""Train Strata's embedded demo model from scratch: a byte-level BPE tokenizer and a small OLMoE.
+"""Train Strata's demo models from scratch: a byte-level BPE tokenizer and a small OLMoE (`--arch olmoe`, the
+embedded demo, models/demo), or a small DeepSeek-V3 with its multi-token-prediction layer (`--arch deepseek_v3`,
+target/demo-mtp: the pair speculative decoding drafts with), on the same text with the embedded demo's tokenizer.
 
-Run through `cargo xtask train-demo` (which creates the pinned venv and installs the text), or directly:
+Run through `cargo xtask train-demo [--mtp]` (which creates the pinned venv and installs the text), or directly:
 
     python xtask/train_demo/train.py --out models/demo --work target/train-demo
+    python xtask/train_demo/train.py --arch deepseek_v3      # target/demo-mtp, work in target/train-demo-mtp
+
+The MTP pair is DeepSeek-V3's: the main model's last hidden state at position i (after its final norm) and the
+embedding of token i + 1 go through `enorm`/`hnorm`, `eh_proj` and one MoE decoder layer, then `shared_head.norm` and
+the main model's lm head, to predict token i + 2 (transformers' `MtpModel`). Both are trained jointly on the main
+loss plus the DeepSeek-V3 report's MTP loss times lambda (`--mtp-lambda`), and the routers balance their experts as
+DeepSeek-V3's do, without an auxiliary loss: after each step every router's score-correction bias moves by
+`--bias-update-speed` towards its under-used experts. The MTP layer is written in DeepSeek's hub layout (decoder
+layer `num_hidden_layers`, `model.layers.{N}.*`) by xtask/fixtures/mtp_ref.py's `hub_tensors`, and the written
+checkpoint is read back and checked through its `load_mtp` and `draft_logits`.
 
 Text: the English fortune-cookie files of Debian's `fortunes` and `fortunes-min` packages
 (BSD licence, /usr/share/doc/fortunes/copyright), read from /usr/share/games/fortunes.
@@ -34,6 +46,9 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+
+# The DeepSeek-V3 MTP layer's hub layout and reference forward, shared with the fixtures.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
 
 PINNED = {"torch": "2.15.0", "transformers": "5.23.0", "tokenizers": "0.23.3"}
 
@@ -246,40 +261,150 @@ def encode_docs(tok: Tokenizer, docs: list[str]) -> list[int]:
 
 
 def model_config(args, vocab_size: int, special: dict[str, int]):
-    from transformers import OlmoeConfig
+    from transformers import DeepseekV3Config, OlmoeConfig
 
-    return OlmoeConfig(
+    common = dict(
         vocab_size=vocab_size,
         hidden_size=args.hidden,
-        intermediate_size=args.expert_intermediate,
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
         num_key_value_heads=args.heads,
-        num_experts=args.experts,
         num_experts_per_tok=args.top_k,
-        norm_topk_prob=False,
         max_position_embeddings=args.seq,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        rms_norm_eps=1e-5,
         initializer_range=0.02,
         tie_word_embeddings=args.tie,
-        router_aux_loss_coef=args.aux_coef,
-        output_router_logits=False,
         use_cache=True,
         pad_token_id=special[EOT],
         bos_token_id=special[EOT],
         eos_token_id=[special[END], special[EOT]],
     )
+    if args.arch == "olmoe":
+        return OlmoeConfig(
+            **common,
+            intermediate_size=args.expert_intermediate,
+            num_experts=args.experts,
+            norm_topk_prob=False,
+            rms_norm_eps=1e-5,
+            router_aux_loss_coef=args.aux_coef,
+            output_router_logits=False,
+        )
+    # DeepSeek-V3's shape at a tiny scale: MLA with a query latent, the first layer dense, then MoE layers with a
+    # shared expert and the sigmoid group-limited router, and one MTP layer.
+    return DeepseekV3Config(
+        **common,
+        intermediate_size=args.dense_intermediate,
+        moe_intermediate_size=args.expert_intermediate,
+        n_routed_experts=args.experts,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        q_lora_rank=96,
+        kv_lora_rank=64,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        rope_interleave=True,
+        rms_norm_eps=1e-6,
+        num_nextn_predict_layers=1,
+    )
 
 
-def build_model(cfg, seed: int):
-    from transformers import OlmoeForCausalLM
+def build_model(cfg, seed: int) -> torch.nn.Module:
+    """What is trained: the OLMoE, or the DeepSeek-V3 and its MTP layer as `{"model", "mtp"}`."""
+    from transformers import DeepseekV3ForCausalLM, OlmoeForCausalLM
+    from transformers.modeling_layers import MtpModel
 
     torch.manual_seed(seed)
     # Sort tokens by expert and run one matmul per expert (transformers' grouped_mm path; on CPU a loop).
     cfg._experts_implementation = "grouped_mm"
-    model = OlmoeForCausalLM(cfg)
-    return model
+    if cfg.model_type == "olmoe":
+        return OlmoeForCausalLM(cfg)
+    model = DeepseekV3ForCausalLM(cfg)
+    mtp = MtpModel(model, cfg.num_nextn_predict_layers)
+    # MtpModel's generic initialisation leaves the router and expert tensors of its block as allocated: start
+    # the layer as the stack's layers start (norms 1, every other weight N(0, initializer_range), no bias).
+    with torch.no_grad():
+        for name, param in mtp.layers.named_parameters():
+            if "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, cfg.initializer_range)
+        for name, buffer in mtp.layers.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.zero_()
+    return torch.nn.ModuleDict({"model": model, "mtp": mtp})
+
+
+def main_model(trained: torch.nn.Module):
+    """The causal LM of what is trained (the MTP layer aside)."""
+    return trained["model"] if isinstance(trained, torch.nn.ModuleDict) else trained
+
+
+def losses(trained: torch.nn.Module, x: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(next-token loss, side loss, the loss to minimise): the side loss is OLMoE's load-balancing auxiliary loss
+    (weighted by --aux-coef), or the MTP layer's loss on token i + 2 (weighted by --mtp-lambda)."""
+    vocab = main_model(trained).config.vocab_size
+    ce = torch.nn.functional.cross_entropy
+    if not isinstance(trained, torch.nn.ModuleDict):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+            outp = trained(input_ids=x[:, :-1], output_router_logits=True)
+        lm_loss = ce(outp.logits.reshape(-1, vocab).float(), x[:, 1:].reshape(-1))
+        aux = outp.aux_loss.float() if outp.aux_loss is not None else torch.zeros(())
+        return lm_loss, aux, lm_loss + args.aux_coef * aux
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+        logits, drafted = pair_logits(trained, x[:, :-1])
+    lm_loss = ce(logits.reshape(-1, vocab).float(), x[:, 1:].reshape(-1))
+    mtp_loss = ce(drafted.reshape(-1, vocab).float(), x[:, 2:].reshape(-1))
+    return lm_loss, mtp_loss, lm_loss + args.mtp_lambda * mtp_loss
+
+
+def pair_logits(trained: torch.nn.ModuleDict, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced logits of the main model at every position of `ids` and of the MTP layer at positions
+    1..n-1 (row i drafts token i + 2 from the main model's last hidden state at i and token i + 1), as
+    mtp_ref.draft_logits computes them."""
+    model, mtp = trained["model"], trained["mtp"]
+    hidden = model.model(input_ids=ids).last_hidden_state
+    n = ids.shape[1]
+    positions = torch.arange(1, n).expand(ids.shape[0], -1)
+    drafted = mtp.forward_layer(0, hidden[:, : n - 1], position_ids=positions, mtp_cache=None, input_ids=ids[:, 1:])
+    return model.lm_head(hidden), mtp._project_to_logits(drafted)
+
+
+class Balancer:
+    """DeepSeek-V3's auxiliary-loss-free load balancing: every router counts the tokens each expert takes in the
+    training forward passes, and after each optimizer step its score-correction bias (which only chooses experts,
+    never weighs them) moves by `speed` up for the experts that took fewer than the mean, down for the others."""
+
+    def __init__(self, trained: torch.nn.Module, speed: float):
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+        self.speed = speed
+        self.routers = [m for m in trained.modules() if isinstance(m, DeepseekV3TopkRouter)]
+        self.loads = [torch.zeros(r.num_experts) for r in self.routers]
+        for router, load in zip(self.routers, self.loads):
+            router.register_forward_hook(self._counter(load))
+
+    @staticmethod
+    def _counter(load: torch.Tensor):
+        def count(module, _inputs, outputs) -> None:
+            if module.training:
+                load.add_(torch.bincount(outputs[2].reshape(-1), minlength=load.numel()).float())
+
+        return count
+
+    def step(self) -> float:
+        """Moves the biases; returns the busiest expert's load over the mean, averaged over the routers."""
+        imbalance = 0.0
+        with torch.no_grad():
+            for router, load in zip(self.routers, self.loads):
+                router.e_score_correction_bias.add_(self.speed * torch.sign(load.mean() - load))
+                imbalance += float(load.max() / load.mean().clamp(min=1e-9))
+                load.zero_()
+        return imbalance / max(1, len(self.routers))
 
 
 def windows(ids: list[int], seq: int) -> torch.Tensor:
@@ -305,6 +430,27 @@ def evaluate(model, data: torch.Tensor, batch: int, autocast: bool = False) -> f
     return total / count
 
 
+@torch.no_grad()
+def evaluate_mtp(trained: torch.nn.ModuleDict, data: torch.Tensor, batch: int, autocast: bool = False):
+    """The main model's loss, the MTP layer's loss on token i + 2, and how often its draft is the main model's own
+    next-token argmax there (teacher-forced on the text: what a greedy verify pass would accept of a first draft)."""
+    trained.eval()
+    main, total, agree, count = 0.0, 0.0, 0, 0
+    for i in range(0, data.shape[0], batch):
+        x = data[i:i + batch]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits, drafted = pair_logits(trained, x[:, :-1])
+        main += torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1), reduction="sum").item()
+        total += torch.nn.functional.cross_entropy(
+            drafted.reshape(-1, drafted.shape[-1]).float(), x[:, 2:].reshape(-1), reduction="sum").item()
+        agree += int((drafted.argmax(-1) == logits[:, 1:].argmax(-1)).sum())
+        count += x[:, 2:].numel()
+    trained.train()
+    # The main model predicts one token more a window than the MTP layer.
+    return main / (count + data.shape[0]), total / count, agree / count
+
+
 def lr_at(step: int, args) -> float:
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
@@ -326,41 +472,69 @@ class Log:
         self.f.flush()
 
 
+# Each architecture's defaults (an argument given on the command line wins).
+ARCH_DEFAULTS = {
+    # The embedded demo, models/demo: 14.7 M parameters, about 50 minutes on one core.
+    "olmoe": dict(out="models/demo", work="target/train-demo", layers=4, experts=32, expert_intermediate=128,
+                  tie=True, steps=1800, warmup=150, autocast=True, tokenizer_from=None),
+    # The MTP pair, target/demo-mtp: three layers (the first dense) and the MTP layer, 64 routed experts per MoE
+    # layer (so that a quarter or a tenth of them cached is a real streaming case), untied as DeepSeek-V3 is;
+    # the embedded demo's tokenizer. About 20 minutes on one core. In float32: on a CPU without bf16 arithmetic
+    # (AVX512-BF16 or AMX) bf16 autocast made a step of it 10 times slower (3.4 s forward and 19 s backward,
+    # against 0.9 s and 1.4 s).
+    "deepseek_v3": dict(out="target/demo-mtp", work="target/train-demo-mtp", layers=3, experts=64,
+                        expert_intermediate=64, tie=False, steps=500, warmup=50, autocast=False,
+                        tokenizer_from="models/demo"),
+}
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="models/demo", help="final checkpoint directory")
-    ap.add_argument("--work", default="target/train-demo", help="checkpoints, token cache, log while training")
+    ap.add_argument("--arch", choices=sorted(ARCH_DEFAULTS), default="olmoe")
+    ap.add_argument("--out", help="final checkpoint directory (olmoe: models/demo; deepseek_v3: target/demo-mtp)")
+    ap.add_argument("--work", help="checkpoints, token cache, log while training (target/train-demo[-mtp])")
+    ap.add_argument("--tokenizer-from", metavar="DIR",
+                    help="reuse DIR/tokenizer.json instead of training one (deepseek_v3: models/demo)")
     ap.add_argument("--fortunes", default=FORTUNES_DIR)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layers", type=int)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--experts", type=int)
     ap.add_argument("--top-k", type=int, default=4)
-    ap.add_argument("--expert-intermediate", type=int, default=128)
-    ap.add_argument("--tie", action=argparse.BooleanOptionalAction, default=True, help="tie embeddings and lm_head")
+    ap.add_argument("--expert-intermediate", type=int)
+    ap.add_argument("--dense-intermediate", type=int, default=512, help="deepseek_v3: the dense first layer's MLP")
+    ap.add_argument("--tie", action=argparse.BooleanOptionalAction, help="tie embeddings and lm_head")
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=1800)
+    ap.add_argument("--steps", type=int)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
-    ap.add_argument("--warmup", type=int, default=150)
+    ap.add_argument("--warmup", type=int)
     ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--aux-coef", type=float, default=0.01)
+    ap.add_argument("--aux-coef", type=float, default=0.01, help="olmoe: the load-balancing loss's weight")
+    ap.add_argument("--mtp-lambda", type=float, default=0.3,
+                    help="deepseek_v3: the MTP loss's weight (the DeepSeek-V3 report's lambda, 0.3 at first)")
+    ap.add_argument("--bias-update-speed", type=float, default=1e-3,
+                    help="deepseek_v3: the routers' bias step per optimizer step (the report's gamma)")
     ap.add_argument("--chat-fraction", type=float, default=0.35)
     ap.add_argument("--heldout-fraction", type=float, default=0.03)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--ckpt-every", type=int, default=100)
     ap.add_argument("--log-every", type=int, default=25)
-    ap.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True,
-                    help="bf16 autocast for the matrix products (f32 master weights and optimizer)")
+    ap.add_argument("--autocast", action=argparse.BooleanOptionalAction,
+                    help="bf16 autocast for the matrix products (f32 master weights and optimizer; olmoe: on)")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="dtype of the saved weights")
     ap.add_argument("--fresh", action="store_true", help="ignore checkpoints in --work and start over")
     ap.add_argument("--export-only", action="store_true", help="write --out from the best checkpoint in --work")
     ap.add_argument("--allow-other-versions", action="store_true")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for key, value in ARCH_DEFAULTS[args.arch].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
 
 
 def check_versions(allow: bool) -> dict[str, str]:
@@ -408,6 +582,8 @@ def main(argv=None) -> None:
 
     # --- tokenizer ----------------------------------------------------------------------------------
     tok_path = work / "tokenizer.json"
+    if args.tokenizer_from and not tok_path.exists():
+        shutil.copy(Path(args.tokenizer_from) / "tokenizer.json", tok_path)
     if tok_path.exists():
         tok = Tokenizer.from_file(str(tok_path))
     else:
@@ -422,6 +598,7 @@ def main(argv=None) -> None:
 
     cfg = model_config(args, vocab_size, special)
     model = build_model(cfg, args.seed)
+    balancer = Balancer(model, args.bias_update_speed) if args.arch == "deepseek_v3" else None
     n_params = sum(p.numel() for p in model.parameters())
     n_expert = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     active = n_params - n_expert + n_expert * args.top_k // args.experts
@@ -432,14 +609,18 @@ def main(argv=None) -> None:
         log(f"# versions: {json.dumps(versions)}; threads {args.threads}; seed {args.seed}")
         log(f"# text: {len(items)} fortunes from {args.fortunes} ({len(train)} train, {train_chars} chars; "
             f"{len(held)} held out, {held_chars} chars)")
-        log(f"# tokenizer: byte-level BPE, {vocab_size} entries; specials {special}")
+        log(f"# tokenizer: byte-level BPE, {vocab_size} entries; specials {special}"
+            + (f"; from {args.tokenizer_from}" if args.tokenizer_from else ""))
         log(f"# tokens: {len(epoch0_ids)} per training epoch (chat fraction {args.chat_fraction}), "
             f"{len(held_ids)} held out ({held_data.shape[0]} windows of {args.seq})")
-        log(f"# model: olmoe, {args.layers} layers, hidden {args.hidden}, {args.heads} heads, {args.experts} experts "
-            f"x intermediate {args.expert_intermediate}, top-{args.top_k}, tied={args.tie}; "
+        mtp = " + 1 MTP layer" if args.arch == "deepseek_v3" else ""
+        log(f"# model: {args.arch}, {args.layers} layers{mtp}, hidden {args.hidden}, {args.heads} heads, "
+            f"{args.experts} experts x intermediate {args.expert_intermediate}, top-{args.top_k}, tied={args.tie}; "
             f"{n_params} parameters ({active} active per token)")
+        side = (f"mtp lambda {args.mtp_lambda}, bias update {args.bias_update_speed}" if balancer
+                else f"aux {args.aux_coef}")
         log(f"# schedule: {args.steps} steps x {args.batch} x {args.seq} tokens, AdamW lr {args.lr} "
-            f"(warmup {args.warmup}, cosine to {args.min_lr_frac}x), wd {args.weight_decay}, aux {args.aux_coef}, "
+            f"(warmup {args.warmup}, cosine to {args.min_lr_frac}x), wd {args.weight_decay}, {side}, "
             f"bf16 autocast {args.autocast}")
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "norm" not in n and "embed" not in n]
@@ -479,7 +660,8 @@ def main(argv=None) -> None:
         model.train()
         cur = epoch_windows(epoch)
         t0 = time.time()
-        run_loss, run_aux, run_n = 0.0, 0.0, 0
+        run_loss, run_aux, run_imbalance, run_n = 0.0, 0.0, 0.0, 0
+        side = "mtp" if balancer else "aux"
         while step < args.steps:
             if pos + args.batch > cur.shape[0]:
                 epoch, pos = epoch + 1, 0
@@ -488,32 +670,35 @@ def main(argv=None) -> None:
             pos += args.batch
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, args)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
-                outp = model(input_ids=x[:, :-1], output_router_logits=True)
-            lm_loss = torch.nn.functional.cross_entropy(
-                outp.logits.reshape(-1, vocab_size).float(), x[:, 1:].reshape(-1))
-            aux = outp.aux_loss.float() if outp.aux_loss is not None else torch.zeros(())
-            loss = lm_loss + args.aux_coef * aux
+            lm_loss, aux, loss = losses(model, x, args)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            if balancer:
+                run_imbalance += balancer.step()
             step += 1
             run_loss += lm_loss.item()
             run_aux += aux.item()
             run_n += 1
             elapsed = elapsed_before + time.time() - t0
             if step % args.log_every == 0 or step == args.steps:
-                log(f"step {step:6d}  epoch {epoch:3d}  loss {run_loss / run_n:.4f}  aux {run_aux / run_n:.3f}  "
-                    f"lr {lr_at(step - 1, args):.2e}  {elapsed / 60:6.1f} min")
-                run_loss, run_aux, run_n = 0.0, 0.0, 0
+                balance = f"  busiest expert {run_imbalance / run_n:.2f}x the mean" if balancer else ""
+                log(f"step {step:6d}  epoch {epoch:3d}  loss {run_loss / run_n:.4f}  {side} {run_aux / run_n:.3f}  "
+                    f"lr {lr_at(step - 1, args):.2e}  {elapsed / 60:6.1f} min{balance}")
+                run_loss, run_aux, run_imbalance, run_n = 0.0, 0.0, 0.0, 0
             if step % args.eval_every == 0 or step == args.steps:
-                hl = evaluate(model, held_data, 16, args.autocast)
+                if balancer:
+                    hl, ml, agreement = evaluate_mtp(model, held_data, 16, args.autocast)
+                else:
+                    hl = evaluate(model, held_data, 16, args.autocast)
                 flag = ""
                 if hl < best["loss"]:
                     best = {"loss": hl, "step": step}
                     torch.save(model.state_dict(), work / "best.pt")
                     flag = "  (best)"
+                if balancer:
+                    flag = f"  mtp loss {ml:.4f}  draft = argmax {100 * agreement:.1f}%{flag}"
                 log(f"eval  {step:6d}  held-out loss {hl:.4f}  ppl {math.exp(hl):8.2f}{flag}")
             if step % args.ckpt_every == 0 or step == args.steps:
                 save_checkpoint(elapsed)
@@ -524,22 +709,32 @@ def main(argv=None) -> None:
 
 
 def export(args, work: Path, out: Path, tok: Tokenizer, cfg, held, log, versions, n_params: int, active: int) -> None:
-    from transformers import AutoTokenizer, GenerationConfig, OlmoeForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
     best_path = work / "best.pt"
     if not best_path.exists():
         raise SystemExit(f"no {best_path}: train first")
-    model = build_model(cfg, args.seed)
-    model.load_state_dict(torch.load(best_path, weights_only=True))
-    model.eval()
+    trained = build_model(cfg, args.seed)
+    trained.load_state_dict(torch.load(best_path, weights_only=True))
+    trained.eval()
+    model = main_model(trained)
 
     stage = out.with_name(out.name + ".tmp-export")
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True, exist_ok=True)
 
     model.config.output_router_logits = False
-    model.to(getattr(torch, args.dtype)).save_pretrained(stage, safe_serialization=True)
+    # The routers' score-correction biases stay float32 (transformers keeps them so): rounded, they would choose
+    # other experts than training did.
+    biases = {n: b.detach().clone() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")}
+    model.to(getattr(torch, args.dtype))
+    for name, bias in biases.items():
+        owner, attr = name.rsplit(".", 1)
+        setattr(model.get_submodule(owner), attr, bias)
+    model.save_pretrained(stage, safe_serialization=True)
     model.float()
+    if isinstance(trained, torch.nn.ModuleDict):
+        write_mtp_layer(trained, stage / "model.safetensors", getattr(torch, args.dtype))
     gen = GenerationConfig(
         bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id,
         do_sample=True, temperature=0.8, top_k=40, top_p=0.95, max_new_tokens=128)
@@ -563,7 +758,7 @@ def export(args, work: Path, out: Path, tok: Tokenizer, cfg, held, log, versions
     (stage / "heldout.txt").write_text("\n\n".join(b for _, b in held) + "\n", encoding="utf-8")
 
     # --- check the written checkpoint with transformers itself, and sample from it ------------------
-    m2 = OlmoeForCausalLM.from_pretrained(stage, dtype=torch.float32)
+    m2 = AutoModelForCausalLM.from_pretrained(stage, dtype=torch.float32)
     m2.eval()
     t2 = AutoTokenizer.from_pretrained(stage)
     msgs = [{"role": "user", "content": "Tell me a fortune."}]
@@ -600,9 +795,11 @@ def export(args, work: Path, out: Path, tok: Tokenizer, cfg, held, log, versions
     meta = {"held_out_loss_plain_text": held_loss, "held_out_tokens": len(ids), "parameters": n_params,
             "active_parameters_per_token": active, "versions": versions, "seed": args.seed,
             "threads": args.threads, "samples": samples}
-    (work / "export.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
     log(f"# export: {args.dtype} weights; held-out loss of heldout.txt as plain text: {held_loss:.4f} "
         f"(ppl {math.exp(held_loss):.2f}, {len(ids)} tokens)")
+    if isinstance(trained, torch.nn.ModuleDict):
+        meta["mtp"] = check_mtp(stage, m2, trained, held, t2, log)
+    (work / "export.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
     for s in samples:
         log(f"# sample [{s['mode']}] {s['prompt']!r} -> {s['text']!r}")
 
@@ -616,6 +813,53 @@ def export(args, work: Path, out: Path, tok: Tokenizer, cfg, held, log, versions
     files = sorted(out.iterdir())
     log(f"# wrote {out}: " + ", ".join(f"{f.name} ({f.stat().st_size} B)" for f in files))
     shutil.copy(work / "train_log.txt", out / "train_log.txt")
+
+
+def write_mtp_layer(trained: torch.nn.ModuleDict, checkpoint: Path, dtype: torch.dtype) -> None:
+    """Adds the MTP layer to the saved checkpoint as DeepSeek's hub checkpoints hold it (`model.layers.{N}.*`,
+    N = num_hidden_layers; mtp_ref.hub_tensors), in `dtype` but for the router's float32 bias."""
+    from safetensors.torch import load_file, save_file
+
+    from mtp_ref import hub_tensors
+
+    tensors = load_file(checkpoint)
+    for name, t in hub_tensors(trained["model"], trained["mtp"]).items():
+        tensors[name] = t if name.endswith("e_score_correction_bias") else t.to(dtype)
+    save_file(tensors, checkpoint, metadata={"format": "pt"})
+
+
+@torch.no_grad()
+def check_mtp(checkpoint: Path, m2, trained: torch.nn.ModuleDict, held, t2, log) -> dict:
+    """Reads the written MTP layer back as the fixtures' reference does (mtp_ref.load_mtp over the checkpoint's own
+    DeepseekV3ForCausalLM) and measures what a greedy verify pass would accept of its first draft: on each of 32
+    held-out fortunes' first words, 48 greedy tokens of the main model, and the layer's draft of every one of them
+    but the first from the hidden state and token before (mtp_ref.draft_logits, teacher-forced on the greedy text).
+    Also checks that the written layer drafts as the trained one did (float32 and the saved dtype apart)."""
+    from mtp_ref import draft_logits, load_mtp
+
+    mtp2 = load_mtp(checkpoint, m2)
+    prompts, accepted, drafted, same, rows = [], 0, 0, 0, 0
+    for _, body in held[:: max(1, len(held) // 32)][:32]:
+        prompt = " ".join(body.split()[:4])
+        p = t2(prompt, add_special_tokens=False)["input_ids"]
+        ids = m2.generate(torch.tensor([p]), max_new_tokens=48, do_sample=False, pad_token_id=m2.config.pad_token_id,
+                          eos_token_id=None)[0].tolist()
+        logits = draft_logits(m2, mtp2, ids)
+        # Row i drafts token i + 2: the generated tokens after the first (the last row drafts past the text).
+        hits = logits.argmax(-1)[len(p) - 1:-1] == torch.tensor(ids[len(p) + 1:]).numpy()
+        accepted += int(hits.sum())
+        drafted += len(hits)
+        _, trained_drafts = pair_logits(trained, torch.tensor([ids]))
+        same += int((trained_drafts[0].argmax(-1).numpy() == logits.argmax(-1)).sum())
+        rows += len(logits)
+        prompts.append(prompt)
+    figures = {"greedy_first_draft_accepted": accepted, "greedy_first_drafts": drafted,
+               "greedy_first_draft_acceptance": accepted / drafted, "prompts": prompts,
+               "written_layer_top1_agrees_with_trained": same / rows}
+    log(f"# export: MTP layer read back (mtp_ref.load_mtp): its first draft is the main model's greedy token "
+        f"{accepted}/{drafted} = {100 * accepted / drafted:.1f}% of the time on {len(prompts)} held-out prompts "
+        f"(48 greedy tokens each); its drafts' top-1 agrees with the trained layer's on {100 * same / rows:.1f}%")
+    return figures
 
 
 if __name__ == "__main__":
