@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Suites, in order: `limits`, `kernels`, `prefill`, `resident`,
-//! `streaming`, `demo`, `batching`, `agent`, `drives` (a file each here). Measurements that need
+//! `streaming`, `demo`, `batching`, `speculation`, `agent`, `drives` (a file each here). Measurements that need
 //! optimized code run in the
 //! release-built `strata-probe` (package `strata-benches`) and `strata`
 //! binaries; this file only orchestrates them, since xtask itself is built
@@ -28,6 +28,7 @@ mod options;
 mod peer;
 mod quiet;
 mod report;
+mod speculation;
 mod stats;
 mod streaming;
 mod suites;
@@ -55,7 +56,10 @@ pub fn run(rest: &[String]) -> Result<()> {
     std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let mut report = Report::new(machine_info());
     let mut limits = Limits::default();
-    let need_limits = opts.suites.iter().any(|s| !matches!(s.as_str(), "prefill" | "kernels" | "batching" | "drives"));
+    let need_limits = opts
+        .suites
+        .iter()
+        .any(|s| !matches!(s.as_str(), "prefill" | "kernels" | "batching" | "speculation" | "drives"));
     if opts.wants("limits") || need_limits {
         limits = suite_limits(&bins, &opts, &mut report)?;
     }
@@ -76,6 +80,9 @@ pub fn run(rest: &[String]) -> Result<()> {
     }
     if opts.wants("batching") {
         batching::suite_batching(&bins, &opts, &mut report)?;
+    }
+    if opts.wants("speculation") {
+        speculation::suite_speculation(&bins, &opts, &mut report)?;
     }
     if opts.wants("agent") {
         agent::suite_agent(&bins, &opts, &limits, &mut report)?;

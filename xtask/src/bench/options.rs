@@ -8,8 +8,8 @@ use clap::{ArgAction, Parser};
 use crate::cli::{non_empty, parse_cli, workspace_root};
 
 /// Every suite, in the order they run.
-pub(super) const SUITES: [&str; 9] =
-    ["limits", "kernels", "prefill", "resident", "streaming", "demo", "batching", "agent", "drives"];
+pub(super) const SUITES: [&str; 10] =
+    ["limits", "kernels", "prefill", "resident", "streaming", "demo", "batching", "speculation", "agent", "drives"];
 
 /// Suites run only when `--only` names them: the agent suite's cold
 /// 8,192-token prefill of the streaming model takes about ten minutes a
@@ -29,8 +29,8 @@ pub(super) const OPT_IN_SUITES: [&str; 1] = ["agent"];
     disable_help_flag = true
 )]
 pub(super) struct Cli {
-    /// run only these suites: limits, kernels, prefill, resident, streaming, demo, batching, agent (only when
-    /// named here), drives
+    /// run only these suites: limits, kernels, prefill, resident, streaming, demo, batching, speculation, agent
+    /// (only when named here), drives
     #[arg(long, value_name = "SUITE[,SUITE]", value_delimiter = ',')]
     only: Vec<String>,
     /// skip these suites
