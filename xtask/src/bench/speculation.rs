@@ -66,6 +66,8 @@ pub(crate) fn suite_speculation(bins: &Bins, opts: &Options, report: &mut Report
     let prompts = prompts(&checkpoint.join("heldout.txt"))?;
     let all_experts = expert_bytes(&model)?;
     let usage = opts.out.join("speculation-usage.json");
+    // Four times a streaming run's steps: acceptance is a share of drafts,
+    // and a run of this model takes well under a second.
     let steps = 4 * opts.tokens;
     let mut tallies: Vec<Vec<Tally>> =
         CACHES.iter().map(|_| MODES.iter().map(|_| Tally::default()).collect()).collect();
