@@ -16,6 +16,14 @@
 //! tokens costs a pass only where a model has recurrent layers, and needs no
 //! snapshot per drafted token.
 //!
+//! The MTP layer's own cache (the draft cache) goes back after every draft
+//! to its committed rows, those of the stack's tokens. Where its layer
+//! keeps a fixed state (Inkling's short convolutions and a sliding
+//! window's ring), the drafter snapshots it there before drafting past
+//! them and restores the snapshot after: a copy of one layer's state per
+//! verify pass, where recomputation would run the MTP layer again over
+//! the convolutions' and the window's rows.
+//!
 //! `--speculate auto` ([`Policy`]) measures what a plain step and a verify
 //! pass cost per token as the run goes, and drafts only while drafting
 //! gives tokens faster; it drafts for greedy decoding only, since sampled
@@ -336,6 +344,12 @@ impl Drafter {
         let mut draft = model.draft(rt, &self.hidden_tail, &tokens[known + 1..], &mut self.cache)?;
         self.hidden_tail.clear();
         let committed = self.cache.len();
+        // Rows are cut back in place, a fixed state is not (module doc):
+        // kept as of the committed rows, to restore after drafting past
+        // them (a single draft adds no row to take back).
+        if k > 1 {
+            self.cache.snapshot();
+        }
         let mut drafts: Vec<Drafted> = Vec::with_capacity(k);
         loop {
             let row = draft.logits.len() / vocab - 1;
@@ -349,7 +363,7 @@ impl Drafter {
             draft = model.draft(rt, &last, &[token], &mut self.cache)?;
         }
         let kept = self.cache.truncate(committed);
-        assert_eq!(kept, committed, "the MTP layer's rows cut back in place");
+        assert_eq!(kept, committed, "the MTP layer's rows cut back, its state restored");
         Ok(drafts)
     }
 }

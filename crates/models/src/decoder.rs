@@ -227,7 +227,7 @@ impl Decoder {
         };
         let mtp_refused = mtp::refusal(arch, head.streams());
         let mtp = match (arch.mtp.as_slice(), &mtp_refused) {
-            ([layer], None) => Some(mtp::Mtp::load(b, &spec, layer, arch.layers.len(), &mut ropes)?),
+            ([layer], None) => Some(mtp::Mtp::load(b, &spec, (layer, arch.mtp_form), arch.layers.len(), &mut ropes)?),
             _ => None,
         };
         let embed_norm = match spec.embed_norm {
@@ -306,9 +306,19 @@ impl Decoder {
         Ok(())
     }
 
-    /// Rows of the embedding table for `tokens`, `[n, hidden]`.
-    /// (The table may be on disk: `strata_format::Embedding::ReadByRow`.)
+    /// The stack's input rows for `tokens`, `[n, hidden]`: the embedding
+    /// table's, RMS-normed where the model norms them (Inkling).
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut x = self.embedding_rows(tokens)?;
+        if let Some(norm) = &self.embed_norm {
+            norm.apply_rows(&self.backend, &mut x);
+        }
+        Ok(x)
+    }
+
+    /// Rows of the embedding table for `tokens` as stored, `[n, hidden]`.
+    /// (The table may be on disk: `strata_format::Embedding::ReadByRow`.)
+    fn embedding_rows(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         let (h, vocab_size) = (self.spec.hidden_size, self.spec.vocab_size);
         let rows = tokens
             .iter()
@@ -319,9 +329,6 @@ impl Decoder {
             .collect::<Result<Vec<usize>>>()?;
         let mut x = vec![0.0f32; tokens.len() * h];
         self.backend.table_rows(self.embed, &rows, &mut x)?;
-        if let Some(norm) = &self.embed_norm {
-            norm.apply_rows(&self.backend, &mut x);
-        }
         Ok(x)
     }
 

@@ -83,13 +83,15 @@ impl Inkling {
     }
 
     /// See [`super::Attention::forward`]: the block's output after its
-    /// output convolution.
+    /// output convolution. A cache's row r is position `first_position + r`
+    /// (what log scaling reads; the bias and the window see distances only).
     pub fn forward(
         &self,
         rt: &Runtime<'_>,
         b: &Backend,
         layer: usize,
         xs: &[f32],
+        first_position: usize,
         seqs: &mut [SeqBatch<'_>],
     ) -> Vec<f32> {
         let d = &self.dims;
@@ -101,7 +103,9 @@ impl Inkling {
         self.k_norm.apply_rows(b, &mut k);
         let mut bias = b.relative_bias(self.rel_proj, d.d_rel, &self.r.apply(rt, b, xs));
         if let Some(scaling) = d.log_scaling {
-            let positions = seqs.iter().flat_map(|seq| seq.cache.len()..seq.cache.len() + seq.tokens.len());
+            let positions = seqs
+                .iter()
+                .flat_map(|seq| first_position + seq.cache.len()..first_position + seq.cache.len() + seq.tokens.len());
             for ((q_t, bias_t), position) in
                 q.chunks_exact_mut(q_dim).zip(bias.chunks_exact_mut(d.num_heads * extent)).zip(positions)
             {

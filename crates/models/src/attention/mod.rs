@@ -39,11 +39,20 @@ pub struct Pass {
     angles: Vec<(RopeSpec, Angles)>,
     /// `selections[k]`: sequence `k`'s positions per query, if chosen.
     selections: Vec<Selection>,
+    /// The position of a cache's row 0: 0 in the stack's caches, 1 in an
+    /// MTP layer's draft cache, whose first row is the second token's.
+    first_position: usize,
 }
 
 impl Pass {
     pub fn new(angles: Vec<(RopeSpec, Angles)>, n_seqs: usize) -> Self {
-        Self { angles, selections: vec![None; n_seqs] }
+        Self { angles, selections: vec![None; n_seqs], first_position: 0 }
+    }
+
+    /// This pass over caches whose row 0 is position `first_position`
+    /// (what a block without rotary angles, Inkling's log scaling, reads).
+    pub fn from_position(self, first_position: usize) -> Self {
+        Self { first_position, ..self }
     }
 
     /// The angles of `rope` (built for every rotary embedding a layer
@@ -113,7 +122,7 @@ impl Attention {
                 let angles = pass.parts(Some(sk.rope())).0.expect("angles for every rotary embedding");
                 Ok(sk.forward(rt, b, layer, xs, angles, seqs))
             }
-            Attention::Inkling(ink) => Ok(ink.forward(rt, b, layer, xs, seqs)),
+            Attention::Inkling(ink) => Ok(ink.forward(rt, b, layer, xs, pass.first_position, seqs)),
         }
     }
 }

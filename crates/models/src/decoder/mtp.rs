@@ -1,10 +1,13 @@
-//! The multi-token-prediction layer (DeepSeek-V3's MTP module), as
-//! transformers' `MtpModel` computes it: from the stack's hidden state at
-//! position p (after the final norm) and the embedding of token p + 1, each
-//! RMS-normed (`hnorm`, `enorm`) and joined `[embedding, hidden]`,
-//! `eh_proj` gives the input of a decoder layer of its own, whose output
-//! after `shared_head.norm` goes through the model's lm head: logits for
-//! token p + 2.
+//! The multi-token-prediction layer, as transformers' `MtpModel` computes
+//! it: from the stack's hidden state at position p (after the final norm)
+//! and the embedding of token p + 1 (the table's row as stored: `MtpModel`
+//! drops Inkling's embedding norm), each RMS-normed (`hnorm`, `enorm`) and
+//! joined as the form says (`MtpForm::hidden_first`: DeepSeek-V3's
+//! `[embedding, hidden]`, Inkling's `[hidden, embedding]`), `eh_proj` gives
+//! the input of a decoder layer of its own, whose output after the form's
+//! norm (DeepSeek-V3's `shared_head.norm`, Inkling's shared chain norm, or
+//! none) goes through the model's lm head as the stack's does (Inkling's μP
+//! divisor and unpadded vocabulary included): logits for token p + 2.
 //!
 //! Qwen3-Next's and Qwen3.5/3.6's MTP module is the same computation
 //! (vLLM's `Qwen3NextMultiTokenPredictor`: `pre_fc_norm_embedding` and
@@ -15,17 +18,21 @@
 //!
 //! Its attention keeps its own cache (a `SequenceState` of one layer, the
 //! draft cache), whose first row is the second token's: row r is position
-//! r + 1. Its experts are the container's layer `num_hidden_layers`, read
-//! through the same store and budget as the stack's.
+//! r + 1 (the pass says so to blocks that read positions without rotary
+//! angles: Inkling's log scaling, as `MtpCache`'s query offset). Its
+//! experts are the container's layer `num_hidden_layers`, read through the
+//! same store and budget as the stack's.
 //!
-//! Only that form drafts: MTP layers the decoder cannot run as
-//! `MtpModel` does (another form, several layers, residual streams, or
-//! fixed state such as Inkling's short convolutions, which a draft cache
-//! cut back to its committed rows would not undo) are left unloaded, and
-//! the model says why ([`refusal`]) instead of drafting wrongly.
+//! A layer with a fixed state (Inkling's short convolutions, a sliding
+//! window's ring) drafts too: the engine's drafter snapshots the draft
+//! cache at its committed rows before drafting past them and restores that
+//! snapshot after, since cutting rows back does not undo a state. Only one
+//! layer over a plain residual drafts; other MTP layers (several chained,
+//! residual streams) are left unloaded, and the model says why
+//! ([`refusal`]) instead of drafting wrongly.
 
 use strata_format::names;
-use strata_format::{CoreSpec, LayerSpec, ModelArch, MtpForm, ResidualKind, RopeSpec};
+use strata_format::{CoreSpec, LayerSpec, ModelArch, MtpForm, MtpOutputNorm, ResidualKind, RopeSpec};
 use strata_kv::{LayerLayout, SequenceState};
 
 use super::{Decoder, Layer};
@@ -42,8 +49,12 @@ pub(super) struct Mtp {
     enorm: Norm,
     hnorm: Norm,
     eh_proj: MatrixHandle,
+    /// `eh_proj` takes `[hidden, embedding]` ([`MtpForm::hidden_first`]).
+    hidden_first: bool,
     layer: Layer,
-    head_norm: Norm,
+    /// The norm of its output before the lm head ([`MtpForm::output_norm`]);
+    /// `None`: the output as it is.
+    output_norm: Option<Norm>,
     /// The layer's index in the container: its tensors and expert file.
     index: usize,
     pub(super) cache_layout: LayerLayout,
@@ -57,31 +68,20 @@ pub(super) fn refusal(arch: &ModelArch, streams: usize) -> Option<String> {
         [layer] => layer,
         more => return Some(format!("{} MTP layers: Strata drafts with one", more.len())),
     };
-    if arch.mtp_form != MtpForm::DEEPSEEK_V3 {
-        return Some(format!(
-            "its MTP form ({}) is not implemented: Strata drafts with {}",
-            arch.mtp_form.describe(),
-            MtpForm::DEEPSEEK_V3.describe()
-        ));
-    }
     if streams != 1 || layer.residual != ResidualKind::Plain {
         return Some(format!("an MTP layer over {streams} residual streams: Strata drafts over a plain residual"));
-    }
-    // A draft is cut back to its committed rows in place (the drafter
-    // asserts it); a fixed state (convolution, recurrence) is not.
-    if layer.state_floats() > 0 {
-        return Some("the MTP layer keeps a fixed state, which its draft cache cannot roll back".into());
     }
     None
 }
 
 impl Mtp {
     /// MTP layer `index` (numbered after the stack's layers) as `layer`
-    /// says; adds its rotary embedding to `ropes` if new.
+    /// and the model's MTP `form` say; adds its rotary embedding to
+    /// `ropes` if new.
     pub(super) fn load(
         b: &mut Backend,
         spec: &CoreSpec,
-        layer: &LayerSpec,
+        (layer, form): (&LayerSpec, MtpForm),
         index: usize,
         ropes: &mut Vec<(RopeSpec, Rope)>,
     ) -> Result<Self> {
@@ -93,8 +93,14 @@ impl Mtp {
         let hnorm = Norm::load(b, &t("hnorm.weight"), layer.norm, h)?;
         let eh_proj = b.matrix(&t("eh_proj.weight"), h, 2 * h)?;
         let (layer_blocks, cache_layout) = Layer::load(b, spec, layer, index, ropes)?;
-        let head_norm = Norm::load(b, &t(names::MTP_HEAD_NORM), layer.norm, h)?;
-        Ok(Self { enorm, hnorm, eh_proj, layer: layer_blocks, head_norm, index, cache_layout })
+        let output_norm = match form.output_norm {
+            MtpOutputNorm::PerLayer => Some(t(names::MTP_HEAD_NORM)),
+            MtpOutputNorm::Chain => Some(names::mtp_chain_norm_name(spec)),
+            MtpOutputNorm::Unnormed => None,
+        };
+        let output_norm = output_norm.map(|name| Norm::load(b, &name, layer.norm, h)).transpose()?;
+        let hidden_first = form.hidden_first;
+        Ok(Self { enorm, hnorm, eh_proj, hidden_first, layer: layer_blocks, output_norm, index, cache_layout })
     }
 }
 
@@ -126,17 +132,14 @@ impl Decoder {
         // no MTP row: nothing precedes it).
         let positions: Vec<usize> = (cache.len() + 1..=cache.len() + n).collect();
         let angles = self.ropes.iter().map(|(spec, rope)| (*spec, Angles::new(rope, &positions))).collect();
-        let mut pass = Pass::new(angles, 1);
-        let mut embedded = self.embed(next)?;
+        let mut pass = Pass::new(angles, 1).from_position(1);
+        let mut embedded = self.embedding_rows(next)?;
         mtp.enorm.apply_rows(b, &mut embedded);
         let mut previous = hidden.to_vec();
         mtp.hnorm.apply_rows(b, &mut previous);
-        let joined: Vec<f32> = embedded
-            .chunks_exact(h)
-            .zip(previous.chunks_exact(h))
-            .flat_map(|(e, p)| e.iter().chain(p))
-            .copied()
-            .collect();
+        let (first, second) = if mtp.hidden_first { (&previous, &embedded) } else { (&embedded, &previous) };
+        let joined: Vec<f32> =
+            first.chunks_exact(h).zip(second.chunks_exact(h)).flat_map(|(a, z)| a.iter().chain(z)).copied().collect();
         let mut x = vec![0.0f32; n * h];
         b.matmul(rt, mtp.eh_proj, &joined, &mut x);
         let mut streams = Streams::expand(1, x, h);
@@ -148,10 +151,10 @@ impl Decoder {
         mtp.layer.add_ffn(rt, b, (mtp.index, 0), (&positions, next), &normed, &mut streams, None, &mut seqs)?;
         seqs[0].cache.advance(n);
         let mut out = streams.collapse(rt, b, &self.head);
-        mtp.head_norm.apply_rows(b, &mut out);
-        let mut logits = vec![0.0f32; n * self.spec.vocab_size];
-        b.matmul(rt, self.lm_head, &out, &mut logits);
-        Ok(Draft { logits, hidden: out })
+        if let Some(norm) = &mtp.output_norm {
+            norm.apply_rows(b, &mut out);
+        }
+        Ok(Draft { logits: self.head_logits(rt, out.clone()), hidden: out })
     }
 }
 
@@ -166,21 +169,20 @@ mod tests {
         ModelArch::from_config_value(&config).unwrap()
     }
 
-    /// DeepSeek-V3's one MTP layer drafts; two, or Inkling's form (its
-    /// hidden-first join, no per-layer norm, convolution state), are
-    /// refused, saying what is missing, rather than drafted wrongly.
+    /// One MTP layer over a plain residual drafts, in DeepSeek-V3's form
+    /// or Inkling's (its hidden-first join and convolution state); two, or
+    /// a stack of residual streams, are refused, saying what is missing,
+    /// rather than drafted wrongly.
     #[test]
-    fn only_deepseeks_form_of_one_stateless_layer_drafts() {
+    fn one_mtp_layer_over_a_plain_residual_drafts_in_either_form() {
         assert_eq!(refusal(&fixture_arch("deepseek_v3/hf", |_| {}), 1), None);
         let two = fixture_arch("deepseek_v3/hf", |c| c["num_nextn_predict_layers"] = 2.into());
         assert_eq!(refusal(&two, 1).unwrap(), "2 MTP layers: Strata drafts with one");
         assert!(refusal(&fixture_arch("deepseek_v3/hf", |_| {}), 2).unwrap().contains("residual streams"));
         let inkling = fixture_arch("inkling/hf", |c| c["num_mtp_layers"] = 1.into());
-        let why = refusal(&inkling, 1).unwrap();
-        assert!(why.contains("[hidden, embedding] joined, no output norm"), "{why}");
-        // Were the form DeepSeek's, the layer's convolution state would still stop it.
-        let stateful = ModelArch { mtp_form: MtpForm::DEEPSEEK_V3, ..inkling };
-        assert!(refusal(&stateful, 1).unwrap().contains("fixed state"));
-        assert_eq!(refusal(&stateful.without_mtp(), 1), None);
+        assert!(inkling.mtp[0].state_floats() > 0, "Inkling's MTP layer keeps convolution states");
+        assert_eq!(refusal(&inkling, 1), None);
+        let chained = fixture_arch("inkling/hf", |c| c["num_mtp_layers"] = 2.into());
+        assert_eq!(refusal(&chained, 1).unwrap(), "2 MTP layers: Strata drafts with one");
     }
 }
