@@ -51,7 +51,7 @@ impl Pass {
 
     /// This pass over caches whose row 0 is position `first_position`
     /// (what a block without rotary angles, Inkling's log scaling, reads).
-    pub fn from_position(self, first_position: usize) -> Self {
+    pub fn with_first_position(self, first_position: usize) -> Self {
         Self { first_position, ..self }
     }
 

@@ -132,7 +132,7 @@ impl Decoder {
         // no MTP row: nothing precedes it).
         let positions: Vec<usize> = (cache.len() + 1..=cache.len() + n).collect();
         let angles = self.ropes.iter().map(|(spec, rope)| (*spec, Angles::new(rope, &positions))).collect();
-        let mut pass = Pass::new(angles, 1).from_position(1);
+        let mut pass = Pass::new(angles, 1).with_first_position(1);
         let mut embedded = self.embedding_rows(next)?;
         mtp.enorm.apply_rows(b, &mut embedded);
         let mut previous = hidden.to_vec();
