@@ -646,18 +646,23 @@ fn a_chat_template_that_never_ends_is_refused_at_convert_and_info() {
 
 /// A container keeping Inkling's MTP layer (converted from the hub's
 /// names, `model.mtp.`): `info` names the layer and its form and counts its
-/// tensors; Strata does not draft in Inkling's form yet, so `generate
-/// --speculate on` is refused saying why, in one line, and the default
-/// (`auto`) says so once and generates without drafting.
+/// tensors; `generate --speculate on` drafts with it, giving plain greedy
+/// decoding's tokens and the run's counts in `--json`. Two chained MTP
+/// layers do not draft: `on` is refused saying why, in one line, and the
+/// default (`auto`) says so once and generates without drafting.
 #[test]
-fn inklings_mtp_layer_is_counted_by_info_and_never_drafts() {
+fn inklings_mtp_layer_is_counted_by_info_and_drafts_where_it_is_one() {
     let tmp = tempfile::tempdir().unwrap();
-    let hub = tmp.path().join("hub");
-    std::fs::create_dir(&hub).unwrap();
-    let stored = strata_format::test_util::inkling_hub_with_mtp(&hub, &[false], false);
-    let model = tmp.path().join("model");
-    let out = strata(&["convert", path(&hub), path(&model), "--quant", "q8"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let convert_hub = |name: &str, sliding: &[bool]| {
+        let hub = tmp.path().join(format!("{name}_hub"));
+        std::fs::create_dir(&hub).unwrap();
+        let stored = strata_format::test_util::inkling_hub_with_mtp(&hub, sliding, false);
+        let model = tmp.path().join(name);
+        let out = strata(&["convert", path(&hub), path(&model), "--quant", "q8"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (model, stored)
+    };
+    let (model, stored) = convert_hub("one", &[false]);
     let info = strata(&["info", path(&model)]);
     assert!(info.status.success(), "{}", String::from_utf8_lossy(&info.stderr));
     let text = String::from_utf8(info.stdout).unwrap();
@@ -665,12 +670,24 @@ fn inklings_mtp_layer_is_counted_by_info_and_never_drafts() {
     assert!(text.contains("   1 x mtp layer inkling 4 q / 2 kv heads x 8"), "{text}");
     // The hub's pair `w13_dn` is two tensors, gate and up.
     assert!(text.contains(&format!(": {} tensors, ", stored.len() + 1)), "{text}");
-    let generate = |extra: &[&str]| {
-        let args = [&["generate", path(&model), "--tokens", "1,2,3", "--max-new-tokens", "3"][..], extra].concat();
-        strata(&args)
+    let generate = |model: &Path, extra: &[&str]| {
+        let args = ["generate", path(model), "--tokens", "1,2,3", "--max-new-tokens", "8", "--ignore-eos"];
+        strata(&[&args[..], &["--temperature", "0", "--json"], extra].concat())
     };
-    assert_clean_failure(&generate(&["--speculate", "on"]), "[hidden, embedding] joined, no output norm");
-    let auto = generate(&[]);
+    let json = |out: &Output| -> serde_json::Value {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap()
+    };
+    let drafted = json(&generate(&model, &["--speculate", "on", "--draft-tokens", "3"]));
+    let plain = json(&generate(&model, &["--speculate", "off"]));
+    assert_eq!(drafted["tokens"], plain["tokens"], "greedy drafted is plain");
+    let speculation = &drafted["stats"]["speculation"];
+    eprintln!("--speculate on: {speculation}");
+    assert!(speculation["verify_passes"].as_u64().unwrap() > 0, "{drafted}");
+    assert!(plain["stats"]["speculation"].is_null(), "off drafts nothing");
+    let (chained, _) = convert_hub("two", &[false, true]);
+    assert_clean_failure(&generate(&chained, &["--speculate", "on"]), "2 MTP layers: Strata drafts with one");
+    let auto = generate(&chained, &[]);
     assert!(auto.status.success(), "{}", String::from_utf8_lossy(&auto.stderr));
     let stderr = String::from_utf8_lossy(&auto.stderr);
     assert_eq!(stderr.matches("speculation off").count(), 1, "{stderr}");

@@ -798,3 +798,7 @@ fn trace_writer(path: &Path, container: &Container, content_hash: &str) -> Resul
 #[cfg(test)]
 #[path = "stateful_tests.rs"]
 mod stateful_tests;
+
+#[cfg(test)]
+#[path = "rollback_tests.rs"]
+mod rollback_tests;

@@ -5,8 +5,10 @@
 //! tokens a pass; sampled decoding with `--speculate on` gives a seed's
 //! tokens alone and batched alike. Every family with MTP layers runs both
 //! checks ([`fixtures!`]): DeepSeek-V3's (latent attention: rejected rows
-//! cut back in place) and Qwen3-Next's and Qwen3.5's (hybrid stacks: their
-//! Gated DeltaNet states undone and the kept tokens run again).
+//! cut back in place), Qwen3-Next's and Qwen3.5's (hybrid stacks: their
+//! Gated DeltaNet states undone and the kept tokens run again) and
+//! Inkling's (its short convolutions and rings undone alike, and its MTP
+//! layer's convolution states restored from a snapshot after each draft).
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -41,7 +43,7 @@ macro_rules! fixtures {
     )+};
 }
 
-fixtures!(deepseek_v3: false, qwen3_next: true, qwen3_5_moe: true);
+fixtures!(deepseek_v3: false, qwen3_next: true, qwen3_5_moe: true, inkling: false);
 
 /// `family`'s MTP fixture converted at q8, and its reference prompt.
 fn model(family: &str, tmp: &tempfile::TempDir) -> (PathBuf, Vec<u32>) {
