@@ -10,7 +10,7 @@
 //! `strata export <tmp>/<q> <tmp>/<q>_hf`, then transformers float32 logits of the exported checkpoint on the
 //! stage-1 prompt -> `logits_<q>.npy` and `reference_<q>.json`.
 //!
-//! DeepSeek-V3, Qwen3-Next and Qwen3.5 also get `testdata/<family>_mtp/`: the checkpoint with a seeded
+//! DeepSeek-V3, Qwen3-Next, Qwen3.5 and Inkling also get `testdata/<family>_mtp/`: the checkpoint with a seeded
 //! multi-token-prediction module and its draft logits, f32 in stage 1 and on each quant's export in stage 2
 //! (`mtp_ref.py`).
 //!
@@ -58,7 +58,7 @@ fn own_reference(family: &str) -> Option<&'static str> {
 /// plus a seeded MTP module, and its draft logits), made by [`MTP_SCRIPT`]: stage 1 runs `SCRIPT FAMILY OUT`
 /// after the family's own fixture, stage 2 converts and exports `FAMILY_mtp/hf` and runs
 /// `SCRIPT --dequantized CKPT QUANT FAMILY OUT`.
-const MTP_FAMILIES: [&str; 3] = ["deepseek_v3", "qwen3_next", "qwen3_5_moe"];
+const MTP_FAMILIES: [&str; 4] = ["deepseek_v3", "qwen3_next", "qwen3_5_moe", "inkling"];
 const MTP_SCRIPT: &str = "mtp_ref.py";
 
 fn has_mtp_twin(family: &str) -> bool {

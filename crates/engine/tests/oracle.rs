@@ -609,6 +609,15 @@ fn qwen3_5_moe_mtp_draft_logits_match_vllms_module_at_every_preset() {
     draft_logits_match_the_reference_at_every_preset("qwen3_5_moe_mtp");
 }
 
+/// Inkling's MTP layer drafts as transformers' `MtpModel` does, through an
+/// `MtpCache` as its generation runs it (testdata/inkling_mtp: the
+/// hidden-first join, the embedding row as stored, the chain norm, the
+/// layer's short convolutions, log scaling at the draft cache's positions).
+#[test]
+fn inkling_mtp_draft_logits_match_transformers_mtp_model_at_every_preset() {
+    draft_logits_match_the_reference_at_every_preset("inkling_mtp");
+}
+
 /// Teacher-forced on the prompt, row i drafts token i + 2 from the stack's
 /// hidden state at i and token i + 1, within the oracle's tolerance at
 /// every preset (q8 and q4 against the reference on the container's
@@ -629,7 +638,7 @@ fn draft_logits_match_the_reference_at_every_preset(family: &str) {
         let (shape, want) = reference_logits(family, file);
         let dir = convert(family, "hf", preset);
         let resident = engine(&dir, 1 << 30, 2);
-        assert_eq!(shape, [prompt.len() - 1, resident.core().vocab_size]);
+        assert_eq!(shape, [prompt.len() - 1, resident.core().logits_width()]);
         let got = resident.draft_logits(&prompt).unwrap();
         let tolerance_std = if preset == QuantPreset::F32 { 1e-3 } else { quant_tolerance_std(family, &resident) };
         let tolerance = tolerance_std * std_dev(&want);
