@@ -84,6 +84,7 @@ impl CausalLm for Foreseeing {
         _: &[f32],
         next: &[u32],
         cache: &mut SequenceState,
+        which: Logits,
     ) -> strata_models::Result<Draft> {
         let (vocab, h) = (self.core().logits_width(), self.core().hidden_size);
         cache.reserve(next.len())?;
@@ -97,6 +98,9 @@ impl CausalLm for Foreseeing {
         }
         cache.write(0, 0, &vec![0.0; next.len()]);
         cache.advance(next.len());
+        if which == Logits::Last {
+            logits.drain(..logits.len() - vocab);
+        }
         Ok(Draft { logits, hidden: vec![0.0; next.len() * h] })
     }
 }

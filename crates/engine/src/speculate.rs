@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use strata_kv::SequenceState;
-use strata_models::{CausalLm, Runtime};
+use strata_models::{CausalLm, Logits, Runtime};
 
 use crate::{Error, Result, Sampler};
 
@@ -341,7 +341,7 @@ impl Drafter {
         let h = self.hidden_size;
         assert_eq!(known + self.hidden_tail.len() / h + 1, tokens.len(), "the MTP layer's rows and the stack's");
         let vocab = model.core().logits_width();
-        let mut draft = model.draft(rt, &self.hidden_tail, &tokens[known + 1..], &mut self.cache)?;
+        let mut draft = model.draft(rt, &self.hidden_tail, &tokens[known + 1..], &mut self.cache, Logits::Last)?;
         self.hidden_tail.clear();
         let committed = self.cache.len();
         // Rows are cut back in place, a fixed state is not (module doc):
@@ -352,15 +352,15 @@ impl Drafter {
         }
         let mut drafts: Vec<Drafted> = Vec::with_capacity(k);
         loop {
-            let row = draft.logits.len() / vocab - 1;
-            let q = sampler.distribution(&draft.logits[row * vocab..]);
+            assert_eq!(draft.logits.len(), vocab, "the last row's logits");
+            let q = sampler.distribution(&draft.logits);
             let token = sampler.draft(&q, tokens.len() + drafts.len());
             drafts.push(Drafted { token, q });
             if drafts.len() == k {
                 break;
             }
-            let last = draft.hidden[row * h..].to_vec();
-            draft = model.draft(rt, &last, &[token], &mut self.cache)?;
+            let last = draft.hidden[draft.hidden.len() - h..].to_vec();
+            draft = model.draft(rt, &last, &[token], &mut self.cache, Logits::Last)?;
         }
         let kept = self.cache.truncate(committed);
         assert_eq!(kept, committed, "the MTP layer's rows cut back, its state restored");

@@ -145,6 +145,7 @@ impl CausalLm for Toy {
         hidden: &[f32],
         next: &[u32],
         cache: &mut SequenceState,
+        which: Logits,
     ) -> strata_models::Result<strata_models::Draft> {
         cache.reserve(next.len())?;
         let (mut logits, mut out) = (Vec::new(), Vec::new());
@@ -161,6 +162,9 @@ impl CausalLm for Toy {
         }
         cache.write(0, 0, &vec![0.0; next.len()]);
         cache.advance(next.len());
+        if which == Logits::Last {
+            logits.drain(..logits.len() - self.spec.logits_width());
+        }
         Ok(strata_models::Draft { logits, hidden: out })
     }
 }

@@ -471,8 +471,15 @@ impl CausalLm for Decoder {
         self.draft_cache(capacity_tokens)
     }
 
-    fn draft(&self, rt: &Runtime<'_>, hidden: &[f32], next: &[u32], cache: &mut SequenceState) -> Result<Draft> {
-        self.draft_rows(rt, hidden, next, cache)
+    fn draft(
+        &self,
+        rt: &Runtime<'_>,
+        hidden: &[f32],
+        next: &[u32],
+        cache: &mut SequenceState,
+        which: Logits,
+    ) -> Result<Draft> {
+        self.draft_rows(rt, hidden, next, cache, which)
     }
 
     fn forward_batch(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<Vec<f32>>> {

@@ -96,16 +96,26 @@ pub trait CausalLm: Send + Sync {
         SequenceState::with_layers(Vec::new(), capacity_tokens)
     }
 
-    /// The MTP layer's logits for the tokens after `next` (`[n, vocab]`),
-    /// from `hidden`, the rows [`CausalLm::forward_hidden`] gave for the
-    /// tokens before `next`, extending the draft cache `cache` (row r is
-    /// position r + 1).
-    fn draft(&self, _rt: &Runtime<'_>, _hidden: &[f32], _next: &[u32], _cache: &mut SequenceState) -> Result<Draft> {
+    /// The MTP layer's logits for the tokens after `next` (`which`: every
+    /// row's, `[n, vocab]`, or the last's, `[1, vocab]`), from `hidden`, the
+    /// rows [`CausalLm::forward_hidden`] gave for the tokens before `next`,
+    /// extending the draft cache `cache` (row r is position r + 1). A
+    /// drafter asks for the last row's only: it catches up on every row the
+    /// stack ran since its last draft, and the lm head over each of them
+    /// would cost a small model about a plain step a row.
+    fn draft(
+        &self,
+        _rt: &Runtime<'_>,
+        _hidden: &[f32],
+        _next: &[u32],
+        _cache: &mut SequenceState,
+        _which: Logits,
+    ) -> Result<Draft> {
         Err(Error::Unsupported("the model has no MTP layer".into()))
     }
 }
 
-/// What an MTP layer drafts: logits `[n, vocab]` and its output rows after
+/// What an MTP layer drafts: the logits asked for and its output rows after
 /// its head norm `[n, hidden]` (the hidden state a further draft step
 /// starts from).
 pub struct Draft {

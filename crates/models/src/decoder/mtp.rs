@@ -39,7 +39,7 @@ use super::{Decoder, Layer};
 use crate::attention::Pass;
 use crate::backend::{Backend, MatrixHandle, Runtime};
 use crate::error::{Error, Result};
-use crate::lm::{Draft, SeqBatch};
+use crate::lm::{Draft, Logits, SeqBatch};
 use crate::norm::Norm;
 use crate::residual::Streams;
 use crate::rope::{Angles, Rope};
@@ -121,6 +121,7 @@ impl Decoder {
         hidden: &[f32],
         next: &[u32],
         cache: &mut SequenceState,
+        which: Logits,
     ) -> Result<Draft> {
         let mtp = self.mtp.as_ref().ok_or_else(|| {
             Error::Unsupported(self.mtp_refused.clone().unwrap_or_else(|| "the model has no MTP layer".into()))
@@ -154,7 +155,11 @@ impl Decoder {
         if let Some(norm) = &mtp.output_norm {
             norm.apply_rows(b, &mut out);
         }
-        Ok(Draft { logits: self.head_logits(rt, out.clone()), hidden: out })
+        let head_rows = match which {
+            Logits::All => out.clone(),
+            Logits::Last => out[(n - 1) * h..].to_vec(),
+        };
+        Ok(Draft { logits: self.head_logits(rt, head_rows), hidden: out })
     }
 }
 
