@@ -169,11 +169,16 @@ impl SpeculationStats {
 }
 
 /// When `auto` drafts. Plain steps are measured first; then drafting is
-/// tried for [`PROBE_PASSES`] passes and kept while its time per token is
-/// below a plain step's. Turned off, it is tried again after
-/// [`PROBE_INTERVAL_STEPS`] plain steps, twice as many after each probe that
-/// did not pay (up to [`PROBE_INTERVAL_STEPS_MAX`]): a drafter that never
-/// pays costs at most `PROBE_PASSES` verify passes per interval.
+/// tried and kept while its time per token is below a plain step's and its
+/// drafts stand. A probe's first pass is not timed: it also runs the MTP
+/// layer over every row the stack ran since the last draft (the drafter's
+/// catch-up), which says nothing of what drafting costs from then on. A
+/// probe stops at its second pass if that is slower than a plain step, and
+/// after [`PROBE_PASSES`] if no draft stood. Turned off, drafting is tried
+/// again after [`PROBE_INTERVAL_STEPS`] plain steps, twice as many after each
+/// probe that did not pay (up to [`PROBE_INTERVAL_STEPS_MAX`]): a drafter
+/// that is slower costs two verify passes per interval, and one whose drafts
+/// never stand `PROBE_PASSES`.
 #[derive(Debug, Clone)]
 pub struct Policy {
     mode: SpeculateMode,
@@ -195,8 +200,11 @@ pub struct Policy {
 pub const PLAIN_STEPS_FIRST: usize = 4;
 /// Verify passes a probe runs before it decides.
 pub const PROBE_PASSES: usize = 4;
-/// Plain steps between probes, at first and at most.
-pub const PROBE_INTERVAL_STEPS: usize = 32;
+/// Plain steps between probes, at first and at most. A probe that does not
+/// pay costs a few plain steps' time (a pass over k + 1 tokens costs the
+/// demo MTP pair about three plain steps: bench `speculation`), so the
+/// first interval keeps that under a few percent of the steps.
+pub const PROBE_INTERVAL_STEPS: usize = 128;
 pub const PROBE_INTERVAL_STEPS_MAX: usize = 1024;
 /// Weight of the newest measurement in the moving averages.
 const RECENT_WEIGHT: f64 = 0.25;
@@ -249,28 +257,30 @@ impl Policy {
     /// `accepted` drafts standing, in `elapsed`.
     pub fn verify_pass(&mut self, tokens: usize, accepted: usize, elapsed: Duration) {
         let ms_per_token = elapsed.as_secs_f64() * 1e3 / tokens.max(1) as f64;
-        if self.passes == 0 {
-            self.speculative_ms_per_token = ms_per_token;
-            self.accepted_per_pass = accepted as f64;
-        } else {
-            self.speculative_ms_per_token += (ms_per_token - self.speculative_ms_per_token) * RECENT_WEIGHT;
+        self.passes += 1;
+        match self.passes {
+            // The catch-up's pass: its acceptance counts, its time does not.
+            1 => self.accepted_per_pass = accepted as f64,
+            2 => self.speculative_ms_per_token = ms_per_token,
+            _ => self.speculative_ms_per_token += (ms_per_token - self.speculative_ms_per_token) * RECENT_WEIGHT,
+        }
+        if self.passes > 1 {
             self.accepted_per_pass += (accepted as f64 - self.accepted_per_pass) * RECENT_WEIGHT;
         }
-        self.passes += 1;
-        if self.mode != SpeculateMode::Auto || self.passes < PROBE_PASSES {
+        if self.mode != SpeculateMode::Auto || self.passes < 2 {
             return;
         }
+        let slower = self.plain_ms_per_token.is_some_and(|plain| self.speculative_ms_per_token >= plain);
         // A pass that accepts nothing ran a plain step and drafting: never
         // faster, whatever the clock says through other work's noise.
-        let pays = self.accepted_per_pass > 0.0
-            && self.plain_ms_per_token.is_none_or(|plain| self.speculative_ms_per_token < plain);
-        if pays {
-            self.probes_failed = 0;
-        } else {
+        let never_stands = self.passes >= PROBE_PASSES && self.accepted_per_pass == 0.0;
+        if slower || never_stands {
             self.drafting = false;
             self.plain_steps = 0;
             self.probed = true;
             self.probes_failed = self.probes_failed.saturating_add(1);
+        } else if self.passes >= PROBE_PASSES {
+            self.probes_failed = 0;
         }
     }
 }
@@ -400,10 +410,27 @@ mod tests {
         let tokens = 4096;
         let passes = run(&mut policy, tokens, 3, 0, 0);
         assert!(!policy.drafts(), "auto ends up off");
-        // Probes of PROBE_PASSES passes after 4, 32, 64, ... 1024 plain
-        // steps: 9 probes in 4096 tokens, under 1% of the steps.
-        assert!(passes <= 9 * PROBE_PASSES, "{passes} verify passes");
+        // Probes of PROBE_PASSES passes after 4, 128, 256, 512, then every
+        // 1024 plain steps: 7 probes in 4096 tokens, under 1% of the steps.
+        assert!(passes <= 7 * PROBE_PASSES, "{passes} verify passes");
         assert!(passes * 100 <= tokens, "{passes} verify passes of {tokens} steps");
+    }
+
+    #[test]
+    fn a_probes_catch_up_pass_is_not_timed_and_a_slower_probe_stops_at_its_second_pass() {
+        let mut paying = Policy::new(SpeculateMode::Auto);
+        (0..PLAIN_STEPS_FIRST).for_each(|_| paying.plain_step(MS));
+        assert!(paying.drafts());
+        // The catch-up makes the first pass slow; the passes after it pay.
+        paying.verify_pass(3, 2, MS * 100);
+        (1..PROBE_PASSES * 2).for_each(|_| paying.verify_pass(3, 2, MS));
+        assert!(paying.drafts(), "the catch-up's time decided nothing");
+        let mut slower = Policy::new(SpeculateMode::Auto);
+        (0..PLAIN_STEPS_FIRST).for_each(|_| slower.plain_step(MS));
+        slower.verify_pass(2, 1, MS);
+        assert!(slower.drafts(), "one pass decides nothing");
+        slower.verify_pass(2, 1, MS * 3);
+        assert!(!slower.drafts(), "1.5 ms a token against 1 ms stops the probe at its second pass");
     }
 
     #[test]
