@@ -10,8 +10,9 @@
 //! `strata export <tmp>/<q> <tmp>/<q>_hf`, then transformers float32 logits of the exported checkpoint on the
 //! stage-1 prompt -> `logits_<q>.npy` and `reference_<q>.json`.
 //!
-//! DeepSeek-V3, Qwen3-Next, Qwen3.5 and Inkling also get `testdata/<family>_mtp/`: the checkpoint with a seeded
-//! multi-token-prediction module and its draft logits, f32 in stage 1 and on each quant's export in stage 2
+//! DeepSeek-V3, Qwen3-Next, Qwen3.5, Inkling, GLM-5 and Kimi K2.5 also get `testdata/<family>_mtp/`: the
+//! checkpoint with a seeded multi-token-prediction module and, but for GLM-5's (transformers does not run its
+//! MTP layer), its draft logits, f32 in stage 1 and on each quant's export in stage 2
 //! (`mtp_ref.py`).
 //!
 //! The Python side lives in `xtask/fixtures/` (`gen_fixtures.py`, `numpy_ref.py`, pinned `requirements.txt`).
@@ -55,14 +56,26 @@ fn own_reference(family: &str) -> Option<&'static str> {
     OWN_REFERENCES.iter().find(|(f, _)| *f == family).map(|(_, script)| *script)
 }
 /// Families whose fixture has a multi-token-prediction twin, `OUT/FAMILY_mtp` (the fixture's checkpoint
-/// plus a seeded MTP module, and its draft logits), made by [`MTP_SCRIPT`]: stage 1 runs `SCRIPT FAMILY OUT`
-/// after the family's own fixture, stage 2 converts and exports `FAMILY_mtp/hf` and runs
-/// `SCRIPT --dequantized CKPT QUANT FAMILY OUT`.
-const MTP_FAMILIES: [&str; 4] = ["deepseek_v3", "qwen3_next", "qwen3_5_moe", "inkling"];
+/// plus a seeded MTP module), made by [`MTP_SCRIPT`], and whether the twin has draft logits (GLM-5's has
+/// none: transformers does not run its MTP layer): stage 1 runs `SCRIPT FAMILY OUT`
+/// after the family's own fixture; for a twin with draft logits, stage 2 converts and exports
+/// `FAMILY_mtp/hf` and runs `SCRIPT --dequantized CKPT QUANT FAMILY OUT`.
+const MTP_FAMILIES: [(&str, bool); 6] = [
+    ("deepseek_v3", true),
+    ("qwen3_next", true),
+    ("qwen3_5_moe", true),
+    ("inkling", true),
+    ("glm_moe_dsa", false),
+    ("kimi_k25", true),
+];
 const MTP_SCRIPT: &str = "mtp_ref.py";
 
 fn has_mtp_twin(family: &str) -> bool {
-    MTP_FAMILIES.contains(&family)
+    MTP_FAMILIES.iter().any(|(f, _)| *f == family)
+}
+
+fn has_mtp_draft_logits(family: &str) -> bool {
+    MTP_FAMILIES.iter().any(|(f, logits)| *f == family && *logits)
 }
 /// Reference scripts run with the full set in stage 1: the demo model's
 /// logits (testdata/demo) and transformers' tokenizer and chat-template
@@ -254,7 +267,7 @@ pub fn run(args: &[String]) -> Result<()> {
                     }
                 };
                 run_cmd(&mut cmd, &root)?;
-                if has_mtp_twin(f) {
+                if has_mtp_draft_logits(f) {
                     let hf = out.join(format!("{f}_mtp")).join("hf");
                     let converted = tmp.join(format!("{q}_mtp"));
                     let exported = tmp.join(format!("{q}_mtp_hf"));
@@ -386,7 +399,7 @@ fn dir_size(p: &Path) -> u64 {
 
 fn summarize(out: &Path, opts: &Opts) -> Result<()> {
     let mut total = 0;
-    let twins: Vec<String> = MTP_FAMILIES.iter().map(|f| format!("{f}_mtp")).collect();
+    let twins: Vec<String> = MTP_FAMILIES.iter().map(|(f, _)| format!("{f}_mtp")).collect();
     for f in FAMILIES.iter().copied().chain(twins.iter().map(String::as_str)) {
         let dir = out.join(f);
         if !dir.is_dir() {

@@ -594,6 +594,14 @@ fn mtp_draft_logits_match_transformers_mtp_model_at_every_preset() {
     draft_logits_match_the_reference_at_every_preset("deepseek_v3_mtp");
 }
 
+/// Kimi K2.5's MTP layer drafts as transformers' `MtpModel` does over its
+/// multimodal wrapper (testdata/kimi_k25_mtp: DeepSeek-V3's layer under the
+/// hub's `language_model.model.` names).
+#[test]
+fn kimi_k25_mtp_draft_logits_match_transformers_mtp_model_at_every_preset() {
+    draft_logits_match_the_reference_at_every_preset("kimi_k25_mtp");
+}
+
 /// Qwen3-Next's MTP module drafts as vLLM's `Qwen3NextMultiTokenPredictor`
 /// does (testdata/qwen3_next_mtp: mtp_ref.py's reference, written from
 /// vLLM's structure over transformers' blocks; transformers has none).

@@ -5,10 +5,13 @@
 //! tokens a pass; sampled decoding with `--speculate on` gives a seed's
 //! tokens alone and batched alike. Every family with MTP layers runs both
 //! checks ([`fixtures!`]): DeepSeek-V3's (latent attention: rejected rows
-//! cut back in place), Qwen3-Next's and Qwen3.5's (hybrid stacks: their
-//! Gated DeltaNet states undone and the kept tokens run again) and
-//! Inkling's (its short convolutions and rings undone alike, and its MTP
-//! layer's convolution states restored from a snapshot after each draft).
+//! cut back in place), GLM-5's (the same, its MTP layer selecting with a
+//! DSA indexer of its own) and Kimi K2.5's (DeepSeek-V3's text model under
+//! the multimodal wrapper's names), Qwen3-Next's and Qwen3.5's (hybrid
+//! stacks: their Gated DeltaNet states undone and the kept tokens run
+//! again) and Inkling's (its short convolutions and rings undone alike, and
+//! its MTP layer's convolution states restored from a snapshot after each
+//! draft).
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -43,7 +46,14 @@ macro_rules! fixtures {
     )+};
 }
 
-fixtures!(deepseek_v3: false, qwen3_next: true, qwen3_5_moe: true, inkling: false);
+fixtures!(
+    deepseek_v3: false,
+    glm_moe_dsa: false,
+    kimi_k25: false,
+    qwen3_next: true,
+    qwen3_5_moe: true,
+    inkling: false
+);
 
 /// `family`'s MTP fixture converted at q8, and its reference prompt.
 fn model(family: &str, tmp: &tempfile::TempDir) -> (PathBuf, Vec<u32>) {
