@@ -571,7 +571,7 @@ impl Engine {
             let mut cache = model.new_cache(n);
             let (_, hidden) = model.forward_hidden(rt, tokens, &mut cache)?;
             let mut draft_cache = model.new_draft_cache(n);
-            Ok(model.draft(rt, &hidden[..(n - 1) * h], &tokens[1..], &mut draft_cache, Logits::All)?.logits)
+            Ok(model.draft(rt, &hidden[..(n - 1) * h], &tokens[1..], &mut draft_cache, 0, Logits::All)?.logits)
         })
     }
 

@@ -84,14 +84,16 @@ impl CausalLm for Foreseeing {
         _: &[f32],
         next: &[u32],
         cache: &mut SequenceState,
+        first_row: usize,
         which: Logits,
     ) -> strata_models::Result<Draft> {
         let (vocab, h) = (self.core().logits_width(), self.core().hidden_size);
         cache.reserve(next.len())?;
         let mut logits = vec![0.0f32; next.len() * vocab];
         for (i, row) in logits.chunks_exact_mut(vocab).enumerate() {
-            // Draft-cache row r is position r + 1; its draft the token after.
-            let after = cache.len() + i + 2;
+            // Draft-cache row r is position first_row + r + 1; its draft
+            // the token after.
+            let after = first_row + cache.len() + i + 2;
             let right = self.sequence.get(after).map_or(0, |&t| t as usize);
             let wrong = self.wrong_every > 0 && after.is_multiple_of(self.wrong_every);
             row[if wrong { (right + 1) % vocab } else { right }] = 1.0;
@@ -167,7 +169,7 @@ fn inklings_draft_cache_is_restored_to_its_committed_rows_after_every_draft() {
     let (mut sampler, mut want) = (Sampler::new(sampling), Sampler::new(sampling));
     engine.run(|model, rt| {
         let mut cache = model.new_cache(prompt.len());
-        let mut drafter = Drafter::new(model, prompt.len());
+        let mut drafter = Drafter::new(model, prompt.len(), SpeculateMode::On);
         // The stack runs a token at a time after the first two; each step
         // drafts after the token it has not run yet.
         let (_, hidden) = model.forward_hidden(rt, &prompt[..1], &mut cache).unwrap();

@@ -293,42 +293,76 @@ pub struct Drafted {
     pub q: Vec<f64>,
 }
 
-/// One sequence's MTP layer: its cache (row r is position r + 1) and the
-/// stack's hidden rows it has not taken yet (positions
-/// `cache.len()..` the stack's length).
+/// Stack rows `auto`'s drafter keeps for its catch-up: past them, its
+/// cache restarts over the most recent ones ([`Drafter`]). More than any
+/// tail drafting leaves (a verify pass's accepted drafts and token), and
+/// few enough that a probe's catch-up costs about a plain step of a
+/// model's MTP layer, not a pass over every row since the last probe.
+pub const CATCH_UP_ROWS_MAX: usize = 16;
+
+/// One sequence's MTP layer: its cache (row r took the stack's row
+/// `first_row + r`, and is position `first_row + r + 1`) and the stack's
+/// hidden rows it has not taken yet (rows `first_row + cache.len()..` the
+/// stack's length).
+///
+/// With a limit on its catch-up (`auto`, which may not draft for a
+/// thousand steps), a longer tail restarts the cache at the limit's
+/// most recent rows: the MTP layer then attends over those rows and the
+/// ones after them, not over the whole sequence. That changes drafts,
+/// never the tokens (verify passes decide), and it keeps a probe from
+/// running the MTP layer over every row the stack ran while drafting was
+/// off, and the tail from growing with them. `on` keeps every row.
 pub(crate) struct Drafter {
     cache: SequenceState,
+    first_row: usize,
     hidden_tail: Vec<f32>,
     hidden_size: usize,
+    catch_up_rows_max: Option<usize>,
 }
 
 impl Drafter {
-    pub(crate) fn new(model: &dyn CausalLm, capacity_tokens: usize) -> Self {
+    pub(crate) fn new(model: &dyn CausalLm, capacity_tokens: usize, mode: SpeculateMode) -> Self {
         Self {
             cache: model.new_draft_cache(capacity_tokens),
+            first_row: 0,
             hidden_tail: Vec::new(),
             hidden_size: model.core().hidden_size,
+            catch_up_rows_max: (mode == SpeculateMode::Auto).then_some(CATCH_UP_ROWS_MAX),
         }
     }
 
     /// The stack ran rows whose hidden states are `hidden`.
     pub(crate) fn extend(&mut self, hidden: &[f32]) {
-        assert_eq!(hidden.len() % self.hidden_size, 0, "whole hidden rows");
+        let h = self.hidden_size;
+        assert_eq!(hidden.len() % h, 0, "whole hidden rows");
         self.hidden_tail.extend_from_slice(hidden);
+        let tail_rows = self.hidden_tail.len() / h;
+        if let Some(max) = self.catch_up_rows_max.filter(|&max| tail_rows > max) {
+            let dropped = tail_rows - max;
+            self.first_row += self.cache.len() + dropped;
+            let kept = self.cache.truncate(0);
+            assert_eq!(kept, 0, "an empty cache is always reached");
+            self.hidden_tail.drain(..dropped * h);
+        }
     }
 
     /// The stack was cut back to `stack_tokens`. Below the rows the MTP
     /// layer took, the hidden state of the position before the cut is gone
     /// with the stack's: its row is redrafted from zeros, which changes
-    /// drafts only, never the tokens.
+    /// drafts only, never the tokens (and a cut before the cache's first
+    /// row restarts it there).
     pub(crate) fn truncate(&mut self, stack_tokens: usize) {
-        let taken = self.cache.len();
+        let taken = self.first_row + self.cache.len();
         if stack_tokens >= taken {
             self.hidden_tail.truncate((stack_tokens - taken) * self.hidden_size);
             return;
         }
-        let kept = self.cache.truncate(stack_tokens.saturating_sub(1));
-        self.hidden_tail = vec![0.0; (stack_tokens - kept) * self.hidden_size];
+        let last_row = stack_tokens.saturating_sub(1);
+        if last_row < self.first_row {
+            self.first_row = last_row;
+        }
+        let kept = self.cache.truncate(last_row - self.first_row);
+        self.hidden_tail = vec![0.0; (stack_tokens - self.first_row - kept) * self.hidden_size];
     }
 
     /// Drafts `k` tokens after `tokens` (the stack's and one unfed after
@@ -347,11 +381,12 @@ impl Drafter {
         if k == 0 {
             return Err(Error::InvalidRequest("a draft of no tokens".into()));
         }
-        let known = self.cache.len();
+        let known = self.first_row + self.cache.len();
         let h = self.hidden_size;
         assert_eq!(known + self.hidden_tail.len() / h + 1, tokens.len(), "the MTP layer's rows and the stack's");
         let vocab = model.core().logits_width();
-        let mut draft = model.draft(rt, &self.hidden_tail, &tokens[known + 1..], &mut self.cache, Logits::Last)?;
+        let next = &tokens[known + 1..];
+        let mut draft = model.draft(rt, &self.hidden_tail, next, &mut self.cache, self.first_row, Logits::Last)?;
         self.hidden_tail.clear();
         let committed = self.cache.len();
         // Rows are cut back in place, a fixed state is not (module doc):
@@ -370,7 +405,7 @@ impl Drafter {
                 break;
             }
             let last = draft.hidden[draft.hidden.len() - h..].to_vec();
-            draft = model.draft(rt, &last, &[token], &mut self.cache, Logits::Last)?;
+            draft = model.draft(rt, &last, &[token], &mut self.cache, self.first_row, Logits::Last)?;
         }
         let kept = self.cache.truncate(committed);
         assert_eq!(kept, committed, "the MTP layer's rows cut back, its state restored");

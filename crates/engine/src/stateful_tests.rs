@@ -21,12 +21,19 @@ use crate::{EngineOptions, GenerateOptions};
 /// changes the tokens.
 struct Toy {
     spec: CoreSpec,
-    /// A pass that would commit past this length fails after staging its
-    /// state (a fault in the middle of a forward pass).
-    fail_past_tokens: Arc<AtomicUsize>,
+    probes: Arc<ToyProbes>,
     /// Its MTP layer drafts the stack's own choice, made wrong at every
     /// draft-cache position that is a multiple of this (0: never).
     wrong_draft_every: usize,
+}
+
+/// What a test sets in a [`Toy`] and reads back from it.
+struct ToyProbes {
+    /// A pass that would commit past this length fails after staging its
+    /// state (a fault in the middle of a forward pass).
+    fail_past_tokens: AtomicUsize,
+    /// The most rows one call of its MTP layer took.
+    draft_rows_max: AtomicUsize,
 }
 
 /// A toy hidden row: the state after the token, then the sum of the rows
@@ -85,7 +92,7 @@ impl Toy {
             row[TOY_STATE] = attended;
             hidden.extend(row);
         }
-        if start + tokens.len() > self.fail_past_tokens.load(Ordering::Relaxed) {
+        if start + tokens.len() > self.probes.fail_past_tokens.load(Ordering::Relaxed) {
             return Err(strata_models::Error::Unsupported("injected fault".into()));
         }
         cache.advance(tokens.len());
@@ -145,14 +152,16 @@ impl CausalLm for Toy {
         hidden: &[f32],
         next: &[u32],
         cache: &mut SequenceState,
+        first_row: usize,
         which: Logits,
     ) -> strata_models::Result<strata_models::Draft> {
         cache.reserve(next.len())?;
+        self.probes.draft_rows_max.fetch_max(next.len(), Ordering::Relaxed);
         let (mut logits, mut out) = (Vec::new(), Vec::new());
         for (row, &token) in hidden.chunks_exact(self.spec.hidden_size).zip(next) {
             let folded = self.fold(row, token);
             let mut row_logits: Vec<f32> = self.logits_of(&folded[..TOY_STATE], folded[TOY_STATE]).collect();
-            let position = cache.len() + out.len() / self.spec.hidden_size;
+            let position = first_row + cache.len() + out.len() / self.spec.hidden_size;
             if self.wrong_draft_every > 0 && position.is_multiple_of(self.wrong_draft_every) {
                 let best = crate::sampler::argmax(&row_logits) as usize;
                 row_logits[best] = f32::MIN;
@@ -172,13 +181,13 @@ impl CausalLm for Toy {
 /// An engine over the olmoe test checkpoint with the toy model in place of
 /// its own, feeding at most `chunk` tokens a pass, and the toy's fault
 /// threshold.
-fn toy_engine(dir: &Path, chunk: usize) -> (Engine, Arc<AtomicUsize>) {
+fn toy_engine(dir: &Path, chunk: usize) -> (Engine, Arc<ToyProbes>) {
     toy_drafting_engine(dir, chunk, 0)
 }
 
 /// [`toy_engine`] whose MTP layer drafts wrong at every position that is a
 /// multiple of `wrong_draft_every` (0: never).
-fn toy_drafting_engine(dir: &Path, chunk: usize, wrong_draft_every: usize) -> (Engine, Arc<AtomicUsize>) {
+fn toy_drafting_engine(dir: &Path, chunk: usize, wrong_draft_every: usize) -> (Engine, Arc<ToyProbes>) {
     let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/olmoe/hf");
     let model = dir.join("olmoe");
     if !model.exists() {
@@ -187,9 +196,9 @@ fn toy_drafting_engine(dir: &Path, chunk: usize, wrong_draft_every: usize) -> (E
     let options = EngineOptions { threads: 1, prefill_chunk_tokens: Some(chunk), ..EngineOptions::default() };
     let mut engine = Engine::open(&model, &options).unwrap();
     let spec = engine.core().clone();
-    let fail_past_tokens = Arc::new(AtomicUsize::new(usize::MAX));
-    engine.model = Box::new(Toy { spec, fail_past_tokens: Arc::clone(&fail_past_tokens), wrong_draft_every });
-    (engine, fail_past_tokens)
+    let probes = Arc::new(ToyProbes { fail_past_tokens: AtomicUsize::new(usize::MAX), draft_rows_max: AtomicUsize::new(0) });
+    engine.model = Box::new(Toy { spec, probes: Arc::clone(&probes), wrong_draft_every });
+    (engine, probes)
 }
 
 fn greedy(session: &mut Session<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
@@ -250,19 +259,19 @@ fn a_stateful_session_reopens_at_its_snapshot_and_continues_as_one_run() {
 #[test]
 fn a_failed_pass_over_a_stateful_cache_leaves_it_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
-    let (engine, fail_past_tokens) = toy_engine(dir.path(), 3);
+    let (engine, toy) = toy_engine(dir.path(), 3);
     let mut session = engine.session();
     greedy(&mut session, &PROMPT, 2);
     let (tokens, kv_bytes) = (session.tokens().to_vec(), session.kv_bytes());
     // The cache holds 8 tokens, the 9th is unfed. Pieces of 3 of which the
     // third fails; then a one-piece pass that fails after staging.
     for (fed, fail_past) in [(8, 14), (1, 8)] {
-        fail_past_tokens.store(fail_past, Ordering::Relaxed);
+        toy.fail_past_tokens.store(fail_past, Ordering::Relaxed);
         assert!(session.feed(&vec![7; fed]).is_err());
         assert_eq!(session.tokens(), tokens, "fed {fed}");
         assert!(session.kv_bytes() <= kv_bytes + 4 * 4 * 2, "fed {fed}: the rows are gone, a snapshot at most added");
     }
-    fail_past_tokens.store(usize::MAX, Ordering::Relaxed);
+    toy.fail_past_tokens.store(usize::MAX, Ordering::Relaxed);
     let mut fresh = engine.session();
     greedy(&mut fresh, &PROMPT, 2);
     assert_eq!(greedy(&mut session, &[], 4), greedy(&mut fresh, &[], 4), "the session goes on as if nothing failed");
@@ -317,4 +326,30 @@ fn auto_with_a_drafter_that_never_stands_drafts_only_its_probes() {
         .generate(&PROMPT, &GenerateOptions { sampling, ..options }, |_| ControlFlow::Continue(()))
         .unwrap();
     assert!(report.stats.speculation.is_none(), "auto leaves sampled decoding plain");
+}
+
+/// `auto`'s drafter catches up over at most `CATCH_UP_ROWS_MAX` rows,
+/// however long the prompt or the plain stretch before a probe, restarting
+/// its cache over the most recent ones; `on`'s takes every row. Either
+/// way the tokens are plain greedy decoding's, and right drafts stand.
+#[test]
+fn autos_drafter_catches_up_over_a_window_of_recent_rows() {
+    use crate::speculate::CATCH_UP_ROWS_MAX;
+    let dir = tempfile::tempdir().unwrap();
+    let prompt: Vec<u32> = (0..3 * CATCH_UP_ROWS_MAX as u32).map(|i| (i * 7 + 3) % 50).collect();
+    let plain = greedy(&mut toy_engine(dir.path(), 64).0.session(), &prompt, 40);
+    for mode in [SpeculateMode::Auto, SpeculateMode::On] {
+        let (mut engine, toy) = toy_drafting_engine(dir.path(), 64, 0);
+        engine.speculation = Some(Speculation { mode, draft_tokens: 2 });
+        let options = GenerateOptions { max_new_tokens: 40, ignore_eos: true, ..GenerateOptions::default() };
+        let report = engine.session().generate(&prompt, &options, |_| ControlFlow::Continue(())).unwrap();
+        assert_eq!(report.tokens, plain, "{mode}");
+        let stats = report.stats.speculation.unwrap();
+        assert!(stats.verify_passes > 0 && stats.accepted == stats.drafted, "{mode}: {stats:?}");
+        let rows = toy.draft_rows_max.load(Ordering::Relaxed);
+        match mode {
+            SpeculateMode::Auto => assert!(rows <= CATCH_UP_ROWS_MAX, "{rows} rows caught up"),
+            _ => assert_eq!(rows, prompt.len(), "on catches up on the whole prompt"),
+        }
+    }
 }

@@ -477,9 +477,10 @@ impl CausalLm for Decoder {
         hidden: &[f32],
         next: &[u32],
         cache: &mut SequenceState,
+        first_row: usize,
         which: Logits,
     ) -> Result<Draft> {
-        self.draft_rows(rt, hidden, next, cache, which)
+        self.draft_rows(rt, hidden, next, (cache, first_row), which)
     }
 
     fn forward_batch(&self, rt: &Runtime<'_>, seqs: &mut [SeqBatch<'_>]) -> Result<Vec<Vec<f32>>> {

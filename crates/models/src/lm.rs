@@ -99,7 +99,9 @@ pub trait CausalLm: Send + Sync {
     /// The MTP layer's logits for the tokens after `next` (`which`: every
     /// row's, `[n, vocab]`, or the last's, `[1, vocab]`), from `hidden`, the
     /// rows [`CausalLm::forward_hidden`] gave for the tokens before `next`,
-    /// extending the draft cache `cache` (row r is position r + 1). A
+    /// extending the draft cache `cache`, whose row 0 took the stack's row
+    /// `first_row` (row r is position `first_row + r + 1`; 0 unless the
+    /// drafter restarted its cache over a window of recent rows). A
     /// drafter asks for the last row's only: it catches up on every row the
     /// stack ran since its last draft, and the lm head over each of them
     /// would cost a small model about a plain step a row.
@@ -109,6 +111,7 @@ pub trait CausalLm: Send + Sync {
         _hidden: &[f32],
         _next: &[u32],
         _cache: &mut SequenceState,
+        _first_row: usize,
         _which: Logits,
     ) -> Result<Draft> {
         Err(Error::Unsupported("the model has no MTP layer".into()))

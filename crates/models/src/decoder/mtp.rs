@@ -19,7 +19,10 @@
 //! Its attention keeps its own cache (a `SequenceState` of one layer, the
 //! draft cache), whose first row is the second token's: row r is position
 //! r + 1 (the pass says so to blocks that read positions without rotary
-//! angles: Inkling's log scaling, as `MtpCache`'s query offset). Its
+//! angles: Inkling's log scaling, as `MtpCache`'s query offset), or
+//! `first_row + r + 1` where a drafter restarted it at the stack's row
+//! `first_row` (it then attends over the rows since: other drafts, the
+//! same tokens). Its
 //! experts are the container's layer `num_hidden_layers`, read through the
 //! same store and budget as the stack's.
 //!
@@ -113,14 +116,14 @@ impl Decoder {
 
     /// The MTP layer's logits for tokens p + 2 from `hidden` (the stack's
     /// final-normed rows at positions p, `[n, hidden]`) and `next` (tokens
-    /// p + 1), extending the draft cache `cache`, whose length is the first
-    /// p's.
+    /// p + 1), extending the draft cache `cache`, whose row 0 took the
+    /// stack's row `first_row`: the first p is `first_row + cache.len()`.
     pub(super) fn draft_rows(
         &self,
         rt: &Runtime<'_>,
         hidden: &[f32],
         next: &[u32],
-        cache: &mut SequenceState,
+        (cache, first_row): (&mut SequenceState, usize),
         which: Logits,
     ) -> Result<Draft> {
         let mtp = self.mtp.as_ref().ok_or_else(|| {
@@ -129,11 +132,12 @@ impl Decoder {
         let (b, h, n) = (&self.backend, self.spec.hidden_size, next.len());
         assert_eq!(hidden.len(), n * h, "a hidden row per next token");
         cache.reserve(n)?;
-        // Row r of the draft cache is position r + 1 (the first token has
-        // no MTP row: nothing precedes it).
-        let positions: Vec<usize> = (cache.len() + 1..=cache.len() + n).collect();
+        // Row r of the draft cache is position first_row + r + 1 (the
+        // first token has no MTP row: nothing precedes it).
+        let first_position = first_row.checked_add(1).expect("a row of the stack is a position");
+        let positions: Vec<usize> = (first_position + cache.len()..first_position + cache.len() + n).collect();
         let angles = self.ropes.iter().map(|(spec, rope)| (*spec, Angles::new(rope, &positions))).collect();
-        let mut pass = Pass::new(angles, 1).with_first_position(1);
+        let mut pass = Pass::new(angles, 1).with_first_position(first_position);
         let mut embedded = self.embedding_rows(next)?;
         mtp.enorm.apply_rows(b, &mut embedded);
         let mut previous = hidden.to_vec();
