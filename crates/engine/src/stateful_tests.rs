@@ -196,7 +196,8 @@ fn toy_drafting_engine(dir: &Path, chunk: usize, wrong_draft_every: usize) -> (E
     let options = EngineOptions { threads: 1, prefill_chunk_tokens: Some(chunk), ..EngineOptions::default() };
     let mut engine = Engine::open(&model, &options).unwrap();
     let spec = engine.core().clone();
-    let probes = Arc::new(ToyProbes { fail_past_tokens: AtomicUsize::new(usize::MAX), draft_rows_max: AtomicUsize::new(0) });
+    let probes =
+        Arc::new(ToyProbes { fail_past_tokens: AtomicUsize::new(usize::MAX), draft_rows_max: AtomicUsize::new(0) });
     engine.model = Box::new(Toy { spec, probes: Arc::clone(&probes), wrong_draft_every });
     (engine, probes)
 }

@@ -32,6 +32,7 @@ mod speculation;
 mod stats;
 mod streaming;
 mod suites;
+mod throttle;
 
 use std::time::Instant;
 

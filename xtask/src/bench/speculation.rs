@@ -5,7 +5,9 @@
 //! weights accept no draft), converted to q8, with `--speculate off`, `on`
 //! drafting k = 1, 2 and 3 tokens ahead, and `auto`; resident (every expert
 //! read at open) and streamed (`--io direct`) with a quarter and a tenth of
-//! its routed experts cached. Each row is a mode's tokens/s against `off`'s
+//! its routed experts cached, and a tenth again on a disk held to 50 MB/s
+//! ([`ReadThrottle`]: this machine's disk is too fast for the misses of so
+//! small a model to outweigh its compute). Each row is a mode's tokens/s against `off`'s
 //! at the same cache in the same run, the modes alternated within each
 //! repetition, with the acceptance (and each draft position's), the tokens
 //! each verify pass gave and the expert cache's hit rate: a verify pass over
@@ -23,6 +25,7 @@ use super::common::{Bins, num, run_json};
 use super::options::Options;
 use super::report::{Report, Row};
 use super::stats::median;
+use super::throttle::ReadThrottle;
 use crate::cli::workspace_root;
 
 /// The trained pair, as `cargo xtask train-demo --mtp` writes it.
@@ -40,10 +43,27 @@ const MODES: [(&str, &[&str]); 5] = [
     ("auto, k = 2", &["--speculate", "auto", "--draft-tokens", "2"]),
 ];
 
-/// The caches: a name, and the share of the routed experts' bytes cached
-/// (`None`: the default budget, which holds them all from the start).
-const CACHES: [(&str, Option<f64>); 3] =
-    [("resident", None), ("a quarter of the experts cached", Some(0.25)), ("a tenth of the experts cached", Some(0.1))];
+/// Where the experts come from in a row of the map.
+struct Cache {
+    name: &'static str,
+    /// The share of the routed experts' bytes cached (`None`: the default
+    /// budget, which holds them all from the start).
+    share: Option<f64>,
+    /// The disk held to this many bytes a second ([`ReadThrottle`]): the
+    /// disk-bound host where the seed engine found drafting a net loss.
+    read_bytes_per_s: Option<u64>,
+}
+
+const CACHES: [Cache; 4] = [
+    Cache { name: "resident", share: None, read_bytes_per_s: None },
+    Cache { name: "a quarter of the experts cached", share: Some(0.25), read_bytes_per_s: None },
+    Cache { name: "a tenth of the experts cached", share: Some(0.1), read_bytes_per_s: None },
+    Cache {
+        name: "a tenth of the experts cached, the disk held to 50 MB/s",
+        share: Some(0.1),
+        read_bytes_per_s: Some(50_000_000),
+    },
+];
 
 /// Held-out fortunes whose first words prompt each repetition's runs.
 const PROMPTS: usize = 3;
@@ -69,14 +89,33 @@ pub(crate) fn suite_speculation(bins: &Bins, opts: &Options, report: &mut Report
     // Four times a streaming run's steps: acceptance is a share of drafts,
     // and a run of this model takes well under a second.
     let steps = 4 * opts.tokens;
+    let throttles: Vec<Option<ReadThrottle>> = CACHES
+        .iter()
+        .map(|cache| {
+            let rate = cache.read_bytes_per_s?;
+            ReadThrottle::new(&model, rate)
+                .inspect(|throttle| {
+                    report.notes.push(format!(
+                        "speculation: in the rows \"{}\", reads from disk {} were held to {} bytes/s by a control group.",
+                        cache.name, throttle.disk, throttle.read_bytes_per_s
+                    ))
+                })
+                .map_err(|e| {
+                    eprintln!("speculation: {}: skipped: {e:#}", cache.name);
+                    report.notes.push(format!("speculation: the rows \"{}\" were skipped: {e:#}.", cache.name));
+                })
+                .ok()
+        })
+        .collect();
+    let runs = |c: usize| CACHES[c].read_bytes_per_s.is_none() || throttles[c].is_some();
     let mut tallies: Vec<Vec<Tally>> =
         CACHES.iter().map(|_| MODES.iter().map(|_| Tally::default()).collect()).collect();
     let mut raw = Vec::new();
     for rep in 0..opts.reps {
-        for (c, (cache, share)) in CACHES.iter().enumerate() {
-            let cache_bytes = share.map(|s| ((all_experts * s) as u64).to_string());
+        for (c, cache) in CACHES.iter().enumerate().filter(|&(c, _)| runs(c)) {
+            let cache_bytes = cache.share.map(|s| ((all_experts * s) as u64).to_string());
             for (m, (mode, mode_args)) in MODES.iter().enumerate() {
-                eprintln!("speculation: {cache}, {mode}, run {}/{}", rep + 1, opts.reps);
+                eprintln!("speculation: {}, {mode}, run {}/{}", cache.name, rep + 1, opts.reps);
                 let mut extra: Vec<&str> = mode_args.to_vec();
                 match &cache_bytes {
                     Some(bytes) => extra.extend(["--expert-cache", bytes.as_str(), "--io", "direct"]),
@@ -86,20 +125,22 @@ pub(crate) fn suite_speculation(bins: &Bins, opts: &Options, report: &mut Report
                     // Every run learns its usage afresh, so that no mode's hit
                     // rate gains from the runs before it.
                     let _ = std::fs::remove_file(&usage);
-                    let stats = generate(bins, &model, prompt, steps, &usage, &extra)?;
+                    let stats = generate(bins, &model, prompt, steps, &usage, &extra, throttles[c].as_ref())?;
                     tallies[c][m].add(&stats)?;
-                    raw.push(json!({ "cache": cache, "mode": mode, "rep": rep, "prompt": prompt, "stats": stats }));
+                    raw.push(
+                        json!({ "cache": cache.name, "mode": mode, "rep": rep, "prompt": prompt, "stats": stats }),
+                    );
                 }
             }
         }
     }
     let mut map = Vec::new();
-    for (c, (cache, share)) in CACHES.iter().enumerate() {
+    for (c, cache) in CACHES.iter().enumerate().filter(|&(c, _)| runs(c)) {
         let off = &tallies[c][0];
         let mut cells = Vec::new();
         for (m, (mode, _)) in MODES.iter().enumerate() {
             let tally = &tallies[c][m];
-            report.push(row(cache, *share, mode, tally, off));
+            report.push(row(cache, mode, tally, off));
             if m > 0 {
                 cells.push(Cell {
                     ratio: tally.rate() / off.rate(),
@@ -108,7 +149,7 @@ pub(crate) fn suite_speculation(bins: &Bins, opts: &Options, report: &mut Report
                 });
             }
         }
-        map.push((cache.to_string(), off.hit_rate(), cells));
+        map.push((cache.name.to_string(), off.hit_rate(), cells));
     }
     report.notes.push(map_table(&map));
     report.raw.push(json!({ "suite": "speculation", "model": model, "steps": steps, "runs": raw }));
@@ -145,8 +186,17 @@ fn prompts(heldout: &Path) -> Result<Vec<String>> {
     Ok((0..PROMPTS).map(|i| fortunes[i * every].split_whitespace().take(4).collect::<Vec<_>>().join(" ")).collect())
 }
 
-/// One greedy `strata generate --json` run of `steps` tokens: its stats.
-fn generate(bins: &Bins, model: &Path, prompt: &str, steps: usize, usage: &Path, extra: &[&str]) -> Result<Value> {
+/// One greedy `strata generate --json` run of `steps` tokens (its reads
+/// held to `throttle`'s rate, if any): its stats.
+fn generate(
+    bins: &Bins,
+    model: &Path,
+    prompt: &str,
+    steps: usize,
+    usage: &Path,
+    extra: &[&str],
+    throttle: Option<&ReadThrottle>,
+) -> Result<Value> {
     let mut a = vec![
         "generate".to_string(),
         model.display().to_string(),
@@ -162,7 +212,11 @@ fn generate(bins: &Bins, model: &Path, prompt: &str, steps: usize, usage: &Path,
         usage.display().to_string(),
     ];
     a.extend(extra.iter().map(|s| s.to_string()));
-    Ok(run_json(&bins.strata, &a)?["stats"].clone())
+    let (bin, a) = match throttle {
+        Some(throttle) => throttle.wrap(&bins.strata, &a),
+        None => (bins.strata.clone(), a),
+    };
+    Ok(run_json(&bin, &a)?["stats"].clone())
 }
 
 /// One mode's runs at one cache: each run's rate, and the counts pooled.
@@ -236,7 +290,7 @@ impl Tally {
 }
 
 /// One mode's row: its rate against `off`'s at the same cache.
-fn row(cache: &str, share: Option<f64>, mode: &str, tally: &Tally, off: &Tally) -> Row {
+fn row(cache: &Cache, mode: &str, tally: &Tally, off: &Tally) -> Row {
     let (measured, bound) = (tally.rate(), off.rate());
     let drafting = match (tally.acceptance(), tally.tokens_per_verify_pass()) {
         (Some(acceptance), Some(per_pass)) => format!(
@@ -246,13 +300,13 @@ fn row(cache: &str, share: Option<f64>, mode: &str, tally: &Tally, off: &Tally) 
         ),
         _ => "no drafts; ".into(),
     };
-    let io = if share.is_some() { "--io direct" } else { "--io pread" };
+    let io = if cache.share.is_some() { "--io direct" } else { "--io pread" };
     Row {
         suite: "speculation".into(),
         runs: tally.rates.clone(),
         bound_runs: off.rates.clone(),
         load: None,
-        name: format!("speculation: demo-mtp q8, {cache} ({io}), --speculate {mode}"),
+        name: format!("speculation: demo-mtp q8, {} ({io}), --speculate {mode}", cache.name),
         measured,
         unit: "tok/s".into(),
         limit_name: "--speculate off at the same cache, alternated in the same run".into(),
@@ -329,7 +383,7 @@ mod tests {
         off.add(&stats(20.0, 100, 0, Value::Null)).unwrap();
         off.add(&stats(24.0, 100, 0, Value::Null)).unwrap();
         assert_eq!((off.acceptance(), off.tokens_per_verify_pass()), (None, None));
-        let r = row("a quarter of the experts cached", Some(0.25), "on, k = 2", &on, &off);
+        let r = row(&CACHES[1], "on, k = 2", &on, &off);
         assert_eq!((r.measured, r.bound, r.ratio, r.goal), (40.0, 22.0, 40.0 / 22.0, None));
         assert!(r.note.contains("acceptance 50% (passes whose draft 1, 2, ... stood: 56% 24%)"), "{}", r.note);
         assert!(
@@ -338,7 +392,7 @@ mod tests {
             r.note
         );
         assert!(r.name.contains("--io direct"), "{}", r.name);
-        assert_eq!(row("resident", None, "auto, k = 2", &off, &off).goal, Some(AUTO_GOAL));
+        assert_eq!(row(&CACHES[0], "auto, k = 2", &off, &off).goal, Some(AUTO_GOAL));
     }
 
     #[test]
