@@ -12,7 +12,6 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use strata_format::{ConvertOptions, CoreSpec, MixerSpec, QuantPreset};
-use strata_kv::{LayerLayout, StatePart};
 use strata_models::{Draft, Rows};
 
 use super::*;
@@ -75,7 +74,7 @@ impl CausalLm for Foreseeing {
     }
 
     fn new_draft_cache(&self, capacity_tokens: usize) -> SequenceState {
-        SequenceState::with_layers(vec![LayerLayout::new(vec![StatePart::Rows { dim: 1 }])], capacity_tokens)
+        super::stateful_tests::one_row_draft_cache(capacity_tokens)
     }
 
     fn draft(

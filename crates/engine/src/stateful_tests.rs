@@ -36,6 +36,13 @@ struct ToyProbes {
     draft_rows_max: AtomicUsize,
 }
 
+/// A stand-in MTP layer's draft cache: a float a row, so that its length
+/// follows the drafts (the stand-ins here and in `rollback_tests` draft
+/// without attending).
+pub(super) fn one_row_draft_cache(capacity_tokens: usize) -> SequenceState {
+    SequenceState::with_layers(vec![LayerLayout::new(vec![StatePart::Rows { dim: 1 }])], capacity_tokens)
+}
+
 /// A toy hidden row: the state after the token, then the sum of the rows
 /// it attended to; the rest of the row is zero.
 const TOY_STATE: usize = 4;
@@ -141,7 +148,7 @@ impl CausalLm for Toy {
     }
 
     fn new_draft_cache(&self, capacity_tokens: usize) -> SequenceState {
-        SequenceState::with_layers(vec![LayerLayout::new(vec![StatePart::Rows { dim: 1 }])], capacity_tokens)
+        one_row_draft_cache(capacity_tokens)
     }
 
     /// Folds each next token into its hidden row as the stack would: the
