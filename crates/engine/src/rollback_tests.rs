@@ -168,7 +168,7 @@ fn inklings_draft_cache_is_restored_to_its_committed_rows_after_every_draft() {
     let (mut sampler, mut want) = (Sampler::new(sampling), Sampler::new(sampling));
     engine.run(|model, rt| {
         let mut cache = model.new_cache(prompt.len());
-        let mut drafter = Drafter::new(model, prompt.len(), SpeculateMode::On);
+        let mut drafter = Drafter::new(model, prompt.len(), Speculation { mode: SpeculateMode::On, draft_tokens: 3 });
         // The stack runs a token at a time after the first two; each step
         // drafts after the token it has not run yet.
         let (_, hidden) = model.forward_hidden(rt, &prompt[..1], &mut cache).unwrap();

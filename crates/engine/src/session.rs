@@ -236,7 +236,7 @@ pub struct Session<'e> {
 impl<'e> Session<'e> {
     pub(crate) fn new(engine: &'e Engine, cache: SequenceState) -> Self {
         let speculation = engine.speculation();
-        let drafter = speculation.map(|s| Drafter::new(engine.model(), cache.capacity_tokens(), s.mode));
+        let drafter = speculation.map(|s| Drafter::new(engine.model(), cache.capacity_tokens(), s));
         Self {
             engine,
             cache,
@@ -440,7 +440,7 @@ impl<'e> Session<'e> {
         if by_clock {
             self.drafter = None;
         } else if self.drafter.is_none() && self.tokens.is_empty() {
-            self.drafter = Some(Drafter::new(self.engine.model(), self.cache.capacity_tokens(), speculation.mode));
+            self.drafter = Some(Drafter::new(self.engine.model(), self.cache.capacity_tokens(), speculation));
         }
     }
 

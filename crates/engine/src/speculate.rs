@@ -170,15 +170,16 @@ impl SpeculationStats {
 
 /// When `auto` drafts. Plain steps are measured first; then drafting is
 /// tried and kept while its time per token is below a plain step's and its
-/// drafts stand. A probe's first pass is not timed: it also runs the MTP
-/// layer over every row the stack ran since the last draft (the drafter's
-/// catch-up), which says nothing of what drafting costs from then on. A
-/// probe stops at its second pass if that is slower than a plain step, and
-/// after [`PROBE_PASSES`] if no draft stood. Turned off, drafting is tried
-/// again after [`PROBE_INTERVAL_STEPS`] plain steps, twice as many after each
+/// drafts stand. Every pass is timed, a probe's first too: `auto`'s drafter
+/// catches up on no more rows than a pass of drafting leaves
+/// ([`Drafter`]), so a first pass costs what any pass does. A probe stops
+/// at the first pass that is slower than a plain step, and after
+/// [`PROBE_PASSES`] if no draft stood. Turned off, drafting is tried again
+/// after [`PROBE_INTERVAL_STEPS`] plain steps, twice as many after each
 /// probe that did not pay (up to [`PROBE_INTERVAL_STEPS_MAX`]): a drafter
-/// that is slower costs two verify passes per interval, and one whose drafts
-/// never stand `PROBE_PASSES`.
+/// that is slower costs a verify pass per interval (on a disk-bound host,
+/// where a pass reads the union of its tokens' experts, several plain
+/// steps' time), and one whose drafts never stand `PROBE_PASSES`.
 #[derive(Debug, Clone)]
 pub struct Policy {
     mode: SpeculateMode,
@@ -258,16 +259,14 @@ impl Policy {
     pub fn verify_pass(&mut self, tokens: usize, accepted: usize, elapsed: Duration) {
         let ms_per_token = elapsed.as_secs_f64() * 1e3 / tokens.max(1) as f64;
         self.passes += 1;
-        match self.passes {
-            // The catch-up's pass: its acceptance counts, its time does not.
-            1 => self.accepted_per_pass = accepted as f64,
-            2 => self.speculative_ms_per_token = ms_per_token,
-            _ => self.speculative_ms_per_token += (ms_per_token - self.speculative_ms_per_token) * RECENT_WEIGHT,
-        }
-        if self.passes > 1 {
+        if self.passes == 1 {
+            self.speculative_ms_per_token = ms_per_token;
+            self.accepted_per_pass = accepted as f64;
+        } else {
+            self.speculative_ms_per_token += (ms_per_token - self.speculative_ms_per_token) * RECENT_WEIGHT;
             self.accepted_per_pass += (accepted as f64 - self.accepted_per_pass) * RECENT_WEIGHT;
         }
-        if self.mode != SpeculateMode::Auto || self.passes < 2 {
+        if self.mode != SpeculateMode::Auto {
             return;
         }
         let slower = self.plain_ms_per_token.is_some_and(|plain| self.speculative_ms_per_token >= plain);
@@ -293,25 +292,21 @@ pub struct Drafted {
     pub q: Vec<f64>,
 }
 
-/// Stack rows `auto`'s drafter keeps for its catch-up: past them, its
-/// cache restarts over the most recent ones ([`Drafter`]). More than any
-/// tail drafting leaves (a verify pass's accepted drafts and token), and
-/// few enough that a probe's catch-up costs about a plain step of a
-/// model's MTP layer, not a pass over every row since the last probe.
-pub const CATCH_UP_ROWS_MAX: usize = 16;
-
 /// One sequence's MTP layer: its cache (row r took the stack's row
 /// `first_row + r`, and is position `first_row + r + 1`) and the stack's
 /// hidden rows it has not taken yet (rows `first_row + cache.len()..` the
 /// stack's length).
 ///
-/// With a limit on its catch-up (`auto`, which may not draft for a
-/// thousand steps), a longer tail restarts the cache at the limit's
-/// most recent rows: the MTP layer then attends over those rows and the
-/// ones after them, not over the whole sequence. That changes drafts,
-/// never the tokens (verify passes decide), and it keeps a probe from
-/// running the MTP layer over every row the stack ran while drafting was
-/// off, and the tail from growing with them. `on` keeps every row.
+/// `auto`'s drafter, which may not draft for a thousand steps, catches up
+/// on at most `draft_tokens + 1` rows, the most a pass of drafting leaves
+/// (its accepted drafts and its own token): a longer tail restarts the
+/// cache at its most recent rows, and the MTP layer then attends over
+/// those and the ones after them, not over the whole sequence. That
+/// changes drafts, never the tokens (verify passes decide); it makes a
+/// probe's first pass cost what any pass of drafting costs, so that
+/// [`Policy`] can time it, where catching up on every row since the last
+/// probe cost the demo pair about a plain step a row; and it bounds the
+/// tail held between probes. `on` keeps every row.
 pub(crate) struct Drafter {
     cache: SequenceState,
     first_row: usize,
@@ -321,13 +316,14 @@ pub(crate) struct Drafter {
 }
 
 impl Drafter {
-    pub(crate) fn new(model: &dyn CausalLm, capacity_tokens: usize, mode: SpeculateMode) -> Self {
+    pub(crate) fn new(model: &dyn CausalLm, capacity_tokens: usize, speculation: Speculation) -> Self {
+        let catch_up_rows_max = speculation.draft_tokens.checked_add(1).expect("a draft of a few tokens");
         Self {
             cache: model.new_draft_cache(capacity_tokens),
             first_row: 0,
             hidden_tail: Vec::new(),
             hidden_size: model.core().hidden_size,
-            catch_up_rows_max: (mode == SpeculateMode::Auto).then_some(CATCH_UP_ROWS_MAX),
+            catch_up_rows_max: (speculation.mode == SpeculateMode::Auto).then_some(catch_up_rows_max),
         }
     }
 
@@ -452,20 +448,16 @@ mod tests {
     }
 
     #[test]
-    fn a_probes_catch_up_pass_is_not_timed_and_a_slower_probe_stops_at_its_second_pass() {
+    fn a_slower_probe_stops_at_its_first_pass_and_a_paying_one_goes_on() {
         let mut paying = Policy::new(SpeculateMode::Auto);
         (0..PLAIN_STEPS_FIRST).for_each(|_| paying.plain_step(MS));
         assert!(paying.drafts());
-        // The catch-up makes the first pass slow; the passes after it pay.
-        paying.verify_pass(3, 2, MS * 100);
-        (1..PROBE_PASSES * 2).for_each(|_| paying.verify_pass(3, 2, MS));
-        assert!(paying.drafts(), "the catch-up's time decided nothing");
+        (0..PROBE_PASSES * 2).for_each(|_| paying.verify_pass(3, 2, MS * 2));
+        assert!(paying.drafts(), "three tokens in 2 ms against 1 ms a token");
         let mut slower = Policy::new(SpeculateMode::Auto);
         (0..PLAIN_STEPS_FIRST).for_each(|_| slower.plain_step(MS));
-        slower.verify_pass(2, 1, MS);
-        assert!(slower.drafts(), "one pass decides nothing");
         slower.verify_pass(2, 1, MS * 3);
-        assert!(!slower.drafts(), "1.5 ms a token against 1 ms stops the probe at its second pass");
+        assert!(!slower.drafts(), "1.5 ms a token against 1 ms stops the probe at its first pass");
     }
 
     #[test]

@@ -336,19 +336,19 @@ fn auto_with_a_drafter_that_never_stands_drafts_only_its_probes() {
     assert!(report.stats.speculation.is_none(), "auto leaves sampled decoding plain");
 }
 
-/// `auto`'s drafter catches up over at most `CATCH_UP_ROWS_MAX` rows,
-/// however long the prompt or the plain stretch before a probe, restarting
-/// its cache over the most recent ones; `on`'s takes every row. Either
-/// way the tokens are plain greedy decoding's, and right drafts stand.
+/// `auto`'s drafter catches up on at most `draft_tokens + 1` rows, however
+/// long the prompt or the plain stretch before a probe, restarting its
+/// cache over the most recent ones; `on`'s takes every row. Either way the
+/// tokens are plain greedy decoding's, and right drafts stand.
 #[test]
 fn autos_drafter_catches_up_over_a_window_of_recent_rows() {
-    use crate::speculate::CATCH_UP_ROWS_MAX;
     let dir = tempfile::tempdir().unwrap();
-    let prompt: Vec<u32> = (0..3 * CATCH_UP_ROWS_MAX as u32).map(|i| (i * 7 + 3) % 50).collect();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 50).collect();
     let plain = greedy(&mut toy_engine(dir.path(), 64).0.session(), &prompt, 40);
     for mode in [SpeculateMode::Auto, SpeculateMode::On] {
         let (mut engine, toy) = toy_drafting_engine(dir.path(), 64, 0);
-        engine.speculation = Some(Speculation { mode, draft_tokens: 2 });
+        let speculation = Speculation { mode, draft_tokens: 2 };
+        engine.speculation = Some(speculation);
         let options = GenerateOptions { max_new_tokens: 40, ignore_eos: true, ..GenerateOptions::default() };
         let report = engine.session().generate(&prompt, &options, |_| ControlFlow::Continue(())).unwrap();
         assert_eq!(report.tokens, plain, "{mode}");
@@ -356,7 +356,7 @@ fn autos_drafter_catches_up_over_a_window_of_recent_rows() {
         assert!(stats.verify_passes > 0 && stats.accepted == stats.drafted, "{mode}: {stats:?}");
         let rows = toy.draft_rows_max.load(Ordering::Relaxed);
         match mode {
-            SpeculateMode::Auto => assert!(rows <= CATCH_UP_ROWS_MAX, "{rows} rows caught up"),
+            SpeculateMode::Auto => assert!(rows <= speculation.draft_tokens + 1, "{rows} rows caught up"),
             _ => assert_eq!(rows, prompt.len(), "on catches up on the whole prompt"),
         }
     }

@@ -94,6 +94,9 @@ const COUNT_HALVING_AT: u32 = 1 << 15;
 struct Layer {
     /// Events of this layer that ended.
     events: u64,
+    /// The count of every layer's ended events ([`Predict::events`]) when
+    /// this layer's last one ended.
+    last_event: u64,
     /// Per expert: events that used it.
     uses: Vec<u64>,
     /// `transitions[lag][x * experts + y]`: events in which `y` was used
@@ -119,6 +122,7 @@ impl Layer {
     fn new(experts: usize) -> Self {
         Self {
             events: 0,
+            last_event: 0,
             uses: vec![0; experts],
             transitions: std::array::from_fn(|_| vec![0; experts * experts]),
             predecessors: std::array::from_fn(|_| vec![0; experts]),
@@ -240,12 +244,14 @@ pub struct Predict {
     visit_order: Vec<usize>,
     /// The layer of the event in progress and the experts it used so far.
     current: Option<(usize, Vec<usize>)>,
+    /// Events of every layer that ended.
+    events: u64,
 }
 
 impl Predict {
     /// A policy for models with at most `experts` routed experts per layer.
     pub fn new(experts: usize) -> Self {
-        Self { experts, layers: Vec::new(), visit_order: Vec::new(), current: None }
+        Self { experts, layers: Vec::new(), visit_order: Vec::new(), current: None, events: 0 }
     }
 
     /// Learns the routing transitions of `events` (a trace recorded on
@@ -262,12 +268,20 @@ impl Predict {
             }
         }
         self.end_event();
+        // Learned events teach transitions, not which layers tokens visit
+        // now: every layer starts the run as if just visited.
+        self.events = 0;
+        self.layers.iter_mut().flatten().for_each(|layer| layer.last_event = 0);
     }
 
     /// Learns from the event in progress, if any, and starts none.
     fn end_event(&mut self) {
         if let Some((layer, used)) = self.current.take() {
-            self.layer_mut(layer).learn(used);
+            let events = self.events;
+            let state = self.layer_mut(layer);
+            state.learn(used);
+            state.last_event = events;
+            self.events += 1;
         }
     }
 
@@ -323,6 +337,16 @@ impl Predict {
     /// back after `visits` visits of its layer.
     fn expected_distance(&self, layer: usize, visits: f64) -> f64 {
         let layers = self.visit_order.len();
+        let state = self.layers[layer].as_ref().expect("a layer with a resident key was seen");
+        let in_progress = self.current.as_ref().is_some_and(|(l, _)| *l == layer);
+        let away = if in_progress { 0 } else { self.events.saturating_sub(state.last_event + 1) };
+        if away >= layers as u64 {
+            // Every other layer came round and this one did not: tokens
+            // skip it (an MTP layer while drafting is off). It is expected
+            // back no sooner than it has been away, so its experts leave
+            // first instead of counting as due at its turn of the cycle.
+            return away as f64 + layers as f64 * (visits - 1.0);
+        }
         let rank = |l: usize| self.visit_order.partition_point(|&seen| seen < l);
         let current_rank = self.current.as_ref().map_or(layers - 1, |(l, _)| rank(*l));
         // 1 = the next event; the current layer comes back after `layers`.
@@ -431,6 +455,35 @@ mod tests {
         assert!(policy.admits(key(0, 0), key(0, 3)));
         policy.on_remove(key(0, 3));
         assert_eq!(policy.len(), 3);
+    }
+
+    /// A layer the tokens stop visiting (an MTP layer once drafting is
+    /// off) gives up its experts first: one event there made them look due
+    /// at every turn of the cycle, and they held the cache against the
+    /// layers every token needs.
+    #[test]
+    fn a_layer_tokens_skip_gives_up_its_experts_first() {
+        let mut policy = Predict::new(4);
+        let visit = |policy: &mut Predict, layer: usize, expert: usize, first: bool| {
+            policy.on_miss(key(layer, expert));
+            if first {
+                policy.on_insert(key(layer, expert));
+            } else {
+                policy.on_hit(key(layer, expert));
+            }
+        };
+        // Layers 0 and 1 every token, each alternating two experts; layer 2
+        // once, early (a probe's draft).
+        for token in 0..30 {
+            for layer in 0..2 {
+                visit(&mut policy, layer, token % 2, token < 2);
+            }
+            if token == 2 {
+                visit(&mut policy, 2, 3, true);
+            }
+        }
+        assert_eq!(policy.victim(&no_lease), Some(key(2, 3)));
+        assert!(!policy.admits(key(2, 0), key(0, 1)), "a skipped layer's expert is not cached over a stack one");
     }
 
     #[test]
