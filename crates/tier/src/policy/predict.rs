@@ -95,8 +95,8 @@ struct Layer {
     /// Events of this layer that ended.
     events: u64,
     /// The count of every layer's ended events ([`Predict::events`]) when
-    /// this layer's last one ended.
-    last_event: u64,
+    /// this layer's last two ended, the latest first (`None`: not this run).
+    ended_at: [Option<u64>; 2],
     /// Per expert: events that used it.
     uses: Vec<u64>,
     /// `transitions[lag][x * experts + y]`: events in which `y` was used
@@ -122,7 +122,7 @@ impl Layer {
     fn new(experts: usize) -> Self {
         Self {
             events: 0,
-            last_event: 0,
+            ended_at: [None; 2],
             uses: vec![0; experts],
             transitions: std::array::from_fn(|_| vec![0; experts * experts]),
             predecessors: std::array::from_fn(|_| vec![0; experts]),
@@ -271,7 +271,7 @@ impl Predict {
         // Learned events teach transitions, not which layers tokens visit
         // now: every layer starts the run as if just visited.
         self.events = 0;
-        self.layers.iter_mut().flatten().for_each(|layer| layer.last_event = 0);
+        self.layers.iter_mut().flatten().for_each(|layer| layer.ended_at = [None; 2]);
     }
 
     /// Learns from the event in progress, if any, and starts none.
@@ -280,7 +280,7 @@ impl Predict {
             let events = self.events;
             let state = self.layer_mut(layer);
             state.learn(used);
-            state.last_event = events;
+            state.ended_at = [Some(events), state.ended_at[0]];
             self.events += 1;
         }
     }
@@ -337,21 +337,34 @@ impl Predict {
     /// back after `visits` visits of its layer.
     fn expected_distance(&self, layer: usize, visits: f64) -> f64 {
         let layers = self.visit_order.len();
-        let state = self.layers[layer].as_ref().expect("a layer with a resident key was seen");
-        let in_progress = self.current.as_ref().is_some_and(|(l, _)| *l == layer);
-        let away = if in_progress { 0 } else { self.events.saturating_sub(state.last_event + 1) };
-        if away >= layers as u64 {
-            // Every other layer came round and this one did not: tokens
-            // skip it (an MTP layer while drafting is off). It is expected
-            // back no sooner than it has been away, so its experts leave
-            // first instead of counting as due at its turn of the cycle.
-            return away as f64 + layers as f64 * (visits - 1.0);
+        if let Some(away_events) = self.away(layer) {
+            // Tokens skip this layer (an MTP layer while drafting is off):
+            // it is expected back no sooner than it has been away, so its
+            // experts leave first instead of counting as due at its turn
+            // of the cycle.
+            return away_events as f64 + layers as f64 * (visits - 1.0);
         }
         let rank = |l: usize| self.visit_order.partition_point(|&seen| seen < l);
         let current_rank = self.current.as_ref().map_or(layers - 1, |(l, _)| rank(*l));
         // 1 = the next event; the current layer comes back after `layers`.
         let ahead = (rank(layer) + layers - current_rank - 1) % layers + 1;
         ahead as f64 + layers as f64 * (visits - 1.0)
+    }
+
+    /// Events since `layer`'s last, where every other layer ended two
+    /// events since (a whole cycle went by without it; one would be its
+    /// turn coming, and a layer visited several times a token, an MTP
+    /// layer drafting k tokens, only counts once); `None` where it is not
+    /// away.
+    fn away(&self, layer: usize) -> Option<u64> {
+        if self.current.as_ref().is_some_and(|(l, _)| *l == layer) {
+            return None;
+        }
+        let last = self.layers[layer].as_ref().expect("a seen layer").ended_at[0]?;
+        let others_came_round = self.visit_order.iter().filter(|&&other| other != layer).all(|&other| {
+            self.layers[other].as_ref().and_then(|o| o.ended_at[1]).is_some_and(|earlier| earlier > last)
+        });
+        (others_came_round && self.visit_order.len() > 1).then(|| self.events - last - 1)
     }
 
     fn visits(&mut self, key: ExpertKey) -> f64 {
@@ -464,9 +477,10 @@ mod tests {
     #[test]
     fn a_layer_tokens_skip_gives_up_its_experts_first() {
         let mut policy = Predict::new(4);
+        // As the store reports them: a miss and its insert, or a hit.
         let visit = |policy: &mut Predict, layer: usize, expert: usize, first: bool| {
-            policy.on_miss(key(layer, expert));
             if first {
+                policy.on_miss(key(layer, expert));
                 policy.on_insert(key(layer, expert));
             } else {
                 policy.on_hit(key(layer, expert));
@@ -484,6 +498,18 @@ mod tests {
         }
         assert_eq!(policy.victim(&no_lease), Some(key(2, 3)));
         assert!(!policy.admits(key(2, 0), key(0, 1)), "a skipped layer's expert is not cached over a stack one");
+
+        // Drafting every token, several events of layer 2 a token: no layer
+        // is away (each is at most one turn behind the others).
+        let mut drafting = Predict::new(4);
+        let mut resident = std::collections::HashSet::new();
+        for token in 0..30 {
+            let accesses = [(0, token % 2), (1, token % 2), (2, 3), (2, 3), (2, 2)];
+            for (layer, expert) in accesses {
+                visit(&mut drafting, layer, expert, resident.insert((layer, expert)));
+            }
+        }
+        assert_eq!((0..3).map(|layer| drafting.away(layer)).collect::<Vec<_>>(), [None, None, None]);
     }
 
     #[test]
