@@ -1,12 +1,15 @@
-//! The GPU kernels on this machine's adapter (CI: Mesa's lavapipe, a
-//! Vulkan device on the CPU) against the CPU: products bit for bit the
-//! integer path's definition, and so the CPU's products and within the
-//! definition's stated bound of the f32 reference (`int.rs`); the gated FFN
-//! bit for bit [`crate::Threads::gated_ffn`]. Without an adapter each test
-//! says why and passes, unless `STRATA_GPU_TESTS=require` (CI), where that
-//! fails it. Without the feature, the stand-in says what is missing.
+//! The GPU kernels of both backends against the CPU, on every device this
+//! machine has: wgpu's adapter (CI: Mesa's lavapipe, a Vulkan device on the
+//! CPU) and a CUDA device. Products bit for bit the integer path's
+//! definition, and so the CPU's products and within the definition's stated
+//! bound of the f32 reference (`int.rs`); the gated FFN bit for bit
+//! [`crate::Threads::gated_ffn`]. Without a device each backend says why
+//! and its tests pass, unless `STRATA_GPU_TESTS=require` (CI, for wgpu) or
+//! `STRATA_CUDA_TESTS=require` (a machine with an NVIDIA GPU) asks for it,
+//! where that fails them. Without a feature, its stand-in says what is
+//! missing.
 
-#[cfg(feature = "gpu")]
+#[cfg(any(feature = "gpu", feature = "cuda"))]
 mod on_device {
     use std::sync::OnceLock;
 
@@ -14,34 +17,42 @@ mod on_device {
 
     use super::super::int::{Owned, case};
     use crate::act::{ActElem, ActivationPrecision, Layout, QuantizedActs};
-    use crate::gpu::Device;
     use crate::int;
     use crate::quant::quantize_q8;
     use crate::simd::Isa;
-    use crate::{Error, GatedAct, MatData, Matrix, Threads};
+    use crate::{Accelerator, Error, GatedAct, MatData, Matrix, Threads};
 
     /// Proptest cases per property: each is a few device submissions,
     /// slow on a software device.
     const DEVICE_CASES: u32 = 40;
 
-    /// The adapter every test shares, or `None` (said once) where there is
-    /// none and none is required.
-    fn device() -> Option<&'static Device> {
-        static DEVICE: OnceLock<Option<Device>> = OnceLock::new();
-        DEVICE
-            .get_or_init(|| match Device::new() {
-                Ok(device) => {
-                    eprintln!("GPU tests on {}", device.name());
-                    Some(device)
+    /// The devices every test shares: each backend built in whose device
+    /// opens (each skipped, said once, where there is none and none is
+    /// required).
+    fn devices() -> &'static [Accelerator] {
+        static DEVICES: OnceLock<Vec<Accelerator>> = OnceLock::new();
+        DEVICES.get_or_init(|| {
+            let opened = [
+                (cfg!(feature = "gpu"), "GPU", "STRATA_GPU_TESTS", crate::gpu::Device::new().map(Accelerator::Wgpu)),
+                (cfg!(feature = "cuda"), "CUDA", "STRATA_CUDA_TESTS", crate::cuda::CudaDevice::new(0).map(Accelerator::Cuda)),
+            ];
+            let mut devices = Vec::new();
+            for (built, kind, require_var, device) in opened {
+                match device {
+                    Ok(device) => {
+                        eprintln!("{kind} tests on {}", device.name());
+                        devices.push(device);
+                    }
+                    Err(why) if built => {
+                        let required = std::env::var(require_var).is_ok_and(|v| v == "require");
+                        assert!(!required, "{require_var}=require, but {why}");
+                        eprintln!("{kind} tests skipped: {why}");
+                    }
+                    Err(_) => {}
                 }
-                Err(why) => {
-                    let required = std::env::var("STRATA_GPU_TESTS").is_ok_and(|v| v == "require");
-                    assert!(!required, "STRATA_GPU_TESTS=require, but {why}");
-                    eprintln!("GPU tests skipped: {why}");
-                    None
-                }
-            })
-            .as_ref()
+            }
+            devices
+        })
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
@@ -65,8 +76,8 @@ mod on_device {
         /// where it takes the integer path.
         #[test]
         fn device_products_equal_the_integer_definition_bitwise(case in case()) {
-            let Some(device) = device() else { return Ok(()) };
-            let (layout, rows, cols, group, src, n, xs) = case;
+            for device in devices() {
+            let (layout, rows, cols, group, src, n, xs) = case.clone();
             let owned = Owned::new(layout, rows, cols, group, &src);
             let matrix = owned.matrix();
             let on_device = device.upload(&matrix).expect("q8/q4 with a supported group uploads");
@@ -77,13 +88,14 @@ mod on_device {
                 };
                 let mut got = vec![f32::NAN; n * rows];
                 device.matmul(&on_device, precision, &xs, n, &mut got);
-                prop_assert_eq!(bits(&got), bits(&want), "{:?} {}", layout, precision);
+                prop_assert_eq!(bits(&got), bits(&want), "{} {:?} {}", device.name(), layout, precision);
                 let isa = Isa::detect();
                 if matrix.uses_int_path(isa) {
                     let mut cpu = vec![f32::NAN; n * rows];
                     matrix.matmul_at(isa, precision, &xs, n, &mut cpu);
                     prop_assert_eq!(bits(&got), bits(&cpu), "the CPU's {:?}", isa);
                 }
+            }
             }
         }
 
@@ -100,7 +112,6 @@ mod on_device {
             seed in 0u32..1000,
             act_kind in 0usize..3,
         ) {
-            let Some(device) = device() else { return Ok(()) };
             let value = |i: usize, salt: u32| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed ^ salt) % 2001) as f32 / 500.0 - 2.0;
             let values = |len: usize, salt: u32| (0..len).map(|i| value(i, salt)).collect::<Vec<f32>>();
             let gate = Owned::new(layout, inter, hidden, group, &values(inter * hidden, 1));
@@ -118,14 +129,16 @@ mod on_device {
                 eprintln!("skipped: this CPU has no integer path to equal");
                 return Ok(());
             }
-            let on_device = matrices.map(|m| device.upload(&m).expect("uploads"));
-            for precision in ActivationPrecision::ALL {
-                let threads = Threads::new(1).expect("one thread").with_activations(precision);
-                let mut want = vec![f32::NAN; n * hidden];
-                threads.gated_ffn(&matrices[0], &matrices[1], &matrices[2], act, &xs, n, &mut want);
-                let mut got = vec![f32::NAN; n * hidden];
-                device.gated_ffn([&on_device[0], &on_device[1], &on_device[2]], act, precision, &xs, n, &mut got);
-                prop_assert_eq!(bits(&got), bits(&want), "{:?} {} {:?}", layout, precision, act);
+            for device in devices() {
+                let on_device = matrices.map(|m| device.upload(&m).expect("uploads"));
+                for precision in ActivationPrecision::ALL {
+                    let threads = Threads::new(1).expect("one thread").with_activations(precision);
+                    let mut want = vec![f32::NAN; n * hidden];
+                    threads.gated_ffn(&matrices[0], &matrices[1], &matrices[2], act, &xs, n, &mut want);
+                    let mut got = vec![f32::NAN; n * hidden];
+                    device.gated_ffn([&on_device[0], &on_device[1], &on_device[2]], act, precision, &xs, n, &mut got);
+                    prop_assert_eq!(bits(&got), bits(&want), "{} {:?} {} {:?}", device.name(), layout, precision, act);
+                }
             }
         }
     }
@@ -134,7 +147,7 @@ mod on_device {
     /// on the host, each refused by name.
     #[test]
     fn matrices_without_a_device_kernel_are_refused_by_format_and_group() {
-        let Some(device) = device() else { return };
+        for device in devices() {
         let values = vec![0.25f32; 2 * 64];
         let f32_matrix = Matrix::new(2, 64, MatData::F32(&values)).expect("f32");
         let refused = device.upload(&f32_matrix).expect_err("f32 has no device kernel");
@@ -147,13 +160,14 @@ mod on_device {
         let q8_matrix = Matrix::new(2, 64, MatData::Q8 { qs: &qs, scales: &scales, group: 48 }).expect("q8");
         let refused = device.upload(&q8_matrix).expect_err("group 48 is not a power of two");
         assert!(refused.to_string().contains("groups of 48 columns"), "{refused}");
+        }
     }
 
     /// The inputs that poison a CPU product (a NaN or an infinity) poison
     /// the device's, and tiny and huge values beside each other match.
     #[test]
     fn extreme_activations_match_the_definition() {
-        let Some(device) = device() else { return };
+        for device in devices() {
         let (rows, cols, group) = (5, 200, 32);
         let src: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
         for layout in [Layout::Q8, Layout::Q4] {
@@ -170,6 +184,7 @@ mod on_device {
             device.matmul(&on_device, ActivationPrecision::Int16, &x, 1, &mut got);
             assert!(got.iter().all(|v| v.is_nan()), "{layout:?}: {got:?}");
         }
+        }
     }
 }
 
@@ -177,7 +192,7 @@ mod on_device {
 /// what is missing.
 #[cfg(not(feature = "gpu"))]
 #[test]
-fn without_the_feature_a_device_says_how_to_get_one() {
+fn without_the_gpu_feature_a_device_says_how_to_get_one() {
     let missing = crate::gpu::Device::new().expect_err("no GPU support built");
     assert_eq!(missing, crate::Error::GpuNotBuilt);
     assert!(missing.to_string().contains("--features gpu"), "{missing}");
