@@ -613,7 +613,10 @@ fn a_gpu_run_is_bit_identical_for_any_vram_budget() {
             let experts = some.vram_stats().experts;
             if budget_bytes == few_bytes {
                 assert_eq!(experts.capacity_bytes as u64, few_experts * record_bytes, "{experts:?}");
-                assert!(experts.held_bytes as u64 <= few_experts * record_bytes && experts.evictions > 0, "{experts:?}");
+                assert!(
+                    experts.held_bytes as u64 <= few_experts * record_bytes && experts.evictions > 0,
+                    "{experts:?}"
+                );
                 assert!(experts.bytes_uploaded > few_experts * record_bytes, "{experts:?}");
             } else if budget_bytes == 0 {
                 assert_eq!((experts.bytes_uploaded, experts.held_bytes), (0, 0), "{experts:?}");

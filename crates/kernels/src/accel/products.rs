@@ -73,10 +73,9 @@ pub(crate) fn params(layout: Layout, rows: usize, cols: usize, group: usize) -> 
 }
 
 /// A matrix as a device takes it: the container's own q8 or q4 bytes
-/// (rows back to back) and scales, and the kernel's parameters.
+/// (rows back to back) and scales, and the kernels' parameters.
 pub(crate) struct Uploadable<'a> {
     pub layout: Layout,
-    pub group: usize,
     pub qs: &'a [u8],
     pub scales: &'a [f32],
     pub params: Params,
@@ -96,7 +95,7 @@ impl<'a> Uploadable<'a> {
         };
         // The kernels index in u32: every count must fit.
         let params = params(layout, m.rows, m.cols, group)?;
-        Ok(Self { layout, group, qs, scales, params })
+        Ok(Self { layout, qs, scales, params })
     }
 }
 
@@ -166,7 +165,6 @@ pub(crate) fn token_chunks<'a>(
 pub(crate) trait ProductsMatrix {
     fn rows(&self) -> usize;
     fn cols(&self) -> usize;
-    fn layout(&self) -> Layout;
 }
 
 /// A device that runs the products kernel: all a backend does itself.

@@ -119,16 +119,7 @@ impl CudaDevice {
         })?;
         let compute = context.new_stream().map_err(refused)?;
         let copy = context.new_stream().map_err(refused)?;
-        Ok(Self {
-            context,
-            compute,
-            copy,
-            products,
-            staging: Mutex::default(),
-            name,
-            total_bytes,
-            free_bytes,
-        })
+        Ok(Self { context, compute, copy, products, staging: Mutex::default(), name, total_bytes, free_bytes })
     }
 
     /// The products kernel, compiled for the device's architecture.
@@ -173,7 +164,7 @@ impl CudaDevice {
     /// on the host ([`Error::GpuUnsupported`]), as does a matrix the device
     /// has no memory for ([`Error::GpuOutOfMemory`]).
     pub fn upload(&self, m: &Matrix<'_>) -> Result<CudaMatrix> {
-        let Uploadable { layout, params, qs, scales, .. } = Uploadable::of(m)?;
+        let Uploadable { layout, params, qs, scales } = Uploadable::of(m)?;
         let qs = self.stage("weights", qs)?;
         let scales = self.stage("scales", bytemuck::cast_slice(scales))?;
         let failed = |e: DriverError| Error::Cuda { reason: format!("{}: ordering an upload: {e}", self.name) };
@@ -286,10 +277,6 @@ impl ProductsMatrix for CudaMatrix {
 
     fn cols(&self) -> usize {
         self.cols
-    }
-
-    fn layout(&self) -> Layout {
-        self.layout
     }
 }
 

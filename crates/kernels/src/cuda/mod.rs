@@ -32,10 +32,10 @@ pub mod nvrtc;
 
 #[cfg(feature = "cuda")]
 pub use driver::{CudaDevice, CudaMatrix};
+#[cfg(all(feature = "cuda", test))]
+pub(crate) use driver::{SOURCE, SOURCE_NAME};
 #[cfg(not(feature = "cuda"))]
 pub use missing::{CudaDevice, CudaMatrix};
-#[cfg(feature = "cuda")]
-pub(crate) use driver::{SOURCE, SOURCE_NAME};
 
 /// The driver's library, as a refusal names it.
 pub const DRIVER_LIBRARY: &str = if cfg!(windows) { "nvcuda.dll" } else { "libcuda.so (the NVIDIA driver)" };

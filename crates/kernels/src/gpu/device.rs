@@ -5,15 +5,17 @@ use std::sync::mpsc;
 
 use wgpu::util::DeviceExt;
 
-use crate::accel::products::{self, ProductsDevice, ProductsMatrix, Uploadable, column_acts, dispatch, params};
+use crate::accel::products::{self, Params, ProductsDevice, ProductsMatrix, Uploadable, column_acts, dispatch};
 use crate::act::{ActivationPrecision, Layout};
 use crate::error::{Error, Result};
 use crate::matrix::Matrix;
 use crate::threads::GatedAct;
 
-/// The products kernel (`products`), its `@workgroup_size(16, 4)` the
-/// shared [`products::LANES_PER_ROW`] and [`products::ROWS_PER_GROUP`].
+/// The products kernel (`products`).
 const SHADER: &str = include_str!("products.wgsl");
+
+// The shader's `@workgroup_size(16, 4)` and `ROWS` are written out in it.
+const _: () = assert!(products::LANES_PER_ROW == 16 && products::ROWS_PER_GROUP == 4);
 
 /// What a GPU holds of a run: the device, its queue and the products
 /// pipeline. Products are submitted and waited for one call at a time.
@@ -39,7 +41,8 @@ impl std::fmt::Debug for Device {
 pub struct DeviceMatrix {
     rows: usize,
     cols: usize,
-    group: usize,
+    /// The kernel's parameters, checked at upload.
+    params: Params,
     layout: Layout,
     /// The weight bytes, rows back to back, padded to whole words.
     qs: wgpu::Buffer,
@@ -144,10 +147,10 @@ impl Device {
     /// Uploads a q8 or q4 matrix whose group the integer path takes, as it
     /// is stored; anything else stays on the host ([`Error::GpuUnsupported`]).
     pub fn upload(&self, m: &Matrix<'_>) -> Result<DeviceMatrix> {
-        let Uploadable { layout, group, qs, scales, .. } = Uploadable::of(m)?;
+        let Uploadable { layout, params, qs, scales } = Uploadable::of(m)?;
         let qs = self.storage_init("weights", &padded_words(qs))?;
         let scales = self.storage_init("scales", bytemuck::cast_slice(scales))?;
-        Ok(DeviceMatrix { rows: m.rows, cols: m.cols, group, layout, qs, scales })
+        Ok(DeviceMatrix { rows: m.rows, cols: m.cols, layout, params, qs, scales })
     }
 
     /// `ys[t] = W xs[t]` for the `n` inputs `xs` (`[n, cols]`), their
@@ -198,10 +201,9 @@ impl Device {
     /// Records the products of `m` with `acts` into a new output buffer.
     fn encode_products(&self, encoder: &mut wgpu::CommandEncoder, m: &DeviceMatrix, acts: &DeviceActs) -> wgpu::Buffer {
         assert_eq!(m.layout, acts.layout, "activations quantized for another layout");
-        let params = params(m.layout, m.rows, m.cols, m.group).expect("checked at upload");
         let params = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("params"),
-            contents: bytemuck::bytes_of(&params),
+            contents: bytemuck::bytes_of(&m.params),
             usage: wgpu::BufferUsages::UNIFORM,
         });
         let out_bytes = (acts.n * m.rows * size_of::<f32>()).max(size_of::<f32>()) as u64;
@@ -328,10 +330,6 @@ impl ProductsMatrix for DeviceMatrix {
 
     fn cols(&self) -> usize {
         self.cols
-    }
-
-    fn layout(&self) -> Layout {
-        self.layout
     }
 }
 

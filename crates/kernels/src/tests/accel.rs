@@ -34,7 +34,12 @@ mod on_device {
         DEVICES.get_or_init(|| {
             let opened = [
                 (cfg!(feature = "gpu"), "GPU", "STRATA_GPU_TESTS", crate::gpu::Device::new().map(Accelerator::Wgpu)),
-                (cfg!(feature = "cuda"), "CUDA", "STRATA_CUDA_TESTS", crate::cuda::CudaDevice::new(0).map(Accelerator::Cuda)),
+                (
+                    cfg!(feature = "cuda"),
+                    "CUDA",
+                    "STRATA_CUDA_TESTS",
+                    crate::cuda::CudaDevice::new(0).map(Accelerator::Cuda),
+                ),
             ];
             let mut devices = Vec::new();
             for (built, kind, require_var, device) in opened {
@@ -148,18 +153,18 @@ mod on_device {
     #[test]
     fn matrices_without_a_device_kernel_are_refused_by_format_and_group() {
         for device in devices() {
-        let values = vec![0.25f32; 2 * 64];
-        let f32_matrix = Matrix::new(2, 64, MatData::F32(&values)).expect("f32");
-        let refused = device.upload(&f32_matrix).expect_err("f32 has no device kernel");
-        assert_eq!(refused, Error::GpuUnsupported { format: "f32", group: None });
-        let (codes, scales) = ([0x21u8; 2 * 32], [127u8; 2 * 2]);
-        let mxfp4_matrix = Matrix::new(2, 64, MatData::Mxfp4 { codes: &codes, scales: &scales }).expect("mxfp4");
-        let refused = device.upload(&mxfp4_matrix).expect_err("mxfp4 has no device kernel");
-        assert_eq!(refused, Error::GpuUnsupported { format: "mxfp4", group: None });
-        let (qs, scales) = quantize_q8(&values, 2, 64, 48);
-        let q8_matrix = Matrix::new(2, 64, MatData::Q8 { qs: &qs, scales: &scales, group: 48 }).expect("q8");
-        let refused = device.upload(&q8_matrix).expect_err("group 48 is not a power of two");
-        assert!(refused.to_string().contains("groups of 48 columns"), "{refused}");
+            let values = vec![0.25f32; 2 * 64];
+            let f32_matrix = Matrix::new(2, 64, MatData::F32(&values)).expect("f32");
+            let refused = device.upload(&f32_matrix).expect_err("f32 has no device kernel");
+            assert_eq!(refused, Error::GpuUnsupported { format: "f32", group: None });
+            let (codes, scales) = ([0x21u8; 2 * 32], [127u8; 2 * 2]);
+            let mxfp4_matrix = Matrix::new(2, 64, MatData::Mxfp4 { codes: &codes, scales: &scales }).expect("mxfp4");
+            let refused = device.upload(&mxfp4_matrix).expect_err("mxfp4 has no device kernel");
+            assert_eq!(refused, Error::GpuUnsupported { format: "mxfp4", group: None });
+            let (qs, scales) = quantize_q8(&values, 2, 64, 48);
+            let q8_matrix = Matrix::new(2, 64, MatData::Q8 { qs: &qs, scales: &scales, group: 48 }).expect("q8");
+            let refused = device.upload(&q8_matrix).expect_err("group 48 is not a power of two");
+            assert!(refused.to_string().contains("groups of 48 columns"), "{refused}");
         }
     }
 
@@ -168,22 +173,22 @@ mod on_device {
     #[test]
     fn extreme_activations_match_the_definition() {
         for device in devices() {
-        let (rows, cols, group) = (5, 200, 32);
-        let src: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
-        for layout in [Layout::Q8, Layout::Q4] {
-            let owned = Owned::new(layout, rows, cols, group, &src);
-            let on_device = device.upload(&owned.matrix()).expect("uploads");
-            let mut x = vec![0.0f32; cols];
-            x[40] = 1e30;
-            x[41] = 1e-3;
-            x[150] = -3.0;
-            let mut got = vec![0.0; rows];
-            device.matmul(&on_device, ActivationPrecision::Int16, &x, 1, &mut got);
-            assert_eq!(bits(&got), bits(&definition::<i16>(&owned, &x, 1, rows, cols)), "{layout:?}");
-            x[7] = f32::NAN;
-            device.matmul(&on_device, ActivationPrecision::Int16, &x, 1, &mut got);
-            assert!(got.iter().all(|v| v.is_nan()), "{layout:?}: {got:?}");
-        }
+            let (rows, cols, group) = (5, 200, 32);
+            let src: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+            for layout in [Layout::Q8, Layout::Q4] {
+                let owned = Owned::new(layout, rows, cols, group, &src);
+                let on_device = device.upload(&owned.matrix()).expect("uploads");
+                let mut x = vec![0.0f32; cols];
+                x[40] = 1e30;
+                x[41] = 1e-3;
+                x[150] = -3.0;
+                let mut got = vec![0.0; rows];
+                device.matmul(&on_device, ActivationPrecision::Int16, &x, 1, &mut got);
+                assert_eq!(bits(&got), bits(&definition::<i16>(&owned, &x, 1, rows, cols)), "{layout:?}");
+                x[7] = f32::NAN;
+                device.matmul(&on_device, ActivationPrecision::Int16, &x, 1, &mut got);
+                assert!(got.iter().all(|v| v.is_nan()), "{layout:?}: {got:?}");
+            }
         }
     }
 }

@@ -68,6 +68,7 @@ fn the_cuda_kernels_compile_to_ptx_that_keeps_the_definitions_arithmetic() {
             assert!(op.contains(".rn."), "compute_{arch}: `{op}` may be contracted or reordered by ptxas");
             assert!(!op.contains(".ftz"), "compute_{arch}: `{op}` flushes subnormals");
         }
+        eprintln!("compute_{arch}: {} f32 operations, each rounded as written", float_ops.len());
     }
 }
 

@@ -590,9 +590,8 @@ impl Backend {
     /// support.
     pub fn cuda(container: Arc<Container>, ordinal: usize, vram_budget_bytes: Option<u64>) -> Result<Self> {
         let device = strata_kernels::cuda::CudaDevice::new(ordinal)?;
-        let vram_budget_bytes = vram_budget_bytes.unwrap_or_else(|| {
-            strata_kernels::cuda::auto_vram_budget_bytes(device.free_bytes(), device.total_bytes())
-        });
+        let vram_budget_bytes = vram_budget_bytes
+            .unwrap_or_else(|| strata_kernels::cuda::auto_vram_budget_bytes(device.free_bytes(), device.total_bytes()));
         let device = Accelerator::Cuda(device);
         Ok(Backend::Gpu(Box::new(gpu::Gpu::new(container, device, Some(vram_budget_bytes)))))
     }
