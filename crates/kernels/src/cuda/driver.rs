@@ -194,7 +194,9 @@ impl CudaDevice {
         let host = pinned.as_mut_slice().map_err(out_of_memory)?;
         host[..bytes.len()].copy_from_slice(bytes);
         let on_device = self.copy.clone_htod(&pinned).map_err(out_of_memory)?;
-        self.staging.lock().expect("staging lock").put(pinned);
+        let unkept = self.staging.lock().expect("staging lock").put(pinned);
+        // Dropped with the lock released: dropping waits for its copy.
+        drop(unkept);
         Ok(on_device)
     }
 
@@ -244,14 +246,16 @@ impl Staging {
     }
 
     /// Keeps `pinned` for the next upload of its length, unless that
-    /// exceeds [`STAGING_KEPT_BYTES_MAX`] (then dropping it waits for its
-    /// copy, and frees it).
-    fn put(&mut self, pinned: PinnedHostSlice<u8>) {
+    /// exceeds [`STAGING_KEPT_BYTES_MAX`]: then it is handed back, for the
+    /// caller to drop (which waits for its copy, and frees it).
+    fn put(&mut self, pinned: PinnedHostSlice<u8>) -> Option<PinnedHostSlice<u8>> {
         let len = pinned.len();
-        if self.kept_bytes + len <= STAGING_KEPT_BYTES_MAX {
-            self.kept_bytes += len;
-            self.by_len.entry(len).or_default().push(pinned);
+        if self.kept_bytes + len > STAGING_KEPT_BYTES_MAX {
+            return Some(pinned);
         }
+        self.kept_bytes += len;
+        self.by_len.entry(len).or_default().push(pinned);
+        None
     }
 }
 

@@ -12,10 +12,18 @@ use crate::cuda::{SOURCE, SOURCE_NAME};
 
 /// The NVRTC libraries of the fixtures venv (`cargo xtask fixtures`,
 /// `target/fixtures-venv`: torch's CUDA wheels bring NVRTC, CUDA 13's in
-/// `nvidia/cu13/lib`, CUDA 12's in `nvidia/cuda_nvrtc/lib`).
+/// `nvidia/cu13/lib`, CUDA 12's in `nvidia/cuda_nvrtc/lib`), once the venv
+/// is complete: CI installs it while the tests run, and its stamp, the
+/// pinned requirements, is written after the last wheel is in.
 fn fixtures_venv_nvrtc() -> Vec<PathBuf> {
-    let venv_lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/fixtures-venv/lib");
-    let Ok(pythons) = std::fs::read_dir(&venv_lib) else { return Vec::new() };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let venv = root.join("target/fixtures-venv");
+    let stamp = std::fs::read_to_string(venv.join(".strata-requirements"));
+    let wanted = std::fs::read_to_string(root.join("xtask/fixtures/requirements.txt"));
+    if !matches!((stamp, wanted), (Ok(stamp), Ok(wanted)) if stamp == wanted) {
+        return Vec::new();
+    }
+    let Ok(pythons) = std::fs::read_dir(venv.join("lib")) else { return Vec::new() };
     let mut found = Vec::new();
     for python in pythons.flatten() {
         let nvidia = python.path().join("site-packages/nvidia");
