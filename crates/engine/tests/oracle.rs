@@ -449,7 +449,9 @@ fn deepseek_v4_fp8_and_fp4_storage_converts_to_the_dequantized_model() {
 #[cfg(any(feature = "gpu", feature = "cuda"))]
 #[derive(Debug, Clone, Copy)]
 enum GpuBackend {
+    #[cfg(feature = "gpu")]
     Wgpu,
+    #[cfg(feature = "cuda")]
     Cuda,
 }
 
@@ -466,7 +468,9 @@ impl GpuBackend {
     fn request(self, vram_budget_bytes: Option<u64>) -> strata_engine::DeviceRequest {
         use strata_engine::DeviceRequest;
         match self {
+            #[cfg(feature = "gpu")]
             GpuBackend::Wgpu => DeviceRequest::Gpu { vram_budget_bytes },
+            #[cfg(feature = "cuda")]
             GpuBackend::Cuda => DeviceRequest::Cuda { ordinal: 0, vram_budget_bytes },
         }
     }
@@ -475,7 +479,9 @@ impl GpuBackend {
     /// rather than skipping it (CI sets `STRATA_GPU_TESTS` over lavapipe).
     fn require_var(self) -> &'static str {
         match self {
+            #[cfg(feature = "gpu")]
             GpuBackend::Wgpu => "STRATA_GPU_TESTS",
+            #[cfg(feature = "cuda")]
             GpuBackend::Cuda => "STRATA_CUDA_TESTS",
         }
     }
@@ -485,7 +491,9 @@ impl GpuBackend {
     fn absent(self, why: &strata_kernels::Error) -> bool {
         use strata_kernels::Error;
         match self {
+            #[cfg(feature = "gpu")]
             GpuBackend::Wgpu => matches!(why, Error::NoGpuAdapter { .. }),
+            #[cfg(feature = "cuda")]
             GpuBackend::Cuda => matches!(why, Error::NoCudaDriver { .. } | Error::NoNvrtc { .. } | Error::Cuda { .. }),
         }
     }
@@ -509,7 +517,9 @@ fn gpu_engine(dir: &tempfile::TempDir, backend: GpuBackend, vram_budget_bytes: O
             if backend.absent(&why) && !std::env::var(backend.require_var()).is_ok_and(|v| v == "require") =>
         {
             let kind = match backend {
+                #[cfg(feature = "gpu")]
                 GpuBackend::Wgpu => "GPU",
+                #[cfg(feature = "cuda")]
                 GpuBackend::Cuda => "CUDA",
             };
             eprintln!("{kind} test skipped: {why}");
