@@ -227,9 +227,7 @@ impl CudaDevice {
     ) {
         products::gated_ffn(self, matrices, act, precision, xs, n, ys)
     }
-}
 
-impl CudaDevice {
     /// `result`'s value, or the panic of a failed device (lost, or out of
     /// memory mid-product), which no caller can recover from.
     fn ok<T>(&self, result: std::result::Result<T, DriverError>) -> T {
