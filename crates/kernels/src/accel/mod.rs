@@ -1,7 +1,7 @@
 //! The GPU a run offloads to, whichever backend opened it: wgpu
 //! ([`crate::gpu`], `--device gpu`) or CUDA ([`crate::cuda`], `--device
 //! cuda`). Both run the same integer-path products and gated FFN
-//! ([`products`]: everything but moving buffers and launching the kernel
+//! (`products`: everything but moving buffers and launching the kernel
 //! is written once there), so the models and the VRAM tier of routed
 //! experts hold one [`Accelerator`] and never ask which.
 //!

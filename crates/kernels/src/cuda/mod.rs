@@ -8,7 +8,7 @@
 //! The q8/q4 products and the gated FFN around them are `crate::gpu`'s:
 //! activations quantized on the host by the CPU's quantizer, and a kernel
 //! (`products.cu`, embedded in the binary and compiled by NVRTC when the
-//! device opens, [`nvrtc`]) that computes `products.wgsl`'s operations in
+//! device opens, `nvrtc`) that computes `products.wgsl`'s operations in
 //! the same order, so that its products equal the CPU's integer path bit
 //! for bit; the host side is written once for both backends
 //! (`crate::accel::products`). CUDA's `__fmaf_rn` is IEEE's fused
@@ -17,7 +17,7 @@
 //! go up once, in the container's own layout, through pinned buffers on a
 //! copy stream ordered before the products by an event (`driver`'s docs).
 //!
-//! NVRTC is loaded at run time like the driver: [`nvrtc::LIBRARY_VAR`]
+//! NVRTC is loaded at run time like the driver: `STRATA_NVRTC_LIBRARY`
 //! names it, else CUDA 13's or 12's library is looked for by name.
 //!
 //! Without the feature, [`CudaDevice`] and [`CudaMatrix`] keep their names
