@@ -51,7 +51,7 @@ mod on_device {
                     Err(why) if built => {
                         let required = std::env::var(require_var).is_ok_and(|v| v == "require");
                         assert!(!required, "{require_var}=require, but {why}");
-                        eprintln!("{kind} tests skipped: {why}");
+                        eprintln!("{kind} test skipped: {why}");
                     }
                     Err(_) => {}
                 }
