@@ -48,6 +48,56 @@ __device__ __forceinline__ int code(const unsigned char* __restrict__ row, unsig
     return (int)nibble - 8;
 }
 
+// Lane k's sum over one row's blocks, in ascending order, as `int::dot_ref`
+// accumulates `facc[k]`. row: the row's weight bytes; row_scales: its
+// `groups_per_row` scales; x: one vector's codes; x_scales: its lane scales.
+__device__ __forceinline__ float lane_sum(
+    const unsigned char* __restrict__ row,
+    const float* __restrict__ row_scales,
+    const int* __restrict__ x,
+    const float* __restrict__ x_scales,
+    unsigned int k,
+    const Params& p
+) {
+    float facc = 0.0f;
+    for (unsigned int b = 0u; b < p.blocks; b++) {
+        const unsigned int c0 = b * p.block_cols + k * p.lane_cols;
+        int isum = 0;
+        float w_scale = 0.0f;
+        if (c0 < p.cols) {
+            w_scale = row_scales[c0 / p.group];
+            const unsigned int c_end = min(c0 + p.lane_cols, p.cols);
+            for (unsigned int c = c0; c < c_end; c++) {
+                isum += code(row, c, p.q4) * x[c];
+            }
+        }
+        // |isum| < 2^24 (`crate::int`'s module docs): exact as a float.
+        const float s = __fmul_rn(w_scale, x_scales[b * LANES + k]);
+        facc = __fmaf_rn(__int2float_rn(isum), s, facc);
+    }
+    return facc;
+}
+
+// The 16 lane sums added in `int::reduce_lanes`'s tree: lane i with i + 8,
+// then i + 4, i + 2, i + 1.
+__device__ __forceinline__ float reduce_lanes(const float* l) {
+    float v8[8];
+    for (unsigned int i = 0u; i < 8u; i++) {
+        v8[i] = __fadd_rn(l[i], l[i + 8u]);
+    }
+    float v4[4];
+    for (unsigned int i = 0u; i < 4u; i++) {
+        v4[i] = __fadd_rn(v8[i], v8[i + 4u]);
+    }
+    const float v2_0 = __fadd_rn(v4[0], v4[2]);
+    const float v2_1 = __fadd_rn(v4[1], v4[3]);
+    return __fadd_rn(v2_0, v2_1);
+}
+
+// The kernel; a host build of the two functions above (the test
+// `the_cuda_kernels_arithmetic_equals_the_integer_definition_on_the_host`)
+// leaves it out.
+#ifndef STRATA_HOST_CHECK
 // qs: the weight bytes, rows back to back. scales: `rows * groups_per_row`.
 // codes: activation codes in column order, `blocks * block_cols` per vector.
 // lane_scales: one per product lane, `blocks * 16` per vector.
@@ -66,39 +116,19 @@ extern "C" __global__ void __launch_bounds__(LANES * ROWS) products(
     const unsigned int t = blockIdx.y;
     float facc = 0.0f;
     if (r < p.rows) {
-        const unsigned char* row = qs + (size_t)r * p.row_bytes;
-        const int* x = codes + (size_t)t * p.blocks * p.block_cols;
-        const float* x_scales = lane_scales + (size_t)t * p.blocks * LANES;
-        for (unsigned int b = 0u; b < p.blocks; b++) {
-            const unsigned int c0 = b * p.block_cols + k * p.lane_cols;
-            int isum = 0;
-            float w_scale = 0.0f;
-            if (c0 < p.cols) {
-                w_scale = scales[(size_t)r * p.groups_per_row + c0 / p.group];
-                const unsigned int c_end = min(c0 + p.lane_cols, p.cols);
-                for (unsigned int c = c0; c < c_end; c++) {
-                    isum += code(row, c, p.q4) * x[c];
-                }
-            }
-            // |isum| < 2^24 (`crate::int`'s module docs): exact as a float.
-            const float s = __fmul_rn(w_scale, x_scales[b * LANES + k]);
-            facc = __fmaf_rn(__int2float_rn(isum), s, facc);
-        }
+        facc = lane_sum(
+            qs + (size_t)r * p.row_bytes,
+            scales + (size_t)r * p.groups_per_row,
+            codes + (size_t)t * p.blocks * p.block_cols,
+            lane_scales + (size_t)t * p.blocks * LANES,
+            k,
+            p
+        );
     }
     sums[threadIdx.y][k] = facc;
     __syncthreads();
     if (k == 0u && r < p.rows) {
-        const float* l = sums[threadIdx.y];
-        float v8[8];
-        for (unsigned int i = 0u; i < 8u; i++) {
-            v8[i] = __fadd_rn(l[i], l[i + 8u]);
-        }
-        float v4[4];
-        for (unsigned int i = 0u; i < 4u; i++) {
-            v4[i] = __fadd_rn(v8[i], v8[i + 4u]);
-        }
-        const float v2_0 = __fadd_rn(v4[0], v4[2]);
-        const float v2_1 = __fadd_rn(v4[1], v4[3]);
-        out[(size_t)t * p.rows + r] = __fadd_rn(v2_0, v2_1);
+        out[(size_t)t * p.rows + r] = reduce_lanes(sums[threadIdx.y]);
     }
 }
+#endif
