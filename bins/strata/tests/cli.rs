@@ -85,6 +85,21 @@ fn mxfp4_experts_are_kept_unless_convert_is_told_to_dequantize_them() {
 /// CPU's tokens, and a line at start saying what runs where.
 #[test]
 fn generate_on_the_gpu_gives_the_cpus_tokens_or_says_how_to_build_it() {
+    generate_on_a_device_gives_the_cpus_tokens("gpu", cfg!(feature = "gpu"), "STRATA_GPU_TESTS", "no GPU", "GPU ");
+}
+
+/// `--device cuda`: the same through CUDA; where the driver, the device or
+/// NVRTC is missing, one line saying which.
+#[test]
+fn generate_on_cuda_gives_the_cpus_tokens_or_says_what_is_missing() {
+    generate_on_a_device_gives_the_cpus_tokens("cuda", cfg!(feature = "cuda"), "STRATA_CUDA_TESTS", "CUDA", "(cuda:0)");
+}
+
+/// `strata generate --device DEVICE` on the q4 OLMoE fixture: built without
+/// the feature, one line naming it; without a device (`absent` in the one
+/// line), skipped unless `require_var` is `require`; else the CPU's tokens
+/// and a line at start naming the device (`named`) and what runs where.
+fn generate_on_a_device_gives_the_cpus_tokens(device: &str, built: bool, require_var: &str, absent: &str, named: &str) {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("olmoe-q4");
     let out = strata(&["convert", path(&fixture("olmoe").join("hf")), path(&model), "--quant", "q4"]);
@@ -104,19 +119,22 @@ fn generate_on_the_gpu_gives_the_cpus_tokens_or_says_how_to_build_it() {
             device,
         ])
     };
-    let on_gpu = generate("gpu");
-    if !cfg!(feature = "gpu") {
-        assert_clean_failure(&on_gpu, "--features gpu");
+    let on_device = generate(device);
+    if !built {
+        assert_clean_failure(&on_device, &format!("--features {device}"));
         return;
     }
-    let stderr = String::from_utf8_lossy(&on_gpu.stderr);
-    if !on_gpu.status.success() && !std::env::var("STRATA_GPU_TESTS").is_ok_and(|v| v == "require") {
-        assert_clean_failure(&on_gpu, "no GPU");
-        eprintln!("GPU test skipped: {stderr}");
+    let stderr = String::from_utf8_lossy(&on_device.stderr);
+    if !on_device.status.success() && !std::env::var(require_var).is_ok_and(|v| v == "require") {
+        assert_clean_failure(&on_device, absent);
+        eprintln!("{device} test skipped: {stderr}");
         return;
     }
     assert!(
-        on_gpu.status.success() && stderr.contains("routed experts in") && stderr.contains("; on the CPU:"),
+        on_device.status.success()
+            && stderr.contains(named)
+            && stderr.contains("routed experts in")
+            && stderr.contains("; on the CPU:"),
         "{stderr}"
     );
     let tokens = |out: &Output| {
@@ -124,7 +142,7 @@ fn generate_on_the_gpu_gives_the_cpus_tokens_or_says_how_to_build_it() {
         let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
         last["tokens"].clone()
     };
-    assert_eq!(tokens(&on_gpu), tokens(&generate("cpu")));
+    assert_eq!(tokens(&on_device), tokens(&generate("cpu")));
 }
 
 /// `demo` names the built-in model wherever a model is named: its

@@ -62,12 +62,14 @@ pub struct EngineArgs {
     /// adapter, Vulkan, Metal or DX12; a build with `--features gpu`): the
     /// q8/q4 matrices its kernels take, computed bit for bit as on the CPU;
     /// what it does not run stays on the CPU, as said at start; or cuda[:N]
-    /// (an NVIDIA GPU, a build with `--features cuda`: no kernel yet).
+    /// (an NVIDIA GPU through CUDA, a build with `--features cuda`; the
+    /// same, its kernels compiled by NVRTC at start).
     #[arg(long, default_value = "cpu")]
     pub device: DeviceKind,
     /// The most GPU memory the model's matrices may take with `--device
-    /// gpu`, the dense part first and routed experts in what it leaves: a
-    /// size (e.g. 8GiB) or auto (every matrix its kernels take).
+    /// gpu` or `cuda`, the dense part first and routed experts in what it
+    /// leaves: a size (e.g. 8GiB) or auto (gpu: every matrix its kernels
+    /// take; cuda: the free memory less a reserve).
     #[arg(long, default_value = "auto")]
     pub vram_budget: VramBudget,
     /// Speculative decoding with the model's own MTP layer (where it has

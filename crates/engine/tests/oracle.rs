@@ -444,26 +444,88 @@ fn deepseek_v4_fp8_and_fp4_storage_converts_to_the_dequantized_model() {
     assert!(max_abs_diff(&want, &unquantized) > 100.0 * tolerance);
 }
 
-/// `--device gpu` on this machine's adapter (CI: Mesa's lavapipe), or
-/// `None` where there is none and `STRATA_GPU_TESTS=require` is not set.
-#[cfg(feature = "gpu")]
-fn gpu_engine(dir: &tempfile::TempDir, vram_budget_bytes: Option<u64>) -> Option<Engine> {
-    use strata_engine::{DeviceRequest, Error};
+/// A GPU backend: `--device gpu` (wgpu) or `--device cuda`, which run the
+/// same kernels' arithmetic.
+#[cfg(any(feature = "gpu", feature = "cuda"))]
+#[derive(Debug, Clone, Copy)]
+enum GpuBackend {
+    #[cfg(feature = "gpu")]
+    Wgpu,
+    #[cfg(feature = "cuda")]
+    Cuda,
+}
+
+#[cfg(any(feature = "gpu", feature = "cuda"))]
+impl GpuBackend {
+    /// The backends this build has.
+    const BUILT: &[GpuBackend] = &[
+        #[cfg(feature = "gpu")]
+        GpuBackend::Wgpu,
+        #[cfg(feature = "cuda")]
+        GpuBackend::Cuda,
+    ];
+
+    fn request(self, vram_budget_bytes: Option<u64>) -> strata_engine::DeviceRequest {
+        use strata_engine::DeviceRequest;
+        match self {
+            #[cfg(feature = "gpu")]
+            GpuBackend::Wgpu => DeviceRequest::Gpu { vram_budget_bytes },
+            #[cfg(feature = "cuda")]
+            GpuBackend::Cuda => DeviceRequest::Cuda { ordinal: 0, vram_budget_bytes },
+        }
+    }
+
+    /// The variable that, set to `require`, fails a test without a device
+    /// rather than skipping it (CI sets `STRATA_GPU_TESTS` over lavapipe).
+    fn require_var(self) -> &'static str {
+        match self {
+            #[cfg(feature = "gpu")]
+            GpuBackend::Wgpu => "STRATA_GPU_TESTS",
+            #[cfg(feature = "cuda")]
+            GpuBackend::Cuda => "STRATA_CUDA_TESTS",
+        }
+    }
+
+    /// Whether `why` says this machine has no such device (no adapter; no
+    /// driver, device or NVRTC), rather than a fault of ours.
+    fn absent(self, why: &strata_kernels::Error) -> bool {
+        use strata_kernels::Error;
+        match self {
+            #[cfg(feature = "gpu")]
+            GpuBackend::Wgpu => matches!(why, Error::NoGpuAdapter { .. }),
+            #[cfg(feature = "cuda")]
+            GpuBackend::Cuda => matches!(why, Error::NoCudaDriver { .. } | Error::NoNvrtc { .. } | Error::Cuda { .. }),
+        }
+    }
+}
+
+/// The engine on `backend`'s device (CI: Mesa's lavapipe for wgpu), or
+/// `None` where there is none and `STRATA_GPU_TESTS=require` (or
+/// `STRATA_CUDA_TESTS=require`) is not set.
+#[cfg(any(feature = "gpu", feature = "cuda"))]
+fn gpu_engine(dir: &tempfile::TempDir, backend: GpuBackend, vram_budget_bytes: Option<u64>) -> Option<Engine> {
+    use strata_engine::Error;
     let options = EngineOptions {
         threads: 2,
         expert_cache_bytes: Some(1 << 30),
-        device: DeviceRequest::Gpu { vram_budget_bytes },
+        device: backend.request(vram_budget_bytes),
         ..EngineOptions::default()
     };
     match Engine::open(&dir.path().join("model"), &options) {
         Ok(engine) => Some(engine),
-        Err(Error::Model(strata_models::Error::Device(why @ strata_kernels::Error::NoGpuAdapter { .. })))
-            if !std::env::var("STRATA_GPU_TESTS").is_ok_and(|v| v == "require") =>
+        Err(Error::Model(strata_models::Error::Device(why)))
+            if backend.absent(&why) && !std::env::var(backend.require_var()).is_ok_and(|v| v == "require") =>
         {
-            eprintln!("GPU tests skipped: {why}");
+            let kind = match backend {
+                #[cfg(feature = "gpu")]
+                GpuBackend::Wgpu => "GPU",
+                #[cfg(feature = "cuda")]
+                GpuBackend::Cuda => "CUDA",
+            };
+            eprintln!("{kind} test skipped: {why}");
             None
         }
-        Err(e) => panic!("--device gpu: {e}"),
+        Err(e) => panic!("{backend:?}: {e}"),
     }
 }
 
@@ -471,96 +533,112 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// Every family's q8 and q4 containers through `--device gpu`: the CPU's
-/// logits bit for bit (the device's products are the integer path's), so
-/// within the CPU path's tolerance of transformers, and the CPU's greedy
-/// tokens.
-#[cfg(feature = "gpu")]
+/// Every family's q8 and q4 containers through each GPU backend (`--device
+/// gpu` and `--device cuda`): the CPU's logits bit for bit (the device's
+/// products are the integer path's), so within the CPU path's tolerance of
+/// transformers, and the CPU's greedy tokens.
+#[cfg(any(feature = "gpu", feature = "cuda"))]
 #[test]
 fn every_family_through_the_gpu_equals_the_cpu_bit_for_bit() {
-    for &family in FAMILIES {
-        let r = reference(family);
-        for (preset, file) in [(QuantPreset::Q8, "logits_q8.npy"), (QuantPreset::Q4, "logits_q4.npy")] {
-            let dir = convert(family, "hf", preset);
-            let Some(gpu) = gpu_engine(&dir, None) else { return };
-            let cpu = engine(&dir, 1 << 30, 2);
-            let got = gpu.logits(&r.prompt).unwrap();
-            assert_eq!(bits(&got), bits(&cpu.logits(&r.prompt).unwrap()), "{family} {preset:?}: the CPU's logits");
-            let (_, want) = reference_logits(family, file);
-            let tolerance = quant_tolerance_std(family, &cpu) * std_dev(&want);
-            assert!(max_abs_diff(&got, &want) <= tolerance, "{family} {preset:?}: within the CPU's tolerance");
-            let options = GenerateOptions { max_new_tokens: 8, ignore_eos: true, ..GenerateOptions::default() };
-            let greedy = |e: &Engine| e.session().generate(&r.prompt, &options, |_| ControlFlow::Continue(())).unwrap();
-            assert_eq!(greedy(&gpu).tokens, greedy(&cpu).tokens, "{family} {preset:?}: greedy tokens");
+    for &backend in GpuBackend::BUILT {
+        'families: for &family in FAMILIES {
+            let r = reference(family);
+            for (preset, file) in [(QuantPreset::Q8, "logits_q8.npy"), (QuantPreset::Q4, "logits_q4.npy")] {
+                let dir = convert(family, "hf", preset);
+                let Some(gpu) = gpu_engine(&dir, backend, None) else { break 'families };
+                let cpu = engine(&dir, 1 << 30, 2);
+                let got = gpu.logits(&r.prompt).unwrap();
+                let said = format!("{backend:?} {family} {preset:?}");
+                assert_eq!(bits(&got), bits(&cpu.logits(&r.prompt).unwrap()), "{said}: the CPU's logits");
+                let (_, want) = reference_logits(family, file);
+                let tolerance = quant_tolerance_std(family, &cpu) * std_dev(&want);
+                assert!(max_abs_diff(&got, &want) <= tolerance, "{said}: within the CPU's tolerance");
+                let options = GenerateOptions { max_new_tokens: 8, ignore_eos: true, ..GenerateOptions::default() };
+                let greedy =
+                    |e: &Engine| e.session().generate(&r.prompt, &options, |_| ControlFlow::Continue(())).unwrap();
+                assert_eq!(greedy(&gpu).tokens, greedy(&cpu).tokens, "{said}: greedy tokens");
+            }
         }
     }
 }
 
 /// MXFP4 experts kept as the checkpoint stores them have no device kernel:
 /// they run on the CPU, the start-up summary says so, and the logits are
-/// the CPU run's bit for bit (the dense q8 matrices on the device).
-#[cfg(feature = "gpu")]
+/// the CPU run's bit for bit (the dense q8 matrices on the device), on
+/// each GPU backend.
+#[cfg(any(feature = "gpu", feature = "cuda"))]
 #[test]
 fn mxfp4_experts_stay_on_the_cpu_of_a_gpu_run_which_says_so() {
-    for family in MXFP4_FAMILIES {
-        let prompt = reference(family).prompt;
-        let dir = convert(family, "hf_mxfp4", QuantPreset::Q4);
-        let Some(gpu) = gpu_engine(&dir, None) else { return };
-        let said = gpu.device_summary().expect("a GPU run says what runs where");
-        assert!(said.contains("(mxfp4: no device kernel)"), "{family}: {said}");
-        let cpu = engine(&dir, 1 << 30, 2).logits(&prompt).unwrap();
-        assert_eq!(bits(&gpu.logits(&prompt).unwrap()), bits(&cpu), "{family}: the CPU's logits");
-        assert_eq!(gpu.vram_stats().experts.bytes_uploaded, 0, "{family}: no expert went to the device");
+    for &backend in GpuBackend::BUILT {
+        for family in MXFP4_FAMILIES {
+            let prompt = reference(family).prompt;
+            let dir = convert(family, "hf_mxfp4", QuantPreset::Q4);
+            let Some(gpu) = gpu_engine(&dir, backend, None) else { break };
+            let said = gpu.device_summary().expect("a GPU run says what runs where");
+            assert!(said.contains("(mxfp4: no device kernel)"), "{backend:?} {family}: {said}");
+            let cpu = engine(&dir, 1 << 30, 2).logits(&prompt).unwrap();
+            assert_eq!(bits(&gpu.logits(&prompt).unwrap()), bits(&cpu), "{backend:?} {family}: the CPU's logits");
+            let uploaded = gpu.vram_stats().experts.bytes_uploaded;
+            assert_eq!(uploaded, 0, "{backend:?} {family}: no expert went to the device");
+        }
     }
 }
 
 /// The output never depends on the VRAM budget: no matrix on the device,
 /// a few, or all of them, and no routed expert in VRAM, a few (evicted by
-/// the RAM cache's policy) or all, give the same logits bit for bit; the
-/// VRAM tier counts what it uploaded.
-#[cfg(feature = "gpu")]
+/// the RAM cache's policy) or all, give the same logits bit for bit, on
+/// each GPU backend; the VRAM tier counts what it uploaded.
+#[cfg(any(feature = "gpu", feature = "cuda"))]
 #[test]
 fn a_gpu_run_is_bit_identical_for_any_vram_budget() {
     let r = reference("olmoe");
     let dir = convert("olmoe", "hf", QuantPreset::Q4);
-    let Some(all) = gpu_engine(&dir, None) else { return };
-    let summary = |e: &Engine| e.device_summary().expect("a GPU run says what runs where");
-    assert!(!summary(&all).contains("over the VRAM budget"), "{}", summary(&all));
-    let want = bits(&all.logits(&r.prompt).unwrap());
-    // Every expert the pass used went up once, as its record.
-    let first = all.vram_stats();
-    assert!(first.experts.misses > 0, "{first:?}");
-    assert_eq!(first.experts.bytes_uploaded as usize, first.experts.held_bytes, "{first:?}");
-    let record_bytes = first.experts.bytes_uploaded / first.experts.misses;
-    // Again: every expert from VRAM, nothing uploaded.
-    assert_eq!(bits(&all.logits(&r.prompt).unwrap()), want, "experts from VRAM");
-    let again = all.vram_stats().experts;
-    assert_eq!((again.misses, again.bytes_uploaded), (first.experts.misses, first.experts.bytes_uploaded));
-    assert!(again.hits > first.experts.hits, "{again:?}");
+    let cpu = bits(&engine(&dir, 1 << 30, 2).logits(&r.prompt).unwrap());
+    for &backend in GpuBackend::BUILT {
+        let Some(all) = gpu_engine(&dir, backend, None) else { continue };
+        let summary = |e: &Engine| e.device_summary().expect("a GPU run says what runs where");
+        assert!(!summary(&all).contains("over the VRAM budget"), "{}", summary(&all));
+        let want = bits(&all.logits(&r.prompt).unwrap());
+        assert_eq!(want, cpu, "{backend:?}: the CPU's logits");
+        // Every expert the pass used went up once, as its record.
+        let first = all.vram_stats();
+        assert!(first.experts.misses > 0, "{first:?}");
+        assert_eq!(first.experts.bytes_uploaded as usize, first.experts.held_bytes, "{first:?}");
+        let record_bytes = first.experts.bytes_uploaded / first.experts.misses;
+        // Again: every expert from VRAM, nothing uploaded.
+        assert_eq!(bits(&all.logits(&r.prompt).unwrap()), want, "experts from VRAM");
+        let again = all.vram_stats().experts;
+        assert_eq!((again.misses, again.bytes_uploaded), (first.experts.misses, first.experts.bytes_uploaded));
+        assert!(again.hits > first.experts.hits, "{again:?}");
 
-    let few_experts = 3;
-    let few_bytes = first.dense_bytes + few_experts * record_bytes;
-    for (budget_bytes, uploaded_none) in [(0, true), (16 << 10, false), (few_bytes, false)] {
-        let some = gpu_engine(&dir, Some(budget_bytes)).expect("the adapter found above");
-        let said = summary(&some);
-        assert_eq!(said.contains("over the VRAM budget"), budget_bytes < first.dense_bytes, "{said}");
-        assert_eq!(said.contains(": 0 matrices"), uploaded_none, "{said}");
-        assert_eq!(bits(&some.logits(&r.prompt).unwrap()), want, "a VRAM budget of {budget_bytes} bytes");
-        let experts = some.vram_stats().experts;
-        if budget_bytes == few_bytes {
-            assert_eq!(experts.capacity_bytes as u64, few_experts * record_bytes, "{experts:?}");
-            assert!(experts.held_bytes as u64 <= few_experts * record_bytes && experts.evictions > 0, "{experts:?}");
-            assert!(experts.bytes_uploaded > few_experts * record_bytes, "{experts:?}");
-        } else if budget_bytes == 0 {
-            assert_eq!((experts.bytes_uploaded, experts.held_bytes), (0, 0), "{experts:?}");
+        let few_experts = 3;
+        let few_bytes = first.dense_bytes + few_experts * record_bytes;
+        for (budget_bytes, uploaded_none) in [(0, true), (16 << 10, false), (few_bytes, false)] {
+            let some = gpu_engine(&dir, backend, Some(budget_bytes)).expect("the device found above");
+            let said = summary(&some);
+            assert_eq!(said.contains("over the VRAM budget"), budget_bytes < first.dense_bytes, "{said}");
+            assert_eq!(said.contains(": 0 matrices"), uploaded_none, "{said}");
+            let got = bits(&some.logits(&r.prompt).unwrap());
+            assert_eq!(got, want, "{backend:?}: a VRAM budget of {budget_bytes} bytes");
+            let experts = some.vram_stats().experts;
+            if budget_bytes == few_bytes {
+                assert_eq!(experts.capacity_bytes as u64, few_experts * record_bytes, "{experts:?}");
+                assert!(
+                    experts.held_bytes as u64 <= few_experts * record_bytes && experts.evictions > 0,
+                    "{experts:?}"
+                );
+                assert!(experts.bytes_uploaded > few_experts * record_bytes, "{experts:?}");
+            } else if budget_bytes == 0 {
+                assert_eq!((experts.bytes_uploaded, experts.held_bytes), (0, 0), "{experts:?}");
+            }
         }
     }
 }
 
-/// `--device cuda`: where there is no NVIDIA GPU, refused, naming what is
-/// missing (the feature, or the driver's library; the test then skips,
-/// saying so); where there is one, the CPU's logits (no kernel runs on it
-/// yet).
+/// `--device cuda` where there is no NVIDIA GPU is refused, naming what is
+/// missing (the feature; or the driver's library, the device or NVRTC, and
+/// the test then skips, saying so); where there is one, the start-up line
+/// names the device and what runs on it, and the logits are the CPU's.
 #[test]
 fn cuda_is_refused_naming_what_is_missing_or_gives_the_cpus_logits() {
     use strata_engine::DeviceRequest;
@@ -575,12 +653,14 @@ fn cuda_is_refused_naming_what_is_missing_or_gives_the_cpus_logits() {
     let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     match Engine::open(&dir.path().join("model"), &options) {
         Ok(cuda) => {
+            let said = cuda.device_summary().expect("a CUDA run says what runs where");
+            assert!(said.contains("(cuda:0)") && said.contains("GiB free") && !said.contains(": 0 matrices"), "{said}");
             let want = bits(engine(&dir, 1 << 30, 2).logits(&r.prompt).unwrap());
             assert_eq!(bits(cuda.logits(&r.prompt).unwrap()), want, "the CPU's logits");
         }
         Err(e) => {
             let said = e.to_string();
-            let missing = if cfg!(feature = "cuda") { ["libcuda", "CUDA: "] } else { ["--features cuda"; 2] };
+            let missing = if cfg!(feature = "cuda") { ["libcuda", "CUDA: ", "NVRTC"] } else { ["--features cuda"; 3] };
             assert!(missing.iter().any(|m| said.contains(m)), "{said}");
             eprintln!("CUDA test skipped: {said}");
         }

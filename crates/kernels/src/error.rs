@@ -62,6 +62,17 @@ pub enum Error {
     /// The driver refused the device.
     #[error("CUDA: {reason}")]
     Cuda { reason: String },
+    /// No NVRTC library loaded: the CUDA kernels are compiled when the
+    /// device opens.
+    #[error(
+        "no NVRTC, the CUDA run-time compiler that builds Strata's kernels when the device opens (tried {tried}): \
+         install CUDA 12 or 13's NVRTC (pip's nvidia-cuda-nvrtc wheel has one), or name the library in \
+         STRATA_NVRTC_LIBRARY"
+    )]
+    NoNvrtc { tried: String },
+    /// NVRTC refused a kernel source: a bug of ours, its log says where.
+    #[error("NVRTC could not compile {name}:\n{log}")]
+    NvrtcCompile { name: String, log: String },
     /// This build has no GPU support.
     #[error("this build has no GPU support: build with `--features gpu`")]
     GpuNotBuilt,

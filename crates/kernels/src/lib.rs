@@ -8,6 +8,7 @@
 //! paths (AVX2/FMA, AVX-512) are chosen at run time and are tested against the
 //! reference with proptest.
 
+pub mod accel;
 mod act;
 pub mod cuda;
 mod error;
@@ -22,6 +23,7 @@ pub mod scalar;
 pub mod simd;
 pub mod threads;
 
+pub use accel::{Accelerator, AcceleratorMatrix};
 pub use act::ActivationPrecision;
 pub use error::{Error, Result};
 pub use matrix::{MatData, Matrix};

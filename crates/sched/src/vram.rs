@@ -1,8 +1,9 @@
-//! Routed experts in VRAM: a [`DeviceTier`] of experts' matrices on a GPU,
-//! filled from the RAM cache or the disk, its experts computed there.
+//! Routed experts in VRAM: a [`DeviceTier`] of experts' matrices on a GPU
+//! (wgpu's or CUDA's, one [`Accelerator`]), filled from the RAM cache or the
+//! disk, its experts computed there.
 //!
 //! The device's gated FFN is the CPU's integer path bit for bit
-//! (`strata_kernels::gpu`), so an expert gives the same output whichever
+//! (`strata_kernels::accel`), so an expert gives the same output whichever
 //! tier it came from: the VRAM budget changes speed, never results. An
 //! expert whose matrices have no device kernel (f32, bf16, mxfp4 or other
 //! groups) or that the tier cannot hold runs on the CPU from its record.
@@ -11,19 +12,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use strata_format::ExpertLayout;
-use strata_kernels::gpu::{Device, DeviceMatrix};
-use strata_kernels::{GatedAct, Threads};
+use strata_kernels::{Accelerator, AcceleratorMatrix, GatedAct, Threads};
 use strata_tier::{DeviceTier, ExpertKey, Record};
 
 use crate::{Error, Result};
 
 /// An expert's gate, up and down matrices on the device.
-pub type ExpertOnDevice = [DeviceMatrix; 3];
+pub type ExpertOnDevice = [AcceleratorMatrix; 3];
 
 /// A GPU and the experts it holds.
 #[derive(Clone, Copy)]
 pub struct VramExperts<'a> {
-    pub device: &'a Device,
+    pub device: &'a Accelerator,
     pub tier: &'a DeviceTier<ExpertOnDevice>,
 }
 

@@ -3,22 +3,39 @@
 //! needs no CUDA toolkit and no GPU, and a machine without the driver is
 //! refused `--device cuda` with the library's name.
 //!
-//! No kernel runs on it yet: a later port brings the q8/q4 products and
-//! the expert FFN (the integer path, as `crate::gpu` computes it, compiled
-//! by NVRTC at run time or embedded as PTX).
+//! # The kernels: the integer path, bit for bit
 //!
-//! Without the feature, [`CudaDevice`] keeps its name and
-//! [`CudaDevice::new`] fails with [`crate::Error::CudaNotBuilt`].
+//! The q8/q4 products and the gated FFN around them are `crate::gpu`'s:
+//! activations quantized on the host by the CPU's quantizer, and a kernel
+//! (`products.cu`, embedded in the binary and compiled by NVRTC when the
+//! device opens, `nvrtc`) that computes `products.wgsl`'s operations in
+//! the same order, so that its products equal the CPU's integer path bit
+//! for bit; the host side is written once for both backends
+//! (`crate::accel::products`). CUDA's `__fmaf_rn` is IEEE's fused
+//! multiply-add, and NVRTC is told not to contract or flush (`--fmad=false`,
+//! `--ftz=false`), which is all the definition asks of a device. Matrices
+//! go up once, in the container's own layout, through pinned buffers on a
+//! copy stream ordered before the products by an event (`driver`'s docs).
+//!
+//! NVRTC is loaded at run time like the driver: `STRATA_NVRTC_LIBRARY`
+//! names it, else CUDA 13's or 12's library is looked for by name.
+//!
+//! Without the feature, [`CudaDevice`] and [`CudaMatrix`] keep their names
+//! and [`CudaDevice::new`] fails with [`crate::Error::CudaNotBuilt`].
 
 #[cfg(feature = "cuda")]
 mod driver;
 #[cfg(not(feature = "cuda"))]
 mod missing;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
 
 #[cfg(feature = "cuda")]
-pub use driver::CudaDevice;
+pub use driver::{CudaDevice, CudaMatrix};
+#[cfg(all(feature = "cuda", test))]
+pub(crate) use driver::{SOURCE, SOURCE_NAME};
 #[cfg(not(feature = "cuda"))]
-pub use missing::CudaDevice;
+pub use missing::{CudaDevice, CudaMatrix};
 
 /// The driver's library, as a refusal names it.
 pub const DRIVER_LIBRARY: &str = if cfg!(windows) { "nvcuda.dll" } else { "libcuda.so (the NVIDIA driver)" };

@@ -17,6 +17,10 @@
 //! latter two; lavapipe and the GPUs' native `fma` give the first), and no
 //! flush of subnormal values, which only products of tiny scales meet.
 //!
+//! Everything around the kernel (its parameters, the activations' order,
+//! the dispatch, the gated FFN's host side) is shared with the CUDA backend,
+//! whose kernel computes the same (`crate::accel`).
+//!
 //! The gated FFN's activation (SwiGLU, or gpt-oss's clamped form) runs on
 //! the host between the gate/up products and the down product: a device's
 //! `exp` and division are not correctly rounded (Vulkan allows `3 + 2|x|`

@@ -47,7 +47,7 @@ impl Owned {
     }
 
     /// These weights as a [`crate::Matrix`].
-    #[cfg(feature = "gpu")]
+    #[cfg(any(feature = "gpu", feature = "cuda"))]
     pub(super) fn matrix(&self) -> crate::Matrix<'_> {
         let (scales, group) = (&self.scales[..], self.group);
         let data = match self.layout {

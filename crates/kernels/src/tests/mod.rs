@@ -4,9 +4,11 @@
 //! Proptest case counts are kept modest so the suite runs in seconds on a
 //! two-core machine.
 
+mod accel;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod gdn;
 mod gdn_torch;
-mod gpu;
 mod inkling_torch;
 mod int;
 mod kimi_k3_torch;

@@ -1,22 +1,22 @@
-//! The GPU backend: the CPU backend, with every q8/q4 matrix the device's
-//! kernels take uploaded once as the container stores it, within the VRAM
-//! budget; the products with those matrices and the dense SwiGLU MLPs
+//! The GPU backend (`--device gpu` through wgpu, `--device cuda` through
+//! the CUDA driver: one [`Accelerator`], the same kernels' arithmetic): the
+//! CPU backend, with every q8/q4 matrix the device's kernels take uploaded
+//! once as the container stores it, within the VRAM budget; the products with those matrices and the dense SwiGLU MLPs
 //! whose three matrices are all there run on the device, the rest on the
 //! CPU (`Gpu::summary` says which, at start). What the dense matrices
 //! leave of the budget is a tier of routed experts in VRAM
 //! (`strata_sched::VramExperts`), under the RAM cache's policy and leases,
 //! filled from the RAM cache or the disk. The device's products are the
-//! CPU's bit for bit (`strata_kernels::gpu`), so what runs where, and the
-//! VRAM budget, never change the output.
+//! CPU's bit for bit (`strata_kernels::accel`), so what runs where, which
+//! backend, and the VRAM budget never change the output.
 //!
-//! Without the kernels' `gpu` feature the device cannot be made and
-//! [`Gpu::new`] fails, saying how to build it.
+//! Without the kernels' `gpu` (or `cuda`) feature the device cannot be
+//! made and `Backend::gpu` (`Backend::cuda`) fails, saying how to build it.
 
 use std::sync::{Arc, OnceLock};
 
 use strata_format::{Container, SwiGlu};
-use strata_kernels::gpu::{Device as GpuDevice, DeviceMatrix};
-use strata_kernels::{Error as KernelError, QuantFormat, Threads};
+use strata_kernels::{Accelerator, AcceleratorMatrix, Error as KernelError, QuantFormat, Threads};
 use strata_sched::{ExpertOnDevice, VramExperts};
 use strata_tier::{DeviceTier, DeviceTierStats, ExpertStore};
 
@@ -36,11 +36,11 @@ pub struct VramStats {
 /// The device, and which matrices it holds.
 pub struct Gpu {
     host: Cpu,
-    device: GpuDevice,
+    device: Accelerator,
     /// The most bytes of matrices to upload (`None`: all the device takes).
     vram_budget_bytes: Option<u64>,
     /// By the host's matrix slot: the matrix on the device, if it went there.
-    on_device: Vec<Option<DeviceMatrix>>,
+    on_device: Vec<Option<AcceleratorMatrix>>,
     bytes_on_device: u64,
     /// Matrices kept on the host: no kernel for their format, over the
     /// budget, larger than one of the device's buffers, or refused by a
@@ -55,12 +55,12 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// The first GPU adapter, for `container`'s weights, holding at most
-    /// `vram_budget_bytes` of matrices.
-    pub fn new(container: Arc<Container>, vram_budget_bytes: Option<u64>) -> Result<Self> {
-        Ok(Self {
+    /// `device`, for `container`'s weights, holding at most
+    /// `vram_budget_bytes` of matrices (`None`: all it takes).
+    pub fn new(container: Arc<Container>, device: Accelerator, vram_budget_bytes: Option<u64>) -> Self {
+        Self {
             host: Cpu::new(container),
-            device: GpuDevice::new()?,
+            device,
             vram_budget_bytes,
             on_device: Vec::new(),
             bytes_on_device: 0,
@@ -69,7 +69,7 @@ impl Gpu {
             too_large: 0,
             out_of_memory: 0,
             experts: OnceLock::new(),
-        })
+        }
     }
 
     /// The CPU backend over the same container, which runs what the device
@@ -154,7 +154,7 @@ impl Gpu {
         self.vram_budget_bytes.is_none_or(|budget| self.bytes_on_device.saturating_add(bytes) <= budget)
     }
 
-    fn on_device(&self, m: MatrixHandle) -> &DeviceMatrix {
+    fn on_device(&self, m: MatrixHandle) -> &AcceleratorMatrix {
         assert_eq!(m.device, Device::Gpu, "a device operation reads device tensors");
         let matrix = self.on_device[m.slot].as_ref().expect("a handle on the device names an uploaded matrix");
         assert_eq!((matrix.rows(), matrix.cols()), (m.rows, m.cols), "the handle's shape is its matrix's");
@@ -227,12 +227,20 @@ impl Gpu {
                 .into(),
         );
         let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
+        let gib = |bytes: u64| bytes as f64 / (1u64 << 30) as f64;
         let experts = match self.expert_vram_bytes() {
             usize::MAX => "routed experts in VRAM as the device takes them".to_owned(),
             bytes => format!("routed experts in {:.1} MiB of VRAM", mib(bytes as u64)),
         };
+        let memory = match self.device.memory_bytes() {
+            Some((free_bytes, total_bytes)) => {
+                format!(" ({:.1} GiB, {:.1} GiB free)", gib(total_bytes), gib(free_bytes))
+            }
+            None => String::new(),
+        };
         format!(
-            "GPU {}: {uploaded} matrices ({:.1} MiB) and their products on the device, {experts}; on the CPU: {}",
+            "GPU {}{memory}: {uploaded} matrices ({:.1} MiB) and their products on the device, {experts}; on the \
+             CPU: {}",
             self.device.name(),
             mib(self.bytes_on_device),
             kept.join("; ")

@@ -13,13 +13,14 @@
 //! methods could not be generic. Every handle names the [`Device`] its
 //! tensor lives on, and an operation asserts it is its own.
 //!
-//! Today the one device is the CPU ([`cpu::Cpu`]): its weights are the
-//! container's resident bytes, viewed in place, and its operations are
+//! The CPU ([`cpu::Cpu`]) runs everything: its weights are the container's
+//! resident bytes, viewed in place, and its operations are
 //! `strata-kernels`' SIMD paths on the runtime's pool, the instruction set
-//! chosen once when the backend is made.
+//! chosen once when the backend is made. A GPU ([`gpu::Gpu`], wgpu's or
+//! CUDA's) takes the q8/q4 products, the dense MLPs and the routed experts
+//! its VRAM tier holds, and leaves the rest to its CPU backend.
 
 mod cpu;
-mod cuda;
 mod gpu;
 
 pub use gpu::VramStats;
@@ -28,6 +29,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use strata_format::{CompressorState, Container, MlaSpec, SwiGlu};
+use strata_kernels::Accelerator;
 use strata_sched::{Guess, LayerStats, RemoteExperts, Route};
 use strata_tier::{ExpertStore, TraceWriter};
 
@@ -61,8 +63,8 @@ pub struct Runtime<'a> {
 pub enum Device {
     /// The host: weights in the container's resident bytes.
     Cpu,
-    /// A GPU (`strata_kernels::gpu`): a matrix uploaded as the container
-    /// stores it, whose host bytes stay too.
+    /// A GPU (`strata_kernels::Accelerator`: wgpu's or CUDA's): a matrix
+    /// uploaded as the container stores it, whose host bytes stay too.
     Gpu,
 }
 
@@ -75,10 +77,10 @@ pub enum DeviceRequest {
     /// The first GPU adapter, holding at most `vram_budget_bytes` of
     /// matrices (`None`: all it takes); the rest on the CPU.
     Gpu { vram_budget_bytes: Option<u64> },
-    /// The NVIDIA GPU of ordinal `ordinal` (`cuda::Cuda`) with at most
+    /// The NVIDIA GPU of ordinal `ordinal` through CUDA, holding at most
     /// `vram_budget_bytes` (`None`: the free memory less a reserve,
-    /// `strata_kernels::cuda::auto_vram_budget_bytes`): opened, and the
-    /// model run on the CPU, as said at start.
+    /// `strata_kernels::cuda::auto_vram_budget_bytes`): what `Gpu` runs on
+    /// the device runs there, the rest on the CPU, as said at start.
     Cuda { ordinal: usize, vram_budget_bytes: Option<u64> },
 }
 
@@ -258,9 +260,9 @@ impl StreamHead {
 /// The devices a model's weights can live on, each with its tensors.
 pub enum Backend {
     Cpu(cpu::Cpu),
-    /// Boxed: the device and its tier outweigh the other backends.
+    /// A GPU through wgpu or CUDA (`strata_kernels::Accelerator`). Boxed:
+    /// the device and its tier outweigh the CPU backend.
     Gpu(Box<gpu::Gpu>),
-    Cuda(cuda::Cuda),
 }
 
 /// The shape of one grouped-query attention layer.
@@ -577,13 +579,21 @@ impl Backend {
     /// adapter within `vram_budget_bytes` (`None`: all the device takes);
     /// fails where there is no adapter, or the build has no GPU support.
     pub fn gpu(container: Arc<Container>, vram_budget_bytes: Option<u64>) -> Result<Self> {
-        Ok(Backend::Gpu(Box::new(gpu::Gpu::new(container, vram_budget_bytes)?)))
+        let device = Accelerator::Wgpu(strata_kernels::gpu::Device::new()?);
+        Ok(Backend::Gpu(Box::new(gpu::Gpu::new(container, device, vram_budget_bytes))))
     }
 
-    /// The CUDA backend on the NVIDIA GPU of ordinal `ordinal`; fails where
-    /// the driver or the device is missing, or the build has no CUDA support.
+    /// The GPU backend on the NVIDIA GPU of ordinal `ordinal` through CUDA,
+    /// within `vram_budget_bytes` (`None`: the free memory less a reserve,
+    /// `strata_kernels::cuda::auto_vram_budget_bytes`); fails where the
+    /// driver, the device or NVRTC is missing, or the build has no CUDA
+    /// support.
     pub fn cuda(container: Arc<Container>, ordinal: usize, vram_budget_bytes: Option<u64>) -> Result<Self> {
-        Ok(Backend::Cuda(cuda::Cuda::new(container, ordinal, vram_budget_bytes)?))
+        let device = strata_kernels::cuda::CudaDevice::new(ordinal)?;
+        let vram_budget_bytes = vram_budget_bytes
+            .unwrap_or_else(|| strata_kernels::cuda::auto_vram_budget_bytes(device.free_bytes(), device.total_bytes()));
+        let device = Accelerator::Cuda(device);
+        Ok(Backend::Gpu(Box::new(gpu::Gpu::new(container, device, Some(vram_budget_bytes)))))
     }
 
     fn container(&self) -> &Container {
@@ -603,7 +613,6 @@ impl Backend {
         let (slot, device) = match self {
             Backend::Cpu(cpu) => (cpu.register_matrix(name)?, Device::Cpu),
             Backend::Gpu(gpu) => gpu.register_matrix(name)?,
-            Backend::Cuda(_) => (self.host_mut().register_matrix(name)?, Device::Cpu),
         };
         Ok(MatrixHandle { device, rows, cols, slot })
     }
@@ -658,7 +667,6 @@ impl Backend {
         match self {
             Backend::Cpu(_) => None,
             Backend::Gpu(gpu) => Some(gpu.summary()),
-            Backend::Cuda(cuda) => Some(cuda.summary()),
         }
     }
 
@@ -676,7 +684,6 @@ impl Backend {
         match self {
             Backend::Cpu(cpu) => cpu,
             Backend::Gpu(gpu) => gpu.host(),
-            Backend::Cuda(cuda) => cuda.host(),
         }
     }
 
@@ -684,7 +691,6 @@ impl Backend {
         match self {
             Backend::Cpu(cpu) => cpu,
             Backend::Gpu(gpu) => gpu.host_mut(),
-            Backend::Cuda(cuda) => cuda.host_mut(),
         }
     }
 
