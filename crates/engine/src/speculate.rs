@@ -176,10 +176,13 @@ impl SpeculationStats {
 /// at the first pass that is slower than a plain step, and after
 /// [`PROBE_PASSES`] if no draft stood. Turned off, drafting is tried again
 /// after [`PROBE_INTERVAL_STEPS`] plain steps, twice as many after each
-/// probe that did not pay (up to [`PROBE_INTERVAL_STEPS_MAX`]): a drafter
-/// that is slower costs a verify pass per interval (on a disk-bound host,
-/// where a pass reads the union of its tokens' experts, several plain
-/// steps' time), and one whose drafts never stand `PROBE_PASSES`.
+/// probe that did not pay (up to [`PROBE_INTERVAL_STEPS_MAX`]), and never
+/// sooner than [`PROBE_WAIT_PER_STEP_LOST`] plain steps for each plain
+/// step's time the drafting lost: on a disk-bound host a pass reads the
+/// union of its tokens' experts and the MTP layer's, several plain steps'
+/// time, so there a probe comes as rarely as keeps its cost under 2% of the
+/// steps. A drafter whose drafts never stand costs `PROBE_PASSES` passes
+/// per interval.
 #[derive(Debug, Clone)]
 pub struct Policy {
     mode: SpeculateMode,
@@ -192,9 +195,13 @@ pub struct Policy {
     speculative_ms_per_token: f64,
     accepted_per_pass: f64,
     drafting: bool,
+    /// Time the verify passes since drafting (re)started took over the
+    /// plain steps that would have given their tokens, in milliseconds.
+    drafting_lost_ms: f64,
     /// Probes since drafting last paid (0: it paid, or was never tried).
     probes_failed: u32,
-    probed: bool,
+    /// Plain steps before drafting is tried again.
+    wait_steps: usize,
 }
 
 /// Plain steps measured before drafting is first tried.
@@ -207,6 +214,11 @@ pub const PROBE_PASSES: usize = 4;
 /// first interval keeps that under a few percent of the steps.
 pub const PROBE_INTERVAL_STEPS: usize = 128;
 pub const PROBE_INTERVAL_STEPS_MAX: usize = 1024;
+/// Plain steps a probe that did not pay waits for each plain step's time
+/// it lost (so its cost stays under 1/50 of the steps between probes), up
+/// to [`PROBE_WAIT_STEPS_MAX`].
+pub const PROBE_WAIT_PER_STEP_LOST: f64 = 50.0;
+pub const PROBE_WAIT_STEPS_MAX: usize = 16_384;
 /// Weight of the newest measurement in the moving averages.
 const RECENT_WEIGHT: f64 = 0.25;
 
@@ -220,8 +232,9 @@ impl Policy {
             speculative_ms_per_token: 0.0,
             accepted_per_pass: 0.0,
             drafting: mode == SpeculateMode::On,
+            drafting_lost_ms: 0.0,
             probes_failed: 0,
-            probed: false,
+            wait_steps: PLAIN_STEPS_FIRST,
         }
     }
 
@@ -242,22 +255,21 @@ impl Policy {
             None => ms,
             Some(mean) => mean + (ms - mean) * RECENT_WEIGHT,
         });
-        let wait = if self.probed {
-            // Shifted at most 10 places: past the cap already, never overflowing.
-            (PROBE_INTERVAL_STEPS << self.probes_failed.saturating_sub(1).min(10)).min(PROBE_INTERVAL_STEPS_MAX)
-        } else {
-            PLAIN_STEPS_FIRST
-        };
-        if self.mode == SpeculateMode::Auto && self.plain_steps >= wait {
+        if self.mode == SpeculateMode::Auto && self.plain_steps >= self.wait_steps {
             self.drafting = true;
             self.passes = 0;
+            self.drafting_lost_ms = 0.0;
         }
     }
 
     /// A verify pass, drafting included, gave `tokens` tokens with
     /// `accepted` drafts standing, in `elapsed`.
     pub fn verify_pass(&mut self, tokens: usize, accepted: usize, elapsed: Duration) {
-        let ms_per_token = elapsed.as_secs_f64() * 1e3 / tokens.max(1) as f64;
+        let elapsed_ms = elapsed.as_secs_f64() * 1e3;
+        let ms_per_token = elapsed_ms / tokens.max(1) as f64;
+        if let Some(plain) = self.plain_ms_per_token {
+            self.drafting_lost_ms += elapsed_ms - tokens as f64 * plain;
+        }
         self.passes += 1;
         if self.passes == 1 {
             self.speculative_ms_per_token = ms_per_token;
@@ -276,8 +288,13 @@ impl Policy {
         if slower || never_stands {
             self.drafting = false;
             self.plain_steps = 0;
-            self.probed = true;
             self.probes_failed = self.probes_failed.saturating_add(1);
+            // Shifted at most 10 places: past the cap already, never overflowing.
+            let doubling = (PROBE_INTERVAL_STEPS << (self.probes_failed - 1).min(10)).min(PROBE_INTERVAL_STEPS_MAX);
+            let steps_lost = self.plain_ms_per_token.map_or(0.0, |plain| self.drafting_lost_ms / plain);
+            // NaN (no time measured at all) and losses below zero wait nothing more.
+            let by_cost = (steps_lost.max(0.0) * PROBE_WAIT_PER_STEP_LOST).min(PROBE_WAIT_STEPS_MAX as f64);
+            self.wait_steps = doubling.max(by_cost as usize);
         } else if self.passes >= PROBE_PASSES {
             self.probes_failed = 0;
         }
@@ -458,6 +475,33 @@ mod tests {
         (0..PLAIN_STEPS_FIRST).for_each(|_| slower.plain_step(MS));
         slower.verify_pass(2, 1, MS * 3);
         assert!(!slower.drafts(), "1.5 ms a token against 1 ms stops the probe at its first pass");
+    }
+
+    /// A probe whose pass lost 20 plain steps' time (a disk-bound host's
+    /// reads) waits 50 steps for each before the next: its cost stays a
+    /// fiftieth of the steps, where the doubling schedule alone would
+    /// have spent a sixth of them on the second probe.
+    #[test]
+    fn a_costly_probe_waits_until_its_cost_is_a_small_share_of_the_steps_between() {
+        let mut policy = Policy::new(SpeculateMode::Auto);
+        (0..PLAIN_STEPS_FIRST).for_each(|_| policy.plain_step(MS * 2));
+        policy.verify_pass(2, 1, MS * 44);
+        assert!(!policy.drafts());
+        let waited = (0..).take_while(|_| {
+            policy.plain_step(MS * 2);
+            !policy.drafts()
+        });
+        let waited = waited.count() + 1;
+        assert!((999..=1001).contains(&waited), "{waited} plain steps before the next probe");
+        // A probe that lost nothing keeps the schedule.
+        let mut cheap = Policy::new(SpeculateMode::Auto);
+        (0..PLAIN_STEPS_FIRST).for_each(|_| cheap.plain_step(MS * 2));
+        cheap.verify_pass(2, 0, MS * 4);
+        let waited = (0..).take_while(|_| {
+            cheap.plain_step(MS * 2);
+            !cheap.drafts()
+        });
+        assert_eq!(waited.count() + 1, PROBE_INTERVAL_STEPS);
     }
 
     #[test]
